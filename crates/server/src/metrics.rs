@@ -1,0 +1,754 @@
+//! Live serving statistics: one `Stats` per server, fed by the request path
+//! (queued → started → prompt progress → tokens → finished/failed) and read by
+//! `/metrics` (Prometheus text), `/stats.json` and the stats page.
+//!
+//! Every update takes one short mutex section with no allocation on the token
+//! path, so the decode loop never waits on a reader for long. Readers copy what
+//! they need out under the lock and format outside it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+/// How many finished requests the log keeps.
+const LOG_LEN: usize = 100;
+
+/// Shared serving statistics (interior mutability; share it behind an `Arc`).
+pub struct Stats {
+    started_at: Instant,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Requests waiting for the engine, in arrival order.
+    queue: VecDeque<Queued>,
+    /// The request being decoded, if any.
+    current: Option<Current>,
+    totals: Totals,
+    /// Since the last Prometheus scrape (llama-server resets its throughput
+    /// gauges on each scrape: the gauges are averages over that window).
+    bucket: Bucket,
+    /// Finished and failed requests, newest last.
+    log: VecDeque<LogEntry>,
+    /// Context used by the last finished request (the state kept for reuse).
+    last_ctx_used: usize,
+    last_prompt_tps: f64,
+    last_decode_tps: f64,
+}
+
+struct Queued {
+    id: u64,
+    route: String,
+    at: Instant,
+    at_unix_ms: u64,
+}
+
+struct Current {
+    id: u64,
+    route: String,
+    queued_at_unix_ms: u64,
+    queue_ms: f64,
+    started: Instant,
+    prompt_tokens: usize,
+    prompt_done: usize,
+    prompt_finished: Option<Instant>,
+    tokens: usize,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+#[derive(Default, Clone)]
+struct Totals {
+    requests_by: BTreeMap<(String, String), u64>,
+    errors: u64,
+    prompt_tokens: u64,
+    prompt_seconds: f64,
+    cache_tokens: u64,
+    tokens_predicted: u64,
+    tokens_predicted_seconds: f64,
+    n_decode: u64,
+    n_busy_slots: u64,
+    n_tokens_max: u64,
+    queue_max: usize,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Bucket {
+    prompt_tokens: u64,
+    prompt_ms: f64,
+    tokens_predicted: u64,
+    predicted_ms: f64,
+}
+
+#[derive(Clone)]
+struct LogEntry {
+    id: u64,
+    route: String,
+    finish: String,
+    error: Option<String>,
+    queued_at_unix_ms: u64,
+    queue_ms: f64,
+    prompt_n: usize,
+    cache_n: usize,
+    predicted_n: usize,
+    prompt_ms: f64,
+    predicted_ms: f64,
+    n_ctx_used: usize,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn per_second(n: u64, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+fn ms_between(a: Instant, b: Instant) -> f64 {
+    b.saturating_duration_since(a).as_secs_f64() * 1000.0
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats::new()
+    }
+}
+
+impl Stats {
+    pub fn new() -> Stats {
+        Stats {
+            started_at: Instant::now(),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain counters behind: still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A request arrived and waits for the engine.
+    pub fn request_queued(&self, id: u64, route: &str) {
+        let mut g = self.lock();
+        g.queue.push_back(Queued {
+            id,
+            route: route.to_string(),
+            at: Instant::now(),
+            at_unix_ms: unix_ms(),
+        });
+        let depth = g.queue.len();
+        if depth > g.totals.queue_max {
+            g.totals.queue_max = depth;
+        }
+    }
+
+    /// The engine took request `id`; its prompt has `prompt_tokens` tokens.
+    pub fn request_started(&self, id: u64, prompt_tokens: usize) {
+        let now = Instant::now();
+        let mut g = self.lock();
+        let queued = g
+            .queue
+            .iter()
+            .position(|q| q.id == id)
+            .and_then(|i| g.queue.remove(i));
+        let (route, queued_at_unix_ms, queue_ms) = match queued {
+            Some(q) => (q.route, q.at_unix_ms, ms_between(q.at, now)),
+            None => (String::from("?"), unix_ms(), 0.0),
+        };
+        g.current = Some(Current {
+            id,
+            route,
+            queued_at_unix_ms,
+            queue_ms,
+            started: now,
+            prompt_tokens,
+            prompt_done: 0,
+            prompt_finished: None,
+            tokens: 0,
+            first_token: None,
+            last_token: None,
+        });
+    }
+
+    /// `done` prompt tokens of request `id` have been evaluated so far.
+    pub fn prompt_progress(&self, id: u64, done: usize) {
+        let now = Instant::now();
+        let mut g = self.lock();
+        let mut decoded = false;
+        if let Some(c) = g.current.as_mut().filter(|c| c.id == id) {
+            if done > c.prompt_done {
+                c.prompt_done = done;
+                decoded = true;
+            }
+            if c.prompt_done >= c.prompt_tokens && c.prompt_finished.is_none() {
+                c.prompt_finished = Some(now);
+            }
+        }
+        if decoded {
+            g.totals.n_decode += 1;
+            g.totals.n_busy_slots += 1;
+        }
+    }
+
+    /// Request `id` produced one more token.
+    pub fn token_generated(&self, id: u64) {
+        let now = Instant::now();
+        let mut g = self.lock();
+        let mut counted = false;
+        if let Some(c) = g.current.as_mut().filter(|c| c.id == id) {
+            if c.prompt_finished.is_none() {
+                c.prompt_done = c.prompt_tokens;
+                c.prompt_finished = Some(now);
+            }
+            c.tokens += 1;
+            if c.first_token.is_none() {
+                c.first_token = Some(now);
+            }
+            c.last_token = Some(now);
+            counted = true;
+        }
+        if counted {
+            g.totals.n_decode += 1;
+            g.totals.n_busy_slots += 1;
+        }
+    }
+
+    /// Request `id` ended (normally, by a stop, by length, or cancelled:
+    /// `finish` says which). `n_ctx_used` is the context it occupied.
+    pub fn request_finished(
+        &self,
+        id: u64,
+        timings: &engine::Timings,
+        finish: &str,
+        n_ctx_used: usize,
+    ) {
+        let mut g = self.lock();
+        let (route, queued_at_unix_ms, queue_ms) = g.take_request(id);
+        let t = &mut g.totals;
+        *t.requests_by
+            .entry((route.clone(), finish.to_string()))
+            .or_insert(0) += 1;
+        t.prompt_tokens += timings.prompt_n as u64;
+        t.prompt_seconds += timings.prompt_ms / 1000.0;
+        t.cache_tokens += timings.cache_n as u64;
+        t.tokens_predicted += timings.predicted_n as u64;
+        t.tokens_predicted_seconds += timings.predicted_ms / 1000.0;
+        let n_tokens = (timings.prompt_n + timings.predicted_n) as u64;
+        if n_tokens > t.n_tokens_max {
+            t.n_tokens_max = n_tokens;
+        }
+        g.bucket.prompt_tokens += timings.prompt_n as u64;
+        g.bucket.prompt_ms += timings.prompt_ms;
+        g.bucket.tokens_predicted += timings.predicted_n as u64;
+        g.bucket.predicted_ms += timings.predicted_ms;
+        g.last_ctx_used = n_ctx_used;
+        if timings.prompt_n > 0 {
+            g.last_prompt_tps = timings.prompt_per_second();
+        }
+        if timings.predicted_n > 0 {
+            g.last_decode_tps = timings.predicted_per_second();
+        }
+        g.push_log(LogEntry {
+            id,
+            route,
+            finish: finish.to_string(),
+            error: None,
+            queued_at_unix_ms,
+            queue_ms,
+            prompt_n: timings.prompt_n,
+            cache_n: timings.cache_n,
+            predicted_n: timings.predicted_n,
+            prompt_ms: timings.prompt_ms,
+            predicted_ms: timings.predicted_ms,
+            n_ctx_used,
+        });
+    }
+
+    /// Request `id` failed (while queued or while decoding).
+    pub fn request_failed(&self, id: u64, err: &str) {
+        let mut g = self.lock();
+        let live = g.current.as_ref().filter(|c| c.id == id).map(|c| {
+            (
+                c.prompt_done,
+                c.tokens,
+                c.prompt_finished
+                    .map(|p| ms_between(c.started, p))
+                    .unwrap_or(0.0),
+                match (c.first_token, c.last_token) {
+                    (Some(a), Some(b)) => ms_between(a, b),
+                    _ => 0.0,
+                },
+            )
+        });
+        let (route, queued_at_unix_ms, queue_ms) = g.take_request(id);
+        g.totals.errors += 1;
+        *g.totals
+            .requests_by
+            .entry((route.clone(), "error".to_string()))
+            .or_insert(0) += 1;
+        let (prompt_n, predicted_n, prompt_ms, predicted_ms) = live.unwrap_or((0, 0, 0.0, 0.0));
+        g.push_log(LogEntry {
+            id,
+            route,
+            finish: "error".to_string(),
+            error: Some(err.to_string()),
+            queued_at_unix_ms,
+            queue_ms,
+            prompt_n,
+            cache_n: 0,
+            predicted_n,
+            prompt_ms,
+            predicted_ms,
+            n_ctx_used: 0,
+        });
+    }
+
+    /// Requests waiting for the engine (not counting the one decoding).
+    pub fn queue_depth(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Whether a request is being decoded now.
+    pub fn busy(&self) -> bool {
+        self.lock().current.is_some()
+    }
+
+    /// The live picture as JSON (what `/stats.json` serves; `ops` adds the
+    /// model's context size and the GPU panel).
+    pub fn snapshot(&self) -> Value {
+        let now = Instant::now();
+        let g = self.lock();
+        let current = g.current.as_ref().map(|c| {
+            let prompt_end = c.prompt_finished.unwrap_or(now);
+            let prompt_ms = ms_between(c.started, prompt_end);
+            let decode_ms = match c.first_token {
+                Some(a) => ms_between(a, now),
+                None => 0.0,
+            };
+            // The first token comes out of the prompt pass; speed counts the rest.
+            let decode_tps = per_second(c.tokens.saturating_sub(1) as u64, decode_ms);
+            json!({
+                "id": c.id,
+                "route": c.route,
+                "state": if c.prompt_finished.is_some() { "decoding" } else { "prompt" },
+                "queued_at_ms": c.queued_at_unix_ms,
+                "queue_ms": round2(c.queue_ms),
+                "elapsed_ms": round2(ms_between(c.started, now)),
+                "prompt_tokens": c.prompt_tokens,
+                "prompt_done": c.prompt_done,
+                "prompt_ms": round2(prompt_ms),
+                "prompt_per_second": round2(per_second(c.prompt_done as u64, prompt_ms)),
+                "predicted_n": c.tokens,
+                "predicted_ms": round2(decode_ms),
+                "predicted_per_second": round2(decode_tps),
+                "n_ctx_used": c.prompt_done + c.tokens,
+            })
+        });
+        let (prompt_tps, decode_tps, ctx_used, live_tokens, live_prompt) = match &current {
+            Some(c) => (
+                c["prompt_per_second"].as_f64().unwrap_or(0.0),
+                c["predicted_per_second"].as_f64().unwrap_or(0.0),
+                c["n_ctx_used"].as_u64().unwrap_or(0),
+                c["predicted_n"].as_u64().unwrap_or(0),
+                c["prompt_done"].as_u64().unwrap_or(0),
+            ),
+            None => (
+                g.last_prompt_tps,
+                g.last_decode_tps,
+                g.last_ctx_used as u64,
+                0,
+                0,
+            ),
+        };
+        let t = &g.totals;
+        let requests_total: u64 = t.requests_by.values().sum();
+        let by_finish =
+            t.requests_by
+                .iter()
+                .fold(BTreeMap::<&str, u64>::new(), |mut m, ((_, f), n)| {
+                    *m.entry(f.as_str()).or_insert(0) += n;
+                    m
+                });
+        let log: Vec<Value> = g.log.iter().rev().map(LogEntry::to_json).collect();
+        json!({
+            "now_ms": unix_ms(),
+            "uptime_s": round2(self.started_at.elapsed().as_secs_f64()),
+            "state": match &current {
+                Some(c) => c["state"].clone(),
+                None => Value::from("idle"),
+            },
+            "current": current,
+            "speed": {
+                "live": g.current.is_some(),
+                "prompt_per_second": round2(prompt_tps),
+                "predicted_per_second": round2(decode_tps),
+            },
+            "context": { "used": ctx_used },
+            "queue": {
+                "depth": g.queue.len(),
+                "max": t.queue_max,
+                "waiting": g.queue.iter().map(|q| json!({
+                    "id": q.id,
+                    "route": q.route,
+                    "wait_ms": round2(ms_between(q.at, now)),
+                })).collect::<Vec<_>>(),
+            },
+            "totals": {
+                "requests": requests_total,
+                "by_finish": by_finish,
+                "errors": t.errors,
+                "prompt_tokens": t.prompt_tokens + live_prompt,
+                "prompt_seconds": round2(t.prompt_seconds),
+                "cache_tokens": t.cache_tokens,
+                "tokens_predicted": t.tokens_predicted + live_tokens,
+                "tokens_predicted_seconds": round2(t.tokens_predicted_seconds),
+                "n_decode": t.n_decode,
+            },
+            "requests": log,
+        })
+    }
+
+    /// Prometheus text exposition: llama-server's `llamacpp:*` metrics with
+    /// their names, HELP and TYPE lines, then scoria's own `scoria:*`.
+    /// `n_ctx` is the allocated context. Resets the throughput window, as
+    /// llama-server does on each scrape.
+    pub fn render_prometheus(&self, n_ctx: usize) -> String {
+        let (t, bucket, busy, depth, ctx_used, live_tokens) = {
+            let mut g = self.lock();
+            let bucket = std::mem::take(&mut g.bucket);
+            let ctx_used = match &g.current {
+                Some(c) => c.prompt_done + c.tokens,
+                None => g.last_ctx_used,
+            };
+            let live = g.current.as_ref().map(|c| c.tokens).unwrap_or(0);
+            (
+                g.totals.clone(),
+                bucket,
+                g.current.is_some(),
+                g.queue.len(),
+                ctx_used,
+                live,
+            )
+        };
+        let mut out = String::with_capacity(4096);
+        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            let _ = writeln!(out, "{name} {}", fmt_value(value));
+        };
+        metric(
+            "llamacpp:prompt_tokens_total",
+            "counter",
+            "Number of prompt tokens processed.",
+            t.prompt_tokens as f64,
+        );
+        metric(
+            "llamacpp:prompt_seconds_total",
+            "counter",
+            "Prompt process time",
+            t.prompt_seconds,
+        );
+        metric(
+            "llamacpp:tokens_predicted_total",
+            "counter",
+            "Number of generation tokens processed.",
+            t.tokens_predicted as f64,
+        );
+        metric(
+            "llamacpp:tokens_predicted_seconds_total",
+            "counter",
+            "Predict process time",
+            t.tokens_predicted_seconds,
+        );
+        metric(
+            "llamacpp:n_decode_total",
+            "counter",
+            "Total number of llama_decode() calls",
+            t.n_decode as f64,
+        );
+        metric(
+            "llamacpp:n_tokens_max",
+            "counter",
+            "Largest observed n_tokens.",
+            t.n_tokens_max as f64,
+        );
+        metric(
+            "llamacpp:n_busy_slots_per_decode",
+            "counter",
+            "Average number of busy slots per llama_decode() call",
+            if t.n_decode > 0 {
+                t.n_busy_slots as f64 / t.n_decode as f64
+            } else {
+                0.0
+            },
+        );
+        metric(
+            "llamacpp:prompt_tokens_seconds",
+            "gauge",
+            "Average prompt throughput in tokens/s.",
+            per_second(bucket.prompt_tokens, bucket.prompt_ms),
+        );
+        metric(
+            "llamacpp:predicted_tokens_seconds",
+            "gauge",
+            "Average generation throughput in tokens/s.",
+            per_second(bucket.tokens_predicted, bucket.predicted_ms),
+        );
+        metric(
+            "llamacpp:kv_cache_usage_ratio",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            if n_ctx > 0 {
+                ctx_used as f64 / n_ctx as f64
+            } else {
+                0.0
+            },
+        );
+        metric(
+            "llamacpp:kv_cache_tokens",
+            "gauge",
+            "KV-cache tokens.",
+            ctx_used as f64,
+        );
+        metric(
+            "llamacpp:requests_processing",
+            "gauge",
+            "Number of requests processing.",
+            if busy { 1.0 } else { 0.0 },
+        );
+        metric(
+            "llamacpp:requests_deferred",
+            "gauge",
+            "Number of requests deferred.",
+            depth as f64,
+        );
+
+        // scoria's own.
+        let _ = writeln!(
+            out,
+            "# HELP scoria:requests_total Requests ended, by route and finish reason."
+        );
+        let _ = writeln!(out, "# TYPE scoria:requests_total counter");
+        for ((route, finish), n) in &t.requests_by {
+            let _ = writeln!(
+                out,
+                "scoria:requests_total{{route=\"{}\",finish=\"{}\"}} {n}",
+                escape_label(route),
+                escape_label(finish)
+            );
+        }
+        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            let _ = writeln!(out, "{name} {}", fmt_value(value));
+        };
+        metric(
+            "scoria:errors_total",
+            "counter",
+            "Requests that failed with an error.",
+            t.errors as f64,
+        );
+        metric(
+            "scoria:queue_depth",
+            "gauge",
+            "Requests waiting for the engine.",
+            depth as f64,
+        );
+        metric(
+            "scoria:queue_depth_max",
+            "gauge",
+            "Largest queue depth seen since start.",
+            t.queue_max as f64,
+        );
+        metric(
+            "scoria:prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens reused from the kept state instead of evaluated.",
+            t.cache_tokens as f64,
+        );
+        metric(
+            "scoria:tokens_generating",
+            "gauge",
+            "Tokens generated so far by the request being decoded.",
+            live_tokens as f64,
+        );
+        metric(
+            "scoria:context_size",
+            "gauge",
+            "Context length allocated per sequence, in tokens.",
+            n_ctx as f64,
+        );
+        metric(
+            "scoria:uptime_seconds",
+            "gauge",
+            "Seconds since the server started.",
+            self.started_at.elapsed().as_secs_f64(),
+        );
+        out
+    }
+}
+
+impl Inner {
+    /// Removes request `id` from the queue or the current slot; returns its
+    /// route, arrival time and queue wait.
+    fn take_request(&mut self, id: u64) -> (String, u64, f64) {
+        let now = Instant::now();
+        if self.current.as_ref().is_some_and(|c| c.id == id) {
+            if let Some(c) = self.current.take() {
+                return (c.route, c.queued_at_unix_ms, c.queue_ms);
+            }
+        }
+        if let Some(i) = self.queue.iter().position(|q| q.id == id) {
+            if let Some(q) = self.queue.remove(i) {
+                return (q.route, q.at_unix_ms, ms_between(q.at, now));
+            }
+        }
+        (String::from("?"), unix_ms(), 0.0)
+    }
+
+    fn push_log(&mut self, e: LogEntry) {
+        if self.log.len() >= LOG_LEN {
+            self.log.pop_front();
+        }
+        self.log.push_back(e);
+    }
+}
+
+impl LogEntry {
+    fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "route": self.route,
+            "finish": self.finish,
+            "error": self.error,
+            "queued_at_ms": self.queued_at_unix_ms,
+            "queue_ms": round2(self.queue_ms),
+            "timings": {
+                "cache_n": self.cache_n,
+                "prompt_n": self.prompt_n,
+                "prompt_ms": round2(self.prompt_ms),
+                "prompt_per_second": round2(per_second(self.prompt_n as u64, self.prompt_ms)),
+                "predicted_n": self.predicted_n,
+                "predicted_ms": round2(self.predicted_ms),
+                "predicted_per_second":
+                    round2(per_second(self.predicted_n as u64, self.predicted_ms)),
+            },
+            "n_ctx_used": self.n_ctx_used,
+        })
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    if x.is_finite() {
+        (x * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+/// Prometheus sample value: integers without a fraction, others as Rust prints them.
+fn fmt_value(v: f64) -> String {
+    if !v.is_finite() {
+        return "0".to_string();
+    }
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timings(prompt_n: usize, predicted_n: usize) -> engine::Timings {
+        engine::Timings {
+            prompt_n,
+            prompt_ms: 100.0,
+            predicted_n,
+            predicted_ms: 200.0,
+            cache_n: 3,
+        }
+    }
+
+    #[test]
+    fn lifecycle_updates_queue_current_and_totals() {
+        let s = Stats::new();
+        s.request_queued(1, "chat");
+        s.request_queued(2, "messages");
+        assert_eq!(s.queue_depth(), 2);
+        s.request_started(1, 10);
+        assert_eq!(s.queue_depth(), 1);
+        s.prompt_progress(1, 10);
+        s.token_generated(1);
+        s.token_generated(1);
+        let snap = s.snapshot();
+        assert_eq!(snap["state"], "decoding");
+        assert_eq!(snap["current"]["predicted_n"], 2);
+        assert_eq!(snap["current"]["n_ctx_used"], 12);
+        assert_eq!(snap["totals"]["tokens_predicted"], 2);
+        assert_eq!(snap["queue"]["depth"], 1);
+        s.request_finished(1, &timings(10, 2), "stop", 12);
+        s.request_failed(2, "boom");
+        let snap = s.snapshot();
+        assert_eq!(snap["state"], "idle");
+        assert_eq!(snap["queue"]["depth"], 0);
+        assert_eq!(snap["totals"]["requests"], 2);
+        assert_eq!(snap["totals"]["errors"], 1);
+        assert_eq!(snap["totals"]["tokens_predicted"], 2);
+        assert_eq!(snap["requests"][0]["id"], 2);
+        assert_eq!(snap["requests"][0]["error"], "boom");
+        assert_eq!(snap["requests"][1]["route"], "chat");
+        assert_eq!(snap["requests"][1]["timings"]["predicted_per_second"], 10.0);
+    }
+
+    #[test]
+    fn prometheus_text_has_help_type_and_values() {
+        let s = Stats::new();
+        s.request_queued(7, "chat");
+        s.request_started(7, 4);
+        s.token_generated(7);
+        s.request_finished(7, &timings(4, 1), "length", 5);
+        let text = s.render_prometheus(100);
+        assert!(text.contains("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 4\n"));
+        assert!(text.contains("llamacpp:kv_cache_usage_ratio 0.05\n"));
+        assert!(text.contains("scoria:requests_total{route=\"chat\",finish=\"length\"} 1\n"));
+        assert!(text.contains("scoria:prompt_tokens_cached_total 3\n"));
+        assert!(text.contains("llamacpp:prompt_tokens_seconds 40\n"));
+        // The throughput window resets on each scrape.
+        let again = s.render_prometheus(100);
+        assert!(again.contains("llamacpp:prompt_tokens_seconds 0\n"));
+        // Every sample line belongs to a declared metric.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or("");
+            assert!(text.contains(&format!("# TYPE {name} ")), "{line}");
+        }
+    }
+
+    #[test]
+    fn unknown_ids_are_harmless() {
+        let s = Stats::new();
+        s.prompt_progress(9, 3);
+        s.token_generated(9);
+        s.request_finished(9, &timings(1, 1), "stop", 2);
+        assert_eq!(s.snapshot()["totals"]["requests"], 1);
+    }
+}
