@@ -4,69 +4,70 @@
 //! Every failure on a malformed file is an [`Error`] naming the file and byte offset;
 //! the reader never panics on file contents.
 
+mod file;
+mod reader;
+mod split;
 mod types;
+mod value;
+mod writer;
+
+pub use file::{GgufFile, ShardInfo};
+pub use split::{
+    parse_shard_file_name, shard_file_name, ShardName, KEY_SPLIT_COUNT, KEY_SPLIT_NO,
+    KEY_SPLIT_TENSORS_COUNT,
+};
 pub use types::GgmlType;
+pub use value::{Value, ValueType};
+pub use writer::{write_file, GgufWriter, InMemoryTensor, Layout, TensorLayout, WriteError};
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// A metadata value. Arrays keep their element type so a writer can round-trip them.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    U8(u8),
-    I8(i8),
-    U16(u16),
-    I16(i16),
-    U32(u32),
-    I32(i32),
-    F32(f32),
-    Bool(bool),
-    String(String),
-    /// Element type id (0..=12) and the elements.
-    Array(ValueType, Vec<Value>),
-    U64(u64),
-    I64(i64),
-    F64(f64),
+/// The first four bytes of every GGUF file.
+pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+/// The version the writer produces (the reader also accepts 2, which has the same layout).
+pub const GGUF_VERSION: u32 = 3;
+/// Data alignment when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// At most this many dimensions per tensor (ggml's limit).
+pub const MAX_DIMS: usize = 4;
+pub const KEY_ALIGNMENT: &str = "general.alignment";
+pub const KEY_ARCHITECTURE: &str = "general.architecture";
+
+/// `offset` rounded up to a multiple of `alignment` (non-zero), or None on overflow.
+pub fn align_up(offset: u64, alignment: u64) -> Option<u64> {
+    let rem = offset.checked_rem(alignment)?;
+    if rem == 0 {
+        Some(offset)
+    } else {
+        offset.checked_add(alignment - rem)
+    }
 }
 
-/// GGUF metadata value type ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ValueType {
-    U8 = 0,
-    I8 = 1,
-    U16 = 2,
-    I16 = 3,
-    U32 = 4,
-    I32 = 5,
-    F32 = 6,
-    Bool = 7,
-    String = 8,
-    Array = 9,
-    U64 = 10,
-    I64 = 11,
-    F64 = 12,
-}
-
-impl Value {
-    /// Any integer value that is >= 0 (bools are not integers).
-    pub fn as_u64(&self) -> Option<u64> {
-        todo!("gguf helper")
+/// Bytes of a tensor of `dims` (ggml order) and type `ty`. The contiguous dimension
+/// must be a whole number of blocks: ggml's quantized rows never straddle a block.
+pub(crate) fn tensor_size(dims: &[u64], ty: GgmlType) -> Result<u64, String> {
+    let Some(&ne0) = dims.first() else {
+        return Err("a tensor needs at least one dimension".into());
+    };
+    // ggml stores dims as i64.
+    if let Some(d) = dims.iter().find(|&&d| d > i64::MAX as u64) {
+        return Err(format!("dimension {d} does not fit an i64"));
     }
-    pub fn as_i64(&self) -> Option<i64> {
-        todo!("gguf helper")
+    let block = ty.block_size() as u64;
+    if ne0 % block != 0 {
+        return Err(format!(
+            "row of {ne0} elements is not a whole number of {block}-element blocks"
+        ));
     }
-    /// Any numeric value as f64.
-    pub fn as_f64(&self) -> Option<f64> {
-        todo!("gguf helper")
-    }
-    pub fn as_str(&self) -> Option<&str> {
-        todo!("gguf helper")
-    }
-    pub fn as_bool(&self) -> Option<bool> {
-        todo!("gguf helper")
-    }
-    pub fn as_array(&self) -> Option<&[Value]> {
-        todo!("gguf helper")
-    }
+    let too_big = || "size overflows 64 bits".to_string();
+    let n = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(too_big)?;
+    (n / block)
+        .checked_mul(ty.type_size() as u64)
+        .ok_or_else(too_big)
 }
 
 /// One tensor as the file describes it.
@@ -106,41 +107,4 @@ pub enum Error {
     },
     #[error("{path}: {msg}")]
     Invalid { path: PathBuf, msg: String },
-}
-
-/// An opened GGUF model: one file or all shards of a split model, memory-mapped.
-pub struct GgufFile {
-    _todo: (),
-}
-
-impl GgufFile {
-    /// Opens `path`; when its name is `NAME-0000k-of-0000N.gguf`, all N shards are opened.
-    pub fn open(_path: &Path) -> Result<GgufFile, Error> {
-        todo!("gguf helper")
-    }
-    /// Metadata in file order (of the first shard; `split.*` keys included).
-    pub fn metadata(&self) -> &[(String, Value)] {
-        todo!("gguf helper")
-    }
-    pub fn get(&self, _key: &str) -> Option<&Value> {
-        todo!("gguf helper")
-    }
-    /// `general.architecture`.
-    pub fn architecture(&self) -> Option<&str> {
-        todo!("gguf helper")
-    }
-    /// All tensors of all shards, in file order.
-    pub fn tensors(&self) -> &[TensorInfo] {
-        todo!("gguf helper")
-    }
-    pub fn tensor(&self, _name: &str) -> Option<&TensorInfo> {
-        todo!("gguf helper")
-    }
-    /// The tensor's bytes, borrowed from the mapping.
-    pub fn tensor_data(&self, _t: &TensorInfo) -> &[u8] {
-        todo!("gguf helper")
-    }
-    pub fn paths(&self) -> &[PathBuf] {
-        todo!("gguf helper")
-    }
 }
