@@ -1,10 +1,70 @@
 //! Quantized block formats: layouts, dequantization and CPU dot kernels.
 //!
-//! (interface placeholder: the quant helper replaces these bodies)
-pub use gguf::GgmlType;
+//! # The canonical reduction order (invariant 1)
+//!
+//! This is the one place where the arithmetic of every decode-path dot product is
+//! defined. The scalar kernels (`scalar.rs`) are its literal transcription; the AVX2
+//! and AVX-512 kernels, and the GPU kernels, must perform exactly these float
+//! operations in this order, so that results are bit-identical wherever a row is
+//! computed. Integer parts are exact, so *how* an integer is computed is free; every
+//! float operation below is fixed. "fma" means one fused multiply-add with a single
+//! rounding (`f32::mul_add`, `_mm256_fmadd_ps`, `__fmaf_rn`); a product written `a * b`
+//! is rounded on its own and never fused.
+//!
+//! **Activation quantization** ([`quantize_act`]), per 32-value block of x:
+//! `amax = max |x_i|` (exact); `d = amax / 127` (f32 division);
+//! `id = if d == 0 { 0 } else { 1 / d }`;
+//! `q_i = clamp(round_half_even(x_i * id), -127, 127)` as i8; `sum = Σ q_i` (i32).
+//! The block stores `d` (f32) and `sum`.
+//!
+//! **Sub-blocks.** A weight row of `n_cols` values is cut into sub-blocks of 32 values,
+//! s = 0..n_cols/32 (a Q8_0/Q4_0 block is one sub-block; a 256-value K-quant or IQ4_XS
+//! block is 8). Sub-block s meets activation block s: `a` = its int8 values,
+//! `da` = its scale, `asum` = its integer sum. Each sub-block yields one f32
+//! contribution `c` (d, dmin and the f16 block scales are converted to f32 exactly):
+//!
+//! | type | exact integer part | float sequence |
+//! |---|---|---|
+//! | Q8_0 | `isum = Σ q·a` (q int8) | `c = (d * da) * isum` |
+//! | Q4_0 | `isum = Σ (q - 8)·a` | `c = (d * da) * isum` |
+//! | Q4_K, Q5_K | `is = sc · Σ q·a`, `im = m · asum` (sc, m: the sub-block's 6-bit scale and min; q: 0..15 / 0..31) | `c = (d * da) * is`; `c = fma(-(dmin * da), im, c)` |
+//! | Q6_K | `isum = sc_lo · Σ_{i<16} q·a + sc_hi · Σ_{i≥16} q·a` (q: -32..31; sc_lo, sc_hi: the two int8 scales of the sub-block's 16-value groups) | `c = (d * da) * isum` |
+//! | IQ4_XS | `isum = (ls - 32) · Σ K[q]·a` | `c = (d * da) * isum` |
+//!
+//! Every integer above is below 2^24 in magnitude, so its conversion to f32 is exact.
+//!
+//! **Accumulation.** 32 accumulators start at +0.0; accumulator l takes sub-blocks
+//! l, l+32, l+64, ... in increasing order: `acc[s % 32] = acc[s % 32] + c` (one f32 add).
+//!
+//! **Float weights** (F32, F16, BF16; x is used unquantized; F16/BF16 widen exactly):
+//! accumulator l takes *elements* l, l+32, l+64, ... in increasing order as
+//! `acc[l] = fma(w_i, x_i, acc[l])`.
+//!
+//! **Combine.** For w = 16, 8, 4, 2, 1: `acc[l] = acc[l] + acc[l + w]` for l < w;
+//! the result is acc[0].
+//!
+//! `n_cols` must be a multiple of 32 for every type (256 for the K-quants and IQ4_XS).
+//!
+//! # Kernels
+//!
+//! One scalar reference, AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) kernels,
+//! chosen once at run time ([`kernel_isa`]); `SCORIA_ISA=scalar|avx2|avx512` forces
+//! a lower level. Tests check all three against each other bit for bit.
 
-/// Activations quantized once per step into 32-value blocks (see the canonical
-/// reduction order in DESIGN.md).
+mod act;
+mod avx2;
+mod avx512;
+mod formats;
+mod isa;
+mod scalar;
+
+use rayon::prelude::*;
+
+pub use gguf::GgmlType;
+pub use isa::{kernel_isa, Isa};
+
+/// Activations quantized once per step into 32-value blocks (see the crate docs):
+/// `qs` holds one int8 per value, `d` and `sums` one entry per 32-value block.
 #[derive(Debug, Clone, Default)]
 pub struct ActQ8 {
     pub qs: Vec<i8>,
@@ -12,20 +72,399 @@ pub struct ActQ8 {
     pub sums: Vec<i32>,
 }
 
-pub fn is_supported(_ty: GgmlType) -> bool {
-    todo!("quant helper")
+/// Why a quant operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    #[error("tensor type {0} has no CPU kernel")]
+    Unsupported(GgmlType),
+    #[error(
+        "{ty}: a row of {n_cols} columns is not a whole number of blocks (and 32-value sub-blocks)"
+    )]
+    BadColumns { ty: GgmlType, n_cols: usize },
+    #[error("{what}: expected {expected} elements/bytes, got {got}")]
+    BadLength {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
 }
 
-pub fn quantize_act(_x: &[f32]) -> ActQ8 {
-    todo!("quant helper")
+/// True exactly for the types that have dequantization and dot kernels.
+pub fn is_supported(ty: GgmlType) -> bool {
+    use GgmlType as T;
+    matches!(
+        ty,
+        T::F32 | T::F16 | T::BF16 | T::Q8_0 | T::Q4_0 | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS
+    )
+}
+
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// Bytes of one row of `n_cols` values of `ty`, checking that the type has kernels
+/// and that `n_cols` is a whole number of blocks and of 32-value sub-blocks.
+pub fn row_bytes(ty: GgmlType, n_cols: usize) -> Result<usize, QuantError> {
+    if !is_supported(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    match ty.row_bytes(n_cols) {
+        Some(b) if n_cols.is_multiple_of(32) => Ok(b),
+        _ => Err(QuantError::BadColumns { ty, n_cols }),
+    }
+}
+
+fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(QuantError::BadLength {
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+fn check_act(ty: GgmlType, n_cols: usize, x: &[f32], xq: &ActQ8) -> Result<(), QuantError> {
+    if is_float(ty) {
+        check_len("x", n_cols, x.len())
+    } else {
+        check_len("xq.qs", n_cols, xq.qs.len())?;
+        check_len("xq.d", n_cols / 32, xq.d.len())?;
+        check_len("xq.sums", n_cols / 32, xq.sums.len())
+    }
+}
+
+/// Quantizes `x` (length a multiple of 32) as the crate docs define.
+///
+/// Panics when `x.len()` is not a multiple of 32.
+pub fn quantize_act(x: &[f32]) -> ActQ8 {
+    assert!(
+        x.len().is_multiple_of(32),
+        "quantize_act: {} values is not a multiple of 32",
+        x.len()
+    );
+    act::quantize(isa::active(), x)
+}
+
+/// [`quantize_act`] with an explicit kernel level (for tests and benchmarks).
+///
+/// Panics when `x.len()` is not a multiple of 32 or `isa` is not available on this CPU.
+pub fn quantize_act_with(isa: Isa, x: &[f32]) -> ActQ8 {
+    assert!(
+        x.len().is_multiple_of(32),
+        "quantize_act: {} values is not a multiple of 32",
+        x.len()
+    );
+    assert!(
+        isa.is_available(),
+        "kernel level {isa} is not available on this CPU"
+    );
+    act::quantize(isa, x)
+}
+
+/// A selected dot kernel: quantized rows read `ActQ8`, float rows read x.
+#[derive(Clone, Copy)]
+pub(crate) enum Kernel {
+    Q(fn(&[u8], &ActQ8) -> f32),
+    F(fn(&[u8], &[f32]) -> f32),
+}
+
+impl Kernel {
+    #[inline]
+    fn dot(self, row: &[u8], x: &[f32], xq: &ActQ8) -> f32 {
+        match self {
+            Kernel::Q(f) => f(row, xq),
+            Kernel::F(f) => f(row, x),
+        }
+    }
+}
+
+fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
+    match isa {
+        Isa::Avx512 => avx512::kernel(ty, isa::avx512_proof()),
+        Isa::Avx2 => avx2::kernel(ty, isa::avx2_proof()),
+        Isa::Scalar => scalar_kernel(ty),
+    }
+}
+
+fn scalar_kernel(ty: GgmlType) -> Kernel {
+    use GgmlType as T;
+    match ty {
+        T::F32 => Kernel::F(scalar::dot_f32),
+        T::F16 => Kernel::F(scalar::dot_f16),
+        T::BF16 => Kernel::F(scalar::dot_bf16),
+        T::Q8_0 => Kernel::Q(scalar::dot_q8_0),
+        T::Q4_0 => Kernel::Q(scalar::dot_q4_0),
+        T::Q4_K => Kernel::Q(scalar::dot_q4_k),
+        T::Q5_K => Kernel::Q(scalar::dot_q5_k),
+        T::Q6_K => Kernel::Q(scalar::dot_q6_k),
+        T::IQ4_XS => Kernel::Q(scalar::dot_iq4_xs),
+        other => unreachable!("no kernel for {other}: callers check is_supported"),
+    }
+}
+
+/// Dot product of one row (`row.len()` bytes of `ty`) with x, using the active kernel level.
+/// `xq` must be `quantize_act(x)` for quantized types; x is used only for float types.
+pub fn try_dot_with(
+    isa: Isa,
+    ty: GgmlType,
+    row: &[u8],
+    x: &[f32],
+    xq: &ActQ8,
+) -> Result<f32, QuantError> {
+    assert!(
+        isa.is_available(),
+        "kernel level {isa} is not available on this CPU"
+    );
+    let n_cols = if is_float(ty) { x.len() } else { xq.qs.len() };
+    check_len("row", row_bytes(ty, n_cols)?, row.len())?;
+    check_act(ty, n_cols, x, xq)?;
+    Ok(kernel(isa, ty).dot(row, x, xq))
+}
+
+/// [`try_dot_with`] with an explicit kernel level, panicking on a shape error.
+pub fn dot_with(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32], xq: &ActQ8) -> f32 {
+    try_dot_with(isa, ty, row, x, xq).unwrap_or_else(|e| panic!("quant::dot: {e}"))
+}
+
+/// Dot product of a single row with x (canonical order, active kernel level).
+/// Panics on a shape error (the loader validates shapes before calling).
+pub fn dot(ty: GgmlType, row: &[u8], x: &[f32], xq: &ActQ8) -> f32 {
+    dot_with(isa::active(), ty, row, x, xq)
+}
+
+/// Rows handed to one rayon task: enough work to amortise the task, few enough to balance.
+fn rows_per_task(n_rows: usize, row_bytes: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_balance = n_rows.div_ceil(threads * 4);
+    let by_size = (16 * 1024usize).div_ceil(row_bytes.max(1));
+    by_balance.max(by_size).max(1)
+}
+
+/// `out[r] = row r of w · x` for `out.len()` rows of `n_cols` values of `ty`, with an
+/// explicit kernel level.
+pub fn try_matvec_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    x: &[f32],
+    xq: &ActQ8,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    assert!(
+        isa.is_available(),
+        "kernel level {isa} is not available on this CPU"
+    );
+    let rb = row_bytes(ty, n_cols)?;
+    check_len("w", out.len() * rb, w.len())?;
+    check_act(ty, n_cols, x, xq)?;
+    let k = kernel(isa, ty);
+    if out.len() * rb <= 64 * 1024 {
+        for (o, row) in out.iter_mut().zip(w.chunks_exact(rb)) {
+            *o = k.dot(row, x, xq);
+        }
+        return Ok(());
+    }
+    let per = rows_per_task(out.len(), rb);
+    out.par_chunks_mut(per)
+        .zip(w.par_chunks(per * rb))
+        .for_each(|(o, wc)| {
+            for (ov, row) in o.iter_mut().zip(wc.chunks_exact(rb)) {
+                *ov = k.dot(row, x, xq);
+            }
+        });
+    Ok(())
+}
+
+/// [`try_matvec_with`] at the active kernel level.
+pub fn try_matvec(
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    x: &[f32],
+    xq: &ActQ8,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    try_matvec_with(isa::active(), ty, w, n_cols, x, xq, out)
 }
 
 /// out[r] = row r of `w` (n_cols columns, `out.len()` rows, type `ty`) · x.
 /// `xq` must be `quantize_act(x)` when `ty` is a quantized type; it is ignored for F32/F16/BF16.
-pub fn matvec(_ty: GgmlType, _w: &[u8], _n_cols: usize, _x: &[f32], _xq: &ActQ8, _out: &mut [f32]) {
-    todo!("quant helper")
+/// Rayon-parallel over rows. Panics on a shape error (the loader validates shapes first).
+pub fn matvec(ty: GgmlType, w: &[u8], n_cols: usize, x: &[f32], xq: &ActQ8, out: &mut [f32]) {
+    try_matvec(ty, w, n_cols, x, xq, out).unwrap_or_else(|e| panic!("quant::matvec: {e}"))
 }
 
-pub fn dequantize_row(_ty: GgmlType, _src: &[u8], _dst: &mut [f32]) {
-    todo!("quant helper")
+/// [`matvec`] with an explicit kernel level, panicking on a shape error.
+pub fn matvec_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    x: &[f32],
+    xq: &ActQ8,
+    out: &mut [f32],
+) {
+    try_matvec_with(isa, ty, w, n_cols, x, xq, out).unwrap_or_else(|e| panic!("quant::matvec: {e}"))
+}
+
+/// Tokens processed together against one chunk of rows (their activations stay in cache).
+const TOKEN_TILE: usize = 8;
+
+/// Many tokens against one matrix: `xs` is n_tok × n_cols (row-major), `xqs` one
+/// `ActQ8` per token (may be empty for float types), `out` n_tok × n_rows (row-major).
+/// Every (row, token) value is bit-identical to [`matvec`] of that token.
+pub fn try_matmul_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    xs: &[f32],
+    xqs: &[ActQ8],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    assert!(
+        isa.is_available(),
+        "kernel level {isa} is not available on this CPU"
+    );
+    let rb = row_bytes(ty, n_cols)?;
+    let float = is_float(ty);
+    let n_tok = if float {
+        if n_cols == 0 {
+            return Err(QuantError::BadColumns { ty, n_cols });
+        }
+        if !xs.len().is_multiple_of(n_cols) {
+            return Err(QuantError::BadLength {
+                what: "xs (n_tok × n_cols)",
+                expected: xs.len().div_ceil(n_cols) * n_cols,
+                got: xs.len(),
+            });
+        }
+        xs.len() / n_cols
+    } else {
+        xqs.len()
+    };
+    if n_tok == 0 {
+        return check_len("out", 0, out.len());
+    }
+    if !out.len().is_multiple_of(n_tok) {
+        return Err(QuantError::BadLength {
+            what: "out (n_tok × n_rows)",
+            expected: out.len().div_ceil(n_tok) * n_tok,
+            got: out.len(),
+        });
+    }
+    let n_rows = out.len() / n_tok;
+    check_len("w", n_rows * rb, w.len())?;
+    if float {
+        if !xqs.is_empty() {
+            check_len("xqs (one per token, or none)", n_tok, xqs.len())?;
+        }
+    } else {
+        if !xs.is_empty() {
+            check_len("xs", n_tok * n_cols, xs.len())?;
+        }
+        for xq in xqs {
+            check_act(ty, n_cols, &[], xq)?;
+        }
+    }
+    let k = kernel(isa, ty);
+    let empty = ActQ8::default();
+    let x_of = |t: usize| -> &[f32] {
+        if float {
+            &xs[t * n_cols..(t + 1) * n_cols]
+        } else {
+            &[]
+        }
+    };
+    let xq_of = |t: usize| -> &ActQ8 {
+        if float {
+            &empty
+        } else {
+            &xqs[t]
+        }
+    };
+    // Computed row-major by weight row (rows × tokens) so that tasks own disjoint
+    // memory, then transposed into `out`.
+    let mut tmp = vec![0f32; n_rows * n_tok];
+    let per = rows_per_task(n_rows, rb * n_tok.min(TOKEN_TILE));
+    tmp.par_chunks_mut(per * n_tok)
+        .zip(w.par_chunks(per * rb))
+        .for_each(|(o, wc)| {
+            let rows = wc.len() / rb;
+            for t0 in (0..n_tok).step_by(TOKEN_TILE) {
+                let t1 = (t0 + TOKEN_TILE).min(n_tok);
+                for r in 0..rows {
+                    let row = &wc[r * rb..(r + 1) * rb];
+                    for t in t0..t1 {
+                        o[r * n_tok + t] = k.dot(row, x_of(t), xq_of(t));
+                    }
+                }
+            }
+        });
+    for r in 0..n_rows {
+        for t in 0..n_tok {
+            out[t * n_rows + r] = tmp[r * n_tok + t];
+        }
+    }
+    Ok(())
+}
+
+/// [`try_matmul_with`] at the active kernel level.
+pub fn try_matmul(
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    xs: &[f32],
+    xqs: &[ActQ8],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    try_matmul_with(isa::active(), ty, w, n_cols, xs, xqs, out)
+}
+
+/// Prompt-time matrix product (see [`try_matmul_with`]); panics on a shape error.
+pub fn matmul(ty: GgmlType, w: &[u8], n_cols: usize, xs: &[f32], xqs: &[ActQ8], out: &mut [f32]) {
+    try_matmul(ty, w, n_cols, xs, xqs, out).unwrap_or_else(|e| panic!("quant::matmul: {e}"))
+}
+
+/// [`matmul`] with an explicit kernel level, panicking on a shape error.
+pub fn matmul_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    xs: &[f32],
+    xqs: &[ActQ8],
+    out: &mut [f32],
+) {
+    try_matmul_with(isa, ty, w, n_cols, xs, xqs, out)
+        .unwrap_or_else(|e| panic!("quant::matmul: {e}"))
+}
+
+/// Dequantizes one row (`dst.len()` values) from `src` (exactly that row's bytes).
+pub fn try_dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    check_len("src", row_bytes(ty, dst.len())?, src.len())?;
+    formats::dequantize(ty, src, dst);
+    Ok(())
+}
+
+/// Dequantizes one row; panics on a shape error.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    try_dequantize_row(ty, src, dst).unwrap_or_else(|e| panic!("quant::dequantize_row: {e}"))
+}
+
+/// Quantizes one row (`src.len()` values) into `dst` (exactly that row's bytes) with a
+/// simple round-to-nearest quantizer (for tests and synthetic models).
+pub fn try_quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    check_len("dst", row_bytes(ty, src.len())?, dst.len())?;
+    formats::quantize(ty, src, dst);
+    Ok(())
+}
+
+/// Quantizes one row; panics on a shape error.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    try_quantize_row(ty, src, dst).unwrap_or_else(|e| panic!("quant::quantize_row: {e}"))
 }

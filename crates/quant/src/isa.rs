@@ -1,0 +1,118 @@
+//! Run-time choice of the kernel level.
+
+use std::sync::OnceLock;
+
+/// A kernel level. All levels compute bit-identical results (the canonical order);
+/// they differ only in speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL/VNNI (plus the AVX2 set).
+    Avx512,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name() == s)
+    }
+
+    /// Whether this CPU can run the level (ignores `SCORIA_ISA`).
+    pub fn is_available(self) -> bool {
+        self <= detected()
+    }
+
+    /// The highest level this CPU supports.
+    pub fn detected() -> Isa {
+        detected()
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Isa {
+    let avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    let avx512 = avx2
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni");
+    if avx512 {
+        Isa::Avx512
+    } else if avx2 {
+        Isa::Avx2
+    } else {
+        Isa::Scalar
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Isa {
+    Isa::Scalar
+}
+
+fn detected() -> Isa {
+    static DETECTED: OnceLock<Isa> = OnceLock::new();
+    *DETECTED.get_or_init(detect)
+}
+
+/// The level the kernels use: the detected one, lowered by `SCORIA_ISA` if set.
+pub(crate) fn active() -> Isa {
+    static ACTIVE: OnceLock<Isa> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let hw = detected();
+        match std::env::var("SCORIA_ISA") {
+            Ok(v) => match Isa::from_name(v.trim()) {
+                Some(want) => want.min(hw),
+                None => {
+                    eprintln!("SCORIA_ISA={v:?} is not one of scalar, avx2, avx512; using {hw}");
+                    hw
+                }
+            },
+            Err(_) => hw,
+        }
+    })
+}
+
+/// The kernel level in use: "avx512", "avx2" or "scalar".
+pub fn kernel_isa() -> &'static str {
+    active().name()
+}
+
+/// Proof that the AVX2 level's features were detected (only made here).
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2Proof(());
+
+/// Proof that the AVX-512 level's features were detected (only made here).
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512Proof(());
+
+/// Panics unless AVX2 is available; callers check `Isa::is_available` first.
+pub(crate) fn avx2_proof() -> Avx2Proof {
+    assert!(Isa::Avx2.is_available());
+    Avx2Proof(())
+}
+
+/// Panics unless AVX-512 is available; callers check `Isa::is_available` first.
+pub(crate) fn avx512_proof() -> Avx512Proof {
+    assert!(Isa::Avx512.is_available());
+    Avx512Proof(())
+}

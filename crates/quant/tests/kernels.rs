@@ -1,0 +1,605 @@
+//! Kernel tests: dequantization against a literal transcription of the block
+//! layouts, every kernel level against the scalar canonical kernel bit for bit,
+//! and the canonical result against an f64 evaluation of the same formula.
+
+use quant::{ActQ8, GgmlType as T, Isa, QuantError};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+const QUANT: [T; 6] = [T::Q8_0, T::Q4_0, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ4_XS];
+const FLOAT: [T; 3] = [T::F32, T::F16, T::BF16];
+const LENGTHS: [usize; 4] = [256, 512, 2048, 4096 + 256];
+/// Extra lengths for the 32-value block types (partial groups of 8 blocks).
+const SMALL_LENGTHS: [usize; 4] = [32, 96, 288, 800];
+
+fn all_types() -> Vec<T> {
+    QUANT.iter().chain(FLOAT.iter()).copied().collect()
+}
+
+fn lengths(ty: T) -> Vec<usize> {
+    let mut v = LENGTHS.to_vec();
+    if ty.block_size() <= 32 {
+        v.extend(SMALL_LENGTHS);
+    }
+    v
+}
+
+/// Kernel levels this CPU runs; prints a note for each skipped one.
+fn isas() -> Vec<Isa> {
+    let mut v = Vec::new();
+    for isa in Isa::ALL {
+        if isa.is_available() {
+            v.push(isa);
+        } else {
+            eprintln!("note: skipping kernel level {isa}: not available on this CPU");
+        }
+    }
+    v
+}
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+fn rand_scale(rng: &mut StdRng) -> f32 {
+    let m: f32 = rng.random_range(0.0005..0.05);
+    if rng.random_bool(0.5) {
+        m
+    } else {
+        -m
+    }
+}
+
+fn rand_floats(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+}
+
+/// A random row: random bytes with sane f16 scales for quantized types,
+/// random values for float types.
+fn random_row(rng: &mut StdRng, ty: T, n: usize) -> Vec<u8> {
+    let rb = quant::row_bytes(ty, n).unwrap();
+    let mut w = vec![0u8; rb];
+    match ty {
+        T::F32 | T::F16 | T::BF16 => quant::quantize_row(ty, &rand_floats(rng, n), &mut w),
+        _ => {
+            rng.fill_bytes(&mut w);
+            for blk in w.chunks_exact_mut(ty.type_size()) {
+                match ty {
+                    T::Q6_K => blk[208..210].copy_from_slice(&f16_bytes(rand_scale(rng))),
+                    T::Q4_K | T::Q5_K => {
+                        blk[0..2].copy_from_slice(&f16_bytes(rand_scale(rng)));
+                        blk[2..4].copy_from_slice(&f16_bytes(rand_scale(rng)));
+                    }
+                    _ => blk[0..2].copy_from_slice(&f16_bytes(rand_scale(rng))),
+                }
+            }
+        }
+    }
+    w
+}
+
+fn h(b: &[u8], o: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[o], b[o + 1]])).to_f32()
+}
+
+/// Dequantization written straight from the layout notes (section C.2).
+fn spec_dequant(ty: T, src: &[u8], n: usize) -> Vec<f32> {
+    let mut y = Vec::with_capacity(n);
+    const K: [i8; 16] = [
+        -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+    ];
+    let scale_min_k4 = |s: &[u8], j: usize| -> (u8, u8) {
+        if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            (
+                (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+                (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+            )
+        }
+    };
+    match ty {
+        T::F32 => {
+            for c in src.chunks_exact(4) {
+                y.push(f32::from_le_bytes(c.try_into().unwrap()));
+            }
+        }
+        T::F16 => {
+            for i in 0..n {
+                y.push(h(src, 2 * i));
+            }
+        }
+        T::BF16 => {
+            for c in src.chunks_exact(2) {
+                y.push(f32::from_bits(
+                    (u16::from_le_bytes([c[0], c[1]]) as u32) << 16,
+                ));
+            }
+        }
+        T::Q8_0 => {
+            for b in src.chunks_exact(34) {
+                for j in 0..32 {
+                    y.push(h(b, 0) * (b[2 + j] as i8) as f32);
+                }
+            }
+        }
+        T::Q4_0 => {
+            for b in src.chunks_exact(18) {
+                let d = h(b, 0);
+                let mut out = [0f32; 32];
+                for j in 0..16 {
+                    out[j] = d * ((b[2 + j] & 0xF) as i32 - 8) as f32;
+                    out[j + 16] = d * ((b[2 + j] >> 4) as i32 - 8) as f32;
+                }
+                y.extend(out);
+            }
+        }
+        T::Q4_K => {
+            for b in src.chunks_exact(144) {
+                let (d, dmin, s, qs) = (h(b, 0), h(b, 2), &b[4..16], &b[16..144]);
+                for c in 0..4 {
+                    let q = &qs[32 * c..32 * c + 32];
+                    let (sc, m) = scale_min_k4(s, 2 * c);
+                    for l in 0..32 {
+                        y.push(d * sc as f32 * (q[l] & 0xF) as f32 - dmin * m as f32);
+                    }
+                    let (sc, m) = scale_min_k4(s, 2 * c + 1);
+                    for l in 0..32 {
+                        y.push(d * sc as f32 * (q[l] >> 4) as f32 - dmin * m as f32);
+                    }
+                }
+            }
+        }
+        T::Q5_K => {
+            for b in src.chunks_exact(176) {
+                let (d, dmin, s, qh, ql) = (h(b, 0), h(b, 2), &b[4..16], &b[16..48], &b[48..176]);
+                for c in 0..4 {
+                    let (u1, u2) = (1u8 << (2 * c), 1u8 << (2 * c + 1));
+                    let q = &ql[32 * c..32 * c + 32];
+                    let (sc, m) = scale_min_k4(s, 2 * c);
+                    for l in 0..32 {
+                        let v = (q[l] & 0xF) + if qh[l] & u1 != 0 { 16 } else { 0 };
+                        y.push(d * sc as f32 * v as f32 - dmin * m as f32);
+                    }
+                    let (sc, m) = scale_min_k4(s, 2 * c + 1);
+                    for l in 0..32 {
+                        let v = (q[l] >> 4) + if qh[l] & u2 != 0 { 16 } else { 0 };
+                        y.push(d * sc as f32 * v as f32 - dmin * m as f32);
+                    }
+                }
+            }
+        }
+        T::Q6_K => {
+            for b in src.chunks_exact(210) {
+                let d = h(b, 208);
+                let mut out = [0f32; 256];
+                for half in 0..2 {
+                    let ql = &b[64 * half..];
+                    let qh = &b[128 + 32 * half..];
+                    let sc = &b[192 + 8 * half..];
+                    let yy = &mut out[128 * half..];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                        let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                        yy[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                        yy[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                        yy[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                        yy[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                    }
+                }
+                y.extend(out);
+            }
+        }
+        T::IQ4_XS => {
+            for b in src.chunks_exact(136) {
+                let d = h(b, 0);
+                let scales_h = u16::from_le_bytes([b[2], b[3]]) as i32;
+                for ib in 0..8 {
+                    let ls = ((b[4 + ib / 2] as i32 >> (4 * (ib % 2))) & 0xF)
+                        | (((scales_h >> (2 * ib)) & 3) << 4);
+                    let dl = d * (ls - 32) as f32;
+                    let qs = &b[8 + 16 * ib..];
+                    let mut out = [0f32; 32];
+                    for j in 0..16 {
+                        out[j] = dl * K[(qs[j] & 0xF) as usize] as f32;
+                        out[j + 16] = dl * K[(qs[j] >> 4) as usize] as f32;
+                    }
+                    y.extend(out);
+                }
+            }
+        }
+        other => panic!("no spec for {other}"),
+    }
+    assert_eq!(y.len(), n);
+    y
+}
+
+#[test]
+fn supported_types_are_exactly_the_kernel_types() {
+    for ty in T::ALL {
+        let expect = QUANT.contains(&ty) || FLOAT.contains(&ty);
+        assert_eq!(quant::is_supported(ty), expect, "{ty}");
+    }
+    assert!(["scalar", "avx2", "avx512"].contains(&quant::kernel_isa()));
+}
+
+#[test]
+fn dequantize_matches_the_layout_spec_bitwise() {
+    let mut rng = StdRng::seed_from_u64(1);
+    for ty in all_types() {
+        for n in lengths(ty) {
+            let w = random_row(&mut rng, ty, n);
+            let mut got = vec![0f32; n];
+            quant::dequantize_row(ty, &w, &mut got);
+            let want = spec_dequant(ty, &w, n);
+            for i in 0..n {
+                assert_eq!(
+                    got[i].to_bits(),
+                    want[i].to_bits(),
+                    "{ty} n={n} i={i}: {} vs {}",
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quantize_row_round_trips_within_format_precision() {
+    let mut rng = StdRng::seed_from_u64(2);
+    for ty in all_types() {
+        let n = 2048;
+        let x = rand_floats(&mut rng, n);
+        let mut w = vec![0u8; quant::row_bytes(ty, n).unwrap()];
+        quant::quantize_row(ty, &x, &mut w);
+        let mut y = vec![0f32; n];
+        quant::dequantize_row(ty, &w, &mut y);
+        // Worst-case step of each format relative to the value range (2.0 here).
+        let tol = match ty {
+            T::F32 => 0.0,
+            T::F16 => 2e-3,
+            T::BF16 => 1e-2,
+            T::Q8_0 => 2.0 / 127.0,
+            T::Q6_K | T::Q5_K => 4.0 / 31.0,
+            T::IQ4_XS => 0.35,
+            _ => 4.0 / 15.0,
+        };
+        let mut err2 = 0.0f64;
+        for i in 0..n {
+            let e = (x[i] - y[i]).abs();
+            assert!(
+                e <= tol,
+                "{ty} i={i}: {} -> {} (error {e} > {tol})",
+                x[i],
+                y[i]
+            );
+            err2 += (e as f64).powi(2);
+        }
+        let rms = (err2 / n as f64).sqrt();
+        assert!(rms <= tol as f64 / 2.0 + 1e-9, "{ty}: rms error {rms}");
+    }
+}
+
+#[test]
+fn quantize_act_rounds_half_to_even_and_handles_zero_blocks() {
+    // amax = 127 gives d = 1 and id = 1 exactly, so x * id = x and ties are visible.
+    let mut x = vec![0f32; 64];
+    let ties = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 3.49, 3.51];
+    let want = [0i8, 2, 2, 0, -2, -2, 126, -126, 3, 4];
+    x[..ties.len()].copy_from_slice(&ties);
+    x[31] = 127.0;
+    // Block 1 stays all zeros.
+    for isa in isas() {
+        let a = quant::quantize_act_with(isa, &x);
+        assert_eq!(a.d, vec![1.0, 0.0], "{isa}");
+        assert_eq!(&a.qs[..ties.len()], &want, "{isa}");
+        assert_eq!(a.qs[31], 127);
+        assert!(a.qs[32..].iter().all(|&q| q == 0));
+        let s: i32 = a.qs[..32].iter().map(|&q| q as i32).sum();
+        assert_eq!(a.sums, vec![s, 0], "{isa}");
+    }
+    // Negative zero and a block whose extreme is negative.
+    let mut y = vec![-0.0f32; 32];
+    y[5] = -3.0;
+    y[6] = 1.5;
+    for isa in isas() {
+        let a = quant::quantize_act_with(isa, &y);
+        assert_eq!(a.d[0], 3.0 / 127.0);
+        assert_eq!(a.qs[5], -127);
+        let id = 1.0 / (3.0f32 / 127.0);
+        assert_eq!(a.qs[6], (1.5f32 * id).round_ties_even() as i8);
+    }
+}
+
+#[test]
+fn quantize_act_is_identical_on_every_kernel_level() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for scale in [1e-6f32, 1.0, 1e4] {
+        let mut x: Vec<f32> = (0..4096)
+            .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+            .collect();
+        // Values sitting exactly on rounding ties after scaling.
+        x[..32]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = i as f32 - 15.5);
+        x[32..64].fill(0.0);
+        let base = quant::quantize_act_with(Isa::Scalar, &x);
+        // The definition, once more, literally.
+        for (b, xs) in x.chunks_exact(32).enumerate() {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+            assert_eq!(base.d[b].to_bits(), d.to_bits());
+            let mut s = 0;
+            for (i, v) in xs.iter().enumerate() {
+                let q = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+                assert_eq!(base.qs[32 * b + i], q);
+                s += q as i32;
+            }
+            assert_eq!(base.sums[b], s);
+        }
+        for isa in isas() {
+            let a = quant::quantize_act_with(isa, &x);
+            assert_eq!(a.qs, base.qs, "{isa}");
+            assert_eq!(a.sums, base.sums, "{isa}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.d), bits(&base.d), "{isa}");
+        }
+    }
+}
+
+fn act(rng: &mut StdRng, n: usize) -> (Vec<f32>, ActQ8) {
+    let x = rand_floats(rng, n);
+    let xq = quant::quantize_act_with(Isa::Scalar, &x);
+    (x, xq)
+}
+
+#[test]
+fn dot_is_bit_identical_on_every_kernel_level() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let levels = isas();
+    for ty in all_types() {
+        for n in lengths(ty) {
+            for _ in 0..4 {
+                let w = random_row(&mut rng, ty, n);
+                let (x, xq) = act(&mut rng, n);
+                let want = quant::dot_with(Isa::Scalar, ty, &w, &x, &xq);
+                assert!(want.is_finite());
+                for &isa in &levels {
+                    let got = quant::dot_with(isa, ty, &w, &x, &xq);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{ty} n={n} {isa}: {got} vs scalar {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Random rows whose integer parts sit at their extremes (largest quant values,
+/// largest scales, activations of ±127), to catch saturation in the SIMD paths.
+#[test]
+fn dot_survives_extreme_blocks() {
+    let mut rng = StdRng::seed_from_u64(5);
+    for ty in QUANT {
+        let n = 2048;
+        for fill in [0x00u8, 0xFF, 0x80, 0x7F] {
+            let mut w = random_row(&mut rng, ty, n);
+            for blk in w.chunks_exact_mut(ty.type_size()) {
+                let scale_at = if ty == T::Q6_K { 208 } else { 0 };
+                let keep: Vec<u8> = blk[scale_at..scale_at + 2].to_vec();
+                let keep2: Vec<u8> = blk[2..4].to_vec();
+                blk.fill(fill);
+                blk[scale_at..scale_at + 2].copy_from_slice(&keep);
+                if matches!(ty, T::Q4_K | T::Q5_K) {
+                    blk[2..4].copy_from_slice(&keep2);
+                }
+            }
+            for sign in [1.0f32, -1.0] {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| if i % 3 == 0 { -sign } else { sign })
+                    .collect();
+                let xq = quant::quantize_act_with(Isa::Scalar, &x);
+                let want = quant::dot_with(Isa::Scalar, ty, &w, &x, &xq);
+                let reference = f64_reference(ty, &w, &x, &xq);
+                check_close(ty, n, want, reference);
+                for isa in isas() {
+                    let got = quant::dot_with(isa, ty, &w, &x, &xq);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} fill={fill:#x} {isa}");
+                }
+            }
+        }
+    }
+}
+
+/// The exact value of the canonical formula, in f64: dequantized weights times the
+/// *quantized* activations (or x itself for float weights), plus the size of the
+/// terms (for the tolerance).
+fn f64_reference(ty: T, w: &[u8], x: &[f32], xq: &ActQ8) -> (f64, f64) {
+    let n = x.len();
+    let deq = spec_dequant(ty, w, n);
+    let mut sum = 0.0f64;
+    let mut mag = 0.0f64;
+    for i in 0..n {
+        let a = if FLOAT.contains(&ty) {
+            x[i] as f64
+        } else {
+            xq.d[i / 32] as f64 * xq.qs[i] as f64
+        };
+        let t = deq[i] as f64 * a;
+        sum += t;
+        mag += t.abs();
+    }
+    (sum, mag)
+}
+
+fn check_close(ty: T, n: usize, got: f32, (want, mag): (f64, f64)) {
+    let err = (got as f64 - want).abs();
+    assert!(
+        err <= 1e-5 * mag + 1e-30,
+        "{ty} n={n}: {got} vs f64 {want} (error {err}, term magnitude {mag})"
+    );
+}
+
+#[test]
+fn dot_matches_an_f64_evaluation_of_the_formula() {
+    let mut rng = StdRng::seed_from_u64(6);
+    for ty in all_types() {
+        for n in lengths(ty) {
+            for _ in 0..3 {
+                let w = random_row(&mut rng, ty, n);
+                let (x, xq) = act(&mut rng, n);
+                let got = quant::dot_with(Isa::Scalar, ty, &w, &x, &xq);
+                check_close(ty, n, got, f64_reference(ty, &w, &x, &xq));
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_and_matmul_equal_the_single_row_dot_bitwise() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let levels = isas();
+    for ty in all_types() {
+        for (n_rows, n_cols) in [(3usize, 256usize), (70, 512), (512, 2048)] {
+            let rb = quant::row_bytes(ty, n_cols).unwrap();
+            let mut w = Vec::with_capacity(n_rows * rb);
+            for _ in 0..n_rows {
+                w.extend(random_row(&mut rng, ty, n_cols));
+            }
+            let n_tok = 11;
+            let mut xs = Vec::new();
+            let mut xqs = Vec::new();
+            for _ in 0..n_tok {
+                let (x, xq) = act(&mut rng, n_cols);
+                xs.extend(x);
+                xqs.push(xq);
+            }
+            let want: Vec<Vec<f32>> = (0..n_tok)
+                .map(|t| {
+                    (0..n_rows)
+                        .map(|r| {
+                            quant::dot_with(
+                                Isa::Scalar,
+                                ty,
+                                &w[r * rb..(r + 1) * rb],
+                                &xs[t * n_cols..(t + 1) * n_cols],
+                                &xqs[t],
+                            )
+                        })
+                        .collect()
+                })
+                .collect();
+            for &isa in &levels {
+                for t in 0..n_tok {
+                    let mut out = vec![f32::NAN; n_rows];
+                    quant::matvec_with(
+                        isa,
+                        ty,
+                        &w,
+                        n_cols,
+                        &xs[t * n_cols..(t + 1) * n_cols],
+                        &xqs[t],
+                        &mut out,
+                    );
+                    for r in 0..n_rows {
+                        assert_eq!(
+                            out[r].to_bits(),
+                            want[t][r].to_bits(),
+                            "matvec {ty} {isa} {n_rows}x{n_cols} t={t} r={r}"
+                        );
+                    }
+                }
+                let mut out = vec![f32::NAN; n_rows * n_tok];
+                let xqs_arg: &[ActQ8] = if FLOAT.contains(&ty) { &[] } else { &xqs };
+                quant::matmul_with(isa, ty, &w, n_cols, &xs, xqs_arg, &mut out);
+                for t in 0..n_tok {
+                    for r in 0..n_rows {
+                        assert_eq!(
+                            out[t * n_rows + r].to_bits(),
+                            want[t][r].to_bits(),
+                            "matmul {ty} {isa} t={t} r={r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn default_entry_points_use_the_active_level() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let ty = T::Q4_K;
+    let w = random_row(&mut rng, ty, 512);
+    let (x, _) = act(&mut rng, 512);
+    let xq = quant::quantize_act(&x);
+    let mut out = [0f32; 1];
+    quant::matvec(ty, &w, 512, &x, &xq, &mut out);
+    assert_eq!(out[0].to_bits(), quant::dot(ty, &w, &x, &xq).to_bits());
+    assert_eq!(
+        out[0].to_bits(),
+        quant::dot_with(Isa::Scalar, ty, &w, &x, &xq).to_bits()
+    );
+    let mut out2 = [0f32; 1];
+    quant::matmul(ty, &w, 512, &x, std::slice::from_ref(&xq), &mut out2);
+    assert_eq!(out2[0].to_bits(), out[0].to_bits());
+}
+
+#[test]
+fn shapes_are_checked() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let (x, xq) = act(&mut rng, 256);
+    let w = random_row(&mut rng, T::Q4_K, 256);
+    let mut out = [0f32; 2];
+    assert_eq!(
+        quant::try_matvec(T::Q4_K, &w, 256, &x, &xq, &mut out),
+        Err(QuantError::BadLength {
+            what: "w",
+            expected: 288,
+            got: 144
+        })
+    );
+    assert_eq!(
+        quant::try_matvec(T::Q4_1, &w, 256, &x, &xq, &mut out[..1]),
+        Err(QuantError::Unsupported(T::Q4_1))
+    );
+    assert_eq!(
+        quant::try_matvec(T::Q4_K, &w, 128, &x[..128], &xq, &mut out[..1]),
+        Err(QuantError::BadColumns {
+            ty: T::Q4_K,
+            n_cols: 128
+        })
+    );
+    assert!(matches!(
+        quant::row_bytes(T::F32, 48),
+        Err(QuantError::BadColumns { .. })
+    ));
+    let short = quant::quantize_act(&x[..224]);
+    assert!(matches!(
+        quant::try_matvec(T::Q4_K, &w, 256, &x, &short, &mut out[..1]),
+        Err(QuantError::BadLength { what: "xq.qs", .. })
+    ));
+    let mut dst = [0f32; 256];
+    assert!(quant::try_dequantize_row(T::Q4_K, &w[..100], &mut dst).is_err());
+    assert!(quant::try_quantize_row(T::Q6_K, &x, &mut [0u8; 200]).is_err());
+    let mut out3 = [0f32; 3];
+    assert!(matches!(
+        quant::try_matmul(
+            T::Q4_K,
+            &w,
+            256,
+            &[],
+            std::slice::from_ref(&xq),
+            &mut out3[..2]
+        ),
+        Err(QuantError::BadLength { what: "w", .. })
+    ));
+}
