@@ -1,0 +1,371 @@
+//! Operations endpoints: `/health`, `/props`, `/slots`, `/tokenize`,
+//! `/detokenize`, `/apply-template`, `/metrics` (Prometheus text), `/stats.json`
+//! and the stats page at `/`.
+//!
+//! Everything here reads [`AppState`]; nothing here decodes. The shapes follow
+//! llama-server where it has the endpoint (so tools written for it work), with
+//! scoria's own fields added beside them.
+
+mod gpu;
+mod template;
+
+// Declared here (not in lib.rs) so the operations files stay one unit.
+#[path = "stats_page.rs"]
+mod stats_page;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+
+use crate::AppState;
+
+/// The operations routes; `lib.rs` merges them and applies the API key.
+pub fn router() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/", get(stats_page::index))
+        .route("/health", get(health))
+        .route("/props", get(props))
+        .route("/slots", get(slots))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/apply-template", post(apply_template))
+        .route("/metrics", get(metrics))
+        .route("/stats.json", get(stats_json))
+}
+
+/// A 400 in the OpenAI error shape, naming the field at fault.
+pub(crate) fn bad_request(message: impl Into<String>, param: Option<&str>) -> Response {
+    let body = json!({"error": {
+        "message": message.into(),
+        "type": "invalid_request_error",
+        "param": param,
+        "code": null,
+    }});
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+}
+
+/// Parses a request body as a JSON object, or answers 400 saying why not.
+fn parse_object(body: &Bytes) -> Result<Map<String, Value>, Response> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(bad_request("the request body must be a JSON object", None)),
+        Err(e) => Err(bad_request(
+            format!("the request body is not valid JSON: {e}"),
+            None,
+        )),
+    }
+}
+
+fn opt_bool(m: &Map<String, Value>, key: &str, default: bool) -> Result<bool, Response> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad_request(format!("`{key}` must be a boolean"), Some(key))),
+    }
+}
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A setting's effective value from `AppState::settings`
+/// (`{"server": {name: {"value": v, "source": s}}, "engine": {...}}`).
+fn setting<'a>(state: &'a AppState, section: &str, name: &str) -> Option<&'a Value> {
+    let s = state.settings.get(section)?.get(name)?;
+    Some(s.get("value").unwrap_or(s))
+}
+
+fn model_json(state: &AppState) -> Value {
+    let info = &state.engine_info;
+    json!({
+        "id": state.model_id,
+        "name": info.name,
+        "arch": info.arch,
+        "path": info.path,
+        "file_bytes": info.file_bytes,
+        "n_ctx": info.n_ctx,
+        "n_ctx_train": info.n_ctx_train,
+        "n_vocab": info.n_vocab,
+        "n_layer": info.n_layer,
+        "n_embd": info.n_embd,
+        "n_expert": info.n_expert,
+        "n_expert_used": info.n_expert_used,
+        "synthetic": info.synthetic,
+    })
+}
+
+/// What the running build accepts: the sampling fields, the token budget
+/// names, the thinking controls, and the tool-call format of the template.
+fn capabilities(state: &AppState) -> Value {
+    let tmpl = template::describe(state.template.as_deref());
+    json!({
+        "routes": [
+            "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+            "/v1/messages/count_tokens", "/v1/models",
+            "/health", "/props", "/slots", "/tokenize", "/detokenize", "/apply-template",
+            "/metrics", "/stats.json", "/",
+        ],
+        "sampling": [
+            "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+            "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "stop",
+        ],
+        "greedy": "temperature absent or 0 decodes greedy (argmax, lowest id wins a tie)",
+        "not_supported": {
+            "n": "only n = 1",
+            "logprobs": "not implemented",
+            "top_logprobs": "not implemented",
+        },
+        "token_budget_aliases": ["max_tokens", "max_completion_tokens", "max_output_tokens"],
+        "max_tokens_default": setting(state, "server", "max_tokens_default")
+            .or_else(|| setting(state, "server", "max_tokens"))
+            .cloned()
+            .unwrap_or(Value::Null),
+        "reasoning": {
+            "template_thinks": tmpl["thinks"],
+            "controls": [
+                "reasoning_effort", "enable_thinking", "chat_template_kwargs.enable_thinking",
+                "max_thinking_tokens", "thinking_budget_tokens", "thinking_budget",
+                "reasoning", "thinking",
+            ],
+            "reasoning_effort": ["none", "minimal", "low", "medium", "high", "xhigh"],
+            "split": "reasoning_content (chat), reasoning items (responses), thinking blocks (messages)",
+            "thinking_answer_room": setting(state, "server", "thinking_answer_room")
+                .cloned()
+                .unwrap_or(Value::Null),
+        },
+        "tools": {
+            "accepted": true,
+            "tool_call_format": tmpl["tool_call_format"],
+            "tool_choice": ["auto", "none", "required", "named"],
+        },
+        "streaming": true,
+        "images": false,
+        "cancellation": "a client that disconnects is cancelled within one decode step",
+        "queue": "one request decodes at a time; others wait in arrival order",
+    })
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let snap = state.stats.snapshot();
+    let current = &snap["current"];
+    let busy = !current.is_null();
+    let body = json!({
+        "status": "ok",
+        "loading": false,
+        "version": VERSION,
+        "model": model_json(&state),
+        "busy": busy,
+        "busy_for_s": if busy {
+            Value::from(current["elapsed_ms"].as_f64().unwrap_or(0.0) / 1000.0)
+        } else {
+            Value::Null
+        },
+        "in_flight": usize::from(busy),
+        "queue_depth": snap["queue"]["depth"],
+        "uptime_s": snap["uptime_s"],
+        "capabilities": capabilities(&state),
+        "settings": state.settings,
+    });
+    Json(body).into_response()
+}
+
+async fn props(State(state): State<Arc<AppState>>) -> Response {
+    let info = &state.engine_info;
+    let tok = &state.tokenizer;
+    let piece = |id: Option<u32>| {
+        id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i)).into_owned())
+            .unwrap_or_default()
+    };
+    let tmpl = template::describe(state.template.as_deref());
+    let body = json!({
+        "default_generation_settings": {
+            "n_ctx": info.n_ctx,
+            "params": {
+                "temperature": 0.0,
+                "top_k": 0,
+                "top_p": 1.0,
+                "min_p": 0.0,
+                "presence_penalty": 0.0,
+                "frequency_penalty": 0.0,
+                "repeat_penalty": 1.0,
+                "repeat_last_n": 64,
+                "n_predict": setting(&state, "server", "max_tokens_default")
+                    .cloned()
+                    .unwrap_or(Value::from(-1)),
+            },
+        },
+        "total_slots": 1,
+        "model_alias": state.model_id,
+        "model_path": info.path,
+        "modalities": {"vision": false, "audio": false},
+        "endpoint_slots": true,
+        "endpoint_props": false,
+        "endpoint_metrics": true,
+        "webui": true,
+        "chat_template": tmpl["source"],
+        "bos_token": piece(tok.bos_id()),
+        "eos_token": piece(tok.eos_id()),
+        "build_info": format!("scoria {VERSION}"),
+        "model": model_json(&state),
+        "chat_template_info": {
+            "thinks": tmpl["thinks"],
+            "tool_call_format": tmpl["tool_call_format"],
+        },
+        "settings": state.settings,
+    });
+    Json(body).into_response()
+}
+
+async fn slots(State(state): State<Arc<AppState>>) -> Response {
+    let snap = state.stats.snapshot();
+    let c = &snap["current"];
+    let busy = !c.is_null();
+    let slot = json!({
+        "id": 0,
+        "n_ctx": state.engine_info.n_ctx,
+        "is_processing": busy,
+        "id_task": if busy { c["id"].clone() } else { Value::from(-1) },
+        "state": snap["state"],
+        "route": c.get("route").cloned().unwrap_or(Value::Null),
+        "n_prompt_tokens": c.get("prompt_tokens").cloned().unwrap_or(Value::from(0)),
+        "n_prompt_tokens_processed": c.get("prompt_done").cloned().unwrap_or(Value::from(0)),
+        "n_decoded": c.get("predicted_n").cloned().unwrap_or(Value::from(0)),
+        "n_ctx_used": snap["context"]["used"],
+        "elapsed_ms": c.get("elapsed_ms").cloned().unwrap_or(Value::Null),
+        "queue_depth": snap["queue"]["depth"],
+    });
+    Json(json!([slot])).into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.stats.render_prometheus(state.engine_info.n_ctx);
+    let mut res = text.into_response();
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    res
+}
+
+async fn stats_json(State(state): State<Arc<AppState>>) -> Response {
+    let mut snap = state.stats.snapshot();
+    let gpu = gpu::snapshot().await;
+    if let Some(obj) = snap.as_object_mut() {
+        obj.insert("version".into(), Value::from(VERSION));
+        obj.insert("model".into(), model_json(&state));
+        if let Some(ctx) = obj.get_mut("context").and_then(Value::as_object_mut) {
+            ctx.insert("total".into(), Value::from(state.engine_info.n_ctx));
+        }
+        obj.insert("gpu".into(), gpu);
+    }
+    let mut res = Json(snap).into_response();
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
+}
+
+/// `{content, add_special?, parse_special?, with_pieces?}` → `{tokens}`.
+/// `add_special` adds BOS when the vocabulary asks for one; `parse_special`
+/// (default true) turns control-token text into the control token.
+async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let m = match parse_object(&body) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let content = match m.get("content") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return bad_request("`content` must be a string", Some("content")),
+        None => return bad_request("`content` is required", Some("content")),
+    };
+    let flags = (|| {
+        Ok::<_, Response>((
+            opt_bool(&m, "add_special", false)?,
+            opt_bool(&m, "parse_special", true)?,
+            opt_bool(&m, "with_pieces", false)?,
+        ))
+    })();
+    let (add_special, parse_special, with_pieces) = match flags {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let tok = &state.tokenizer;
+    let mut ids = Vec::new();
+    if add_special && tok.add_bos() {
+        if let Some(b) = tok.bos_id() {
+            ids.push(b);
+        }
+    }
+    match tok.encode(content, parse_special) {
+        Ok(more) => ids.extend(more),
+        Err(e) => return bad_request(format!("cannot tokenize `content`: {e}"), Some("content")),
+    }
+    let tokens: Vec<Value> = if with_pieces {
+        ids.iter()
+            .map(|&id| {
+                let bytes = tok.token_to_piece(id);
+                let piece = match String::from_utf8(bytes) {
+                    Ok(s) => Value::from(s),
+                    Err(e) => Value::from(e.into_bytes()),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| Value::from(id)).collect()
+    };
+    Json(json!({"tokens": tokens})).into_response()
+}
+
+/// `{tokens}` → `{content}` (control tokens kept, as llama-server does).
+async fn detokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let m = match parse_object(&body) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let list = match m.get("tokens") {
+        Some(Value::Array(a)) => a,
+        Some(_) => return bad_request("`tokens` must be an array of token ids", Some("tokens")),
+        None => return bad_request("`tokens` is required", Some("tokens")),
+    };
+    let n_vocab = state.tokenizer.vocab_size();
+    let mut ids = Vec::with_capacity(list.len());
+    for (i, v) in list.iter().enumerate() {
+        match v.as_u64() {
+            Some(id) if (id as usize) < n_vocab => ids.push(id as u32),
+            _ => {
+                return bad_request(
+                    format!("`tokens[{i}]` = {v} is not a token id (0..{n_vocab})"),
+                    Some("tokens"),
+                )
+            }
+        }
+    }
+    let content = state.tokenizer.decode(&ids, false);
+    Json(json!({"content": content})).into_response()
+}
+
+/// `{messages, tools?, add_generation_prompt?, chat_template_kwargs?, ...}` →
+/// `{prompt}`: the text the model would be given, without decoding.
+async fn apply_template(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let m = match parse_object(&body) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let Some(tmpl) = state.template.as_deref() else {
+        return bad_request(
+            "the model file has no chat template (tokenizer.chat_template)",
+            None,
+        );
+    };
+    match template::render(tmpl, &m) {
+        Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
+        Err(r) => r,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,287 @@
+//! The operations routes over real HTTP on a loopback port (no extra client
+//! crate: a minimal HTTP/1.1 exchange with `Connection: close`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::metrics::Stats;
+use crate::AppState;
+
+fn tokenizer() -> Arc<model::tokenizer::Tokenizer> {
+    let parts = model::vocab::load(model::vocab::QwenVocab::Qwen35).expect("embedded vocab");
+    Arc::new(model::tokenizer::Tokenizer::from_parts(parts).expect("tokenizer"))
+}
+
+fn info() -> engine::ModelInfo {
+    engine::ModelInfo {
+        arch: "qwen35moe".into(),
+        name: "tiny".into(),
+        path: "/tmp/tiny.gguf".into(),
+        file_bytes: 1 << 20,
+        n_ctx_train: 4096,
+        n_ctx: 1024,
+        n_vocab: 248_320,
+        n_layer: 4,
+        n_embd: 64,
+        n_expert: 8,
+        n_expert_used: 2,
+        synthetic: true,
+    }
+}
+
+fn state() -> Arc<AppState> {
+    Arc::new(AppState::new(
+        Arc::new(Stats::new()),
+        info(),
+        tokenizer(),
+        None,
+        json!({"server": {"max_tokens_default": {"value": 512, "source": "default"}}}),
+        None,
+        "tiny-test".into(),
+    ))
+}
+
+async fn serve(state: Arc<AppState>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = super::router().with_state(state);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Reply {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("head");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Reply {
+        status,
+        headers: head.to_ascii_lowercase(),
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+#[tokio::test]
+async fn health_reports_model_and_capabilities() {
+    let addr = serve(state()).await;
+    let r = call(addr, "GET", "/health", None).await;
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["model"]["id"], "tiny-test");
+    assert_eq!(v["model"]["n_ctx"], 1024);
+    assert_eq!(v["busy"], false);
+    assert_eq!(v["capabilities"]["max_tokens_default"], 512);
+    let aliases = v["capabilities"]["token_budget_aliases"].to_string();
+    assert!(aliases.contains("max_completion_tokens"));
+    assert!(v["version"].is_string());
+}
+
+#[tokio::test]
+async fn props_and_slots() {
+    let st = state();
+    let addr = serve(st.clone()).await;
+    let p = call(addr, "GET", "/props", None).await.json();
+    assert_eq!(p["total_slots"], 1);
+    assert_eq!(p["default_generation_settings"]["n_ctx"], 1024);
+    assert_eq!(p["model_alias"], "tiny-test");
+
+    let s = call(addr, "GET", "/slots", None).await.json();
+    assert_eq!(s[0]["is_processing"], false);
+    assert_eq!(s[0]["id_task"], -1);
+    st.stats.request_queued(5, "chat");
+    st.stats.request_started(5, 10);
+    st.stats.token_generated(5);
+    let s = call(addr, "GET", "/slots", None).await.json();
+    assert_eq!(s[0]["is_processing"], true);
+    assert_eq!(s[0]["id_task"], 5);
+    assert_eq!(s[0]["n_decoded"], 1);
+}
+
+#[tokio::test]
+async fn tokenize_round_trip() {
+    let addr = serve(state()).await;
+    let text = "Hello, world! <|im_start|>user\nnaïve 数字";
+    let body = json!({"content": text}).to_string();
+    let r = call(addr, "POST", "/tokenize", Some(&body)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let tokens = r.json()["tokens"].clone();
+    assert!(tokens.as_array().is_some_and(|a| a.len() > 3));
+    let body = json!({"tokens": tokens}).to_string();
+    let d = call(addr, "POST", "/detokenize", Some(&body)).await.json();
+    assert_eq!(d["content"], text);
+
+    let body = json!({"content": "hi there", "with_pieces": true}).to_string();
+    let p = call(addr, "POST", "/tokenize", Some(&body)).await.json();
+    let pieces: String = p["tokens"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|t| t["piece"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(pieces, "hi there");
+    assert!(p["tokens"][0]["id"].is_u64());
+}
+
+#[tokio::test]
+async fn bad_requests_name_the_field() {
+    let addr = serve(state()).await;
+    let r = call(addr, "POST", "/tokenize", Some("{not json")).await;
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("JSON")));
+    let r = call(addr, "POST", "/tokenize", Some(r#"{"content": 3}"#)).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "content");
+    let r = call(addr, "POST", "/detokenize", Some(r#"{"tokens": [1, -2]}"#)).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "tokens");
+    let r = call(
+        addr,
+        "POST",
+        "/detokenize",
+        Some(r#"{"tokens": [999999999]}"#),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let r = call(
+        addr,
+        "POST",
+        "/tokenize",
+        Some(r#"{"content": "x", "add_special": "yes"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "add_special");
+}
+
+#[tokio::test]
+async fn metrics_text_and_counters() {
+    let st = state();
+    let addr = serve(st.clone()).await;
+    let r = call(addr, "GET", "/metrics", None).await;
+    assert_eq!(r.status, 200);
+    assert!(r
+        .headers
+        .contains("content-type: text/plain; version=0.0.4"));
+    for name in [
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:prompt_seconds_total",
+        "llamacpp:tokens_predicted_total",
+        "llamacpp:tokens_predicted_seconds_total",
+        "llamacpp:n_decode_total",
+        "llamacpp:n_busy_slots_per_decode",
+        "llamacpp:prompt_tokens_seconds",
+        "llamacpp:predicted_tokens_seconds",
+        "llamacpp:kv_cache_usage_ratio",
+        "llamacpp:kv_cache_tokens",
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "scoria:queue_depth",
+        "scoria:errors_total",
+        "scoria:prompt_tokens_cached_total",
+    ] {
+        assert!(r.body.contains(&format!("# TYPE {name} ")), "{name}");
+    }
+    st.stats.request_queued(1, "chat");
+    st.stats.request_started(1, 8);
+    st.stats.token_generated(1);
+    let t = engine::Timings {
+        prompt_n: 8,
+        prompt_ms: 10.0,
+        predicted_n: 1,
+        predicted_ms: 5.0,
+        cache_n: 0,
+    };
+    st.stats.request_finished(1, &t, "stop", 9);
+    let r = call(addr, "GET", "/metrics", None).await;
+    assert!(r.body.contains("\nllamacpp:tokens_predicted_total 1\n"));
+    assert!(r
+        .body
+        .contains("scoria:requests_total{route=\"chat\",finish=\"stop\"} 1"));
+}
+
+#[tokio::test]
+async fn stats_json_and_page() {
+    let st = state();
+    let addr = serve(st.clone()).await;
+    st.stats.request_queued(1, "chat");
+    st.stats.request_queued(2, "chat");
+    st.stats.request_started(1, 4);
+    st.stats.token_generated(1);
+    st.stats.token_generated(1);
+    let v = call(addr, "GET", "/stats.json", None).await.json();
+    assert_eq!(v["state"], "decoding");
+    assert_eq!(v["context"]["total"], 1024);
+    assert_eq!(v["context"]["used"], 6);
+    assert_eq!(v["queue"]["depth"], 1);
+    assert_eq!(v["totals"]["tokens_predicted"], 2);
+    assert!(v["gpu"]["present"].is_boolean());
+    assert_eq!(v["model"]["arch"], "qwen35moe");
+
+    let r = call(addr, "GET", "/", None).await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers.contains("content-type: text/html"));
+    assert!(r.body.contains("id=\"decode-tps\""));
+}
+
+#[tokio::test]
+async fn apply_template_without_template_is_400() {
+    let addr = serve(state()).await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let r = call(addr, "POST", "/apply-template", Some(&body)).await;
+    assert_eq!(r.status, 400);
+}
