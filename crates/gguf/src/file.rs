@@ -43,6 +43,24 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
 }
 
+impl std::fmt::Debug for GgufFile {
+    /// Short on purpose: the metadata of a real model holds a 150k-entry vocabulary.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("paths", &self.paths)
+            .field("metadata_keys", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .field("file_size", &self.file_size())
+            .finish()
+    }
+}
+
+// The engine shares one opened model between its threads.
+const _: fn() = || {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<GgufFile>();
+};
+
 fn map_file(path: &Path) -> Result<Option<Mmap>, Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),

@@ -3,6 +3,18 @@
 //!
 //! Every failure on a malformed file is an [`Error`] naming the file and byte offset;
 //! the reader never panics on file contents.
+//!
+//! Map of the crate:
+//! - `file.rs`: [`GgufFile`], the opened model (all shards), metadata and tensor lookup,
+//!   typed getters (`get_u64`, `arch_key`, ...) that turn a missing or mistyped key into
+//!   an error naming it;
+//! - `reader.rs`: parsing and validation of one file held in memory;
+//! - `split.rs`: shard file names and the `split.*` keys;
+//! - `writer.rs`: [`GgufWriter`], declare-then-stream writing, and shard splitting;
+//! - `value.rs`: [`Value`] and its short display; `types.rs`: the ggml type table.
+//!
+//! The reader validates the whole index at open, so a [`TensorInfo`] it hands out always
+//! describes bytes that are inside the mapped file.
 
 mod file;
 mod reader;
@@ -30,6 +42,10 @@ pub const GGUF_VERSION: u32 = 3;
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// At most this many dimensions per tensor (ggml's limit).
 pub const MAX_DIMS: usize = 4;
+/// Nested arrays deeper than this (an array of arrays is depth 2) are refused by the
+/// reader and the writer: no real file nests more than twice, and unbounded recursion on
+/// a forged file would overflow the stack.
+pub const MAX_ARRAY_DEPTH: u32 = 16;
 pub const KEY_ALIGNMENT: &str = "general.alignment";
 pub const KEY_ARCHITECTURE: &str = "general.architecture";
 

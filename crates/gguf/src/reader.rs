@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::{
     align_up, tensor_size, Error, GgmlType, TensorInfo, Value, ValueType, DEFAULT_ALIGNMENT,
-    GGUF_MAGIC, KEY_ALIGNMENT, MAX_DIMS,
+    GGUF_MAGIC, KEY_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS,
 };
 
 /// Bytes of the fixed header: magic, version, tensor count, kv count.
@@ -19,9 +19,6 @@ pub(crate) const HEADER_BYTES: u64 = 24;
 const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 /// Smallest possible tensor info: empty name, n_dims, one dim, type id, offset.
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 8 + 4 + 8;
-/// Nested arrays deeper than this are refused: no real file nests more than twice, and
-/// unbounded recursion on a forged file would overflow the stack.
-const MAX_ARRAY_DEPTH: u32 = 16;
 
 /// One shard as parsed: everything the file says, validated against its own length.
 pub(crate) struct ParsedShard {

@@ -17,7 +17,7 @@ use std::path::Path;
 use crate::split::{KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT};
 use crate::{
     align_up, tensor_size, Error, GgmlType, Value, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION,
-    KEY_ALIGNMENT, MAX_DIMS,
+    KEY_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS,
 };
 
 /// ggml keeps tensor names in a 64-byte buffer with a NUL terminator; llama.cpp refuses
@@ -139,9 +139,15 @@ impl Default for GgufWriter {
     }
 }
 
-/// Checks that `v` can be written: array elements must all have the declared type.
-fn check_value(v: &Value, what: &str) -> Result<(), WriteError> {
+/// Checks that `v` can be written and read back: array elements must all have the
+/// declared type, and arrays may not nest deeper than the reader accepts.
+fn check_value(v: &Value, what: &str, depth: u32) -> Result<(), WriteError> {
     if let Value::Array(ty, items) = v {
+        if depth >= MAX_ARRAY_DEPTH {
+            return invalid(format!(
+                "{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep"
+            ));
+        }
         for (i, item) in items.iter().enumerate() {
             if item.value_type() != *ty {
                 return invalid(format!(
@@ -149,7 +155,7 @@ fn check_value(v: &Value, what: &str) -> Result<(), WriteError> {
                     item.type_name()
                 ));
             }
-            check_value(item, what)?;
+            check_value(item, what, depth + 1)?;
         }
     }
     Ok(())
@@ -241,7 +247,7 @@ impl GgufWriter {
         if self.kvs.iter().any(|(k, _)| *k == key) {
             return invalid(format!("duplicate metadata key `{key}`"));
         }
-        check_value(&value, &format!("metadata `{key}`"))?;
+        check_value(&value, &format!("metadata `{key}`"), 0)?;
         if key == KEY_ALIGNMENT {
             match value {
                 Value::U32(a) => return self.set_alignment(u64::from(a)),

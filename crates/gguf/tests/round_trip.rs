@@ -48,7 +48,7 @@ fn round_trip(alignment: Option<u64>) {
     assert_eq!(f.metadata(), expected.as_slice());
     assert_eq!(f.alignment(), a);
     assert_eq!(f.architecture(), Some("qwen3moe"));
-    assert_eq!(f.paths(), &[path.clone()]);
+    assert_eq!(f.paths(), std::slice::from_ref(&path));
     assert_eq!(f.file_size(), layout.file_size);
     assert_eq!(f.shards()[0].data_start, layout.data_start);
     assert_eq!(f.shards()[0].version, 3);
