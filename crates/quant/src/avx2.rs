@@ -1,8 +1,491 @@
-//! AVX2 (+FMA, F16C) kernels.
+//! AVX2 (+FMA, F16C) kernels: the canonical order with 32 accumulators held as
+//! four 8-lane vectors (vector k holds accumulators 8k..8k+7).
+//!
+//! Integer dots use `maddubs` (unsigned × signed bytes → i16 pairs) and `madd`
+//! (→ i32); no i16 sum can saturate: the unsigned operand is at most 63 (or 128
+//! for the sign trick on int8 weights) and the activations at most 127 in size.
+//! Each sub-block's eight i32 partial sums are reduced to one lane with `hsum8x8`,
+//! so that the float sequence runs with one sub-block per lane, exactly as in
+//! `scalar.rs`.
 
-use crate::isa::Avx2Proof;
-use crate::{GgmlType, Kernel};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use imp::kernel;
 
-pub(crate) fn kernel(ty: GgmlType, _proof: Avx2Proof) -> Kernel {
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn kernel(ty: crate::GgmlType, _proof: crate::isa::Avx2Proof) -> crate::Kernel {
     crate::scalar_kernel(ty)
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod imp {
+    use std::arch::x86_64::*;
+
+    use crate::formats::*;
+    use crate::isa::Avx2Proof;
+    use crate::scalar;
+    use crate::{ActQ8, GgmlType, Kernel};
+
+    pub(crate) fn kernel(ty: GgmlType, _proof: Avx2Proof) -> Kernel {
+        use GgmlType as T;
+        // SAFETY (every wrapper below): the wrappers are only handed out here, and
+        // `Avx2Proof` exists only once avx2, fma and f16c were detected on this CPU.
+        macro_rules! q {
+            ($f:ident) => {{
+                fn w(row: &[u8], xq: &ActQ8) -> f32 {
+                    unsafe { $f(row, xq) }
+                }
+                Kernel::Q(w)
+            }};
+        }
+        macro_rules! f {
+            ($f:ident) => {{
+                fn w(row: &[u8], x: &[f32]) -> f32 {
+                    unsafe { $f(row, x) }
+                }
+                Kernel::F(w)
+            }};
+        }
+        match ty {
+            T::F32 => f!(dot_f32),
+            T::F16 => f!(dot_f16),
+            T::BF16 => f!(dot_bf16),
+            T::Q8_0 => q!(dot_q8_0),
+            T::Q4_0 => q!(dot_q4_0),
+            T::Q4_K => q!(dot_q4_k),
+            T::Q5_K => q!(dot_q5_k),
+            T::Q6_K => q!(dot_q6_k),
+            T::IQ4_XS => q!(dot_iq4_xs),
+            other => crate::scalar_kernel(other),
+        }
+    }
+
+    /// Lane j of the result = the sum of the eight i32 lanes of v[j] (exact).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn hsum8x8(v: &[__m256i; 8]) -> __m256i {
+        let a01 = _mm256_hadd_epi32(v[0], v[1]);
+        let a23 = _mm256_hadd_epi32(v[2], v[3]);
+        let a45 = _mm256_hadd_epi32(v[4], v[5]);
+        let a67 = _mm256_hadd_epi32(v[6], v[7]);
+        let b0 = _mm256_hadd_epi32(a01, a23);
+        let b1 = _mm256_hadd_epi32(a45, a67);
+        let lo = _mm256_permute2x128_si256(b0, b1, 0x20);
+        let hi = _mm256_permute2x128_si256(b0, b1, 0x31);
+        _mm256_add_epi32(lo, hi)
+    }
+
+    /// The fixed combine tree over accumulators acc[k] = lanes 8k..8k+7.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn tree(acc: &[__m256; 4]) -> f32 {
+        // w = 16: lanes 0..15 += lanes 16..31.
+        let a0 = _mm256_add_ps(acc[0], acc[2]);
+        let a1 = _mm256_add_ps(acc[1], acc[3]);
+        // w = 8.
+        let v = _mm256_add_ps(a0, a1);
+        // w = 4.
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        // w = 2.
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        // w = 1.
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+        _mm_cvtss_f32(s1)
+    }
+
+    /// Finishes a row whose first `done` sub-blocks are in `acc`: the remaining
+    /// sub-blocks go through the scalar contribution (same float operations).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn finish_with_tail(
+        acc: &[__m256; 4],
+        done: usize,
+        total: usize,
+        contrib: impl Fn(usize) -> f32,
+    ) -> f32 {
+        if done == total {
+            return tree(acc);
+        }
+        let mut a = [0f32; 32];
+        for k in 0..4 {
+            // SAFETY: a[8k..8k+8] is in bounds.
+            unsafe { _mm256_storeu_ps(a.as_mut_ptr().add(8 * k), acc[k]) };
+        }
+        for s in done..total {
+            a[s % 32] += contrib(s);
+        }
+        scalar::tree(a)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn ld(p: *const u8) -> __m256i {
+        _mm256_loadu_si256(p as *const __m256i)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn lda(p: *const i8) -> __m256i {
+        _mm256_loadu_si256(p as *const __m256i)
+    }
+
+    /// d (f16 at p) and the following f16 (dmin) as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn f16_one(p: *const u8) -> f32 {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32));
+        _mm_cvtss_f32(v)
+    }
+
+    fn check(row: &[u8], xq: &ActQ8, block_bytes: usize, block_vals: usize) -> usize {
+        let nb = row.len() / block_bytes;
+        assert!(
+            row.len() == nb * block_bytes
+                && xq.qs.len() >= nb * block_vals
+                && xq.d.len() >= nb * block_vals / SUB
+                && xq.sums.len() >= nb * block_vals / SUB
+        );
+        nb
+    }
+
+    /// The 6-bit scales and mins of a Q4_K/Q5_K block as two 8-byte words
+    /// (byte j = sub-block j), from the 12 packed bytes at p.
+    #[inline(always)]
+    pub(crate) unsafe fn k_scales(p: *const u8) -> (u64, u64) {
+        let w0 = (p as *const u32).read_unaligned();
+        let w1 = (p.add(4) as *const u32).read_unaligned();
+        let w2 = (p.add(8) as *const u32).read_unaligned();
+        let sc_lo = w0 & 0x3f3f_3f3f;
+        let m_lo = w1 & 0x3f3f_3f3f;
+        let sc_hi = (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4);
+        let m_hi = ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4);
+        (
+            sc_lo as u64 | (sc_hi as u64) << 32,
+            m_lo as u64 | (m_hi as u64) << 32,
+        )
+    }
+
+    /// The float part shared by every 8-sub-block group: `c = (d * da) * isum`,
+    /// lanes = sub-blocks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scale_c(d: __m256, da: __m256, isum: __m256i) -> __m256 {
+        _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum))
+    }
+
+    /// Q4_K / Q5_K float part: `c = (d*da)*is; c = fma(-(dmin*da), im, c)`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn k_c(
+        d: f32,
+        dmin: f32,
+        da: __m256,
+        dots: __m256i,
+        sc: u64,
+        m: u64,
+        sums: __m256i,
+    ) -> __m256 {
+        let sc32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+        let m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64));
+        let is = _mm256_mullo_epi32(dots, sc32);
+        let im = _mm256_mullo_epi32(sums, m32);
+        let dd = _mm256_mul_ps(_mm256_set1_ps(d), da);
+        let dm = _mm256_mul_ps(_mm256_set1_ps(dmin), da);
+        let c = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is));
+        _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(im), c)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_q4_k(row: &[u8], xq: &ActQ8) -> f32 {
+        let nb = check(row, xq, Q4_K_BYTES, QK_K);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let blk = row.as_ptr().add(Q4_K_BYTES * b);
+            let qa = xq.qs.as_ptr().add(QK_K * b);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let q = ld(blk.add(16 + 32 * c));
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                v[2 * c] = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, lda(qa.add(64 * c))), ones);
+                v[2 * c + 1] =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, lda(qa.add(64 * c + 32))), ones);
+            }
+            let dots = hsum8x8(&v);
+            let (d, dmin) = f16_pair(blk);
+            let (sc, m) = k_scales(blk.add(4));
+            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
+            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
+            let c = k_c(d, dmin, da, dots, sc, m, sums);
+            acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
+        }
+        tree(&acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_q5_k(row: &[u8], xq: &ActQ8) -> f32 {
+        let nb = check(row, xq, Q5_K_BYTES, QK_K);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let b4 = _mm256_set1_epi8(0x10);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let blk = row.as_ptr().add(Q5_K_BYTES * b);
+            let qa = xq.qs.as_ptr().add(QK_K * b);
+            let mut qh = ld(blk.add(16));
+            let mut v = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let q = ld(blk.add(48 + 32 * c));
+                // Bits 2c and 2c+1 of qh sit in bits 0 and 1 of each byte here.
+                let lo = _mm256_or_si256(
+                    _mm256_and_si256(q, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), b4),
+                );
+                let hi = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 3), b4),
+                );
+                qh = _mm256_srli_epi16(qh, 2);
+                v[2 * c] = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, lda(qa.add(64 * c))), ones);
+                v[2 * c + 1] =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, lda(qa.add(64 * c + 32))), ones);
+            }
+            let dots = hsum8x8(&v);
+            let (d, dmin) = f16_pair(blk);
+            let (sc, m) = k_scales(blk.add(4));
+            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
+            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
+            let c = k_c(d, dmin, da, dots, sc, m, sums);
+            acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
+        }
+        tree(&acc)
+    }
+
+    /// The four 32-value sub-blocks of one Q6_K half as unsigned 0..63 bytes
+    /// (q + 32), from ql (64 bytes) and qh (32 bytes).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn q6_half(ql: *const u8, qh: *const u8) -> [__m256i; 4] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let ql0 = ld(ql);
+        let ql1 = ld(ql.add(32));
+        let h = ld(qh);
+        let h0 = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4);
+        let h1 = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2);
+        let h2 = _mm256_and_si256(h, _mm256_set1_epi8(0x30));
+        let h3 = _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0xC0u8 as i8)), 2);
+        [
+            _mm256_or_si256(_mm256_and_si256(ql0, m4), h0),
+            _mm256_or_si256(_mm256_and_si256(ql1, m4), h1),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h2),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h3),
+        ]
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_q6_k(row: &[u8], xq: &ActQ8) -> f32 {
+        let nb = check(row, xq, Q6_K_BYTES, QK_K);
+        let m32 = _mm256_set1_epi8(32);
+        // Within each 128-bit half of a (scale_lo, scale_hi) i16 pair broadcast:
+        // low half takes bytes 0,1 (scale_lo), high half bytes 2,3 (scale_hi).
+        let pick = _mm256_setr_epi8(
+            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+            3, 2, 3,
+        );
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let blk = row.as_ptr().add(Q6_K_BYTES * b);
+            let qa = xq.qs.as_ptr().add(QK_K * b);
+            // 16 int8 scales → 16 i16; i32 lane j holds the pair (sc[2j], sc[2j+1]).
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
+            let mut v = [_mm256_setzero_si256(); 8];
+            for h in 0..2 {
+                let q = q6_half(blk.add(64 * h), blk.add(128 + 32 * h));
+                for k in 0..4 {
+                    let j = 4 * h + k;
+                    let a = lda(qa.add(SUB * j));
+                    // Σ (q - 32)·a over byte pairs, exact in i16.
+                    let p = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(q[k], a),
+                        _mm256_maddubs_epi16(m32, a),
+                    );
+                    let pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(j as i32));
+                    let scv = _mm256_shuffle_epi8(pair, pick);
+                    v[j] = _mm256_madd_epi16(p, scv);
+                }
+            }
+            let isum = hsum8x8(&v);
+            let d = _mm256_set1_ps(f16_one(blk.add(208)));
+            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
+            acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
+        }
+        tree(&acc)
+    }
+
+    /// The eight `ls - 32` scales of an IQ4_XS block as i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn iq4_xs_scales(blk: *const u8) -> __m256i {
+        let b = std::slice::from_raw_parts(blk, 8);
+        let mut s = [0i32; 8];
+        for (ib, v) in s.iter_mut().enumerate() {
+            *v = iq4_xs_scale(b, ib);
+        }
+        _mm256_loadu_si256(s.as_ptr() as *const __m256i)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_iq4_xs(row: &[u8], xq: &ActQ8) -> f32 {
+        let nb = check(row, xq, IQ4_XS_BYTES, QK_K);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let blk = row.as_ptr().add(IQ4_XS_BYTES * b);
+            let qa = xq.qs.as_ptr().add(QK_K * b);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for p in 0..4 {
+                // Sub-blocks 2p and 2p+1: 16 bytes each.
+                let q = ld(blk.add(8 + 32 * p));
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                for (k, sel) in [(0usize, 0x20), (1, 0x31)] {
+                    let idx = if sel == 0x20 {
+                        _mm256_permute2x128_si256(lo, hi, 0x20)
+                    } else {
+                        _mm256_permute2x128_si256(lo, hi, 0x31)
+                    };
+                    let w = _mm256_shuffle_epi8(table, idx);
+                    let a = lda(qa.add(SUB * (2 * p + k)));
+                    let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+                    v[2 * p + k] = _mm256_madd_epi16(prod, ones);
+                }
+            }
+            let isum = _mm256_mullo_epi32(hsum8x8(&v), iq4_xs_scales(blk));
+            let d = _mm256_set1_ps(f16_one(blk));
+            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
+            acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
+        }
+        tree(&acc)
+    }
+
+    /// Eight f16 block scales at stride `stride` bytes, as f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
+        let mut h = [0u16; 8];
+        for (k, v) in h.iter_mut().enumerate() {
+            *v = (p.add(stride * k) as *const u16).read_unaligned();
+        }
+        _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_q8_0(row: &[u8], xq: &ActQ8) -> f32 {
+        let nb = check(row, xq, Q8_0_BYTES, SUB);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let groups = nb / 8;
+        for g in 0..groups {
+            let base = row.as_ptr().add(Q8_0_BYTES * 8 * g);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for (k, vk) in v.iter_mut().enumerate() {
+                let w = ld(base.add(Q8_0_BYTES * k + 2));
+                let a = lda(xq.qs.as_ptr().add(SUB * (8 * g + k)));
+                // |w| as unsigned (|-128| = 128 fits), sign moved onto a.
+                let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+                *vk = _mm256_madd_epi16(prod, ones);
+            }
+            let isum = hsum8x8(&v);
+            let d = f16x8(base, Q8_0_BYTES);
+            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
+            acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
+        }
+        finish_with_tail(&acc, 8 * groups, nb, |s| {
+            scalar::q8_0_contrib(&row[Q8_0_BYTES * s..Q8_0_BYTES * (s + 1)], s, xq)
+        })
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_q4_0(row: &[u8], xq: &ActQ8) -> f32 {
+        let nb = check(row, xq, Q4_0_BYTES, SUB);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let groups = nb / 8;
+        for g in 0..groups {
+            let base = row.as_ptr().add(Q4_0_BYTES * 8 * g);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for (k, vk) in v.iter_mut().enumerate() {
+                let q = _mm_loadu_si128(base.add(Q4_0_BYTES * k + 2) as *const __m128i);
+                // Low nibbles are values 0..15, high nibbles values 16..31.
+                let qq =
+                    _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+                let w = _mm256_and_si256(qq, m4);
+                let a = lda(xq.qs.as_ptr().add(SUB * (8 * g + k)));
+                *vk = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
+            }
+            // Σ (q - 8)·a = Σ q·a - 8·asum.
+            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * g) as *const __m256i);
+            let isum = _mm256_sub_epi32(hsum8x8(&v), _mm256_slli_epi32(sums, 3));
+            let d = f16x8(base, Q4_0_BYTES);
+            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
+            acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
+        }
+        finish_with_tail(&acc, 8 * groups, nb, |s| {
+            scalar::q4_0_contrib(&row[Q4_0_BYTES * s..Q4_0_BYTES * (s + 1)], s, xq)
+        })
+    }
+
+    /// Float rows: element i → accumulator i % 32 by fma; `load(i)` gives the
+    /// weights i..i+8 as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_float(n: usize, x: &[f32], load: impl Fn(usize) -> __m256) -> f32 {
+        assert!(x.len() >= n);
+        let xp = x.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..n).step_by(32) {
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(load(i + 8 * k), _mm256_loadu_ps(xp.add(i + 8 * k)), *a);
+            }
+        }
+        tree(&acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+        let n = row.len() / 4;
+        let p = row.as_ptr() as *const f32;
+        dot_float(n, x, |i| _mm256_loadu_ps(p.add(i)))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+        let n = row.len() / 2;
+        let p = row.as_ptr();
+        dot_float(n, x, |i| {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i))
+        })
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+        let n = row.len() / 2;
+        let p = row.as_ptr();
+        dot_float(n, x, |i| {
+            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i) as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+        })
+    }
 }

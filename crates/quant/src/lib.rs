@@ -51,6 +51,9 @@
 //! chosen once at run time ([`kernel_isa`]); `SCORIA_ISA=scalar|avx2|avx512` forces
 //! a lower level. Tests check all three against each other bit for bit.
 
+// Kernels index several arrays by the same lane/sub-block number; index loops say that best.
+#![allow(clippy::needless_range_loop)]
+
 mod act;
 mod avx2;
 mod avx512;

@@ -2,6 +2,9 @@
 //! layouts, every kernel level against the scalar canonical kernel bit for bit,
 //! and the canonical result against an f64 evaluation of the same formula.
 
+// The spec transcription indexes like the layout notes do.
+#![allow(clippy::needless_range_loop)]
+
 use quant::{ActQ8, GgmlType as T, Isa, QuantError};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
