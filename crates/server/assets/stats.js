@@ -64,6 +64,8 @@
     const g = c.getContext("2d");
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.clearRect(0, 0, w, h);
+    g.strokeStyle = "#262a33"; g.lineWidth = 1;
+    g.beginPath(); g.moveTo(0, h - 1.5); g.lineTo(w, h - 1.5); g.stroke();
     if (spark.length < 2) return;
     const max = Math.max(1, ...spark);
     const step = w / (SPARK_POINTS - 1);
@@ -200,6 +202,7 @@
     setText("cached-total", fmtInt(t.cache_tokens));
     setText("requests-total", fmtInt(t.requests));
     setText("errors-total", fmtInt(t.errors));
+    setText("running", s.current ? "1" : "0");
 
     spark.push(sp.live ? sp.predicted_per_second || 0 : 0);
     while (spark.length > SPARK_POINTS) spark.shift();

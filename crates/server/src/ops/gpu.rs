@@ -71,9 +71,9 @@ async fn query() -> Result<Vec<Value>, QueryError> {
     let out = match tokio::time::timeout(QUERY_TIMEOUT, cmd.output()).await {
         Err(_) => return Err(QueryError::Failed("nvidia-smi timed out".into())),
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(QueryError::Missing("no GPU (nvidia-smi not found)".into()))
+            return Err(QueryError::Missing("nvidia-smi not found".into()))
         }
-        Ok(Err(e)) => return Err(QueryError::Missing(format!("no GPU (nvidia-smi: {e})"))),
+        Ok(Err(e)) => return Err(QueryError::Missing(format!("nvidia-smi: {e}"))),
         Ok(Ok(o)) => o,
     };
     if !out.status.success() {
@@ -84,7 +84,7 @@ async fn query() -> Result<Vec<Value>, QueryError> {
             msg
         };
         // nvidia-smi present but no driver / no device: treat as no GPU.
-        return Err(QueryError::Missing(format!("no GPU ({msg})")));
+        return Err(QueryError::Missing(format!("nvidia-smi: {msg}")));
     }
     Ok(parse_csv(&String::from_utf8_lossy(&out.stdout)))
 }

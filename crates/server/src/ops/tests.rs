@@ -285,3 +285,89 @@ async fn apply_template_without_template_is_400() {
     let r = call(addr, "POST", "/apply-template", Some(&body)).await;
     assert_eq!(r.status, 400);
 }
+
+/// A stand-in server for developing the stats page and its browser check
+/// before the engine runs: the operations routes plus a fake streaming chat
+/// route that feeds `Stats` as a real request would (~50 tokens/s).
+///
+/// `SCORIA_STATS_DEMO_PORT=8099 cargo test -p scoria-server --lib stats_page_demo -- --ignored --nocapture`
+/// serves on that port for `SCORIA_STATS_DEMO_SECS` seconds (default 120).
+#[tokio::test]
+#[ignore = "manual: a stand-in server for the stats page"]
+async fn stats_page_demo() {
+    use axum::response::sse::{Event, Sse};
+    use axum::routing::{get, post};
+    use std::time::Duration;
+
+    let port: u16 = std::env::var("SCORIA_STATS_DEMO_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(8099);
+    let secs: u64 = std::env::var("SCORIA_STATS_DEMO_SECS")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(120);
+    let st = state();
+    let chat = {
+        let st = st.clone();
+        move |body: axum::body::Bytes| {
+            let st = st.clone();
+            async move {
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let max = v["max_tokens"].as_u64().unwrap_or(64) as usize;
+                let id = st.next_request_id();
+                st.stats.request_queued(id, "chat");
+                let (tx, rx) =
+                    tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(4);
+                tokio::spawn(async move {
+                    st.stats.request_started(id, 20);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    st.stats.prompt_progress(id, 20);
+                    let t0 = std::time::Instant::now();
+                    let mut n = 0;
+                    let mut finish = "length";
+                    while n < max {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        st.stats.token_generated(id);
+                        n += 1;
+                        let ev = Event::default().data(
+                            json!({"object": "chat.completion.chunk",
+                                   "choices": [{"index": 0, "delta": {"content": "x"}}]})
+                            .to_string(),
+                        );
+                        if tx.send(Ok(ev)).await.is_err() {
+                            finish = "cancelled";
+                            break;
+                        }
+                    }
+                    let t = engine::Timings {
+                        prompt_n: 20,
+                        prompt_ms: 100.0,
+                        predicted_n: n,
+                        predicted_ms: t0.elapsed().as_secs_f64() * 1000.0,
+                        cache_n: 0,
+                    };
+                    st.stats.request_finished(id, &t, finish, 20 + n);
+                    let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+                });
+                Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+            }
+        }
+    };
+    let app = super::router()
+        .route(
+            "/v1/models",
+            get(|| async {
+                axum::Json(
+                    json!({"object": "list", "data": [{"id": "tiny-test", "object": "model"}]}),
+                )
+            }),
+        )
+        .route("/v1/chat/completions", post(chat))
+        .with_state(st);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind");
+    eprintln!("stats page demo on http://127.0.0.1:{port}/ for {secs} s");
+    let _ = tokio::time::timeout(Duration::from_secs(secs), axum::serve(listener, app)).await;
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what the server test suite needs on a fresh Debian machine:
+#   - Debian's Chromium (the browser check drives /usr/bin/chromium; no browser download),
+#   - the Python packages in tests/server/requirements.txt (openai, anthropic, pytest, requests),
+#   - playwright-core from npm, under target/server-tests/node (outside the source tree).
+# Safe to run twice; each step is skipped when already satisfied.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+NODE_DIR="${SCORIA_TEST_NODE_DIR:-$ROOT/target/server-tests/node}"
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "== installing chromium (Debian package)"
+  timeout 600 $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive timeout 900 $SUDO apt-get install -y -qq chromium fonts-dejavu-core
+fi
+chromium --version || true
+
+echo "== python packages"
+timeout 600 python3 -m pip install -q -r "$ROOT/tests/server/requirements.txt"
+
+if [ ! -d "$NODE_DIR/node_modules/playwright-core" ]; then
+  echo "== playwright-core (npm) into $NODE_DIR"
+  mkdir -p "$NODE_DIR"
+  [ -f "$NODE_DIR/package.json" ] || echo '{"name":"scoria-server-tests","private":true}' > "$NODE_DIR/package.json"
+  # playwright-core never downloads a browser; the check uses Debian's chromium.
+  PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 timeout 600 npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent playwright-core@1
+fi
+echo "test dependencies ready"

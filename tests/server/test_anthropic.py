@@ -1,0 +1,150 @@
+"""Anthropic Messages API through the official SDK."""
+
+import anthropic
+import pytest
+
+from conftest import extra
+
+HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
+NO_THINK = {"thinking": {"type": "disabled"}}
+
+
+def text_of(msg):
+    return "".join(b.text for b in msg.content if b.type == "text")
+
+
+def test_messages_plain(claude, model_id):
+    m = claude.messages.create(
+        model=model_id, max_tokens=16, messages=HELLO, system="You are terse.", temperature=0, extra_body=NO_THINK
+    )
+    assert m.type == "message" and m.role == "assistant"
+    assert m.stop_reason in ("end_turn", "max_tokens")
+    assert text_of(m)
+    assert m.usage.input_tokens > 0 and 0 < m.usage.output_tokens <= 16
+    t = extra(m, "timings")
+    assert isinstance(t, dict) and t["predicted_n"] == m.usage.output_tokens
+
+
+def test_messages_system_reaches_prompt(claude, model_id):
+    a = claude.messages.create(model=model_id, max_tokens=1, messages=HELLO, temperature=0, extra_body=NO_THINK)
+    b = claude.messages.create(
+        model=model_id,
+        max_tokens=1,
+        messages=HELLO,
+        system="You are a very terse assistant that answers in one word.",
+        temperature=0,
+        extra_body=NO_THINK,
+    )
+    assert b.usage.input_tokens > a.usage.input_tokens
+
+
+def test_messages_streamed(claude, model_id):
+    with claude.messages.stream(
+        model=model_id, max_tokens=16, messages=HELLO, temperature=0, extra_body=NO_THINK
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == text_of(final)
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    assert final.usage.output_tokens > 0
+    plain = claude.messages.create(model=model_id, max_tokens=16, messages=HELLO, temperature=0, extra_body=NO_THINK)
+    assert text_of(plain) == text
+
+
+def test_messages_stream_events(claude, model_id):
+    kinds = []
+    stream = claude.messages.create(
+        model=model_id, max_tokens=8, messages=HELLO, temperature=0, stream=True, extra_body=NO_THINK
+    )
+    for ev in stream:
+        kinds.append(ev.type)
+    assert kinds[0] == "message_start"
+    assert "content_block_start" in kinds and "content_block_delta" in kinds
+    assert kinds[-2:] == ["message_delta", "message_stop"]
+
+
+def test_messages_thinking_split(claude, model_id):
+    m = claude.messages.create(
+        model=model_id,
+        max_tokens=48,
+        messages=HELLO,
+        temperature=0,
+        thinking={"type": "enabled", "budget_tokens": 8},
+    )
+    kinds = [b.type for b in m.content]
+    assert "thinking" in kinds and "text" in kinds, kinds
+    assert kinds.index("thinking") < kinds.index("text")
+    thinking = next(b for b in m.content if b.type == "thinking")
+    assert thinking.thinking
+    assert text_of(m)
+
+
+def test_messages_no_thinking_when_disabled(claude, model_id):
+    m = claude.messages.create(model=model_id, max_tokens=16, messages=HELLO, temperature=0, extra_body=NO_THINK)
+    assert all(b.type != "thinking" for b in m.content)
+
+
+def test_messages_stop_sequence(claude, model_id):
+    first = claude.messages.create(model=model_id, max_tokens=40, messages=HELLO, temperature=0, extra_body=NO_THINK)
+    text = text_of(first)
+    stop = None
+    for start in range(max(1, len(text) // 3), len(text) - 3):
+        s = text[start : start + 3]
+        if s.strip() and text.find(s) == start:
+            stop, at = s, start
+            break
+    if stop is None:
+        pytest.skip(f"greedy output too short to pick a stop from: {text!r}")
+    m = claude.messages.create(
+        model=model_id, max_tokens=40, messages=HELLO, temperature=0, stop_sequences=[stop], extra_body=NO_THINK
+    )
+    assert m.stop_reason == "stop_sequence"
+    assert m.stop_sequence == stop
+    assert text_of(m) == text[:at]
+
+
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
+
+
+def test_messages_tool_use_round_trip(claude, model_id):
+    first = [{"role": "user", "content": "What is the weather in Paris?"}]
+    turn = first + [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny, 21 C"}]},
+    ]
+    a = claude.messages.create(model=model_id, max_tokens=8, messages=first, tools=TOOLS, temperature=0)
+    b = claude.messages.create(model=model_id, max_tokens=8, messages=turn, tools=TOOLS, temperature=0)
+    assert b.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert b.usage.input_tokens > a.usage.input_tokens
+
+
+def test_count_tokens(claude, model_id):
+    c = claude.messages.count_tokens(model=model_id, messages=HELLO, system="You are terse.")
+    assert c.input_tokens > 0
+    m = claude.messages.create(
+        model=model_id, max_tokens=1, messages=HELLO, system="You are terse.", temperature=0
+    )
+    assert c.input_tokens == m.usage.input_tokens
+    with_tools = claude.messages.count_tokens(model=model_id, messages=HELLO, system="You are terse.", tools=TOOLS)
+    assert with_tools.input_tokens > c.input_tokens
+
+
+def test_messages_unknown_role_is_400(claude, model_id):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model=model_id, max_tokens=8, messages=[{"role": "wizard", "content": "hi"}])
+    assert "role" in str(e.value)
+
+
+def test_messages_bad_temperature_is_400(claude, model_id):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model=model_id, max_tokens=8, messages=HELLO, temperature=-1)
+    assert "temperature" in str(e.value)
