@@ -34,14 +34,26 @@
 pub mod metrics;
 pub mod ops;
 
+pub mod anthropic;
+pub mod error;
+pub mod gen;
+pub mod openai;
+pub mod output;
+pub mod params;
+pub mod prompt;
+pub mod responses;
+pub mod settings;
+pub mod worker;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use axum::Router;
 
 /// Everything a route needs; shared as `Arc<AppState>`.
@@ -53,6 +65,9 @@ pub struct AppState {
     pub settings: serde_json::Value,
     pub api_key: Option<String>,
     pub model_id: String,
+    /// The generation side (engine worker, defaults, renderer); None in tests of the
+    /// operations routes, where generation routes answer 503.
+    pub core: Option<gen::Core>,
     next_id: AtomicU64,
 }
 
@@ -74,8 +89,15 @@ impl AppState {
             settings,
             api_key,
             model_id,
+            core: None,
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// Attaches the generation side.
+    pub fn with_core(mut self, core: gen::Core) -> AppState {
+        self.core = Some(core);
+        self
     }
 
     /// A fresh request id (1, 2, 3, ...), unique for the life of the server.
@@ -87,8 +109,23 @@ impl AppState {
 /// The whole application: API routes + operations routes, behind the API key.
 pub fn app(state: Arc<AppState>) -> Router {
     Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::responses))
+        .route("/responses", post(responses::responses))
+        .route("/v1/models", get(openai::models))
+        .route("/models", get(openai::models))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .merge(ops::router())
-        .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        // Agent conversations are large; the default 2 MB limit would cut them off.
+        .layer(DefaultBodyLimit::max(256 << 20))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ))
         .with_state(state)
 }
 
@@ -121,4 +158,155 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
 pub async fn serve(state: Arc<AppState>, addr: SocketAddr) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app(state)).await
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Settings(#[from] settings::SettingsError),
+    #[error("cannot prepare the embedded demo model: {0}")]
+    Demo(String),
+    #[error("cannot load {path}: {err}")]
+    Load {
+        path: String,
+        err: engine::EngineError,
+    },
+    #[error(
+        "cannot listen on {addr}: {err} (is another server using the port? choose one with --port)"
+    )]
+    Bind { addr: String, err: std::io::Error },
+    #[error("--host {0} is not an IP address (use 127.0.0.1, 0.0.0.0, ::1, ...)")]
+    Host(String),
+    #[error("cannot start: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The generation side for a loaded engine: worker thread, renderer, think tokens.
+pub fn core_for(
+    engine: engine::Engine,
+    defaults: settings::RequestDefaults,
+    stats: Arc<metrics::Stats>,
+) -> Result<
+    (
+        gen::Core,
+        engine::ModelInfo,
+        Arc<model::tokenizer::Tokenizer>,
+        Option<Arc<model::chat::ChatTemplate>>,
+    ),
+    ServeError,
+> {
+    let info = engine.info().clone();
+    let tokenizer = engine.tokenizer_arc();
+    let template = engine.chat_template_arc();
+    let think_open_id = tokenizer.token_id("<think>");
+    let think_close_id = tokenizer.token_id("</think>");
+    let close_tokens = match think_close_id {
+        Some(_) => tokenizer
+            .encode(worker::BUDGET_CLOSE_TEXT, true)
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let renderer: Arc<dyn prompt::PromptRender> = Arc::new(prompt::ChatMl);
+    let worker = worker::Worker::spawn(Box::new(engine), stats)?;
+    Ok((
+        gen::Core {
+            worker,
+            defaults,
+            renderer,
+            think_open_id,
+            think_close_id,
+            close_tokens,
+        },
+        info,
+        tokenizer,
+        template,
+    ))
+}
+
+/// Loads the model named by `settings` (or the demo model), prints the startup
+/// lines, and serves until the process is stopped.
+pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
+    let ip: std::net::IpAddr = settings
+        .host
+        .parse()
+        .map_err(|_| ServeError::Host(settings.host.clone()))?;
+    let addr = SocketAddr::new(ip, settings.port);
+    let (path, demo) = match &settings.model {
+        Some(p) => (p.clone(), false),
+        None => (
+            model::synth::demo_model_path().map_err(|e| ServeError::Demo(e.to_string()))?,
+            true,
+        ),
+    };
+    eprintln!("scoria serve: {}", settings.summary());
+    eprintln!(
+        "scoria serve: loading {}{}",
+        path.display(),
+        if demo { " (embedded demo model)" } else { "" }
+    );
+    let cfg = engine::EngineConfig {
+        threads: settings.threads,
+        max_context: settings.max_context,
+    };
+    let engine = engine::Engine::load(&path, &cfg).map_err(|err| ServeError::Load {
+        path: path.display().to_string(),
+        err,
+    })?;
+    let stats = Arc::new(metrics::Stats::new());
+    let (core, info, tokenizer, template) =
+        core_for(engine, settings.defaults.clone(), stats.clone())?;
+    let model_id = match (&settings.alias, demo || info.synthetic) {
+        (Some(a), _) => a.clone(),
+        (None, true) => "scoria-demo".to_string(),
+        (None, false) => info.name.clone(),
+    };
+    let label = if demo || info.synthetic {
+        " — DEMO: a synthesized tiny model with random weights; its output is noise"
+    } else {
+        ""
+    };
+    let state = Arc::new(
+        AppState::new(
+            stats,
+            info.clone(),
+            tokenizer,
+            template.clone(),
+            settings.to_json(),
+            settings.api_key.clone(),
+            model_id.clone(),
+        )
+        .with_core(core),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .thread_name("scoria-http")
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|err| ServeError::Bind {
+                addr: addr.to_string(),
+                err,
+            })?;
+        let bound = listener.local_addr().unwrap_or(addr);
+        eprintln!(
+            "scoria serve: model \"{model_id}\" ({} {}, context {} of {} trained, template: {}){label}",
+            info.arch,
+            info.name,
+            info.n_ctx,
+            info.n_ctx_train,
+            if template.is_some() { "from the file" } else { "built-in ChatML" },
+        );
+        if settings.api_key.is_none() && !ip.is_loopback() {
+            eprintln!("scoria serve: warning: listening on {ip} with no --api-key; anyone who can reach this port can use the model");
+        }
+        eprintln!(
+            "scoria serve: listening on http://{bound} (OpenAI: /v1/chat/completions /v1/completions /v1/responses /v1/models; Anthropic: /v1/messages; /health /metrics /){}",
+            if settings.api_key.is_some() { "; API key required" } else { "" }
+        );
+        axum::serve(listener, app(state)).await?;
+        Ok::<(), ServeError>(())
+    })
 }

@@ -1,0 +1,337 @@
+//! What every generation route shares: rendering the prompt, submitting the job,
+//! reading its output back as structured pieces, the `usage`/`timings` objects, and
+//! the SSE plumbing (a task that writes frames into the response body; when the client
+//! leaves, the body is dropped, the task ends, and the worker stops the request).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use engine::{GenerateRequest, Timings};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::output::{OutputParser, Piece};
+use crate::params::{GenParams, Thinking};
+use crate::prompt::{ends_in_open_think, Conversation, PromptRender};
+use crate::settings::RequestDefaults;
+use crate::worker::{thinking_limit, Event, Finished, Job, ThinkPlan, Worker};
+use crate::AppState;
+
+/// The generation side of the server: present once a model is loaded.
+pub struct Core {
+    pub worker: Worker,
+    pub defaults: RequestDefaults,
+    pub renderer: Arc<dyn PromptRender>,
+    pub think_open_id: Option<u32>,
+    pub think_close_id: Option<u32>,
+    /// The budget sentence + `</think>` + blank line, tokenized.
+    pub close_tokens: Vec<u32>,
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A short unique suffix for response / item / call ids.
+pub fn unique_suffix(id: u64) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{:08x}{:06x}", nanos, id & 0xff_ffff)
+}
+
+pub fn core(state: &AppState) -> Result<&Core, ApiError> {
+    state
+        .core
+        .as_ref()
+        .ok_or_else(|| ApiError::unavailable("no model is loaded"))
+}
+
+/// Renders a conversation with the model's template and tokenizes it. Returns the
+/// tokens and whether the prompt leaves the model inside an open think block.
+pub fn render_chat(
+    state: &AppState,
+    conv: &Conversation,
+    thinking: &Thinking,
+    extra: &Map<String, Value>,
+    field: &str,
+) -> Result<(Vec<u32>, bool), ApiError> {
+    let core = core(state)?;
+    let mut extra = extra.clone();
+    if let Some(e) = &thinking.effort {
+        extra.entry("reasoning_effort").or_insert_with(|| json!(e));
+    }
+    let text = core
+        .renderer
+        .render(
+            &conv.messages,
+            conv.tools.as_ref(),
+            thinking.enabled,
+            &extra,
+        )
+        .map_err(|e| ApiError::field(field, format!("{field}: the chat template failed: {e}")))?;
+    let open = thinking.enabled && ends_in_open_think(&text);
+    let tokens = state
+        .tokenizer
+        .encode_prompt(&text)
+        .map_err(|e| ApiError::field(field, format!("{field}: cannot tokenize the prompt: {e}")))?;
+    Ok((tokens, open))
+}
+
+/// A running generation, read as structured pieces.
+pub struct Generation {
+    pub id: u64,
+    rx: mpsc::UnboundedReceiver<Event>,
+    parser: Option<OutputParser>,
+    pending: std::collections::VecDeque<Step>,
+    done: bool,
+}
+
+/// What a route gets from [`Generation::next`].
+#[derive(Debug)]
+pub enum Step {
+    Piece(Piece),
+    Done(Finished),
+    Failed(String),
+}
+
+impl Generation {
+    pub async fn next(&mut self) -> Option<Step> {
+        loop {
+            if let Some(s) = self.pending.pop_front() {
+                return Some(s);
+            }
+            if self.done {
+                return None;
+            }
+            match self.rx.recv().await {
+                Some(Event::Text(t)) => match &mut self.parser {
+                    Some(p) => self.pending.extend(p.push(&t).into_iter().map(Step::Piece)),
+                    None => self.pending.push_back(Step::Piece(Piece::Content(t))),
+                },
+                Some(Event::Done(f)) => {
+                    if let Some(p) = &mut self.parser {
+                        self.pending.extend(p.finish().into_iter().map(Step::Piece));
+                    }
+                    self.pending.push_back(Step::Done(f));
+                    self.done = true;
+                }
+                Some(Event::Failed(e)) => {
+                    self.pending.push_back(Step::Failed(e));
+                    self.done = true;
+                }
+                None => {
+                    self.pending
+                        .push_back(Step::Failed("the engine worker stopped".into()));
+                    self.done = true;
+                }
+            }
+        }
+    }
+}
+
+/// How a request's output is read.
+pub struct OutputMode<'a> {
+    /// Split reasoning and tool calls (chat routes); false: raw text (completions).
+    pub structured: bool,
+    /// The prompt leaves the model inside an open think block.
+    pub think_open: bool,
+    pub tools: Option<&'a Value>,
+}
+
+/// Checks the prompt fits, queues the job, and returns its output stream.
+pub fn start(
+    state: &AppState,
+    route: &str,
+    prompt: Vec<u32>,
+    params: &GenParams,
+    mode: OutputMode<'_>,
+    prompt_field: &str,
+) -> Result<Generation, ApiError> {
+    let core = core(state)?;
+    let n_ctx = state.engine_info.n_ctx;
+    if prompt.is_empty() {
+        return Err(ApiError::field(
+            prompt_field,
+            format!("{prompt_field}: the prompt is empty"),
+        ));
+    }
+    if prompt.len() >= n_ctx {
+        return Err(ApiError::field(
+            prompt_field,
+            format!(
+                "{prompt_field}: the prompt is {} tokens, which does not fit the context of {n_ctx} tokens (shorten it, or start the server with a larger --max-context)",
+                prompt.len()
+            ),
+        ));
+    }
+    let think = if mode.structured && params.thinking.enabled {
+        ThinkPlan {
+            open_at_start: mode.think_open,
+            limit: thinking_limit(
+                params.max_tokens,
+                params.thinking.budget,
+                core.defaults.thinking_answer_room,
+                core.close_tokens.len(),
+            ),
+            close_tokens: core.close_tokens.clone(),
+            open_id: core.think_open_id,
+            close_id: core.think_close_id,
+        }
+    } else {
+        ThinkPlan::default()
+    };
+    let id = state.next_request_id();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let job = Job {
+        id,
+        req: GenerateRequest {
+            prompt,
+            max_tokens: params.max_tokens,
+            sampling: params.sampling.clone(),
+            stop_at_eog: true,
+        },
+        think,
+        stops: params.stop.clone(),
+        detok: Box::new(state.tokenizer.stream_decoder(true)),
+        tx,
+    };
+    state.stats.request_queued(id, route);
+    core.worker.submit(job).map_err(|e| {
+        state.stats.request_failed(id, &e);
+        ApiError::internal(e)
+    })?;
+    let parser = mode
+        .structured
+        .then(|| OutputParser::new(mode.think_open && params.thinking.enabled, mode.tools));
+    Ok(Generation {
+        id,
+        rx,
+        parser,
+        pending: Default::default(),
+        done: false,
+    })
+}
+
+/// A finished generation, gathered (non-streaming responses).
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub reasoning: String,
+    pub content: String,
+    /// (name, arguments JSON text)
+    pub calls: Vec<(String, String)>,
+    pub finished: Option<Finished>,
+}
+
+pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
+    let mut c = Collected::default();
+    while let Some(step) = g.next().await {
+        match step {
+            Step::Piece(Piece::Reasoning(t)) => c.reasoning.push_str(&t),
+            Step::Piece(Piece::Content(t)) => c.content.push_str(&t),
+            Step::Piece(Piece::ToolStart { name, .. }) => c.calls.push((name, String::new())),
+            Step::Piece(Piece::ToolArgs { delta, .. }) => {
+                if let Some(last) = c.calls.last_mut() {
+                    last.1.push_str(&delta);
+                }
+            }
+            Step::Piece(Piece::ToolEnd { .. }) => {}
+            Step::Done(f) => c.finished = Some(f),
+            Step::Failed(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+        }
+    }
+    Ok(c)
+}
+
+/// llama-server's `timings` object.
+pub fn timings_json(t: &Timings) -> Value {
+    let per_token = |n: usize, ms: f64| if n > 0 { ms / n as f64 } else { 0.0 };
+    json!({
+        "cache_n": t.cache_n,
+        "prompt_n": t.prompt_n,
+        "prompt_ms": t.prompt_ms,
+        "prompt_per_token_ms": per_token(t.prompt_n, t.prompt_ms),
+        "prompt_per_second": t.prompt_per_second(),
+        "predicted_n": t.predicted_n,
+        "predicted_ms": t.predicted_ms,
+        "predicted_per_token_ms": per_token(t.predicted_n, t.predicted_ms),
+        "predicted_per_second": t.predicted_per_second(),
+    })
+}
+
+/// OpenAI chat / completions `usage`.
+pub fn openai_usage(f: &Finished) -> Value {
+    json!({
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": f.timings.cache_n},
+        "completion_tokens_details": {"reasoning_tokens": f.reasoning_tokens},
+    })
+}
+
+/// One SSE `data:` frame.
+pub fn data_frame(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// One SSE frame with an `event:` line.
+pub fn event_frame(name: &str, v: &Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
+}
+
+/// A frame sink for a streaming task; `send` fails once the client has gone.
+pub struct Sink(mpsc::Sender<Result<Bytes, Infallible>>);
+
+impl Sink {
+    pub async fn send(&self, b: Bytes) -> Result<(), ()> {
+        self.0.send(Ok(b)).await.map_err(|_| ())
+    }
+}
+
+/// An SSE response whose frames come from `task`.
+pub fn sse_response<F, Fut>(task: F) -> Response
+where
+    F: FnOnce(Sink) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    tokio::spawn(task(Sink(tx)));
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .body(body)
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+/// Parses a request body as a JSON object.
+pub fn json_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(ApiError::bad_request(format!(
+            "the request body must be a JSON object, got {}",
+            match other {
+                Value::Array(_) => "an array",
+                Value::String(_) => "a string",
+                Value::Number(_) => "a number",
+                Value::Bool(_) => "a boolean",
+                _ => "null",
+            }
+        ))),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the request body is not valid JSON: {e}"
+        ))),
+    }
+}

@@ -1,0 +1,407 @@
+//! OpenAI routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//!
+//! Streams are framed as the official SDKs parse them: `data: {chunk}\n\n` frames, a
+//! first delta carrying the role, reasoning in `reasoning_content` deltas, tool calls
+//! as `tool_calls` deltas (id, type and name first, then argument pieces), a last
+//! chunk with `finish_reason` (and `timings`), a usage chunk with empty `choices` when
+//! `stream_options.include_usage` is set, and `data: [DONE]`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::FinishReason;
+use serde_json::{json, Map, Value};
+
+use crate::error::{ApiError, Flavor, RouteError};
+use crate::gen::{
+    collect, core, data_frame, json_body, now_unix, openai_usage, render_chat, sse_response, start,
+    timings_json, unique_suffix, OutputMode, Step,
+};
+use crate::output::Piece;
+use crate::params::{self, GenParams, Thinking};
+use crate::prompt;
+use crate::worker::Finished;
+use crate::AppState;
+
+type Result<T> = std::result::Result<T, RouteError>;
+
+fn oa(e: ApiError) -> RouteError {
+    RouteError(e, Flavor::OpenAi)
+}
+
+/// OpenAI `finish_reason`.
+pub fn finish_reason(f: &Finished, had_calls: bool) -> &'static str {
+    if had_calls && f.finish != FinishReason::Length && f.finish != FinishReason::ContextFull {
+        return "tool_calls";
+    }
+    match f.finish {
+        FinishReason::Length | FinishReason::ContextFull => "length",
+        _ => "stop",
+    }
+}
+
+/// The sampling / budget / stop fields every OpenAI generation route reads.
+fn gen_params(
+    state: &AppState,
+    body: &Map<String, Value>,
+    budget_names: &[&str],
+    thinking: Thinking,
+) -> std::result::Result<GenParams, ApiError> {
+    let core = core(state)?;
+    params::refuse_unsupported(body)?;
+    let sampling = params::parse_sampling(body, &core.defaults, state.engine_info.n_vocab, 2.0)?;
+    let max_tokens = params::parse_max_tokens(body, budget_names, core.defaults.max_tokens)?;
+    let stop = params::parse_stop(body, "stop")?;
+    let (stream, include_usage) = params::parse_stream(body)?;
+    Ok(GenParams {
+        sampling,
+        max_tokens,
+        stop,
+        thinking,
+        stream,
+        include_usage,
+    })
+}
+
+fn call_id(gen_id: u64, index: usize) -> String {
+    format!("call_{}{}", unique_suffix(gen_id), index)
+}
+
+pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    match chat_inner(state, &body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response> {
+    let body = json_body(body).map_err(oa)?;
+    let core = core(&state).map_err(oa)?;
+    let conv = prompt::openai_chat(&body).map_err(oa)?;
+    let thinking = params::parse_thinking(&body, &core.defaults).map_err(oa)?;
+    let p = gen_params(
+        &state,
+        &body,
+        &["max_tokens", "max_completion_tokens", "max_output_tokens"],
+        thinking,
+    )
+    .map_err(oa)?;
+    let extra = match body.get("chat_template_kwargs") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &extra, "messages").map_err(oa)?;
+    let gen = start(
+        &state,
+        "/v1/chat/completions",
+        tokens,
+        &p,
+        OutputMode {
+            structured: true,
+            think_open: open,
+            tools: conv.tools.as_ref(),
+        },
+        "messages",
+    )
+    .map_err(oa)?;
+    let id = format!("chatcmpl-{}", unique_suffix(gen.id));
+    let created = now_unix();
+    let model = state.model_id.clone();
+    if !p.stream {
+        let gen_id = gen.id;
+        let c = collect(gen).await.map_err(oa)?;
+        let f = c
+            .finished
+            .ok_or_else(|| oa(ApiError::internal("generation ended without a result")))?;
+        let mut message = json!({"role": "assistant", "content": c.content});
+        if !c.reasoning.is_empty() {
+            message["reasoning_content"] = json!(c.reasoning);
+        }
+        if !c.calls.is_empty() {
+            let calls: Vec<Value> = c
+                .calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, args))| {
+                    json!({"id": call_id(gen_id, i), "type": "function",
+                           "function": {"name": name, "arguments": args}})
+                })
+                .collect();
+            message["tool_calls"] = Value::Array(calls);
+            if c.content.is_empty() {
+                message["content"] = Value::Null;
+            }
+        }
+        let body = json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "scoria",
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": null,
+                "finish_reason": finish_reason(&f, !c.calls.is_empty()),
+            }],
+            "usage": openai_usage(&f),
+            "timings": timings_json(&f.timings),
+        });
+        return Ok(Json(body).into_response());
+    }
+    let include_usage = p.include_usage;
+    Ok(sse_response(move |sink| async move {
+        let chunk = |delta: Value, finish: Value| {
+            json!({
+                "id": id, "object": "chat.completion.chunk", "created": created,
+                "model": model, "system_fingerprint": "scoria",
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            })
+        };
+        let mut gen = gen;
+        if sink
+            .send(data_frame(&chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            )))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut had_calls = false;
+        while let Some(step) = gen.next().await {
+            let frame = match step {
+                Step::Piece(Piece::Reasoning(t)) => {
+                    chunk(json!({"reasoning_content": t}), Value::Null)
+                }
+                Step::Piece(Piece::Content(t)) => chunk(json!({"content": t}), Value::Null),
+                Step::Piece(Piece::ToolStart { index, name }) => {
+                    had_calls = true;
+                    chunk(
+                        json!({"tool_calls": [{"index": index, "id": call_id(gen.id, index), "type": "function",
+                                               "function": {"name": name, "arguments": ""}}]}),
+                        Value::Null,
+                    )
+                }
+                Step::Piece(Piece::ToolArgs { index, delta }) => chunk(
+                    json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
+                    Value::Null,
+                ),
+                Step::Piece(Piece::ToolEnd { .. }) => continue,
+                Step::Done(f) => {
+                    let mut last = chunk(json!({}), json!(finish_reason(&f, had_calls)));
+                    last["timings"] = timings_json(&f.timings);
+                    if sink.send(data_frame(&last)).await.is_err() {
+                        return;
+                    }
+                    if include_usage {
+                        let mut u = chunk(json!({}), Value::Null);
+                        u["choices"] = json!([]);
+                        u["usage"] = openai_usage(&f);
+                        u["timings"] = timings_json(&f.timings);
+                        if sink.send(data_frame(&u)).await.is_err() {
+                            return;
+                        }
+                    }
+                    break;
+                }
+                Step::Failed(e) => {
+                    let err = ApiError::internal(format!("generation failed: {e}"));
+                    let _ = sink.send(Bytes::from(err.sse_frame(Flavor::OpenAi))).await;
+                    break;
+                }
+            };
+            if sink.send(data_frame(&frame)).await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    }))
+}
+
+/// `/v1/completions` prompt: a string, a one-element list of strings, token ids, or a
+/// one-element list of token-id lists. Several prompts are refused (that is n > 1).
+fn completion_prompt(
+    state: &AppState,
+    body: &Map<String, Value>,
+) -> std::result::Result<Vec<u32>, ApiError> {
+    let bad = || {
+        ApiError::field(
+            "prompt",
+            "prompt must be a string, a list of token ids, or a one-element list of either",
+        )
+    };
+    let ids = |a: &[Value]| -> std::result::Result<Vec<u32>, ApiError> {
+        a.iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| (n as usize) < state.engine_info.n_vocab)
+                    .ok_or_else(|| {
+                        ApiError::field(
+                            "prompt",
+                            format!("prompt: {v} is not a token id of this model"),
+                        )
+                    })
+            })
+            .collect()
+    };
+    let encode = |s: &str| {
+        state
+            .tokenizer
+            .encode_prompt(s)
+            .map_err(|e| ApiError::field("prompt", format!("prompt: cannot tokenize: {e}")))
+    };
+    match body.get("prompt") {
+        None | Some(Value::Null) => Err(ApiError::field("prompt", "prompt is required")),
+        Some(Value::String(s)) => encode(s),
+        Some(Value::Array(a)) if a.is_empty() => Err(bad()),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => ids(a),
+        Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
+            Value::String(s) => encode(s),
+            Value::Array(inner) => ids(inner),
+            _ => Err(bad()),
+        },
+        Some(Value::Array(_)) => Err(ApiError::field(
+            "prompt",
+            "prompt: several prompts in one request are not supported; send one",
+        )),
+        Some(_) => Err(bad()),
+    }
+}
+
+pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    match completions_inner(state, &body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response> {
+    let body = json_body(body).map_err(oa)?;
+    let no_thinking = Thinking {
+        enabled: false,
+        budget: None,
+        effort: None,
+    };
+    let p = gen_params(&state, &body, &["max_tokens"], no_thinking).map_err(oa)?;
+    let tokens = completion_prompt(&state, &body).map_err(oa)?;
+    let gen = start(
+        &state,
+        "/v1/completions",
+        tokens,
+        &p,
+        OutputMode {
+            structured: false,
+            think_open: false,
+            tools: None,
+        },
+        "prompt",
+    )
+    .map_err(oa)?;
+    let id = format!("cmpl-{}", unique_suffix(gen.id));
+    let created = now_unix();
+    let model = state.model_id.clone();
+    if !p.stream {
+        let c = collect(gen).await.map_err(oa)?;
+        let f = c
+            .finished
+            .ok_or_else(|| oa(ApiError::internal("generation ended without a result")))?;
+        return Ok(Json(json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "scoria",
+            "choices": [{"text": c.content, "index": 0, "logprobs": null,
+                         "finish_reason": finish_reason(&f, false)}],
+            "usage": openai_usage(&f),
+            "timings": timings_json(&f.timings),
+        }))
+        .into_response());
+    }
+    let include_usage = p.include_usage;
+    Ok(sse_response(move |sink| async move {
+        let chunk = |text: &str, finish: Value| {
+            json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "system_fingerprint": "scoria",
+                "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
+            })
+        };
+        let mut gen = gen;
+        while let Some(step) = gen.next().await {
+            let frame = match step {
+                Step::Piece(Piece::Content(t)) => chunk(&t, Value::Null),
+                Step::Piece(_) => continue,
+                Step::Done(f) => {
+                    let mut last = chunk("", json!(finish_reason(&f, false)));
+                    last["timings"] = timings_json(&f.timings);
+                    if sink.send(data_frame(&last)).await.is_err() {
+                        return;
+                    }
+                    if include_usage {
+                        let mut u = chunk("", Value::Null);
+                        u["choices"] = json!([]);
+                        u["usage"] = openai_usage(&f);
+                        u["timings"] = timings_json(&f.timings);
+                        if sink.send(data_frame(&u)).await.is_err() {
+                            return;
+                        }
+                    }
+                    break;
+                }
+                Step::Failed(e) => {
+                    let err = ApiError::internal(format!("generation failed: {e}"));
+                    let _ = sink.send(Bytes::from(err.sse_frame(Flavor::OpenAi))).await;
+                    break;
+                }
+            };
+            if sink.send(data_frame(&frame)).await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    }))
+}
+
+/// The model entry /v1/models lists.
+pub fn model_entry(state: &AppState) -> Value {
+    let info = &state.engine_info;
+    let mut entry = json!({
+        "id": state.model_id,
+        "object": "model",
+        "created": now_unix(),
+        "owned_by": "scoria",
+        "meta": {
+            "arch": info.arch,
+            "name": info.name,
+            "n_ctx": info.n_ctx,
+            "n_ctx_train": info.n_ctx_train,
+            "n_vocab": info.n_vocab,
+            "n_expert": info.n_expert,
+            "size": info.file_bytes,
+            "synthetic": info.synthetic,
+        },
+    });
+    if info.synthetic {
+        entry["description"] =
+            json!("embedded demo model: synthesized, random weights (its output is noise)");
+    }
+    entry
+}
+
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": [model_entry(&state)]})).into_response()
+}
+
+/// Unknown routes under /v1 answer in the OpenAI error shape.
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    let mut e = ApiError::bad_request(format!("no route for {}", uri.path()));
+    e.status = axum::http::StatusCode::NOT_FOUND;
+    e.into_response_as(Flavor::OpenAi)
+}

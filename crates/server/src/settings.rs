@@ -1,0 +1,680 @@
+//! Server and engine settings: built-in defaults, a JSON config file, the command line.
+//!
+//! Precedence is command line > config file > defaults, per setting. The file has two
+//! sections, `server` and `engine`, whose names are the command-line flags without
+//! their dashes (`"max-context": 16384`). A name that no section knows, or one in the
+//! wrong section, stops startup naming it; so does an out-of-range value, before the
+//! model loads. The API key is command-line only: a file that sets it is refused
+//! (config files get committed and shared; keys should not).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    Config,
+    CommandLine,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Default => "default",
+            Source::Config => "config",
+            Source::CommandLine => "command line",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("cannot read config file {path}: {err}")]
+    Read { path: String, err: std::io::Error },
+    #[error("config file {path} is not valid JSON: {err}")]
+    Parse {
+        path: String,
+        err: serde_json::Error,
+    },
+    #[error("config file {path}: the top level must be an object with \"server\" and/or \"engine\" sections")]
+    NotObject { path: String },
+    #[error("config file {path}: unknown section \"{name}\" (the sections are \"server\" and \"engine\")")]
+    UnknownSection { path: String, name: String },
+    #[error("config file {path}: section \"{section}\" must be an object")]
+    SectionNotObject { path: String, section: String },
+    #[error("config file {path}: unknown setting \"{name}\" in section \"{section}\"")]
+    UnknownName {
+        path: String,
+        section: String,
+        name: String,
+    },
+    #[error(
+        "config file {path}: \"{name}\" belongs in the \"{belongs}\" section, not \"{section}\""
+    )]
+    WrongSection {
+        path: String,
+        section: String,
+        name: String,
+        belongs: String,
+    },
+    #[error("config file {path}: the API key is accepted only on the command line (--api-key), not in a config file")]
+    ApiKeyInFile { path: String },
+    #[error("setting {name} (from the {origin}): {msg}")]
+    BadValue {
+        name: String,
+        origin: &'static str,
+        msg: String,
+    },
+}
+
+/// The value kinds settings take.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Str,
+    Path,
+    Port,
+    /// A count, at least `min`.
+    Count {
+        min: u64,
+    },
+    /// A float in `[lo, hi]` (`lo_open`: the low end excluded).
+    Float {
+        lo: f64,
+        hi: f64,
+        lo_open: bool,
+    },
+    Seed,
+    Bool,
+    Effort,
+}
+
+struct Spec {
+    name: &'static str,
+    section: &'static str,
+    kind: Kind,
+    /// The built-in default (`null`: unset, with the meaning given in `unset`).
+    default: fn() -> Value,
+    /// What an unset value means, for the startup line and the docs.
+    unset: &'static str,
+}
+
+/// Reasoning efforts a request or the server default may name.
+pub const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh"];
+
+const SPECS: &[Spec] = &[
+    Spec {
+        name: "model",
+        section: "server",
+        kind: Kind::Path,
+        default: || Value::Null,
+        unset: "embedded demo model",
+    },
+    Spec {
+        name: "host",
+        section: "server",
+        kind: Kind::Str,
+        default: || json!("127.0.0.1"),
+        unset: "",
+    },
+    Spec {
+        name: "port",
+        section: "server",
+        kind: Kind::Port,
+        default: || json!(8080),
+        unset: "",
+    },
+    Spec {
+        name: "alias",
+        section: "server",
+        kind: Kind::Str,
+        default: || Value::Null,
+        unset: "model name",
+    },
+    Spec {
+        name: "threads",
+        section: "engine",
+        kind: Kind::Count { min: 1 },
+        default: || Value::Null,
+        unset: "all cores",
+    },
+    Spec {
+        name: "max-context",
+        section: "engine",
+        kind: Kind::Count { min: 64 },
+        default: || Value::Null,
+        unset: "engine default: min(trained, 4096)",
+    },
+    Spec {
+        name: "temp",
+        section: "engine",
+        kind: Kind::Float {
+            lo: 0.0,
+            hi: 2.0,
+            lo_open: false,
+        },
+        default: || json!(0.6),
+        unset: "",
+    },
+    Spec {
+        name: "top-k",
+        section: "engine",
+        kind: Kind::Count { min: 0 },
+        default: || json!(20),
+        unset: "",
+    },
+    Spec {
+        name: "top-p",
+        section: "engine",
+        kind: Kind::Float {
+            lo: 0.0,
+            hi: 1.0,
+            lo_open: true,
+        },
+        default: || json!(0.95),
+        unset: "",
+    },
+    Spec {
+        name: "min-p",
+        section: "engine",
+        kind: Kind::Float {
+            lo: 0.0,
+            hi: 1.0,
+            lo_open: false,
+        },
+        default: || json!(0.0),
+        unset: "",
+    },
+    Spec {
+        name: "presence-penalty",
+        section: "engine",
+        kind: Kind::Float {
+            lo: -2.0,
+            hi: 2.0,
+            lo_open: false,
+        },
+        default: || json!(0.0),
+        unset: "",
+    },
+    Spec {
+        name: "frequency-penalty",
+        section: "engine",
+        kind: Kind::Float {
+            lo: -2.0,
+            hi: 2.0,
+            lo_open: false,
+        },
+        default: || json!(0.0),
+        unset: "",
+    },
+    Spec {
+        name: "repeat-penalty",
+        section: "engine",
+        kind: Kind::Float {
+            lo: 0.0,
+            hi: 10.0,
+            lo_open: true,
+        },
+        default: || json!(1.0),
+        unset: "",
+    },
+    Spec {
+        name: "seed",
+        section: "engine",
+        kind: Kind::Seed,
+        default: || Value::Null,
+        unset: "random per request",
+    },
+    Spec {
+        name: "max-tokens-default",
+        section: "engine",
+        kind: Kind::Count { min: 1 },
+        default: || json!(8192),
+        unset: "",
+    },
+    Spec {
+        name: "reasoning-effort",
+        section: "engine",
+        kind: Kind::Effort,
+        default: || Value::Null,
+        unset: "model default (thinking on, no budget)",
+    },
+    Spec {
+        name: "enable-thinking",
+        section: "engine",
+        kind: Kind::Bool,
+        default: || json!(true),
+        unset: "",
+    },
+    Spec {
+        name: "max-thinking-tokens",
+        section: "engine",
+        kind: Kind::Count { min: 1 },
+        default: || Value::Null,
+        unset: "no budget",
+    },
+    Spec {
+        name: "thinking-answer-room",
+        section: "engine",
+        kind: Kind::Count { min: 0 },
+        default: || json!(1024),
+        unset: "",
+    },
+];
+
+/// Command-line values, by setting name (flags without dashes). `api_key` separately.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub api_key: Option<String>,
+    pub values: Vec<(&'static str, Value)>,
+}
+
+impl Overrides {
+    /// Adds `name = value` when the flag was given.
+    pub fn set<T: Into<Value>>(&mut self, name: &'static str, value: Option<T>) {
+        if let Some(v) = value {
+            self.values.push((name, v.into()));
+        }
+    }
+}
+
+/// The effective settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Model file (None: the embedded demo model).
+    pub model: Option<PathBuf>,
+    pub host: String,
+    pub port: u16,
+    pub alias: Option<String>,
+    pub api_key: Option<String>,
+    pub threads: Option<usize>,
+    pub max_context: Option<usize>,
+    pub defaults: RequestDefaults,
+    /// (name, value, source) in table order, for the startup line and /props.
+    entries: Vec<(&'static str, &'static str, Value, Source)>,
+    pub config_path: Option<PathBuf>,
+}
+
+/// What a request gets for each field it omits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestDefaults {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repeat_penalty: f32,
+    pub seed: Option<u64>,
+    pub max_tokens: usize,
+    pub reasoning_effort: Option<String>,
+    pub enable_thinking: bool,
+    pub max_thinking_tokens: Option<usize>,
+    pub thinking_answer_room: usize,
+}
+
+impl Default for RequestDefaults {
+    fn default() -> Self {
+        match Settings::resolve(&Overrides::default()) {
+            Ok(s) => s.defaults,
+            // The built-in table is valid by construction (tested).
+            Err(_) => RequestDefaults {
+                temperature: 0.6,
+                top_k: 20,
+                top_p: 0.95,
+                min_p: 0.0,
+                presence_penalty: 0.0,
+                frequency_penalty: 0.0,
+                repeat_penalty: 1.0,
+                seed: None,
+                max_tokens: 8192,
+                reasoning_effort: None,
+                enable_thinking: true,
+                max_thinking_tokens: None,
+                thinking_answer_room: 1024,
+            },
+        }
+    }
+}
+
+fn check(spec: &Spec, v: &Value, source: Source) -> Result<Value, SettingsError> {
+    let bad = |msg: String| SettingsError::BadValue {
+        name: spec.name.to_string(),
+        origin: source.as_str(),
+        msg,
+    };
+    if v.is_null() {
+        return Ok(Value::Null);
+    }
+    match spec.kind {
+        Kind::Str | Kind::Path => match v.as_str() {
+            Some(s) if !s.is_empty() => Ok(v.clone()),
+            _ => Err(bad(format!("expected a non-empty string, got {v}"))),
+        },
+        Kind::Port => match v.as_u64() {
+            Some(p) if (1..=65535).contains(&p) => Ok(v.clone()),
+            _ => Err(bad(format!("expected a port number 1..65535, got {v}"))),
+        },
+        Kind::Count { min } => match v.as_u64() {
+            Some(n) if n >= min => Ok(v.clone()),
+            _ => Err(bad(format!("expected a whole number >= {min}, got {v}"))),
+        },
+        Kind::Float { lo, hi, lo_open } => match v.as_f64() {
+            Some(x) if x <= hi && (x > lo || (!lo_open && x == lo)) => Ok(v.clone()),
+            _ => {
+                let open = if lo_open { "(" } else { "[" };
+                Err(bad(format!(
+                    "expected a number in {open}{lo}, {hi}], got {v}"
+                )))
+            }
+        },
+        Kind::Seed => match v.as_u64() {
+            Some(_) => Ok(v.clone()),
+            None => Err(bad(format!("expected a whole number >= 0, got {v}"))),
+        },
+        Kind::Bool => match v.as_bool() {
+            Some(_) => Ok(v.clone()),
+            None => Err(bad(format!("expected true or false, got {v}"))),
+        },
+        Kind::Effort => match v.as_str() {
+            Some(s) if EFFORTS.contains(&s) => Ok(v.clone()),
+            _ => Err(bad(format!(
+                "expected one of {}, got {v}",
+                EFFORTS.join(", ")
+            ))),
+        },
+    }
+}
+
+/// Reads a config file into (name, value) pairs, checking sections and names.
+fn read_config(path: &Path) -> Result<Vec<(&'static Spec, Value)>, SettingsError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|err| SettingsError::Read {
+        path: p.clone(),
+        err,
+    })?;
+    let root: Value = serde_json::from_str(&text).map_err(|err| SettingsError::Parse {
+        path: p.clone(),
+        err,
+    })?;
+    let Value::Object(root) = root else {
+        return Err(SettingsError::NotObject { path: p });
+    };
+    let mut out = Vec::new();
+    for (section, body) in &root {
+        if section != "server" && section != "engine" {
+            return Err(SettingsError::UnknownSection {
+                path: p,
+                name: section.clone(),
+            });
+        }
+        let Value::Object(body) = body else {
+            return Err(SettingsError::SectionNotObject {
+                path: p,
+                section: section.clone(),
+            });
+        };
+        for (name, value) in body {
+            if name == "api-key" || name == "api_key" || name == "apikey" {
+                return Err(SettingsError::ApiKeyInFile { path: p });
+            }
+            let Some(spec) = SPECS.iter().find(|s| s.name == name) else {
+                return Err(SettingsError::UnknownName {
+                    path: p,
+                    section: section.clone(),
+                    name: name.clone(),
+                });
+            };
+            if spec.section != section {
+                return Err(SettingsError::WrongSection {
+                    path: p,
+                    section: section.clone(),
+                    name: name.clone(),
+                    belongs: spec.section.to_string(),
+                });
+            }
+            let mut value = check(spec, value, Source::Config)?;
+            // A model path in the file is relative to the file.
+            if let (Kind::Path, Some(s)) = (spec.kind, value.as_str()) {
+                let rel = Path::new(s);
+                if rel.is_relative() {
+                    if let Some(dir) = path.parent() {
+                        value = json!(dir.join(rel).display().to_string());
+                    }
+                }
+            }
+            out.push((spec, value));
+        }
+    }
+    Ok(out)
+}
+
+impl Settings {
+    /// Applies defaults, then the config file (if `over.config`), then the command line.
+    pub fn resolve(over: &Overrides) -> Result<Settings, SettingsError> {
+        let mut entries: Vec<(&'static str, &'static str, Value, Source)> = SPECS
+            .iter()
+            .map(|s| (s.name, s.section, (s.default)(), Source::Default))
+            .collect();
+        if let Some(path) = &over.config {
+            for (spec, value) in read_config(path)? {
+                if let Some(e) = entries.iter_mut().find(|e| e.0 == spec.name) {
+                    e.2 = value;
+                    e.3 = Source::Config;
+                }
+            }
+        }
+        for (name, value) in &over.values {
+            let Some(spec) = SPECS.iter().find(|s| s.name == *name) else {
+                return Err(SettingsError::BadValue {
+                    name: name.to_string(),
+                    origin: Source::CommandLine.as_str(),
+                    msg: "not a known setting".into(),
+                });
+            };
+            let value = check(spec, value, Source::CommandLine)?;
+            if let Some(e) = entries.iter_mut().find(|e| e.0 == spec.name) {
+                e.2 = value;
+                e.3 = Source::CommandLine;
+            }
+        }
+        let get = |name: &str| -> &Value {
+            entries
+                .iter()
+                .find(|e| e.0 == name)
+                .map(|e| &e.2)
+                .unwrap_or(&Value::Null)
+        };
+        let f = |name: &str| get(name).as_f64().unwrap_or(0.0) as f32;
+        let n = |name: &str| get(name).as_u64().map(|v| v as usize);
+        let s = |name: &str| get(name).as_str().map(str::to_string);
+        let defaults = RequestDefaults {
+            temperature: f("temp"),
+            top_k: n("top-k").unwrap_or(0),
+            top_p: f("top-p"),
+            min_p: f("min-p"),
+            presence_penalty: f("presence-penalty"),
+            frequency_penalty: f("frequency-penalty"),
+            repeat_penalty: f("repeat-penalty"),
+            seed: get("seed").as_u64(),
+            max_tokens: n("max-tokens-default").unwrap_or(8192),
+            reasoning_effort: s("reasoning-effort"),
+            enable_thinking: get("enable-thinking").as_bool().unwrap_or(true),
+            max_thinking_tokens: n("max-thinking-tokens"),
+            thinking_answer_room: n("thinking-answer-room").unwrap_or(0),
+        };
+        Ok(Settings {
+            model: s("model").map(PathBuf::from),
+            host: s("host").unwrap_or_else(|| "127.0.0.1".into()),
+            port: get("port")
+                .as_u64()
+                .and_then(|p| u16::try_from(p).ok())
+                .unwrap_or(8080),
+            alias: s("alias"),
+            api_key: over.api_key.clone().filter(|k| !k.is_empty()),
+            threads: n("threads"),
+            max_context: n("max-context"),
+            defaults,
+            entries,
+            config_path: over.config.clone(),
+        })
+    }
+
+    /// `{"server": {name: {"value", "source"}}, "engine": {...}}` (the API key's value
+    /// is never shown, only whether one is set).
+    pub fn to_json(&self) -> Value {
+        let mut server = Map::new();
+        let mut engine = Map::new();
+        for (name, section, value, source) in &self.entries {
+            let entry = json!({"value": value, "source": source.as_str()});
+            if *section == "server" {
+                server.insert(name.to_string(), entry);
+            } else {
+                engine.insert(name.to_string(), entry);
+            }
+        }
+        server.insert(
+            "api-key".into(),
+            json!({"value": self.api_key.is_some(),
+                   "source": if self.api_key.is_some() { "command line" } else { "default" }}),
+        );
+        json!({
+            "server": server,
+            "engine": engine,
+            "config_file": self.config_path.as_ref().map(|p| p.display().to_string()),
+        })
+    }
+
+    /// One line listing every setting with its source, for the startup log.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        for (name, _, value, source) in &self.entries {
+            let shown = match value {
+                Value::Null => SPECS
+                    .iter()
+                    .find(|s| s.name == *name)
+                    .map(|s| format!("({})", s.unset))
+                    .unwrap_or_default(),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            parts.push(format!("{name}={shown} [{}]", source.as_str()));
+        }
+        parts.push(format!(
+            "api-key={} [{}]",
+            if self.api_key.is_some() {
+                "set"
+            } else {
+                "none"
+            },
+            if self.api_key.is_some() {
+                "command line"
+            } else {
+                "default"
+            }
+        ));
+        let origin = match &self.config_path {
+            Some(p) => format!("config file {}", p.display()),
+            None => "no config file".to_string(),
+        };
+        format!("settings ({origin}): {}", parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("scoria-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = Settings::resolve(&Overrides::default()).unwrap();
+        assert_eq!(s.host, "127.0.0.1");
+        assert_eq!(s.port, 8080);
+        assert_eq!(s.defaults.max_tokens, 8192);
+        assert!(s.summary().contains("temp=0.6 [default]"));
+        assert_eq!(RequestDefaults::default(), s.defaults);
+    }
+
+    #[test]
+    fn precedence_cli_over_file_over_default() {
+        let p = write(
+            "a.json",
+            r#"{"server": {"port": 9000, "model": "m.gguf"}, "engine": {"max-context": 4096, "temp": 0.2}}"#,
+        );
+        let mut o = Overrides {
+            config: Some(p.clone()),
+            ..Default::default()
+        };
+        o.set("max-context", Some(2048u64));
+        let s = Settings::resolve(&o).unwrap();
+        assert_eq!(s.port, 9000);
+        assert_eq!(s.max_context, Some(2048));
+        assert_eq!(s.defaults.temperature, 0.2);
+        assert_eq!(s.model, Some(p.parent().unwrap().join("m.gguf")));
+        let j = s.to_json();
+        assert_eq!(j["server"]["port"]["source"], "config");
+        assert_eq!(j["engine"]["max-context"]["source"], "command line");
+        assert_eq!(j["engine"]["top-k"]["source"], "default");
+        assert!(s.summary().contains("max-context=2048 [command line]"));
+    }
+
+    #[test]
+    fn unknown_and_misplaced_names_refused() {
+        let p = write("b.json", r#"{"engine": {"tmep": 1}}"#);
+        let e = Settings::resolve(&Overrides {
+            config: Some(p),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("\"tmep\""), "{e}");
+        let p = write("c.json", r#"{"engine": {"port": 1}}"#);
+        let e = Settings::resolve(&Overrides {
+            config: Some(p),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("\"port\" belongs in the \"server\""),
+            "{e}"
+        );
+        let p = write("d.json", r#"{"server": {"api-key": "x"}}"#);
+        let e = Settings::resolve(&Overrides {
+            config: Some(p),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(matches!(e, SettingsError::ApiKeyInFile { .. }));
+        let p = write("e.json", r#"{"sever": {}}"#);
+        let e = Settings::resolve(&Overrides {
+            config: Some(p),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("\"sever\""));
+    }
+
+    #[test]
+    fn out_of_range_refused_naming_the_setting() {
+        let mut o = Overrides::default();
+        o.set("top-p", Some(0.0));
+        let e = Settings::resolve(&o).unwrap_err();
+        assert!(e.to_string().contains("top-p"), "{e}");
+        let p = write("f.json", r#"{"engine": {"reasoning-effort": "max"}}"#);
+        let e = Settings::resolve(&Overrides {
+            config: Some(p),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("reasoning-effort"), "{e}");
+    }
+}

@@ -1,0 +1,513 @@
+//! The engine worker: one std thread that owns the engine and decodes one request at
+//! a time, taking jobs from a FIFO channel (so requests run in arrival order).
+//!
+//! The per-token callback runs on this thread and does the work that must be
+//! synchronous with decoding: incremental detokenization, stop sequences (a match
+//! stops the engine at once), the thinking budget (forcing the close of the think
+//! block), and cancellation (a client that left: its receiver is closed, so the next
+//! token returns `Flow::Stop`). Text goes back to the route over a tokio channel.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use engine::{Completion, FinishReason, Flow, GenerateRequest, Timings, TokenEvent};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::metrics::Stats;
+use crate::output::StopMatcher;
+
+/// What decodes. `engine::Engine` in the server; a scripted fake in tests.
+pub trait Backend: Send + 'static {
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+    ) -> Result<Completion, String>;
+}
+
+impl Backend for engine::Engine {
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+    ) -> Result<Completion, String> {
+        engine::Engine::generate(self, req, on_token).map_err(|e| e.to_string())
+    }
+}
+
+/// Turns token ids into text, incrementally. The tokenizer's stream decoder in the
+/// server; a table in tests.
+pub trait Detokenizer: Send {
+    fn push(&mut self, id: u32) -> String;
+    fn finish(&mut self) -> String;
+}
+
+impl Detokenizer for model::tokenizer::StreamDecoder {
+    fn push(&mut self, id: u32) -> String {
+        model::tokenizer::StreamDecoder::push(self, id)
+    }
+    fn finish(&mut self) -> String {
+        model::tokenizer::StreamDecoder::finish(self)
+    }
+}
+
+/// How the think block is handled for one request.
+#[derive(Debug, Clone, Default)]
+pub struct ThinkPlan {
+    /// The prompt leaves the model inside an open think block.
+    pub open_at_start: bool,
+    /// Generated-token index at which an open think block is closed.
+    pub limit: Option<usize>,
+    /// Forced to close it: the budget sentence, `</think>`, and a blank line.
+    pub close_tokens: Vec<u32>,
+    pub open_id: Option<u32>,
+    pub close_id: Option<u32>,
+}
+
+/// The sentence Qwen's own thinking-budget recipe inserts before `</think>`.
+pub const BUDGET_CLOSE_TEXT: &str = "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n</think>\n\n";
+
+/// Where the server closes the think block: the request's budget, and (when the
+/// answer room is on) early enough that `room` tokens of `max_tokens` remain for the
+/// answer, where room = max(answer_room, 15% of max_tokens), capped at half the
+/// budget so a small request still thinks. `close_len` is the forced close's length.
+pub fn thinking_limit(
+    max_tokens: usize,
+    budget: Option<usize>,
+    answer_room: usize,
+    close_len: usize,
+) -> Option<usize> {
+    let room_limit = if answer_room > 0 {
+        let room = answer_room.max(max_tokens * 15 / 100).min(max_tokens / 2);
+        Some(max_tokens.saturating_sub(room + close_len).max(1))
+    } else {
+        None
+    };
+    match (budget, room_limit) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What a job sends back.
+#[derive(Debug)]
+pub enum Event {
+    /// Generated text (stop sequences already removed).
+    Text(String),
+    Done(Finished),
+    Failed(String),
+}
+
+/// The end of a request.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub finish: FinishReason,
+    /// The stop sequence that ended it, if one did.
+    pub stop_hit: Option<String>,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Generated tokens inside the think block.
+    pub reasoning_tokens: usize,
+    pub timings: Timings,
+    pub seed: u64,
+}
+
+/// One request for the worker.
+pub struct Job {
+    pub id: u64,
+    pub req: GenerateRequest,
+    pub think: ThinkPlan,
+    pub stops: Vec<String>,
+    pub detok: Box<dyn Detokenizer>,
+    pub tx: UnboundedSender<Event>,
+}
+
+/// The handle routes submit jobs through.
+pub struct Worker {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Worker {
+    /// Starts the worker thread; it owns `backend` from now on.
+    pub fn spawn(backend: Box<dyn Backend>, stats: Arc<Stats>) -> std::io::Result<Worker> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("scoria-engine".into())
+            .spawn(move || {
+                let mut backend = backend;
+                while let Ok(job) = rx.recv() {
+                    run_job(backend.as_mut(), &stats, job);
+                }
+            })?;
+        Ok(Worker { jobs })
+    }
+
+    /// Queues a job (FIFO). Fails only when the worker thread is gone.
+    pub fn submit(&self, job: Job) -> Result<(), String> {
+        self.jobs
+            .send(job)
+            .map_err(|_| "the engine worker has stopped".to_string())
+    }
+}
+
+fn finish_str(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Eog => "stop",
+        FinishReason::Stopped => "stop",
+        FinishReason::Length | FinishReason::ContextFull => "length",
+    }
+}
+
+/// Decodes one job on the worker thread.
+pub fn run_job(backend: &mut dyn Backend, stats: &Stats, job: Job) {
+    let Job {
+        id,
+        req,
+        think,
+        stops,
+        mut detok,
+        tx,
+    } = job;
+    if tx.is_closed() {
+        stats.request_failed(id, "cancelled: the client left while queued");
+        return;
+    }
+    let prompt_tokens = req.prompt.len();
+    stats.request_started(id, prompt_tokens);
+    let mut stop = StopMatcher::new(stops);
+    let mut in_think = think.open_at_start;
+    let mut closed_by_budget = false;
+    let mut reasoning_tokens = 0usize;
+    let mut stop_hit: Option<String> = None;
+    let mut cancelled = false;
+    let mut first = true;
+
+    let mut on_token = |ev: &TokenEvent| -> Flow {
+        if first {
+            stats.prompt_progress(id, prompt_tokens);
+            first = false;
+        }
+        stats.token_generated(id);
+        if Some(ev.token) == think.open_id && !in_think {
+            in_think = true;
+        }
+        if in_think {
+            reasoning_tokens += 1;
+        }
+        if Some(ev.token) == think.close_id {
+            in_think = false;
+        }
+        if ev.eog {
+            return Flow::Continue;
+        }
+        let text = detok.push(ev.token);
+        let (emit, hit) = stop.push(&text);
+        if !emit.is_empty() && tx.send(Event::Text(emit)).is_err() {
+            cancelled = true;
+            return Flow::Stop;
+        }
+        if let Some(s) = hit {
+            stop_hit = Some(s);
+            return Flow::Stop;
+        }
+        if tx.is_closed() {
+            cancelled = true;
+            return Flow::Stop;
+        }
+        if in_think && !ev.forced && !closed_by_budget && !think.close_tokens.is_empty() {
+            if let Some(limit) = think.limit {
+                if ev.index + 1 >= limit {
+                    closed_by_budget = true;
+                    return Flow::Force(think.close_tokens.clone());
+                }
+            }
+        }
+        Flow::Continue
+    };
+    let result = backend.generate(&req, &mut on_token);
+    match result {
+        Ok(c) => {
+            if stop_hit.is_none() && !cancelled {
+                let tail = detok.finish();
+                let (mut emit, hit) = stop.push(&tail);
+                if hit.is_some() {
+                    stop_hit = hit;
+                } else {
+                    emit.push_str(&stop.finish());
+                }
+                if !emit.is_empty() {
+                    let _ = tx.send(Event::Text(emit));
+                }
+            }
+            let finish = if stop_hit.is_some() {
+                FinishReason::Stopped
+            } else {
+                c.finish
+            };
+            if cancelled {
+                stats.request_failed(id, "cancelled: the client disconnected");
+            } else {
+                stats.request_finished(
+                    id,
+                    &c.timings,
+                    finish_str(finish),
+                    prompt_tokens + c.tokens.len(),
+                );
+            }
+            let _ = tx.send(Event::Done(Finished {
+                finish,
+                stop_hit,
+                prompt_tokens,
+                completion_tokens: c.tokens.len(),
+                reasoning_tokens,
+                timings: c.timings,
+                seed: c.seed,
+            }));
+        }
+        Err(e) => {
+            stats.request_failed(id, &e);
+            let _ = tx.send(Event::Failed(e));
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A scripted backend and a table detokenizer, for tests without a model.
+    use super::*;
+
+    /// Emits `script` token by token (honouring Stop/Force and max_tokens); token
+    /// `eog` ends generation.
+    pub struct Scripted {
+        pub script: Vec<u32>,
+        pub eog: u32,
+    }
+
+    impl Backend for Scripted {
+        fn generate(
+            &mut self,
+            req: &GenerateRequest,
+            on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+        ) -> Result<Completion, String> {
+            let mut tokens = Vec::new();
+            let mut queue: std::collections::VecDeque<(u32, bool)> =
+                self.script.iter().map(|&t| (t, false)).collect();
+            let mut finish = FinishReason::Length;
+            while tokens.len() < req.max_tokens {
+                let Some((tok, forced)) = queue.pop_front() else {
+                    finish = FinishReason::Eog;
+                    break;
+                };
+                let ev = TokenEvent {
+                    token: tok,
+                    index: tokens.len(),
+                    forced,
+                    eog: tok == self.eog,
+                };
+                tokens.push(tok);
+                let flow = on_token(&ev);
+                if ev.eog {
+                    finish = FinishReason::Eog;
+                    break;
+                }
+                match flow {
+                    Flow::Continue => {}
+                    Flow::Stop => {
+                        finish = FinishReason::Stopped;
+                        break;
+                    }
+                    Flow::Force(f) => {
+                        for t in f.into_iter().rev() {
+                            queue.push_front((t, true));
+                        }
+                    }
+                }
+            }
+            Ok(Completion {
+                tokens: tokens.clone(),
+                finish,
+                timings: Timings {
+                    prompt_n: req.prompt.len(),
+                    prompt_ms: 1.0,
+                    predicted_n: tokens.len(),
+                    predicted_ms: 2.0,
+                    cache_n: 0,
+                },
+                seed: 7,
+            })
+        }
+    }
+
+    /// id -> text table.
+    pub struct Table(pub Vec<&'static str>);
+
+    impl Detokenizer for Table {
+        fn push(&mut self, id: u32) -> String {
+            self.0.get(id as usize).copied().unwrap_or("").to_string()
+        }
+        fn finish(&mut self) -> String {
+            String::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    // 0 "<think>" 1 "</think>" 2 "a" 3 "b" 4 "STOP" 5 eog 6 "\n"
+    const VOCAB: &[&str] = &["<think>", "</think>", "a", "b", "ST", "", "\n", "OP"];
+
+    fn job(
+        script_max: usize,
+        think: ThinkPlan,
+        stops: Vec<String>,
+    ) -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let job = Job {
+            id: 1,
+            req: GenerateRequest {
+                prompt: vec![2, 3],
+                max_tokens: script_max,
+                sampling: Default::default(),
+                stop_at_eog: true,
+            },
+            think,
+            stops,
+            detok: Box::new(Table(VOCAB.to_vec())),
+            tx,
+        };
+        (job, rx)
+    }
+
+    fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (String, Finished) {
+        let mut text = String::new();
+        loop {
+            match rx.try_recv() {
+                Ok(Event::Text(t)) => text.push_str(&t),
+                Ok(Event::Done(f)) => return (text, f),
+                Ok(Event::Failed(e)) => panic!("{e}"),
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn budget_forces_close_and_answer_follows() {
+        let think = ThinkPlan {
+            open_at_start: true,
+            limit: Some(3),
+            close_tokens: vec![6, 1, 6],
+            open_id: Some(0),
+            close_id: Some(1),
+        };
+        let (j, rx) = job(20, think, vec![]);
+        let mut b = Scripted {
+            script: vec![2, 2, 2, 2, 2, 2, 3, 3, 5],
+            eog: 5,
+        };
+        run_job(&mut b, &Stats::new(), j);
+        let (text, f) = collect(rx);
+        // 3 reasoning tokens, the forced close, then the rest of the script as the answer.
+        assert_eq!(text, "aaa\n</think>\naaabb");
+        assert_eq!(f.reasoning_tokens, 5);
+        assert_eq!(f.finish, FinishReason::Eog);
+    }
+
+    #[test]
+    fn stop_sequence_across_tokens_stops_engine() {
+        let (j, rx) = job(20, ThinkPlan::default(), vec!["STOP".into()]);
+        let mut b = Scripted {
+            script: vec![2, 4, 7, 3, 3],
+            eog: 5,
+        };
+        run_job(&mut b, &Stats::new(), j);
+        let (text, f) = collect(rx);
+        assert_eq!(text, "a");
+        assert_eq!(f.finish, FinishReason::Stopped);
+        assert_eq!(f.stop_hit.as_deref(), Some("STOP"));
+        assert_eq!(f.completion_tokens, 3);
+    }
+
+    #[test]
+    fn held_back_partial_stop_is_released_at_end() {
+        let (j, rx) = job(3, ThinkPlan::default(), vec!["STOP".into()]);
+        let mut b = Scripted {
+            script: vec![2, 3, 4],
+            eog: 5,
+        };
+        run_job(&mut b, &Stats::new(), j);
+        let (text, f) = collect(rx);
+        assert_eq!(text, "abST");
+        assert_eq!(f.finish, FinishReason::Length);
+    }
+
+    /// Drops the route's receiver after `n` tokens, as a client that disconnects.
+    struct DropAfter {
+        inner: Scripted,
+        rx: Option<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+        n: usize,
+        generated: usize,
+    }
+
+    impl Backend for DropAfter {
+        fn generate(
+            &mut self,
+            req: &GenerateRequest,
+            on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+        ) -> Result<Completion, String> {
+            let (n, rx, generated) = (self.n, &mut self.rx, &mut self.generated);
+            let c = self.inner.generate(req, &mut |ev| {
+                if ev.index + 1 == n {
+                    rx.take();
+                }
+                on_token(ev)
+            });
+            *generated = c.as_ref().map(|c| c.tokens.len()).unwrap_or(0);
+            c
+        }
+    }
+
+    #[test]
+    fn closed_receiver_cancels_within_one_step() {
+        // Closed before start: never decoded.
+        let (j, rx) = job(100, ThinkPlan::default(), vec![]);
+        drop(rx);
+        let mut b = DropAfter {
+            inner: Scripted {
+                script: vec![2; 50],
+                eog: 5,
+            },
+            rx: None,
+            n: 0,
+            generated: 99,
+        };
+        run_job(&mut b, &Stats::new(), j);
+        assert_eq!(b.generated, 99, "a cancelled queued job must not decode");
+        // Closed mid-stream: the engine stops on that very token.
+        let (j, rx) = job(100, ThinkPlan::default(), vec![]);
+        let mut b = DropAfter {
+            inner: Scripted {
+                script: vec![2; 50],
+                eog: 5,
+            },
+            rx: Some(rx),
+            n: 3,
+            generated: 0,
+        };
+        run_job(&mut b, &Stats::new(), j);
+        assert_eq!(b.generated, 3);
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(thinking_limit(8192, None, 0, 25), None);
+        assert_eq!(thinking_limit(8192, Some(100), 0, 25), Some(100));
+        // room = max(1024, 1228) = 1228
+        assert_eq!(thinking_limit(8192, None, 1024, 25), Some(8192 - 1228 - 25));
+        assert_eq!(thinking_limit(8192, Some(100), 1024, 25), Some(100));
+        // small budgets keep half for the answer
+        assert_eq!(thinking_limit(200, None, 1024, 20), Some(80));
+    }
+}
