@@ -90,7 +90,7 @@ pub(crate) fn tensor_size(dims: &[u64], ty: GgmlType) -> Result<u64, String> {
 #[derive(Debug, Clone)]
 pub struct TensorInfo {
     pub name: String,
-    /// ggml order: dims[0] is the contiguous dimension (ne0).
+    /// ggml order: `dims[0]` is the contiguous dimension (ne0).
     pub dims: Vec<u64>,
     pub ty: GgmlType,
     /// Index of the shard file holding the data.
