@@ -279,6 +279,40 @@ async fn stats_json_and_page() {
 }
 
 #[tokio::test]
+async fn apply_template_renders_the_prompt() {
+    let tmpl = model::chat::ChatTemplate::new(model::chat::QWEN35_TEMPLATE).expect("template");
+    let st = Arc::new(AppState::new(
+        Arc::new(Stats::new()),
+        info(),
+        tokenizer(),
+        Some(Arc::new(tmpl)),
+        json!({}),
+        None,
+        "tiny-test".into(),
+    ));
+    let addr = serve(st).await;
+    let body = json!({"messages": [{"role": "user", "content": "hi there"}]}).to_string();
+    let r = call(addr, "POST", "/apply-template", Some(&body)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let prompt = r.json()["prompt"].as_str().unwrap_or("").to_string();
+    assert!(
+        prompt.contains("<|im_start|>user\nhi there<|im_end|>"),
+        "{prompt:?}"
+    );
+    assert!(
+        prompt.ends_with("<|im_start|>assistant\n<think>\n"),
+        "{prompt:?}"
+    );
+    let body = json!({"messages": [{"role": "wizard", "content": "hi"}]}).to_string();
+    let r = call(addr, "POST", "/apply-template", Some(&body)).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "messages[0].role");
+    let h = call(addr, "GET", "/health", None).await.json();
+    assert_eq!(h["capabilities"]["tools"]["tool_call_format"], "qwen3-xml");
+    assert_eq!(h["capabilities"]["reasoning"]["template_thinks"], true);
+}
+
+#[tokio::test]
 async fn apply_template_without_template_is_400() {
     let addr = serve(state()).await;
     let body = json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
