@@ -40,18 +40,33 @@ pub fn router() -> Router<Arc<AppState>> {
 }
 
 /// A 400 in the OpenAI error shape, naming the field at fault.
-pub(crate) fn bad_request(message: impl Into<String>, param: Option<&str>) -> Response {
-    let body = json!({"error": {
-        "message": message.into(),
-        "type": "invalid_request_error",
-        "param": param,
-        "code": null,
-    }});
-    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+#[derive(Debug)]
+pub(crate) struct BadRequest {
+    message: String,
+    param: Option<String>,
 }
 
-/// Parses a request body as a JSON object, or answers 400 saying why not.
-fn parse_object(body: &Bytes) -> Result<Map<String, Value>, Response> {
+impl IntoResponse for BadRequest {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "message": self.message,
+            "type": "invalid_request_error",
+            "param": self.param,
+            "code": null,
+        }});
+        (StatusCode::BAD_REQUEST, Json(body)).into_response()
+    }
+}
+
+pub(crate) fn bad_request(message: impl Into<String>, param: Option<&str>) -> BadRequest {
+    BadRequest {
+        message: message.into(),
+        param: param.map(str::to_string),
+    }
+}
+
+/// Parses a request body as a JSON object, or says why not.
+fn parse_object(body: &Bytes) -> Result<Map<String, Value>, BadRequest> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(bad_request("the request body must be a JSON object", None)),
@@ -62,7 +77,7 @@ fn parse_object(body: &Bytes) -> Result<Map<String, Value>, Response> {
     }
 }
 
-fn opt_bool(m: &Map<String, Value>, key: &str, default: bool) -> Result<bool, Response> {
+fn opt_bool(m: &Map<String, Value>, key: &str, default: bool) -> Result<bool, BadRequest> {
     match m.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
@@ -73,10 +88,21 @@ fn opt_bool(m: &Map<String, Value>, key: &str, default: bool) -> Result<bool, Re
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// A setting's effective value from `AppState::settings`
-/// (`{"server": {name: {"value": v, "source": s}}, "engine": {...}}`).
-fn setting<'a>(state: &'a AppState, section: &str, name: &str) -> Option<&'a Value> {
-    let s = state.settings.get(section)?.get(name)?;
-    Some(s.get("value").unwrap_or(s))
+/// (`{"server": {name: {"value": v, "source": s}}, "engine": {...}}`), found
+/// in any section, under its hyphenated or underscored name; null values
+/// count as unset.
+fn setting<'a>(state: &'a AppState, name: &str) -> Option<&'a Value> {
+    let alt = name.replace('-', "_");
+    let sections = state.settings.as_object()?;
+    sections.values().find_map(|sec| {
+        let s = sec.get(name).or_else(|| sec.get(&alt))?;
+        let v = s.get("value").unwrap_or(s);
+        (!v.is_null()).then_some(v)
+    })
+}
+
+fn setting_or(state: &AppState, name: &str, default: Value) -> Value {
+    setting(state, name).cloned().unwrap_or(default)
 }
 
 fn model_json(state: &AppState) -> Value {
@@ -120,10 +146,7 @@ fn capabilities(state: &AppState) -> Value {
             "top_logprobs": "not implemented",
         },
         "token_budget_aliases": ["max_tokens", "max_completion_tokens", "max_output_tokens"],
-        "max_tokens_default": setting(state, "server", "max_tokens_default")
-            .or_else(|| setting(state, "server", "max_tokens"))
-            .cloned()
-            .unwrap_or(Value::Null),
+        "max_tokens_default": setting_or(state, "max-tokens-default", Value::Null),
         "reasoning": {
             "template_thinks": tmpl["thinks"],
             "controls": [
@@ -133,9 +156,10 @@ fn capabilities(state: &AppState) -> Value {
             ],
             "reasoning_effort": ["none", "minimal", "low", "medium", "high", "xhigh"],
             "split": "reasoning_content (chat), reasoning items (responses), thinking blocks (messages)",
-            "thinking_answer_room": setting(state, "server", "thinking_answer_room")
-                .cloned()
-                .unwrap_or(Value::Null),
+            "default_effort": setting_or(state, "reasoning-effort", Value::Null),
+            "default_enable_thinking": setting_or(state, "enable-thinking", Value::Null),
+            "max_thinking_tokens_default": setting_or(state, "max-thinking-tokens", Value::Null),
+            "thinking_answer_room": setting_or(state, "thinking-answer-room", Value::Null),
         },
         "tools": {
             "accepted": true,
@@ -185,17 +209,15 @@ async fn props(State(state): State<Arc<AppState>>) -> Response {
         "default_generation_settings": {
             "n_ctx": info.n_ctx,
             "params": {
-                "temperature": 0.0,
-                "top_k": 0,
-                "top_p": 1.0,
-                "min_p": 0.0,
-                "presence_penalty": 0.0,
-                "frequency_penalty": 0.0,
-                "repeat_penalty": 1.0,
-                "repeat_last_n": 64,
-                "n_predict": setting(&state, "server", "max_tokens_default")
-                    .cloned()
-                    .unwrap_or(Value::from(-1)),
+                "temperature": setting_or(&state, "temp", Value::from(0.0)),
+                "top_k": setting_or(&state, "top-k", Value::from(0)),
+                "top_p": setting_or(&state, "top-p", Value::from(1.0)),
+                "min_p": setting_or(&state, "min-p", Value::from(0.0)),
+                "presence_penalty": setting_or(&state, "presence-penalty", Value::from(0.0)),
+                "frequency_penalty": setting_or(&state, "frequency-penalty", Value::from(0.0)),
+                "repeat_penalty": setting_or(&state, "repeat-penalty", Value::from(1.0)),
+                "seed": setting_or(&state, "seed", Value::from(-1)),
+                "n_predict": setting_or(&state, "max-tokens-default", Value::from(-1)),
             },
         },
         "total_slots": 1,
@@ -271,27 +293,16 @@ async fn stats_json(State(state): State<Arc<AppState>>) -> Response {
 /// `{content, add_special?, parse_special?, with_pieces?}` → `{tokens}`.
 /// `add_special` adds BOS when the vocabulary asks for one; `parse_special`
 /// (default true) turns control-token text into the control token.
-async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let m = match parse_object(&body) {
-        Ok(m) => m,
-        Err(r) => return r,
-    };
+async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, BadRequest> {
+    let m = parse_object(&body)?;
     let content = match m.get("content") {
         Some(Value::String(s)) => s.as_str(),
-        Some(_) => return bad_request("`content` must be a string", Some("content")),
-        None => return bad_request("`content` is required", Some("content")),
+        Some(_) => return Err(bad_request("`content` must be a string", Some("content"))),
+        None => return Err(bad_request("`content` is required", Some("content"))),
     };
-    let flags = (|| {
-        Ok::<_, Response>((
-            opt_bool(&m, "add_special", false)?,
-            opt_bool(&m, "parse_special", true)?,
-            opt_bool(&m, "with_pieces", false)?,
-        ))
-    })();
-    let (add_special, parse_special, with_pieces) = match flags {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
+    let add_special = opt_bool(&m, "add_special", false)?;
+    let parse_special = opt_bool(&m, "parse_special", true)?;
+    let with_pieces = opt_bool(&m, "with_pieces", false)?;
     let tok = &state.tokenizer;
     let mut ids = Vec::new();
     if add_special && tok.add_bos() {
@@ -299,10 +310,10 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             ids.push(b);
         }
     }
-    match tok.encode(content, parse_special) {
-        Ok(more) => ids.extend(more),
-        Err(e) => return bad_request(format!("cannot tokenize `content`: {e}"), Some("content")),
-    }
+    let more = tok
+        .encode(content, parse_special)
+        .map_err(|e| bad_request(format!("cannot tokenize `content`: {e}"), Some("content")))?;
+    ids.extend(more);
     let tokens: Vec<Value> = if with_pieces {
         ids.iter()
             .map(|&id| {
@@ -317,19 +328,24 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     } else {
         ids.iter().map(|&id| Value::from(id)).collect()
     };
-    Json(json!({"tokens": tokens})).into_response()
+    Ok(Json(json!({"tokens": tokens})).into_response())
 }
 
 /// `{tokens}` → `{content}` (control tokens kept, as llama-server does).
-async fn detokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let m = match parse_object(&body) {
-        Ok(m) => m,
-        Err(r) => return r,
-    };
+async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, BadRequest> {
+    let m = parse_object(&body)?;
     let list = match m.get("tokens") {
         Some(Value::Array(a)) => a,
-        Some(_) => return bad_request("`tokens` must be an array of token ids", Some("tokens")),
-        None => return bad_request("`tokens` is required", Some("tokens")),
+        Some(_) => {
+            return Err(bad_request(
+                "`tokens` must be an array of token ids",
+                Some("tokens"),
+            ))
+        }
+        None => return Err(bad_request("`tokens` is required", Some("tokens"))),
     };
     let n_vocab = state.tokenizer.vocab_size();
     let mut ids = Vec::with_capacity(list.len());
@@ -337,34 +353,32 @@ async fn detokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response
         match v.as_u64() {
             Some(id) if (id as usize) < n_vocab => ids.push(id as u32),
             _ => {
-                return bad_request(
+                return Err(bad_request(
                     format!("`tokens[{i}]` = {v} is not a token id (0..{n_vocab})"),
                     Some("tokens"),
-                )
+                ))
             }
         }
     }
     let content = state.tokenizer.decode(&ids, false);
-    Json(json!({"content": content})).into_response()
+    Ok(Json(json!({"content": content})).into_response())
 }
 
 /// `{messages, tools?, add_generation_prompt?, chat_template_kwargs?, ...}` →
 /// `{prompt}`: the text the model would be given, without decoding.
-async fn apply_template(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let m = match parse_object(&body) {
-        Ok(m) => m,
-        Err(r) => return r,
-    };
+async fn apply_template(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, BadRequest> {
+    let m = parse_object(&body)?;
     let Some(tmpl) = state.template.as_deref() else {
-        return bad_request(
+        return Err(bad_request(
             "the model file has no chat template (tokenizer.chat_template)",
             None,
-        );
+        ));
     };
-    match template::render(tmpl, &m) {
-        Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
-        Err(r) => r,
-    }
+    let prompt = template::render(tmpl, &m)?;
+    Ok(Json(json!({"prompt": prompt})).into_response())
 }
 
 #[cfg(test)]

@@ -1,12 +1,11 @@
 //! The chat template as the operations endpoints see it: its source, whether
 //! it thinks, its tool-call wire format, and `/apply-template`.
 
-use axum::response::Response;
 use serde_json::{json, Map, Value};
 
 use model::chat::{ChatInputs, ChatTemplate};
 
-use super::bad_request;
+use super::{bad_request, BadRequest};
 
 /// The wire format a template asks the model to write tool calls in.
 fn tool_call_format(source: &str) -> Option<&'static str> {
@@ -36,7 +35,7 @@ pub fn describe(t: Option<&ChatTemplate>) -> Value {
 
 /// Anthropic-style tools (`{name, description, input_schema}`) in the OpenAI
 /// form the template expects; OpenAI-style ones pass through.
-fn openai_tools(tools: &[Value]) -> Result<Value, Response> {
+fn openai_tools(tools: &[Value]) -> Result<Value, BadRequest> {
     let mut out = Vec::with_capacity(tools.len());
     for (i, t) in tools.iter().enumerate() {
         let Some(obj) = t.as_object() else {
@@ -75,7 +74,7 @@ const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 /// Renders `body.messages` (with `tools`, `add_generation_prompt`,
 /// `chat_template_kwargs`, `enable_thinking`, `reasoning_effort`) through the
 /// template.
-pub fn render(t: &ChatTemplate, body: &Map<String, Value>) -> Result<String, Response> {
+pub fn render(t: &ChatTemplate, body: &Map<String, Value>) -> Result<String, BadRequest> {
     let messages = match body.get("messages") {
         Some(Value::Array(m)) => m,
         Some(_) => return Err(bad_request("`messages` must be an array", Some("messages"))),

@@ -38,7 +38,7 @@ fn state() -> Arc<AppState> {
         info(),
         tokenizer(),
         None,
-        json!({"server": {"max_tokens_default": {"value": 512, "source": "default"}}}),
+        json!({"engine": {"max-tokens-default": {"value": 512, "source": "default"}, "temp": {"value": null, "source": "default"}}}),
         None,
         "tiny-test".into(),
     ))
