@@ -1,1 +1,372 @@
-//! engine (in progress)
+//! The runtime: loads a model, keeps per-sequence state (KV cache, recurrent
+//! state), samples, and runs model steps on an executor (CPU now; CUDA later).
+
+mod api;
+pub mod cpu;
+pub mod npy;
+pub mod sampler;
+
+pub use api::*;
+
+use cpu::{CpuBackend, CpuState};
+use model::chat::ChatTemplate;
+use model::tokenizer::Tokenizer;
+use model::{Logits, ModelConfig, ModelWeights};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Prompt tokens per forward call: bounds the activation memory of long prompts.
+/// Chunking does not change results (see `cpu`).
+const PROMPT_CHUNK: usize = 512;
+
+/// Errors a caller can act on; each names what is wrong and the remedy.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] gguf::Error),
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("prompt of {prompt} tokens does not fit the context of {n_ctx} tokens (shorten the prompt or raise --max-context)")]
+    PromptTooLong { prompt: usize, n_ctx: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("token id {id} is outside the vocabulary of {n_vocab} tokens")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error("memory: {0}")]
+    Memory(String),
+}
+
+/// Where the memory of a loaded model goes (printed at startup).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MemoryAccount {
+    /// Model file, memory-mapped (pages in on use; counted once).
+    pub weights_mapped: u64,
+    /// Of which routed experts.
+    pub expert_bytes: u64,
+    /// KV cache and recurrent state of one sequence at n_ctx.
+    pub state_bytes: u64,
+    /// MemAvailable when loading, if known.
+    pub available: Option<u64>,
+}
+
+/// One loaded model, decoding one request at a time.
+pub struct Engine {
+    info: ModelInfo,
+    cfg: ModelConfig,
+    weights: ModelWeights,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<Arc<ChatTemplate>>,
+    backend: CpuBackend,
+    state: CpuState,
+    /// Tokens whose effect is in `state`, in order (the prompt cache).
+    history: Vec<u32>,
+    memory: MemoryAccount,
+}
+
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl Engine {
+    /// Loads a GGUF model (first shard of a split model, or the single file).
+    pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
+        if let Some(n) = cfg.threads {
+            // Fails only if the pool already exists (a second engine in one process).
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global();
+        }
+        let file = Arc::new(gguf::GgufFile::open(path)?);
+        let mcfg = ModelConfig::from_gguf(&file)?;
+        let weights = ModelWeights::load(&file, &mcfg)?;
+        let tokenizer =
+            Tokenizer::from_gguf(&file).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let template = ChatTemplate::from_gguf(&file)
+            .map_err(|e| EngineError::Template(e.to_string()))?
+            .map(Arc::new);
+
+        let n_ctx = match cfg.max_context {
+            Some(n) => {
+                if n < 16 {
+                    return Err(EngineError::Memory(format!(
+                        "--max-context {n} is too small (at least 16)"
+                    )));
+                }
+                n
+            }
+            None => mcfg.n_ctx_train.min(4096),
+        };
+        let state_bytes = cpu::state_bytes(&mcfg, n_ctx) as u64;
+        let available = mem_available();
+        if let Some(avail) = available {
+            if state_bytes > avail {
+                return Err(EngineError::Memory(format!(
+                    "the KV cache and recurrent state for --max-context {n_ctx} need {:.2} GiB, but only {:.2} GiB of RAM is available; lower --max-context",
+                    state_bytes as f64 / GIB,
+                    avail as f64 / GIB
+                )));
+            }
+        }
+        let expert_bytes: u64 = file
+            .tensors()
+            .iter()
+            .filter(|t| t.name.contains("_exps."))
+            .map(|t| t.size)
+            .sum();
+        let file_bytes: u64 = file.tensors().iter().map(|t| t.size).sum::<u64>();
+        let backend = CpuBackend {
+            precision: cfg.precision,
+        };
+        let state = model::Backend::new_state(&backend, &mcfg, n_ctx);
+        let name = file
+            .get("general.name")
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        let synthetic = file
+            .get("scoria.synthetic")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let paths_bytes: u64 = file
+            .paths()
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        let info = ModelInfo {
+            arch: mcfg.arch.name().to_string(),
+            name,
+            path: path.display().to_string(),
+            file_bytes: paths_bytes.max(file_bytes),
+            n_ctx_train: mcfg.n_ctx_train,
+            n_ctx,
+            n_vocab: mcfg.n_vocab,
+            n_layer: mcfg.n_layer,
+            n_embd: mcfg.n_embd,
+            n_expert: mcfg.n_expert,
+            n_expert_used: mcfg.n_expert_used,
+            synthetic,
+        };
+        Ok(Engine {
+            info,
+            cfg: mcfg,
+            weights,
+            tokenizer: Arc::new(tokenizer),
+            template,
+            backend,
+            state,
+            history: Vec::new(),
+            memory: MemoryAccount {
+                weights_mapped: file_bytes,
+                expert_bytes,
+                state_bytes,
+                available,
+            },
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+    pub fn memory(&self) -> &MemoryAccount {
+        &self.memory
+    }
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+    /// A shared handle to the tokenizer (for threads that tokenize while the engine decodes).
+    pub fn tokenizer_arc(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
+    }
+    /// The chat template embedded in the file, if any.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.template.as_deref()
+    }
+    pub fn chat_template_arc(&self) -> Option<Arc<ChatTemplate>> {
+        self.template.clone()
+    }
+    /// The ISA the CPU kernels use.
+    pub fn kernel_isa(&self) -> &'static str {
+        quant::kernel_isa()
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        for &id in tokens {
+            if id as usize >= self.cfg.n_vocab {
+                return Err(EngineError::BadToken {
+                    id,
+                    n_vocab: self.cfg.n_vocab,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the cached sequence.
+    pub fn reset(&mut self) {
+        self.state.clear();
+        self.history.clear();
+    }
+
+    /// Feeds `tokens` after the current history; returns logits for the last
+    /// position (or all positions with `Logits::All`).
+    fn feed(&mut self, tokens: &[u32], which: Logits) -> Vec<f32> {
+        let mut out = Vec::new();
+        for chunk in tokens.chunks(PROMPT_CHUNK) {
+            let pos0 = self.history.len();
+            let l = model::forward(
+                &self.backend,
+                &self.cfg,
+                &self.weights,
+                chunk,
+                pos0,
+                &mut self.state,
+                which,
+            );
+            self.history.extend_from_slice(chunk);
+            if which == Logits::All {
+                out.extend(l);
+            } else {
+                out = l;
+            }
+        }
+        out
+    }
+
+    /// Evaluates `tokens` from an empty state and returns the logits of every
+    /// position (n_vocab each), for parity tests and `--dump-logits`.
+    pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.check_tokens(tokens)?;
+        if tokens.len() > self.info.n_ctx {
+            return Err(EngineError::PromptTooLong {
+                prompt: tokens.len(),
+                n_ctx: self.info.n_ctx,
+            });
+        }
+        self.reset();
+        Ok(self.feed(tokens, Logits::All))
+    }
+
+    /// Decodes `req`, calling `on_token` after every token.
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+    ) -> Result<Completion, EngineError> {
+        self.generate_with_logits(req, on_token, &mut |_| {})
+    }
+
+    /// As `generate`, also handing every position's logits (prompt positions
+    /// first, then one per generated token) to `on_logits`.
+    pub fn generate_with_logits(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+        on_logits: &mut dyn FnMut(&[f32]),
+    ) -> Result<Completion, EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_tokens(&req.prompt)?;
+        let n_ctx = self.info.n_ctx;
+        if req.prompt.len() >= n_ctx {
+            return Err(EngineError::PromptTooLong {
+                prompt: req.prompt.len(),
+                n_ctx,
+            });
+        }
+        for &(id, _) in &req.sampling.logit_bias {
+            self.check_tokens(&[id])?;
+        }
+        let seed = req.sampling.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        let mut sampler = sampler::Sampler::new(&req.sampling, seed, &req.prompt);
+        let mut timings = Timings::default();
+
+        // Prompt cache: keep the state when it holds a strict prefix of this prompt.
+        // Recurrent state cannot be rewound, so anything else starts over.
+        let reuse = self.history.len() < req.prompt.len()
+            && req.prompt.starts_with(&self.history)
+            && !self.history.is_empty();
+        if !reuse {
+            self.reset();
+        }
+        timings.cache_n = self.history.len();
+        let t0 = Instant::now();
+        let new = req.prompt[self.history.len()..].to_vec();
+        let mut logits = self.feed(&new, Logits::Last);
+        timings.prompt_n = new.len();
+        timings.prompt_ms = ms(t0.elapsed());
+        on_logits(&logits);
+
+        let t1 = Instant::now();
+        let mut out = Vec::new();
+        let mut forced: std::collections::VecDeque<u32> = Default::default();
+        let finish = loop {
+            if out.len() >= req.max_tokens {
+                break FinishReason::Length;
+            }
+            if self.history.len() >= n_ctx {
+                break FinishReason::ContextFull;
+            }
+            let (token, was_forced) = match forced.pop_front() {
+                Some(t) => (t, true),
+                None => (sampler.sample(&logits), false),
+            };
+            sampler.accept(token);
+            out.push(token);
+            let eog = self.tokenizer.eog_ids().contains(&token);
+            let ev = TokenEvent {
+                token,
+                index: out.len() - 1,
+                forced: was_forced,
+                eog,
+            };
+            match on_token(&ev) {
+                Flow::Continue => {}
+                Flow::Stop => break FinishReason::Stopped,
+                Flow::Force(ts) => {
+                    self.check_tokens(&ts)?;
+                    forced.extend(ts);
+                }
+            }
+            if eog && req.stop_at_eog && forced.is_empty() {
+                break FinishReason::Eog;
+            }
+            if out.len() >= req.max_tokens {
+                break FinishReason::Length;
+            }
+            logits = self.feed(&[token], Logits::Last);
+            on_logits(&logits);
+        };
+        timings.predicted_n = out.len();
+        timings.predicted_ms = ms(t1.elapsed());
+        Ok(Completion {
+            tokens: out,
+            finish,
+            timings,
+            seed,
+        })
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;

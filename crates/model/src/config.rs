@@ -42,6 +42,12 @@ impl Arch {
     }
 }
 
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Which mixer a layer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
@@ -156,7 +162,8 @@ impl ModelConfig {
                 msg: "missing".into(),
             })?
             .to_string();
-        let arch = Arch::from_name(&arch_name).ok_or_else(|| ModelError::UnsupportedArch(arch_name.clone()))?;
+        let arch = Arch::from_name(&arch_name)
+            .ok_or_else(|| ModelError::UnsupportedArch(arch_name.clone()))?;
         let k = |s: &str| format!("{arch_name}.{s}");
 
         let block_count = req_usize(f, &k("block_count"))?;
@@ -192,12 +199,19 @@ impl ModelConfig {
             .get(&k("expert_shared_feed_forward_length"))
             .and_then(|v| v.as_u64())
             .unwrap_or(0) as usize;
-        let n_ctx_train = f.get(&k("context_length")).and_then(|v| v.as_u64()).unwrap_or(4096) as usize;
+        let n_ctx_train = f
+            .get(&k("context_length"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(4096) as usize;
         let n_vocab = f
             .get("tokenizer.ggml.tokens")
             .and_then(|v| v.as_array())
             .map(|a| a.len())
-            .or_else(|| f.get(&k("vocab_size")).and_then(|v| v.as_u64()).map(|v| v as usize))
+            .or_else(|| {
+                f.get(&k("vocab_size"))
+                    .and_then(|v| v.as_u64())
+                    .map(|v| v as usize)
+            })
             .unwrap_or(0);
 
         let bad = |key: String, msg: String| ModelError::Metadata { key, msg };
@@ -231,7 +245,10 @@ impl ModelConfig {
             if ssm.n_k_heads == 0 || ssm.n_v_heads % ssm.n_k_heads != 0 {
                 return Err(bad(
                     k("ssm.time_step_rank"),
-                    format!("{} value heads must be a multiple of {} key heads", ssm.n_v_heads, ssm.n_k_heads),
+                    format!(
+                        "{} value heads must be a multiple of {} key heads",
+                        ssm.n_v_heads, ssm.n_k_heads
+                    ),
                 ));
             }
             if ssm.d_conv < 1 {
@@ -241,7 +258,10 @@ impl ModelConfig {
                 if inner as usize != ssm.value_dim() {
                     return Err(bad(
                         k("ssm.inner_size"),
-                        format!("{inner} != time_step_rank × state_size = {}", ssm.value_dim()),
+                        format!(
+                            "{inner} != time_step_rank × state_size = {}",
+                            ssm.value_dim()
+                        ),
                     ));
                 }
             }
@@ -290,6 +310,9 @@ impl ModelConfig {
     }
 
     pub fn n_attention_layers(&self) -> usize {
-        self.layer_kinds.iter().filter(|k| **k == LayerKind::Attention).count()
+        self.layer_kinds
+            .iter()
+            .filter(|k| **k == LayerKind::Attention)
+            .count()
     }
 }

@@ -25,7 +25,11 @@ pub fn step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o
             *acc += sij * ki;
         }
     }
-    let delta: Vec<f32> = v.iter().zip(&kv).map(|(&vj, &kvj)| beta * (vj - kvj)).collect();
+    let delta: Vec<f32> = v
+        .iter()
+        .zip(&kv)
+        .map(|(&vj, &kvj)| beta * (vj - kvj))
+        .collect();
     for (i, &ki) in k.iter().enumerate() {
         let row = &mut s[i * dv..(i + 1) * dv];
         for (sij, &dj) in row.iter_mut().zip(&delta) {
@@ -71,6 +75,114 @@ pub fn gated_norm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
     }
 }
 
+/// The chunked (parallel) form of the same recurrence over a whole prompt, for
+/// one value head: the form tensor-core prefill kernels use. Mathematically equal
+/// to calling [`step`] per token; in floating point it differs by rounding only
+/// (tested below), so executors that must match the decode path bit for bit
+/// (DESIGN.md invariant 1) use [`step`] instead.
+///
+/// Inputs are per token: `q`, `k` (T × dk, q already scaled), `v` (T × dv), `g`,
+/// `beta` (T). `s` is the dk × dv state, advanced in place; the output is T × dv.
+/// Within a chunk of C tokens with cumulative log-decay Γ:
+///   D_ij = e^(Γ_i − Γ_j) (i ≥ j), M_ij = β_i (k_i·k_j) D_ij (i > j),
+///   U = (I+M)⁻¹ diag(β) V,  W = (I+M)⁻¹ diag(β e^Γ) K,  U' = U − W S,
+///   O = (Q ⊙ e^Γ) S + ((Q Kᵀ) ⊙ D) U',  S ← e^(Γ_last) S + (K ⊙ e^(Γ_last − Γ))ᵀ U'.
+#[allow(clippy::too_many_arguments)]
+pub fn chunked(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    dk: usize,
+    dv: usize,
+    chunk: usize,
+) -> Vec<f32> {
+    let t_n = g.len();
+    let mut out = vec![0.0f32; t_n * dv];
+    let mut start = 0;
+    while start < t_n {
+        let c = chunk.min(t_n - start);
+        let qc = &q[start * dk..(start + c) * dk];
+        let kc = &k[start * dk..(start + c) * dk];
+        let vc = &v[start * dv..(start + c) * dv];
+        let mut gam = vec![0.0f32; c];
+        let mut acc = 0.0f32;
+        for i in 0..c {
+            acc += g[start + i];
+            gam[i] = acc;
+        }
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        // Forward substitution for (I + M) X = B, row by row.
+        let mut u = vec![0.0f32; c * dv];
+        let mut w = vec![0.0f32; c * dk];
+        for i in 0..c {
+            let bi = beta[start + i];
+            for jv in 0..dv {
+                u[i * dv + jv] = bi * vc[i * dv + jv];
+            }
+            let e = gam[i].exp();
+            for jk in 0..dk {
+                w[i * dk + jk] = bi * e * kc[i * dk + jk];
+            }
+            for j in 0..i {
+                let m = bi
+                    * dot(&kc[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk])
+                    * (gam[i] - gam[j]).exp();
+                for jv in 0..dv {
+                    u[i * dv + jv] -= m * u[j * dv + jv];
+                }
+                for jk in 0..dk {
+                    w[i * dk + jk] -= m * w[j * dk + jk];
+                }
+            }
+        }
+        // U' = U − W S
+        for i in 0..c {
+            for a in 0..dk {
+                let wia = w[i * dk + a];
+                for jv in 0..dv {
+                    u[i * dv + jv] -= wia * s[a * dv + jv];
+                }
+            }
+        }
+        // O = (Q ⊙ e^Γ) S + ((Q Kᵀ) ⊙ D) U'
+        for i in 0..c {
+            let o = &mut out[(start + i) * dv..(start + i + 1) * dv];
+            let e = gam[i].exp();
+            for a in 0..dk {
+                let qa = qc[i * dk + a] * e;
+                for jv in 0..dv {
+                    o[jv] += qa * s[a * dv + jv];
+                }
+            }
+            for j in 0..=i {
+                let a = dot(&qc[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk])
+                    * (gam[i] - gam[j]).exp();
+                for jv in 0..dv {
+                    o[jv] += a * u[j * dv + jv];
+                }
+            }
+        }
+        // S ← e^(Γ_last) S + (K ⊙ e^(Γ_last − Γ))ᵀ U'
+        let last = gam[c - 1];
+        let el = last.exp();
+        s.iter_mut().for_each(|x| *x *= el);
+        for j in 0..c {
+            let f = (last - gam[j]).exp();
+            for a in 0..dk {
+                let ka = kc[j * dk + a] * f;
+                for jv in 0..dv {
+                    s[a * dv + jv] += ka * u[j * dv + jv];
+                }
+            }
+        }
+        start += c;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +214,53 @@ mod tests {
         assert_eq!(st, vec![1.0, 2.0]);
         // 1·0 + 10·1 + 100·2 = 210, silu(210) = 210
         assert!((out[0] - 210.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn chunked_form_matches_recurrence() {
+        // A deterministic pseudo-random sequence spanning several chunks, from a
+        // non-zero initial state.
+        let (dk, dv, t_n) = (8, 6, 45);
+        let mut seed = 12345u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        };
+        let mut q: Vec<f32> = (0..t_n * dk).map(|_| rnd()).collect();
+        let mut k: Vec<f32> = (0..t_n * dk).map(|_| rnd()).collect();
+        for t in 0..t_n {
+            crate::math::l2_norm(&mut q[t * dk..(t + 1) * dk], 1e-6);
+            crate::math::l2_norm(&mut k[t * dk..(t + 1) * dk], 1e-6);
+        }
+        let v: Vec<f32> = (0..t_n * dv).map(|_| rnd()).collect();
+        let g: Vec<f32> = (0..t_n).map(|_| -0.5 * (rnd() + 1.0)).collect();
+        let beta: Vec<f32> = (0..t_n).map(|_| 0.5 * (rnd() + 1.0)).collect();
+        let s0: Vec<f32> = (0..dk * dv).map(|_| 0.3 * rnd()).collect();
+
+        let mut s_rec = s0.clone();
+        let mut o_rec = vec![0.0f32; t_n * dv];
+        for t in 0..t_n {
+            step(
+                &mut s_rec,
+                &q[t * dk..(t + 1) * dk],
+                &k[t * dk..(t + 1) * dk],
+                &v[t * dv..(t + 1) * dv],
+                g[t],
+                beta[t],
+                &mut o_rec[t * dv..(t + 1) * dv],
+            );
+        }
+        for chunk in [1, 7, 16, 64] {
+            let mut s_ch = s0.clone();
+            let o_ch = chunked(&mut s_ch, &q, &k, &v, &g, &beta, dk, dv, chunk);
+            for (a, b) in o_ch.iter().zip(&o_rec) {
+                assert!((a - b).abs() < 1e-4, "chunk {chunk}: output {a} vs {b}");
+            }
+            for (a, b) in s_ch.iter().zip(&s_rec) {
+                assert!((a - b).abs() < 1e-4, "chunk {chunk}: state {a} vs {b}");
+            }
+        }
     }
 }

@@ -48,6 +48,14 @@ impl Weight {
     /// All elements as f32 (used for vectors: norms, biases, gates).
     pub fn to_f32(&self) -> Vec<f32> {
         let n: usize = self.dims.iter().product();
+        if self.ty == GgmlType::F32 {
+            // Small vectors (conv taps: rows of 4) need not be whole 32-value blocks.
+            return self
+                .bytes()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+        }
         let mut out = vec![0.0f32; n];
         let rb = self.row_bytes();
         let rl = self.row_len();
@@ -263,7 +271,11 @@ pub(crate) fn load_moe(l: &Loader, cfg: &ModelConfig, i: usize) -> Result<MoeWei
 }
 
 /// Attention tensors; `q_width` is n_head·head_dim, doubled when the output is gated.
-pub(crate) fn load_attention(l: &Loader, cfg: &ModelConfig, i: usize) -> Result<AttentionWeights, ModelError> {
+pub(crate) fn load_attention(
+    l: &Loader,
+    cfg: &ModelConfig,
+    i: usize,
+) -> Result<AttentionWeights, ModelError> {
     let e = cfg.n_embd;
     let hd = cfg.head_dim;
     let p = |s: &str| format!("blk.{i}.{s}");
@@ -285,7 +297,10 @@ pub(crate) fn load_deltanet(
     i: usize,
     beta_alpha: BetaAlpha,
 ) -> Result<DeltaNetWeights, ModelError> {
-    let ssm = cfg.ssm.as_ref().ok_or_else(|| ModelError::Unsupported("DeltaNet layer without ssm config".into()))?;
+    let ssm = cfg
+        .ssm
+        .as_ref()
+        .ok_or_else(|| ModelError::Unsupported("DeltaNet layer without ssm config".into()))?;
     let e = cfg.n_embd;
     let p = |s: &str| format!("blk.{i}.{s}");
     let hv = ssm.n_v_heads;
@@ -295,7 +310,9 @@ pub(crate) fn load_deltanet(
         beta_alpha,
         a: l.get(&p("ssm_a"), &[hv])?.to_f32(),
         dt_bias: l.get(&p("ssm_dt.bias"), &[hv])?.to_f32(),
-        conv: l.get(&p("ssm_conv1d.weight"), &[ssm.d_conv, ssm.conv_dim()])?.to_f32(),
+        conv: l
+            .get(&p("ssm_conv1d.weight"), &[ssm.d_conv, ssm.conv_dim()])?
+            .to_f32(),
         norm: l.get(&p("ssm_norm.weight"), &[ssm.d_state])?.to_f32(),
         out: l.get(&p("ssm_out.weight"), &[ssm.value_dim(), e])?,
     })
@@ -316,7 +333,9 @@ pub(crate) fn load_common(
     Ok(LayerWeights {
         attn_norm: l.get(&format!("blk.{i}.attn_norm.weight"), &[e])?.to_f32(),
         mixer,
-        ffn_norm: l.get(&format!("blk.{i}.{ffn_norm_name}.weight"), &[e])?.to_f32(),
+        ffn_norm: l
+            .get(&format!("blk.{i}.{ffn_norm_name}.weight"), &[e])?
+            .to_f32(),
         moe: load_moe(l, cfg, i)?,
     })
 }

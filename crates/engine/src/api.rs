@@ -1,0 +1,184 @@
+//! The engine's public surface: what the server and the CLI call.
+//!
+//! One `Engine` owns one loaded model and decodes one request at a time (the
+//! server queues the rest). `generate` reports every token through a callback,
+//! which can stop the request or force tokens into it (the server uses that to
+//! close a thinking block when a budget runs out).
+
+use std::time::Duration;
+
+/// Settings chosen at load time.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// CPU threads for the kernels (None: all cores).
+    pub threads: Option<usize>,
+    /// Context length to allocate per sequence (None: min(model's trained context, 8192)).
+    pub max_context: Option<usize>,
+    /// How the CPU kernels treat activations (tests use `ReferenceF32`).
+    pub precision: crate::cpu::Precision,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: None,
+            max_context: None,
+            precision: Default::default(),
+        }
+    }
+}
+
+/// What the loaded model is.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelInfo {
+    /// GGUF `general.architecture` (qwen3moe, qwen3next, qwen35moe).
+    pub arch: String,
+    /// GGUF `general.name`, or the file stem.
+    pub name: String,
+    /// Path of the model file (first shard).
+    pub path: String,
+    /// Bytes of all shards.
+    pub file_bytes: u64,
+    /// Context length the model was trained for.
+    pub n_ctx_train: usize,
+    /// Context length this engine allocated.
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    /// True for models written by `scoria synth` (random weights).
+    pub synthetic: bool,
+}
+
+/// Sampling settings for one request. `temperature <= 0` is greedy (argmax,
+/// lowest id wins a tie) and ignores the rest except penalties and logit bias.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    /// OpenAI-style penalties over the generated tokens (0.0 = off).
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// llama.cpp-style repetition penalty over the last `repeat_last_n` tokens (1.0 = off).
+    pub repeat_penalty: f32,
+    pub repeat_last_n: usize,
+    /// Added to the logit of each token before sampling (f32::NEG_INFINITY bans it).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// None: a seed is drawn from the clock and reported back.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            logit_bias: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+/// One request to decode.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most (forced tokens count too).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop when the model emits an end-of-generation token (the token is reported,
+    /// then generation ends). False only for tests and benchmarks.
+    pub stop_at_eog: bool,
+}
+
+/// A token as it is produced.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenEvent {
+    pub token: u32,
+    /// 0-based index among the generated tokens.
+    pub index: usize,
+    /// The token was forced by the callback, not sampled.
+    pub forced: bool,
+    /// The token is an end-of-generation token.
+    pub eog: bool,
+}
+
+/// What the callback wants after a token.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Flow {
+    Continue,
+    /// End the request now (finish reason `Stopped`).
+    Stop,
+    /// Feed these tokens next, as if generated (each is reported with `forced: true`).
+    Force(Vec<u32>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model emitted an end-of-generation token.
+    Eog,
+    /// `max_tokens` reached.
+    Length,
+    /// The callback returned `Flow::Stop` (a stop sequence, a disconnect).
+    Stopped,
+    /// The context is full.
+    ContextFull,
+}
+
+/// Per-request numbers, in llama-server's `timings` vocabulary.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Timings {
+    /// Prompt tokens evaluated (excluding cached ones).
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    /// Generated tokens.
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    /// Prompt tokens reused from the previous request's state.
+    pub cache_n: usize,
+}
+
+impl Timings {
+    pub fn prompt_per_second(&self) -> f64 {
+        per_second(self.prompt_n, self.prompt_ms)
+    }
+    pub fn predicted_per_second(&self) -> f64 {
+        per_second(self.predicted_n, self.predicted_ms)
+    }
+}
+
+fn per_second(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+/// The result of one request.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub timings: Timings,
+    /// The seed the sampler used.
+    pub seed: u64,
+}
+
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}

@@ -1,0 +1,284 @@
+//! The CPU executor: implements `model::Backend` with the quant crate's
+//! canonical-order kernels, rayon for parallelism.
+//!
+//! Prompts and decode steps run the same kernels: a matmul over T tokens gives,
+//! for every (row, token), the bits a matvec of that token would, so a prompt's
+//! state equals the state of feeding its tokens one by one.
+
+mod attention;
+mod deltanet;
+mod moe;
+
+use model::weights::{AttentionWeights, DeltaNetWeights, MoeWeights, Weight};
+use model::{Backend, LayerKind, ModelConfig};
+use rayon::prelude::*;
+
+/// Activations: `rows` tokens × `cols` features, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Act {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl Act {
+    pub fn zeros(rows: usize, cols: usize) -> Act {
+        Act {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
+    }
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+    pub fn row_mut(&mut self, r: usize) -> &mut [f32] {
+        &mut self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// K/V of one attention layer: [position][kv head][head_dim], f32.
+pub struct KvCache {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// Conv history and recurrent state of one DeltaNet layer.
+pub struct DeltaNetState {
+    /// conv_dim × (d_conv − 1), channel-major, oldest first.
+    pub conv: Vec<f32>,
+    /// Hv × dk × dv.
+    pub ssm: Vec<f32>,
+}
+
+/// One sequence's state.
+pub struct CpuState {
+    pub n_ctx: usize,
+    pub kv: Vec<KvCache>,
+    pub dn: Vec<DeltaNetState>,
+}
+
+impl CpuState {
+    /// Forgets everything (a new sequence).
+    pub fn clear(&mut self) {
+        // K/V beyond the current position are never read, so only the recurrent
+        // state (which has no positions) must be zeroed.
+        for d in &mut self.dn {
+            d.conv.iter_mut().for_each(|x| *x = 0.0);
+            d.ssm.iter_mut().for_each(|x| *x = 0.0);
+        }
+    }
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        let kv: usize = self.kv.iter().map(|c| (c.k.len() + c.v.len()) * 4).sum();
+        let dn: usize = self
+            .dn
+            .iter()
+            .map(|d| (d.conv.len() + d.ssm.len()) * 4)
+            .sum();
+        kv + dn
+    }
+}
+
+/// Bytes a sequence of `n_ctx` positions needs (for the startup memory account).
+pub fn state_bytes(cfg: &ModelConfig, n_ctx: usize) -> usize {
+    let kv = cfg.n_attention_layers() * 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * 4;
+    let dn = match &cfg.ssm {
+        Some(s) => {
+            let n = cfg
+                .layer_kinds
+                .iter()
+                .filter(|k| **k == LayerKind::DeltaNet)
+                .count();
+            n * (s.conv_dim() * (s.d_conv - 1) + s.n_v_heads * s.d_state * s.d_state) * 4
+        }
+        None => 0,
+    };
+    kv + dn
+}
+
+/// How matrix products treat activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// The canonical kernels: activations quantized to 32-value int8 blocks for
+    /// quantized weights (DESIGN.md's reduction order). What serving uses.
+    #[default]
+    Canonical,
+    /// Weights dequantized and multiplied with f32 activations. Slow; for checking
+    /// a quantized file's weights against a float reference.
+    ReferenceF32,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend {
+    pub precision: Precision,
+}
+
+pub(crate) fn is_float(ty: quant::GgmlType) -> bool {
+    matches!(
+        ty,
+        quant::GgmlType::F32 | quant::GgmlType::F16 | quant::GgmlType::BF16
+    )
+}
+
+impl CpuBackend {
+    /// Quantizes each row of `x` when a weight of type `ty` will read it (once
+    /// per input, shared by every weight that reads it).
+    pub(crate) fn prepare(&self, ty: quant::GgmlType, x: &Act) -> Vec<quant::ActQ8> {
+        if is_float(ty) || self.precision == Precision::ReferenceF32 {
+            Vec::new()
+        } else {
+            x.data.par_chunks(x.cols).map(quant::quantize_act).collect()
+        }
+    }
+
+    /// out (tokens × n_rows) = x (tokens × cols) · Wᵀ for a weight given as raw bytes;
+    /// `xq` comes from `prepare`.
+    pub(crate) fn mm(
+        &self,
+        ty: quant::GgmlType,
+        w: &[u8],
+        n_rows: usize,
+        x: &Act,
+        xq: &[quant::ActQ8],
+    ) -> Act {
+        let mut out = Act::zeros(x.rows, n_rows);
+        if self.precision == Precision::ReferenceF32 && !is_float(ty) {
+            reference_mm(ty, w, n_rows, x, &mut out);
+        } else if x.rows == 1 {
+            let empty = quant::ActQ8::default();
+            let q = xq.first().unwrap_or(&empty);
+            quant::matvec(ty, w, x.cols, &x.data, q, &mut out.data);
+        } else {
+            quant::matmul(ty, w, x.cols, &x.data, xq, &mut out.data);
+        }
+        out
+    }
+
+    pub(crate) fn mm_weight(&self, w: &Weight, x: &Act) -> Act {
+        let xq = self.prepare(w.ty, x);
+        self.mm(w.ty, w.bytes(), w.n_rows(), x, &xq)
+    }
+}
+
+/// Dequantize-then-f32 product (Precision::ReferenceF32).
+fn reference_mm(ty: quant::GgmlType, w: &[u8], n_rows: usize, x: &Act, out: &mut Act) {
+    let rb = w.len() / n_rows;
+    let cols = x.cols;
+    let per_row: Vec<Vec<f32>> = (0..n_rows)
+        .into_par_iter()
+        .map(|r| {
+            let mut row = vec![0.0f32; cols];
+            quant::dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut row);
+            (0..x.rows)
+                .map(|t| row.iter().zip(x.row(t)).map(|(a, b)| a * b).sum())
+                .collect()
+        })
+        .collect();
+    for (r, vals) in per_row.iter().enumerate() {
+        for (t, v) in vals.iter().enumerate() {
+            out.data[t * n_rows + r] = *v;
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buf = Act;
+    type State = CpuState;
+
+    fn new_state(&self, cfg: &ModelConfig, n_ctx: usize) -> CpuState {
+        let kv_len = n_ctx * cfg.n_head_kv * cfg.head_dim;
+        let kv = (0..cfg.n_attention_layers())
+            .map(|_| KvCache {
+                k: vec![0.0; kv_len],
+                v: vec![0.0; kv_len],
+            })
+            .collect();
+        let dn = match &cfg.ssm {
+            Some(s) => cfg
+                .layer_kinds
+                .iter()
+                .filter(|k| **k == LayerKind::DeltaNet)
+                .map(|_| DeltaNetState {
+                    conv: vec![0.0; s.conv_dim() * (s.d_conv - 1)],
+                    ssm: vec![0.0; s.n_v_heads * s.d_state * s.d_state],
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        CpuState { n_ctx, kv, dn }
+    }
+
+    fn embed(&self, table: &Weight, tokens: &[u32]) -> Act {
+        let cols = table.row_len();
+        let rb = table.row_bytes();
+        let bytes = table.bytes();
+        let mut out = Act::zeros(tokens.len(), cols);
+        out.data
+            .par_chunks_mut(cols)
+            .zip(tokens)
+            .for_each(|(row, &t)| {
+                let t = t as usize;
+                quant::dequantize_row(table.ty, &bytes[t * rb..(t + 1) * rb], row);
+            });
+        out
+    }
+
+    fn rms_norm(&self, x: &Act, w: &[f32], eps: f32) -> Act {
+        let mut out = x.clone();
+        out.data
+            .par_chunks_mut(x.cols)
+            .for_each(|row| model::math::rms_norm(row, w, eps));
+        out
+    }
+
+    fn add_assign(&self, x: &mut Act, y: &Act) {
+        for (a, b) in x.data.iter_mut().zip(&y.data) {
+            *a += b;
+        }
+    }
+
+    fn last_row(&self, x: Act) -> Act {
+        let r = x.rows - 1;
+        Act {
+            rows: 1,
+            cols: x.cols,
+            data: x.row(r).to_vec(),
+        }
+    }
+
+    fn matmul(&self, w: &Weight, x: &Act) -> Act {
+        self.mm_weight(w, x)
+    }
+
+    fn download(&self, x: &Act) -> Vec<f32> {
+        x.data.clone()
+    }
+
+    fn attention(
+        &self,
+        cfg: &ModelConfig,
+        slot: usize,
+        w: &AttentionWeights,
+        x: &Act,
+        pos0: usize,
+        state: &mut CpuState,
+    ) -> Act {
+        attention::run(self, cfg, w, x, pos0, &mut state.kv[slot], state.n_ctx)
+    }
+
+    fn delta_net(
+        &self,
+        cfg: &ModelConfig,
+        slot: usize,
+        w: &DeltaNetWeights,
+        x: &Act,
+        state: &mut CpuState,
+    ) -> Act {
+        deltanet::run(self, cfg, w, x, &mut state.dn[slot])
+    }
+
+    fn moe(&self, cfg: &ModelConfig, _layer: usize, w: &MoeWeights, x: &Act) -> Act {
+        moe::run(self, cfg, w, x)
+    }
+}
