@@ -20,7 +20,7 @@ pub(crate) fn kernel(ty: crate::GgmlType, _proof: crate::isa::Avx512Proof) -> cr
 mod imp {
     use std::arch::x86_64::*;
 
-    use crate::avx2::imp::{finish_with_tail, hsum8x8, iq4_xs_scales, k_scales, tree};
+    use crate::avx2::imp::{finish_with_tail, iq4_xs_scales, k_scales, tree};
     use crate::formats::*;
     use crate::isa::Avx512Proof;
     use crate::scalar;
@@ -97,22 +97,29 @@ mod imp {
         _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s)
     }
 
-    /// Splits four 16-lane partial sums (two sub-blocks each: lanes 0..7 and 8..15)
-    /// into eight and reduces them: lane j = sub-block j's dot.
+    /// Reduces four 16-lane partial sums, each holding two sub-blocks (lanes 0..7
+    /// and 8..15), to one vector with lane j = sub-block j's dot (exact).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     fn reduce4(p: &[__m512i; 4]) -> __m256i {
-        let v = [
-            _mm512_castsi512_si256(p[0]),
-            _mm512_extracti64x4_epi64(p[0], 1),
-            _mm512_castsi512_si256(p[1]),
-            _mm512_extracti64x4_epi64(p[1], 1),
-            _mm512_castsi512_si256(p[2]),
-            _mm512_extracti64x4_epi64(p[2], 1),
-            _mm512_castsi512_si256(p[3]),
-            _mm512_extracti64x4_epi64(p[3], 1),
-        ];
-        hsum8x8(&v)
+        // Per 128-bit chunk k: [p0 lanes 0+2, p1 0+2, p0 1+3, p1 1+3] (and p2, p3).
+        let t01 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(p[0], p[1]),
+            _mm512_unpackhi_epi32(p[0], p[1]),
+        );
+        let t23 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(p[2], p[3]),
+            _mm512_unpackhi_epi32(p[2], p[3]),
+        );
+        // Chunk k: [Σ chunk k of p0, of p1, of p2, of p3].
+        let u = _mm512_add_epi32(
+            _mm512_unpacklo_epi64(t01, t23),
+            _mm512_unpackhi_epi64(t01, t23),
+        );
+        // Chunk 0: chunks 0+1 (sub-blocks 0, 2, 4, 6); chunk 2: chunks 2+3 (1, 3, 5, 7).
+        let v = _mm512_add_epi32(u, _mm512_shuffle_i64x2(u, u, 0xB1));
+        let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v))
     }
 
     #[inline]
