@@ -38,6 +38,8 @@ struct Inner {
     last_ctx_used: usize,
     last_prompt_tps: f64,
     last_decode_tps: f64,
+    /// Latest expert-tier numbers (`{tier: {hit_rate, ...}}`), when the engine reports them.
+    expert_tiers: Option<Value>,
 }
 
 struct Queued {
@@ -74,6 +76,8 @@ struct Totals {
     n_busy_slots: u64,
     n_tokens_max: u64,
     queue_max: usize,
+    draft_proposed: u64,
+    draft_accepted: u64,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -314,6 +318,19 @@ impl Stats {
         });
     }
 
+    /// Speculative decoding: `proposed` draft tokens were checked, `accepted` kept.
+    pub fn draft_checked(&self, _id: u64, proposed: usize, accepted: usize) {
+        let mut g = self.lock();
+        g.totals.draft_proposed += proposed as u64;
+        g.totals.draft_accepted += accepted.min(proposed) as u64;
+    }
+
+    /// The expert store's per-tier numbers as the engine reports them, e.g.
+    /// `{"vram": {"hit_rate": 0.91}, "ram": {"hit_rate": 0.08}}`.
+    pub fn set_expert_tiers(&self, tiers: Value) {
+        self.lock().expert_tiers = Some(tiers);
+    }
+
     /// Requests waiting for the engine (not counting the one decoding).
     pub fn queue_depth(&self) -> usize {
         self.lock().queue.len()
@@ -416,6 +433,19 @@ impl Stats {
                 "n_decode": t.n_decode,
             },
             "requests": log,
+            "draft": if t.draft_proposed > 0 {
+                json!({
+                    "proposed": t.draft_proposed,
+                    "accepted": t.draft_accepted,
+                    "accept_rate": t.draft_accepted as f64 / t.draft_proposed as f64,
+                })
+            } else {
+                Value::Null
+            },
+            "experts": match &g.expert_tiers {
+                Some(tiers) => json!({ "tiers": tiers }),
+                None => Value::Null,
+            },
         })
     }
 
@@ -576,6 +606,18 @@ impl Stats {
             "counter",
             "Prompt tokens reused from the kept state instead of evaluated.",
             t.cache_tokens as f64,
+        );
+        metric(
+            "scoria:draft_tokens_total",
+            "counter",
+            "Draft tokens proposed to speculative verification.",
+            t.draft_proposed as f64,
+        );
+        metric(
+            "scoria:draft_tokens_accepted_total",
+            "counter",
+            "Draft tokens accepted by verification.",
+            t.draft_accepted as f64,
         );
         metric(
             "scoria:tokens_generating",
@@ -741,6 +783,20 @@ mod tests {
             let name = line.split(['{', ' ']).next().unwrap_or("");
             assert!(text.contains(&format!("# TYPE {name} ")), "{line}");
         }
+    }
+
+    #[test]
+    fn draft_and_expert_numbers_appear_when_reported() {
+        let s = Stats::new();
+        assert!(s.snapshot()["draft"].is_null());
+        s.draft_checked(1, 10, 7);
+        s.set_expert_tiers(json!({"vram": {"hit_rate": 0.5}}));
+        let snap = s.snapshot();
+        assert_eq!(snap["draft"]["accept_rate"], 0.7);
+        assert_eq!(snap["experts"]["tiers"]["vram"]["hit_rate"], 0.5);
+        assert!(s
+            .render_prometheus(10)
+            .contains("scoria:draft_tokens_accepted_total 7\n"));
     }
 
     #[test]

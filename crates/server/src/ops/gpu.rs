@@ -128,4 +128,18 @@ mod tests {
         assert_eq!(v[1]["memory_used_mib"], Value::Null);
         assert_eq!(v[1]["power_w"], Value::Null);
     }
+
+    /// On a machine with an NVIDIA GPU: the probe finds it and reads its memory.
+    #[tokio::test]
+    #[ignore = "manual: needs an NVIDIA GPU"]
+    async fn probe_reports_a_gpu() {
+        let v = snapshot().await;
+        println!("{v}");
+        assert_eq!(v["present"], true, "{v}");
+        let d = &v["devices"][0];
+        assert!(d["memory_total_mib"].as_f64().unwrap_or(0.0) > 0.0, "{v}");
+        assert!(d["utilization_pct"].is_number(), "{v}");
+        // The second call within REFRESH is served from the cache.
+        assert_eq!(snapshot().await["devices"][0]["name"], d["name"]);
+    }
 }
