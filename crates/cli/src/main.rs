@@ -1,1 +1,47 @@
-fn main() {}
+//! `scoria`: run mixture-of-experts models larger than the GPU, and serve them.
+
+mod inspect;
+mod run;
+mod serve;
+mod synth;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "scoria", version, about = "Mixture-of-experts inference engine and server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the OpenAI and Anthropic APIs (an embedded demo model when no --model is given).
+    Serve(serve::ServeArgs),
+    /// Generate from a prompt on the terminal.
+    Run(run::RunArgs),
+    /// Write a synthetic GGUF (random weights) of a named geometry.
+    Synth(synth::SynthArgs),
+    /// Describe a GGUF file: arch, geometry, tensor types, where every byte goes.
+    Inspect(inspect::InspectArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SCORIA_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Synth(a) => synth::run(a),
+        Command::Inspect(a) => inspect::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("scoria: error: {e:#}");
+        std::process::exit(1);
+    }
+}

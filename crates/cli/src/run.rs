@@ -1,0 +1,179 @@
+//! `scoria run`: generate from a prompt on the terminal.
+
+use anyhow::{bail, Context, Result};
+use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Model file (GGUF; the first shard of a split model).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt", conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Token ids to feed instead of text, comma-separated (e.g. 1,2,3).
+    #[arg(long = "prompt-ids", value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    /// Wrap the prompt as a user turn with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// With --chat: turn thinking off (Qwen templates' enable_thinking=false).
+    #[arg(long)]
+    pub no_think: bool,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long = "top-k", default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print the generated token ids after the text.
+    #[arg(long)]
+    pub print_ids: bool,
+    /// Write every position's logits (prompt and generated) as float32 .npy [positions, vocab].
+    #[arg(long = "dump-logits")]
+    pub dump_logits: Option<PathBuf>,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context length to allocate.
+    #[arg(short = 'c', long = "max-context")]
+    pub max_context: Option<usize>,
+}
+
+fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
+    if !(lo..=hi).contains(&v) || v.is_nan() {
+        bail!("--{name} {v} is out of range [{lo}, {hi}]");
+    }
+    Ok(())
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    check_range("temp", a.temperature, 0.0, 100.0)?;
+    check_range("top-p", a.top_p, 0.0, 1.0)?;
+    check_range("min-p", a.min_p, 0.0, 1.0)?;
+    check_range("repeat-penalty", a.repeat_penalty, 0.0, 100.0)?;
+    let t = std::time::Instant::now();
+    let mut eng = Engine::load(
+        &a.model,
+        &EngineConfig {
+            threads: a.threads,
+            max_context: a.max_context,
+            precision: Default::default(),
+        },
+    )
+    .with_context(|| format!("loading {}", a.model.display()))?;
+    let info = eng.info().clone();
+    eprintln!(
+        "scoria: {} ({}, {} layers, {} experts top-{}), {:.2} GiB file, context {}, kernels {}, loaded in {:.2}s",
+        info.name,
+        info.arch,
+        info.n_layer,
+        info.n_expert,
+        info.n_expert_used,
+        info.file_bytes as f64 / (1u64 << 30) as f64,
+        info.n_ctx,
+        eng.kernel_isa(),
+        t.elapsed().as_secs_f64()
+    );
+    let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) => {
+            let text = if a.chat {
+                let tpl = eng
+                    .chat_template()
+                    .context("--chat: the model file has no chat template")?;
+                let inputs = model::chat::ChatInputs {
+                    messages: serde_json::json!([{"role": "user", "content": text}]),
+                    tools: None,
+                    add_generation_prompt: true,
+                    enable_thinking: if a.no_think { Some(false) } else { None },
+                    extra: Default::default(),
+                };
+                tpl.render(&inputs)?
+            } else {
+                text.clone()
+            };
+            eng.tokenizer().encode(&text, true)?
+        }
+        (None, None) => bail!("give a prompt with -p TEXT or --prompt-ids 1,2,3"),
+    };
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: a.n_predict,
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repeat_penalty: a.repeat_penalty,
+            seed: a.seed,
+            ..Default::default()
+        },
+        stop_at_eog: !a.ignore_eos,
+    };
+    let tok = eng.tokenizer_arc();
+    let mut dec = tok.stream_decoder(false);
+    let mut stdout = std::io::stdout();
+    let mut all_logits: Vec<f32> = Vec::new();
+    let n_vocab = info.n_vocab;
+    let want_logits = a.dump_logits.is_some();
+    if want_logits {
+        // Prompt positions: one full pass, then generation continues from that state.
+        all_logits = eng.logits_all(&prompt)?;
+        all_logits.truncate((prompt.len() - 1) * n_vocab);
+    }
+    let completion = eng.generate_with_logits(
+        &req,
+        &mut |ev| {
+            let piece = dec.push(ev.token);
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+            Flow::Continue
+        },
+        &mut |l| {
+            if want_logits {
+                all_logits.extend_from_slice(l);
+            }
+        },
+    )?;
+    let _ = stdout.write_all(dec.finish().as_bytes());
+    println!();
+    let tm = &completion.timings;
+    eprintln!(
+        "prompt: {} tokens in {:.1} ms ({:.2} tok/s){}; generation: {} tokens in {:.1} ms ({:.2} tok/s); finish: {:?}",
+        tm.prompt_n,
+        tm.prompt_ms,
+        tm.prompt_per_second(),
+        if tm.cache_n > 0 { format!(", {} cached", tm.cache_n) } else { String::new() },
+        tm.predicted_n,
+        tm.predicted_ms,
+        tm.predicted_per_second(),
+        completion.finish
+    );
+    if a.print_ids {
+        let ids: Vec<String> = completion.tokens.iter().map(|t| t.to_string()).collect();
+        println!("ids: {}", ids.join(","));
+    }
+    if let Some(path) = &a.dump_logits {
+        let rows = all_logits.len() / n_vocab;
+        engine::npy::write_f32(path, rows, n_vocab, &all_logits)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote logits for {rows} positions to {}", path.display());
+    }
+    Ok(())
+}
