@@ -6,7 +6,9 @@ import pytest
 from conftest import extra
 
 HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
-NO_THINK = {"thinking": {"type": "disabled"}}
+# This SDK's types no longer declare sampling fields; the server reads them from the body.
+GREEDY = {"temperature": 0}
+NO_THINK = {"thinking": {"type": "disabled"}, **GREEDY}
 
 
 def text_of(msg):
@@ -15,7 +17,7 @@ def text_of(msg):
 
 def test_messages_plain(claude, model_id):
     m = claude.messages.create(
-        model=model_id, max_tokens=16, messages=HELLO, system="You are terse.", temperature=0, extra_body=NO_THINK
+        model=model_id, max_tokens=16, messages=HELLO, system="You are terse.", extra_body=NO_THINK
     )
     assert m.type == "message" and m.role == "assistant"
     assert m.stop_reason in ("end_turn", "max_tokens")
@@ -26,13 +28,12 @@ def test_messages_plain(claude, model_id):
 
 
 def test_messages_system_reaches_prompt(claude, model_id):
-    a = claude.messages.create(model=model_id, max_tokens=1, messages=HELLO, temperature=0, extra_body=NO_THINK)
+    a = claude.messages.create(model=model_id, max_tokens=1, messages=HELLO, extra_body=NO_THINK)
     b = claude.messages.create(
         model=model_id,
         max_tokens=1,
         messages=HELLO,
         system="You are a very terse assistant that answers in one word.",
-        temperature=0,
         extra_body=NO_THINK,
     )
     assert b.usage.input_tokens > a.usage.input_tokens
@@ -40,21 +41,21 @@ def test_messages_system_reaches_prompt(claude, model_id):
 
 def test_messages_streamed(claude, model_id):
     with claude.messages.stream(
-        model=model_id, max_tokens=16, messages=HELLO, temperature=0, extra_body=NO_THINK
+        model=model_id, max_tokens=16, messages=HELLO, extra_body=NO_THINK
     ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == text_of(final)
     assert final.stop_reason in ("end_turn", "max_tokens")
     assert final.usage.output_tokens > 0
-    plain = claude.messages.create(model=model_id, max_tokens=16, messages=HELLO, temperature=0, extra_body=NO_THINK)
+    plain = claude.messages.create(model=model_id, max_tokens=16, messages=HELLO, extra_body=NO_THINK)
     assert text_of(plain) == text
 
 
 def test_messages_stream_events(claude, model_id):
     kinds = []
     stream = claude.messages.create(
-        model=model_id, max_tokens=8, messages=HELLO, temperature=0, stream=True, extra_body=NO_THINK
+        model=model_id, max_tokens=8, messages=HELLO, stream=True, extra_body=NO_THINK
     )
     for ev in stream:
         kinds.append(ev.type)
@@ -68,8 +69,8 @@ def test_messages_thinking_split(claude, model_id):
         model=model_id,
         max_tokens=48,
         messages=HELLO,
-        temperature=0,
         thinking={"type": "enabled", "budget_tokens": 8},
+        extra_body=GREEDY,
     )
     kinds = [b.type for b in m.content]
     assert "thinking" in kinds and "text" in kinds, kinds
@@ -80,12 +81,12 @@ def test_messages_thinking_split(claude, model_id):
 
 
 def test_messages_no_thinking_when_disabled(claude, model_id):
-    m = claude.messages.create(model=model_id, max_tokens=16, messages=HELLO, temperature=0, extra_body=NO_THINK)
+    m = claude.messages.create(model=model_id, max_tokens=16, messages=HELLO, extra_body=NO_THINK)
     assert all(b.type != "thinking" for b in m.content)
 
 
 def test_messages_stop_sequence(claude, model_id):
-    first = claude.messages.create(model=model_id, max_tokens=40, messages=HELLO, temperature=0, extra_body=NO_THINK)
+    first = claude.messages.create(model=model_id, max_tokens=40, messages=HELLO, extra_body=NO_THINK)
     text = text_of(first)
     stop = None
     for start in range(max(1, len(text) // 3), len(text) - 3):
@@ -96,7 +97,7 @@ def test_messages_stop_sequence(claude, model_id):
     if stop is None:
         pytest.skip(f"greedy output too short to pick a stop from: {text!r}")
     m = claude.messages.create(
-        model=model_id, max_tokens=40, messages=HELLO, temperature=0, stop_sequences=[stop], extra_body=NO_THINK
+        model=model_id, max_tokens=40, messages=HELLO, stop_sequences=[stop], extra_body=NO_THINK
     )
     assert m.stop_reason == "stop_sequence"
     assert m.stop_sequence == stop
@@ -121,8 +122,8 @@ def test_messages_tool_use_round_trip(claude, model_id):
         },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny, 21 C"}]},
     ]
-    a = claude.messages.create(model=model_id, max_tokens=8, messages=first, tools=TOOLS, temperature=0)
-    b = claude.messages.create(model=model_id, max_tokens=8, messages=turn, tools=TOOLS, temperature=0)
+    a = claude.messages.create(model=model_id, max_tokens=8, messages=first, tools=TOOLS, extra_body=GREEDY)
+    b = claude.messages.create(model=model_id, max_tokens=8, messages=turn, tools=TOOLS, extra_body=GREEDY)
     assert b.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert b.usage.input_tokens > a.usage.input_tokens
 
@@ -131,7 +132,7 @@ def test_count_tokens(claude, model_id):
     c = claude.messages.count_tokens(model=model_id, messages=HELLO, system="You are terse.")
     assert c.input_tokens > 0
     m = claude.messages.create(
-        model=model_id, max_tokens=1, messages=HELLO, system="You are terse.", temperature=0
+        model=model_id, max_tokens=1, messages=HELLO, system="You are terse.", extra_body=GREEDY
     )
     assert c.input_tokens == m.usage.input_tokens
     with_tools = claude.messages.count_tokens(model=model_id, messages=HELLO, system="You are terse.", tools=TOOLS)
@@ -146,5 +147,5 @@ def test_messages_unknown_role_is_400(claude, model_id):
 
 def test_messages_bad_temperature_is_400(claude, model_id):
     with pytest.raises(anthropic.BadRequestError) as e:
-        claude.messages.create(model=model_id, max_tokens=8, messages=HELLO, temperature=-1)
+        claude.messages.create(model=model_id, max_tokens=8, messages=HELLO, extra_body={"temperature": -1})
     assert "temperature" in str(e.value)
