@@ -28,7 +28,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{Model, PreTokenizerWrapper, SplitDelimiterBehavior};
 
-use crate::vocab::{byte_to_char_table, token_type, VocabParts};
+use crate::vocab::{byte_to_char_table, token_type, FxBuild, VocabParts};
 
 /// Qwen2 / Qwen3 pre-tokenizer regex (tiktoken `PAT_STR`, HF `tokenizer.json`).
 pub const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -377,9 +377,12 @@ impl Tokenizer {
 
         // Per-id bytes; the BPE vocabulary (byte-level tokens); everything else by text.
         let table = byte_to_char_table();
-        let mut char_to_byte: HashMap<char, u8> = HashMap::with_capacity(256);
+        // GPT-2's byte map uses characters below U+0144.
+        let mut char_to_byte = [None::<u8>; 0x144];
         for (b, &c) in table.iter().enumerate() {
-            char_to_byte.insert(c, b as u8);
+            if let Some(slot) = char_to_byte.get_mut(c as usize) {
+                *slot = Some(b as u8);
+            }
         }
         let mut bytes = Vec::with_capacity(n * 8);
         let mut offsets = Vec::with_capacity(n + 1);
@@ -397,8 +400,8 @@ impl Tokenizer {
             );
             if byte_level {
                 for c in text.chars() {
-                    match char_to_byte.get(&c) {
-                        Some(&b) => bytes.push(b),
+                    match char_to_byte.get(c as usize).copied().flatten() {
+                        Some(b) => bytes.push(b),
                         None => {
                             // Not a byte-level character: keep its UTF-8 as is.
                             unmapped += 1;
@@ -452,7 +455,8 @@ impl Tokenizer {
         // Merges "left right" (split at the first space after the first character, as
         // llama.cpp does), keeping only those whose parts and result are in the vocabulary.
         let mut merges = Vec::with_capacity(spec.merges.len());
-        let mut seen = HashSet::with_capacity(spec.merges.len());
+        let mut seen: HashSet<(u32, u32), FxBuild> =
+            HashSet::with_capacity_and_hasher(spec.merges.len(), FxBuild::default());
         let mut bad = 0usize;
         let mut joined = String::new();
         for m in &spec.merges {

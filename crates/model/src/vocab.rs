@@ -24,6 +24,7 @@
 //!   tokenizer reproduces with BPE `ignore_merges` (set for pre-tokenizer `qwen35`).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Read;
 use std::sync::OnceLock;
 
@@ -240,44 +241,95 @@ pub fn bytes_to_token_text(table: &[char; 256], bytes: &[u8]) -> String {
     bytes.iter().map(|&b| table[b as usize]).collect()
 }
 
+/// A small, fast, non-cryptographic hasher (the Fx hash) for the large byte-string maps
+/// built at load; keys come from embedded or GGUF data, not from requests.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.write(&[i]);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write(&(i as u64).to_le_bytes());
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
+
 /// The merge of every multi-byte rank, in rank order, as (left, right) byte strings.
 /// Ranks that tiktoken's merge loop cannot build from their own bytes get none.
 pub fn derive_merges(ranks: &[Vec<u8>]) -> Vec<(&[u8], &[u8])> {
-    let index: HashMap<&[u8], u32> = ranks
-        .iter()
-        .enumerate()
-        .map(|(r, t)| (t.as_slice(), r as u32))
-        .collect();
+    let mut index: HashMap<&[u8], u32, FxBuild> =
+        HashMap::with_capacity_and_hasher(ranks.len(), FxBuild::default());
+    for (r, t) in ranks.iter().enumerate() {
+        index.insert(t.as_slice(), r as u32);
+    }
+    // Each token's merge depends only on the (read-only) index: split the work.
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16);
+    let chunk = ranks.len().div_ceil(threads).max(1);
+    let index = &index;
+    let parts: Vec<Vec<(&[u8], &[u8])>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .chunks(chunk)
+            .map(|c| s.spawn(move || c.iter().filter_map(|t| merge_of(index, t)).collect()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
     let mut merges = Vec::with_capacity(ranks.len());
-    // Part boundaries: part i is token[bounds[i]..bounds[i + 1]].
-    let mut bounds: Vec<usize> = Vec::with_capacity(130);
-    for tok in ranks {
-        if tok.len() < 2 {
-            continue;
-        }
-        bounds.clear();
-        bounds.extend(0..=tok.len());
-        let mut last = None;
-        while bounds.len() > 2 {
-            let mut best: Option<(u32, usize)> = None;
-            for i in 0..bounds.len() - 2 {
-                if let Some(&r) = index.get(&tok[bounds[i]..bounds[i + 2]]) {
-                    if best.is_none_or(|(br, _)| r < br) {
-                        best = Some((r, i));
-                    }
-                }
-            }
-            let Some((_, i)) = best else { break };
-            last = Some((bounds[i], bounds[i + 1], bounds[i + 2]));
-            bounds.remove(i + 1);
-        }
-        if bounds.len() == 2 {
-            if let Some((a, m, b)) = last {
-                merges.push((&tok[a..m], &tok[m..b]));
-            }
-        }
+    for p in parts {
+        merges.extend(p);
     }
     merges
+}
+
+/// Runs tiktoken's merge loop on `tok`'s bytes; the last pair joined if it ends in `tok`.
+fn merge_of<'a>(
+    index: &HashMap<&[u8], u32, FxBuild>,
+    tok: &'a [u8],
+) -> Option<(&'a [u8], &'a [u8])> {
+    if tok.len() < 2 {
+        return None;
+    }
+    // Part boundaries: part i is tok[bounds[i]..bounds[i + 1]].
+    let mut bounds: Vec<usize> = (0..=tok.len()).collect();
+    let mut last = None;
+    while bounds.len() > 2 {
+        let mut best: Option<(u32, usize)> = None;
+        for i in 0..bounds.len() - 2 {
+            if let Some(&r) = index.get(&tok[bounds[i]..bounds[i + 2]]) {
+                if best.is_none_or(|(br, _)| r < br) {
+                    best = Some((r, i));
+                }
+            }
+        }
+        let (_, i) = best?;
+        last = Some((bounds[i], bounds[i + 1], bounds[i + 2]));
+        bounds.remove(i + 1);
+    }
+    let (a, m, b) = last?;
+    Some((&tok[a..m], &tok[m..b]))
 }
 
 fn build(v: QwenVocab) -> Result<VocabParts, VocabError> {
