@@ -116,3 +116,21 @@ pub(crate) fn avx512_proof() -> Avx512Proof {
     assert!(Isa::Avx512.is_available());
     Avx512Proof(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_levels_are_ordered() {
+        for isa in Isa::ALL {
+            assert_eq!(Isa::from_name(isa.name()), Some(isa));
+        }
+        assert_eq!(Isa::from_name("sse2"), None);
+        assert!(Isa::Scalar.is_available());
+        assert!(active() <= detected());
+        // Availability is downward closed: a level implies every lower one.
+        let avail: Vec<bool> = Isa::ALL.iter().map(|i| i.is_available()).collect();
+        assert!(avail.windows(2).all(|w| w[0] || !w[1]));
+    }
+}

@@ -314,6 +314,64 @@ pub fn matvec_with(
     try_matvec_with(isa, ty, w, n_cols, x, xq, out).unwrap_or_else(|e| panic!("quant::matvec: {e}"))
 }
 
+/// One matrix-vector product of a [`matvec_many`] batch.
+pub struct MatvecJob<'a> {
+    pub ty: GgmlType,
+    /// `out.len()` rows of `n_cols` values.
+    pub w: &'a [u8],
+    pub n_cols: usize,
+    /// Read for float types (may be empty otherwise).
+    pub x: &'a [f32],
+    /// `quantize_act(x)` for quantized types (ignored for float types).
+    pub xq: &'a ActQ8,
+    pub out: &'a mut [f32],
+}
+
+/// Several independent matvecs (e.g. the gate and up projections of every routed
+/// expert of a token) in one parallel region, so that small matrices do not each
+/// pay for a fork-join. Each job's result is bit-identical to [`matvec`] on it.
+/// Nothing is computed unless every job's shapes are valid.
+pub fn try_matvec_many_with(isa: Isa, jobs: &mut [MatvecJob<'_>]) -> Result<(), QuantError> {
+    assert!(
+        isa.is_available(),
+        "kernel level {isa} is not available on this CPU"
+    );
+    for j in jobs.iter() {
+        let rb = row_bytes(j.ty, j.n_cols)?;
+        check_len("w", j.out.len() * rb, j.w.len())?;
+        check_act(j.ty, j.n_cols, j.x, j.xq)?;
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let total: usize = jobs.iter().map(|j| j.w.len()).sum();
+    // Tasks of about total / (4 · threads) bytes, at least 16 KiB.
+    let task_bytes = (total / (threads * 4)).max(16 * 1024);
+    let mut tasks = Vec::new();
+    for j in jobs.iter_mut() {
+        let rb = row_bytes(j.ty, j.n_cols)?;
+        let per = (task_bytes / rb).max(1);
+        let k = kernel(isa, j.ty);
+        for (o, wc) in j.out.chunks_mut(per).zip(j.w.chunks(per * rb)) {
+            tasks.push((k, rb, wc, j.x, j.xq, o));
+        }
+    }
+    let run = |(k, rb, wc, x, xq, o): (Kernel, usize, &[u8], &[f32], &ActQ8, &mut [f32])| {
+        for (ov, row) in o.iter_mut().zip(wc.chunks_exact(rb)) {
+            *ov = k.dot(row, x, xq);
+        }
+    };
+    if tasks.len() <= 1 || total <= 64 * 1024 {
+        tasks.into_iter().for_each(run);
+    } else {
+        tasks.into_par_iter().for_each(run);
+    }
+    Ok(())
+}
+
+/// [`try_matvec_many_with`] at the active kernel level, panicking on a shape error.
+pub fn matvec_many(jobs: &mut [MatvecJob<'_>]) {
+    try_matvec_many_with(isa::active(), jobs).unwrap_or_else(|e| panic!("quant::matvec_many: {e}"))
+}
+
 /// Tokens processed together against one chunk of rows (their activations stay in cache).
 const TOKEN_TILE: usize = 8;
 

@@ -606,3 +606,91 @@ fn shapes_are_checked() {
         Err(QuantError::BadLength { what: "w", .. })
     ));
 }
+
+#[test]
+fn matvec_many_equals_separate_matvecs_bitwise() {
+    let mut rng = StdRng::seed_from_u64(10);
+    let shapes = [
+        (T::Q4_K, 512usize, 2048usize),
+        (T::Q6_K, 40, 512),
+        (T::Q8_0, 64, 96),
+        (T::BF16, 33, 256),
+        (T::IQ4_XS, 1, 256),
+    ];
+    let mats: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(ty, rows, cols)| {
+            (0..rows)
+                .flat_map(|_| random_row(&mut rng, ty, cols))
+                .collect()
+        })
+        .collect();
+    let acts: Vec<(Vec<f32>, ActQ8)> = shapes
+        .iter()
+        .map(|&(_, _, cols)| act(&mut rng, cols))
+        .collect();
+    for isa in isas() {
+        let mut outs: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|&(_, rows, _)| vec![f32::NAN; rows])
+            .collect();
+        {
+            let mut jobs: Vec<quant::MatvecJob> = shapes
+                .iter()
+                .zip(&mats)
+                .zip(&acts)
+                .zip(outs.iter_mut())
+                .map(|(((&(ty, _, cols), w), (x, xq)), out)| quant::MatvecJob {
+                    ty,
+                    w,
+                    n_cols: cols,
+                    x,
+                    xq,
+                    out,
+                })
+                .collect();
+            quant::try_matvec_many_with(isa, &mut jobs).unwrap();
+        }
+        for (i, &(ty, rows, cols)) in shapes.iter().enumerate() {
+            let mut want = vec![0f32; rows];
+            quant::matvec_with(
+                Isa::Scalar,
+                ty,
+                &mats[i],
+                cols,
+                &acts[i].0,
+                &acts[i].1,
+                &mut want,
+            );
+            for r in 0..rows {
+                assert_eq!(outs[i][r].to_bits(), want[r].to_bits(), "{ty} {isa} r={r}");
+            }
+        }
+    }
+    // A bad job refuses the whole batch before anything is written.
+    let mut o1 = vec![f32::NAN; 512];
+    let mut o2 = vec![f32::NAN; 3];
+    let mut jobs = vec![
+        quant::MatvecJob {
+            ty: T::Q4_K,
+            w: &mats[0],
+            n_cols: 2048,
+            x: &acts[0].0,
+            xq: &acts[0].1,
+            out: &mut o1,
+        },
+        quant::MatvecJob {
+            ty: T::Q6_K,
+            w: &mats[1],
+            n_cols: 512,
+            x: &acts[1].0,
+            xq: &acts[1].1,
+            out: &mut o2,
+        },
+    ];
+    assert!(matches!(
+        quant::try_matvec_many_with(Isa::Scalar, &mut jobs),
+        Err(QuantError::BadLength { what: "w", .. })
+    ));
+    assert!(o1.iter().all(|v| v.is_nan()));
+}
