@@ -1,0 +1,471 @@
+//! Named model geometries: every hyperparameter a GGUF of that shape carries.
+//!
+//! `scoria synth` writes a GGUF from a [`Geometry`]; tests and benchmarks name them
+//! (`tiny-qwen35moe`, `qwen3.6-35b-a3b`, ...). The real geometries' numbers come from
+//! the released configs as llama.cpp's converter writes them (see
+//! `shared/reference/qwen35moe.md` §1.2, §5 and `qwen3next-qwen3moe-gguf.md` A.1, A.8, B.1).
+//!
+//! The tiny geometries keep every feature of their arch at a few MB of non-vocabulary
+//! weights: hybrids have 8 layers (two of them full attention), twice as many value heads
+//! as key heads in the linear attention, a head_dim that is not hidden/heads, partial
+//! rotary and a shared expert; every row length is a multiple of 256 so K-quants apply.
+//! They have 16 experts, not 8: llama-quantize special-cases 8-expert models (attn_v and
+//! attn_k to Q8_0, attn_output to Q5_K), which no real checkpoint here is.
+
+pub use crate::config::Arch;
+
+/// Every arch, in `--list` order.
+pub const ARCHS: [Arch; 3] = [Arch::Qwen3Next, Arch::Qwen35Moe, Arch::Qwen3Moe];
+
+/// Gated DeltaNet dimensions (hybrid archs only).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearAttention {
+    /// Key (and query) heads, Hk (`ssm.group_count`).
+    pub n_k_heads: u32,
+    /// Value heads, Hv (`ssm.time_step_rank`); a multiple of `n_k_heads`.
+    pub n_v_heads: u32,
+    /// Key head dim dk (`ssm.state_size`).
+    pub k_head_dim: u32,
+    /// Value head dim dv.
+    pub v_head_dim: u32,
+    /// Causal depthwise conv kernel (`ssm.conv_kernel`).
+    pub conv_kernel: u32,
+}
+
+impl LinearAttention {
+    /// Hk·dk: the width of the query block and of the key block.
+    pub const fn key_dim(&self) -> u32 {
+        self.n_k_heads * self.k_head_dim
+    }
+    /// Hv·dv (`ssm.inner_size`): the width of the value block, of z, and of `ssm_out`'s input.
+    pub const fn value_dim(&self) -> u32 {
+        self.n_v_heads * self.v_head_dim
+    }
+    /// Channels of the conv: [q | k | v] = 2·Hk·dk + Hv·dv.
+    pub const fn conv_dim(&self) -> u32 {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+/// Every hyperparameter of one model shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Geometry {
+    /// The name `--geometry` takes (lower case).
+    pub name: &'static str,
+    pub arch: Arch,
+    /// Trunk layers (llama.cpp's `n_layer()`), without MTP blocks.
+    pub n_layer: u32,
+    /// MTP (NextN) blocks stored after the trunk as `blk.{n_layer + i}`.
+    pub n_nextn: u32,
+    pub n_embd: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    /// Attention head dim (`attention.key_length` = `value_length`); never inferred.
+    pub head_dim: u32,
+    /// Rotated dims per head (`rope.dimension_count`).
+    pub n_rot: u32,
+    pub rope_theta: f32,
+    /// `rope.dimension_sections` (qwen35moe's interleaved M-RoPE).
+    pub rope_sections: Option<[i32; 4]>,
+    pub rms_eps: f32,
+    pub n_expert: u32,
+    pub n_expert_used: u32,
+    /// Routed expert FFN width (`expert_feed_forward_length`).
+    pub expert_ff: u32,
+    /// Shared expert FFN width (`expert_shared_feed_forward_length`); 0 = no shared expert.
+    pub shared_ff: u32,
+    /// `feed_forward_length`, written only when the HF config has `intermediate_size`
+    /// (unused by these all-MoE models).
+    pub dense_ff: Option<u32>,
+    /// Every `full_attention_interval`-th layer is full attention (hybrids); 0 otherwise.
+    pub full_attention_interval: u32,
+    pub linear: Option<LinearAttention>,
+    /// Rows of `token_embd` / `output` (the padded vocabulary).
+    pub n_vocab: u32,
+    pub context_length: u32,
+}
+
+impl Geometry {
+    /// `{arch}.block_count`: trunk plus MTP blocks.
+    pub fn block_count(&self) -> u32 {
+        self.n_layer + self.n_nextn
+    }
+
+    /// Whether block `il` is a linear-attention (gated DeltaNet) block. MTP blocks and
+    /// every block of a non-hybrid arch are full attention.
+    pub fn is_recurrent(&self, il: u32) -> bool {
+        self.linear.is_some()
+            && il < self.n_layer
+            && self.full_attention_interval > 0
+            && !(il + 1).is_multiple_of(self.full_attention_interval)
+    }
+
+    /// Whether block `il` is an MTP block.
+    pub fn is_nextn(&self, il: u32) -> bool {
+        il >= self.n_layer && il < self.block_count()
+    }
+
+    /// Output width of `attn_q`: gated attention (hybrids) doubles it for the gate.
+    pub fn q_out(&self) -> u32 {
+        let q = self.n_head * self.head_dim;
+        if self.arch.is_hybrid() {
+            2 * q
+        } else {
+            q
+        }
+    }
+
+    /// Width of `attn_k` / `attn_v` outputs.
+    pub fn kv_out(&self) -> u32 {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// The vocabulary a synthetic model of this arch carries.
+    pub fn vocab(&self) -> crate::vocab::QwenVocab {
+        match self.arch {
+            Arch::Qwen35Moe => crate::vocab::QwenVocab::Qwen35,
+            Arch::Qwen3Next | Arch::Qwen3Moe => crate::vocab::QwenVocab::Qwen2,
+        }
+    }
+
+    /// All named geometries, tiny ones first.
+    pub fn all() -> Vec<Geometry> {
+        vec![
+            tiny_qwen3next(),
+            tiny_qwen35moe(),
+            tiny_qwen3moe(),
+            qwen3_next_80b_a3b(),
+            qwen36_35b_a3b(),
+            qwen35_122b_a10b(),
+            qwen3_30b_a3b(),
+        ]
+    }
+
+    /// Looks a geometry up by name (case-insensitive; aliases accepted). `tiny` needs the
+    /// arch to pick one of the three tiny geometries; with an arch, a geometry of another
+    /// arch is not returned.
+    pub fn by_name(arch: Option<Arch>, name: &str) -> Option<Geometry> {
+        let lower = name.to_ascii_lowercase();
+        let lower = match lower.as_str() {
+            "qwen3.5-35b-a3b" => "qwen3.6-35b-a3b".to_string(),
+            _ => lower,
+        };
+        if lower == "tiny" {
+            return match arch? {
+                Arch::Qwen3Next => Some(tiny_qwen3next()),
+                Arch::Qwen35Moe => Some(tiny_qwen35moe()),
+                Arch::Qwen3Moe => Some(tiny_qwen3moe()),
+            };
+        }
+        let g = Geometry::all().into_iter().find(|g| g.name == lower)?;
+        match arch {
+            Some(a) if a != g.arch => None,
+            _ => Some(g),
+        }
+    }
+
+    /// Names and aliases, with their arch, for `--help` and `--list`.
+    pub fn names() -> Vec<(&'static str, Arch, &'static str)> {
+        let mut v: Vec<(&'static str, Arch, &'static str)> = Geometry::all()
+            .into_iter()
+            .map(|g| (g.name, g.arch, g.description()))
+            .collect();
+        v.push((
+            "qwen3.5-35b-a3b",
+            Arch::Qwen35Moe,
+            "alias of qwen3.6-35b-a3b (same geometry)",
+        ));
+        v.push((
+            "tiny",
+            Arch::Qwen35Moe,
+            "with --arch: that arch's tiny geometry",
+        ));
+        v
+    }
+
+    fn description(&self) -> &'static str {
+        match self.name {
+            "tiny-qwen3next" => "8 layers, hidden 256, 16 experts top-4 + shared",
+            "tiny-qwen35moe" => "8 layers + MTP, hidden 256, 16 experts top-4 + shared",
+            "tiny-qwen3moe" => "4 layers, hidden 256, 16 experts top-4",
+            "qwen3-next-80b-a3b" => "Qwen3-Next-80B-A3B: 48 layers, 512 experts top-10",
+            "qwen3.6-35b-a3b" => "Qwen3.5/3.6-35B-A3B: 40 layers + MTP, 256 experts top-8",
+            "qwen3.5-122b-a10b" => "Qwen3.5-122B-A10B: 48 layers + MTP, 256 experts top-8",
+            "qwen3-30b-a3b" => "Qwen3-30B-A3B: 48 layers, 128 experts top-8",
+            _ => "",
+        }
+    }
+
+    /// Parameters (elements) of the non-vocabulary part and of the whole model.
+    pub fn n_params(&self) -> (u64, u64) {
+        let e = u64::from(self.n_embd);
+        let vocab = 2 * e * u64::from(self.n_vocab);
+        let mut rest = e; // output_norm
+        for il in 0..self.block_count() {
+            rest += self.block_params(il);
+        }
+        (rest, rest + vocab)
+    }
+
+    fn block_params(&self, il: u32) -> u64 {
+        let e = u64::from(self.n_embd);
+        let mut p = 2 * e; // attn_norm, post_attention_norm / ffn_norm
+        if self.is_recurrent(il) {
+            if let Some(l) = &self.linear {
+                let (kd, vd, cd) = (
+                    u64::from(l.key_dim()),
+                    u64::from(l.value_dim()),
+                    u64::from(l.conv_dim()),
+                );
+                let hv = u64::from(l.n_v_heads);
+                p += e * (2 * kd + vd) + e * vd + 2 * e * hv + cd * u64::from(l.conv_kernel);
+                p += 2 * hv + u64::from(l.v_head_dim) + vd * e;
+            }
+        } else {
+            let hd = u64::from(self.head_dim);
+            p += e * u64::from(self.q_out()) + 2 * e * u64::from(self.kv_out());
+            p += u64::from(self.n_head) * hd * e + 2 * hd;
+        }
+        let ne = u64::from(self.n_expert);
+        p += e * ne + 3 * e * u64::from(self.expert_ff) * ne;
+        if self.shared_ff > 0 {
+            p += e + 3 * e * u64::from(self.shared_ff);
+        }
+        if self.is_nextn(il) {
+            p += 2 * e * e + 3 * e;
+        }
+        p
+    }
+}
+
+const QWEN35_ROPE_SECTIONS: [i32; 4] = [11, 11, 10, 0];
+
+fn tiny_qwen35moe() -> Geometry {
+    Geometry {
+        name: "tiny-qwen35moe",
+        arch: Arch::Qwen35Moe,
+        n_layer: 8,
+        n_nextn: 1,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 256,
+        n_rot: 64,
+        rope_theta: 1.0e7,
+        rope_sections: Some(QWEN35_ROPE_SECTIONS),
+        rms_eps: 1e-6,
+        n_expert: 16,
+        n_expert_used: 4,
+        expert_ff: 256,
+        shared_ff: 256,
+        dense_ff: None,
+        full_attention_interval: 4,
+        linear: Some(LinearAttention {
+            n_k_heads: 2,
+            n_v_heads: 4,
+            k_head_dim: 128,
+            v_head_dim: 128,
+            conv_kernel: 4,
+        }),
+        n_vocab: 248_320,
+        context_length: 262_144,
+    }
+}
+
+fn tiny_qwen3next() -> Geometry {
+    Geometry {
+        name: "tiny-qwen3next",
+        arch: Arch::Qwen3Next,
+        n_nextn: 0,
+        rope_sections: None,
+        dense_ff: Some(512),
+        n_vocab: 151_936,
+        ..tiny_qwen35moe()
+    }
+}
+
+fn tiny_qwen3moe() -> Geometry {
+    Geometry {
+        name: "tiny-qwen3moe",
+        arch: Arch::Qwen3Moe,
+        n_layer: 4,
+        n_nextn: 0,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 128,
+        n_rot: 128,
+        rope_theta: 1.0e6,
+        rope_sections: None,
+        rms_eps: 1e-6,
+        n_expert: 16,
+        n_expert_used: 4,
+        expert_ff: 256,
+        shared_ff: 0,
+        dense_ff: Some(768),
+        full_attention_interval: 0,
+        linear: None,
+        n_vocab: 151_936,
+        context_length: 40_960,
+    }
+}
+
+fn qwen3_next_80b_a3b() -> Geometry {
+    Geometry {
+        name: "qwen3-next-80b-a3b",
+        arch: Arch::Qwen3Next,
+        n_layer: 48,
+        // Most Qwen3-Next GGUFs carry no MTP block (the converter dropped `mtp.*`).
+        n_nextn: 0,
+        n_embd: 2048,
+        n_head: 16,
+        n_head_kv: 2,
+        head_dim: 256,
+        n_rot: 64,
+        rope_theta: 1.0e7,
+        rope_sections: None,
+        rms_eps: 1e-6,
+        n_expert: 512,
+        n_expert_used: 10,
+        expert_ff: 512,
+        shared_ff: 512,
+        dense_ff: Some(5120),
+        full_attention_interval: 4,
+        linear: Some(LinearAttention {
+            n_k_heads: 16,
+            n_v_heads: 32,
+            k_head_dim: 128,
+            v_head_dim: 128,
+            conv_kernel: 4,
+        }),
+        n_vocab: 151_936,
+        context_length: 262_144,
+    }
+}
+
+fn qwen36_35b_a3b() -> Geometry {
+    Geometry {
+        name: "qwen3.6-35b-a3b",
+        arch: Arch::Qwen35Moe,
+        n_layer: 40,
+        n_nextn: 1,
+        n_embd: 2048,
+        n_head: 16,
+        n_head_kv: 2,
+        head_dim: 256,
+        n_rot: 64,
+        rope_theta: 1.0e7,
+        rope_sections: Some(QWEN35_ROPE_SECTIONS),
+        rms_eps: 1e-6,
+        n_expert: 256,
+        n_expert_used: 8,
+        expert_ff: 512,
+        shared_ff: 512,
+        dense_ff: None,
+        full_attention_interval: 4,
+        linear: Some(LinearAttention {
+            n_k_heads: 16,
+            n_v_heads: 32,
+            k_head_dim: 128,
+            v_head_dim: 128,
+            conv_kernel: 4,
+        }),
+        n_vocab: 248_320,
+        context_length: 262_144,
+    }
+}
+
+fn qwen35_122b_a10b() -> Geometry {
+    Geometry {
+        name: "qwen3.5-122b-a10b",
+        n_layer: 48,
+        n_embd: 3072,
+        n_head: 32,
+        n_head_kv: 2,
+        expert_ff: 1024,
+        shared_ff: 1024,
+        linear: Some(LinearAttention {
+            n_k_heads: 16,
+            n_v_heads: 64,
+            k_head_dim: 128,
+            v_head_dim: 128,
+            conv_kernel: 4,
+        }),
+        ..qwen36_35b_a3b()
+    }
+}
+
+fn qwen3_30b_a3b() -> Geometry {
+    Geometry {
+        name: "qwen3-30b-a3b",
+        arch: Arch::Qwen3Moe,
+        n_layer: 48,
+        n_nextn: 0,
+        n_embd: 2048,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_rot: 128,
+        rope_theta: 1.0e6,
+        rope_sections: None,
+        rms_eps: 1e-6,
+        n_expert: 128,
+        n_expert_used: 8,
+        expert_ff: 768,
+        shared_ff: 0,
+        dense_ff: Some(6144),
+        full_attention_interval: 0,
+        linear: None,
+        n_vocab: 151_936,
+        context_length: 40_960,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_and_aliases() {
+        let g = Geometry::by_name(None, "Qwen3.5-35B-A3B").unwrap();
+        assert_eq!(g.name, "qwen3.6-35b-a3b");
+        assert_eq!(g.block_count(), 41);
+        assert!(Geometry::by_name(Some(Arch::Qwen3Moe), "qwen3.6-35b-a3b").is_none());
+        assert!(Geometry::by_name(None, "tiny").is_none());
+        assert_eq!(
+            Geometry::by_name(Some(Arch::Qwen3Next), "tiny")
+                .unwrap()
+                .arch,
+            Arch::Qwen3Next
+        );
+    }
+
+    #[test]
+    fn tiny_geometries_have_every_feature() {
+        for arch in ARCHS {
+            let g = Geometry::by_name(Some(arch), "tiny").unwrap();
+            assert_ne!(g.head_dim, g.n_embd / g.n_head);
+            assert_eq!(g.n_embd % 256, 0);
+            assert_eq!(g.expert_ff % 256, 0);
+            if arch.is_hybrid() {
+                let l = g.linear.unwrap();
+                assert_eq!(l.n_v_heads, 2 * l.n_k_heads);
+                assert!(g.n_layer >= 8);
+                assert_eq!((0..g.n_layer).filter(|&i| !g.is_recurrent(i)).count(), 2);
+                assert!(g.n_rot < g.head_dim);
+                assert!(g.shared_ff > 0);
+            }
+            assert!(g.n_params().0 < 40_000_000);
+        }
+    }
+
+    #[test]
+    fn real_layer_patterns() {
+        let g = Geometry::by_name(None, "qwen3-next-80b-a3b").unwrap();
+        assert_eq!((0..48).filter(|&i| !g.is_recurrent(i)).count(), 12);
+        assert!(!g.is_recurrent(3) && g.is_recurrent(0));
+        let q = Geometry::by_name(None, "qwen3.6-35b-a3b").unwrap();
+        assert_eq!(q.linear.unwrap().conv_dim(), 8192);
+        assert!(!q.is_recurrent(40) && q.is_nextn(40));
+    }
+}

@@ -1,0 +1,546 @@
+//! Synthetic GGUF models: any supported arch and geometry, seeded random weights, laid
+//! out exactly as llama.cpp's converter followed by `llama-quantize` would write them.
+//!
+//! `scoria synth` and the tests use [`synthesize`]; `scoria serve` without `--model` uses
+//! [`demo_model_path`]. The real geometries are tens of gigabytes, so data is generated
+//! tensor by tensor in parallel chunks (see [`gen`]) while a writer thread streams the
+//! previous batch to disk: the file is written at disk speed and never held in memory.
+
+pub mod accounting;
+pub mod gen;
+pub mod plan;
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use gguf::{GgmlType, GgufWriter, Value, ValueType, WriteError};
+use rayon::prelude::*;
+
+use crate::geometry::{Arch, Geometry};
+use crate::vocab::{self, VocabError};
+pub use plan::TensorSpec;
+
+/// Version of the bytes `synthesize` produces for a given (geometry, preset, seed). Bump
+/// it whenever the layout or the generators change, so cached demo models are remade.
+pub const SYNTH_VERSION: u32 = 1;
+
+/// What `scoria serve` calls the model it synthesizes when no `--model` is given.
+pub const DEMO_MODEL_LABEL: &str = "scoria-demo (synthetic tiny qwen35moe, random weights)";
+
+/// Seed of the demo model.
+pub const DEMO_SEED: u64 = 0x5C0_21A;
+
+/// Quantization presets: the file types llama.cpp would produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Preset {
+    /// `llama-quantize Q4_K_M`: experts Q4_K with Q6_K `ffn_down` on the `use_more_bits`
+    /// layers, `attn_v`/`attn_qkv` likewise, `output` Q6_K, the rest Q4_K.
+    Q4KM,
+    /// `llama-quantize Q8_0`: every quantizable tensor Q8_0.
+    Q8_0,
+    /// Converter `--outtype f32`.
+    F32,
+    /// Converter `--outtype f16` (routers, norms, conv and 1-D tensors stay F32).
+    F16,
+    /// Converter `--outtype bf16`.
+    Bf16,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 5] = [
+        Preset::Q4KM,
+        Preset::Q8_0,
+        Preset::F32,
+        Preset::F16,
+        Preset::Bf16,
+    ];
+
+    /// The name `--quant` takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Preset::Q4KM => "q4_k_m",
+            Preset::Q8_0 => "q8_0",
+            Preset::F32 => "f32",
+            Preset::F16 => "f16",
+            Preset::Bf16 => "bf16",
+        }
+    }
+
+    /// `general.file_type` (llama_ftype).
+    pub const fn file_type(self) -> u32 {
+        match self {
+            Preset::F32 => 0,
+            Preset::F16 => 1,
+            Preset::Q8_0 => 7,
+            Preset::Q4KM => 15,
+            Preset::Bf16 => 32,
+        }
+    }
+
+    pub const fn is_quantized(self) -> bool {
+        matches!(self, Preset::Q4KM | Preset::Q8_0)
+    }
+}
+
+impl fmt::Display for Preset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Preset, String> {
+        let lower = s.to_ascii_lowercase().replace('-', "_");
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name() == lower)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+                format!(
+                    "unknown quantization preset `{s}` (one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// How to synthesize.
+#[derive(Debug, Clone)]
+pub struct SynthOptions {
+    pub preset: Preset,
+    pub seed: u64,
+    /// fsync the file before renaming it into place (so the reported time includes the
+    /// flush to disk).
+    pub sync: bool,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            preset: Preset::Q4KM,
+            seed: 1,
+            sync: true,
+        }
+    }
+}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct SynthReport {
+    pub path: PathBuf,
+    pub geometry: String,
+    pub arch: Arch,
+    pub preset: Preset,
+    pub seed: u64,
+    pub file_size: u64,
+    /// Header, metadata and tensor infos (unpadded).
+    pub header_bytes: u64,
+    /// Absolute offset of the data section.
+    pub data_start: u64,
+    pub n_tensors: usize,
+    /// (type, tensors, bytes without padding), by type.
+    pub by_type: Vec<(GgmlType, usize, u64)>,
+    pub seconds: f64,
+}
+
+impl SynthReport {
+    pub fn bytes_per_second(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.file_size as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Write { path: PathBuf, source: WriteError },
+    #[error("cannot lay out the model: {0}")]
+    Layout(WriteError),
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    #[error("tensor `{name}`: {source}")]
+    Gen { name: String, source: gen::GenError },
+    #[error(transparent)]
+    Vocab(#[from] VocabError),
+    #[error(
+        "geometry {geometry} has {geometry_vocab} vocabulary rows but its {vocab:?} vocabulary has {vocab_size} tokens"
+    )]
+    VocabSize {
+        geometry: String,
+        geometry_vocab: u32,
+        vocab: vocab::QwenVocab,
+        vocab_size: usize,
+    },
+    #[error("no cache directory: set SCORIA_CACHE_DIR, XDG_CACHE_HOME or HOME")]
+    NoCacheDir,
+    #[error("{0}: not a file path")]
+    BadPath(PathBuf),
+    #[error("the writer thread panicked")]
+    WriterPanicked,
+}
+
+fn arr_str(items: &[String]) -> Value {
+    Value::Array(
+        ValueType::String,
+        items.iter().map(|s| Value::String(s.clone())).collect(),
+    )
+}
+
+/// The metadata a synthetic file of `g` carries, in file order.
+pub fn metadata(g: &Geometry, opts: &SynthOptions) -> Result<Vec<(String, Value)>, SynthError> {
+    let a = g.arch.name();
+    let mut kv: Vec<(String, Value)> = Vec::new();
+    let mut put = |k: String, v: Value| kv.push((k, v));
+    let s = |x: &str| Value::String(x.to_string());
+    put("general.architecture".into(), s(a));
+    put("general.type".into(), s("model"));
+    put(
+        "general.name".into(),
+        Value::String(format!("scoria synthetic {}", g.name)),
+    );
+    put("scoria.synthetic".into(), Value::Bool(true));
+    put("scoria.synthetic.geometry".into(), s(g.name));
+    put("scoria.synthetic.seed".into(), Value::U64(opts.seed));
+    put("scoria.synthetic.version".into(), Value::U32(SYNTH_VERSION));
+    let k = |suffix: &str| format!("{a}.{suffix}");
+    put(k("block_count"), Value::U32(g.block_count()));
+    put(k("context_length"), Value::U32(g.context_length));
+    put(k("embedding_length"), Value::U32(g.n_embd));
+    if let Some(ff) = g.dense_ff {
+        put(k("feed_forward_length"), Value::U32(ff));
+    }
+    put(k("attention.head_count"), Value::U32(g.n_head));
+    put(k("attention.head_count_kv"), Value::U32(g.n_head_kv));
+    put(k("rope.freq_base"), Value::F32(g.rope_theta));
+    put(k("attention.layer_norm_rms_epsilon"), Value::F32(g.rms_eps));
+    put(k("expert_used_count"), Value::U32(g.n_expert_used));
+    put(k("attention.key_length"), Value::U32(g.head_dim));
+    put(k("attention.value_length"), Value::U32(g.head_dim));
+    put(k("expert_count"), Value::U32(g.n_expert));
+    put(k("expert_feed_forward_length"), Value::U32(g.expert_ff));
+    if g.shared_ff > 0 {
+        put(
+            k("expert_shared_feed_forward_length"),
+            Value::U32(g.shared_ff),
+        );
+    }
+    if g.arch.is_hybrid() {
+        put(k("rope.dimension_count"), Value::U32(g.n_rot));
+    }
+    if let Some(sections) = g.rope_sections {
+        put(
+            k("rope.dimension_sections"),
+            Value::Array(
+                ValueType::I32,
+                sections.iter().map(|&x| Value::I32(x)).collect(),
+            ),
+        );
+    }
+    if let Some(l) = &g.linear {
+        put(k("ssm.conv_kernel"), Value::U32(l.conv_kernel));
+        put(k("ssm.state_size"), Value::U32(l.k_head_dim));
+        put(k("ssm.group_count"), Value::U32(l.n_k_heads));
+        put(k("ssm.time_step_rank"), Value::U32(l.n_v_heads));
+        put(k("ssm.inner_size"), Value::U32(l.value_dim()));
+        put(
+            k("full_attention_interval"),
+            Value::U32(g.full_attention_interval),
+        );
+    }
+    if g.n_nextn > 0 {
+        put(k("nextn_predict_layers"), Value::U32(g.n_nextn));
+    }
+    put(
+        "general.file_type".into(),
+        Value::U32(opts.preset.file_type()),
+    );
+    put("general.quantization_version".into(), Value::U32(2));
+
+    let which = g.vocab();
+    let v = vocab::load(which)?;
+    if v.tokens.len() != g.n_vocab as usize {
+        return Err(SynthError::VocabSize {
+            geometry: g.name.to_string(),
+            geometry_vocab: g.n_vocab,
+            vocab: which,
+            vocab_size: v.tokens.len(),
+        });
+    }
+    put("tokenizer.ggml.model".into(), s("gpt2"));
+    put("tokenizer.ggml.pre".into(), s(v.pre));
+    put("tokenizer.ggml.tokens".into(), arr_str(&v.tokens));
+    put(
+        "tokenizer.ggml.token_type".into(),
+        Value::Array(
+            ValueType::I32,
+            v.token_types.iter().map(|&t| Value::I32(t)).collect(),
+        ),
+    );
+    put("tokenizer.ggml.merges".into(), arr_str(&v.merges));
+    if let Some(id) = v.eos_id {
+        put("tokenizer.ggml.eos_token_id".into(), Value::U32(id));
+    }
+    if let Some(id) = v.pad_id {
+        put("tokenizer.ggml.padding_token_id".into(), Value::U32(id));
+    }
+    if let Some(id) = v.bos_id {
+        put("tokenizer.ggml.bos_token_id".into(), Value::U32(id));
+    }
+    put("tokenizer.ggml.add_bos_token".into(), Value::Bool(false));
+    let template = match g.arch {
+        Arch::Qwen35Moe => crate::chat::QWEN35_TEMPLATE,
+        Arch::Qwen3Next | Arch::Qwen3Moe => crate::chat::QWEN3_TEMPLATE,
+    };
+    put("tokenizer.chat_template".into(), s(template));
+    Ok(kv)
+}
+
+/// A writer with every kv and tensor of the file declared, and the tensor plan.
+pub fn declare(
+    g: &Geometry,
+    opts: &SynthOptions,
+) -> Result<(GgufWriter, Vec<TensorSpec>), SynthError> {
+    let specs = plan::plan(g, opts.preset)?;
+    for s in &specs {
+        gen::check(s.ty, &s.init).map_err(|source| SynthError::Gen {
+            name: s.name.clone(),
+            source,
+        })?;
+    }
+    let mut w = GgufWriter::new();
+    for (k, v) in metadata(g, opts)? {
+        w.add_kv(k, v).map_err(SynthError::Layout)?;
+    }
+    for s in &specs {
+        w.add_tensor(s.name.as_str(), &s.dims, s.ty)
+            .map_err(SynthError::Layout)?;
+    }
+    Ok((w, specs))
+}
+
+/// Bytes the file for (`g`, `opts`) will have.
+pub fn file_size(g: &Geometry, opts: &SynthOptions) -> Result<u64, SynthError> {
+    let (w, _) = declare(g, opts)?;
+    Ok(w.layout().map_err(SynthError::Layout)?.file_size)
+}
+
+/// Writes the synthetic model `g` to `path` (through a temporary file in the same
+/// directory, renamed into place when complete). `progress(done, total)` is called on the
+/// calling thread with bytes written so far.
+pub fn synthesize(
+    path: &Path,
+    geometry: &Geometry,
+    opts: &SynthOptions,
+    progress: &dyn Fn(u64, u64),
+) -> Result<SynthReport, SynthError> {
+    let start = Instant::now();
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| SynthError::BadPath(path.to_path_buf()))?
+        .to_string_lossy()
+        .into_owned();
+    let (writer, specs) = declare(geometry, opts)?;
+    let layout = writer.layout().map_err(SynthError::Layout)?;
+    let total = layout.file_size;
+    let tmp = path.with_file_name(format!(".{file_name}.partial-{}", std::process::id()));
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| SynthError::Io { path: p, source }
+    };
+    let file = File::create(&tmp).map_err(io(&tmp))?;
+    let result = write_all(writer, file, &specs, opts, total, progress);
+    match result {
+        Ok(()) => {}
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(match e {
+                Failure::Write(source) => SynthError::Write {
+                    path: path.to_path_buf(),
+                    source,
+                },
+                Failure::Panicked => SynthError::WriterPanicked,
+            });
+        }
+    }
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(path)(e));
+    }
+    progress(total, total);
+    let mut by_type: Vec<(GgmlType, usize, u64)> = Vec::new();
+    for t in &layout.tensors {
+        match by_type.iter_mut().find(|(ty, _, _)| *ty == t.ty) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += t.size;
+            }
+            None => by_type.push((t.ty, 1, t.size)),
+        }
+    }
+    by_type.sort_by_key(|t| std::cmp::Reverse(t.2));
+    Ok(SynthReport {
+        path: path.to_path_buf(),
+        geometry: geometry.name.to_string(),
+        arch: geometry.arch,
+        preset: opts.preset,
+        seed: opts.seed,
+        file_size: total,
+        header_bytes: layout.header_bytes,
+        data_start: layout.data_start,
+        n_tensors: layout.tensors.len(),
+        by_type,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+enum Failure {
+    Write(WriteError),
+    Panicked,
+}
+
+/// Generates batches of chunks on the rayon pool while a writer thread streams the
+/// previous batches to `file`.
+fn write_all(
+    mut writer: GgufWriter,
+    file: File,
+    specs: &[TensorSpec],
+    opts: &SynthOptions,
+    total: u64,
+    progress: &dyn Fn(u64, u64),
+) -> Result<(), Failure> {
+    let written = AtomicU64::new(0);
+    let batch_chunks = rayon::current_num_threads().max(1) as u64;
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::sync_channel::<Vec<Vec<u8>>>(2);
+        let (recycle_tx, recycle_rx) = mpsc::channel::<Vec<u8>>();
+        let written_ref = &written;
+        let sync = opts.sync;
+        let handle = scope.spawn(move || -> Result<(), WriteError> {
+            let mut out = BufWriter::with_capacity(8 << 20, file);
+            writer.write_header(&mut out)?;
+            out.flush()?;
+            written_ref.store(writer_pos(&writer), Ordering::Relaxed);
+            for batch in rx {
+                for buf in batch {
+                    writer.write_tensor_chunk(&mut out, &buf)?;
+                    written_ref.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    let _ = recycle_tx.send(buf);
+                }
+            }
+            writer.finish(&mut out)?;
+            let file = out
+                .into_inner()
+                .map_err(|e| WriteError::Io(e.into_error()))?;
+            if sync {
+                file.sync_all()?;
+            }
+            Ok(())
+        });
+        'tensors: for spec in specs {
+            let n_elements: u64 = spec.dims.iter().product();
+            let n_blocks = n_elements / spec.ty.block_size() as u64;
+            let per_chunk = gen::blocks_per_chunk(spec.ty);
+            let n_chunks = n_blocks.div_ceil(per_chunk);
+            let stream = gen::name_hash(&spec.name);
+            let mut c0 = 0u64;
+            while c0 < n_chunks {
+                let c1 = n_chunks.min(c0 + batch_chunks);
+                let bufs: Vec<Vec<u8>> = (c0..c1)
+                    .map(|_| recycle_rx.try_recv().unwrap_or_default())
+                    .collect();
+                let bufs: Vec<Vec<u8>> = bufs
+                    .into_par_iter()
+                    .enumerate()
+                    .map(|(i, mut buf)| {
+                        let c = c0 + i as u64;
+                        buf.clear();
+                        let nb = per_chunk.min(n_blocks - c * per_chunk) as usize;
+                        let mut rng = gen::Rng::new(opts.seed, stream, c);
+                        gen::generate(spec.ty, &spec.init, nb, &mut rng, &mut buf);
+                        buf
+                    })
+                    .collect();
+                if tx.send(bufs).is_err() {
+                    // The writer stopped; its error comes out of join below.
+                    break 'tensors;
+                }
+                progress(written.load(Ordering::Relaxed), total);
+                c0 = c1;
+            }
+        }
+        drop(tx);
+        match handle.join() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Failure::Write(e)),
+            Err(_) => Err(Failure::Panicked),
+        }
+    })
+}
+
+/// Bytes of the header region once `write_header` has run.
+fn writer_pos(w: &GgufWriter) -> u64 {
+    w.layout().map_or(0, |l| l.data_start)
+}
+
+/// Where scoria caches what it makes: `$SCORIA_CACHE_DIR`, else `$XDG_CACHE_HOME/scoria`,
+/// else `$HOME/.cache/scoria`.
+pub fn cache_dir() -> Option<PathBuf> {
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = nonempty("SCORIA_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = nonempty("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("scoria"));
+    }
+    nonempty("HOME").map(|h| PathBuf::from(h).join(".cache").join("scoria"))
+}
+
+/// The demo model's geometry and options.
+pub fn demo_model() -> (Geometry, SynthOptions) {
+    let g = Geometry::all()
+        .into_iter()
+        .find(|g| g.name == "tiny-qwen35moe")
+        .unwrap_or_else(|| unreachable!("tiny-qwen35moe is a built-in geometry"));
+    let opts = SynthOptions {
+        preset: Preset::Q8_0,
+        seed: DEMO_SEED,
+        sync: true,
+    };
+    (g, opts)
+}
+
+/// The path of the demo model (`tiny-qwen35moe`, Q8_0, random weights), synthesized into
+/// the cache directory on first use and reused while its content version and size match.
+pub fn demo_model_path() -> Result<PathBuf, SynthError> {
+    let dir = cache_dir().ok_or(SynthError::NoCacheDir)?;
+    std::fs::create_dir_all(&dir).map_err(|source| SynthError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    let (g, opts) = demo_model();
+    let path = dir.join(format!(
+        "demo-{}-{}-seed{}-v{SYNTH_VERSION}.gguf",
+        g.name, opts.preset, opts.seed
+    ));
+    let want = file_size(&g, &opts)?;
+    if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == want) {
+        return Ok(path);
+    }
+    synthesize(&path, &g, &opts, &|_, _| {})?;
+    Ok(path)
+}
