@@ -75,6 +75,16 @@ impl QwenVocab {
         }
     }
 
+    /// The official chat template of the models using this vocabulary
+    /// ([`crate::chat::QWEN3_TEMPLATE`] / [`crate::chat::QWEN35_TEMPLATE`]), for
+    /// `tokenizer.chat_template`.
+    pub fn chat_template(self) -> &'static str {
+        match self {
+            QwenVocab::Qwen2 => crate::chat::QWEN3_TEMPLATE,
+            QwenVocab::Qwen35 => crate::chat::QWEN35_TEMPLATE,
+        }
+    }
+
     /// The added tokens, in id order from [`QwenVocab::n_ranks`].
     pub fn added_tokens(self) -> &'static [&'static str] {
         match self {
