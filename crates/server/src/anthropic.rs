@@ -97,6 +97,7 @@ async fn messages_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, R
     let (conv, p) = parse(&state, &body).map_err(an)?;
     let (tokens, open) =
         render_chat(&state, &conv, &p.thinking, &Map::new(), "messages").map_err(an)?;
+    let prompt_tokens = tokens.len();
     let gen = start(
         &state,
         "/v1/messages",
@@ -147,7 +148,6 @@ async fn messages_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, R
         }))
         .into_response());
     }
-    let prompt_tokens = 0usize;
     Ok(sse_response(move |sink| async move {
         let mut gen = gen;
         let start_msg = json!({"type": "message_start", "message": {

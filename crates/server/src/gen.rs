@@ -31,6 +31,8 @@ pub struct Core {
     pub think_close_id: Option<u32>,
     /// The budget sentence + `</think>` + blank line, tokenized.
     pub close_tokens: Vec<u32>,
+    /// Just `</think>` and a blank line: for budgets too small for the sentence.
+    pub close_short: Vec<u32>,
 }
 
 pub fn now_unix() -> u64 {
@@ -175,15 +177,21 @@ pub fn start(
         ));
     }
     let think = if mode.structured && params.thinking.enabled {
+        // The budget sentence costs ~25 tokens: a small request closes with `</think>` alone.
+        let close = if params.max_tokens >= 8 * core.close_tokens.len() {
+            &core.close_tokens
+        } else {
+            &core.close_short
+        };
         ThinkPlan {
             open_at_start: mode.think_open,
             limit: thinking_limit(
                 params.max_tokens,
                 params.thinking.budget,
                 core.defaults.thinking_answer_room,
-                core.close_tokens.len(),
+                close.len(),
             ),
-            close_tokens: core.close_tokens.clone(),
+            close_tokens: close.clone(),
             open_id: core.think_open_id,
             close_id: core.think_close_id,
         }

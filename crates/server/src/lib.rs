@@ -45,6 +45,9 @@ pub mod responses;
 pub mod settings;
 pub mod worker;
 
+#[cfg(test)]
+mod api_tests;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -182,46 +185,50 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
+/// A loaded engine, split into what the routes share.
+pub struct Loaded {
+    pub core: gen::Core,
+    pub info: engine::ModelInfo,
+    pub tokenizer: Arc<model::tokenizer::Tokenizer>,
+    pub template: Option<Arc<model::chat::ChatTemplate>>,
+}
+
 /// The generation side for a loaded engine: worker thread, renderer, think tokens.
 pub fn core_for(
     engine: engine::Engine,
     defaults: settings::RequestDefaults,
     stats: Arc<metrics::Stats>,
-) -> Result<
-    (
-        gen::Core,
-        engine::ModelInfo,
-        Arc<model::tokenizer::Tokenizer>,
-        Option<Arc<model::chat::ChatTemplate>>,
-    ),
-    ServeError,
-> {
+) -> Result<Loaded, ServeError> {
     let info = engine.info().clone();
     let tokenizer = engine.tokenizer_arc();
     let template = engine.chat_template_arc();
     let think_open_id = tokenizer.token_id("<think>");
     let think_close_id = tokenizer.token_id("</think>");
-    let close_tokens = match think_close_id {
-        Some(_) => tokenizer
-            .encode(worker::BUDGET_CLOSE_TEXT, true)
-            .unwrap_or_default(),
-        None => Vec::new(),
+    let (close_tokens, close_short) = match think_close_id {
+        Some(_) => (
+            tokenizer
+                .encode(worker::BUDGET_CLOSE_TEXT, true)
+                .unwrap_or_default(),
+            tokenizer.encode("\n</think>\n\n", true).unwrap_or_default(),
+        ),
+        None => (Vec::new(), Vec::new()),
     };
     let renderer: Arc<dyn prompt::PromptRender> = Arc::new(prompt::ChatMl);
     let worker = worker::Worker::spawn(Box::new(engine), stats)?;
-    Ok((
-        gen::Core {
+    Ok(Loaded {
+        core: gen::Core {
             worker,
             defaults,
             renderer,
             think_open_id,
             think_close_id,
             close_tokens,
+            close_short,
         },
         info,
         tokenizer,
         template,
-    ))
+    })
 }
 
 /// Loads the model named by `settings` (or the demo model), prints the startup
@@ -248,14 +255,19 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
     let cfg = engine::EngineConfig {
         threads: settings.threads,
         max_context: settings.max_context,
+        ..Default::default()
     };
     let engine = engine::Engine::load(&path, &cfg).map_err(|err| ServeError::Load {
         path: path.display().to_string(),
         err,
     })?;
     let stats = Arc::new(metrics::Stats::new());
-    let (core, info, tokenizer, template) =
-        core_for(engine, settings.defaults.clone(), stats.clone())?;
+    let Loaded {
+        core,
+        info,
+        tokenizer,
+        template,
+    } = core_for(engine, settings.defaults.clone(), stats.clone())?;
     let model_id = match (&settings.alias, demo || info.synthetic) {
         (Some(a), _) => a.clone(),
         (None, true) => "scoria-demo".to_string(),

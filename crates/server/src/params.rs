@@ -290,25 +290,26 @@ pub fn parse_logit_bias(o: &Obj, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiE
                 format!("{NAME}: {k} is not a token id of this model (0..{n_vocab})"),
             ));
         };
-        let bias =
-            match v {
-                Value::Bool(false) => f32::NEG_INFINITY,
-                _ => match v.as_f64() {
-                    Some(b) if (-100.0..=100.0).contains(&b) => {
-                        if b <= -100.0 {
-                            f32::NEG_INFINITY
-                        } else {
-                            b as f32
-                        }
+        let bias = match v {
+            Value::Bool(false) => f32::NEG_INFINITY,
+            _ => match v.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => {
+                    if b <= -100.0 {
+                        f32::NEG_INFINITY
+                    } else {
+                        b as f32
                     }
-                    _ => return Err(ApiError::field(
+                }
+                _ => {
+                    return Err(ApiError::field(
                         NAME,
                         format!(
                             "{NAME}: the bias for token {id} must be between -100 and 100, got {v}"
                         ),
-                    )),
-                },
-            };
+                    ))
+                }
+            },
+        };
         out.push((id, bias));
     }
     Ok(out)

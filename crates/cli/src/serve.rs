@@ -1,0 +1,122 @@
+//! `scoria serve`: the HTTP server (OpenAI and Anthropic APIs).
+//!
+//! Every flag is optional: a value given here wins over the config file (`--config`),
+//! which wins over the built-in default. The settings logic lives in
+//! `server::settings`; this file only maps flags to setting names.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// GGUF model file (first shard of a split model). Without it, an embedded demo
+    /// model (synthesized, random weights) is served.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1, loopback only].
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to listen on [default: 8080].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Model id reported by /v1/models and in responses [default: the model's name].
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Require this key (Authorization: Bearer KEY, or x-api-key) on every route but
+    /// /health. Command line only: a config file may not set it.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// JSON config file with "server" and "engine" sections (names = these flags
+    /// without dashes). The command line wins over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+
+    /// CPU threads for the kernels [default: all cores].
+    #[arg(long)]
+    pub threads: Option<u64>,
+    /// Context length to allocate [default: the engine's, min(trained, 4096)].
+    #[arg(long)]
+    pub max_context: Option<u64>,
+    /// Default temperature for requests that send none (0 = greedy) [default: 0.6].
+    #[arg(long)]
+    pub temp: Option<f64>,
+    /// Default top-k (0 = off) [default: 20].
+    #[arg(long)]
+    pub top_k: Option<u64>,
+    /// Default top-p (1 = off) [default: 0.95].
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Default min-p (0 = off) [default: 0].
+    #[arg(long)]
+    pub min_p: Option<f64>,
+    /// Default presence penalty [default: 0].
+    #[arg(long, allow_hyphen_values = true)]
+    pub presence_penalty: Option<f64>,
+    /// Default frequency penalty [default: 0].
+    #[arg(long, allow_hyphen_values = true)]
+    pub frequency_penalty: Option<f64>,
+    /// Default repetition penalty over the last 64 tokens (1 = off) [default: 1].
+    #[arg(long)]
+    pub repeat_penalty: Option<f64>,
+    /// Default seed [default: random per request].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Token budget for requests that send none [default: 8192].
+    #[arg(long)]
+    pub max_tokens_default: Option<u64>,
+    /// Reasoning effort for requests that name none: none, minimal (256-token thinking
+    /// budget), low (1024), medium (4096), high, xhigh (no budget) [default: unset].
+    #[arg(long)]
+    pub reasoning_effort: Option<String>,
+    /// Thinking on or off for requests that do not say [default: true].
+    #[arg(long)]
+    pub enable_thinking: Option<bool>,
+    /// Thinking budget for requests that send none [default: none].
+    #[arg(long)]
+    pub max_thinking_tokens: Option<u64>,
+    /// Tokens of the budget kept for the answer: the think block is closed when
+    /// max(this, 15% of max_tokens) remain (0 = off) [default: 1024].
+    #[arg(long)]
+    pub thinking_answer_room: Option<u64>,
+}
+
+impl ServeArgs {
+    fn overrides(&self) -> server::settings::Overrides {
+        let mut o = server::settings::Overrides {
+            config: self.config.clone(),
+            api_key: self.api_key.clone(),
+            values: Vec::new(),
+        };
+        o.set(
+            "model",
+            self.model.as_ref().map(|p| p.display().to_string()),
+        );
+        o.set("host", self.host.clone());
+        o.set("port", self.port);
+        o.set("alias", self.alias.clone());
+        o.set("threads", self.threads);
+        o.set("max-context", self.max_context);
+        o.set("temp", self.temp);
+        o.set("top-k", self.top_k);
+        o.set("top-p", self.top_p);
+        o.set("min-p", self.min_p);
+        o.set("presence-penalty", self.presence_penalty);
+        o.set("frequency-penalty", self.frequency_penalty);
+        o.set("repeat-penalty", self.repeat_penalty);
+        o.set("seed", self.seed);
+        o.set("max-tokens-default", self.max_tokens_default);
+        o.set("reasoning-effort", self.reasoning_effort.clone());
+        o.set("enable-thinking", self.enable_thinking);
+        o.set("max-thinking-tokens", self.max_thinking_tokens);
+        o.set("thinking-answer-room", self.thinking_answer_room);
+        o
+    }
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let settings =
+        server::settings::Settings::resolve(&args.overrides()).context("invalid settings")?;
+    server::run(settings)?;
+    Ok(())
+}
