@@ -71,6 +71,8 @@ fn main() {
         (T::F16, 4096, 8192),
         (T::BF16, 4096, 8192),
         (T::F32, 2048, 8192),
+        // Larger than any cache: RAM bandwidth.
+        (T::Q4_K, 131072, 4096),
     ];
     println!(
         "{:<8} {:>12} {:<7} {:>12} {:>12}",
@@ -117,6 +119,7 @@ fn main() {
             );
         }
     }
+    moe_bench(budget);
     let x: Vec<f32> = (0..2048).map(|i| (i as f32 * 0.37).sin()).collect();
     for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
         let t = time_it(budget, || {
@@ -128,4 +131,53 @@ fn main() {
             t * 1e6
         );
     }
+}
+
+/// The decode pattern of one MoE layer: 8 routed experts out of 128, each with a
+/// gate and an up projection of 512x2048 Q4_K, computed as 16 separate matvecs
+/// or as one `matvec_many` batch. Expert choice rotates so that weights come from RAM.
+fn moe_bench(budget: Duration) {
+    let (rows, cols, n_experts) = (512, 2048, 128);
+    let ty = T::Q4_K;
+    let rb = quant::row_bytes(ty, cols).expect("shape");
+    let pool = random_matrix(ty, rows * 2 * n_experts, cols, 9);
+    let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.1).cos()).collect();
+    let xq = quant::quantize_act(&x);
+    let mut outs = vec![vec![0f32; rows]; 16];
+    let mut step = 0usize;
+    let expert = |step: usize, k: usize, m: usize| {
+        let e = (step * 37 + k * 13) % n_experts;
+        let start = (2 * e + m) * rows * rb;
+        start..start + rows * rb
+    };
+    let bytes = (16 * rows * rb) as f64 / 1e9;
+    let separate = time_it(budget, || {
+        step += 1;
+        for (i, o) in outs.iter_mut().enumerate() {
+            quant::matvec(ty, &pool[expert(step, i / 2, i % 2)], cols, &x, &xq, o);
+        }
+    });
+    let batched = time_it(budget, || {
+        step += 1;
+        let mut jobs: Vec<quant::MatvecJob> = outs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, o)| quant::MatvecJob {
+                ty,
+                w: &pool[expert(step, i / 2, i % 2)],
+                n_cols: cols,
+                x: &x,
+                xq: &xq,
+                out: o,
+            })
+            .collect();
+        quant::matvec_many(&mut jobs);
+    });
+    println!(
+        "MoE layer step (8 experts x gate+up 512x2048 Q4_K of 128): 16 matvec calls {:.1} us ({:.1} GB/s), one matvec_many {:.1} us ({:.1} GB/s)",
+        separate * 1e6,
+        bytes / separate,
+        batched * 1e6,
+        bytes / batched
+    );
 }
