@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 /// Settings chosen at load time.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct EngineConfig {
     /// CPU threads for the kernels (None: all cores).
     pub threads: Option<usize>,
@@ -16,16 +16,6 @@ pub struct EngineConfig {
     pub max_context: Option<usize>,
     /// How the CPU kernels treat activations (tests use `ReferenceF32`).
     pub precision: crate::cpu::Precision,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            threads: None,
-            max_context: None,
-            precision: Default::default(),
-        }
-    }
 }
 
 /// What the loaded model is.

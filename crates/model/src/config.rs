@@ -125,7 +125,6 @@ pub struct ModelConfig {
 fn req(f: &GgufFile, key: &str) -> Result<u64, ModelError> {
     f.get(key)
         .and_then(|v| v.as_u64())
-        .map(|v| v)
         .ok_or_else(|| ModelError::Metadata {
             key: key.to_string(),
             msg: match f.get(key) {
@@ -215,13 +214,13 @@ impl ModelConfig {
             .unwrap_or(0);
 
         let bad = |key: String, msg: String| ModelError::Metadata { key, msg };
-        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+        if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(bad(
                 k("attention.head_count_kv"),
                 format!("{n_head_kv} must divide head_count {n_head}"),
             ));
         }
-        if n_rot > head_dim || n_rot % 2 != 0 {
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(bad(
                 k("rope.dimension_count"),
                 format!("{n_rot} must be even and at most key_length {head_dim}"),
@@ -242,7 +241,7 @@ impl ModelConfig {
                 n_v_heads: req_usize(f, &k("ssm.time_step_rank"))?,
                 tiled_v_heads: arch == Arch::Qwen35Moe,
             };
-            if ssm.n_k_heads == 0 || ssm.n_v_heads % ssm.n_k_heads != 0 {
+            if ssm.n_k_heads == 0 || !ssm.n_v_heads.is_multiple_of(ssm.n_k_heads) {
                 return Err(bad(
                     k("ssm.time_step_rank"),
                     format!(

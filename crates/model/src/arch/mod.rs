@@ -8,7 +8,11 @@ use crate::config::{Arch, ModelConfig};
 use crate::weights::{LayerWeights, Loader};
 use crate::ModelError;
 
-pub(crate) fn load_layer(l: &Loader, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, ModelError> {
+pub(crate) fn load_layer(
+    l: &Loader,
+    cfg: &ModelConfig,
+    i: usize,
+) -> Result<LayerWeights, ModelError> {
     match cfg.arch {
         Arch::Qwen3Moe => qwen3moe::load_layer(l, cfg, i),
         Arch::Qwen3Next => qwen3next::load_layer(l, cfg, i),

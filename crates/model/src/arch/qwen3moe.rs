@@ -7,7 +7,11 @@ use crate::config::ModelConfig;
 use crate::weights::{load_attention, load_common, LayerWeights, Loader, Mixer};
 use crate::ModelError;
 
-pub(crate) fn load_layer(l: &Loader, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, ModelError> {
+pub(crate) fn load_layer(
+    l: &Loader,
+    cfg: &ModelConfig,
+    i: usize,
+) -> Result<LayerWeights, ModelError> {
     let attn = load_attention(l, cfg, i)?;
     load_common(l, cfg, i, Mixer::Attention(attn), "ffn_norm")
 }

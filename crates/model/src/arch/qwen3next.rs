@@ -9,10 +9,16 @@
 //!   (qwen35moe files differ: see qwen35moe.rs.)
 
 use crate::config::{LayerKind, ModelConfig};
-use crate::weights::{load_attention, load_common, load_deltanet, BetaAlpha, LayerWeights, Loader, Mixer};
+use crate::weights::{
+    load_attention, load_common, load_deltanet, BetaAlpha, LayerWeights, Loader, Mixer,
+};
 use crate::ModelError;
 
-pub(crate) fn load_layer(l: &Loader, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, ModelError> {
+pub(crate) fn load_layer(
+    l: &Loader,
+    cfg: &ModelConfig,
+    i: usize,
+) -> Result<LayerWeights, ModelError> {
     let mixer = match cfg.layer_kinds[i] {
         LayerKind::Attention => Mixer::Attention(load_attention(l, cfg, i)?),
         LayerKind::DeltaNet => {

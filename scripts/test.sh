@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it on a fresh machine:
+#   1. installs what the server suite needs (Debian chromium, the openai/anthropic
+#      SDKs and pytest, playwright-core) — skipped when already present;
+#   2. cargo test: kernels against their scalar reference, GGUF reader/writer,
+#      tokenizer and chat templates, parity with transformers for the three
+#      archs, the engine's byte-level invariants;
+#   3. the server driven by the official SDKs, and the stats page in headless
+#      Chromium (scripts/server-tests.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-test-deps.sh
+cargo test --workspace --locked
+bash scripts/server-tests.sh
