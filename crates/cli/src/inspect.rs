@@ -19,6 +19,30 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
+/// `writeln!` into a String (which cannot fail).
+macro_rules! outln {
+    ($out:expr) => {{
+        $out.push('\n');
+    }};
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// Writes to stdout; a closed pipe (`| head`) ends quietly.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
 /// llama.cpp's `llama_ftype` names (`general.file_type`).
 fn file_type_name(ft: u64) -> &'static str {
     match ft {
@@ -130,8 +154,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     if args.json {
         print_json(&f, &acc, args.tensors)
     } else {
-        print_text(&f, &acc, args.tensors);
-        Ok(())
+        emit(&print_text(&f, &acc, args.tensors))
     }
 }
 
@@ -139,10 +162,12 @@ fn is_tokenizer_key(k: &str) -> bool {
     k.starts_with("tokenizer.")
 }
 
-fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) {
+fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) -> String {
+    let mut out = String::new();
     let arch = f.architecture().unwrap_or("(none)");
     let n_shards = f.shards().len();
-    println!(
+    outln!(
+        out,
         "file:  {} ({} shard{}, {} = {} bytes)",
         f.paths()
             .first()
@@ -153,13 +178,15 @@ fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) {
         acc.file_size
     );
     let ft = f.get("general.file_type").and_then(Value::as_u64);
-    println!(
+    outln!(
+        out,
         "arch:  {arch}    name: {}    file type: {}",
         f.get("general.name").and_then(Value::as_str).unwrap_or("-"),
         ft.map_or("-".to_string(), |t| format!("{t} ({})", file_type_name(t)))
     );
     if f.get("scoria.synthetic").and_then(Value::as_bool) == Some(true) {
-        println!(
+        outln!(
+            out,
             "synthetic: geometry {}, seed {} (random weights)",
             f.get("scoria.synthetic.geometry")
                 .and_then(Value::as_str)
@@ -169,16 +196,17 @@ fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) {
                 .map_or("?".to_string(), |s| s.to_string())
         );
     }
-    println!();
-    println!("metadata:");
+    outln!(out);
+    outln!(out, "metadata:");
     for (k, v) in f.metadata() {
         if !is_tokenizer_key(k) {
-            println!("  {k:<48} {}", short(v));
+            outln!(out, "  {k:<48} {}", short(v));
         }
     }
     let tok = |k: &str| f.get(k);
     let arr_len = |k: &str| tok(k).and_then(Value::as_array).map_or(0, |a| a.len());
-    println!(
+    outln!(
+        out,
         "tokenizer: {} / pre {}, {} tokens, {} merges, eos {}, pad {}, bos {}, chat template {}",
         tok("tokenizer.ggml.model")
             .and_then(Value::as_str)
@@ -195,17 +223,22 @@ fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) {
             .and_then(Value::as_str)
             .map_or("none".to_string(), |t| format!("{} bytes", t.len()))
     );
-    println!();
+    outln!(out);
     let data = acc.tensor_data();
-    println!("tensors: {}", f.tensors().len());
-    println!(
+    outln!(out, "tensors: {}", f.tensors().len());
+    outln!(
+        out,
         "  {:<8} {:>8} {:>14} {:>7}",
-        "type", "tensors", "bytes", "%"
+        "type",
+        "tensors",
+        "bytes",
+        "%"
     );
     let mut types: Vec<_> = acc.by_type.iter().collect();
     types.sort_by_key(|t| std::cmp::Reverse(t.1.bytes));
     for (ty, t) in types {
-        println!(
+        outln!(
+            out,
             "  {:<8} {:>8} {:>14} {:>6.2}%",
             ty.name(),
             t.tensors,
@@ -213,14 +246,19 @@ fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) {
             pct(t.bytes, data)
         );
     }
-    println!();
-    println!(
+    outln!(out);
+    outln!(
+        out,
         "  {:<24} {:>8} {:>14} {:>7}",
-        "group", "tensors", "bytes", "%"
+        "group",
+        "tensors",
+        "bytes",
+        "%"
     );
     for g in Group::ALL {
         if let Some(t) = acc.groups.get(&g) {
-            println!(
+            outln!(
+                out,
                 "  {:<24} {:>8} {:>14} {:>6.2}%",
                 g.name(),
                 t.tensors,
@@ -229,24 +267,26 @@ fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) {
             );
         }
     }
-    println!();
-    println!(
+    outln!(out);
+    outln!(
+        out,
         "  dense:          {:>14} {:>6.2}%  ({} tensors)",
         human(acc.dense.bytes),
         pct(acc.dense.bytes, data),
         acc.dense.tensors
     );
-    println!(
+    outln!(
+        out,
         "  routed experts: {:>14} {:>6.2}%  ({} tensors)",
         human(acc.routed_expert.bytes),
         pct(acc.routed_expert.bytes, data),
         acc.routed_expert.tensors
     );
-    println!();
-    println!("bytes:");
+    outln!(out);
+    outln!(out, "bytes:");
     for s in &acc.shards {
         if n_shards > 1 {
-            println!("  {}", s.path.display());
+            outln!(out, "  {}", s.path.display());
         }
         let rows: [(&str, u64); 8] = [
             ("header (magic, version, counts)", s.fixed_header),
@@ -259,35 +299,46 @@ fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) {
             ("total = file size", s.total()),
         ];
         for (label, v) in rows {
-            println!("  {label:<34} {v:>16}");
+            outln!(out, "  {label:<34} {v:>16}");
         }
         let ok = if s.total() == s.file_size {
             "exact"
         } else {
             "MISMATCH"
         };
-        println!(
+        outln!(
+            out,
             "  {:<34} {:>16} ({ok}, alignment {})",
-            "file size on disk", s.file_size, s.alignment
+            "file size on disk",
+            s.file_size,
+            s.alignment
         );
     }
     if n_shards > 1 {
-        println!(
+        outln!(
+            out,
             "  all shards: {} bytes accounted, {} on disk",
             acc.total(),
             acc.file_size
         );
     }
     if list_tensors {
-        println!();
+        outln!(out);
         let c = Classifier::for_file(f);
-        println!(
+        outln!(
+            out,
             "{:<44} {:<7} {:<22} {:>14} {:>5} {:>14}  group",
-            "name", "type", "shape", "bytes", "shard", "offset"
+            "name",
+            "type",
+            "shape",
+            "bytes",
+            "shard",
+            "offset"
         );
         for t in f.tensors() {
             let shape = format!("{:?}", t.dims);
-            println!(
+            outln!(
+                out,
                 "{:<44} {:<7} {:<22} {:>14} {:>5} {:>14}  {}",
                 t.name,
                 t.ty.name(),
@@ -299,6 +350,7 @@ fn print_text(f: &GgufFile, acc: &Accounting, list_tensors: bool) {
             );
         }
     }
+    out
 }
 
 fn id(v: Option<&Value>) -> String {
@@ -388,6 +440,7 @@ fn print_json(f: &GgufFile, acc: &Accounting, list_tensors: bool) -> anyhow::Res
             obj.insert("tensors".into(), serde_json::Value::Array(tensors));
         }
     }
-    println!("{}", serde_json::to_string_pretty(&out)?);
-    Ok(())
+    let mut text = serde_json::to_string_pretty(&out)?;
+    text.push('\n');
+    emit(&text)
 }
