@@ -314,22 +314,96 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
 
 // --------------------------------------------------------------------------- Python output
 
-/// Prints values as Python's `str()` would where minijinja differs (bools, None, floats).
+/// Prints values as Python's `str()` would where minijinja differs (bools, None, floats,
+/// lists and dicts).
 fn py_formatter(
     out: &mut minijinja::Output,
     state: &minijinja::State,
     value: &Value,
 ) -> Result<(), Error> {
+    match py_str(value) {
+        Some(s) => {
+            out.write_str(&s)?;
+            Ok(())
+        }
+        None => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// Python's `str()` of `value` where it differs from minijinja's; None where they agree
+/// (strings, integers, undefined) or the value is not plain data.
+fn py_str(value: &Value) -> Option<String> {
     match value.kind() {
-        ValueKind::Bool | ValueKind::None => {
-            out.write_str(&py_str_scalar(value).unwrap_or_default())?;
-            Ok(())
+        ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => {
+            let json = serde_json::to_value(value).ok()?;
+            let mut out = String::new();
+            py_repr(&json, &mut out);
+            Some(out)
         }
-        ValueKind::Number if !value.is_integer() => {
-            out.write_str(&py_str_scalar(value).unwrap_or_default())?;
-            Ok(())
+        _ => py_str_scalar(value),
+    }
+}
+
+/// Python's `repr()` of plain data (what `str()` of a list or dict prints).
+fn py_repr(v: &Json, out: &mut String) {
+    match v {
+        Json::Null => out.push_str("None"),
+        Json::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
+        Json::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
+            Some(f) if f.is_nan() => out.push_str("nan"),
+            Some(f) if f.is_infinite() => out.push_str(if f > 0.0 { "inf" } else { "-inf" }),
+            Some(f) => out.push_str(&py_float_repr(f)),
+            None => {
+                let _ = write!(out, "{n}");
+            }
+        },
+        Json::String(s) => {
+            let q = if s.contains('\'') && !s.contains('"') {
+                '"'
+            } else {
+                '\''
+            };
+            out.push(q);
+            for c in s.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    c if c == q => {
+                        out.push('\\');
+                        out.push(c);
+                    }
+                    c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                        let _ = write!(out, "\\x{:02x}", c as u32);
+                    }
+                    c => out.push(c),
+                }
+            }
+            out.push(q);
         }
-        _ => minijinja::escape_formatter(out, state, value),
+        Json::Array(items) => {
+            out.push('[');
+            for (i, x) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_repr(x, out);
+            }
+            out.push(']');
+        }
+        Json::Object(map) => {
+            out.push('{');
+            for (i, (k, x)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_repr(&Json::String(k.clone()), out);
+                out.push_str(": ");
+                py_repr(x, out);
+            }
+            out.push('}');
+        }
     }
 }
 
@@ -352,7 +426,7 @@ fn py_str_scalar(value: &Value) -> Option<String> {
     }
 }
 
-/// `string` filter with Python's spelling of scalars.
+/// `string` filter with Python's spelling of scalars, lists and dicts.
 fn string_filter(value: Value) -> Value {
     if value.is_undefined() {
         return Value::from("");
@@ -360,7 +434,7 @@ fn string_filter(value: Value) -> Value {
     if value.kind() == ValueKind::String {
         return value;
     }
-    match py_str_scalar(&value) {
+    match py_str(&value) {
         Some(s) => Value::from(s),
         None => Value::from(value.to_string()),
     }

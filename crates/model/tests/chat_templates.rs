@@ -14,6 +14,15 @@ fn template(name: &str) -> ChatTemplate {
     ChatTemplate::new(src).expect("template compiles")
 }
 
+/// An embedded template, or one whose source the fixture carries (Qwen3-Coder, small
+/// templates that exercise Python printing and filters).
+fn fixture_template(fx: &Json, name: &str) -> ChatTemplate {
+    match fx["sources"][name].as_str() {
+        Some(src) => ChatTemplate::new(src).expect("template compiles"),
+        None => template(name),
+    }
+}
+
 fn inputs(v: &Json) -> ChatInputs {
     ChatInputs {
         messages: v["messages"].clone(),
@@ -23,7 +32,7 @@ fn inputs(v: &Json) -> ChatInputs {
         },
         add_generation_prompt: v["add_generation_prompt"].as_bool().expect("bool"),
         enable_thinking: v["enable_thinking"].as_bool(),
-        extra: Default::default(),
+        extra: v["extra"].as_object().cloned().unwrap_or_default(),
     }
 }
 
@@ -34,7 +43,7 @@ fn renders_like_transformers() {
     let mut failures = 0;
     for case in fx["cases"].as_array().expect("cases") {
         let name = format!("{}/{}", case["template"], case["name"]);
-        let t = template(case["template"].as_str().expect("template"));
+        let t = fixture_template(&fx, case["template"].as_str().expect("template"));
         let got = t.render(&inputs(&case["inputs"])).expect(&name);
         let want = case["expected"].as_str().expect("expected");
         if got != want {
