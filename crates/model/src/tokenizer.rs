@@ -788,6 +788,14 @@ mod tests {
     }
 
     #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<StreamDecoder>();
+        assert_send_sync::<crate::chat::ChatTemplate>();
+    }
+
+    #[test]
     fn toy_encode_decode() {
         let tk = Tokenizer::from_parts(&toy("qwen2")).expect("build");
         assert_eq!(tk.vocab_size(), 267);
