@@ -1,463 +1,528 @@
-//! AVX-512 (F, BW, VL, VNNI) kernels.
+//! AVX-512 kernels, in two instantiations of one body: with VNNI
+//! (F, BW, VL, VNNI) and without (F, BW, VL).
 //!
-//! Integer dots run 64 bytes at a time with `vpdpbusd` (unsigned × signed bytes,
-//! four products summed into each i32 lane, no intermediate saturation). Signed
-//! weights are made unsigned with an exact offset that is removed afterwards with
-//! the activation block sums (`Σ (w + 128)·a - 128·asum`). Each sub-block's partial
-//! sums are reduced to one lane, and the float sequence then runs on 8-lane vectors,
-//! one sub-block per lane, exactly as in `scalar.rs` (the same helpers as the AVX2
-//! kernels). Float rows keep the 32 accumulators in two 16-lane vectors.
+//! Integer dots run 64 bytes at a time: `vpdpbusd` (unsigned × signed bytes, four
+//! products summed into each i32 lane) with VNNI, `vpmaddubsw` + `vpmaddwd` (the
+//! same four-product groups) without. Signed weights (Q8_0, IQ4_XS) are made
+//! unsigned with an exact offset under VNNI (`Σ (w + 128)·a - 128·asum`) and with
+//! the sign trick without it (where the offset would saturate the i16 pairs). Each
+//! sub-block's partial sums are reduced to one lane, and the float sequence then
+//! runs on 8-lane vectors, one sub-block per lane, exactly as in `scalar.rs` (the
+//! same helpers as the AVX2 kernels). Float rows keep the 32 accumulators in two
+//! 16-lane vectors.
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use imp::kernel;
+pub(crate) use bw::kernel as bw_kernel;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use vnni::kernel as vnni_kernel;
 
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn kernel(ty: crate::GgmlType, _proof: crate::isa::Avx512Proof) -> crate::Kernel {
+pub(crate) fn vnni_kernel(ty: crate::GgmlType, _proof: crate::isa::Avx512Proof) -> crate::Kernel {
     crate::scalar_kernel(ty)
 }
 
-#[cfg(target_arch = "x86_64")]
-mod imp {
-    use std::arch::x86_64::*;
-
-    use crate::avx2::imp::{finish_with_tail, iq4_xs_scales, k_scales, tree};
-    use crate::formats::*;
-    use crate::isa::Avx512Proof;
-    use crate::scalar;
-    use crate::{ActQ8, GgmlType, Kernel};
-
-    pub(crate) fn kernel(ty: GgmlType, _proof: Avx512Proof) -> Kernel {
-        use GgmlType as T;
-        // SAFETY (every wrapper below): the wrappers are only handed out here, and
-        // `Avx512Proof` exists only once avx512f/bw/vl/vnni and avx2/fma/f16c were
-        // detected on this CPU.
-        macro_rules! q {
-            ($f:ident) => {{
-                fn w(row: &[u8], xq: &ActQ8) -> f32 {
-                    unsafe { $f(row, xq) }
-                }
-                Kernel::Q(w)
-            }};
-        }
-        macro_rules! f {
-            ($f:ident) => {{
-                fn w(row: &[u8], x: &[f32]) -> f32 {
-                    unsafe { $f(row, x) }
-                }
-                Kernel::F(w)
-            }};
-        }
-        match ty {
-            T::F32 => f!(dot_f32),
-            T::F16 => f!(dot_f16),
-            T::BF16 => f!(dot_bf16),
-            T::Q8_0 => q!(dot_q8_0),
-            T::Q4_0 => q!(dot_q4_0),
-            T::Q4_K => q!(dot_q4_k),
-            T::Q5_K => q!(dot_q5_k),
-            T::Q6_K => q!(dot_q6_k),
-            T::IQ4_XS => q!(dot_iq4_xs),
-            other => crate::scalar_kernel(other),
-        }
-    }
-
-    fn check(row: &[u8], xq: &ActQ8, block_bytes: usize, block_vals: usize) -> usize {
-        let nb = row.len() / block_bytes;
-        assert!(
-            row.len() == nb * block_bytes
-                && xq.qs.len() >= nb * block_vals
-                && xq.d.len() >= nb * block_vals / SUB
-                && xq.sums.len() >= nb * block_vals / SUB
-        );
-        nb
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn ld256(p: *const u8) -> __m256i {
-        _mm256_loadu_si256(p as *const __m256i)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn ld512(p: *const u8) -> __m512i {
-        _mm512_loadu_si512(p as *const __m512i)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn lda512(p: *const i8) -> __m512i {
-        _mm512_loadu_si512(p as *const __m512i)
-    }
-
-    /// Unsigned × signed byte dot: each i32 lane sums four products.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn dp(u: __m512i, s: __m512i) -> __m512i {
-        _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s)
-    }
-
-    /// Reduces four 16-lane partial sums, each holding two sub-blocks (lanes 0..7
-    /// and 8..15), to one vector with lane j = sub-block j's dot (exact).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn reduce4(p: &[__m512i; 4]) -> __m256i {
-        // Per 128-bit chunk k: [p0 lanes 0+2, p1 0+2, p0 1+3, p1 1+3] (and p2, p3).
-        let t01 = _mm512_add_epi32(
-            _mm512_unpacklo_epi32(p[0], p[1]),
-            _mm512_unpackhi_epi32(p[0], p[1]),
-        );
-        let t23 = _mm512_add_epi32(
-            _mm512_unpacklo_epi32(p[2], p[3]),
-            _mm512_unpackhi_epi32(p[2], p[3]),
-        );
-        // Chunk k: [Σ chunk k of p0, of p1, of p2, of p3].
-        let u = _mm512_add_epi32(
-            _mm512_unpacklo_epi64(t01, t23),
-            _mm512_unpackhi_epi64(t01, t23),
-        );
-        // Chunk 0: chunks 0+1 (sub-blocks 0, 2, 4, 6); chunk 2: chunks 2+3 (1, 3, 5, 7).
-        let v = _mm512_add_epi32(u, _mm512_shuffle_i64x2(u, u, 0xB1));
-        let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
-        _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
-        let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
-        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn f16_one(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            (p as *const u16).read_unaligned() as i32,
-        )))
-    }
-
-    /// `c = (d * da) * isum`, lanes = sub-blocks.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn scale_c(d: __m256, da: __m256, isum: __m256i) -> __m256 {
-        _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum))
-    }
-
-    /// Q4_K / Q5_K: `c = (d*da)*is; c = fma(-(dmin*da), im, c)`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn k_c(blk: *const u8, b: usize, xq: &ActQ8, dots: __m256i) -> __m256 {
-        let (d, dmin) = f16_pair(blk);
-        let (sc, m) = k_scales(blk.add(4));
-        let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
-        let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-        let sc32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
-        let m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64));
-        let is = _mm256_mullo_epi32(dots, sc32);
-        let im = _mm256_mullo_epi32(sums, m32);
-        let dd = _mm256_mul_ps(_mm256_set1_ps(d), da);
-        let dm = _mm256_mul_ps(_mm256_set1_ps(dmin), da);
-        let c = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is));
-        _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(im), c)
-    }
-
-    /// Pairs the nibble planes of two consecutive 32-byte chunks: from
-    /// lo = [lo_c, lo_c+1] and hi = [hi_c, hi_c+1] (256 bits each half) returns
-    /// [lo_c, hi_c] and [lo_c+1, hi_c+1], i.e. the values of 64 consecutive elements each.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn pair_planes(lo: __m512i, hi: __m512i) -> (__m512i, __m512i) {
-        (
-            _mm512_shuffle_i64x2(lo, hi, 0x44),
-            _mm512_shuffle_i64x2(lo, hi, 0xEE),
-        )
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_q4_k(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q4_K_BYTES, QK_K);
-        let m4 = _mm512_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for b in 0..nb {
-            let blk = row.as_ptr().add(Q4_K_BYTES * b);
-            let qa = xq.qs.as_ptr().add(QK_K * b);
-            let mut p = [_mm512_setzero_si512(); 4];
-            for h in 0..2 {
-                let q = ld512(blk.add(16 + 64 * h));
-                let lo = _mm512_and_si512(q, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                let (z0, z1) = pair_planes(lo, hi);
-                p[2 * h] = dp(z0, lda512(qa.add(128 * h)));
-                p[2 * h + 1] = dp(z1, lda512(qa.add(128 * h + 64)));
-            }
-            let c = k_c(blk, b, xq, reduce4(&p));
-            acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
-        }
-        tree(&acc)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_q5_k(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q5_K_BYTES, QK_K);
-        let m4 = _mm512_set1_epi8(0x0F);
-        let b4 = _mm512_set1_epi8(0x10);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for b in 0..nb {
-            let blk = row.as_ptr().add(Q5_K_BYTES * b);
-            let qa = xq.qs.as_ptr().add(QK_K * b);
-            let qh = ld256(blk.add(16));
-            // First half serves chunk 2h (bits 4h, 4h+1), second half chunk 2h+1
-            // (bits 4h+2, 4h+3): bit pairs move to bits 0, 1 of each byte.
-            let mut hz =
-                _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-            let mut p = [_mm512_setzero_si512(); 4];
-            for h in 0..2 {
-                let q = ld512(blk.add(48 + 64 * h));
-                let lo = _mm512_or_si512(
-                    _mm512_and_si512(q, m4),
-                    _mm512_and_si512(_mm512_slli_epi16(hz, 4), b4),
-                );
-                let hi = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
-                    _mm512_and_si512(_mm512_slli_epi16(hz, 3), b4),
-                );
-                hz = _mm512_srli_epi16(hz, 4);
-                let (z0, z1) = pair_planes(lo, hi);
-                p[2 * h] = dp(z0, lda512(qa.add(128 * h)));
-                p[2 * h + 1] = dp(z1, lda512(qa.add(128 * h + 64)));
-            }
-            let c = k_c(blk, b, xq, reduce4(&p));
-            acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
-        }
-        tree(&acc)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_q6_k(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q6_K_BYTES, QK_K);
-        let m4 = _mm512_set1_epi8(0x0F);
-        let m32 = _mm512_set1_epi8(32);
-        // Per 256-bit half: the qh bit pair of sub-block k (of 4) and its shift to bits 4, 5.
-        let mask01 = _mm512_inserti64x4(_mm512_set1_epi8(0x03), _mm256_set1_epi8(0x0C), 1);
-        let shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-        let mask23 = _mm512_inserti64x4(_mm512_set1_epi8(0x30), _mm256_set1_epi8(0xC0u8 as i8), 1);
-        let shr23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-        // Lane i of pair P (sub-blocks 2P, 2P+1) uses 16-value group 4P + i/4.
-        let group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for b in 0..nb {
-            let blk = row.as_ptr().add(Q6_K_BYTES * b);
-            let qa = xq.qs.as_ptr().add(QK_K * b);
-            let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192) as *const __m128i));
-            let mut p = [_mm512_setzero_si512(); 4];
-            for h in 0..2 {
-                let ql = ld512(blk.add(64 * h));
-                let qh = _mm512_broadcast_i64x4(ld256(blk.add(128 + 32 * h)));
-                let h01 = _mm512_sllv_epi16(_mm512_and_si512(qh, mask01), shl01);
-                let h23 = _mm512_srlv_epi16(_mm512_and_si512(qh, mask23), shr23);
-                // [q0, q1] and [q2, q3] as unsigned q + 32 (0..63).
-                let z01 = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
-                let z23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
-                for (k, z) in [z01, z23].into_iter().enumerate() {
-                    let pp = 2 * h + k;
-                    let a = lda512(qa.add(64 * pp));
-                    // Σ (q - 32)·a per group of four, exact.
-                    let t = _mm512_sub_epi32(dp(z, a), dp(m32, a));
-                    let scv = _mm512_permutexvar_epi32(
-                        _mm512_add_epi32(group, _mm512_set1_epi32(4 * pp as i32)),
-                        sc,
-                    );
-                    p[pp] = _mm512_mullo_epi32(t, scv);
-                }
-            }
-            let isum = reduce4(&p);
-            let d = _mm256_set1_ps(f16_one(blk.add(208)));
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-            acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
-        }
-        tree(&acc)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_iq4_xs(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, IQ4_XS_BYTES, QK_K);
-        let m4 = _mm512_set1_epi8(0x0F);
-        // K + 128 as unsigned bytes, in every 128-bit lane.
-        let mut k128 = [0u8; 16];
-        for (o, &k) in k128.iter_mut().zip(KVALUES_IQ4NL.iter()) {
-            *o = (k as i32 + 128) as u8;
-        }
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(k128.as_ptr() as *const __m128i));
-        let idx0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-        let idx1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for b in 0..nb {
-            let blk = row.as_ptr().add(IQ4_XS_BYTES * b);
-            let qa = xq.qs.as_ptr().add(QK_K * b);
-            let mut p = [_mm512_setzero_si512(); 4];
-            for h in 0..2 {
-                // Sub-blocks 4h..4h+4, 16 bytes each: low nibbles are values 0..15,
-                // high nibbles values 16..31 of each sub-block.
-                let q = ld512(blk.add(8 + 64 * h));
-                let lo = _mm512_and_si512(q, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                let z0 = _mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, idx0, hi));
-                let z1 = _mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, idx1, hi));
-                p[2 * h] = dp(z0, lda512(qa.add(128 * h)));
-                p[2 * h + 1] = dp(z1, lda512(qa.add(128 * h + 64)));
-            }
-            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
-            let raw = _mm256_sub_epi32(reduce4(&p), _mm256_slli_epi32(sums, 7));
-            let isum = _mm256_mullo_epi32(raw, iq4_xs_scales(blk));
-            let d = _mm256_set1_ps(f16_one(blk));
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-            acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
-        }
-        tree(&acc)
-    }
-
-    /// Eight f16 block scales at stride `stride` bytes, as f32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
-        let mut h = [0u16; 8];
-        for (k, v) in h.iter_mut().enumerate() {
-            *v = (p.add(stride * k) as *const u16).read_unaligned();
-        }
-        _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_q8_0(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q8_0_BYTES, SUB);
-        let bias = _mm512_set1_epi8(0x80u8 as i8);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let groups = nb / 8;
-        for g in 0..groups {
-            let base = row.as_ptr().add(Q8_0_BYTES * 8 * g);
-            let qa = xq.qs.as_ptr().add(SUB * 8 * g);
-            let mut p = [_mm512_setzero_si512(); 4];
-            for (k, pk) in p.iter_mut().enumerate() {
-                let w0 = ld256(base.add(Q8_0_BYTES * 2 * k + 2));
-                let w1 = ld256(base.add(Q8_0_BYTES * (2 * k + 1) + 2));
-                // w + 128 as unsigned bytes.
-                let wu =
-                    _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), bias);
-                *pk = dp(wu, lda512(qa.add(64 * k)));
-            }
-            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * g) as *const __m256i);
-            let isum = _mm256_sub_epi32(reduce4(&p), _mm256_slli_epi32(sums, 7));
-            let d = f16x8(base, Q8_0_BYTES);
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
-            acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
-        }
-        finish_with_tail(&acc, 8 * groups, nb, |s| {
-            scalar::q8_0_contrib(&row[Q8_0_BYTES * s..Q8_0_BYTES * (s + 1)], s, xq)
-        })
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_q4_0(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q4_0_BYTES, SUB);
-        let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let groups = nb / 8;
-        for g in 0..groups {
-            let base = row.as_ptr().add(Q4_0_BYTES * 8 * g);
-            let qa = xq.qs.as_ptr().add(SUB * 8 * g);
-            let mut p = [_mm512_setzero_si512(); 4];
-            for (k, pk) in p.iter_mut().enumerate() {
-                let q0 = _mm_loadu_si128(base.add(Q4_0_BYTES * 2 * k + 2) as *const __m128i);
-                let q1 = _mm_loadu_si128(base.add(Q4_0_BYTES * (2 * k + 1) + 2) as *const __m128i);
-                let y = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-                let lo = _mm256_and_si256(y, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), m4);
-                // [lo0, lo1, hi0, hi1] → [lo0, hi0, lo1, hi1]: 64 consecutive values.
-                let z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                let z = _mm512_shuffle_i64x2(z, z, 0xD8);
-                *pk = dp(z, lda512(qa.add(64 * k)));
-            }
-            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * g) as *const __m256i);
-            let isum = _mm256_sub_epi32(reduce4(&p), _mm256_slli_epi32(sums, 3));
-            let d = f16x8(base, Q4_0_BYTES);
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
-            acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
-        }
-        finish_with_tail(&acc, 8 * groups, nb, |s| {
-            scalar::q4_0_contrib(&row[Q4_0_BYTES * s..Q4_0_BYTES * (s + 1)], s, xq)
-        })
-    }
-
-    /// The combine tree for float rows: acc0 = accumulators 0..15, acc1 = 16..31.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn tree16(acc0: __m512, acc1: __m512) -> f32 {
-        // w = 16.
-        let v = _mm512_add_ps(acc0, acc1);
-        // w = 8.
-        let lo = _mm512_castps512_ps256(v);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-        let v8 = _mm256_add_ps(lo, hi);
-        // w = 4, 2, 1.
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-        _mm_cvtss_f32(s1)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
-        let n = row.len() / 4;
-        assert!(x.len() >= n);
-        let (w, xp) = (row.as_ptr() as *const f32, x.as_ptr());
-        let mut a0 = _mm512_setzero_ps();
-        let mut a1 = _mm512_setzero_ps();
-        for i in (0..n).step_by(32) {
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(i)), _mm512_loadu_ps(xp.add(i)), a0);
-            a1 = _mm512_fmadd_ps(
-                _mm512_loadu_ps(w.add(i + 16)),
-                _mm512_loadu_ps(xp.add(i + 16)),
-                a1,
-            );
-        }
-        tree16(a0, a1)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-        let n = row.len() / 2;
-        assert!(x.len() >= n);
-        let (w, xp) = (row.as_ptr(), x.as_ptr());
-        let mut a0 = _mm512_setzero_ps();
-        let mut a1 = _mm512_setzero_ps();
-        for i in (0..n).step_by(32) {
-            let w0 = _mm512_cvtph_ps(ld256(w.add(2 * i)));
-            let w1 = _mm512_cvtph_ps(ld256(w.add(2 * i + 32)));
-            a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp.add(i)), a0);
-            a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(i + 16)), a1);
-        }
-        tree16(a0, a1)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
-        let n = row.len() / 2;
-        assert!(x.len() >= n);
-        let (w, xp) = (row.as_ptr(), x.as_ptr());
-        let widen = |p: *const u8| {
-            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ld256(p)), 16))
-        };
-        let mut a0 = _mm512_setzero_ps();
-        let mut a1 = _mm512_setzero_ps();
-        for i in (0..n).step_by(32) {
-            a0 = _mm512_fmadd_ps(widen(w.add(2 * i)), _mm512_loadu_ps(xp.add(i)), a0);
-            a1 = _mm512_fmadd_ps(
-                widen(w.add(2 * i + 32)),
-                _mm512_loadu_ps(xp.add(i + 16)),
-                a1,
-            );
-        }
-        tree16(a0, a1)
-    }
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn bw_kernel(ty: crate::GgmlType, _proof: crate::isa::Avx512BwProof) -> crate::Kernel {
+    crate::scalar_kernel(ty)
 }
+
+/// A safe `Kernel` around an unsafe target-feature kernel (see the SAFETY note at its use).
+#[cfg(target_arch = "x86_64")]
+macro_rules! wrap_q {
+    ($f:ident) => {{
+        fn w(row: &[u8], xq: &ActQ8) -> f32 {
+            unsafe { $f(row, xq) }
+        }
+        Kernel::Q(w)
+    }};
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! wrap_f {
+    ($f:ident) => {{
+        fn w(row: &[u8], x: &[f32]) -> f32 {
+            unsafe { $f(row, x) }
+        }
+        Kernel::F(w)
+    }};
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx512_kernels {
+    ($name:ident, $feat:literal, $proof:ty, vnni: $vnni:literal) => {
+        mod $name {
+            /// Whether `dp` is `vpdpbusd` (and signed weights use the +128 offset).
+            const VNNI: bool = $vnni;
+            const OFFSET: bool = $vnni;
+
+            use std::arch::x86_64::*;
+
+            use crate::avx2::imp::{finish_with_tail, iq4_xs_scales, k_scales, tree};
+            use crate::formats::*;
+            use crate::scalar;
+            use crate::{ActQ8, GgmlType, Kernel};
+
+            pub(crate) fn kernel(ty: GgmlType, _proof: $proof) -> Kernel {
+                use GgmlType as T;
+                // SAFETY (every wrapper below): the wrappers are only handed out here, and
+                // the proof exists only once this module's target features were detected
+                // on this CPU.
+                match ty {
+                    T::F32 => wrap_f!(dot_f32),
+                    T::F16 => wrap_f!(dot_f16),
+                    T::BF16 => wrap_f!(dot_bf16),
+                    T::Q8_0 => wrap_q!(dot_q8_0),
+                    T::Q4_0 => wrap_q!(dot_q4_0),
+                    T::Q4_K => wrap_q!(dot_q4_k),
+                    T::Q5_K => wrap_q!(dot_q5_k),
+                    T::Q6_K => wrap_q!(dot_q6_k),
+                    T::IQ4_XS => wrap_q!(dot_iq4_xs),
+                    other => crate::scalar_kernel(other),
+                }
+            }
+
+            fn check(row: &[u8], xq: &ActQ8, block_bytes: usize, block_vals: usize) -> usize {
+                let nb = row.len() / block_bytes;
+                assert!(
+                    row.len() == nb * block_bytes
+                        && xq.qs.len() >= nb * block_vals
+                        && xq.d.len() >= nb * block_vals / SUB
+                        && xq.sums.len() >= nb * block_vals / SUB
+                );
+                nb
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn ld256(p: *const u8) -> __m256i {
+                _mm256_loadu_si256(p as *const __m256i)
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn ld512(p: *const u8) -> __m512i {
+                _mm512_loadu_si512(p as *const __m512i)
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn lda512(p: *const i8) -> __m512i {
+                _mm512_loadu_si512(p as *const __m512i)
+            }
+
+            /// Unsigned × signed byte dot: each i32 lane sums four products.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            #[allow(unused_unsafe)]
+            fn dp(u: __m512i, s: __m512i) -> __m512i {
+                if VNNI {
+                    // SAFETY: only reached in the VNNI instantiation, whose features include avx512vnni.
+                    unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s) }
+                } else {
+                    // u ≤ 128 and |s| ≤ 127 at every call: no i16 pair sum saturates.
+                    _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1))
+                }
+            }
+
+            /// Signed × signed byte dot (|s| ≤ 127), each i32 lane summing four products.
+            /// With VNNI: `Σ (w + 128)·s` — the caller subtracts `128·Σ s` (`OFFSET`);
+            /// without: `Σ |w|·(s·sign w)`, exact as it stands.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn dps(w: __m512i, s: __m512i) -> __m512i {
+                if OFFSET {
+                    dp(_mm512_xor_si512(w, _mm512_set1_epi8(0x80u8 as i8)), s)
+                } else {
+                    let neg = _mm512_movepi8_mask(w);
+                    dp(
+                        _mm512_abs_epi8(w),
+                        _mm512_mask_sub_epi8(s, neg, _mm512_setzero_si512(), s),
+                    )
+                }
+            }
+
+            /// Removes the `OFFSET` bias from eight sub-block dots: `raw - 128·asum`.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn unbias(raw: __m256i, sums: *const i32) -> __m256i {
+                if OFFSET {
+                    _mm256_sub_epi32(
+                        raw,
+                        _mm256_slli_epi32(_mm256_loadu_si256(sums as *const __m256i), 7),
+                    )
+                } else {
+                    raw
+                }
+            }
+
+            /// Reduces four 16-lane partial sums, each holding two sub-blocks (lanes 0..7
+            /// and 8..15), to one vector with lane j = sub-block j's dot (exact).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn reduce4(p: &[__m512i; 4]) -> __m256i {
+                // Per 128-bit chunk k: [p0 lanes 0+2, p1 0+2, p0 1+3, p1 1+3] (and p2, p3).
+                let t01 = _mm512_add_epi32(
+                    _mm512_unpacklo_epi32(p[0], p[1]),
+                    _mm512_unpackhi_epi32(p[0], p[1]),
+                );
+                let t23 = _mm512_add_epi32(
+                    _mm512_unpacklo_epi32(p[2], p[3]),
+                    _mm512_unpackhi_epi32(p[2], p[3]),
+                );
+                // Chunk k: [Σ chunk k of p0, of p1, of p2, of p3].
+                let u = _mm512_add_epi32(
+                    _mm512_unpacklo_epi64(t01, t23),
+                    _mm512_unpackhi_epi64(t01, t23),
+                );
+                // Chunk 0: chunks 0+1 (sub-blocks 0, 2, 4, 6); chunk 2: chunks 2+3 (1, 3, 5, 7).
+                let v = _mm512_add_epi32(u, _mm512_shuffle_i64x2(u, u, 0xB1));
+                let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+                _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v))
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+                let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+                (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn f16_one(p: *const u8) -> f32 {
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                    (p as *const u16).read_unaligned() as i32,
+                )))
+            }
+
+            /// `c = (d * da) * isum`, lanes = sub-blocks.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn scale_c(d: __m256, da: __m256, isum: __m256i) -> __m256 {
+                _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum))
+            }
+
+            /// Q4_K / Q5_K: `c = (d*da)*is; c = fma(-(dmin*da), im, c)`.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn k_c(blk: *const u8, b: usize, xq: &ActQ8, dots: __m256i) -> __m256 {
+                let (d, dmin) = f16_pair(blk);
+                let (sc, m) = k_scales(blk.add(4));
+                let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
+                let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
+                let sc32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+                let m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64));
+                let is = _mm256_mullo_epi32(dots, sc32);
+                let im = _mm256_mullo_epi32(sums, m32);
+                let dd = _mm256_mul_ps(_mm256_set1_ps(d), da);
+                let dm = _mm256_mul_ps(_mm256_set1_ps(dmin), da);
+                let c = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is));
+                _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(im), c)
+            }
+
+            /// Pairs the nibble planes of two consecutive 32-byte chunks: from
+            /// lo = [lo_c, lo_c+1] and hi = [hi_c, hi_c+1] (256 bits each half) returns
+            /// [lo_c, hi_c] and [lo_c+1, hi_c+1], i.e. the values of 64 consecutive elements each.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn pair_planes(lo: __m512i, hi: __m512i) -> (__m512i, __m512i) {
+                (
+                    _mm512_shuffle_i64x2(lo, hi, 0x44),
+                    _mm512_shuffle_i64x2(lo, hi, 0xEE),
+                )
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q4_k(row: &[u8], xq: &ActQ8) -> f32 {
+                let nb = check(row, xq, Q4_K_BYTES, QK_K);
+                let m4 = _mm512_set1_epi8(0x0F);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for b in 0..nb {
+                    let blk = row.as_ptr().add(Q4_K_BYTES * b);
+                    let qa = xq.qs.as_ptr().add(QK_K * b);
+                    let mut p = [_mm512_setzero_si512(); 4];
+                    for h in 0..2 {
+                        let q = ld512(blk.add(16 + 64 * h));
+                        let lo = _mm512_and_si512(q, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                        let (z0, z1) = pair_planes(lo, hi);
+                        p[2 * h] = dp(z0, lda512(qa.add(128 * h)));
+                        p[2 * h + 1] = dp(z1, lda512(qa.add(128 * h + 64)));
+                    }
+                    let c = k_c(blk, b, xq, reduce4(&p));
+                    acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
+                }
+                tree(&acc)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q5_k(row: &[u8], xq: &ActQ8) -> f32 {
+                let nb = check(row, xq, Q5_K_BYTES, QK_K);
+                let m4 = _mm512_set1_epi8(0x0F);
+                let b4 = _mm512_set1_epi8(0x10);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for b in 0..nb {
+                    let blk = row.as_ptr().add(Q5_K_BYTES * b);
+                    let qa = xq.qs.as_ptr().add(QK_K * b);
+                    let qh = ld256(blk.add(16));
+                    // First half serves chunk 2h (bits 4h, 4h+1), second half chunk 2h+1
+                    // (bits 4h+2, 4h+3): bit pairs move to bits 0, 1 of each byte.
+                    let mut hz =
+                        _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+                    let mut p = [_mm512_setzero_si512(); 4];
+                    for h in 0..2 {
+                        let q = ld512(blk.add(48 + 64 * h));
+                        let lo = _mm512_or_si512(
+                            _mm512_and_si512(q, m4),
+                            _mm512_and_si512(_mm512_slli_epi16(hz, 4), b4),
+                        );
+                        let hi = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
+                            _mm512_and_si512(_mm512_slli_epi16(hz, 3), b4),
+                        );
+                        hz = _mm512_srli_epi16(hz, 4);
+                        let (z0, z1) = pair_planes(lo, hi);
+                        p[2 * h] = dp(z0, lda512(qa.add(128 * h)));
+                        p[2 * h + 1] = dp(z1, lda512(qa.add(128 * h + 64)));
+                    }
+                    let c = k_c(blk, b, xq, reduce4(&p));
+                    acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
+                }
+                tree(&acc)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q6_k(row: &[u8], xq: &ActQ8) -> f32 {
+                let nb = check(row, xq, Q6_K_BYTES, QK_K);
+                let m4 = _mm512_set1_epi8(0x0F);
+                let m32 = _mm512_set1_epi8(32);
+                // Per 256-bit half: the qh bit pair of sub-block k (of 4) and its shift to bits 4, 5.
+                let mask01 = _mm512_inserti64x4(_mm512_set1_epi8(0x03), _mm256_set1_epi8(0x0C), 1);
+                let shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+                let mask23 =
+                    _mm512_inserti64x4(_mm512_set1_epi8(0x30), _mm256_set1_epi8(0xC0u8 as i8), 1);
+                let shr23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+                // Lane i of pair P (sub-blocks 2P, 2P+1) uses 16-value group 4P + i/4.
+                let group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for b in 0..nb {
+                    let blk = row.as_ptr().add(Q6_K_BYTES * b);
+                    let qa = xq.qs.as_ptr().add(QK_K * b);
+                    let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192) as *const __m128i));
+                    let mut p = [_mm512_setzero_si512(); 4];
+                    for h in 0..2 {
+                        let ql = ld512(blk.add(64 * h));
+                        let qh = _mm512_broadcast_i64x4(ld256(blk.add(128 + 32 * h)));
+                        let h01 = _mm512_sllv_epi16(_mm512_and_si512(qh, mask01), shl01);
+                        let h23 = _mm512_srlv_epi16(_mm512_and_si512(qh, mask23), shr23);
+                        // [q0, q1] and [q2, q3] as unsigned q + 32 (0..63).
+                        let z01 = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
+                        let z23 =
+                            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
+                        for (k, z) in [z01, z23].into_iter().enumerate() {
+                            let pp = 2 * h + k;
+                            let a = lda512(qa.add(64 * pp));
+                            // Σ (q - 32)·a per group of four, exact.
+                            let t = _mm512_sub_epi32(dp(z, a), dp(m32, a));
+                            let scv = _mm512_permutexvar_epi32(
+                                _mm512_add_epi32(group, _mm512_set1_epi32(4 * pp as i32)),
+                                sc,
+                            );
+                            p[pp] = _mm512_mullo_epi32(t, scv);
+                        }
+                    }
+                    let isum = reduce4(&p);
+                    let d = _mm256_set1_ps(f16_one(blk.add(208)));
+                    let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
+                    acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
+                }
+                tree(&acc)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_iq4_xs(row: &[u8], xq: &ActQ8) -> f32 {
+                let nb = check(row, xq, IQ4_XS_BYTES, QK_K);
+                let m4 = _mm512_set1_epi8(0x0F);
+                // The signed levels K, in every 128-bit lane.
+                let table = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                    KVALUES_IQ4NL.as_ptr() as *const __m128i
+                ));
+                let idx0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+                let idx1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for b in 0..nb {
+                    let blk = row.as_ptr().add(IQ4_XS_BYTES * b);
+                    let qa = xq.qs.as_ptr().add(QK_K * b);
+                    let mut p = [_mm512_setzero_si512(); 4];
+                    for h in 0..2 {
+                        // Sub-blocks 4h..4h+4, 16 bytes each: low nibbles are values 0..15,
+                        // high nibbles values 16..31 of each sub-block.
+                        let q = ld512(blk.add(8 + 64 * h));
+                        let lo = _mm512_and_si512(q, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                        let z0 =
+                            _mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, idx0, hi));
+                        let z1 =
+                            _mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, idx1, hi));
+                        p[2 * h] = dps(z0, lda512(qa.add(128 * h)));
+                        p[2 * h + 1] = dps(z1, lda512(qa.add(128 * h + 64)));
+                    }
+                    let raw = unbias(reduce4(&p), xq.sums.as_ptr().add(8 * b));
+                    let isum = _mm256_mullo_epi32(raw, iq4_xs_scales(blk));
+                    let d = _mm256_set1_ps(f16_one(blk));
+                    let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
+                    acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
+                }
+                tree(&acc)
+            }
+
+            /// Eight f16 block scales at stride `stride` bytes, as f32 lanes.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
+                let mut h = [0u16; 8];
+                for (k, v) in h.iter_mut().enumerate() {
+                    *v = (p.add(stride * k) as *const u16).read_unaligned();
+                }
+                _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q8_0(row: &[u8], xq: &ActQ8) -> f32 {
+                let nb = check(row, xq, Q8_0_BYTES, SUB);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let groups = nb / 8;
+                for g in 0..groups {
+                    let base = row.as_ptr().add(Q8_0_BYTES * 8 * g);
+                    let qa = xq.qs.as_ptr().add(SUB * 8 * g);
+                    let mut p = [_mm512_setzero_si512(); 4];
+                    for (k, pk) in p.iter_mut().enumerate() {
+                        let w0 = ld256(base.add(Q8_0_BYTES * 2 * k + 2));
+                        let w1 = ld256(base.add(Q8_0_BYTES * (2 * k + 1) + 2));
+                        let w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                        *pk = dps(w, lda512(qa.add(64 * k)));
+                    }
+                    let isum = unbias(reduce4(&p), xq.sums.as_ptr().add(8 * g));
+                    let d = f16x8(base, Q8_0_BYTES);
+                    let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
+                    acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
+                }
+                finish_with_tail(&acc, 8 * groups, nb, |s| {
+                    scalar::q8_0_contrib(&row[Q8_0_BYTES * s..Q8_0_BYTES * (s + 1)], s, xq)
+                })
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q4_0(row: &[u8], xq: &ActQ8) -> f32 {
+                let nb = check(row, xq, Q4_0_BYTES, SUB);
+                let m4 = _mm256_set1_epi8(0x0F);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let groups = nb / 8;
+                for g in 0..groups {
+                    let base = row.as_ptr().add(Q4_0_BYTES * 8 * g);
+                    let qa = xq.qs.as_ptr().add(SUB * 8 * g);
+                    let mut p = [_mm512_setzero_si512(); 4];
+                    for (k, pk) in p.iter_mut().enumerate() {
+                        let q0 =
+                            _mm_loadu_si128(base.add(Q4_0_BYTES * 2 * k + 2) as *const __m128i);
+                        let q1 = _mm_loadu_si128(
+                            base.add(Q4_0_BYTES * (2 * k + 1) + 2) as *const __m128i
+                        );
+                        let y = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+                        let lo = _mm256_and_si256(y, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), m4);
+                        // [lo0, lo1, hi0, hi1] → [lo0, hi0, lo1, hi1]: 64 consecutive values.
+                        let z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                        let z = _mm512_shuffle_i64x2(z, z, 0xD8);
+                        *pk = dp(z, lda512(qa.add(64 * k)));
+                    }
+                    let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * g) as *const __m256i);
+                    let isum = _mm256_sub_epi32(reduce4(&p), _mm256_slli_epi32(sums, 3));
+                    let d = f16x8(base, Q4_0_BYTES);
+                    let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
+                    acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
+                }
+                finish_with_tail(&acc, 8 * groups, nb, |s| {
+                    scalar::q4_0_contrib(&row[Q4_0_BYTES * s..Q4_0_BYTES * (s + 1)], s, xq)
+                })
+            }
+
+            /// The combine tree for float rows: acc0 = accumulators 0..15, acc1 = 16..31.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn tree16(acc0: __m512, acc1: __m512) -> f32 {
+                // w = 16.
+                let v = _mm512_add_ps(acc0, acc1);
+                // w = 8.
+                let lo = _mm512_castps512_ps256(v);
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+                let v8 = _mm256_add_ps(lo, hi);
+                // w = 4, 2, 1.
+                let s4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
+                let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+                let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+                _mm_cvtss_f32(s1)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+                let n = row.len() / 4;
+                assert!(x.len() >= n);
+                let (w, xp) = (row.as_ptr() as *const f32, x.as_ptr());
+                let mut a0 = _mm512_setzero_ps();
+                let mut a1 = _mm512_setzero_ps();
+                for i in (0..n).step_by(32) {
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(i)), _mm512_loadu_ps(xp.add(i)), a0);
+                    a1 = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(w.add(i + 16)),
+                        _mm512_loadu_ps(xp.add(i + 16)),
+                        a1,
+                    );
+                }
+                tree16(a0, a1)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+                let n = row.len() / 2;
+                assert!(x.len() >= n);
+                let (w, xp) = (row.as_ptr(), x.as_ptr());
+                let mut a0 = _mm512_setzero_ps();
+                let mut a1 = _mm512_setzero_ps();
+                for i in (0..n).step_by(32) {
+                    let w0 = _mm512_cvtph_ps(ld256(w.add(2 * i)));
+                    let w1 = _mm512_cvtph_ps(ld256(w.add(2 * i + 32)));
+                    a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp.add(i)), a0);
+                    a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(i + 16)), a1);
+                }
+                tree16(a0, a1)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+                let n = row.len() / 2;
+                assert!(x.len() >= n);
+                let (w, xp) = (row.as_ptr(), x.as_ptr());
+                let widen = |p: *const u8| {
+                    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ld256(p)), 16))
+                };
+                let mut a0 = _mm512_setzero_ps();
+                let mut a1 = _mm512_setzero_ps();
+                for i in (0..n).step_by(32) {
+                    a0 = _mm512_fmadd_ps(widen(w.add(2 * i)), _mm512_loadu_ps(xp.add(i)), a0);
+                    a1 = _mm512_fmadd_ps(
+                        widen(w.add(2 * i + 32)),
+                        _mm512_loadu_ps(xp.add(i + 16)),
+                        a1,
+                    );
+                }
+                tree16(a0, a1)
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+avx512_kernels!(vnni, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", crate::isa::Avx512Proof, vnni: true);
+#[cfg(target_arch = "x86_64")]
+avx512_kernels!(bw, "avx512f,avx512bw,avx512vl,avx2,fma,f16c", crate::isa::Avx512BwProof, vnni: false);

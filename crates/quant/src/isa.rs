@@ -9,17 +9,20 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
+    /// AVX-512 F/BW/VL without VNNI (plus the AVX2 set).
+    Avx512Bw,
     /// AVX-512 F/BW/VL/VNNI (plus the AVX2 set).
     Avx512,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Bw, Isa::Avx512];
 
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512Bw => "avx512bw",
             Isa::Avx512 => "avx512",
         }
     }
@@ -50,13 +53,15 @@ fn detect() -> Isa {
     let avx2 = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c");
-    let avx512 = avx2
+    let avx512bw = avx2
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni");
+        && is_x86_feature_detected!("avx512vl");
+    let avx512 = avx512bw && is_x86_feature_detected!("avx512vnni");
     if avx512 {
         Isa::Avx512
+    } else if avx512bw {
+        Isa::Avx512Bw
     } else if avx2 {
         Isa::Avx2
     } else {
@@ -83,7 +88,7 @@ pub(crate) fn active() -> Isa {
             Ok(v) => match Isa::from_name(v.trim()) {
                 Some(want) => want.min(hw),
                 None => {
-                    eprintln!("SCORIA_ISA={v:?} is not one of scalar, avx2, avx512; using {hw}");
+                    eprintln!("SCORIA_ISA={v:?} is not one of scalar, avx2, avx512bw, avx512; using {hw}");
                     hw
                 }
             },
@@ -92,7 +97,7 @@ pub(crate) fn active() -> Isa {
     })
 }
 
-/// The kernel level in use: "avx512", "avx2" or "scalar".
+/// The kernel level in use: "avx512" (with VNNI), "avx512bw" (without), "avx2" or "scalar".
 pub fn kernel_isa() -> &'static str {
     active().name()
 }
@@ -101,9 +106,13 @@ pub fn kernel_isa() -> &'static str {
 #[derive(Clone, Copy)]
 pub(crate) struct Avx2Proof(());
 
-/// Proof that the AVX-512 level's features were detected (only made here).
+/// Proof that the AVX-512 (VNNI) level's features were detected (only made here).
 #[derive(Clone, Copy)]
 pub(crate) struct Avx512Proof(());
+
+/// Proof that the AVX-512 (no VNNI) level's features were detected (only made here).
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512BwProof(());
 
 /// Panics unless AVX2 is available; callers check `Isa::is_available` first.
 pub(crate) fn avx2_proof() -> Avx2Proof {
@@ -111,10 +120,16 @@ pub(crate) fn avx2_proof() -> Avx2Proof {
     Avx2Proof(())
 }
 
-/// Panics unless AVX-512 is available; callers check `Isa::is_available` first.
+/// Panics unless AVX-512 with VNNI is available; callers check `Isa::is_available` first.
 pub(crate) fn avx512_proof() -> Avx512Proof {
     assert!(Isa::Avx512.is_available());
     Avx512Proof(())
+}
+
+/// Panics unless AVX-512 F/BW/VL is available; callers check `Isa::is_available` first.
+pub(crate) fn avx512bw_proof() -> Avx512BwProof {
+    assert!(Isa::Avx512Bw.is_available());
+    Avx512BwProof(())
 }
 
 #[cfg(test)]

@@ -47,9 +47,10 @@
 //!
 //! # Kernels
 //!
-//! One scalar reference, AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) kernels,
-//! chosen once at run time ([`kernel_isa`]); `SCORIA_ISA=scalar|avx2|avx512` forces
-//! a lower level. Tests check all three against each other bit for bit.
+//! One scalar reference, AVX2 (+FMA, F16C), AVX-512 without VNNI (F, BW, VL) and
+//! AVX-512 with VNNI kernels, chosen once at run time ([`kernel_isa`]);
+//! `SCORIA_ISA=scalar|avx2|avx512bw|avx512` forces a lower level. Tests check every
+//! level the CPU has against the scalar kernels bit for bit.
 
 // Kernels index several arrays by the same lane/sub-block number; index loops say that best.
 #![allow(clippy::needless_range_loop)]
@@ -186,7 +187,8 @@ impl Kernel {
 
 fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
     match isa {
-        Isa::Avx512 => avx512::kernel(ty, isa::avx512_proof()),
+        Isa::Avx512 => avx512::vnni_kernel(ty, isa::avx512_proof()),
+        Isa::Avx512Bw => avx512::bw_kernel(ty, isa::avx512bw_proof()),
         Isa::Avx2 => avx2::kernel(ty, isa::avx2_proof()),
         Isa::Scalar => scalar_kernel(ty),
     }
