@@ -19,7 +19,7 @@
 //! [`Tokenizer::decode`] and [`StreamDecoder`] are plain concatenations.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::unicode::NFC;
@@ -28,7 +28,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{Model, PreTokenizerWrapper, SplitDelimiterBehavior};
 
-use crate::vocab::{byte_to_char_table, token_type, FxBuild, VocabParts};
+use crate::vocab::{byte_to_char_table, token_type, FxBuild, QwenVocab, VocabParts};
 
 /// Qwen2 / Qwen3 pre-tokenizer regex (tiktoken `PAT_STR`, HF `tokenizer.json`).
 pub const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -39,7 +39,7 @@ pub const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?
 const EOG_TEXTS: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
 
 /// Errors building or running the tokenizer. Each names the GGUF key or value at fault.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum TokenizerError {
     #[error("tokenizer metadata: key {key}: {msg}")]
     Metadata { key: &'static str, msg: String },
@@ -341,6 +341,22 @@ impl Tokenizer {
             add_bos: parts.add_bos,
             pre: PreTokenizer::from_name(parts.pre)?,
         })
+    }
+
+    /// The tokenizer of an embedded Qwen vocabulary, built once per process and shared
+    /// (building the Qwen3.5 one takes about a second; tests and tools reuse it).
+    pub fn qwen(v: QwenVocab) -> Result<Arc<Tokenizer>, TokenizerError> {
+        static QWEN2: OnceLock<Result<Arc<Tokenizer>, TokenizerError>> = OnceLock::new();
+        static QWEN35: OnceLock<Result<Arc<Tokenizer>, TokenizerError>> = OnceLock::new();
+        let cell = match v {
+            QwenVocab::Qwen2 => &QWEN2,
+            QwenVocab::Qwen35 => &QWEN35,
+        };
+        cell.get_or_init(|| {
+            let parts = crate::vocab::load(v).map_err(|e| TokenizerError::Build(e.to_string()))?;
+            Tokenizer::from_parts(parts).map(Arc::new)
+        })
+        .clone()
     }
 
     fn build(spec: Spec<'_>) -> Result<Tokenizer, TokenizerError> {

@@ -159,7 +159,11 @@ fn qwen35_from_gguf_metadata() {
 
 #[test]
 fn stream_decoder_matches_decode() {
-    let tk = Tokenizer::from_parts(vocab::load(QwenVocab::Qwen2).expect("load")).expect("tk");
+    let tk = Tokenizer::qwen(QwenVocab::Qwen2).expect("tk");
+    assert!(std::sync::Arc::ptr_eq(
+        &tk,
+        &Tokenizer::qwen(QwenVocab::Qwen2).expect("tk")
+    ));
     let text = "Emoji 🦙🚀😶\u{200d}🌫️, 中文，日本語 <think>x</think> — done<|im_end|>";
     let ids = tk.encode(text, true).expect("encode");
     for skip in [false, true] {
