@@ -41,9 +41,19 @@
 //! `acc[l] = fma(w_i, x_i, acc[l])`.
 //!
 //! **Combine.** For w = 16, 8, 4, 2, 1: `acc[l] = acc[l] + acc[l + w]` for l < w;
-//! the result is acc[0].
+//! the result is `acc[0]`.
 //!
 //! `n_cols` must be a multiple of 32 for every type (256 for the K-quants and IQ4_XS).
+//!
+//! **For other implementations (CUDA).** Compile without contraction or spell every
+//! operation out (`__fmul_rn`, `__fadd_rn`, `__fmaf_rn`, `__fdiv_rn`, `__frcp_rn` or
+//! `1.0f / d` with IEEE division; nvcc contracts `a * b + c` into an FMA by default);
+//! no flush-to-zero (subnormals occur: `d * da` of small scales); `__float2int_rn`
+//! or `rintf` for round-half-to-even. A warp maps lane l to accumulator l and combines
+//! with `acc += __shfl_xor_sync(.., acc, w)` for w = 16, 8, 4, 2, 1 (addition is
+//! commutative, so lane l computing `acc[l^w] + acc[l]` gives the same bits).
+//! Bit-identity is guaranteed for finite activations; NaN/inf inputs give
+//! unspecified (but memory-safe) results.
 //!
 //! # Kernels
 //!
@@ -296,7 +306,7 @@ pub fn try_matvec(
     try_matvec_with(isa::active(), ty, w, n_cols, x, xq, out)
 }
 
-/// out[r] = row r of `w` (n_cols columns, `out.len()` rows, type `ty`) · x.
+/// `out[r]` = row r of `w` (n_cols columns, `out.len()` rows, type `ty`) · x.
 /// `xq` must be `quantize_act(x)` when `ty` is a quantized type; it is ignored for F32/F16/BF16.
 /// Rayon-parallel over rows. Panics on a shape error (the loader validates shapes first).
 pub fn matvec(ty: GgmlType, w: &[u8], n_cols: usize, x: &[f32], xq: &ActQ8, out: &mut [f32]) {
