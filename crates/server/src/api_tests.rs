@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::gen::Core;
 use crate::metrics::Stats;
-use crate::prompt::ChatMl;
+use crate::prompt::{ChatMl, PromptRender, TemplateRenderer};
 use crate::settings::RequestDefaults;
 use crate::worker::testing::Scripted;
 use crate::worker::{Worker, BUDGET_CLOSE_TEXT};
@@ -43,6 +43,15 @@ fn info() -> engine::ModelInfo {
 
 /// A server whose "model" generates `script` (then end-of-turn).
 async fn server(script: &str, api_key: Option<&str>, defaults: RequestDefaults) -> SocketAddr {
+    server_with(script, api_key, defaults, Arc::new(ChatMl)).await
+}
+
+async fn server_with(
+    script: &str,
+    api_key: Option<&str>,
+    defaults: RequestDefaults,
+    renderer: Arc<dyn PromptRender>,
+) -> SocketAddr {
     let tok = tokenizer();
     let eog = tok.token_id("<|im_end|>").expect("im_end");
     let mut ids = tok.encode(script, true).expect("encode");
@@ -53,7 +62,7 @@ async fn server(script: &str, api_key: Option<&str>, defaults: RequestDefaults) 
     let core = Core {
         worker,
         defaults,
-        renderer: Arc::new(ChatMl),
+        renderer,
         think_open_id: tok.token_id("<think>"),
         think_close_id: tok.token_id("</think>"),
         close_tokens: tok.encode(BUDGET_CLOSE_TEXT, true).expect("encode"),
@@ -592,4 +601,53 @@ async fn api_key_guards_all_but_health() {
     let mut raw = String::new();
     s.read_to_string(&mut raw).await.unwrap();
     assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+}
+
+fn qwen35() -> Arc<dyn PromptRender> {
+    let t = model::chat::ChatTemplate::new(model::chat::QWEN35_TEMPLATE).expect("template");
+    Arc::new(TemplateRenderer(Arc::new(t)))
+}
+
+#[tokio::test]
+async fn qwen35_template_round_trip() {
+    let addr = server_with(XML_CALL, None, greedy(), qwen35()).await;
+    // A full tool round trip in the history, a developer turn, tools.
+    let body = json!({"messages": [
+        {"role": "system", "content": "S"},
+        {"role": "developer", "content": "D"},
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "need a tool",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "cold"},
+        {"role": "user", "content": "and Paris?"}],
+        "tools": weather_tools()});
+    let r = post(addr, "/v1/chat/completions", &body, "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(
+        v["choices"][0]["message"]["reasoning_content"],
+        "I should check."
+    );
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    // Anthropic, thinking off: the template closes the block, so nothing is reasoning.
+    let r = post(
+        addr,
+        "/v1/messages",
+        &json!({"max_tokens": 50, "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": "hi"}]}),
+        "",
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(v["content"][0]["type"], "text", "{v}");
+    // Responses with a function_call_output turn.
+    let r = post(addr, "/v1/responses", &json!({"instructions": "I", "input": [
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "cold"}],
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}), "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
 }

@@ -213,7 +213,10 @@ pub fn core_for(
         ),
         None => (Vec::new(), Vec::new()),
     };
-    let renderer: Arc<dyn prompt::PromptRender> = Arc::new(prompt::ChatMl);
+    let renderer: Arc<dyn prompt::PromptRender> = match &template {
+        Some(t) => Arc::new(prompt::TemplateRenderer(t.clone())),
+        None => Arc::new(prompt::ChatMl),
+    };
     let worker = worker::Worker::spawn(Box::new(engine), stats)?;
     Ok(Loaded {
         core: gen::Core {

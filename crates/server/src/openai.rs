@@ -398,10 +398,3 @@ pub fn model_entry(state: &AppState) -> Value {
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [model_entry(&state)]})).into_response()
 }
-
-/// Unknown routes under /v1 answer in the OpenAI error shape.
-pub async fn not_found(uri: axum::http::Uri) -> Response {
-    let mut e = ApiError::bad_request(format!("no route for {}", uri.path()));
-    e.status = axum::http::StatusCode::NOT_FOUND;
-    e.into_response_as(Flavor::OpenAi)
-}

@@ -23,6 +23,28 @@ pub trait PromptRender: Send + Sync {
     ) -> Result<String, String>;
 }
 
+/// The model's own chat template (from the GGUF).
+pub struct TemplateRenderer(pub std::sync::Arc<model::chat::ChatTemplate>);
+
+impl PromptRender for TemplateRenderer {
+    fn render(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        enable_thinking: bool,
+        extra: &Map<String, Value>,
+    ) -> Result<String, String> {
+        let inputs = model::chat::ChatInputs {
+            messages: Value::Array(messages.to_vec()),
+            tools: tools.cloned(),
+            add_generation_prompt: true,
+            enable_thinking: Some(enable_thinking),
+            extra: extra.clone(),
+        };
+        self.0.render(&inputs).map_err(|e| e.to_string())
+    }
+}
+
 /// A normalized conversation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Conversation {
