@@ -9,9 +9,18 @@ use model::geometry::{Arch, Geometry, ARCHS};
 use model::synth::{self, accounting, Preset, SynthOptions};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("scoria-synth-test-{}", std::process::id()));
+    // One directory per file, so tests running in parallel never remove each other's.
+    let dir = std::env::temp_dir().join(format!("scoria-synth-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
+}
+
+/// Removes a scratch file and its directory.
+fn discard(path: &Path) {
+    std::fs::remove_file(path).unwrap();
+    if let Some(dir) = path.parent() {
+        std::fs::remove_dir(dir).unwrap();
+    }
 }
 
 fn opts(preset: Preset, seed: u64) -> SynthOptions {
@@ -322,7 +331,7 @@ fn tiny_models_of_every_arch_and_preset() {
                 synth::file_size(&g, &opts(preset, 7)).unwrap()
             );
             check_file(&path, &g, preset, 7);
-            std::fs::remove_file(&path).unwrap();
+            discard(&path);
         }
     }
 }
@@ -343,7 +352,7 @@ fn same_seed_same_bytes_whatever_the_thread_count() {
         pool.install(|| synth::synthesize(&path, &g, &opts(Preset::Q4KM, seed), &|_, _| {}))
             .unwrap();
         let bytes = file_digest(&path);
-        std::fs::remove_file(&path).unwrap();
+        discard(&path);
         bytes
     };
     let one = run(1, 42, "det-1.gguf");
@@ -426,7 +435,7 @@ fn generated_values_have_the_target_statistics() {
             }
         }
         drop(f);
-        std::fs::remove_file(&path).unwrap();
+        discard(&path);
     }
 }
 
