@@ -207,6 +207,7 @@ def test_disconnect_cancels(raw, model_id, n_ctx, route):
     raw.wait_idle(within=2.0)
     log = raw.get("/stats.json").json()["requests"]
     last = log[0]
+    assert last["finish"] == "cancelled", last
     assert last["timings"]["predicted_n"] < budget, last
     # A new request runs at once.
     t0 = time.monotonic()
@@ -237,6 +238,7 @@ def test_disconnect_cancels_non_streamed(raw, model_id, n_ctx):
     th.join()
     raw.wait_idle(within=2.5)
     last = raw.get("/stats.json").json()["requests"][0]
+    assert last["finish"] == "cancelled", last
     assert last["timings"]["predicted_n"] < budget, last
 
 
@@ -251,7 +253,7 @@ def test_queue_runs_in_arrival_order(raw, model_id, n_ctx):
         r = raw.post("/v1/chat/completions", chat_body(model_id, max_tokens, content=f"Request {name}."))
         results[name] = (r.status_code, r.json())
 
-    first = threading.Thread(target=run, args=("a", min(512, n_ctx - 256)))
+    first = threading.Thread(target=run, args=("a", min(160, n_ctx - 256)))
     first.start()
     # Wait until the first one holds the engine, then queue two more in order.
     t0 = time.monotonic()

@@ -279,33 +279,52 @@ impl Stats {
         });
     }
 
-    /// Request `id` failed (while queued or while decoding).
+    /// Request `id` failed (while queued or while decoding). An `err` that
+    /// starts with `cancelled` (the client went away) is recorded as a
+    /// cancellation, not an error. Either way the prompt and tokens it had
+    /// already decoded count in the totals: the work was done.
     pub fn request_failed(&self, id: u64, err: &str) {
+        let now = Instant::now();
         let mut g = self.lock();
         let live = g.current.as_ref().filter(|c| c.id == id).map(|c| {
+            let prompt_end = c.prompt_finished.unwrap_or(now);
             (
                 c.prompt_done,
                 c.tokens,
-                c.prompt_finished
-                    .map(|p| ms_between(c.started, p))
-                    .unwrap_or(0.0),
-                match (c.first_token, c.last_token) {
-                    (Some(a), Some(b)) => ms_between(a, b),
-                    _ => 0.0,
+                ms_between(c.started, prompt_end),
+                match c.last_token {
+                    Some(last) => ms_between(prompt_end, last),
+                    None => 0.0,
                 },
             )
         });
         let (route, queued_at_unix_ms, queue_ms) = g.take_request(id);
-        g.totals.errors += 1;
+        let cancelled = err.trim_start().to_ascii_lowercase().starts_with("cancel");
+        let finish = if cancelled { "cancelled" } else { "error" };
+        if !cancelled {
+            g.totals.errors += 1;
+        }
         *g.totals
             .requests_by
-            .entry((route.clone(), "error".to_string()))
+            .entry((route.clone(), finish.to_string()))
             .or_insert(0) += 1;
         let (prompt_n, predicted_n, prompt_ms, predicted_ms) = live.unwrap_or((0, 0, 0.0, 0.0));
+        let t = &mut g.totals;
+        t.prompt_tokens += prompt_n as u64;
+        t.prompt_seconds += prompt_ms / 1000.0;
+        t.tokens_predicted += predicted_n as u64;
+        t.tokens_predicted_seconds += predicted_ms / 1000.0;
+        g.bucket.prompt_tokens += prompt_n as u64;
+        g.bucket.prompt_ms += prompt_ms;
+        g.bucket.tokens_predicted += predicted_n as u64;
+        g.bucket.predicted_ms += predicted_ms;
+        if live.is_some() {
+            g.last_ctx_used = prompt_n + predicted_n;
+        }
         g.push_log(LogEntry {
             id,
             route,
-            finish: "error".to_string(),
+            finish: finish.to_string(),
             error: Some(err.to_string()),
             queued_at_unix_ms,
             queue_ms,
@@ -314,7 +333,7 @@ impl Stats {
             predicted_n,
             prompt_ms,
             predicted_ms,
-            n_ctx_used: 0,
+            n_ctx_used: prompt_n + predicted_n,
         });
     }
 
@@ -797,6 +816,29 @@ mod tests {
         assert!(s
             .render_prometheus(10)
             .contains("scoria:draft_tokens_accepted_total 7\n"));
+    }
+
+    #[test]
+    fn cancelled_requests_keep_their_work_and_are_not_errors() {
+        let s = Stats::new();
+        s.request_queued(3, "chat");
+        s.request_started(3, 5);
+        s.prompt_progress(3, 5);
+        s.token_generated(3);
+        s.token_generated(3);
+        s.request_failed(3, "cancelled: the client disconnected");
+        let snap = s.snapshot();
+        assert_eq!(snap["totals"]["errors"], 0);
+        assert_eq!(snap["totals"]["tokens_predicted"], 2);
+        assert_eq!(snap["totals"]["prompt_tokens"], 5);
+        assert_eq!(snap["requests"][0]["finish"], "cancelled");
+        assert_eq!(snap["requests"][0]["n_ctx_used"], 7);
+        s.request_queued(4, "chat");
+        s.request_failed(4, "prompt too long");
+        assert_eq!(s.snapshot()["totals"]["errors"], 1);
+        let text = s.render_prometheus(10);
+        assert!(text.contains("finish=\"cancelled\"} 1"));
+        assert!(text.contains("finish=\"error\"} 1"));
     }
 
     #[test]
