@@ -80,6 +80,9 @@ pub struct OutputParser {
     n_calls: usize,
     /// Inside a tool call: which form, and how far.
     tool_xml: Option<XmlState>,
+    /// A JSON-form call being streamed: (byte offset of the arguments object in `buf`,
+    /// bytes of it emitted so far).
+    json_stream: Option<(usize, usize)>,
     current_name: Option<String>,
     reasoning_len: usize,
 }
@@ -117,6 +120,7 @@ impl OutputParser {
             pending_ws: String::new(),
             n_calls: 0,
             tool_xml: None,
+            json_stream: None,
             current_name: None,
             reasoning_len: 0,
         }
@@ -268,6 +272,7 @@ impl OutputParser {
             // A bare <function=...> (no wrapper) is parsed the same way.
             self.mode = Mode::Tool;
             self.tool_xml = None;
+            self.json_stream = None;
             return true;
         }
         let keep = if at_end {
@@ -305,15 +310,63 @@ impl OutputParser {
         }
     }
 
+    /// The JSON form. Once `"name"` and the start of an `"arguments"` object are seen
+    /// (in that order, as Qwen writes them), the call starts and the arguments stream
+    /// as they arrive, holding back trailing `}` and whitespace (one of those braces
+    /// closes the outer object). Otherwise the call is parsed whole at `</tool_call>`.
     fn step_tool_json(&mut self, out: &mut Vec<Piece>) -> bool {
-        let Some(end) = self.buf.find(TOOL_CLOSE) else {
+        let close = self.buf.find(TOOL_CLOSE);
+        if self.json_stream.is_none() {
+            if close.is_none() {
+                if let Some((name, start)) = json_call_head(&self.buf) {
+                    let index = self.n_calls;
+                    self.n_calls += 1;
+                    out.push(Piece::ToolStart { index, name });
+                    self.json_stream = Some((start, 0));
+                }
+            } else if let Some(end) = close {
+                let body: String = self.buf[..end].to_string();
+                self.buf.drain(..end + TOOL_CLOSE.len());
+                self.emit_json_call(&body, out);
+                self.mode = Mode::Content;
+                return true;
+            }
+        }
+        let Some((start, emitted)) = self.json_stream else {
             return false;
         };
-        let body: String = self.buf[..end].to_string();
-        self.buf.drain(..end + TOOL_CLOSE.len());
-        self.emit_json_call(&body, out);
-        self.mode = Mode::Content;
-        true
+        let index = self.n_calls - 1;
+        match close {
+            Some(end) => {
+                let args = json_args_final(&self.buf[start..end]);
+                if args.len() > emitted {
+                    out.push(Piece::ToolArgs {
+                        index,
+                        delta: args[emitted..].to_string(),
+                    });
+                }
+                out.push(Piece::ToolEnd { index });
+                self.buf.drain(..end + TOOL_CLOSE.len());
+                self.json_stream = None;
+                self.mode = Mode::Content;
+                true
+            }
+            None => {
+                let avail = &self.buf[start..];
+                let keep = partial_tag_len(avail, &[TOOL_CLOSE]);
+                let safe = avail[..avail.len() - keep]
+                    .trim_end_matches(|c: char| c == '}' || c.is_whitespace())
+                    .len();
+                if safe > emitted {
+                    out.push(Piece::ToolArgs {
+                        index,
+                        delta: avail[emitted..safe].to_string(),
+                    });
+                    self.json_stream = Some((start, safe));
+                }
+                false
+            }
+        }
     }
 
     /// Emits a JSON-form call, or the raw text as content when it does not parse.
@@ -449,6 +502,18 @@ impl OutputParser {
     fn finish_tool(&mut self, out: &mut Vec<Piece>) {
         let rest = std::mem::take(&mut self.buf);
         match self.tool_xml.take() {
+            None if self.json_stream.is_some() => {
+                let (start, emitted) = self.json_stream.take().unwrap_or((0, 0));
+                let index = self.n_calls - 1;
+                let args = json_args_final(rest.get(start..).unwrap_or(""));
+                if args.len() > emitted {
+                    out.push(Piece::ToolArgs {
+                        index,
+                        delta: args[emitted..].to_string(),
+                    });
+                }
+                out.push(Piece::ToolEnd { index });
+            }
             None => {
                 // An unterminated JSON call: use it if it parses.
                 match parse_json_call(&rest) {
@@ -469,6 +534,71 @@ impl OutputParser {
             Some(XmlState::Done) => {}
         }
         self.mode = Mode::Content;
+    }
+}
+
+/// The head of a JSON-form call: `{"name": "f", "arguments": {` → ("f", offset of
+/// the arguments' `{`). None until all of that has arrived (or when the arguments
+/// come first, or are not an object).
+fn json_call_head(buf: &str) -> Option<(String, usize)> {
+    let t = buf.trim_start();
+    if !t.starts_with('{') {
+        return None;
+    }
+    let key = buf.find("\"name\"")?;
+    let mut i = key + "\"name\"".len();
+    let skip_ws = |i: &mut usize| {
+        while buf[*i..].starts_with(|c: char| c.is_whitespace()) {
+            *i += 1;
+        }
+    };
+    skip_ws(&mut i);
+    if !buf[i..].starts_with(':') {
+        return None;
+    }
+    i += 1;
+    skip_ws(&mut i);
+    if !buf[i..].starts_with('"') {
+        return None;
+    }
+    // The string literal ends at the first unescaped quote.
+    let lit_start = i;
+    let mut j = i + 1;
+    let bytes = buf.as_bytes();
+    loop {
+        match bytes.get(j)? {
+            b'\\' => j += 2,
+            b'"' => break,
+            _ => j += 1,
+        }
+    }
+    let name: String = serde_json::from_str(buf.get(lit_start..=j)?).ok()?;
+    let rest = &buf[j + 1..];
+    let akey = rest.find("\"arguments\"")?;
+    let mut k = j + 1 + akey + "\"arguments\"".len();
+    skip_ws(&mut k);
+    if !buf[k..].starts_with(':') {
+        return None;
+    }
+    k += 1;
+    skip_ws(&mut k);
+    if !buf[k..].starts_with('{') {
+        return None;
+    }
+    Some((name, k))
+}
+
+/// The arguments object of a finished JSON-form call, from its `{` to the end of the
+/// call body: the text minus the outer object's closing brace.
+fn json_args_final(from_args: &str) -> String {
+    let t = from_args.trim_end();
+    // The whole remainder parses: the outer object was never closed.
+    if serde_json::from_str::<Value>(t).is_ok() {
+        return t.to_string();
+    }
+    match t.strip_suffix('}') {
+        Some(inner) => inner.trim_end().to_string(),
+        None => t.to_string(),
     }
 }
 
@@ -638,25 +768,92 @@ mod tests {
 
     #[test]
     fn json_tool_call() {
-        let text = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let text = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"o\": {\"a\": [1]}}}\n</tool_call>\n<tool_call>\n{\"arguments\": {}, \"name\": \"g\"}\n</tool_call>";
         for n in 1..9 {
             let mut p = OutputParser::new(false, Some(&tools()));
+            let got = run(&mut p, text, n);
+            assert_eq!(got.len(), 7, "{got:?}");
+            assert_eq!(got[0], Piece::Content("Checking.".into()));
             assert_eq!(
-                run(&mut p, text, n),
-                vec![
-                    Piece::Content("Checking.".into()),
-                    Piece::ToolStart {
-                        index: 0,
-                        name: "get_weather".into()
-                    },
-                    Piece::ToolArgs {
-                        index: 0,
-                        delta: "{\"city\":\"Paris\"}".into()
-                    },
-                    Piece::ToolEnd { index: 0 },
-                ]
+                got[1],
+                Piece::ToolStart {
+                    index: 0,
+                    name: "get_weather".into()
+                }
+            );
+            let Piece::ToolArgs { delta, .. } = &got[2] else {
+                panic!("{got:?}")
+            };
+            let v: Value = serde_json::from_str(delta).unwrap();
+            assert_eq!(v, json!({"city": "Paris", "o": {"a": [1]}}));
+            assert_eq!(got[3], Piece::ToolEnd { index: 0 });
+            // Arguments before the name: parsed whole at the end.
+            assert_eq!(
+                got[4],
+                Piece::ToolStart {
+                    index: 1,
+                    name: "g".into()
+                }
+            );
+            assert_eq!(
+                got[5],
+                Piece::ToolArgs {
+                    index: 1,
+                    delta: "{}".into()
+                }
             );
         }
+    }
+
+    #[test]
+    fn json_tool_call_streams_arguments() {
+        let mut p = OutputParser::new(false, Some(&tools()));
+        assert_eq!(p.push("<tool_call>\n{\"name\": \"get_"), vec![]);
+        assert_eq!(
+            p.push("weather\", \"arguments\": {\"ci"),
+            vec![
+                Piece::ToolStart {
+                    index: 0,
+                    name: "get_weather".into()
+                },
+                Piece::ToolArgs {
+                    index: 0,
+                    delta: "{\"ci".into()
+                },
+            ]
+        );
+        assert_eq!(
+            p.push("ty\": \"Oslo\"}}\n</tool"),
+            vec![Piece::ToolArgs {
+                index: 0,
+                delta: "ty\": \"Oslo\"".into()
+            }]
+        );
+        assert_eq!(
+            p.push("_call>"),
+            vec![
+                Piece::ToolArgs {
+                    index: 0,
+                    delta: "}".into()
+                },
+                Piece::ToolEnd { index: 0 }
+            ]
+        );
+        // Unterminated at the end of generation: closed with what arrived.
+        let mut p = OutputParser::new(false, Some(&tools()));
+        let mut got = p.push("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}");
+        got.extend(p.finish());
+        let args: String = got
+            .iter()
+            .filter_map(|g| match g {
+                Piece::ToolArgs { delta, .. } => Some(delta.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&args).unwrap(),
+            json!({"x": 1})
+        );
     }
 
     #[test]
