@@ -1,7 +1,7 @@
 //! Attention on the CPU: q/k per-head RMSNorm, partial NeoX RoPE, causal GQA
 //! softmax attention over the cache, optional sigmoid output gate, output proj.
 
-use super::{Act, CpuBackend, KvCache};
+use super::{Act, CpuBackend, Job, KvCache};
 use model::math::{rms_norm, rope_neox, sigmoid};
 use model::weights::AttentionWeights;
 use model::ModelConfig;
@@ -22,9 +22,21 @@ pub(super) fn run(
         pos0 + t_n <= n_ctx,
         "context overflow is checked by the engine"
     );
-    let qf = b.mm_weight(&w.q, x);
-    let kf = b.mm_weight(&w.k, x);
-    let vf = b.mm_weight(&w.v, x);
+    let jobs: Vec<Job> = [&w.q, &w.k, &w.v]
+        .into_iter()
+        .map(|m| Job {
+            ty: m.ty,
+            w: m.bytes(),
+            n_rows: m.n_rows(),
+            input: 0,
+        })
+        .collect();
+    let mut outs = b.mm_many(&[x], &jobs).into_iter();
+    let (qf, kf, vf) = (
+        outs.next().expect("q"),
+        outs.next().expect("k"),
+        outs.next().expect("v"),
+    );
     let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
 
     // Queries (normed, rotated) and gates, per token and head.

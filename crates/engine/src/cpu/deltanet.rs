@@ -2,10 +2,10 @@
 //! and the recurrence token by token (the recurrence is cheap next to the
 //! projections), gated norm, output projection.
 
-use super::{Act, CpuBackend, DeltaNetState};
+use super::{Act, CpuBackend, DeltaNetState, Job};
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
-use model::weights::{BetaAlpha, DeltaNetWeights};
+use model::weights::{BetaAlpha, DeltaNetWeights, Weight};
 use model::ModelConfig;
 use rayon::prelude::*;
 
@@ -27,12 +27,27 @@ pub(super) fn run(
     let (kd, vd) = (ssm.key_dim(), ssm.value_dim());
     let t_n = x.rows;
 
-    let qkv = b.mm_weight(&w.qkv, x);
-    let z = b.mm_weight(&w.gate, x);
+    // Every projection reads the same input: one batch (one parallel region when decoding).
+    let ba_weights: Vec<&Weight> = match &w.beta_alpha {
+        BetaAlpha::Separate { beta, alpha } => vec![beta, alpha],
+        BetaAlpha::Fused(ba) => vec![ba],
+    };
+    let jobs: Vec<Job> = [&w.qkv, &w.gate]
+        .into_iter()
+        .chain(ba_weights)
+        .map(|m| Job {
+            ty: m.ty,
+            w: m.bytes(),
+            n_rows: m.n_rows(),
+            input: 0,
+        })
+        .collect();
+    let mut outs = b.mm_many(&[x], &jobs).into_iter();
+    let (qkv, z) = (outs.next().expect("qkv"), outs.next().expect("gate"));
     let (beta_raw, alpha_raw) = match &w.beta_alpha {
-        BetaAlpha::Separate { beta, alpha } => (b.mm_weight(beta, x), b.mm_weight(alpha, x)),
-        BetaAlpha::Fused(ba) => {
-            let out = b.mm_weight(ba, x);
+        BetaAlpha::Separate { .. } => (outs.next().expect("beta"), outs.next().expect("alpha")),
+        BetaAlpha::Fused(_) => {
+            let out = outs.next().expect("ba");
             let mut b = Act::zeros(t_n, hv);
             let mut a = Act::zeros(t_n, hv);
             for t in 0..t_n {

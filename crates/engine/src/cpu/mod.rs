@@ -161,6 +161,61 @@ impl CpuBackend {
     }
 }
 
+/// One product of a batch for [`CpuBackend::mm_many`]: a weight (type, bytes,
+/// rows) applied to input number `input`.
+pub(crate) struct Job<'a> {
+    pub ty: quant::GgmlType,
+    pub w: &'a [u8],
+    pub n_rows: usize,
+    pub input: usize,
+}
+
+impl CpuBackend {
+    /// Several products of single-token inputs in one parallel region (the
+    /// routed and shared experts of a decode step): bit-identical to calling
+    /// `mm` for each, without a fork-join per small matrix.
+    pub(crate) fn mm_many(&self, inputs: &[&Act], jobs: &[Job]) -> Vec<Act> {
+        let single = inputs.iter().all(|x| x.rows == 1);
+        if !single || self.precision == Precision::ReferenceF32 {
+            return jobs
+                .iter()
+                .map(|j| {
+                    let x = inputs[j.input];
+                    let xq = self.prepare(j.ty, x);
+                    self.mm(j.ty, j.w, j.n_rows, x, &xq)
+                })
+                .collect();
+        }
+        // Activation quantization does not depend on the weight type, so one
+        // quantized copy per input serves every quantized weight that reads it.
+        let xqs: Vec<quant::ActQ8> = inputs
+            .iter()
+            .map(|x| {
+                if jobs.iter().any(|j| !is_float(j.ty)) {
+                    quant::quantize_act(&x.data)
+                } else {
+                    quant::ActQ8::default()
+                }
+            })
+            .collect();
+        let mut outs: Vec<Act> = jobs.iter().map(|j| Act::zeros(1, j.n_rows)).collect();
+        let mut mj: Vec<quant::MatvecJob> = jobs
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(j, o)| quant::MatvecJob {
+                ty: j.ty,
+                w: j.w,
+                n_cols: inputs[j.input].cols,
+                x: &inputs[j.input].data,
+                xq: &xqs[j.input],
+                out: &mut o.data,
+            })
+            .collect();
+        quant::matvec_many(&mut mj);
+        outs
+    }
+}
+
 /// Dequantize-then-f32 product (Precision::ReferenceF32).
 fn reference_mm(ty: quant::GgmlType, w: &[u8], n_rows: usize, x: &Act, out: &mut Act) {
     let rb = w.len() / n_rows;

@@ -3,7 +3,7 @@
 //! k outputs are combined in top-k rank order, so a token's result does not
 //! depend on which other tokens ran beside it (DESIGN.md invariants 1 and 3).
 
-use super::{Act, CpuBackend};
+use super::{Act, CpuBackend, Job};
 use model::math::{sigmoid, silu};
 use model::moe::route;
 use model::weights::MoeWeights;
@@ -14,6 +14,9 @@ pub(super) fn run(b: &CpuBackend, cfg: &ModelConfig, w: &MoeWeights, x: &Act) ->
     let k = cfg.n_expert_used;
     let logits = b.mm_weight(&w.router, x);
     let routes: Vec<_> = (0..t_n).map(|t| route(logits.row(t), k)).collect();
+    if t_n == 1 {
+        return decode_step(b, cfg, w, x, &routes[0]);
+    }
 
     // tokens_of[expert] = [(token, rank)]
     let mut tokens_of: Vec<Vec<(usize, usize)>> = vec![Vec::new(); cfg.n_expert];
@@ -53,17 +56,94 @@ pub(super) fn run(b: &CpuBackend, cfg: &ModelConfig, w: &MoeWeights, x: &Act) ->
         let act = swiglu(&g, &u);
         let down = b.mm_weight(&sh.down, &act);
         for t in 0..t_n {
-            let mut s = 0.0f32;
-            for (a, b) in sh.gate_inp.iter().zip(x.row(t)) {
-                s += a * b;
-            }
-            let gate = sigmoid(s);
+            let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t)));
             for (a, &b) in out.row_mut(t).iter_mut().zip(down.row(t)) {
                 *a += gate * b;
             }
         }
     }
     out
+}
+
+/// One token: every routed expert's gate and up (and the shared expert's) in one
+/// parallel region, then every down projection in another. Same bits as the
+/// grouped path, which runs the same per-row kernels.
+fn decode_step(
+    b: &CpuBackend,
+    cfg: &ModelConfig,
+    w: &MoeWeights,
+    x: &Act,
+    routes: &[(usize, f32)],
+) -> Act {
+    let (e, f) = (cfg.n_embd, cfg.n_ff_exp);
+    let mut jobs = Vec::with_capacity(2 * routes.len() + 2);
+    for &(ex, _) in routes {
+        jobs.push(Job {
+            ty: w.gate_exps.ty,
+            w: w.gate_exps.matrix_bytes(ex),
+            n_rows: f,
+            input: 0,
+        });
+        jobs.push(Job {
+            ty: w.up_exps.ty,
+            w: w.up_exps.matrix_bytes(ex),
+            n_rows: f,
+            input: 0,
+        });
+    }
+    if let Some(sh) = &w.shared {
+        for m in [&sh.gate, &sh.up] {
+            jobs.push(Job {
+                ty: m.ty,
+                w: m.bytes(),
+                n_rows: m.n_rows(),
+                input: 0,
+            });
+        }
+    }
+    let gu = b.mm_many(&[x], &jobs);
+    let acts: Vec<Act> = gu.chunks(2).map(|p| swiglu(&p[0], &p[1])).collect();
+    let act_refs: Vec<&Act> = acts.iter().collect();
+    let mut jobs = Vec::with_capacity(acts.len());
+    for (i, &(ex, _)) in routes.iter().enumerate() {
+        jobs.push(Job {
+            ty: w.down_exps.ty,
+            w: w.down_exps.matrix_bytes(ex),
+            n_rows: e,
+            input: i,
+        });
+    }
+    if let Some(sh) = &w.shared {
+        jobs.push(Job {
+            ty: sh.down.ty,
+            w: sh.down.bytes(),
+            n_rows: sh.down.n_rows(),
+            input: routes.len(),
+        });
+    }
+    let downs = b.mm_many(&act_refs, &jobs);
+    let mut out = Act::zeros(1, e);
+    for (rank, &(_, wt)) in routes.iter().enumerate() {
+        for (a, &d) in out.data.iter_mut().zip(&downs[rank].data) {
+            *a += wt * d;
+        }
+    }
+    if let Some(sh) = &w.shared {
+        let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(0)));
+        for (a, &d) in out.data.iter_mut().zip(&downs[routes.len()].data) {
+            *a += gate * d;
+        }
+    }
+    out
+}
+
+/// The shared expert's scalar gate logit, gate_inp · x, summed in index order.
+fn shared_gate_logit(gate_inp: &[f32], x: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for (a, b) in gate_inp.iter().zip(x) {
+        s += a * b;
+    }
+    s
 }
 
 fn swiglu(g: &Act, u: &Act) -> Act {
