@@ -127,8 +127,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         }
         bar.set_position(done);
     };
-    let report = synth::synthesize(&output, &geometry, &opts, &progress)
-        .with_context(|| format!("writing {}", output.display()))?;
+    let report = synth::synthesize(&output, &geometry, &opts, &progress)?;
     bar.finish_and_clear();
     let mut types: Vec<String> = Vec::new();
     for (ty, n, bytes) in &report.by_type {

@@ -162,19 +162,17 @@ impl SynthReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Write { path: PathBuf, source: WriteError },
+    // The cause is in the message, not a `source`, so `{:#}` chains print it once.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error("{path}: {err}")]
+    Write { path: PathBuf, err: WriteError },
     #[error("cannot lay out the model: {0}")]
     Layout(WriteError),
     #[error(transparent)]
     Plan(#[from] plan::PlanError),
-    #[error("tensor `{name}`: {source}")]
-    Gen { name: String, source: gen::GenError },
+    #[error("tensor `{name}`: {err}")]
+    Gen { name: String, err: gen::GenError },
     #[error(transparent)]
     Vocab(#[from] VocabError),
     #[error(
@@ -317,9 +315,9 @@ pub fn declare(
 ) -> Result<(GgufWriter, Vec<TensorSpec>), SynthError> {
     let specs = plan::plan(g, opts.preset)?;
     for s in &specs {
-        gen::check(s.ty, &s.init).map_err(|source| SynthError::Gen {
+        gen::check(s.ty, &s.init).map_err(|err| SynthError::Gen {
             name: s.name.clone(),
-            source,
+            err,
         })?;
     }
     let mut w = GgufWriter::new();
@@ -360,18 +358,18 @@ pub fn synthesize(
     let tmp = path.with_file_name(format!(".{file_name}.partial-{}", std::process::id()));
     let io = |p: &Path| {
         let p = p.to_path_buf();
-        move |source| SynthError::Io { path: p, source }
+        move |err| SynthError::Io { path: p, err }
     };
-    let file = File::create(&tmp).map_err(io(&tmp))?;
+    let file = File::create(&tmp).map_err(io(path))?;
     let result = write_all(writer, file, &specs, opts, total, progress);
     match result {
         Ok(()) => {}
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             return Err(match e {
-                Failure::Write(source) => SynthError::Write {
+                Failure::Write(err) => SynthError::Write {
                     path: path.to_path_buf(),
-                    source,
+                    err,
                 },
                 Failure::Panicked => SynthError::WriterPanicked,
             });
@@ -528,9 +526,9 @@ pub fn demo_model() -> (Geometry, SynthOptions) {
 /// the cache directory on first use and reused while its content version and size match.
 pub fn demo_model_path() -> Result<PathBuf, SynthError> {
     let dir = cache_dir().ok_or(SynthError::NoCacheDir)?;
-    std::fs::create_dir_all(&dir).map_err(|source| SynthError::Io {
+    std::fs::create_dir_all(&dir).map_err(|err| SynthError::Io {
         path: dir.clone(),
-        source,
+        err,
     })?;
     let (g, opts) = demo_model();
     let path = dir.join(format!(
