@@ -140,7 +140,7 @@
     box.replaceChildren();
     for (const [k, v] of parts) {
       const r = el("div", { class: "row" });
-      r.append(el("span", { class: "k" }, k + " "), el("span", null, v));
+      r.append(el("span", { class: "k" }, k), el("span", null, v));
       box.append(r);
     }
   }

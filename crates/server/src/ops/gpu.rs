@@ -100,7 +100,7 @@ fn parse_csv(text: &str) -> Vec<Value> {
                 return None;
             }
             Some(json!({
-                "index": num(f[0]),
+                "index": f[0].parse::<u64>().ok(),
                 "name": f[1],
                 "memory_used_mib": num(f[2]),
                 "memory_total_mib": num(f[3]),
@@ -123,6 +123,7 @@ mod tests {
         );
         assert_eq!(v.len(), 2);
         assert_eq!(v[0]["name"], "NVIDIA H200");
+        assert_eq!(v[0]["index"], 0);
         assert_eq!(v[0]["memory_used_mib"], 1024.0);
         assert_eq!(v[0]["utilization_pct"], 37.0);
         assert_eq!(v[1]["memory_used_mib"], Value::Null);
