@@ -62,9 +62,9 @@ const _: fn() = || {
 };
 
 fn map_file(path: &Path) -> Result<Option<Mmap>, Error> {
-    let io = |source| Error::Io {
+    let io = |cause| Error::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();

@@ -110,10 +110,12 @@ impl TensorInfo {
 /// Reader errors. Every variant names the file, and where it applies the byte offset.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
+    /// The cause is part of the message (not a `source()`), so a report that
+    /// prints the chain does not print it twice.
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{path}: at byte offset {offset}: {msg}")]
     Malformed {

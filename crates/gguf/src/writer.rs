@@ -38,9 +38,9 @@ impl WriteError {
     /// The same error as a reader-style [`Error`] naming the file being written.
     pub fn with_path(self, path: &Path) -> Error {
         match self {
-            WriteError::Io(source) => Error::Io {
+            WriteError::Io(cause) => Error::Io {
                 path: path.to_path_buf(),
-                source,
+                cause,
             },
             WriteError::Invalid(msg) => Error::Invalid {
                 path: path.to_path_buf(),
