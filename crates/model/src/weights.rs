@@ -339,3 +339,21 @@ pub(crate) fn load_common(
         moe: load_moe(l, cfg, i)?,
     })
 }
+
+/// A hybrid arch's layer: DeltaNet or gated attention by the layer's kind, then
+/// the MoE block. `beta_alpha` loads the arch's own β/α projections.
+pub(crate) fn load_hybrid_layer(
+    l: &Loader,
+    cfg: &ModelConfig,
+    i: usize,
+    beta_alpha: impl FnOnce(usize) -> Result<BetaAlpha, ModelError>,
+) -> Result<LayerWeights, ModelError> {
+    let mixer = match cfg.layer_kinds[i] {
+        LayerKind::Attention => Mixer::Attention(load_attention(l, cfg, i)?),
+        LayerKind::DeltaNet => {
+            let hv = cfg.ssm.as_ref().map(|s| s.n_v_heads).unwrap_or(0);
+            Mixer::DeltaNet(load_deltanet(l, cfg, i, beta_alpha(hv)?)?)
+        }
+    };
+    load_common(l, cfg, i, mixer, "post_attention_norm")
+}

@@ -22,15 +22,7 @@ pub(super) fn run(
         pos0 + t_n <= n_ctx,
         "context overflow is checked by the engine"
     );
-    let jobs: Vec<Job> = [&w.q, &w.k, &w.v]
-        .into_iter()
-        .map(|m| Job {
-            ty: m.ty,
-            w: m.bytes(),
-            n_rows: m.n_rows(),
-            input: 0,
-        })
-        .collect();
+    let jobs = Job::on_one_input(&[&w.q, &w.k, &w.v]);
     let mut outs = b.mm_many(&[x], &jobs).into_iter();
     let (qf, kf, vf) = (
         outs.next().expect("q"),

@@ -28,20 +28,12 @@ pub(super) fn run(
     let t_n = x.rows;
 
     // Every projection reads the same input: one batch (one parallel region when decoding).
-    let ba_weights: Vec<&Weight> = match &w.beta_alpha {
-        BetaAlpha::Separate { beta, alpha } => vec![beta, alpha],
-        BetaAlpha::Fused(ba) => vec![ba],
-    };
-    let jobs: Vec<Job> = [&w.qkv, &w.gate]
-        .into_iter()
-        .chain(ba_weights)
-        .map(|m| Job {
-            ty: m.ty,
-            w: m.bytes(),
-            n_rows: m.n_rows(),
-            input: 0,
-        })
-        .collect();
+    let mut weights: Vec<&Weight> = vec![&w.qkv, &w.gate];
+    match &w.beta_alpha {
+        BetaAlpha::Separate { beta, alpha } => weights.extend([beta, alpha]),
+        BetaAlpha::Fused(ba) => weights.push(ba),
+    }
+    let jobs = Job::on_one_input(&weights);
     let mut outs = b.mm_many(&[x], &jobs).into_iter();
     let (qkv, z) = (outs.next().expect("qkv"), outs.next().expect("gate"));
     let (beta_raw, alpha_raw) = match &w.beta_alpha {

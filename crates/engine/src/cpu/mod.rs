@@ -170,6 +170,21 @@ pub(crate) struct Job<'a> {
     pub input: usize,
 }
 
+impl<'a> Job<'a> {
+    /// Jobs applying each weight to input 0.
+    pub(crate) fn on_one_input(weights: &[&'a Weight]) -> Vec<Job<'a>> {
+        weights
+            .iter()
+            .map(|m| Job {
+                ty: m.ty,
+                w: m.bytes(),
+                n_rows: m.n_rows(),
+                input: 0,
+            })
+            .collect()
+    }
+}
+
 impl CpuBackend {
     /// Several products of single-token inputs in one parallel region (the
     /// routed and shared experts of a decode step): bit-identical to calling

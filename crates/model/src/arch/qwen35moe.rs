@@ -8,10 +8,8 @@
 //! - One MTP (NextN) block may follow the trunk (`nextn_predict_layers`); it is
 //!   not run by the trunk forward and is kept for speculative decoding.
 
-use crate::config::{LayerKind, ModelConfig};
-use crate::weights::{
-    load_attention, load_common, load_deltanet, BetaAlpha, LayerWeights, Loader, Mixer,
-};
+use crate::config::ModelConfig;
+use crate::weights::{load_hybrid_layer, BetaAlpha, LayerWeights, Loader};
 use crate::ModelError;
 
 pub(crate) fn load_layer(
@@ -19,19 +17,10 @@ pub(crate) fn load_layer(
     cfg: &ModelConfig,
     i: usize,
 ) -> Result<LayerWeights, ModelError> {
-    let mixer = match cfg.layer_kinds[i] {
-        LayerKind::Attention => Mixer::Attention(load_attention(l, cfg, i)?),
-        LayerKind::DeltaNet => {
-            let hv = cfg.ssm.as_ref().map(|s| s.n_v_heads).unwrap_or(0);
-            let beta = l.get(&format!("blk.{i}.ssm_beta.weight"), &[cfg.n_embd, hv])?;
-            let alpha = l.get(&format!("blk.{i}.ssm_alpha.weight"), &[cfg.n_embd, hv])?;
-            Mixer::DeltaNet(load_deltanet(
-                l,
-                cfg,
-                i,
-                BetaAlpha::Separate { beta, alpha },
-            )?)
-        }
-    };
-    load_common(l, cfg, i, mixer, "post_attention_norm")
+    load_hybrid_layer(l, cfg, i, |hv| {
+        Ok(BetaAlpha::Separate {
+            beta: l.get(&format!("blk.{i}.ssm_beta.weight"), &[cfg.n_embd, hv])?,
+            alpha: l.get(&format!("blk.{i}.ssm_alpha.weight"), &[cfg.n_embd, hv])?,
+        })
+    })
 }

@@ -8,10 +8,8 @@
 //! - Value heads are in HF's grouped order: value head h reads key head h / r.
 //!   (qwen35moe files differ: see qwen35moe.rs.)
 
-use crate::config::{LayerKind, ModelConfig};
-use crate::weights::{
-    load_attention, load_common, load_deltanet, BetaAlpha, LayerWeights, Loader, Mixer,
-};
+use crate::config::ModelConfig;
+use crate::weights::{load_hybrid_layer, BetaAlpha, LayerWeights, Loader};
 use crate::ModelError;
 
 pub(crate) fn load_layer(
@@ -19,21 +17,18 @@ pub(crate) fn load_layer(
     cfg: &ModelConfig,
     i: usize,
 ) -> Result<LayerWeights, ModelError> {
-    let mixer = match cfg.layer_kinds[i] {
-        LayerKind::Attention => Mixer::Attention(load_attention(l, cfg, i)?),
-        LayerKind::DeltaNet => {
-            let hv = cfg.ssm.as_ref().map(|s| s.n_v_heads).unwrap_or(0);
-            if l.has(&format!("blk.{i}.ssm_in.weight")) {
-                return Err(ModelError::Unsupported(format!(
-                    "blk.{i}.ssm_in.weight: this file uses the legacy fused qkvz projection; \
-                     re-convert it with a current llama.cpp converter (attn_qkv + attn_gate)"
-                )));
-            }
-            let ba = l.get(&format!("blk.{i}.ssm_ba.weight"), &[cfg.n_embd, 2 * hv])?;
-            Mixer::DeltaNet(load_deltanet(l, cfg, i, BetaAlpha::Fused(ba))?)
-        }
-    };
-    load_common(l, cfg, i, mixer, "post_attention_norm")
+    if l.has(&format!("blk.{i}.ssm_in.weight")) {
+        return Err(ModelError::Unsupported(format!(
+            "blk.{i}.ssm_in.weight: this file uses the legacy fused qkvz projection; \
+             re-convert it with a current llama.cpp converter (attn_qkv + attn_gate)"
+        )));
+    }
+    load_hybrid_layer(l, cfg, i, |hv| {
+        Ok(BetaAlpha::Fused(l.get(
+            &format!("blk.{i}.ssm_ba.weight"),
+            &[cfg.n_embd, 2 * hv],
+        )?))
+    })
 }
 
 /// Splits the fused `ssm_ba` output of one token into (β logits, α logits), each
