@@ -27,7 +27,8 @@
 //! * `ops.rs` (operations) exposes `pub fn router() -> axum::Router<Arc<AppState>>`
 //!   serving `/`, `/health`, `/props`, `/slots`, `/tokenize`, `/detokenize`,
 //!   `/apply-template`, `/metrics`, `/stats.json`. [`app`] merges it with the API
-//!   routes and applies the API-key middleware to every route except `/health`.
+//!   routes and applies the API-key middleware to every route except `/health` and
+//!   `GET /` (the stats page's static shell; its data comes from `/stats.json`).
 //! * Files owned by operations: `ops.rs`, `ops/`, `metrics.rs`, `stats_page.rs`,
 //!   `assets/`. Everything else in this crate belongs to the API core.
 
@@ -132,13 +133,16 @@ pub fn app(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Refuses every route but `/health` without the configured key
+/// Refuses every route but `/health` and the stats page shell without the configured key
 /// (`Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`).
 async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Some(key) = state.api_key.as_deref() else {
         return next.run(req).await;
     };
-    if req.uri().path() == "/health" {
+    // /health is for probes; `GET /` is the stats page's static shell, which holds no
+    // data (its script asks for the key and sends it with every /stats.json call).
+    let path = req.uri().path();
+    if path == "/health" || (path == "/" && req.method() == axum::http::Method::GET) {
         return next.run(req).await;
     }
     let headers = req.headers();
