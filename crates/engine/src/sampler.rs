@@ -153,12 +153,16 @@ mod tests {
 
     #[test]
     fn logit_bias_and_penalties_change_greedy() {
-        let mut p = SamplingParams::default();
-        p.logit_bias = vec![(0, 10.0)];
+        let p = SamplingParams {
+            logit_bias: vec![(0, 10.0)],
+            ..Default::default()
+        };
         let mut s = Sampler::new(&p, 1, &[]);
         assert_eq!(s.sample(&[0.0, 2.0]), 0);
-        let mut p = SamplingParams::default();
-        p.presence_penalty = 5.0;
+        let p = SamplingParams {
+            presence_penalty: 5.0,
+            ..Default::default()
+        };
         let mut s = Sampler::new(&p, 1, &[]);
         s.accept(1);
         assert_eq!(s.sample(&[0.0, 2.0]), 0);
@@ -166,9 +170,11 @@ mod tests {
 
     #[test]
     fn seeded_sampling_reproduces_and_respects_top_k() {
-        let mut p = SamplingParams::default();
-        p.temperature = 1.0;
-        p.top_k = 2;
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            ..Default::default()
+        };
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
         let draw = |seed| {
             let mut s = Sampler::new(&p, seed, &[]);
@@ -181,16 +187,20 @@ mod tests {
 
     #[test]
     fn min_p_and_top_p_cut_the_tail() {
-        let mut p = SamplingParams::default();
-        p.temperature = 1.0;
-        p.min_p = 0.5;
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            ..Default::default()
+        };
         let mut s = Sampler::new(&p, 3, &[]);
         for _ in 0..50 {
             assert_eq!(s.sample(&[10.0, 0.0, 0.0]), 0);
         }
-        let mut p = SamplingParams::default();
-        p.temperature = 1.0;
-        p.top_p = 0.5;
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            ..Default::default()
+        };
         let mut s = Sampler::new(&p, 3, &[]);
         for _ in 0..50 {
             assert_eq!(s.sample(&[3.0, 0.0, 0.0]), 0);
