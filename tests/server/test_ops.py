@@ -283,3 +283,72 @@ def test_queue_runs_in_arrival_order(raw, model_id, n_ctx):
     assert starts == sorted(starts)
     # b and c waited for a.
     assert log[0]["queue_ms"] > 0 and log[1]["queue_ms"] > 0, log
+
+
+# ---------------------------------------------------------------- timings on streams
+
+
+def _find_timings(obj):
+    if isinstance(obj, dict):
+        if isinstance(obj.get("timings"), dict):
+            return obj["timings"]
+        for v in obj.values():
+            t = _find_timings(v)
+            if t is not None:
+                return t
+    return None
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 6}),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 6}),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}),
+    ],
+    ids=["chat", "completions", "responses", "messages"],
+)
+def test_timings_on_the_last_stream_frames(raw, model_id, path, body):
+    body = dict(body, model=model_id, stream=True, temperature=0)
+    r = raw.post(path, body, stream=True)
+    assert r.status_code == 200, r.text
+    frames = []
+    for line in r.iter_lines():
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data and data != b"[DONE]":
+                frames.append(json.loads(data))
+    assert frames
+    timings = [_find_timings(f) for f in frames[-3:]]
+    t = next((x for x in reversed(timings) if x), None)
+    assert t is not None, f"no timings in the last frames of {path}: {frames[-3:]}"
+    assert t["predicted_n"] > 0 and t["prompt_n"] + t["cache_n"] > 0
+    # And on the non-streamed body.
+    plain = raw.post(path, dict(body, stream=False))
+    assert _find_timings(plain.json()) is not None, plain.text
+
+
+def test_metrics_text_format(raw):
+    import re
+
+    text = raw.get("/metrics").text
+    assert text.endswith("\n")
+    typed, helped = {}, set()
+    name_re = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            helped.add(line.split(" ")[2])
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge"), line
+            assert name not in typed, f"{name} declared twice"
+            typed[name] = kind
+        elif line:
+            name, _, value = line.rpartition(" ")
+            bare = name.split("{")[0]
+            assert name_re.match(bare), line
+            assert bare in typed and bare in helped, f"sample without HELP/TYPE: {line}"
+            float(value)
+    for name in LLAMACPP_METRICS:
+        assert name in typed
