@@ -1,0 +1,145 @@
+//! A model file the engine cannot use is refused with a message naming what is
+//! wrong — an unsupported tensor type by tensor name (before anything is
+//! allocated), a missing tensor, a truncated file by byte offset — never a panic.
+
+use engine::{Engine, EngineConfig};
+use gguf::{GgmlType, GgufFile, InMemoryTensor};
+use model::geometry::Geometry;
+use model::synth::{synthesize, Preset, SynthOptions};
+use std::path::{Path, PathBuf};
+
+fn tiny(dir: &Path) -> PathBuf {
+    let g = Geometry::all()
+        .into_iter()
+        .find(|g| g.name == "tiny-qwen3moe")
+        .expect("tiny-qwen3moe");
+    let path = dir.join("tiny.gguf");
+    synthesize(
+        &path,
+        &g,
+        &SynthOptions {
+            preset: Preset::Q8_0,
+            seed: 3,
+            sync: false,
+        },
+        &|_, _| {},
+    )
+    .expect("synthesize");
+    path
+}
+
+/// Rewrites `src` into `dst`, letting `edit` change each tensor (name, type, bytes)
+/// or drop it (None).
+fn rewrite(
+    src: &Path,
+    dst: &Path,
+    edit: impl Fn(&str, GgmlType, &[u8]) -> Option<(GgmlType, Vec<u8>)>,
+) {
+    let f = GgufFile::open(src).expect("open");
+    let kvs: Vec<(&str, gguf::Value)> = f
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    let edited: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> = f
+        .tensors()
+        .iter()
+        .filter_map(|t| {
+            edit(&t.name, t.ty, f.tensor_data(t))
+                .map(|(ty, data)| (t.name.clone(), t.dims.clone(), ty, data))
+        })
+        .collect();
+    let tensors: Vec<InMemoryTensor> = edited
+        .iter()
+        .map(|(name, dims, ty, data)| InMemoryTensor {
+            name,
+            dims,
+            ty: *ty,
+            data,
+        })
+        .collect();
+    gguf::write_file(dst, &kvs, &tensors).expect("write");
+}
+
+fn load_err(path: &Path) -> String {
+    match Engine::load(path, &EngineConfig::default()) {
+        Ok(_) => panic!("{} loaded but should have been refused", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn unsupported_type_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = tiny(dir.path());
+    let dst = dir.path().join("q2k.gguf");
+    rewrite(&src, &dst, |name, ty, data| {
+        if name == "blk.1.ffn_up_exps.weight" {
+            // Same element count, stored as Q2_K (a type with no kernel here).
+            let n = data.len() / ty.type_size() * ty.block_size();
+            Some((
+                GgmlType::Q2_K,
+                vec![0u8; n / 256 * GgmlType::Q2_K.type_size()],
+            ))
+        } else {
+            Some((ty, data.to_vec()))
+        }
+    });
+    let e = load_err(&dst);
+    assert!(
+        e.contains("blk.1.ffn_up_exps.weight") && e.contains("Q2_K"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = tiny(dir.path());
+    let dst = dir.path().join("missing.gguf");
+    rewrite(&src, &dst, |name, ty, data| {
+        (name != "blk.2.attn_k_norm.weight").then(|| (ty, data.to_vec()))
+    });
+    let e = load_err(&dst);
+    assert!(e.contains("blk.2.attn_k_norm.weight"), "{e}");
+}
+
+#[test]
+fn truncated_file_names_an_offset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = tiny(dir.path());
+    let bytes = std::fs::read(&src).expect("read");
+    for cut in [10usize, 1000, bytes.len() / 2, bytes.len() - 7] {
+        let dst = dir.path().join(format!("cut{cut}.gguf"));
+        std::fs::write(&dst, &bytes[..cut]).expect("write");
+        let e = load_err(&dst);
+        assert!(e.contains("offset"), "cut at {cut}: {e}");
+    }
+}
+
+#[test]
+fn mtp_block_loads_with_the_trunk() {
+    // tiny-qwen35moe carries one NextN/MTP block after its trunk, as real
+    // Qwen3.6 files do; it loads and is kept out of the trunk's layer count.
+    let g = Geometry::all()
+        .into_iter()
+        .find(|g| g.name == "tiny-qwen35moe")
+        .expect("tiny-qwen35moe");
+    assert!(g.n_nextn > 0);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t35.gguf");
+    synthesize(
+        &path,
+        &g,
+        &SynthOptions {
+            preset: Preset::Q8_0,
+            seed: 1,
+            sync: false,
+        },
+        &|_, _| {},
+    )
+    .expect("synthesize");
+    let eng = Engine::load(&path, &EngineConfig::default()).expect("load");
+    assert_eq!(eng.config().n_nextn, g.n_nextn as usize);
+    assert_eq!(eng.config().n_layer, g.n_layer as usize);
+}
