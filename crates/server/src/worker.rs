@@ -136,7 +136,15 @@ impl Worker {
             .spawn(move || {
                 let mut backend = backend;
                 while let Ok(job) = rx.recv() {
-                    run_job(backend.as_mut(), &stats, job);
+                    let id = job.id;
+                    // A panic in one request must not take the server down: the
+                    // request fails (its channel closes) and the next one runs.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_job(backend.as_mut(), &stats, job)
+                    }));
+                    if r.is_err() {
+                        stats.request_failed(id, "the engine failed (panic) on this request");
+                    }
                 }
             })?;
         Ok(Worker { jobs })
@@ -188,6 +196,9 @@ pub fn run_job(backend: &mut dyn Backend, stats: &Stats, job: Job) {
             first = false;
         }
         stats.token_generated(id);
+        // Stop sequences bind the answer, not the thinking: text decoded inside the
+        // think block (its closing tag and forced tokens included) bypasses them.
+        let bypass_stops = in_think || ev.forced || Some(ev.token) == think.open_id;
         if Some(ev.token) == think.open_id && !in_think {
             in_think = true;
         }
@@ -201,7 +212,11 @@ pub fn run_job(backend: &mut dyn Backend, stats: &Stats, job: Job) {
             return Flow::Continue;
         }
         let text = detok.push(ev.token);
-        let (emit, hit) = stop.push(&text);
+        let (emit, hit) = if bypass_stops {
+            (text, None)
+        } else {
+            stop.push(&text)
+        };
         if !emit.is_empty() && tx.send(Event::Text(emit)).is_err() {
             cancelled = true;
             return Flow::Stop;
@@ -431,6 +446,26 @@ mod tests {
     }
 
     #[test]
+    fn stop_sequences_skip_the_think_block() {
+        let think = ThinkPlan {
+            open_at_start: true,
+            limit: None,
+            close_tokens: vec![],
+            open_id: Some(0),
+            close_id: Some(1),
+        };
+        let (j, rx) = job(20, think, vec!["a".into()]);
+        let mut b = Scripted {
+            script: vec![2, 3, 1, 3, 2, 3],
+            eog: 5,
+        };
+        run_job(&mut b, &Stats::new(), j);
+        let (text, f) = collect(rx);
+        assert_eq!(text, "ab</think>b");
+        assert_eq!(f.stop_hit.as_deref(), Some("a"));
+    }
+
+    #[test]
     fn held_back_partial_stop_is_released_at_end() {
         let (j, rx) = job(3, ThinkPlan::default(), vec!["STOP".into()]);
         let mut b = Scripted {
@@ -498,6 +533,48 @@ mod tests {
         };
         run_job(&mut b, &Stats::new(), j);
         assert_eq!(b.generated, 3);
+    }
+
+    /// Panics on its first request, then behaves.
+    struct PanicOnce(bool, Scripted);
+
+    impl Backend for PanicOnce {
+        fn generate(
+            &mut self,
+            req: &GenerateRequest,
+            on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+        ) -> Result<Completion, String> {
+            if !self.0 {
+                self.0 = true;
+                panic!("boom");
+            }
+            self.1.generate(req, on_token)
+        }
+    }
+
+    #[test]
+    fn a_panicking_request_does_not_stop_the_worker() {
+        let w = Worker::spawn(
+            Box::new(PanicOnce(
+                false,
+                Scripted {
+                    script: vec![2, 5],
+                    eog: 5,
+                },
+            )),
+            Arc::new(Stats::new()),
+        )
+        .unwrap();
+        let (j1, mut rx1) = job(5, ThinkPlan::default(), vec![]);
+        let (j2, mut rx2) = job(5, ThinkPlan::default(), vec![]);
+        w.submit(j1).unwrap();
+        w.submit(j2).unwrap();
+        assert!(
+            rx1.blocking_recv().is_none(),
+            "the failed request's channel closes"
+        );
+        assert!(matches!(rx2.blocking_recv(), Some(Event::Text(_))));
+        assert!(matches!(rx2.blocking_recv(), Some(Event::Done(_))));
     }
 
     #[test]
