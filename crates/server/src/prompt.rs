@@ -564,6 +564,31 @@ pub fn responses(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
                             "content": out,
                         }));
                     }
+                    // A freeform (custom) tool call: its text input becomes {"input": ...}.
+                    "custom_tool_call" => {
+                        let name = check_tool_name(
+                            item.get("name").and_then(Value::as_str),
+                            &format!("{field}.name"),
+                        )?;
+                        let input = item.get("input").cloned().unwrap_or(json!(""));
+                        b.assistant_tool_call(json!({
+                            "id": item.get("call_id").cloned().unwrap_or(Value::Null),
+                            "type": "function",
+                            "function": {"name": name, "arguments": {"input": input}},
+                        }));
+                    }
+                    "custom_tool_call_output" => {
+                        let out = match item.get("output") {
+                            Some(Value::String(s)) => s.clone(),
+                            Some(v) => v.to_string(),
+                            None => String::new(),
+                        };
+                        b.turns.push(json!({
+                            "role": "tool",
+                            "tool_call_id": item.get("call_id").cloned().unwrap_or(Value::Null),
+                            "content": out,
+                        }));
+                    }
                     // Reasoning echoed back from an earlier turn carries nothing we can use.
                     "reasoning" => {}
                     other => {
