@@ -8,7 +8,11 @@ mod synth;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "scoria", version, about = "Mixture-of-experts inference engine and server")]
+#[command(
+    name = "scoria",
+    version,
+    about = "Mixture-of-experts inference engine and server"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,7 +33,8 @@ enum Command {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SCORIA_LOG").unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("SCORIA_LOG")
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
