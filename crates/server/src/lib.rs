@@ -124,6 +124,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .merge(ops::router())
+        .fallback(not_found)
         // Agent conversations are large; the default 2 MB limit would cut them off.
         .layer(DefaultBodyLimit::max(256 << 20))
         .layer(middleware::from_fn_with_state(
@@ -131,6 +132,14 @@ pub fn app(state: Arc<AppState>) -> Router {
             require_api_key,
         ))
         .with_state(state)
+}
+
+/// Unknown paths answer 404 with a JSON body (OpenAI's error shape).
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let body = serde_json::json!({"error": {
+        "message": format!("no route for {method} {}", uri.path()),
+        "type": "invalid_request_error", "param": null, "code": "not_found"}});
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
 /// Refuses every route but `/health` and the stats page shell without the configured key
