@@ -651,3 +651,55 @@ async fn qwen35_template_round_trip() {
         "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}), "").await;
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+fn qwen3() -> Arc<dyn PromptRender> {
+    let t = model::chat::ChatTemplate::new(model::chat::QWEN3_TEMPLATE).expect("template");
+    Arc::new(TemplateRenderer(Arc::new(t)))
+}
+
+#[tokio::test]
+async fn qwen3_template_json_calls_and_model_opened_think() {
+    // Qwen3 opens its own think block and writes JSON tool calls.
+    let script = "<think>\nweather needed\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}\n</tool_call>";
+    let addr = server_with(script, None, greedy(), qwen3()).await;
+    let body = json!({"messages": [{"role": "user", "content": "w?"}], "tools": weather_tools(), "stream": true});
+    let r = post(addr, "/v1/chat/completions", &body, "").await;
+    let mut reasoning = String::new();
+    let mut args = String::new();
+    for (_, d) in r.frames() {
+        if d == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&d).unwrap();
+        let delta = &v["choices"][0]["delta"];
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        if let Some(tc) = delta["tool_calls"].get(0) {
+            args.push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(reasoning, "weather needed");
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap(),
+        json!({"city": "Lima"})
+    );
+    // A thinking budget also applies when the model opened the block itself.
+    let long = format!("<think>\n{}", "hmm ".repeat(80));
+    let addr = server_with(&long, None, greedy(), qwen3()).await;
+    let v = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "q"}], "thinking_budget": 8, "max_tokens": 500}),
+        "",
+    )
+    .await
+    .json();
+    let m = &v["choices"][0]["message"];
+    assert!(
+        m["reasoning_content"]
+            .as_str()
+            .unwrap()
+            .ends_with("directly now."),
+        "{m}"
+    );
+    assert!(m["content"].as_str().unwrap().starts_with("hmm"), "{m}");
+}
