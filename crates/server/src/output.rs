@@ -548,7 +548,7 @@ fn json_call_head(buf: &str) -> Option<(String, usize)> {
     let key = buf.find("\"name\"")?;
     let mut i = key + "\"name\"".len();
     let skip_ws = |i: &mut usize| {
-        while buf[*i..].starts_with(|c: char| c.is_whitespace()) {
+        while buf[*i..].starts_with(|c: char| c.is_ascii_whitespace()) {
             *i += 1;
         }
     };
@@ -802,6 +802,70 @@ mod tests {
                     delta: "{}".into()
                 }
             );
+        }
+    }
+
+    #[test]
+    fn json_head_with_unicode_whitespace_does_not_panic() {
+        let mut p = OutputParser::new(false, Some(&tools()));
+        let mut got =
+            p.push("<tool_call>{\"name\"\u{3000}: \"f\", \"arguments\":\u{3000}{\"x\": \"é\"}}");
+        got.extend(p.push("</tool_call>"));
+        got.extend(p.finish());
+        assert!(got
+            .iter()
+            .any(|g| matches!(g, Piece::ToolEnd { .. }) || matches!(g, Piece::Content(_))));
+    }
+
+    #[test]
+    fn random_fragments_never_panic() {
+        let frags = [
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "</tool_call>",
+            "<function=f>",
+            "</function>",
+            "<parameter=p>",
+            "</parameter>",
+            "{\"name\": \"f\", \"arguments\": {",
+            "}",
+            "\"",
+            "é",
+            "\u{3000}",
+            "\n",
+            " ",
+            "<",
+            "x",
+            "日本",
+            "{",
+            ":",
+        ];
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        };
+        for round in 0..400 {
+            let text: String = (0..next(30)).map(|_| frags[next(frags.len())]).collect();
+            let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+            let mut p = OutputParser::new(round % 2 == 0, (round % 3 != 0).then_some(&tools));
+            let chars: Vec<char> = text.chars().collect();
+            let mut i = 0;
+            while i < chars.len() {
+                let n = 1 + next(6);
+                let chunk: String = chars[i..(i + n).min(chars.len())].iter().collect();
+                p.push(&chunk);
+                i += n;
+            }
+            p.finish();
+            let mut m = StopMatcher::new(vec!["é!".into(), "日".into()]);
+            for c in text.chars() {
+                m.push(&c.to_string());
+            }
+            m.finish();
         }
     }
 
