@@ -134,6 +134,17 @@ pub fn app(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// Compares a presented key with the configured one in time independent of where
+/// they first differ (the length is not secret).
+fn same_secret(given: &str, key: &str) -> bool {
+    given.len() == key.len()
+        && given
+            .bytes()
+            .zip(key.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
 /// Unknown paths answer 404 with a JSON body (OpenAI's error shape).
 async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let body = serde_json::json!({"error": {
@@ -158,10 +169,16 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| {
+            let (scheme, rest) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        });
+    let x_api_key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
         .map(str::trim);
-    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-    if bearer == Some(key) || x_api_key == Some(key) {
+    let ok = |given: Option<&str>| given.is_some_and(|g| same_secret(g, key));
+    if ok(bearer) || ok(x_api_key) {
         return next.run(req).await;
     }
     let body = serde_json::json!({"error": {
