@@ -209,7 +209,7 @@ pub enum ServeError {
         "cannot listen on {addr}: {err} (is another server using the port? choose one with --port)"
     )]
     Bind { addr: String, err: std::io::Error },
-    #[error("--host {0} is not an IP address (use 127.0.0.1, 0.0.0.0, ::1, ...)")]
+    #[error("--host {0} is neither an IP address nor a name that resolves (use 127.0.0.1, 0.0.0.0, ::1, localhost, ...)")]
     Host(String),
     #[error("cannot start: {0}")]
     Io(#[from] std::io::Error),
@@ -267,11 +267,12 @@ pub fn core_for(
 /// Loads the model named by `settings` (or the demo model), prints the startup
 /// lines, and serves until the process is stopped.
 pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
-    let ip: std::net::IpAddr = settings
-        .host
-        .parse()
-        .map_err(|_| ServeError::Host(settings.host.clone()))?;
-    let addr = SocketAddr::new(ip, settings.port);
+    // An IP, or a name such as `localhost` (its first address).
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(settings.host.as_str(), settings.port))
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ServeError::Host(settings.host.clone()))?;
+    let ip = addr.ip();
     let (path, demo) = match &settings.model {
         Some(p) => (p.clone(), false),
         None => (

@@ -238,7 +238,7 @@ const SPECS: &[Spec] = &[
         section: "engine",
         kind: Kind::Effort,
         default: || Value::Null,
-        unset: "model default (thinking on, no budget)",
+        unset: "none: no budget from effort",
     },
     Spec {
         name: "enable-thinking",
