@@ -81,7 +81,9 @@ pub fn render_chat(
             &extra,
         )
         .map_err(|e| ApiError::field(field, format!("{field}: the chat template failed: {e}")))?;
-    let open = thinking.enabled && ends_in_open_think(&text);
+    // What the template did decides, not what was asked: a template that ignores
+    // `enable_thinking` still leaves the model inside its think block.
+    let open = ends_in_open_think(&text);
     let tokens = state
         .tokenizer
         .encode_prompt(&text)
@@ -176,7 +178,7 @@ pub fn start(
             ),
         ));
     }
-    let think = if mode.structured && params.thinking.enabled {
+    let think = if mode.structured && (params.thinking.enabled || mode.think_open) {
         // The budget sentence costs ~25 tokens: a small request closes with `</think>` alone.
         let close = if params.max_tokens >= 8 * core.close_tokens.len() {
             &core.close_tokens
@@ -220,7 +222,7 @@ pub fn start(
     })?;
     let parser = mode
         .structured
-        .then(|| OutputParser::new(mode.think_open && params.thinking.enabled, mode.tools));
+        .then(|| OutputParser::new(mode.think_open, mode.tools));
     Ok(Generation {
         id,
         rx,
