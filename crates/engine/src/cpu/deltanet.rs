@@ -1,6 +1,7 @@
-//! Gated DeltaNet on the CPU: projections for all tokens at once, then the conv
-//! and the recurrence token by token (the recurrence is cheap next to the
-//! projections), gated norm, output projection.
+//! Gated DeltaNet on the CPU: projections for all tokens at once, the conv token
+//! by token, then each value head's recurrence over the tokens (heads in
+//! parallel), gated norm, output projection. Every head performs the same float
+//! operations in the same order whether it sees one token or a prompt.
 
 use super::{Act, CpuBackend, DeltaNetState, Job};
 use model::deltanet::{conv_step, gated_norm, step};
@@ -51,13 +52,17 @@ pub(super) fn run(
         }
     };
 
+    // Conv (sequential in time per channel) and q/k normalisation for every token first.
     let scale = 1.0 / (d as f32).sqrt();
-    let mut y = Act::zeros(t_n, vd);
-    let mut conv_out = vec![0.0f32; ssm.conv_dim()];
+    let mut conv = Act::zeros(t_n, ssm.conv_dim());
     for t in 0..t_n {
-        conv_step(&mut st.conv, &w.conv, qkv.row(t), ssm.d_conv, &mut conv_out);
-        let (q_all, rest) = conv_out.split_at_mut(kd);
-        let (k_all, v_all) = rest.split_at_mut(kd);
+        let (src, dst) = (
+            qkv.row(t),
+            &mut conv.data[t * ssm.conv_dim()..(t + 1) * ssm.conv_dim()],
+        );
+        conv_step(&mut st.conv, &w.conv, src, ssm.d_conv, dst);
+        let (q_all, rest) = dst.split_at_mut(kd);
+        let k_all = &mut rest[..kd];
         for h in 0..hk {
             l2_norm(&mut q_all[h * d..(h + 1) * d], L2_EPS);
             l2_norm(&mut k_all[h * d..(h + 1) * d], L2_EPS);
@@ -65,29 +70,36 @@ pub(super) fn run(
         for qv in q_all.iter_mut() {
             *qv *= scale;
         }
-        let (q_all, k_all, v_all) = (&*q_all, &*k_all, &*v_all);
-        let br = beta_raw.row(t);
-        let ar = alpha_raw.row(t);
-        let zr = z.row(t);
-        y.row_mut(t)
-            .par_chunks_mut(d)
-            .zip(st.ssm.par_chunks_mut(d * d))
-            .enumerate()
-            .for_each(|(h, (o, s))| {
-                let kh = ssm.k_head_of(h);
-                let g = w.a[h] * softplus(ar[h] + w.dt_bias[h]);
-                let beta = sigmoid(br[h]);
-                step(
-                    s,
-                    &q_all[kh * d..(kh + 1) * d],
-                    &k_all[kh * d..(kh + 1) * d],
-                    &v_all[h * d..(h + 1) * d],
-                    g,
-                    beta,
-                    o,
-                );
-                gated_norm(o, &zr[h * d..(h + 1) * d], &w.norm, cfg.eps);
-            });
+    }
+
+    // Then each value head runs its recurrence over all tokens; heads are
+    // independent, so they run in parallel (one parallel region per prompt).
+    let per_head: Vec<Vec<f32>> = st
+        .ssm
+        .par_chunks_mut(d * d)
+        .enumerate()
+        .map(|(h, s)| {
+            let kh = ssm.k_head_of(h);
+            let mut out = vec![0.0f32; t_n * d];
+            for t in 0..t_n {
+                let row = conv.row(t);
+                let q = &row[kh * d..(kh + 1) * d];
+                let k = &row[kd + kh * d..kd + (kh + 1) * d];
+                let v = &row[2 * kd + h * d..2 * kd + (h + 1) * d];
+                let g = w.a[h] * softplus(alpha_raw.row(t)[h] + w.dt_bias[h]);
+                let beta = sigmoid(beta_raw.row(t)[h]);
+                let o = &mut out[t * d..(t + 1) * d];
+                step(s, q, k, v, g, beta, o);
+                gated_norm(o, &z.row(t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
+            }
+            out
+        })
+        .collect();
+    let mut y = Act::zeros(t_n, vd);
+    for (h, out) in per_head.iter().enumerate() {
+        for t in 0..t_n {
+            y.row_mut(t)[h * d..(h + 1) * d].copy_from_slice(&out[t * d..(t + 1) * d]);
+        }
     }
     b.mm_weight(&w.out, &y)
 }

@@ -8,6 +8,7 @@ use model::math::{sigmoid, silu};
 use model::moe::route;
 use model::weights::MoeWeights;
 use model::ModelConfig;
+use rayon::prelude::*;
 
 pub(super) fn run(b: &CpuBackend, cfg: &ModelConfig, w: &MoeWeights, x: &Act) -> Act {
     let (t_n, e) = (x.rows, cfg.n_embd);
@@ -26,16 +27,25 @@ pub(super) fn run(b: &CpuBackend, cfg: &ModelConfig, w: &MoeWeights, x: &Act) ->
         }
     }
     // expert_out[(t * k + rank) * e ..]
+    // Experts run in parallel (each also splits its rows); their outputs are
+    // scattered to (token, rank) slots, so the combination order is fixed.
+    let busy: Vec<(usize, &Vec<(usize, usize)>)> = tokens_of
+        .iter()
+        .enumerate()
+        .filter(|(_, toks)| !toks.is_empty())
+        .collect();
+    let results: Vec<Act> = busy
+        .par_iter()
+        .map(|&(ex, toks)| {
+            let mut xe = Act::zeros(toks.len(), e);
+            for (i, &(t, _)) in toks.iter().enumerate() {
+                xe.row_mut(i).copy_from_slice(x.row(t));
+            }
+            expert_ffn(b, w, ex, &xe, cfg.n_ff_exp)
+        })
+        .collect();
     let mut expert_out = vec![0.0f32; t_n * k * e];
-    for (ex, toks) in tokens_of.iter().enumerate() {
-        if toks.is_empty() {
-            continue;
-        }
-        let mut xe = Act::zeros(toks.len(), e);
-        for (i, &(t, _)) in toks.iter().enumerate() {
-            xe.row_mut(i).copy_from_slice(x.row(t));
-        }
-        let act = expert_ffn(b, w, ex, &xe, cfg.n_ff_exp);
+    for ((_, toks), act) in busy.iter().zip(&results) {
         for (i, &(t, rank)) in toks.iter().enumerate() {
             expert_out[(t * k + rank) * e..(t * k + rank + 1) * e].copy_from_slice(act.row(i));
         }
