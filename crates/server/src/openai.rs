@@ -288,7 +288,13 @@ async fn completions_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response
         budget: None,
         effort: None,
     };
-    let p = gen_params(&state, &body, &["max_tokens"], no_thinking).map_err(oa)?;
+    let p = gen_params(
+        &state,
+        &body,
+        &["max_tokens", "max_completion_tokens", "max_output_tokens"],
+        no_thinking,
+    )
+    .map_err(oa)?;
     let tokens = completion_prompt(&state, &body).map_err(oa)?;
     let gen = start(
         &state,

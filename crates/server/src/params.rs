@@ -176,6 +176,18 @@ pub fn refuse_unsupported(o: &Obj) -> Result<(), ApiError> {
             );
         }
     }
+    if o.get("functions").is_some_and(|v| !v.is_null()) {
+        return refuse(
+            "functions",
+            "the deprecated functions / function_call form is not supported; send tools",
+        );
+    }
+    if o.get("modalities")
+        .and_then(Value::as_array)
+        .is_some_and(|m| m.iter().any(|x| x != "text"))
+    {
+        return refuse("modalities", "only text output is supported");
+    }
     for name in ["grammar", "json_schema"] {
         if o.get(name).is_some_and(|v| !v.is_null()) {
             return refuse(name, "constrained decoding is not supported");
