@@ -5,6 +5,9 @@
 //! For each case it prints GB/s of weight bytes read: one thread (rows in a loop)
 //! and all rayon threads (`matvec`). The 512x2048 shape is one expert projection
 //! (cache-resident when repeated); the larger shapes exceed the caches.
+//! The matmul cases (prompt processing: one expert's tokens, a dense projection)
+//! report (row, token) dots per second and the effective GFLOP/s (2·rows·cols·tokens).
+//! `--matmul` runs only those.
 
 use std::time::{Duration, Instant};
 
@@ -54,6 +57,10 @@ fn time_it(budget: Duration, mut f: impl FnMut()) -> f64 {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let budget = Duration::from_millis(if quick { 100 } else { 400 });
+    if std::env::args().any(|a| a == "--matmul") {
+        matmul_bench(budget);
+        return;
+    }
     println!(
         "kernel level in use: {} (threads: {})",
         quant::kernel_isa(),
@@ -120,6 +127,7 @@ fn main() {
         }
     }
     moe_bench(budget);
+    matmul_bench(budget);
     let x: Vec<f32> = (0..2048).map(|i| (i as f32 * 0.37).sin()).collect();
     for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
         let t = time_it(budget, || {
@@ -180,4 +188,49 @@ fn moe_bench(budget: Duration) {
         batched * 1e6,
         bytes / batched
     );
+}
+
+/// Prompt processing: `matmul` of n tokens against one matrix, per type and kernel level.
+fn matmul_bench(budget: Duration) {
+    let cases: &[(T, usize, usize, usize)] = &[
+        (T::Q4_K, 512, 2048, 16),
+        (T::Q4_K, 8192, 2048, 64),
+        (T::Q6_K, 512, 2048, 16),
+        (T::Q6_K, 2048, 2048, 64),
+        (T::Q8_0, 512, 2048, 16),
+        (T::Q8_0, 2048, 2048, 64),
+        (T::Q5_K, 2048, 2048, 64),
+        (T::IQ4_XS, 2048, 2048, 64),
+        (T::Q4_0, 2048, 2048, 64),
+    ];
+    println!(
+        "{:<8} {:>16} {:<8} {:>14} {:>10}",
+        "type", "rows x cols x n", "isa", "Mdot/s", "GFLOP/s"
+    );
+    for &(ty, rows, cols, n_tok) in cases {
+        let w = random_matrix(ty, rows, cols, 5);
+        let mut s = 11u64;
+        let xs: Vec<f32> = (0..cols * n_tok)
+            .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let xqs: Vec<quant::ActQ8> = xs.chunks_exact(cols).map(quant::quantize_act).collect();
+        let mut out = vec![0f32; rows * n_tok];
+        for isa in Isa::ALL {
+            if !isa.is_available() || isa == Isa::Scalar {
+                continue;
+            }
+            let t = time_it(budget, || {
+                quant::matmul_with(isa, ty, &w, cols, &xs, &xqs, &mut out)
+            });
+            let dots = (rows * n_tok) as f64;
+            println!(
+                "{:<8} {:>16} {:<8} {:>14.2} {:>10.1}",
+                ty.name(),
+                format!("{rows}x{cols}x{n_tok}"),
+                isa.name(),
+                dots / t / 1e6,
+                2.0 * dots * cols as f64 / t / 1e9
+            );
+        }
+    }
 }

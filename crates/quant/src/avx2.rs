@@ -9,7 +9,12 @@
 //! `scalar.rs`.
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use imp::kernel;
+pub(crate) use imp::{kernel, multi};
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn multi(_ty: crate::GgmlType, _proof: crate::isa::Avx2Proof) -> Option<crate::MultiFn> {
+    None
+}
 
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) fn kernel(ty: crate::GgmlType, _proof: crate::isa::Avx2Proof) -> crate::Kernel {
@@ -57,6 +62,11 @@ pub(crate) mod imp {
             T::IQ4_XS => q!(dot_iq4_xs),
             other => crate::scalar_kernel(other),
         }
+    }
+
+    /// The many-token kernel of `ty`, if it has one.
+    pub(crate) fn multi(_ty: GgmlType, _proof: Avx2Proof) -> Option<crate::MultiFn> {
+        None
     }
 
     /// Lane j of the result = the sum of the eight i32 lanes of v[j] (exact).

@@ -12,9 +12,9 @@
 //! 16-lane vectors.
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use bw::kernel as bw_kernel;
+pub(crate) use bw::{kernel as bw_kernel, multi as bw_multi};
 #[cfg(target_arch = "x86_64")]
-pub(crate) use vnni::kernel as vnni_kernel;
+pub(crate) use vnni::{kernel as vnni_kernel, multi as vnni_multi};
 
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) fn vnni_kernel(ty: crate::GgmlType, _proof: crate::isa::Avx512Proof) -> crate::Kernel {
@@ -26,12 +26,28 @@ pub(crate) fn bw_kernel(ty: crate::GgmlType, _proof: crate::isa::Avx512BwProof) 
     crate::scalar_kernel(ty)
 }
 
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn vnni_multi(
+    _ty: crate::GgmlType,
+    _proof: crate::isa::Avx512Proof,
+) -> Option<crate::MultiFn> {
+    None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn bw_multi(
+    _ty: crate::GgmlType,
+    _proof: crate::isa::Avx512BwProof,
+) -> Option<crate::MultiFn> {
+    None
+}
+
 /// A safe `Kernel` around an unsafe target-feature kernel (see the SAFETY note at its use).
 #[cfg(target_arch = "x86_64")]
 macro_rules! wrap_q {
     ($f:ident) => {{
         fn w(row: &[u8], xq: &ActQ8) -> f32 {
-            unsafe { $f(row, xq) }
+            unsafe { $f::<1>(row, [xq])[0] }
         }
         Kernel::Q(w)
     }};
@@ -60,7 +76,7 @@ macro_rules! avx512_kernels {
             use crate::avx2::imp::{finish_with_tail, iq4_xs_scales, k_scales, tree};
             use crate::formats::*;
             use crate::scalar;
-            use crate::{ActQ8, GgmlType, Kernel};
+            use crate::{ActQ8, GgmlType, Kernel, MultiFn};
 
             pub(crate) fn kernel(ty: GgmlType, _proof: $proof) -> Kernel {
                 use GgmlType as T;
@@ -79,6 +95,21 @@ macro_rules! avx512_kernels {
                     T::IQ4_XS => wrap_q!(dot_iq4_xs),
                     other => crate::scalar_kernel(other),
                 }
+            }
+
+            /// The many-token kernel of `ty` (tiles of up to 8 tokens), if it has one.
+            pub(crate) fn multi(ty: GgmlType, _proof: $proof) -> Option<MultiFn> {
+                use GgmlType as T;
+                // SAFETY (every wrapper below): as in `kernel`.
+                Some(match ty {
+                    T::Q8_0 => multi_wrap!(dot_q8_0, 8, 4, 2, 1),
+                    T::Q4_0 => multi_wrap!(dot_q4_0, 8, 4, 2, 1),
+                    T::Q4_K => multi_wrap!(dot_q4_k, 8, 4, 2, 1),
+                    T::Q5_K => multi_wrap!(dot_q5_k, 8, 4, 2, 1),
+                    T::Q6_K => multi_wrap!(dot_q6_k, 8, 4, 2, 1),
+                    T::IQ4_XS => multi_wrap!(dot_iq4_xs, 8, 4, 2, 1),
+                    _ => return None,
+                })
             }
 
             fn check(row: &[u8], xq: &ActQ8, block_bytes: usize, block_vals: usize) -> usize {
@@ -124,19 +155,42 @@ macro_rules! avx512_kernels {
                 }
             }
 
+            /// Signed int8 weights prepared for [`dps`] (once per block, shared by tokens):
+            /// with VNNI `w + 128` (as unsigned bytes); without, `|w|` and the sign mask.
+            #[derive(Clone, Copy)]
+            struct SignedW {
+                u: __m512i,
+                neg: __mmask64,
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn signed_w(w: __m512i) -> SignedW {
+                if OFFSET {
+                    SignedW {
+                        u: _mm512_xor_si512(w, _mm512_set1_epi8(0x80u8 as i8)),
+                        neg: 0,
+                    }
+                } else {
+                    SignedW {
+                        u: _mm512_abs_epi8(w),
+                        neg: _mm512_movepi8_mask(w),
+                    }
+                }
+            }
+
             /// Signed × signed byte dot (|s| ≤ 127), each i32 lane summing four products.
             /// With VNNI: `Σ (w + 128)·s` — the caller subtracts `128·Σ s` (`OFFSET`);
             /// without: `Σ |w|·(s·sign w)`, exact as it stands.
             #[inline]
             #[target_feature(enable = $feat)]
-            fn dps(w: __m512i, s: __m512i) -> __m512i {
+            fn dps(w: SignedW, s: __m512i) -> __m512i {
                 if OFFSET {
-                    dp(_mm512_xor_si512(w, _mm512_set1_epi8(0x80u8 as i8)), s)
+                    dp(w.u, s)
                 } else {
-                    let neg = _mm512_movepi8_mask(w);
                     dp(
-                        _mm512_abs_epi8(w),
-                        _mm512_mask_sub_epi8(s, neg, _mm512_setzero_si512(), s),
+                        w.u,
+                        _mm512_mask_sub_epi8(s, w.neg, _mm512_setzero_si512(), s),
                     )
                 }
             }
@@ -202,20 +256,38 @@ macro_rules! avx512_kernels {
                 _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum))
             }
 
+            /// The per-block float constants of a Q4_K/Q5_K block, shared by every token.
+            #[derive(Clone, Copy)]
+            struct KBlock {
+                d: __m256,
+                dmin: __m256,
+                sc32: __m256i,
+                m32: __m256i,
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn k_block(blk: *const u8) -> KBlock {
+                let (d, dmin) = f16_pair(blk);
+                let (sc, m) = k_scales(blk.add(4));
+                KBlock {
+                    d: _mm256_set1_ps(d),
+                    dmin: _mm256_set1_ps(dmin),
+                    sc32: _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)),
+                    m32: _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)),
+                }
+            }
+
             /// Q4_K / Q5_K: `c = (d*da)*is; c = fma(-(dmin*da), im, c)`.
             #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn k_c(blk: *const u8, b: usize, xq: &ActQ8, dots: __m256i) -> __m256 {
-                let (d, dmin) = f16_pair(blk);
-                let (sc, m) = k_scales(blk.add(4));
+            unsafe fn k_c(k: KBlock, b: usize, xq: &ActQ8, dots: __m256i) -> __m256 {
                 let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
                 let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-                let sc32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
-                let m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64));
-                let is = _mm256_mullo_epi32(dots, sc32);
-                let im = _mm256_mullo_epi32(sums, m32);
-                let dd = _mm256_mul_ps(_mm256_set1_ps(d), da);
-                let dm = _mm256_mul_ps(_mm256_set1_ps(dmin), da);
+                let is = _mm256_mullo_epi32(dots, k.sc32);
+                let im = _mm256_mullo_epi32(sums, k.m32);
+                let dd = _mm256_mul_ps(k.d, da);
+                let dm = _mm256_mul_ps(k.dmin, da);
                 let c = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is));
                 _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(im), c)
             }
@@ -232,44 +304,87 @@ macro_rules! avx512_kernels {
                 )
             }
 
+            /// The four 64-value dots of one 256-value block: `z[k]` (unsigned weights of
+            /// values 64k..64k+63) against the token's activations at `qa`.
+            #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q4_k(row: &[u8], xq: &ActQ8) -> f32 {
-                let nb = check(row, xq, Q4_K_BYTES, QK_K);
+            unsafe fn dots4(z: &[__m512i; 4], qa: *const i8) -> __m256i {
+                let p = [
+                    dp(z[0], lda512(qa)),
+                    dp(z[1], lda512(qa.add(64))),
+                    dp(z[2], lda512(qa.add(128))),
+                    dp(z[3], lda512(qa.add(192))),
+                ];
+                reduce4(&p)
+            }
+
+            /// The nb shared by every token's check.
+            fn check_all<const N: usize>(
+                row: &[u8],
+                xq: &[&ActQ8; N],
+                block_bytes: usize,
+                block_vals: usize,
+            ) -> usize {
+                let nb = row.len() / block_bytes;
+                for x in xq {
+                    check(row, x, block_bytes, block_vals);
+                }
+                nb
+            }
+
+            /// The combine tree of every token.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn trees<const N: usize>(acc: &[[__m256; 4]; N]) -> [f32; N] {
+                let mut out = [0f32; N];
+                for t in 0..N {
+                    out[t] = tree(&acc[t]);
+                }
+                out
+            }
+
+            // Every quantized kernel below computes N tokens against one row: each
+            // block's weights are unpacked once, then every token runs the canonical
+            // sequence into its own 32 accumulators (N = 1 is the single-row dot).
+
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q4_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+                let nb = check_all(row, &xq, Q4_K_BYTES, QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
-                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 for b in 0..nb {
                     let blk = row.as_ptr().add(Q4_K_BYTES * b);
-                    let qa = xq.qs.as_ptr().add(QK_K * b);
-                    let mut p = [_mm512_setzero_si512(); 4];
+                    let mut z = [_mm512_setzero_si512(); 4];
                     for h in 0..2 {
                         let q = ld512(blk.add(16 + 64 * h));
                         let lo = _mm512_and_si512(q, m4);
                         let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                        let (z0, z1) = pair_planes(lo, hi);
-                        p[2 * h] = dp(z0, lda512(qa.add(128 * h)));
-                        p[2 * h + 1] = dp(z1, lda512(qa.add(128 * h + 64)));
+                        (z[2 * h], z[2 * h + 1]) = pair_planes(lo, hi);
                     }
-                    let c = k_c(blk, b, xq, reduce4(&p));
-                    acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
+                    let kb = k_block(blk);
+                    for t in 0..N {
+                        let dots = dots4(&z, xq[t].qs.as_ptr().add(QK_K * b));
+                        let c = k_c(kb, b, xq[t], dots);
+                        acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
+                    }
                 }
-                tree(&acc)
+                trees(&acc)
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q5_k(row: &[u8], xq: &ActQ8) -> f32 {
-                let nb = check(row, xq, Q5_K_BYTES, QK_K);
+            unsafe fn dot_q5_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+                let nb = check_all(row, &xq, Q5_K_BYTES, QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
                 let b4 = _mm512_set1_epi8(0x10);
-                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 for b in 0..nb {
                     let blk = row.as_ptr().add(Q5_K_BYTES * b);
-                    let qa = xq.qs.as_ptr().add(QK_K * b);
                     let qh = ld256(blk.add(16));
                     // First half serves chunk 2h (bits 4h, 4h+1), second half chunk 2h+1
                     // (bits 4h+2, 4h+3): bit pairs move to bits 0, 1 of each byte.
                     let mut hz =
                         _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-                    let mut p = [_mm512_setzero_si512(); 4];
+                    let mut z = [_mm512_setzero_si512(); 4];
                     for h in 0..2 {
                         let q = ld512(blk.add(48 + 64 * h));
                         let lo = _mm512_or_si512(
@@ -281,19 +396,21 @@ macro_rules! avx512_kernels {
                             _mm512_and_si512(_mm512_slli_epi16(hz, 3), b4),
                         );
                         hz = _mm512_srli_epi16(hz, 4);
-                        let (z0, z1) = pair_planes(lo, hi);
-                        p[2 * h] = dp(z0, lda512(qa.add(128 * h)));
-                        p[2 * h + 1] = dp(z1, lda512(qa.add(128 * h + 64)));
+                        (z[2 * h], z[2 * h + 1]) = pair_planes(lo, hi);
                     }
-                    let c = k_c(blk, b, xq, reduce4(&p));
-                    acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
+                    let kb = k_block(blk);
+                    for t in 0..N {
+                        let dots = dots4(&z, xq[t].qs.as_ptr().add(QK_K * b));
+                        let c = k_c(kb, b, xq[t], dots);
+                        acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
+                    }
                 }
-                tree(&acc)
+                trees(&acc)
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q6_k(row: &[u8], xq: &ActQ8) -> f32 {
-                let nb = check(row, xq, Q6_K_BYTES, QK_K);
+            unsafe fn dot_q6_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+                let nb = check_all(row, &xq, Q6_K_BYTES, QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
                 let m32 = _mm512_set1_epi8(32);
                 // Per 256-bit half: the qh bit pair of sub-block k (of 4) and its shift to bits 4, 5.
@@ -304,44 +421,49 @@ macro_rules! avx512_kernels {
                 let shr23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
                 // Lane i of pair P (sub-blocks 2P, 2P+1) uses 16-value group 4P + i/4.
                 let group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 for b in 0..nb {
                     let blk = row.as_ptr().add(Q6_K_BYTES * b);
-                    let qa = xq.qs.as_ptr().add(QK_K * b);
                     let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192) as *const __m128i));
-                    let mut p = [_mm512_setzero_si512(); 4];
+                    // z[pp]: values 64pp..64pp+63 as unsigned q + 32 (0..63); scv[pp]: their scales.
+                    let mut z = [_mm512_setzero_si512(); 4];
+                    let mut scv = [_mm512_setzero_si512(); 4];
                     for h in 0..2 {
                         let ql = ld512(blk.add(64 * h));
                         let qh = _mm512_broadcast_i64x4(ld256(blk.add(128 + 32 * h)));
                         let h01 = _mm512_sllv_epi16(_mm512_and_si512(qh, mask01), shl01);
                         let h23 = _mm512_srlv_epi16(_mm512_and_si512(qh, mask23), shr23);
-                        // [q0, q1] and [q2, q3] as unsigned q + 32 (0..63).
-                        let z01 = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
-                        let z23 =
+                        z[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
+                        z[2 * h + 1] =
                             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
-                        for (k, z) in [z01, z23].into_iter().enumerate() {
-                            let pp = 2 * h + k;
+                    }
+                    for pp in 0..4 {
+                        scv[pp] = _mm512_permutexvar_epi32(
+                            _mm512_add_epi32(group, _mm512_set1_epi32(4 * pp as i32)),
+                            sc,
+                        );
+                    }
+                    let d = _mm256_set1_ps(f16_one(blk.add(208)));
+                    for t in 0..N {
+                        let qa = xq[t].qs.as_ptr().add(QK_K * b);
+                        let mut p = [_mm512_setzero_si512(); 4];
+                        for pp in 0..4 {
                             let a = lda512(qa.add(64 * pp));
                             // Σ (q - 32)·a per group of four, exact.
-                            let t = _mm512_sub_epi32(dp(z, a), dp(m32, a));
-                            let scv = _mm512_permutexvar_epi32(
-                                _mm512_add_epi32(group, _mm512_set1_epi32(4 * pp as i32)),
-                                sc,
-                            );
-                            p[pp] = _mm512_mullo_epi32(t, scv);
+                            let s = _mm512_sub_epi32(dp(z[pp], a), dp(m32, a));
+                            p[pp] = _mm512_mullo_epi32(s, scv[pp]);
                         }
+                        let isum = reduce4(&p);
+                        let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
+                        acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, isum));
                     }
-                    let isum = reduce4(&p);
-                    let d = _mm256_set1_ps(f16_one(blk.add(208)));
-                    let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-                    acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
                 }
-                tree(&acc)
+                trees(&acc)
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_iq4_xs(row: &[u8], xq: &ActQ8) -> f32 {
-                let nb = check(row, xq, IQ4_XS_BYTES, QK_K);
+            unsafe fn dot_iq4_xs<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+                let nb = check_all(row, &xq, IQ4_XS_BYTES, QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
                 // The signed levels K, in every 128-bit lane.
                 let table = _mm512_broadcast_i32x4(_mm_loadu_si128(
@@ -349,31 +471,40 @@ macro_rules! avx512_kernels {
                 ));
                 let idx0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
                 let idx1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 for b in 0..nb {
                     let blk = row.as_ptr().add(IQ4_XS_BYTES * b);
-                    let qa = xq.qs.as_ptr().add(QK_K * b);
-                    let mut p = [_mm512_setzero_si512(); 4];
+                    let mut w = [_mm512_setzero_si512(); 4];
                     for h in 0..2 {
                         // Sub-blocks 4h..4h+4, 16 bytes each: low nibbles are values 0..15,
                         // high nibbles values 16..31 of each sub-block.
                         let q = ld512(blk.add(8 + 64 * h));
                         let lo = _mm512_and_si512(q, m4);
                         let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                        let z0 =
+                        w[2 * h] =
                             _mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, idx0, hi));
-                        let z1 =
+                        w[2 * h + 1] =
                             _mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, idx1, hi));
-                        p[2 * h] = dps(z0, lda512(qa.add(128 * h)));
-                        p[2 * h + 1] = dps(z1, lda512(qa.add(128 * h + 64)));
                     }
-                    let raw = unbias(reduce4(&p), xq.sums.as_ptr().add(8 * b));
-                    let isum = _mm256_mullo_epi32(raw, iq4_xs_scales(blk));
+                    let mut sw = [signed_w(w[0]); 4];
+                    for k in 1..4 {
+                        sw[k] = signed_w(w[k]);
+                    }
+                    let scales = iq4_xs_scales(blk);
                     let d = _mm256_set1_ps(f16_one(blk));
-                    let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-                    acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
+                    for t in 0..N {
+                        let qa = xq[t].qs.as_ptr().add(QK_K * b);
+                        let mut p = [_mm512_setzero_si512(); 4];
+                        for k in 0..4 {
+                            p[k] = dps(sw[k], lda512(qa.add(64 * k)));
+                        }
+                        let raw = unbias(reduce4(&p), xq[t].sums.as_ptr().add(8 * b));
+                        let isum = _mm256_mullo_epi32(raw, scales);
+                        let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
+                        acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, isum));
+                    }
                 }
-                tree(&acc)
+                trees(&acc)
             }
 
             /// Eight f16 block scales at stride `stride` bytes, as f32 lanes.
@@ -388,41 +519,50 @@ macro_rules! avx512_kernels {
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q8_0(row: &[u8], xq: &ActQ8) -> f32 {
-                let nb = check(row, xq, Q8_0_BYTES, SUB);
-                let mut acc = [_mm256_setzero_ps(); 4];
+            unsafe fn dot_q8_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+                let nb = check_all(row, &xq, Q8_0_BYTES, SUB);
+                let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 let groups = nb / 8;
                 for g in 0..groups {
                     let base = row.as_ptr().add(Q8_0_BYTES * 8 * g);
-                    let qa = xq.qs.as_ptr().add(SUB * 8 * g);
-                    let mut p = [_mm512_setzero_si512(); 4];
-                    for (k, pk) in p.iter_mut().enumerate() {
+                    let mut sw = [signed_w(_mm512_setzero_si512()); 4];
+                    for (k, swk) in sw.iter_mut().enumerate() {
                         let w0 = ld256(base.add(Q8_0_BYTES * 2 * k + 2));
                         let w1 = ld256(base.add(Q8_0_BYTES * (2 * k + 1) + 2));
-                        let w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
-                        *pk = dps(w, lda512(qa.add(64 * k)));
+                        *swk = signed_w(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1));
                     }
-                    let isum = unbias(reduce4(&p), xq.sums.as_ptr().add(8 * g));
                     let d = f16x8(base, Q8_0_BYTES);
-                    let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
-                    acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
+                    for t in 0..N {
+                        let qa = xq[t].qs.as_ptr().add(SUB * 8 * g);
+                        let mut p = [_mm512_setzero_si512(); 4];
+                        for k in 0..4 {
+                            p[k] = dps(sw[k], lda512(qa.add(64 * k)));
+                        }
+                        let isum = unbias(reduce4(&p), xq[t].sums.as_ptr().add(8 * g));
+                        let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * g));
+                        acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
+                    }
                 }
-                finish_with_tail(&acc, 8 * groups, nb, |s| {
-                    scalar::q8_0_contrib(&row[Q8_0_BYTES * s..Q8_0_BYTES * (s + 1)], s, xq)
-                })
+                let mut out = [0f32; N];
+                for t in 0..N {
+                    let x = xq[t];
+                    out[t] = finish_with_tail(&acc[t], 8 * groups, nb, |s| {
+                        scalar::q8_0_contrib(&row[Q8_0_BYTES * s..Q8_0_BYTES * (s + 1)], s, x)
+                    });
+                }
+                out
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q4_0(row: &[u8], xq: &ActQ8) -> f32 {
-                let nb = check(row, xq, Q4_0_BYTES, SUB);
+            unsafe fn dot_q4_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+                let nb = check_all(row, &xq, Q4_0_BYTES, SUB);
                 let m4 = _mm256_set1_epi8(0x0F);
-                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 let groups = nb / 8;
                 for g in 0..groups {
                     let base = row.as_ptr().add(Q4_0_BYTES * 8 * g);
-                    let qa = xq.qs.as_ptr().add(SUB * 8 * g);
-                    let mut p = [_mm512_setzero_si512(); 4];
-                    for (k, pk) in p.iter_mut().enumerate() {
+                    let mut z = [_mm512_setzero_si512(); 4];
+                    for (k, zk) in z.iter_mut().enumerate() {
                         let q0 =
                             _mm_loadu_si128(base.add(Q4_0_BYTES * 2 * k + 2) as *const __m128i);
                         let q1 = _mm_loadu_si128(
@@ -432,19 +572,27 @@ macro_rules! avx512_kernels {
                         let lo = _mm256_and_si256(y, m4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), m4);
                         // [lo0, lo1, hi0, hi1] → [lo0, hi0, lo1, hi1]: 64 consecutive values.
-                        let z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                        let z = _mm512_shuffle_i64x2(z, z, 0xD8);
-                        *pk = dp(z, lda512(qa.add(64 * k)));
+                        let v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                        *zk = _mm512_shuffle_i64x2(v, v, 0xD8);
                     }
-                    let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * g) as *const __m256i);
-                    let isum = _mm256_sub_epi32(reduce4(&p), _mm256_slli_epi32(sums, 3));
                     let d = f16x8(base, Q4_0_BYTES);
-                    let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
-                    acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
+                    for t in 0..N {
+                        let qa = xq[t].qs.as_ptr().add(SUB * 8 * g);
+                        let sums =
+                            _mm256_loadu_si256(xq[t].sums.as_ptr().add(8 * g) as *const __m256i);
+                        let isum = _mm256_sub_epi32(dots4(&z, qa), _mm256_slli_epi32(sums, 3));
+                        let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * g));
+                        acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
+                    }
                 }
-                finish_with_tail(&acc, 8 * groups, nb, |s| {
-                    scalar::q4_0_contrib(&row[Q4_0_BYTES * s..Q4_0_BYTES * (s + 1)], s, xq)
-                })
+                let mut out = [0f32; N];
+                for t in 0..N {
+                    let x = xq[t];
+                    out[t] = finish_with_tail(&acc[t], 8 * groups, nb, |s| {
+                        scalar::q4_0_contrib(&row[Q4_0_BYTES * s..Q4_0_BYTES * (s + 1)], s, x)
+                    });
+                }
+                out
             }
 
             /// The combine tree for float rows: acc0 = accumulators 0..15, acc1 = 16..31.

@@ -65,6 +65,32 @@
 // Kernels index several arrays by the same lane/sub-block number; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
+/// A many-token kernel: `out[t]` = the row · token t (`xqs[t]`), bit-identical to the
+/// single-row dot of that token; `xqs.len() == out.len()`.
+pub(crate) type MultiFn = fn(&[u8], &[ActQ8], &mut [f32]);
+
+/// A safe [`MultiFn`] around an unsafe target-feature kernel `$f::<N>(row, [&ActQ8; N])
+/// -> [f32; N]`, run on tiles of the listed sizes (descending, ending with 1). The
+/// caller's SAFETY note covers the unsafe call.
+#[cfg(target_arch = "x86_64")]
+macro_rules! multi_wrap {
+    ($f:ident, $($n:literal),+) => {{
+        fn w(row: &[u8], xqs: &[ActQ8], out: &mut [f32]) {
+            assert_eq!(xqs.len(), out.len());
+            let mut t = 0;
+            $(
+                while xqs.len() - t >= $n {
+                    let tile: [&ActQ8; $n] = std::array::from_fn(|i| &xqs[t + i]);
+                    let r = unsafe { $f::<$n>(row, tile) };
+                    out[t..t + $n].copy_from_slice(&r);
+                    t += $n;
+                }
+            )+
+        }
+        w as MultiFn
+    }};
+}
+
 mod act;
 mod avx2;
 mod avx512;
@@ -201,6 +227,17 @@ fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
         Isa::Avx512Bw => avx512::bw_kernel(ty, isa::avx512bw_proof()),
         Isa::Avx2 => avx2::kernel(ty, isa::avx2_proof()),
         Isa::Scalar => scalar_kernel(ty),
+    }
+}
+
+/// The many-token kernel of `ty` at `isa`, where one exists (else `matmul` runs the
+/// single-row kernel per token).
+fn multi_kernel(isa: Isa, ty: GgmlType) -> Option<MultiFn> {
+    match isa {
+        Isa::Avx512 => avx512::vnni_multi(ty, isa::avx512_proof()),
+        Isa::Avx512Bw => avx512::bw_multi(ty, isa::avx512bw_proof()),
+        Isa::Avx2 => avx2::multi(ty, isa::avx2_proof()),
+        Isa::Scalar => None,
     }
 }
 
@@ -464,6 +501,7 @@ pub fn try_matmul_with(
     // memory, then transposed into `out`.
     let mut tmp = vec![0f32; n_rows * n_tok];
     let per = rows_per_task(n_rows, rb * n_tok.min(TOKEN_TILE));
+    let multi = if float { None } else { multi_kernel(isa, ty) };
     tmp.par_chunks_mut(per * n_tok)
         .zip(w.par_chunks(per * rb))
         .for_each(|(o, wc)| {
@@ -472,8 +510,15 @@ pub fn try_matmul_with(
                 let t1 = (t0 + TOKEN_TILE).min(n_tok);
                 for r in 0..rows {
                     let row = &wc[r * rb..(r + 1) * rb];
-                    for t in t0..t1 {
-                        o[r * n_tok + t] = k.dot(row, x_of(t), xq_of(t));
+                    let o = &mut o[r * n_tok + t0..r * n_tok + t1];
+                    match multi {
+                        // Each block of the row is unpacked once for the whole tile.
+                        Some(m) => m(row, &xqs[t0..t1], o),
+                        None => {
+                            for (ov, t) in o.iter_mut().zip(t0..t1) {
+                                *ov = k.dot(row, x_of(t), xq_of(t));
+                            }
+                        }
                     }
                 }
             }

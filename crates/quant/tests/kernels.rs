@@ -471,13 +471,31 @@ fn matvec_and_matmul_equal_the_single_row_dot_bitwise() {
     let mut rng = StdRng::seed_from_u64(7);
     let levels = isas();
     for ty in all_types() {
-        for (n_rows, n_cols) in [(3usize, 256usize), (70, 512), (512, 2048)] {
+        // (rows, columns, tokens): token counts around the kernels' tiles of 1, 2, 4
+        // and 8 tokens, odd row counts, and both the single-thread and parallel paths.
+        let cases = [
+            (3usize, 256usize, 11usize),
+            (70, 512, 11),
+            (512, 2048, 11),
+            (5, 256, 1),
+            (7, 512, 3),
+            (17, 256, 8),
+            (33, 768, 13),
+            (127, 2048, 64),
+            (1, 256, 64),
+        ];
+        for (n_rows, n_cols, n_tok) in cases {
+            // 32-value block types also get a partial group of 8 blocks.
+            let n_cols = if n_cols == 768 && ty.block_size() <= 32 {
+                800
+            } else {
+                n_cols
+            };
             let rb = quant::row_bytes(ty, n_cols).unwrap();
             let mut w = Vec::with_capacity(n_rows * rb);
             for _ in 0..n_rows {
                 w.extend(random_row(&mut rng, ty, n_cols));
             }
-            let n_tok = 11;
             let mut xs = Vec::new();
             let mut xqs = Vec::new();
             for _ in 0..n_tok {
@@ -528,7 +546,7 @@ fn matvec_and_matmul_equal_the_single_row_dot_bitwise() {
                         assert_eq!(
                             out[t * n_rows + r].to_bits(),
                             want[t][r].to_bits(),
-                            "matmul {ty} {isa} t={t} r={r}"
+                            "matmul {ty} {isa} {n_rows}x{n_cols}x{n_tok} t={t} r={r}"
                         );
                     }
                 }
