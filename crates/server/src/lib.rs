@@ -329,7 +329,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         .worker_threads(2)
         .thread_name("scoria-http")
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|err| ServeError::Bind {
@@ -352,7 +352,38 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             "scoria serve: listening on http://{bound} (OpenAI: /v1/chat/completions /v1/completions /v1/responses /v1/models; Anthropic: /v1/messages; /health /metrics /){}",
             if settings.api_key.is_some() { "; API key required" } else { "" }
         );
-        axum::serve(listener, app(state)).await?;
+        // Stop at Ctrl-C or SIGTERM without waiting for open streams: a client still
+        // reading sees its connection close, and the process exits promptly.
+        tokio::select! {
+            r = axum::serve(listener, app(state)) => r?,
+            _ = shutdown_signal() => eprintln!("scoria serve: stopping"),
+        }
         Ok::<(), ServeError>(())
-    })
+    });
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    result
+}
+
+/// Resolves at Ctrl-C, or SIGTERM on Unix.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
 }
