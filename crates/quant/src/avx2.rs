@@ -28,7 +28,7 @@ pub(crate) mod imp {
     use crate::formats::*;
     use crate::isa::Avx2Proof;
     use crate::scalar;
-    use crate::{ActQ8, GgmlType, Kernel};
+    use crate::{ActQ8, GgmlType, Kernel, MultiFn};
 
     pub(crate) fn kernel(ty: GgmlType, _proof: Avx2Proof) -> Kernel {
         use GgmlType as T;
@@ -37,7 +37,7 @@ pub(crate) mod imp {
         macro_rules! q {
             ($f:ident) => {{
                 fn w(row: &[u8], xq: &ActQ8) -> f32 {
-                    unsafe { $f(row, xq) }
+                    unsafe { $f::<1>(row, [xq])[0] }
                 }
                 Kernel::Q(w)
             }};
@@ -64,9 +64,19 @@ pub(crate) mod imp {
         }
     }
 
-    /// The many-token kernel of `ty`, if it has one.
-    pub(crate) fn multi(_ty: GgmlType, _proof: Avx2Proof) -> Option<crate::MultiFn> {
-        None
+    /// The many-token kernel of `ty` (tiles of up to 4 tokens), if it has one.
+    pub(crate) fn multi(ty: GgmlType, _proof: Avx2Proof) -> Option<MultiFn> {
+        use GgmlType as T;
+        // SAFETY (every wrapper below): as in `kernel`.
+        Some(match ty {
+            T::Q8_0 => multi_wrap!(dot_q8_0, 4, 2, 1),
+            T::Q4_0 => multi_wrap!(dot_q4_0, 4, 2, 1),
+            T::Q4_K => multi_wrap!(dot_q4_k, 4, 2, 1),
+            T::Q5_K => multi_wrap!(dot_q5_k, 4, 2, 1),
+            T::Q6_K => multi_wrap!(dot_q6_k, 4, 2, 1),
+            T::IQ4_XS => multi_wrap!(dot_iq4_xs, 4, 2, 1),
+            _ => return None,
+        })
     }
 
     /// Lane j of the result = the sum of the eight i32 lanes of v[j] (exact).
@@ -189,94 +199,152 @@ pub(crate) mod imp {
         _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum))
     }
 
+    /// The per-block float constants of a Q4_K/Q5_K block, shared by every token.
+    #[derive(Clone, Copy)]
+    struct KBlock {
+        d: __m256,
+        dmin: __m256,
+        sc32: __m256i,
+        m32: __m256i,
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn k_block(blk: *const u8) -> KBlock {
+        let (d, dmin) = f16_pair(blk);
+        let (sc, m) = k_scales(blk.add(4));
+        KBlock {
+            d: _mm256_set1_ps(d),
+            dmin: _mm256_set1_ps(dmin),
+            sc32: _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)),
+            m32: _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)),
+        }
+    }
+
     /// Q4_K / Q5_K float part: `c = (d*da)*is; c = fma(-(dmin*da), im, c)`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn k_c(
-        d: f32,
-        dmin: f32,
-        da: __m256,
-        dots: __m256i,
-        sc: u64,
-        m: u64,
-        sums: __m256i,
-    ) -> __m256 {
-        let sc32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
-        let m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64));
-        let is = _mm256_mullo_epi32(dots, sc32);
-        let im = _mm256_mullo_epi32(sums, m32);
-        let dd = _mm256_mul_ps(_mm256_set1_ps(d), da);
-        let dm = _mm256_mul_ps(_mm256_set1_ps(dmin), da);
+    unsafe fn k_c(k: KBlock, b: usize, xq: &ActQ8, dots: __m256i) -> __m256 {
+        let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
+        let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
+        let is = _mm256_mullo_epi32(dots, k.sc32);
+        let im = _mm256_mullo_epi32(sums, k.m32);
+        let dd = _mm256_mul_ps(k.d, da);
+        let dm = _mm256_mul_ps(k.dmin, da);
         let c = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is));
         _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(im), c)
     }
 
+    /// Sub-block j's dot in lane j: unsigned weights `w[j]` against the 32 activations
+    /// at `qa + 32j` (exact).
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q4_k(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q4_K_BYTES, QK_K);
-        let m4 = _mm256_set1_epi8(0x0F);
+    unsafe fn dots8(w: &[__m256i; 8], qa: *const i8) -> __m256i {
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut v = [_mm256_setzero_si256(); 8];
+        for j in 0..8 {
+            v[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], lda(qa.add(SUB * j))), ones);
+        }
+        hsum8x8(&v)
+    }
+
+    /// Signed weights `w[j]` (and `|w[j]|` in `aw[j]`) against the activations at
+    /// `qa + 32j`: `|w|` as unsigned (|-128| = 128 fits), the sign moved onto a (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots8_signed(w: &[__m256i; 8], aw: &[__m256i; 8], qa: *const i8) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let mut v = [_mm256_setzero_si256(); 8];
+        for j in 0..8 {
+            let a = lda(qa.add(SUB * j));
+            v[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(a, w[j])), ones);
+        }
+        hsum8x8(&v)
+    }
+
+    /// The nb shared by every token's check.
+    fn check_all<const N: usize>(
+        row: &[u8],
+        xq: &[&ActQ8; N],
+        block_bytes: usize,
+        block_vals: usize,
+    ) -> usize {
+        let nb = row.len() / block_bytes;
+        for x in xq {
+            check(row, x, block_bytes, block_vals);
+        }
+        nb
+    }
+
+    /// The combine tree of every token.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn trees<const N: usize>(acc: &[[__m256; 4]; N]) -> [f32; N] {
+        let mut out = [0f32; N];
+        for t in 0..N {
+            out[t] = tree(&acc[t]);
+        }
+        out
+    }
+
+    // Every quantized kernel below computes N tokens against one row: each block's
+    // weights are unpacked once, then every token runs the canonical sequence into
+    // its own 32 accumulators (N = 1 is the single-row dot).
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_q4_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+        let nb = check_all(row, &xq, Q4_K_BYTES, QK_K);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [[_mm256_setzero_ps(); 4]; N];
         for b in 0..nb {
             let blk = row.as_ptr().add(Q4_K_BYTES * b);
-            let qa = xq.qs.as_ptr().add(QK_K * b);
-            let mut v = [_mm256_setzero_si256(); 8];
+            let mut w = [_mm256_setzero_si256(); 8];
             for c in 0..4 {
                 let q = ld(blk.add(16 + 32 * c));
-                let lo = _mm256_and_si256(q, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                v[2 * c] = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, lda(qa.add(64 * c))), ones);
-                v[2 * c + 1] =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, lda(qa.add(64 * c + 32))), ones);
+                w[2 * c] = _mm256_and_si256(q, m4);
+                w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             }
-            let dots = hsum8x8(&v);
-            let (d, dmin) = f16_pair(blk);
-            let (sc, m) = k_scales(blk.add(4));
-            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-            let c = k_c(d, dmin, da, dots, sc, m, sums);
-            acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
+            let kb = k_block(blk);
+            for t in 0..N {
+                let dots = dots8(&w, xq[t].qs.as_ptr().add(QK_K * b));
+                let c = k_c(kb, b, xq[t], dots);
+                acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
+            }
         }
-        tree(&acc)
+        trees(&acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q5_k(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q5_K_BYTES, QK_K);
+    pub(crate) unsafe fn dot_q5_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+        let nb = check_all(row, &xq, Q5_K_BYTES, QK_K);
         let m4 = _mm256_set1_epi8(0x0F);
         let b4 = _mm256_set1_epi8(0x10);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [[_mm256_setzero_ps(); 4]; N];
         for b in 0..nb {
             let blk = row.as_ptr().add(Q5_K_BYTES * b);
-            let qa = xq.qs.as_ptr().add(QK_K * b);
             let mut qh = ld(blk.add(16));
-            let mut v = [_mm256_setzero_si256(); 8];
+            let mut w = [_mm256_setzero_si256(); 8];
             for c in 0..4 {
                 let q = ld(blk.add(48 + 32 * c));
                 // Bits 2c and 2c+1 of qh sit in bits 0 and 1 of each byte here.
-                let lo = _mm256_or_si256(
+                w[2 * c] = _mm256_or_si256(
                     _mm256_and_si256(q, m4),
                     _mm256_and_si256(_mm256_slli_epi16(qh, 4), b4),
                 );
-                let hi = _mm256_or_si256(
+                w[2 * c + 1] = _mm256_or_si256(
                     _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
                     _mm256_and_si256(_mm256_slli_epi16(qh, 3), b4),
                 );
                 qh = _mm256_srli_epi16(qh, 2);
-                v[2 * c] = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, lda(qa.add(64 * c))), ones);
-                v[2 * c + 1] =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, lda(qa.add(64 * c + 32))), ones);
             }
-            let dots = hsum8x8(&v);
-            let (d, dmin) = f16_pair(blk);
-            let (sc, m) = k_scales(blk.add(4));
-            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * b) as *const __m256i);
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-            let c = k_c(d, dmin, da, dots, sc, m, sums);
-            acc[b & 3] = _mm256_add_ps(acc[b & 3], c);
+            let kb = k_block(blk);
+            for t in 0..N {
+                let dots = dots8(&w, xq[t].qs.as_ptr().add(QK_K * b));
+                let c = k_c(kb, b, xq[t], dots);
+                acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
+            }
         }
-        tree(&acc)
+        trees(&acc)
     }
 
     /// The four 32-value sub-blocks of one Q6_K half as unsigned 0..63 bytes
@@ -301,8 +369,8 @@ pub(crate) mod imp {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q6_k(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q6_K_BYTES, QK_K);
+    pub(crate) unsafe fn dot_q6_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+        let nb = check_all(row, &xq, Q6_K_BYTES, QK_K);
         let m32 = _mm256_set1_epi8(32);
         // Within each 128-bit half of a (scale_lo, scale_hi) i16 pair broadcast:
         // low half takes bytes 0,1 (scale_lo), high half bytes 2,3 (scale_hi).
@@ -310,34 +378,41 @@ pub(crate) mod imp {
             0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
             3, 2, 3,
         );
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [[_mm256_setzero_ps(); 4]; N];
         for b in 0..nb {
             let blk = row.as_ptr().add(Q6_K_BYTES * b);
-            let qa = xq.qs.as_ptr().add(QK_K * b);
             // 16 int8 scales → 16 i16; i32 lane j holds the pair (sc[2j], sc[2j+1]).
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
-            let mut v = [_mm256_setzero_si256(); 8];
+            let mut w = [_mm256_setzero_si256(); 8];
+            let mut scv = [_mm256_setzero_si256(); 8];
             for h in 0..2 {
                 let q = q6_half(blk.add(64 * h), blk.add(128 + 32 * h));
                 for k in 0..4 {
                     let j = 4 * h + k;
+                    w[j] = q[k];
+                    let pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(j as i32));
+                    scv[j] = _mm256_shuffle_epi8(pair, pick);
+                }
+            }
+            let d = _mm256_set1_ps(f16_one(blk.add(208)));
+            for t in 0..N {
+                let qa = xq[t].qs.as_ptr().add(QK_K * b);
+                let mut v = [_mm256_setzero_si256(); 8];
+                for j in 0..8 {
                     let a = lda(qa.add(SUB * j));
                     // Σ (q - 32)·a over byte pairs, exact in i16.
                     let p = _mm256_sub_epi16(
-                        _mm256_maddubs_epi16(q[k], a),
+                        _mm256_maddubs_epi16(w[j], a),
                         _mm256_maddubs_epi16(m32, a),
                     );
-                    let pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(j as i32));
-                    let scv = _mm256_shuffle_epi8(pair, pick);
-                    v[j] = _mm256_madd_epi16(p, scv);
+                    v[j] = _mm256_madd_epi16(p, scv[j]);
                 }
+                let isum = hsum8x8(&v);
+                let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
+                acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, isum));
             }
-            let isum = hsum8x8(&v);
-            let d = _mm256_set1_ps(f16_one(blk.add(208)));
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-            acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
         }
-        tree(&acc)
+        trees(&acc)
     }
 
     /// The eight `ls - 32` scales of an IQ4_XS block as i32 lanes.
@@ -353,40 +428,37 @@ pub(crate) mod imp {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_iq4_xs(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, IQ4_XS_BYTES, QK_K);
+    pub(crate) unsafe fn dot_iq4_xs<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+        let nb = check_all(row, &xq, IQ4_XS_BYTES, QK_K);
         let m4 = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
         let table =
             _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [[_mm256_setzero_ps(); 4]; N];
         for b in 0..nb {
             let blk = row.as_ptr().add(IQ4_XS_BYTES * b);
-            let qa = xq.qs.as_ptr().add(QK_K * b);
-            let mut v = [_mm256_setzero_si256(); 8];
+            let mut w = [_mm256_setzero_si256(); 8];
+            let mut aw = [_mm256_setzero_si256(); 8];
             for p in 0..4 {
                 // Sub-blocks 2p and 2p+1: 16 bytes each.
                 let q = ld(blk.add(8 + 32 * p));
                 let lo = _mm256_and_si256(q, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                for (k, sel) in [(0usize, 0x20), (1, 0x31)] {
-                    let idx = if sel == 0x20 {
-                        _mm256_permute2x128_si256(lo, hi, 0x20)
-                    } else {
-                        _mm256_permute2x128_si256(lo, hi, 0x31)
-                    };
-                    let w = _mm256_shuffle_epi8(table, idx);
-                    let a = lda(qa.add(SUB * (2 * p + k)));
-                    let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-                    v[2 * p + k] = _mm256_madd_epi16(prod, ones);
-                }
+                w[2 * p] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x20));
+                w[2 * p + 1] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x31));
             }
-            let isum = _mm256_mullo_epi32(hsum8x8(&v), iq4_xs_scales(blk));
+            for j in 0..8 {
+                aw[j] = _mm256_sign_epi8(w[j], w[j]);
+            }
+            let scales = iq4_xs_scales(blk);
             let d = _mm256_set1_ps(f16_one(blk));
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * b));
-            acc[b & 3] = _mm256_add_ps(acc[b & 3], scale_c(d, da, isum));
+            for t in 0..N {
+                let raw = dots8_signed(&w, &aw, xq[t].qs.as_ptr().add(QK_K * b));
+                let isum = _mm256_mullo_epi32(raw, scales);
+                let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
+                acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, isum));
+            }
         }
-        tree(&acc)
+        trees(&acc)
     }
 
     /// Eight f16 block scales at stride `stride` bytes, as f32 lanes.
@@ -401,60 +473,69 @@ pub(crate) mod imp {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q8_0(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q8_0_BYTES, SUB);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); 4];
+    pub(crate) unsafe fn dot_q8_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+        let nb = check_all(row, &xq, Q8_0_BYTES, SUB);
+        let mut acc = [[_mm256_setzero_ps(); 4]; N];
         let groups = nb / 8;
         for g in 0..groups {
             let base = row.as_ptr().add(Q8_0_BYTES * 8 * g);
-            let mut v = [_mm256_setzero_si256(); 8];
-            for (k, vk) in v.iter_mut().enumerate() {
-                let w = ld(base.add(Q8_0_BYTES * k + 2));
-                let a = lda(xq.qs.as_ptr().add(SUB * (8 * g + k)));
-                // |w| as unsigned (|-128| = 128 fits), sign moved onto a.
-                let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-                *vk = _mm256_madd_epi16(prod, ones);
+            let mut w = [_mm256_setzero_si256(); 8];
+            let mut aw = [_mm256_setzero_si256(); 8];
+            for k in 0..8 {
+                w[k] = ld(base.add(Q8_0_BYTES * k + 2));
+                aw[k] = _mm256_sign_epi8(w[k], w[k]);
             }
-            let isum = hsum8x8(&v);
             let d = f16x8(base, Q8_0_BYTES);
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
-            acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
+            for t in 0..N {
+                let isum = dots8_signed(&w, &aw, xq[t].qs.as_ptr().add(SUB * 8 * g));
+                let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * g));
+                acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
+            }
         }
-        finish_with_tail(&acc, 8 * groups, nb, |s| {
-            scalar::q8_0_contrib(&row[Q8_0_BYTES * s..Q8_0_BYTES * (s + 1)], s, xq)
-        })
+        let mut out = [0f32; N];
+        for t in 0..N {
+            let x = xq[t];
+            out[t] = finish_with_tail(&acc[t], 8 * groups, nb, |s| {
+                scalar::q8_0_contrib(&row[Q8_0_BYTES * s..Q8_0_BYTES * (s + 1)], s, x)
+            });
+        }
+        out
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q4_0(row: &[u8], xq: &ActQ8) -> f32 {
-        let nb = check(row, xq, Q4_0_BYTES, SUB);
+    pub(crate) unsafe fn dot_q4_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+        let nb = check_all(row, &xq, Q4_0_BYTES, SUB);
         let m4 = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [[_mm256_setzero_ps(); 4]; N];
         let groups = nb / 8;
         for g in 0..groups {
             let base = row.as_ptr().add(Q4_0_BYTES * 8 * g);
-            let mut v = [_mm256_setzero_si256(); 8];
-            for (k, vk) in v.iter_mut().enumerate() {
+            let mut w = [_mm256_setzero_si256(); 8];
+            for (k, wk) in w.iter_mut().enumerate() {
                 let q = _mm_loadu_si128(base.add(Q4_0_BYTES * k + 2) as *const __m128i);
                 // Low nibbles are values 0..15, high nibbles values 16..31.
                 let qq =
                     _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-                let w = _mm256_and_si256(qq, m4);
-                let a = lda(xq.qs.as_ptr().add(SUB * (8 * g + k)));
-                *vk = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
+                *wk = _mm256_and_si256(qq, m4);
             }
-            // Σ (q - 8)·a = Σ q·a - 8·asum.
-            let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * g) as *const __m256i);
-            let isum = _mm256_sub_epi32(hsum8x8(&v), _mm256_slli_epi32(sums, 3));
             let d = f16x8(base, Q4_0_BYTES);
-            let da = _mm256_loadu_ps(xq.d.as_ptr().add(8 * g));
-            acc[g & 3] = _mm256_add_ps(acc[g & 3], scale_c(d, da, isum));
+            for t in 0..N {
+                let dots = dots8(&w, xq[t].qs.as_ptr().add(SUB * 8 * g));
+                // Σ (q - 8)·a = Σ q·a - 8·asum.
+                let sums = _mm256_loadu_si256(xq[t].sums.as_ptr().add(8 * g) as *const __m256i);
+                let isum = _mm256_sub_epi32(dots, _mm256_slli_epi32(sums, 3));
+                let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * g));
+                acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
+            }
         }
-        finish_with_tail(&acc, 8 * groups, nb, |s| {
-            scalar::q4_0_contrib(&row[Q4_0_BYTES * s..Q4_0_BYTES * (s + 1)], s, xq)
-        })
+        let mut out = [0f32; N];
+        for t in 0..N {
+            let x = xq[t];
+            out[t] = finish_with_tail(&acc[t], 8 * groups, nb, |s| {
+                scalar::q4_0_contrib(&row[Q4_0_BYTES * s..Q4_0_BYTES * (s + 1)], s, x)
+            });
+        }
+        out
     }
 
     /// Float rows: element i → accumulator i % 32 by fma; `load(i)` gives the
