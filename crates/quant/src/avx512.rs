@@ -343,6 +343,115 @@ macro_rules! avx512_kernels {
                 out
             }
 
+            // Pairs of tokens: the float sequence is elementwise, so two tokens' 8-lane
+            // vectors run side by side in one 16-lane vector (lanes 0..7 token 2i, 8..15
+            // token 2i+1) with the same operations, halving the float work.
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn join_i(a: __m256i, b: __m256i) -> __m512i {
+                _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn join_f(a: __m256, b: __m256) -> __m512 {
+                _mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(a)),
+                    _mm256_castps_pd(b),
+                    1,
+                ))
+            }
+
+            /// Both halves = v.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn dup_f(v: __m256) -> __m512 {
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v)))
+            }
+
+            /// The activation scales of sub-blocks 8b..8b+8 of two tokens.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn da2(a: &ActQ8, c: &ActQ8, b: usize) -> __m512 {
+                join_f(
+                    _mm256_loadu_ps(a.d.as_ptr().add(8 * b)),
+                    _mm256_loadu_ps(c.d.as_ptr().add(8 * b)),
+                )
+            }
+
+            /// The activation sums of sub-blocks 8b..8b+8 of two tokens.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn sums2(a: &ActQ8, c: &ActQ8, b: usize) -> __m512i {
+                join_i(
+                    _mm256_loadu_si256(a.sums.as_ptr().add(8 * b) as *const __m256i),
+                    _mm256_loadu_si256(c.sums.as_ptr().add(8 * b) as *const __m256i),
+                )
+            }
+
+            /// [`scale_c`] for a pair: `c = (d * da) * isum`.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn scale_c2(d: __m512, da: __m512, isum: __m512i) -> __m512 {
+                _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum))
+            }
+
+            /// [`k_c`] for a pair of tokens.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn k_c2(k: KBlock, b: usize, a: &ActQ8, c: &ActQ8, dots: __m512i) -> __m512 {
+                let sums = sums2(a, c, b);
+                let da = da2(a, c, b);
+                let is = _mm512_mullo_epi32(dots, _mm512_broadcast_i64x4(k.sc32));
+                let im = _mm512_mullo_epi32(sums, _mm512_broadcast_i64x4(k.m32));
+                let dd = _mm512_mul_ps(dup_f(k.d), da);
+                let dm = _mm512_mul_ps(dup_f(k.dmin), da);
+                let c = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(is));
+                _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(im), c)
+            }
+
+            /// Adds `c = (d * da) * is[t]` (sub-blocks 8b..8b+8) to every token's
+            /// accumulators, two tokens per 16-lane vector.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn add_scaled<const N: usize>(
+                acc: &mut [[__m256; 4]; N],
+                acc2: &mut [[__m512; 4]; N],
+                xq: &[&ActQ8; N],
+                b: usize,
+                d: __m256,
+                is: &[__m256i; N],
+            ) {
+                let d2 = dup_f(d);
+                for p in 0..N / 2 {
+                    let da = da2(xq[2 * p], xq[2 * p + 1], b);
+                    let c = scale_c2(d2, da, join_i(is[2 * p], is[2 * p + 1]));
+                    acc2[p][b & 3] = _mm512_add_ps(acc2[p][b & 3], c);
+                }
+                if N % 2 == 1 {
+                    let t = N - 1;
+                    let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
+                    acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, is[t]));
+                }
+            }
+
+            /// Splits the pair accumulators into the per-token ones (every token but an
+            /// odd last one).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn unpair<const N: usize>(acc2: &[[__m512; 4]; N], acc: &mut [[__m256; 4]; N]) {
+                for p in 0..N / 2 {
+                    for k in 0..4 {
+                        acc[2 * p][k] = _mm512_castps512_ps256(acc2[p][k]);
+                        acc[2 * p + 1][k] = _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                            _mm512_castps_pd(acc2[p][k]),
+                            1,
+                        ));
+                    }
+                }
+            }
+
             // Every quantized kernel below computes N tokens against one row: each
             // block's weights are unpacked once, then every token runs the canonical
             // sequence into its own 32 accumulators (N = 1 is the single-row dot).
@@ -352,6 +461,7 @@ macro_rules! avx512_kernels {
                 let nb = check_all(row, &xq, Q4_K_BYTES, QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
+                let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
                 for b in 0..nb {
                     let blk = row.as_ptr().add(Q4_K_BYTES * b);
                     let mut z = [_mm512_setzero_si512(); 4];
@@ -362,12 +472,23 @@ macro_rules! avx512_kernels {
                         (z[2 * h], z[2 * h + 1]) = pair_planes(lo, hi);
                     }
                     let kb = k_block(blk);
-                    for t in 0..N {
+                    for p in 0..N / 2 {
+                        let (xa, xb) = (xq[2 * p], xq[2 * p + 1]);
+                        let dots = join_i(
+                            dots4(&z, xa.qs.as_ptr().add(QK_K * b)),
+                            dots4(&z, xb.qs.as_ptr().add(QK_K * b)),
+                        );
+                        let c = k_c2(kb, b, xa, xb, dots);
+                        acc2[p][b & 3] = _mm512_add_ps(acc2[p][b & 3], c);
+                    }
+                    if N % 2 == 1 {
+                        let t = N - 1;
                         let dots = dots4(&z, xq[t].qs.as_ptr().add(QK_K * b));
                         let c = k_c(kb, b, xq[t], dots);
                         acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
                     }
                 }
+                unpair(&acc2, &mut acc);
                 trees(&acc)
             }
 
@@ -377,6 +498,7 @@ macro_rules! avx512_kernels {
                 let m4 = _mm512_set1_epi8(0x0F);
                 let b4 = _mm512_set1_epi8(0x10);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
+                let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
                 for b in 0..nb {
                     let blk = row.as_ptr().add(Q5_K_BYTES * b);
                     let qh = ld256(blk.add(16));
@@ -399,12 +521,23 @@ macro_rules! avx512_kernels {
                         (z[2 * h], z[2 * h + 1]) = pair_planes(lo, hi);
                     }
                     let kb = k_block(blk);
-                    for t in 0..N {
+                    for p in 0..N / 2 {
+                        let (xa, xb) = (xq[2 * p], xq[2 * p + 1]);
+                        let dots = join_i(
+                            dots4(&z, xa.qs.as_ptr().add(QK_K * b)),
+                            dots4(&z, xb.qs.as_ptr().add(QK_K * b)),
+                        );
+                        let c = k_c2(kb, b, xa, xb, dots);
+                        acc2[p][b & 3] = _mm512_add_ps(acc2[p][b & 3], c);
+                    }
+                    if N % 2 == 1 {
+                        let t = N - 1;
                         let dots = dots4(&z, xq[t].qs.as_ptr().add(QK_K * b));
                         let c = k_c(kb, b, xq[t], dots);
                         acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
                     }
                 }
+                unpair(&acc2, &mut acc);
                 trees(&acc)
             }
 
@@ -422,6 +555,7 @@ macro_rules! avx512_kernels {
                 // Lane i of pair P (sub-blocks 2P, 2P+1) uses 16-value group 4P + i/4.
                 let group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
+                let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
                 for b in 0..nb {
                     let blk = row.as_ptr().add(Q6_K_BYTES * b);
                     let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192) as *const __m128i));
@@ -444,6 +578,7 @@ macro_rules! avx512_kernels {
                         );
                     }
                     let d = _mm256_set1_ps(f16_one(blk.add(208)));
+                    let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
                         let qa = xq[t].qs.as_ptr().add(QK_K * b);
                         let mut p = [_mm512_setzero_si512(); 4];
@@ -453,11 +588,11 @@ macro_rules! avx512_kernels {
                             let s = _mm512_sub_epi32(dp(z[pp], a), dp(m32, a));
                             p[pp] = _mm512_mullo_epi32(s, scv[pp]);
                         }
-                        let isum = reduce4(&p);
-                        let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
-                        acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, isum));
+                        is[t] = reduce4(&p);
                     }
+                    add_scaled(&mut acc, &mut acc2, &xq, b, d, &is);
                 }
+                unpair(&acc2, &mut acc);
                 trees(&acc)
             }
 
@@ -472,6 +607,7 @@ macro_rules! avx512_kernels {
                 let idx0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
                 let idx1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
+                let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
                 for b in 0..nb {
                     let blk = row.as_ptr().add(IQ4_XS_BYTES * b);
                     let mut w = [_mm512_setzero_si512(); 4];
@@ -492,6 +628,7 @@ macro_rules! avx512_kernels {
                     }
                     let scales = iq4_xs_scales(blk);
                     let d = _mm256_set1_ps(f16_one(blk));
+                    let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
                         let qa = xq[t].qs.as_ptr().add(QK_K * b);
                         let mut p = [_mm512_setzero_si512(); 4];
@@ -499,11 +636,11 @@ macro_rules! avx512_kernels {
                             p[k] = dps(sw[k], lda512(qa.add(64 * k)));
                         }
                         let raw = unbias(reduce4(&p), xq[t].sums.as_ptr().add(8 * b));
-                        let isum = _mm256_mullo_epi32(raw, scales);
-                        let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
-                        acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, isum));
+                        is[t] = _mm256_mullo_epi32(raw, scales);
                     }
+                    add_scaled(&mut acc, &mut acc2, &xq, b, d, &is);
                 }
+                unpair(&acc2, &mut acc);
                 trees(&acc)
             }
 
@@ -522,6 +659,7 @@ macro_rules! avx512_kernels {
             unsafe fn dot_q8_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
                 let nb = check_all(row, &xq, Q8_0_BYTES, SUB);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
+                let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
                 let groups = nb / 8;
                 for g in 0..groups {
                     let base = row.as_ptr().add(Q8_0_BYTES * 8 * g);
@@ -532,17 +670,18 @@ macro_rules! avx512_kernels {
                         *swk = signed_w(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1));
                     }
                     let d = f16x8(base, Q8_0_BYTES);
+                    let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
                         let qa = xq[t].qs.as_ptr().add(SUB * 8 * g);
                         let mut p = [_mm512_setzero_si512(); 4];
                         for k in 0..4 {
                             p[k] = dps(sw[k], lda512(qa.add(64 * k)));
                         }
-                        let isum = unbias(reduce4(&p), xq[t].sums.as_ptr().add(8 * g));
-                        let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * g));
-                        acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
+                        is[t] = unbias(reduce4(&p), xq[t].sums.as_ptr().add(8 * g));
                     }
+                    add_scaled(&mut acc, &mut acc2, &xq, g, d, &is);
                 }
+                unpair(&acc2, &mut acc);
                 let mut out = [0f32; N];
                 for t in 0..N {
                     let x = xq[t];
@@ -558,6 +697,7 @@ macro_rules! avx512_kernels {
                 let nb = check_all(row, &xq, Q4_0_BYTES, SUB);
                 let m4 = _mm256_set1_epi8(0x0F);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
+                let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
                 let groups = nb / 8;
                 for g in 0..groups {
                     let base = row.as_ptr().add(Q4_0_BYTES * 8 * g);
@@ -576,15 +716,16 @@ macro_rules! avx512_kernels {
                         *zk = _mm512_shuffle_i64x2(v, v, 0xD8);
                     }
                     let d = f16x8(base, Q4_0_BYTES);
+                    let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
                         let qa = xq[t].qs.as_ptr().add(SUB * 8 * g);
                         let sums =
                             _mm256_loadu_si256(xq[t].sums.as_ptr().add(8 * g) as *const __m256i);
-                        let isum = _mm256_sub_epi32(dots4(&z, qa), _mm256_slli_epi32(sums, 3));
-                        let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * g));
-                        acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
+                        is[t] = _mm256_sub_epi32(dots4(&z, qa), _mm256_slli_epi32(sums, 3));
                     }
+                    add_scaled(&mut acc, &mut acc2, &xq, g, d, &is);
                 }
+                unpair(&acc2, &mut acc);
                 let mut out = [0f32; N];
                 for t in 0..N {
                     let x = xq[t];
