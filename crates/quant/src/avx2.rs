@@ -12,7 +12,7 @@
 pub(crate) use imp::{kernel, multi};
 
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn multi(_ty: crate::GgmlType, _proof: crate::isa::Avx2Proof) -> Option<crate::MultiFn> {
+pub(crate) fn multi(_ty: crate::GgmlType, _proof: crate::isa::Avx2Proof) -> Option<crate::Multi> {
     None
 }
 
@@ -28,7 +28,7 @@ pub(crate) mod imp {
     use crate::formats::*;
     use crate::isa::Avx2Proof;
     use crate::scalar;
-    use crate::{ActQ8, GgmlType, Kernel, MultiFn};
+    use crate::{ActQ8, GgmlType, Kernel, Multi};
 
     pub(crate) fn kernel(ty: GgmlType, _proof: Avx2Proof) -> Kernel {
         use GgmlType as T;
@@ -65,7 +65,7 @@ pub(crate) mod imp {
     }
 
     /// The many-token kernel of `ty` (tiles of up to 4 tokens), if it has one.
-    pub(crate) fn multi(ty: GgmlType, _proof: Avx2Proof) -> Option<MultiFn> {
+    pub(crate) fn multi(ty: GgmlType, _proof: Avx2Proof) -> Option<Multi> {
         use GgmlType as T;
         // SAFETY (every wrapper below): as in `kernel`.
         Some(match ty {

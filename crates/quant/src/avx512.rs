@@ -30,7 +30,7 @@ pub(crate) fn bw_kernel(ty: crate::GgmlType, _proof: crate::isa::Avx512BwProof) 
 pub(crate) fn vnni_multi(
     _ty: crate::GgmlType,
     _proof: crate::isa::Avx512Proof,
-) -> Option<crate::MultiFn> {
+) -> Option<crate::Multi> {
     None
 }
 
@@ -38,8 +38,26 @@ pub(crate) fn vnni_multi(
 pub(crate) fn bw_multi(
     _ty: crate::GgmlType,
     _proof: crate::isa::Avx512BwProof,
-) -> Option<crate::MultiFn> {
+) -> Option<crate::Multi> {
     None
+}
+
+/// Activations in the layout of the AVX-512 many-token kernels: within each whole
+/// 256-value group (8 sub-blocks of 32), 64-byte vector k, dword lane i (i < 16)
+/// holds values 4·(2k + i/8) .. +4 of sub-block i % 8, so that one vertical sum of
+/// the four vectors' partial dots leaves each sub-block in two lanes. A trailing
+/// partial group keeps its order. (Any layout is exact: weights get the same one.)
+pub(crate) fn transpose_act(qs: &[i8]) -> Vec<i8> {
+    let mut out = qs.to_vec();
+    for (dst, src) in out.chunks_exact_mut(256).zip(qs.chunks_exact(256)) {
+        for k in 0..4 {
+            for i in 0..16 {
+                let v = 32 * (i % 8) + 4 * (2 * k + i / 8);
+                dst[64 * k + 4 * i..64 * k + 4 * i + 4].copy_from_slice(&src[v..v + 4]);
+            }
+        }
+    }
+    out
 }
 
 /// A safe `Kernel` around an unsafe target-feature kernel (see the SAFETY note at its use).
@@ -47,7 +65,7 @@ pub(crate) fn bw_multi(
 macro_rules! wrap_q {
     ($f:ident) => {{
         fn w(row: &[u8], xq: &ActQ8) -> f32 {
-            unsafe { $f::<1>(row, [xq])[0] }
+            unsafe { $f::<1, false>(row, [xq], [&[]])[0] }
         }
         Kernel::Q(w)
     }};
@@ -76,7 +94,7 @@ macro_rules! avx512_kernels {
             use crate::avx2::imp::{finish_with_tail, iq4_xs_scales, k_scales, tree};
             use crate::formats::*;
             use crate::scalar;
-            use crate::{ActQ8, GgmlType, Kernel, MultiFn};
+            use crate::{ActQ8, GgmlType, Kernel, Multi};
 
             pub(crate) fn kernel(ty: GgmlType, _proof: $proof) -> Kernel {
                 use GgmlType as T;
@@ -98,16 +116,16 @@ macro_rules! avx512_kernels {
             }
 
             /// The many-token kernel of `ty` (tiles of up to 8 tokens), if it has one.
-            pub(crate) fn multi(ty: GgmlType, _proof: $proof) -> Option<MultiFn> {
+            pub(crate) fn multi(ty: GgmlType, _proof: $proof) -> Option<Multi> {
                 use GgmlType as T;
                 // SAFETY (every wrapper below): as in `kernel`.
                 Some(match ty {
-                    T::Q8_0 => multi_wrap!(dot_q8_0, 8, 4, 2, 1),
-                    T::Q4_0 => multi_wrap!(dot_q4_0, 8, 4, 2, 1),
-                    T::Q4_K => multi_wrap!(dot_q4_k, 8, 4, 2, 1),
-                    T::Q5_K => multi_wrap!(dot_q5_k, 8, 4, 2, 1),
-                    T::Q6_K => multi_wrap!(dot_q6_k, 8, 4, 2, 1),
-                    T::IQ4_XS => multi_wrap!(dot_iq4_xs, 8, 4, 2, 1),
+                    T::Q8_0 => multi_wrap!(dot_q8_0, transposed, 8, 4, 2, 1),
+                    T::Q4_0 => multi_wrap!(dot_q4_0, transposed, 8, 4, 2, 1),
+                    T::Q4_K => multi_wrap!(dot_q4_k, transposed, 8, 4, 2, 1),
+                    T::Q5_K => multi_wrap!(dot_q5_k, transposed, 8, 4, 2, 1),
+                    T::Q6_K => multi_wrap!(dot_q6_k, transposed, 8, 4, 2, 1),
+                    T::IQ4_XS => multi_wrap!(dot_iq4_xs, transposed, 8, 4, 2, 1),
                     _ => return None,
                 })
             }
@@ -308,14 +326,80 @@ macro_rules! avx512_kernels {
             /// values 64k..64k+63) against the token's activations at `qa`.
             #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn dots4(z: &[__m512i; 4], qa: *const i8) -> __m256i {
+            unsafe fn dots4<const T: bool>(z: &[__m512i; 4], qa: *const i8) -> __m256i {
                 let p = [
                     dp(z[0], lda512(qa)),
                     dp(z[1], lda512(qa.add(64))),
                     dp(z[2], lda512(qa.add(128))),
                     dp(z[3], lda512(qa.add(192))),
                 ];
-                reduce4(&p)
+                reduce::<T>(&p)
+            }
+
+            /// The layout of transposed activations ([`super::transpose_act`]) for the
+            /// weights of one 256-value group: `n[k]` holds sub-blocks 2k (dword lanes 0..7)
+            /// and 2k+1 (lanes 8..15), four values per lane; result k, lane i holds
+            /// dword 2k + i/8 of sub-block i % 8. A sum over k then leaves sub-block s in
+            /// lanes s and s + 8.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn transpose4(n: [__m512i; 4]) -> [__m512i; 4] {
+                // Stage 1: sub-blocks 0..3 (from n0, n1), dwords 4m..4m+4, at lane 4s + d.
+                let ix0 =
+                    _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+                let ix1 = _mm512_add_epi32(ix0, _mm512_set1_epi32(4));
+                // Stage 2: lane i takes sub-block i % 8 from x (< 4) or y (≥ 4).
+                let io0 =
+                    _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+                let io1 = _mm512_add_epi32(io0, _mm512_set1_epi32(2));
+                let x0 = _mm512_permutex2var_epi32(n[0], ix0, n[1]);
+                let x1 = _mm512_permutex2var_epi32(n[0], ix1, n[1]);
+                let y0 = _mm512_permutex2var_epi32(n[2], ix0, n[3]);
+                let y1 = _mm512_permutex2var_epi32(n[2], ix1, n[3]);
+                [
+                    _mm512_permutex2var_epi32(x0, io0, y0),
+                    _mm512_permutex2var_epi32(x0, io1, y0),
+                    _mm512_permutex2var_epi32(x1, io0, y1),
+                    _mm512_permutex2var_epi32(x1, io1, y1),
+                ]
+            }
+
+            /// Sub-block j's dot in lane j from four partial-sum vectors: in the
+            /// transposed layout (`T`) a sum and one fold, else [`reduce4`].
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn reduce<const T: bool>(p: &[__m512i; 4]) -> __m256i {
+                if T {
+                    let v = _mm512_add_epi32(
+                        _mm512_add_epi32(p[0], p[1]),
+                        _mm512_add_epi32(p[2], p[3]),
+                    );
+                    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
+                } else {
+                    reduce4(p)
+                }
+            }
+
+            /// Token t's activations: transposed (`T`) or as quantized.
+            #[inline]
+            fn act<const N: usize, const T: bool>(
+                xq: &[&ActQ8; N],
+                ta: &[&[i8]; N],
+                t: usize,
+            ) -> *const i8 {
+                if T {
+                    ta[t].as_ptr()
+                } else {
+                    xq[t].qs.as_ptr()
+                }
+            }
+
+            fn check_t<const N: usize, const T: bool>(ta: &[&[i8]; N], n: usize) {
+                if T {
+                    for a in ta {
+                        assert!(a.len() >= n);
+                    }
+                }
             }
 
             /// The nb shared by every token's check.
@@ -457,8 +541,13 @@ macro_rules! avx512_kernels {
             // sequence into its own 32 accumulators (N = 1 is the single-row dot).
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q4_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+            unsafe fn dot_q4_k<const N: usize, const T: bool>(
+                row: &[u8],
+                xq: [&ActQ8; N],
+                ta: [&[i8]; N],
+            ) -> [f32; N] {
                 let nb = check_all(row, &xq, Q4_K_BYTES, QK_K);
+                check_t::<N, T>(&ta, nb * QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
@@ -471,19 +560,22 @@ macro_rules! avx512_kernels {
                         let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
                         (z[2 * h], z[2 * h + 1]) = pair_planes(lo, hi);
                     }
+                    if T {
+                        z = transpose4(z);
+                    }
                     let kb = k_block(blk);
                     for p in 0..N / 2 {
                         let (xa, xb) = (xq[2 * p], xq[2 * p + 1]);
                         let dots = join_i(
-                            dots4(&z, xa.qs.as_ptr().add(QK_K * b)),
-                            dots4(&z, xb.qs.as_ptr().add(QK_K * b)),
+                            dots4::<T>(&z, act::<N, T>(&xq, &ta, 2 * p).add(QK_K * b)),
+                            dots4::<T>(&z, act::<N, T>(&xq, &ta, 2 * p + 1).add(QK_K * b)),
                         );
                         let c = k_c2(kb, b, xa, xb, dots);
                         acc2[p][b & 3] = _mm512_add_ps(acc2[p][b & 3], c);
                     }
                     if N % 2 == 1 {
                         let t = N - 1;
-                        let dots = dots4(&z, xq[t].qs.as_ptr().add(QK_K * b));
+                        let dots = dots4::<T>(&z, act::<N, T>(&xq, &ta, t).add(QK_K * b));
                         let c = k_c(kb, b, xq[t], dots);
                         acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
                     }
@@ -493,8 +585,13 @@ macro_rules! avx512_kernels {
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q5_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+            unsafe fn dot_q5_k<const N: usize, const T: bool>(
+                row: &[u8],
+                xq: [&ActQ8; N],
+                ta: [&[i8]; N],
+            ) -> [f32; N] {
                 let nb = check_all(row, &xq, Q5_K_BYTES, QK_K);
+                check_t::<N, T>(&ta, nb * QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
                 let b4 = _mm512_set1_epi8(0x10);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
@@ -520,19 +617,22 @@ macro_rules! avx512_kernels {
                         hz = _mm512_srli_epi16(hz, 4);
                         (z[2 * h], z[2 * h + 1]) = pair_planes(lo, hi);
                     }
+                    if T {
+                        z = transpose4(z);
+                    }
                     let kb = k_block(blk);
                     for p in 0..N / 2 {
                         let (xa, xb) = (xq[2 * p], xq[2 * p + 1]);
                         let dots = join_i(
-                            dots4(&z, xa.qs.as_ptr().add(QK_K * b)),
-                            dots4(&z, xb.qs.as_ptr().add(QK_K * b)),
+                            dots4::<T>(&z, act::<N, T>(&xq, &ta, 2 * p).add(QK_K * b)),
+                            dots4::<T>(&z, act::<N, T>(&xq, &ta, 2 * p + 1).add(QK_K * b)),
                         );
                         let c = k_c2(kb, b, xa, xb, dots);
                         acc2[p][b & 3] = _mm512_add_ps(acc2[p][b & 3], c);
                     }
                     if N % 2 == 1 {
                         let t = N - 1;
-                        let dots = dots4(&z, xq[t].qs.as_ptr().add(QK_K * b));
+                        let dots = dots4::<T>(&z, act::<N, T>(&xq, &ta, t).add(QK_K * b));
                         let c = k_c(kb, b, xq[t], dots);
                         acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
                     }
@@ -542,8 +642,13 @@ macro_rules! avx512_kernels {
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q6_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+            unsafe fn dot_q6_k<const N: usize, const T: bool>(
+                row: &[u8],
+                xq: [&ActQ8; N],
+                ta: [&[i8]; N],
+            ) -> [f32; N] {
                 let nb = check_all(row, &xq, Q6_K_BYTES, QK_K);
+                check_t::<N, T>(&ta, nb * QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
                 let m32 = _mm512_set1_epi8(32);
                 // Per 256-bit half: the qh bit pair of sub-block k (of 4) and its shift to bits 4, 5.
@@ -577,10 +682,14 @@ macro_rules! avx512_kernels {
                             sc,
                         );
                     }
+                    if T {
+                        z = transpose4(z);
+                        scv = transpose4(scv);
+                    }
                     let d = _mm256_set1_ps(f16_one(blk.add(208)));
                     let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
-                        let qa = xq[t].qs.as_ptr().add(QK_K * b);
+                        let qa = act::<N, T>(&xq, &ta, t).add(QK_K * b);
                         let mut p = [_mm512_setzero_si512(); 4];
                         for pp in 0..4 {
                             let a = lda512(qa.add(64 * pp));
@@ -588,7 +697,7 @@ macro_rules! avx512_kernels {
                             let s = _mm512_sub_epi32(dp(z[pp], a), dp(m32, a));
                             p[pp] = _mm512_mullo_epi32(s, scv[pp]);
                         }
-                        is[t] = reduce4(&p);
+                        is[t] = reduce::<T>(&p);
                     }
                     add_scaled(&mut acc, &mut acc2, &xq, b, d, &is);
                 }
@@ -597,8 +706,13 @@ macro_rules! avx512_kernels {
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_iq4_xs<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+            unsafe fn dot_iq4_xs<const N: usize, const T: bool>(
+                row: &[u8],
+                xq: [&ActQ8; N],
+                ta: [&[i8]; N],
+            ) -> [f32; N] {
                 let nb = check_all(row, &xq, IQ4_XS_BYTES, QK_K);
+                check_t::<N, T>(&ta, nb * QK_K);
                 let m4 = _mm512_set1_epi8(0x0F);
                 // The signed levels K, in every 128-bit lane.
                 let table = _mm512_broadcast_i32x4(_mm_loadu_si128(
@@ -622,6 +736,9 @@ macro_rules! avx512_kernels {
                         w[2 * h + 1] =
                             _mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, idx1, hi));
                     }
+                    if T {
+                        w = transpose4(w);
+                    }
                     let mut sw = [signed_w(w[0]); 4];
                     for k in 1..4 {
                         sw[k] = signed_w(w[k]);
@@ -630,12 +747,12 @@ macro_rules! avx512_kernels {
                     let d = _mm256_set1_ps(f16_one(blk));
                     let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
-                        let qa = xq[t].qs.as_ptr().add(QK_K * b);
+                        let qa = act::<N, T>(&xq, &ta, t).add(QK_K * b);
                         let mut p = [_mm512_setzero_si512(); 4];
                         for k in 0..4 {
                             p[k] = dps(sw[k], lda512(qa.add(64 * k)));
                         }
-                        let raw = unbias(reduce4(&p), xq[t].sums.as_ptr().add(8 * b));
+                        let raw = unbias(reduce::<T>(&p), xq[t].sums.as_ptr().add(8 * b));
                         is[t] = _mm256_mullo_epi32(raw, scales);
                     }
                     add_scaled(&mut acc, &mut acc2, &xq, b, d, &is);
@@ -656,28 +773,40 @@ macro_rules! avx512_kernels {
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q8_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+            unsafe fn dot_q8_0<const N: usize, const T: bool>(
+                row: &[u8],
+                xq: [&ActQ8; N],
+                ta: [&[i8]; N],
+            ) -> [f32; N] {
                 let nb = check_all(row, &xq, Q8_0_BYTES, SUB);
+                check_t::<N, T>(&ta, nb * SUB);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
                 let groups = nb / 8;
                 for g in 0..groups {
                     let base = row.as_ptr().add(Q8_0_BYTES * 8 * g);
-                    let mut sw = [signed_w(_mm512_setzero_si512()); 4];
-                    for (k, swk) in sw.iter_mut().enumerate() {
+                    let mut w = [_mm512_setzero_si512(); 4];
+                    for (k, wk) in w.iter_mut().enumerate() {
                         let w0 = ld256(base.add(Q8_0_BYTES * 2 * k + 2));
                         let w1 = ld256(base.add(Q8_0_BYTES * (2 * k + 1) + 2));
-                        *swk = signed_w(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1));
+                        *wk = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                    }
+                    if T {
+                        w = transpose4(w);
+                    }
+                    let mut sw = [signed_w(w[0]); 4];
+                    for k in 1..4 {
+                        sw[k] = signed_w(w[k]);
                     }
                     let d = f16x8(base, Q8_0_BYTES);
                     let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
-                        let qa = xq[t].qs.as_ptr().add(SUB * 8 * g);
+                        let qa = act::<N, T>(&xq, &ta, t).add(SUB * 8 * g);
                         let mut p = [_mm512_setzero_si512(); 4];
                         for k in 0..4 {
                             p[k] = dps(sw[k], lda512(qa.add(64 * k)));
                         }
-                        is[t] = unbias(reduce4(&p), xq[t].sums.as_ptr().add(8 * g));
+                        is[t] = unbias(reduce::<T>(&p), xq[t].sums.as_ptr().add(8 * g));
                     }
                     add_scaled(&mut acc, &mut acc2, &xq, g, d, &is);
                 }
@@ -693,8 +822,13 @@ macro_rules! avx512_kernels {
             }
 
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q4_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+            unsafe fn dot_q4_0<const N: usize, const T: bool>(
+                row: &[u8],
+                xq: [&ActQ8; N],
+                ta: [&[i8]; N],
+            ) -> [f32; N] {
                 let nb = check_all(row, &xq, Q4_0_BYTES, SUB);
+                check_t::<N, T>(&ta, nb * SUB);
                 let m4 = _mm256_set1_epi8(0x0F);
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 let mut acc2 = [[_mm512_setzero_ps(); 4]; N];
@@ -715,13 +849,16 @@ macro_rules! avx512_kernels {
                         let v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
                         *zk = _mm512_shuffle_i64x2(v, v, 0xD8);
                     }
+                    if T {
+                        z = transpose4(z);
+                    }
                     let d = f16x8(base, Q4_0_BYTES);
                     let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
-                        let qa = xq[t].qs.as_ptr().add(SUB * 8 * g);
+                        let qa = act::<N, T>(&xq, &ta, t).add(SUB * 8 * g);
                         let sums =
                             _mm256_loadu_si256(xq[t].sums.as_ptr().add(8 * g) as *const __m256i);
-                        is[t] = _mm256_sub_epi32(dots4(&z, qa), _mm256_slli_epi32(sums, 3));
+                        is[t] = _mm256_sub_epi32(dots4::<T>(&z, qa), _mm256_slli_epi32(sums, 3));
                     }
                     add_scaled(&mut acc, &mut acc2, &xq, g, d, &is);
                 }

@@ -66,16 +66,43 @@
 #![allow(clippy::needless_range_loop)]
 
 /// A many-token kernel: `out[t]` = the row · token t (`xqs[t]`), bit-identical to the
-/// single-row dot of that token; `xqs.len() == out.len()`.
-pub(crate) type MultiFn = fn(&[u8], &[ActQ8], &mut [f32]);
+/// single-row dot of that token; `xqs.len() == out.len()`. `ta[t]` is
+/// `transpose_act(xqs[t].qs)` for kernels that read that layout
+/// ([`Multi::transposed`]), else `ta` is empty.
+pub(crate) type MultiFn = fn(&[u8], &[ActQ8], &[Vec<i8>], &mut [f32]);
 
-/// A safe [`MultiFn`] around an unsafe target-feature kernel `$f::<N>(row, [&ActQ8; N])
-/// -> [f32; N]`, run on tiles of the listed sizes (descending, ending with 1). The
-/// caller's SAFETY note covers the unsafe call.
+/// A many-token kernel and the activation layout it reads.
+#[derive(Clone, Copy)]
+pub(crate) struct Multi {
+    pub f: MultiFn,
+    /// Whether it reads `avx512::transpose_act` activations.
+    pub transposed: bool,
+}
+
+/// A safe [`Multi`] around an unsafe target-feature kernel, run on tiles of the listed
+/// sizes (descending, ending with 1): `$f::<N>(row, [&ActQ8; N]) -> [f32; N]`, or with
+/// `transposed`, `$f::<N, true>(row, [&ActQ8; N], [&[i8]; N])`. The caller's SAFETY
+/// note covers the unsafe call.
 #[cfg(target_arch = "x86_64")]
 macro_rules! multi_wrap {
+    ($f:ident, transposed, $($n:literal),+) => {{
+        fn w(row: &[u8], xqs: &[ActQ8], ta: &[Vec<i8>], out: &mut [f32]) {
+            assert!(xqs.len() == out.len() && ta.len() == out.len());
+            let mut t = 0;
+            $(
+                while xqs.len() - t >= $n {
+                    let tile: [&ActQ8; $n] = std::array::from_fn(|i| &xqs[t + i]);
+                    let tt: [&[i8]; $n] = std::array::from_fn(|i| ta[t + i].as_slice());
+                    let r = unsafe { $f::<$n, true>(row, tile, tt) };
+                    out[t..t + $n].copy_from_slice(&r);
+                    t += $n;
+                }
+            )+
+        }
+        Multi { f: w, transposed: true }
+    }};
     ($f:ident, $($n:literal),+) => {{
-        fn w(row: &[u8], xqs: &[ActQ8], out: &mut [f32]) {
+        fn w(row: &[u8], xqs: &[ActQ8], _ta: &[Vec<i8>], out: &mut [f32]) {
             assert_eq!(xqs.len(), out.len());
             let mut t = 0;
             $(
@@ -87,7 +114,7 @@ macro_rules! multi_wrap {
                 }
             )+
         }
-        w as MultiFn
+        Multi { f: w, transposed: false }
     }};
 }
 
@@ -232,7 +259,7 @@ fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
 
 /// The many-token kernel of `ty` at `isa`, where one exists (else `matmul` runs the
 /// single-row kernel per token).
-fn multi_kernel(isa: Isa, ty: GgmlType) -> Option<MultiFn> {
+fn multi_kernel(isa: Isa, ty: GgmlType) -> Option<Multi> {
     match isa {
         Isa::Avx512 => avx512::vnni_multi(ty, isa::avx512_proof()),
         Isa::Avx512Bw => avx512::bw_multi(ty, isa::avx512bw_proof()),
@@ -502,6 +529,11 @@ pub fn try_matmul_with(
     let mut tmp = vec![0f32; n_rows * n_tok];
     let per = rows_per_task(n_rows, rb * n_tok.min(TOKEN_TILE));
     let multi = if float { None } else { multi_kernel(isa, ty) };
+    // The layout some many-token kernels read, built once per token for every row.
+    let ta: Vec<Vec<i8>> = match multi {
+        Some(m) if m.transposed => xqs.iter().map(|xq| avx512::transpose_act(&xq.qs)).collect(),
+        _ => Vec::new(),
+    };
     tmp.par_chunks_mut(per * n_tok)
         .zip(w.par_chunks(per * rb))
         .for_each(|(o, wc)| {
@@ -513,7 +545,10 @@ pub fn try_matmul_with(
                     let o = &mut o[r * n_tok + t0..r * n_tok + t1];
                     match multi {
                         // Each block of the row is unpacked once for the whole tile.
-                        Some(m) => m(row, &xqs[t0..t1], o),
+                        Some(m) => {
+                            let ta = if m.transposed { &ta[t0..t1] } else { &[][..] };
+                            (m.f)(row, &xqs[t0..t1], ta, o)
+                        }
                         None => {
                             for (ov, t) in o.iter_mut().zip(t0..t1) {
                                 *ov = k.dot(row, x_of(t), xq_of(t));
