@@ -327,6 +327,9 @@ macro_rules! avx512_kernels {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dots4<const T: bool>(z: &[__m512i; 4], qa: *const i8) -> __m256i {
+                if T {
+                    return fold(sum4(z, qa));
+                }
                 let p = [
                     dp(z[0], lda512(qa)),
                     dp(z[1], lda512(qa.add(64))),
@@ -377,6 +380,79 @@ macro_rules! avx512_kernels {
                     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
                 } else {
                     reduce4(p)
+                }
+            }
+
+            /// `acc + dp(u, s)` (with VNNI one `vpdpbusd` into acc).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            #[allow(unused_unsafe)]
+            fn dp_acc(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+                if VNNI {
+                    // SAFETY: only reached in the VNNI instantiation, whose features include avx512vnni.
+                    unsafe { _mm512_dpbusd_epi32(acc, u, s) }
+                } else {
+                    _mm512_add_epi32(acc, dp(u, s))
+                }
+            }
+
+            /// Transposed layout: the sum of the four vectors' partial dots of unsigned
+            /// weights z (sub-block s in lanes s and s + 8).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn sum4(z: &[__m512i; 4], qa: *const i8) -> __m512i {
+                let mut v = dp(z[0], lda512(qa));
+                for k in 1..4 {
+                    v = dp_acc(v, z[k], lda512(qa.add(64 * k)));
+                }
+                v
+            }
+
+            /// [`sum4`] for signed weights (`OFFSET` bias included, as in [`dps`]).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn sum4s(w: &[SignedW; 4], qa: *const i8) -> __m512i {
+                let mut v = dps(w[0], lda512(qa));
+                for k in 1..4 {
+                    let s = lda512(qa.add(64 * k));
+                    v = if OFFSET {
+                        dp_acc(v, w[k].u, s)
+                    } else {
+                        _mm512_add_epi32(v, dps(w[k], s))
+                    };
+                }
+                v
+            }
+
+            /// Lane j (< 8) = lanes j + j + 8 of v: sub-block j's dot.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn fold(v: __m512i) -> __m256i {
+                _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
+            }
+
+            /// [`fold`] of two tokens into one pair vector (lanes 0..7 a, 8..15 b).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn fold2(a: __m512i, b: __m512i) -> __m512i {
+                _mm512_add_epi32(
+                    _mm512_shuffle_i64x2(a, b, 0x44),
+                    _mm512_shuffle_i64x2(a, b, 0xEE),
+                )
+            }
+
+            /// The eight sub-block dots of signed weights (bias included) at `qa`.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dots4s<const T: bool>(w: &[SignedW; 4], qa: *const i8) -> __m256i {
+                if T {
+                    fold(sum4s(w, qa))
+                } else {
+                    let mut p = [_mm512_setzero_si512(); 4];
+                    for k in 0..4 {
+                        p[k] = dps(w[k], lda512(qa.add(64 * k)));
+                    }
+                    reduce4(&p)
                 }
             }
 
@@ -566,10 +642,15 @@ macro_rules! avx512_kernels {
                     let kb = k_block(blk);
                     for p in 0..N / 2 {
                         let (xa, xb) = (xq[2 * p], xq[2 * p + 1]);
-                        let dots = join_i(
-                            dots4::<T>(&z, act::<N, T>(&xq, &ta, 2 * p).add(QK_K * b)),
-                            dots4::<T>(&z, act::<N, T>(&xq, &ta, 2 * p + 1).add(QK_K * b)),
+                        let (pa, pb) = (
+                            act::<N, T>(&xq, &ta, 2 * p).add(QK_K * b),
+                            act::<N, T>(&xq, &ta, 2 * p + 1).add(QK_K * b),
                         );
+                        let dots = if T {
+                            fold2(sum4(&z, pa), sum4(&z, pb))
+                        } else {
+                            join_i(dots4::<T>(&z, pa), dots4::<T>(&z, pb))
+                        };
                         let c = k_c2(kb, b, xa, xb, dots);
                         acc2[p][b & 3] = _mm512_add_ps(acc2[p][b & 3], c);
                     }
@@ -623,10 +704,15 @@ macro_rules! avx512_kernels {
                     let kb = k_block(blk);
                     for p in 0..N / 2 {
                         let (xa, xb) = (xq[2 * p], xq[2 * p + 1]);
-                        let dots = join_i(
-                            dots4::<T>(&z, act::<N, T>(&xq, &ta, 2 * p).add(QK_K * b)),
-                            dots4::<T>(&z, act::<N, T>(&xq, &ta, 2 * p + 1).add(QK_K * b)),
+                        let (pa, pb) = (
+                            act::<N, T>(&xq, &ta, 2 * p).add(QK_K * b),
+                            act::<N, T>(&xq, &ta, 2 * p + 1).add(QK_K * b),
                         );
+                        let dots = if T {
+                            fold2(sum4(&z, pa), sum4(&z, pb))
+                        } else {
+                            join_i(dots4::<T>(&z, pa), dots4::<T>(&z, pb))
+                        };
                         let c = k_c2(kb, b, xa, xb, dots);
                         acc2[p][b & 3] = _mm512_add_ps(acc2[p][b & 3], c);
                     }
@@ -748,11 +834,7 @@ macro_rules! avx512_kernels {
                     let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
                         let qa = act::<N, T>(&xq, &ta, t).add(QK_K * b);
-                        let mut p = [_mm512_setzero_si512(); 4];
-                        for k in 0..4 {
-                            p[k] = dps(sw[k], lda512(qa.add(64 * k)));
-                        }
-                        let raw = unbias(reduce::<T>(&p), xq[t].sums.as_ptr().add(8 * b));
+                        let raw = unbias(dots4s::<T>(&sw, qa), xq[t].sums.as_ptr().add(8 * b));
                         is[t] = _mm256_mullo_epi32(raw, scales);
                     }
                     add_scaled(&mut acc, &mut acc2, &xq, b, d, &is);
@@ -802,11 +884,7 @@ macro_rules! avx512_kernels {
                     let mut is = [_mm256_setzero_si256(); N];
                     for t in 0..N {
                         let qa = act::<N, T>(&xq, &ta, t).add(SUB * 8 * g);
-                        let mut p = [_mm512_setzero_si512(); 4];
-                        for k in 0..4 {
-                            p[k] = dps(sw[k], lda512(qa.add(64 * k)));
-                        }
-                        is[t] = unbias(reduce::<T>(&p), xq[t].sums.as_ptr().add(8 * g));
+                        is[t] = unbias(dots4s::<T>(&sw, qa), xq[t].sums.as_ptr().add(8 * g));
                     }
                     add_scaled(&mut acc, &mut acc2, &xq, g, d, &is);
                 }
