@@ -777,13 +777,28 @@ macro_rules! avx512_kernels {
                     for t in 0..N {
                         let qa = act::<N, T>(&xq, &ta, t).add(QK_K * b);
                         let mut p = [_mm512_setzero_si512(); 4];
-                        for pp in 0..4 {
-                            let a = lda512(qa.add(64 * pp));
-                            // Σ (q - 32)·a per group of four, exact.
-                            let s = _mm512_sub_epi32(dp(z[pp], a), dp(m32, a));
-                            p[pp] = _mm512_mullo_epi32(s, scv[pp]);
+                        if T {
+                            // Vectors 0, 1 hold the first 16-value group of every
+                            // sub-block and 2, 3 the second: one scale each per pair.
+                            let mut h = [_mm512_setzero_si512(); 2];
+                            for (g, hg) in h.iter_mut().enumerate() {
+                                let a0 = lda512(qa.add(128 * g));
+                                let a1 = lda512(qa.add(128 * g + 64));
+                                let q = dp_acc(dp(z[2 * g], a0), z[2 * g + 1], a1);
+                                let m = dp_acc(dp(m32, a0), m32, a1);
+                                // Σ (q - 32)·a per group of eight, exact.
+                                *hg = _mm512_mullo_epi32(_mm512_sub_epi32(q, m), scv[2 * g]);
+                            }
+                            is[t] = fold(_mm512_add_epi32(h[0], h[1]));
+                        } else {
+                            for pp in 0..4 {
+                                let a = lda512(qa.add(64 * pp));
+                                // Σ (q - 32)·a per group of four, exact.
+                                let s = _mm512_sub_epi32(dp(z[pp], a), dp(m32, a));
+                                p[pp] = _mm512_mullo_epi32(s, scv[pp]);
+                            }
+                            is[t] = reduce4(&p);
                         }
-                        is[t] = reduce::<T>(&p);
                     }
                     add_scaled(&mut acc, &mut acc2, &xq, b, d, &is);
                 }
