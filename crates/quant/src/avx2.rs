@@ -37,7 +37,7 @@ pub(crate) mod imp {
         macro_rules! q {
             ($f:ident) => {{
                 fn w(row: &[u8], xq: &ActQ8) -> f32 {
-                    unsafe { $f::<1>(row, [xq])[0] }
+                    unsafe { $f::<1, false>(row, [xq], [&[]])[0] }
                 }
                 Kernel::Q(w)
             }};
@@ -69,12 +69,12 @@ pub(crate) mod imp {
         use GgmlType as T;
         // SAFETY (every wrapper below): as in `kernel`.
         Some(match ty {
-            T::Q8_0 => multi_wrap!(dot_q8_0, 4, 2, 1),
-            T::Q4_0 => multi_wrap!(dot_q4_0, 4, 2, 1),
-            T::Q4_K => multi_wrap!(dot_q4_k, 4, 2, 1),
-            T::Q5_K => multi_wrap!(dot_q5_k, 4, 2, 1),
-            T::Q6_K => multi_wrap!(dot_q6_k, 4, 2, 1),
-            T::IQ4_XS => multi_wrap!(dot_iq4_xs, 4, 2, 1),
+            T::Q8_0 => multi_wrap!(dot_q8_0, transposed(transpose_act), 4, 2, 1),
+            T::Q4_0 => multi_wrap!(dot_q4_0, transposed(transpose_act), 4, 2, 1),
+            T::Q4_K => multi_wrap!(dot_q4_k, transposed(transpose_act), 4, 2, 1),
+            T::Q5_K => multi_wrap!(dot_q5_k, transposed(transpose_act), 4, 2, 1),
+            T::Q6_K => multi_wrap!(dot_q6_k, transposed(transpose_act), 4, 2, 1),
+            T::IQ4_XS => multi_wrap!(dot_iq4_xs, transposed(transpose_act), 4, 2, 1),
             _ => return None,
         })
     }
@@ -239,8 +239,21 @@ pub(crate) mod imp {
     /// at `qa + 32j` (exact).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots8(w: &[__m256i; 8], qa: *const i8) -> __m256i {
+    unsafe fn dots8<const T: bool>(w: &[__m256i; 8], qa: *const i8, sum16: usize) -> __m256i {
         let ones = _mm256_set1_epi16(1);
+        if T {
+            // Lane i is sub-block i in every vector: vertical sums, `sum16` i16
+            // partials at a time (the caller's bound keeps them below 2^15).
+            let mut acc = _mm256_setzero_si256();
+            for j0 in (0..8).step_by(sum16) {
+                let mut p = _mm256_maddubs_epi16(w[j0], lda(qa.add(SUB * j0)));
+                for j in j0 + 1..j0 + sum16 {
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[j], lda(qa.add(SUB * j))));
+                }
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+            }
+            return acc;
+        }
         let mut v = [_mm256_setzero_si256(); 8];
         for j in 0..8 {
             v[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], lda(qa.add(SUB * j))), ones);
@@ -252,14 +265,95 @@ pub(crate) mod imp {
     /// `qa + 32j`: `|w|` as unsigned (|-128| = 128 fits), the sign moved onto a (exact).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots8_signed(w: &[__m256i; 8], aw: &[__m256i; 8], qa: *const i8) -> __m256i {
+    unsafe fn dots8_signed<const T: bool>(
+        w: &[__m256i; 8],
+        aw: &[__m256i; 8],
+        qa: *const i8,
+    ) -> __m256i {
         let ones = _mm256_set1_epi16(1);
         let mut v = [_mm256_setzero_si256(); 8];
         for j in 0..8 {
             let a = lda(qa.add(SUB * j));
             v[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(a, w[j])), ones);
         }
+        if T {
+            // Lane i is sub-block i in every vector.
+            let s01 = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+            let s23 = _mm256_add_epi32(_mm256_add_epi32(v[4], v[5]), _mm256_add_epi32(v[6], v[7]));
+            return _mm256_add_epi32(s01, s23);
+        }
         hsum8x8(&v)
+    }
+
+    /// The 8×8 dword transpose: result k, lane i = dword k of `n[i]` (the layout of
+    /// [`transpose_act`] when `n[i]` holds sub-block i).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn transpose8(n: [__m256i; 8]) -> [__m256i; 8] {
+        let t0 = _mm256_unpacklo_epi32(n[0], n[1]);
+        let t1 = _mm256_unpackhi_epi32(n[0], n[1]);
+        let t2 = _mm256_unpacklo_epi32(n[2], n[3]);
+        let t3 = _mm256_unpackhi_epi32(n[2], n[3]);
+        let t4 = _mm256_unpacklo_epi32(n[4], n[5]);
+        let t5 = _mm256_unpackhi_epi32(n[4], n[5]);
+        let t6 = _mm256_unpacklo_epi32(n[6], n[7]);
+        let t7 = _mm256_unpackhi_epi32(n[6], n[7]);
+        let u0 = _mm256_unpacklo_epi64(t0, t2);
+        let u1 = _mm256_unpackhi_epi64(t0, t2);
+        let u2 = _mm256_unpacklo_epi64(t1, t3);
+        let u3 = _mm256_unpackhi_epi64(t1, t3);
+        let u4 = _mm256_unpacklo_epi64(t4, t6);
+        let u5 = _mm256_unpackhi_epi64(t4, t6);
+        let u6 = _mm256_unpacklo_epi64(t5, t7);
+        let u7 = _mm256_unpackhi_epi64(t5, t7);
+        [
+            _mm256_permute2x128_si256(u0, u4, 0x20),
+            _mm256_permute2x128_si256(u1, u5, 0x20),
+            _mm256_permute2x128_si256(u2, u6, 0x20),
+            _mm256_permute2x128_si256(u3, u7, 0x20),
+            _mm256_permute2x128_si256(u0, u4, 0x31),
+            _mm256_permute2x128_si256(u1, u5, 0x31),
+            _mm256_permute2x128_si256(u2, u6, 0x31),
+            _mm256_permute2x128_si256(u3, u7, 0x31),
+        ]
+    }
+
+    /// Activations in the layout of the AVX2 many-token kernels: within each whole
+    /// 256-value group, 32-byte vector k, dword lane i holds values 4k..4k+4 of
+    /// sub-block i. A trailing partial group keeps its order.
+    pub(crate) fn transpose_act(qs: &[i8]) -> Vec<i8> {
+        let mut out = qs.to_vec();
+        for (dst, src) in out.chunks_exact_mut(256).zip(qs.chunks_exact(256)) {
+            for k in 0..8 {
+                for i in 0..8 {
+                    let v = 32 * i + 4 * k;
+                    dst[32 * k + 4 * i..32 * k + 4 * i + 4].copy_from_slice(&src[v..v + 4]);
+                }
+            }
+        }
+        out
+    }
+
+    /// Token t's activations: transposed (`T`) or as quantized.
+    #[inline]
+    fn act<const N: usize, const T: bool>(
+        xq: &[&ActQ8; N],
+        ta: &[&[i8]; N],
+        t: usize,
+    ) -> *const i8 {
+        if T {
+            ta[t].as_ptr()
+        } else {
+            xq[t].qs.as_ptr()
+        }
+    }
+
+    fn check_t<const N: usize, const T: bool>(ta: &[&[i8]; N], n: usize) {
+        if T {
+            for a in ta {
+                assert!(a.len() >= n);
+            }
+        }
     }
 
     /// The nb shared by every token's check.
@@ -292,8 +386,15 @@ pub(crate) mod imp {
     // its own 32 accumulators (N = 1 is the single-row dot).
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q4_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+    pub(crate) unsafe fn dot_q4_k<const N: usize, const T: bool>(
+        row: &[u8],
+        xq: [&ActQ8; N],
+        ta: [&[i8]; N],
+    ) -> [f32; N] {
         let nb = check_all(row, &xq, Q4_K_BYTES, QK_K);
+        check_t::<N, T>(&ta, nb * QK_K);
+        // i16 partials of q ≤ 15: eight add up below 2^15.
+        const SUM16: usize = 8;
         let m4 = _mm256_set1_epi8(0x0F);
         let mut acc = [[_mm256_setzero_ps(); 4]; N];
         for b in 0..nb {
@@ -304,9 +405,12 @@ pub(crate) mod imp {
                 w[2 * c] = _mm256_and_si256(q, m4);
                 w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             }
+            if T {
+                w = transpose8(w);
+            }
             let kb = k_block(blk);
             for t in 0..N {
-                let dots = dots8(&w, xq[t].qs.as_ptr().add(QK_K * b));
+                let dots = dots8::<T>(&w, act::<N, T>(&xq, &ta, t).add(QK_K * b), SUM16);
                 let c = k_c(kb, b, xq[t], dots);
                 acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
             }
@@ -315,8 +419,15 @@ pub(crate) mod imp {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q5_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+    pub(crate) unsafe fn dot_q5_k<const N: usize, const T: bool>(
+        row: &[u8],
+        xq: [&ActQ8; N],
+        ta: [&[i8]; N],
+    ) -> [f32; N] {
         let nb = check_all(row, &xq, Q5_K_BYTES, QK_K);
+        check_t::<N, T>(&ta, nb * QK_K);
+        // i16 partials of q ≤ 31: four add up below 2^15.
+        const SUM16: usize = 4;
         let m4 = _mm256_set1_epi8(0x0F);
         let b4 = _mm256_set1_epi8(0x10);
         let mut acc = [[_mm256_setzero_ps(); 4]; N];
@@ -337,9 +448,12 @@ pub(crate) mod imp {
                 );
                 qh = _mm256_srli_epi16(qh, 2);
             }
+            if T {
+                w = transpose8(w);
+            }
             let kb = k_block(blk);
             for t in 0..N {
-                let dots = dots8(&w, xq[t].qs.as_ptr().add(QK_K * b));
+                let dots = dots8::<T>(&w, act::<N, T>(&xq, &ta, t).add(QK_K * b), SUM16);
                 let c = k_c(kb, b, xq[t], dots);
                 acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], c);
             }
@@ -369,8 +483,13 @@ pub(crate) mod imp {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q6_k<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+    pub(crate) unsafe fn dot_q6_k<const N: usize, const T: bool>(
+        row: &[u8],
+        xq: [&ActQ8; N],
+        ta: [&[i8]; N],
+    ) -> [f32; N] {
         let nb = check_all(row, &xq, Q6_K_BYTES, QK_K);
+        check_t::<N, T>(&ta, nb * QK_K);
         let m32 = _mm256_set1_epi8(32);
         // Within each 128-bit half of a (scale_lo, scale_hi) i16 pair broadcast:
         // low half takes bytes 0,1 (scale_lo), high half bytes 2,3 (scale_hi).
@@ -395,8 +514,36 @@ pub(crate) mod imp {
                 }
             }
             let d = _mm256_set1_ps(f16_one(blk.add(208)));
+            // Transposed: vectors 0..3 hold values 0..15 of every sub-block (lane i =
+            // sub-block i), vectors 4..7 values 16..31; i32 lane i of `slo` / `shi`
+            // is sub-block i's first / second group scale as an i16 pair.
+            let slo = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(sc16, 0xA0), 0xA0);
+            let shi = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(sc16, 0xF5), 0xF5);
+            if T {
+                w = transpose8(w);
+            }
             for t in 0..N {
-                let qa = xq[t].qs.as_ptr().add(QK_K * b);
+                let qa = act::<N, T>(&xq, &ta, t).add(QK_K * b);
+                if T {
+                    let mut ps = [_mm256_setzero_si256(); 2];
+                    for j in 0..8 {
+                        let a = lda(qa.add(SUB * j));
+                        // Σ (q - 32)·a over byte pairs (|·| ≤ 8128): four add up
+                        // below 2^15.
+                        let p = _mm256_sub_epi16(
+                            _mm256_maddubs_epi16(w[j], a),
+                            _mm256_maddubs_epi16(m32, a),
+                        );
+                        ps[j / 4] = _mm256_add_epi16(ps[j / 4], p);
+                    }
+                    let isum = _mm256_add_epi32(
+                        _mm256_madd_epi16(ps[0], slo),
+                        _mm256_madd_epi16(ps[1], shi),
+                    );
+                    let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
+                    acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, isum));
+                    continue;
+                }
                 let mut v = [_mm256_setzero_si256(); 8];
                 for j in 0..8 {
                     let a = lda(qa.add(SUB * j));
@@ -428,8 +575,13 @@ pub(crate) mod imp {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_iq4_xs<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+    pub(crate) unsafe fn dot_iq4_xs<const N: usize, const T: bool>(
+        row: &[u8],
+        xq: [&ActQ8; N],
+        ta: [&[i8]; N],
+    ) -> [f32; N] {
         let nb = check_all(row, &xq, IQ4_XS_BYTES, QK_K);
+        check_t::<N, T>(&ta, nb * QK_K);
         let m4 = _mm256_set1_epi8(0x0F);
         let table =
             _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
@@ -446,13 +598,16 @@ pub(crate) mod imp {
                 w[2 * p] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x20));
                 w[2 * p + 1] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x31));
             }
+            if T {
+                w = transpose8(w);
+            }
             for j in 0..8 {
                 aw[j] = _mm256_sign_epi8(w[j], w[j]);
             }
             let scales = iq4_xs_scales(blk);
             let d = _mm256_set1_ps(f16_one(blk));
             for t in 0..N {
-                let raw = dots8_signed(&w, &aw, xq[t].qs.as_ptr().add(QK_K * b));
+                let raw = dots8_signed::<T>(&w, &aw, act::<N, T>(&xq, &ta, t).add(QK_K * b));
                 let isum = _mm256_mullo_epi32(raw, scales);
                 let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * b));
                 acc[t][b & 3] = _mm256_add_ps(acc[t][b & 3], scale_c(d, da, isum));
@@ -473,8 +628,13 @@ pub(crate) mod imp {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q8_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+    pub(crate) unsafe fn dot_q8_0<const N: usize, const T: bool>(
+        row: &[u8],
+        xq: [&ActQ8; N],
+        ta: [&[i8]; N],
+    ) -> [f32; N] {
         let nb = check_all(row, &xq, Q8_0_BYTES, SUB);
+        check_t::<N, T>(&ta, nb * SUB);
         let mut acc = [[_mm256_setzero_ps(); 4]; N];
         let groups = nb / 8;
         for g in 0..groups {
@@ -483,11 +643,16 @@ pub(crate) mod imp {
             let mut aw = [_mm256_setzero_si256(); 8];
             for k in 0..8 {
                 w[k] = ld(base.add(Q8_0_BYTES * k + 2));
+            }
+            if T {
+                w = transpose8(w);
+            }
+            for k in 0..8 {
                 aw[k] = _mm256_sign_epi8(w[k], w[k]);
             }
             let d = f16x8(base, Q8_0_BYTES);
             for t in 0..N {
-                let isum = dots8_signed(&w, &aw, xq[t].qs.as_ptr().add(SUB * 8 * g));
+                let isum = dots8_signed::<T>(&w, &aw, act::<N, T>(&xq, &ta, t).add(SUB * 8 * g));
                 let da = _mm256_loadu_ps(xq[t].d.as_ptr().add(8 * g));
                 acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
             }
@@ -503,8 +668,13 @@ pub(crate) mod imp {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q4_0<const N: usize>(row: &[u8], xq: [&ActQ8; N]) -> [f32; N] {
+    pub(crate) unsafe fn dot_q4_0<const N: usize, const T: bool>(
+        row: &[u8],
+        xq: [&ActQ8; N],
+        ta: [&[i8]; N],
+    ) -> [f32; N] {
         let nb = check_all(row, &xq, Q4_0_BYTES, SUB);
+        check_t::<N, T>(&ta, nb * SUB);
         let m4 = _mm256_set1_epi8(0x0F);
         let mut acc = [[_mm256_setzero_ps(); 4]; N];
         let groups = nb / 8;
@@ -518,9 +688,13 @@ pub(crate) mod imp {
                     _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
                 *wk = _mm256_and_si256(qq, m4);
             }
+            if T {
+                w = transpose8(w);
+            }
             let d = f16x8(base, Q4_0_BYTES);
             for t in 0..N {
-                let dots = dots8(&w, xq[t].qs.as_ptr().add(SUB * 8 * g));
+                // i16 partials of q ≤ 15: eight add up below 2^15.
+                let dots = dots8::<T>(&w, act::<N, T>(&xq, &ta, t).add(SUB * 8 * g), 8);
                 // Σ (q - 8)·a = Σ q·a - 8·asum.
                 let sums = _mm256_loadu_si256(xq[t].sums.as_ptr().add(8 * g) as *const __m256i);
                 let isum = _mm256_sub_epi32(dots, _mm256_slli_epi32(sums, 3));

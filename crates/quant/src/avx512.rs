@@ -120,12 +120,14 @@ macro_rules! avx512_kernels {
                 use GgmlType as T;
                 // SAFETY (every wrapper below): as in `kernel`.
                 Some(match ty {
-                    T::Q8_0 => multi_wrap!(dot_q8_0, transposed, 8, 4, 2, 1),
-                    T::Q4_0 => multi_wrap!(dot_q4_0, transposed, 8, 4, 2, 1),
-                    T::Q4_K => multi_wrap!(dot_q4_k, transposed, 8, 4, 2, 1),
-                    T::Q5_K => multi_wrap!(dot_q5_k, transposed, 8, 4, 2, 1),
-                    T::Q6_K => multi_wrap!(dot_q6_k, transposed, 8, 4, 2, 1),
-                    T::IQ4_XS => multi_wrap!(dot_iq4_xs, transposed, 8, 4, 2, 1),
+                    T::Q8_0 => multi_wrap!(dot_q8_0, transposed(super::transpose_act), 8, 4, 2, 1),
+                    T::Q4_0 => multi_wrap!(dot_q4_0, transposed(super::transpose_act), 8, 4, 2, 1),
+                    T::Q4_K => multi_wrap!(dot_q4_k, transposed(super::transpose_act), 8, 4, 2, 1),
+                    T::Q5_K => multi_wrap!(dot_q5_k, transposed(super::transpose_act), 8, 4, 2, 1),
+                    T::Q6_K => multi_wrap!(dot_q6_k, transposed(super::transpose_act), 8, 4, 2, 1),
+                    T::IQ4_XS => {
+                        multi_wrap!(dot_iq4_xs, transposed(super::transpose_act), 8, 4, 2, 1)
+                    }
                     _ => return None,
                 })
             }

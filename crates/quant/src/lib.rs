@@ -67,25 +67,29 @@
 
 /// A many-token kernel: `out[t]` = the row · token t (`xqs[t]`), bit-identical to the
 /// single-row dot of that token; `xqs.len() == out.len()`. `ta[t]` is
-/// `transpose_act(xqs[t].qs)` for kernels that read that layout
-/// ([`Multi::transposed`]), else `ta` is empty.
+/// the layout [`Multi::transpose`] builds from `xqs[t].qs` for kernels that
+/// read one, else `ta` is empty.
 pub(crate) type MultiFn = fn(&[u8], &[ActQ8], &[Vec<i8>], &mut [f32]);
+
+/// Builds the activation layout a many-token kernel reads from one token's `qs`.
+pub(crate) type LayoutFn = fn(&[i8]) -> Vec<i8>;
 
 /// A many-token kernel and the activation layout it reads.
 #[derive(Clone, Copy)]
 pub(crate) struct Multi {
     pub f: MultiFn,
-    /// Whether it reads `avx512::transpose_act` activations.
-    pub transposed: bool,
+    /// Builds the layout of one token's activations that `f` reads (`ta`), if any.
+    pub transpose: Option<LayoutFn>,
 }
 
 /// A safe [`Multi`] around an unsafe target-feature kernel, run on tiles of the listed
 /// sizes (descending, ending with 1): `$f::<N>(row, [&ActQ8; N]) -> [f32; N]`, or with
-/// `transposed`, `$f::<N, true>(row, [&ActQ8; N], [&[i8]; N])`. The caller's SAFETY
+/// `transposed(layout)`, `$f::<N, true>(row, [&ActQ8; N], [&[i8]; N])` reading
+/// `layout(qs)` activations. The caller's SAFETY
 /// note covers the unsafe call.
 #[cfg(target_arch = "x86_64")]
 macro_rules! multi_wrap {
-    ($f:ident, transposed, $($n:literal),+) => {{
+    ($f:ident, transposed($tr:path), $($n:literal),+) => {{
         fn w(row: &[u8], xqs: &[ActQ8], ta: &[Vec<i8>], out: &mut [f32]) {
             assert!(xqs.len() == out.len() && ta.len() == out.len());
             let mut t = 0;
@@ -99,7 +103,7 @@ macro_rules! multi_wrap {
                 }
             )+
         }
-        Multi { f: w, transposed: true }
+        Multi { f: w, transpose: Some($tr) }
     }};
     ($f:ident, $($n:literal),+) => {{
         fn w(row: &[u8], xqs: &[ActQ8], _ta: &[Vec<i8>], out: &mut [f32]) {
@@ -114,7 +118,7 @@ macro_rules! multi_wrap {
                 }
             )+
         }
-        Multi { f: w, transposed: false }
+        Multi { f: w, transpose: None }
     }};
 }
 
@@ -530,9 +534,9 @@ pub fn try_matmul_with(
     let per = rows_per_task(n_rows, rb * n_tok.min(TOKEN_TILE));
     let multi = if float { None } else { multi_kernel(isa, ty) };
     // The layout some many-token kernels read, built once per token for every row.
-    let ta: Vec<Vec<i8>> = match multi {
-        Some(m) if m.transposed => xqs.iter().map(|xq| avx512::transpose_act(&xq.qs)).collect(),
-        _ => Vec::new(),
+    let ta: Vec<Vec<i8>> = match multi.and_then(|m| m.transpose) {
+        Some(tr) => xqs.iter().map(|xq| tr(&xq.qs)).collect(),
+        None => Vec::new(),
     };
     tmp.par_chunks_mut(per * n_tok)
         .zip(w.par_chunks(per * rb))
@@ -546,7 +550,7 @@ pub fn try_matmul_with(
                     match multi {
                         // Each block of the row is unpacked once for the whole tile.
                         Some(m) => {
-                            let ta = if m.transposed { &ta[t0..t1] } else { &[][..] };
+                            let ta = if ta.is_empty() { &[][..] } else { &ta[t0..t1] };
                             (m.f)(row, &xqs[t0..t1], ta, o)
                         }
                         None => {
