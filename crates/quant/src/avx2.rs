@@ -7,6 +7,11 @@
 //! Each sub-block's eight i32 partial sums are reduced to one lane with `hsum8x8`,
 //! so that the float sequence runs with one sub-block per lane, exactly as in
 //! `scalar.rs`.
+//!
+//! The quantized kernels take a tile of N tokens (`matmul`; N = 1 is the single-row
+//! dot). With `T` (many tokens) they read `transpose_act` activations and transpose
+//! each unpacked weight block (8×8 dwords) the same way, so that lane i of every
+//! vector is sub-block i: vertical sums replace `hsum8x8`.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use imp::{kernel, multi};
@@ -69,12 +74,12 @@ pub(crate) mod imp {
         use GgmlType as T;
         // SAFETY (every wrapper below): as in `kernel`.
         Some(match ty {
-            T::Q8_0 => multi_wrap!(dot_q8_0, transposed(transpose_act), 4, 2, 1),
-            T::Q4_0 => multi_wrap!(dot_q4_0, transposed(transpose_act), 4, 2, 1),
-            T::Q4_K => multi_wrap!(dot_q4_k, transposed(transpose_act), 4, 2, 1),
-            T::Q5_K => multi_wrap!(dot_q5_k, transposed(transpose_act), 4, 2, 1),
-            T::Q6_K => multi_wrap!(dot_q6_k, transposed(transpose_act), 4, 2, 1),
-            T::IQ4_XS => multi_wrap!(dot_iq4_xs, transposed(transpose_act), 4, 2, 1),
+            T::Q8_0 => multi_wrap!(dot_q8_0, transpose_act, 4, 2, 1),
+            T::Q4_0 => multi_wrap!(dot_q4_0, transpose_act, 4, 2, 1),
+            T::Q4_K => multi_wrap!(dot_q4_k, transpose_act, 4, 2, 1),
+            T::Q5_K => multi_wrap!(dot_q5_k, transpose_act, 4, 2, 1),
+            T::Q6_K => multi_wrap!(dot_q6_k, transpose_act, 4, 2, 1),
+            T::IQ4_XS => multi_wrap!(dot_iq4_xs, transpose_act, 4, 2, 1),
             _ => return None,
         })
     }

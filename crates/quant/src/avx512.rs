@@ -10,6 +10,12 @@
 //! runs on 8-lane vectors, one sub-block per lane, exactly as in `scalar.rs` (the
 //! same helpers as the AVX2 kernels). Float rows keep the 32 accumulators in two
 //! 16-lane vectors.
+//!
+//! The quantized kernels take a tile of N tokens (`matmul`; N = 1 is the single-row
+//! dot). With `T` (many tokens) they read [`transpose_act`] activations and permute
+//! each unpacked weight block the same way, so the four partial-dot vectors of a
+//! block just add up (sub-block s in lanes s and s + 8); token pairs share one
+//! 16-lane float sequence.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use bw::{kernel as bw_kernel, multi as bw_multi};
@@ -120,13 +126,13 @@ macro_rules! avx512_kernels {
                 use GgmlType as T;
                 // SAFETY (every wrapper below): as in `kernel`.
                 Some(match ty {
-                    T::Q8_0 => multi_wrap!(dot_q8_0, transposed(super::transpose_act), 8, 4, 2, 1),
-                    T::Q4_0 => multi_wrap!(dot_q4_0, transposed(super::transpose_act), 8, 4, 2, 1),
-                    T::Q4_K => multi_wrap!(dot_q4_k, transposed(super::transpose_act), 8, 4, 2, 1),
-                    T::Q5_K => multi_wrap!(dot_q5_k, transposed(super::transpose_act), 8, 4, 2, 1),
-                    T::Q6_K => multi_wrap!(dot_q6_k, transposed(super::transpose_act), 8, 4, 2, 1),
+                    T::Q8_0 => multi_wrap!(dot_q8_0, super::transpose_act, 8, 4, 2, 1),
+                    T::Q4_0 => multi_wrap!(dot_q4_0, super::transpose_act, 8, 4, 2, 1),
+                    T::Q4_K => multi_wrap!(dot_q4_k, super::transpose_act, 8, 4, 2, 1),
+                    T::Q5_K => multi_wrap!(dot_q5_k, super::transpose_act, 8, 4, 2, 1),
+                    T::Q6_K => multi_wrap!(dot_q6_k, super::transpose_act, 8, 4, 2, 1),
                     T::IQ4_XS => {
-                        multi_wrap!(dot_iq4_xs, transposed(super::transpose_act), 8, 4, 2, 1)
+                        multi_wrap!(dot_iq4_xs, super::transpose_act, 8, 4, 2, 1)
                     }
                     _ => return None,
                 })

@@ -61,14 +61,24 @@
 //! AVX-512 with VNNI kernels, chosen once at run time ([`kernel_isa`]);
 //! `SCORIA_ISA=scalar|avx2|avx512bw|avx512` forces a lower level. Tests check every
 //! level the CPU has against the scalar kernels bit for bit.
+//!
+//! **Many tokens** ([`matmul`], prompt processing). The quantized AVX2 and AVX-512
+//! kernels are generic over a tile of N tokens (N = 1 is the single-row dot): each
+//! weight block is unpacked once and every token of the tile then runs the sequence
+//! above into its own 32 accumulators. Only the loop order differs, so every
+//! (row, token) is bit-identical to [`matvec`]. Two exact re-arrangements make the
+//! per-token work small: the activations are re-laid out once per call (and each
+//! weight block once per tile, the same way) so that a sub-block's integer dot is a
+//! vertical sum instead of a horizontal reduction (integers: any order is exact);
+//! and AVX-512 runs the elementwise float sequence of two tokens in one 16-lane
+//! vector (lanes 0..7 token a, 8..15 token b: the same operations per lane).
 
 // Kernels index several arrays by the same lane/sub-block number; index loops say that best.
 #![allow(clippy::needless_range_loop)]
 
 /// A many-token kernel: `out[t]` = the row · token t (`xqs[t]`), bit-identical to the
-/// single-row dot of that token; `xqs.len() == out.len()`. `ta[t]` is
-/// the layout [`Multi::transpose`] builds from `xqs[t].qs` for kernels that
-/// read one, else `ta` is empty.
+/// single-row dot of that token; `xqs.len() == out.len()`. `ta[t]` is token t's
+/// activations in the kernel's layout ([`Multi::layout`] of `xqs[t].qs`).
 pub(crate) type MultiFn = fn(&[u8], &[ActQ8], &[Vec<i8>], &mut [f32]);
 
 /// Builds the activation layout a many-token kernel reads from one token's `qs`.
@@ -78,18 +88,17 @@ pub(crate) type LayoutFn = fn(&[i8]) -> Vec<i8>;
 #[derive(Clone, Copy)]
 pub(crate) struct Multi {
     pub f: MultiFn,
-    /// Builds the layout of one token's activations that `f` reads (`ta`), if any.
-    pub transpose: Option<LayoutFn>,
+    /// Built once per token and call, shared by every row.
+    pub layout: LayoutFn,
 }
 
-/// A safe [`Multi`] around an unsafe target-feature kernel, run on tiles of the listed
-/// sizes (descending, ending with 1): `$f::<N>(row, [&ActQ8; N]) -> [f32; N]`, or with
-/// `transposed(layout)`, `$f::<N, true>(row, [&ActQ8; N], [&[i8]; N])` reading
-/// `layout(qs)` activations. The caller's SAFETY
-/// note covers the unsafe call.
+/// A safe [`Multi`] around an unsafe target-feature kernel
+/// `$f::<N, true>(row, [&ActQ8; N], [&[i8]; N]) -> [f32; N]` that reads `$layout`
+/// activations, run on tiles of the listed sizes (descending, ending with 1). The
+/// caller's SAFETY note covers the unsafe call.
 #[cfg(target_arch = "x86_64")]
 macro_rules! multi_wrap {
-    ($f:ident, transposed($tr:path), $($n:literal),+) => {{
+    ($f:ident, $layout:path, $($n:literal),+) => {{
         fn w(row: &[u8], xqs: &[ActQ8], ta: &[Vec<i8>], out: &mut [f32]) {
             assert!(xqs.len() == out.len() && ta.len() == out.len());
             let mut t = 0;
@@ -103,22 +112,7 @@ macro_rules! multi_wrap {
                 }
             )+
         }
-        Multi { f: w, transpose: Some($tr) }
-    }};
-    ($f:ident, $($n:literal),+) => {{
-        fn w(row: &[u8], xqs: &[ActQ8], _ta: &[Vec<i8>], out: &mut [f32]) {
-            assert_eq!(xqs.len(), out.len());
-            let mut t = 0;
-            $(
-                while xqs.len() - t >= $n {
-                    let tile: [&ActQ8; $n] = std::array::from_fn(|i| &xqs[t + i]);
-                    let r = unsafe { $f::<$n>(row, tile) };
-                    out[t..t + $n].copy_from_slice(&r);
-                    t += $n;
-                }
-            )+
-        }
-        Multi { f: w, transpose: None }
+        Multi { f: w, layout: $layout }
     }};
 }
 
@@ -534,8 +528,8 @@ pub fn try_matmul_with(
     let per = rows_per_task(n_rows, rb * n_tok.min(TOKEN_TILE));
     let multi = if float { None } else { multi_kernel(isa, ty) };
     // The layout some many-token kernels read, built once per token for every row.
-    let ta: Vec<Vec<i8>> = match multi.and_then(|m| m.transpose) {
-        Some(tr) => xqs.iter().map(|xq| tr(&xq.qs)).collect(),
+    let ta: Vec<Vec<i8>> = match multi {
+        Some(m) => xqs.iter().map(|xq| (m.layout)(&xq.qs)).collect(),
         None => Vec::new(),
     };
     tmp.par_chunks_mut(per * n_tok)
@@ -549,10 +543,7 @@ pub fn try_matmul_with(
                     let o = &mut o[r * n_tok + t0..r * n_tok + t1];
                     match multi {
                         // Each block of the row is unpacked once for the whole tile.
-                        Some(m) => {
-                            let ta = if ta.is_empty() { &[][..] } else { &ta[t0..t1] };
-                            (m.f)(row, &xqs[t0..t1], ta, o)
-                        }
+                        Some(m) => (m.f)(row, &xqs[t0..t1], &ta[t0..t1], o),
                         None => {
                             for (ov, t) in o.iter_mut().zip(t0..t1) {
                                 *ov = k.dot(row, x_of(t), xq_of(t));
