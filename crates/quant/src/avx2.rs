@@ -325,18 +325,30 @@ pub(crate) mod imp {
 
     /// Activations in the layout of the AVX2 many-token kernels: within each whole
     /// 256-value group, 32-byte vector k, dword lane i holds values 4k..4k+4 of
-    /// sub-block i. A trailing partial group keeps its order.
-    pub(crate) fn transpose_act(qs: &[i8]) -> Vec<i8> {
+    /// sub-block i ([`transpose8`] of the group as loaded). A trailing partial group
+    /// keeps its order. Reached only through [`multi`], i.e. once the features were
+    /// detected.
+    fn transpose_act(qs: &[i8]) -> Vec<i8> {
         let mut out = qs.to_vec();
-        for (dst, src) in out.chunks_exact_mut(256).zip(qs.chunks_exact(256)) {
-            for k in 0..8 {
-                for i in 0..8 {
-                    let v = 32 * i + 4 * k;
-                    dst[32 * k + 4 * i..32 * k + 4 * i + 4].copy_from_slice(&src[v..v + 4]);
-                }
+        // SAFETY: see above; every access is within a whole 256-byte group.
+        unsafe { transpose_groups(qs, &mut out) };
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn transpose_groups(qs: &[i8], out: &mut [i8]) {
+        assert_eq!(qs.len(), out.len());
+        for g in 0..qs.len() / 256 {
+            let src = qs.as_ptr().add(256 * g);
+            let dst = out.as_mut_ptr().add(256 * g);
+            let mut n = [_mm256_setzero_si256(); 8];
+            for (j, v) in n.iter_mut().enumerate() {
+                *v = lda(src.add(32 * j));
+            }
+            for (k, v) in transpose8(n).into_iter().enumerate() {
+                _mm256_storeu_si256(dst.add(32 * k) as *mut __m256i, v);
             }
         }
-        out
     }
 
     /// Token t's activations: transposed (`T`) or as quantized.

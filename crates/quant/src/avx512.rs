@@ -12,7 +12,7 @@
 //! 16-lane vectors.
 //!
 //! The quantized kernels take a tile of N tokens (`matmul`; N = 1 is the single-row
-//! dot). With `T` (many tokens) they read [`transpose_act`] activations and permute
+//! dot). With `T` (many tokens) they read `transpose_act` activations and permute
 //! each unpacked weight block the same way, so the four partial-dot vectors of a
 //! block just add up (sub-block s in lanes s and s + 8); token pairs share one
 //! 16-lane float sequence.
@@ -46,24 +46,6 @@ pub(crate) fn bw_multi(
     _proof: crate::isa::Avx512BwProof,
 ) -> Option<crate::Multi> {
     None
-}
-
-/// Activations in the layout of the AVX-512 many-token kernels: within each whole
-/// 256-value group (8 sub-blocks of 32), 64-byte vector k, dword lane i (i < 16)
-/// holds values 4·(2k + i/8) .. +4 of sub-block i % 8, so that one vertical sum of
-/// the four vectors' partial dots leaves each sub-block in two lanes. A trailing
-/// partial group keeps its order. (Any layout is exact: weights get the same one.)
-pub(crate) fn transpose_act(qs: &[i8]) -> Vec<i8> {
-    let mut out = qs.to_vec();
-    for (dst, src) in out.chunks_exact_mut(256).zip(qs.chunks_exact(256)) {
-        for k in 0..4 {
-            for i in 0..16 {
-                let v = 32 * (i % 8) + 4 * (2 * k + i / 8);
-                dst[64 * k + 4 * i..64 * k + 4 * i + 4].copy_from_slice(&src[v..v + 4]);
-            }
-        }
-    }
-    out
 }
 
 /// A safe `Kernel` around an unsafe target-feature kernel (see the SAFETY note at its use).
@@ -126,13 +108,13 @@ macro_rules! avx512_kernels {
                 use GgmlType as T;
                 // SAFETY (every wrapper below): as in `kernel`.
                 Some(match ty {
-                    T::Q8_0 => multi_wrap!(dot_q8_0, super::transpose_act, 8, 4, 2, 1),
-                    T::Q4_0 => multi_wrap!(dot_q4_0, super::transpose_act, 8, 4, 2, 1),
-                    T::Q4_K => multi_wrap!(dot_q4_k, super::transpose_act, 8, 4, 2, 1),
-                    T::Q5_K => multi_wrap!(dot_q5_k, super::transpose_act, 8, 4, 2, 1),
-                    T::Q6_K => multi_wrap!(dot_q6_k, super::transpose_act, 8, 4, 2, 1),
+                    T::Q8_0 => multi_wrap!(dot_q8_0, transpose_act, 8, 4, 2, 1),
+                    T::Q4_0 => multi_wrap!(dot_q4_0, transpose_act, 8, 4, 2, 1),
+                    T::Q4_K => multi_wrap!(dot_q4_k, transpose_act, 8, 4, 2, 1),
+                    T::Q5_K => multi_wrap!(dot_q5_k, transpose_act, 8, 4, 2, 1),
+                    T::Q6_K => multi_wrap!(dot_q6_k, transpose_act, 8, 4, 2, 1),
                     T::IQ4_XS => {
-                        multi_wrap!(dot_iq4_xs, super::transpose_act, 8, 4, 2, 1)
+                        multi_wrap!(dot_iq4_xs, transpose_act, 8, 4, 2, 1)
                     }
                     _ => return None,
                 })
@@ -347,7 +329,7 @@ macro_rules! avx512_kernels {
                 reduce::<T>(&p)
             }
 
-            /// The layout of transposed activations ([`super::transpose_act`]) for the
+            /// The layout of transposed activations ([`transpose_act`]) for the
             /// weights of one 256-value group: `n[k]` holds sub-blocks 2k (dword lanes 0..7)
             /// and 2k+1 (lanes 8..15), four values per lane; result k, lane i holds
             /// dword 2k + i/8 of sub-block i % 8. A sum over k then leaves sub-block s in
@@ -373,6 +355,38 @@ macro_rules! avx512_kernels {
                     _mm512_permutex2var_epi32(x1, io0, y1),
                     _mm512_permutex2var_epi32(x1, io1, y1),
                 ]
+            }
+
+            /// Activations in the layout of the many-token kernels: within each whole
+            /// 256-value group (8 sub-blocks of 32), 64-byte vector k, dword lane i
+            /// (i < 16) holds values 4·(2k + i/8) .. +4 of sub-block i % 8 ([`transpose4`]
+            /// of the group as loaded), so that one vertical sum of the four vectors'
+            /// partial dots leaves each sub-block in two lanes. A trailing partial group
+            /// keeps its order. (Any layout is exact: the weights get the same one.)
+            /// Reached only through [`multi`], i.e. once the features were detected.
+            fn transpose_act(qs: &[i8]) -> Vec<i8> {
+                let mut out = qs.to_vec();
+                // SAFETY: see above; every access is within a whole 256-byte group.
+                unsafe { transpose_groups(qs, &mut out) };
+                out
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn transpose_groups(qs: &[i8], out: &mut [i8]) {
+                assert_eq!(qs.len(), out.len());
+                for g in 0..qs.len() / 256 {
+                    let src = qs.as_ptr().add(256 * g);
+                    let dst = out.as_mut_ptr().add(256 * g);
+                    let n = [
+                        lda512(src),
+                        lda512(src.add(64)),
+                        lda512(src.add(128)),
+                        lda512(src.add(192)),
+                    ];
+                    for (k, v) in transpose4(n).into_iter().enumerate() {
+                        _mm512_storeu_si512(dst.add(64 * k) as *mut __m512i, v);
+                    }
+                }
             }
 
             /// Sub-block j's dot in lane j from four partial-sum vectors: in the
