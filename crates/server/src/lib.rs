@@ -273,63 +273,20 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         .and_then(|mut a| a.next())
         .ok_or_else(|| ServeError::Host(settings.host.clone()))?;
     let ip = addr.ip();
-    let (path, demo) = match &settings.model {
-        Some(p) => (p.clone(), false),
-        None => (
-            model::synth::demo_model_path().map_err(|e| ServeError::Demo(e.to_string()))?,
-            true,
-        ),
-    };
     eprintln!("scoria serve: {}", settings.summary());
-    eprintln!(
-        "scoria serve: loading {}{}",
-        path.display(),
-        if demo { " (embedded demo model)" } else { "" }
-    );
     let cfg = engine::EngineConfig {
         threads: settings.threads,
         max_context: settings.max_context,
         ..Default::default()
     };
-    let engine = engine::Engine::load(&path, &cfg).map_err(|err| ServeError::Load {
-        path: path.display().to_string(),
-        err,
-    })?;
-    let stats = Arc::new(metrics::Stats::new());
-    let Loaded {
-        core,
-        info,
-        tokenizer,
-        template,
-    } = core_for(engine, settings.defaults.clone(), stats.clone())?;
-    let model_id = match (&settings.alias, demo || info.synthetic) {
-        (Some(a), _) => a.clone(),
-        (None, true) => "scoria-demo".to_string(),
-        (None, false) => info.name.clone(),
-    };
-    let label = if demo || info.synthetic {
-        " — DEMO: a synthesized tiny model with random weights; its output is noise"
-    } else {
-        ""
-    };
-    let state = Arc::new(
-        AppState::new(
-            stats,
-            info.clone(),
-            tokenizer,
-            template.clone(),
-            settings.to_json(),
-            settings.api_key.clone(),
-            model_id.clone(),
-        )
-        .with_core(core),
-    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
         .thread_name("scoria-http")
         .build()?;
     let result = rt.block_on(async move {
+        // Listen first: while the model loads, /health answers "loading" (503) and
+        // every other route 503, so supervisors and clients can tell loading from down.
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|err| ServeError::Bind {
@@ -337,31 +294,122 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
                 err,
             })?;
         let bound = listener.local_addr().unwrap_or(addr);
+        let ready: Arc<std::sync::OnceLock<Router>> = Arc::new(std::sync::OnceLock::new());
+        let started = std::time::Instant::now();
+        let gate = loading_gate(ready.clone(), started);
+        let server = tokio::spawn(async move { axum::serve(listener, gate).await });
+        eprintln!("scoria serve: listening on http://{bound} (loading the model; /health reports progress)");
+
+        let model_setting = settings.model.clone();
+        let (engine, demo) = tokio::task::spawn_blocking(move || {
+            // The demo model is synthesized on first use (seconds), inside the loading phase.
+            let (path, demo) = match model_setting {
+                Some(p) => (p, false),
+                None => (
+                    model::synth::demo_model_path().map_err(|e| ServeError::Demo(e.to_string()))?,
+                    true,
+                ),
+            };
+            eprintln!(
+                "scoria serve: loading {}{}",
+                path.display(),
+                if demo { " (embedded demo model)" } else { "" }
+            );
+            engine::Engine::load(&path, &cfg)
+                .map(|e| (e, demo))
+                .map_err(|err| ServeError::Load {
+                    path: path.display().to_string(),
+                    err,
+                })
+        })
+        .await
+        .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))??;
+        let stats = Arc::new(metrics::Stats::new());
+        let Loaded {
+            core,
+            info,
+            tokenizer,
+            template,
+        } = core_for(engine, settings.defaults.clone(), stats.clone())?;
+        let model_id = match (&settings.alias, demo) {
+            (Some(a), _) => a.clone(),
+            (None, true) => "scoria-demo".to_string(),
+            (None, false) => info.name.clone(),
+        };
+        let label = if demo {
+            " — DEMO: a synthesized tiny model with random weights; its output is noise"
+        } else if info.synthetic {
+            " — synthetic model (scoria synth, random weights); its output is noise"
+        } else {
+            ""
+        };
+        let state = Arc::new(
+            AppState::new(
+                stats,
+                info.clone(),
+                tokenizer,
+                template.clone(),
+                settings.to_json(),
+                settings.api_key.clone(),
+                model_id.clone(),
+            )
+            .with_core(core),
+        );
         eprintln!(
-            "scoria serve: model \"{model_id}\" ({} {}, context {} of {} trained, template: {}){label}",
+            "scoria serve: model \"{model_id}\" ({} {}, context {} of {} trained, template: {}){label}, loaded in {:.1}s",
             info.arch,
             info.name,
             info.n_ctx,
             info.n_ctx_train,
             if template.is_some() { "from the file" } else { "built-in ChatML" },
+            started.elapsed().as_secs_f64(),
         );
         if settings.api_key.is_none() && !ip.is_loopback() {
             eprintln!("scoria serve: warning: listening on {ip} with no --api-key; anyone who can reach this port can use the model");
         }
+        // The gate forwards everything to the full app from here on.
+        let _ = ready.set(app(state));
         eprintln!(
-            "scoria serve: listening on http://{bound} (OpenAI: /v1/chat/completions /v1/completions /v1/responses /v1/models; Anthropic: /v1/messages; /health /metrics /){}",
+            "scoria serve: ready on http://{bound} (OpenAI: /v1/chat/completions /v1/completions /v1/responses /v1/models; Anthropic: /v1/messages; /health /metrics /){}",
             if settings.api_key.is_some() { "; API key required" } else { "" }
         );
         // Stop at Ctrl-C or SIGTERM without waiting for open streams: a client still
         // reading sees its connection close, and the process exits promptly.
         tokio::select! {
-            r = axum::serve(listener, app(state)) => r?,
+            r = server => r.map_err(|e| std::io::Error::other(e.to_string()))??,
             _ = shutdown_signal() => eprintln!("scoria serve: stopping"),
         }
         Ok::<(), ServeError>(())
     });
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
     result
+}
+
+/// The router served while the model loads: `/health` says "loading" (503) and
+/// every other route answers 503; once `ready` holds the full app, every request
+/// goes to it unchanged.
+fn loading_gate(ready: Arc<std::sync::OnceLock<Router>>, started: std::time::Instant) -> Router {
+    use tower::ServiceExt;
+    Router::new().fallback(move |req: axum::extract::Request| {
+        let ready = ready.clone();
+        async move {
+            if let Some(app) = ready.get() {
+                return match app.clone().oneshot(req).await {
+                    Ok(r) => r.into_response(),
+                    Err(never) => match never {},
+                };
+            }
+            let loading_for = started.elapsed().as_secs_f64();
+            let body = if req.uri().path() == "/health" {
+                serde_json::json!({"status": "loading", "loading_for_s": loading_for})
+            } else {
+                serde_json::json!({"error": {
+                    "message": format!("the model is still loading ({loading_for:.0} s so far); retry when GET /health answers 200"),
+                    "type": "unavailable", "param": null, "code": "loading"}})
+            };
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+        }
+    })
 }
 
 /// Resolves at Ctrl-C, or SIGTERM on Unix.

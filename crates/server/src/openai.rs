@@ -395,8 +395,11 @@ pub fn model_entry(state: &AppState) -> Value {
         },
     });
     if info.synthetic {
-        entry["description"] =
-            json!("embedded demo model: synthesized, random weights (its output is noise)");
+        entry["description"] = json!(if info.name.contains("tiny-qwen35moe") {
+            "embedded demo model: synthesized, random weights (its output is noise)"
+        } else {
+            "synthetic model (scoria synth): random weights (its output is noise)"
+        });
     }
     entry
 }
