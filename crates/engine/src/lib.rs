@@ -271,8 +271,9 @@ impl Engine {
         self.generate_with_logits(req, on_token, &mut |_| {})
     }
 
-    /// As `generate`, also handing every position's logits (prompt positions
-    /// first, then one per generated token) to `on_logits`.
+    /// As `generate`, also handing to `on_logits` every set of logits a token was
+    /// chosen from: the prompt's last position, then the position of each
+    /// generated token but the last (use `logits_all` for every prompt position).
     pub fn generate_with_logits(
         &mut self,
         req: &GenerateRequest,
