@@ -48,14 +48,6 @@ impl Weight {
     /// All elements as f32 (used for vectors: norms, biases, gates).
     pub fn to_f32(&self) -> Vec<f32> {
         let n: usize = self.dims.iter().product();
-        if self.ty == GgmlType::F32 {
-            // Small vectors (conv taps: rows of 4) need not be whole 32-value blocks.
-            return self
-                .bytes()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-        }
         let mut out = vec![0.0f32; n];
         let rb = self.row_bytes();
         let rl = self.row_len();

@@ -179,6 +179,17 @@ pub fn row_bytes(ty: GgmlType, n_cols: usize) -> Result<usize, QuantError> {
     }
 }
 
+/// Bytes of `n` stored values: a whole number of blocks. Dequantization and
+/// quantization need only this; the dot kernels also need 32-value sub-blocks
+/// (`row_bytes`), so vectors of any length (conv taps, norms) still convert.
+fn storage_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
+    if !is_supported(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    ty.row_bytes(n)
+        .ok_or(QuantError::BadColumns { ty, n_cols: n })
+}
+
 fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
     if expected == got {
         Ok(())
@@ -594,7 +605,7 @@ pub fn matmul_with(
 
 /// Dequantizes one row (`dst.len()` values) from `src` (exactly that row's bytes).
 pub fn try_dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
-    check_len("src", row_bytes(ty, dst.len())?, src.len())?;
+    check_len("src", storage_bytes(ty, dst.len())?, src.len())?;
     formats::dequantize(ty, src, dst);
     Ok(())
 }
@@ -607,7 +618,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
 /// Quantizes one row (`src.len()` values) into `dst` (exactly that row's bytes) with a
 /// simple round-to-nearest quantizer (for tests and synthetic models).
 pub fn try_quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    check_len("dst", row_bytes(ty, src.len())?, dst.len())?;
+    check_len("dst", storage_bytes(ty, src.len())?, dst.len())?;
     formats::quantize(ty, src, dst);
     Ok(())
 }

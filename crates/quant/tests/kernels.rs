@@ -611,6 +611,17 @@ fn shapes_are_checked() {
     let mut dst = [0f32; 256];
     assert!(quant::try_dequantize_row(T::Q4_K, &w[..100], &mut dst).is_err());
     assert!(quant::try_quantize_row(T::Q6_K, &x, &mut [0u8; 200]).is_err());
+    // Conversion needs whole blocks only: a 4-value F32/F16 vector (conv taps) converts,
+    // though the dot kernels would refuse it.
+    for ty in [T::F32, T::F16, T::BF16] {
+        let v = [1.5f32, -2.0, 0.25, 8.0];
+        let mut bytes = vec![0u8; ty.type_size() * 4];
+        quant::try_quantize_row(ty, &v, &mut bytes).expect("quantize 4 values");
+        let mut back = [0f32; 4];
+        quant::try_dequantize_row(ty, &bytes, &mut back).expect("dequantize 4 values");
+        assert_eq!(back, v, "{ty}");
+    }
+    assert!(quant::try_dequantize_row(T::Q8_0, &[0u8; 34], &mut [0f32; 4]).is_err());
     let mut out3 = [0f32; 3];
     assert!(matches!(
         quant::try_matmul(
