@@ -118,10 +118,10 @@ impl Engine {
         let expert_bytes: u64 = file
             .tensors()
             .iter()
-            .filter(|t| t.name.contains("_exps."))
+            .filter(|t| model::synth::accounting::is_routed_expert(&t.name))
             .map(|t| t.size)
             .sum();
-        let file_bytes: u64 = file.tensors().iter().map(|t| t.size).sum::<u64>();
+        let tensor_bytes: u64 = file.tensors().iter().map(|t| t.size).sum::<u64>();
         let backend = CpuBackend {
             precision: cfg.precision,
         };
@@ -139,17 +139,11 @@ impl Engine {
             .get("scoria.synthetic")
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
-        let paths_bytes: u64 = file
-            .paths()
-            .iter()
-            .filter_map(|p| std::fs::metadata(p).ok())
-            .map(|m| m.len())
-            .sum();
         let info = ModelInfo {
             arch: mcfg.arch.name().to_string(),
             name,
             path: path.display().to_string(),
-            file_bytes: paths_bytes.max(file_bytes),
+            file_bytes: file.file_size(),
             n_ctx_train: mcfg.n_ctx_train,
             n_ctx,
             n_vocab: mcfg.n_vocab,
@@ -169,7 +163,7 @@ impl Engine {
             state,
             history: Vec::new(),
             memory: MemoryAccount {
-                weights_mapped: file_bytes,
+                weights_mapped: tensor_bytes,
                 expert_bytes,
                 state_bytes,
                 available,

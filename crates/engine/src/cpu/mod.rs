@@ -68,16 +68,6 @@ impl CpuState {
             d.ssm.iter_mut().for_each(|x| *x = 0.0);
         }
     }
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        let kv: usize = self.kv.iter().map(|c| (c.k.len() + c.v.len()) * 4).sum();
-        let dn: usize = self
-            .dn
-            .iter()
-            .map(|d| (d.conv.len() + d.ssm.len()) * 4)
-            .sum();
-        kv + dn
-    }
 }
 
 /// Bytes a sequence of `n_ctx` positions needs (for the startup memory account).
