@@ -230,23 +230,22 @@ fn function_tool(name: &str, description: Option<&Value>, parameters: Option<&Va
     json!({"type": "function", "function": f})
 }
 
+/// The request's `messages`: a non-empty list (both chat APIs).
+fn messages_list(body: &Map<String, Value>) -> Result<&Vec<Value>, ApiError> {
+    match body.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => Ok(a),
+        Some(Value::Array(_)) => Err(ApiError::field("messages", "messages must not be empty")),
+        None | Some(Value::Null) => Err(ApiError::field("messages", "messages is required")),
+        Some(v) => Err(ApiError::field(
+            "messages",
+            format!("messages must be a list, got {v}"),
+        )),
+    }
+}
+
 /// OpenAI chat `messages`.
 pub fn openai_chat(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
-    let msgs = match body.get("messages") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::field("messages", "messages must not be empty"))
-        }
-        None | Some(Value::Null) => {
-            return Err(ApiError::field("messages", "messages is required"))
-        }
-        Some(v) => {
-            return Err(ApiError::field(
-                "messages",
-                format!("messages must be a list, got {v}"),
-            ))
-        }
-    };
+    let msgs = messages_list(body)?;
     let mut b = Builder::default();
     for (i, m) in msgs.iter().enumerate() {
         let field = format!("messages[{i}]");
@@ -325,21 +324,7 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
     if let Some(s) = body.get("system").filter(|v| !v.is_null()) {
         b.system(content_text(s, "system", &["text"])?);
     }
-    let msgs = match body.get("messages") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::field("messages", "messages must not be empty"))
-        }
-        None | Some(Value::Null) => {
-            return Err(ApiError::field("messages", "messages is required"))
-        }
-        Some(v) => {
-            return Err(ApiError::field(
-                "messages",
-                format!("messages must be a list, got {v}"),
-            ))
-        }
-    };
+    let msgs = messages_list(body)?;
     for (i, m) in msgs.iter().enumerate() {
         let field = format!("messages[{i}]");
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
