@@ -5,12 +5,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::gen::Core;
 use crate::metrics::Stats;
 use crate::prompt::{ChatMl, PromptRender, TemplateRenderer};
 use crate::settings::RequestDefaults;
+use crate::test_http::{request, Reply};
 use crate::worker::testing::Scripted;
 use crate::worker::{Worker, BUDGET_CLOSE_TEXT};
 use crate::AppState;
@@ -97,72 +97,8 @@ fn greedy() -> RequestDefaults {
     }
 }
 
-struct Reply {
-    status: u16,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-    /// SSE frames as (event name, data).
-    fn frames(&self) -> Vec<(Option<String>, String)> {
-        self.body
-            .split("\n\n")
-            .filter(|f| !f.trim().is_empty())
-            .map(|f| {
-                let mut ev = None;
-                let mut data = String::new();
-                for line in f.lines() {
-                    if let Some(e) = line.strip_prefix("event: ") {
-                        ev = Some(e.to_string());
-                    } else if let Some(d) = line.strip_prefix("data: ") {
-                        data.push_str(d);
-                    }
-                }
-                (ev, data)
-            })
-            .collect()
-    }
-}
-
 async fn post(addr: SocketAddr, path: &str, body: &Value, headers: &str) -> Reply {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let body = body.to_string();
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("head");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = String::new();
-        let mut s = rest;
-        while let Some((len, r)) = s.split_once("\r\n") {
-            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            out.push_str(&r[..n]);
-            s = &r[n + 2..];
-        }
-        out
-    } else {
-        rest.to_string()
-    };
-    Reply { status, body }
+    request(addr, "POST", path, headers, Some(&body.to_string())).await
 }
 
 const XML_CALL: &str = "I should check.\n</think>\n\nLet me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
@@ -594,13 +530,8 @@ async fn api_key_guards_all_but_health() {
             .status,
         200
     );
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
-    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    // /health answers without the key.
+    assert_eq!(request(addr, "GET", "/health", "", None).await.status, 200);
 }
 
 fn qwen35() -> Arc<dyn PromptRender> {

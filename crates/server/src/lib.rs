@@ -48,6 +48,8 @@ pub mod worker;
 
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod test_http;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,10 +4,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use serde_json::json;
 
 use crate::metrics::Stats;
+use crate::test_http::{request, Reply};
 use crate::AppState;
 
 fn tokenizer() -> Arc<model::tokenizer::Tokenizer> {
@@ -56,61 +56,8 @@ async fn serve(state: Arc<AppState>) -> SocketAddr {
     addr
 }
 
-struct Reply {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-}
-
 async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Reply {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let body = body.unwrap_or("");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("head");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    Reply {
-        status,
-        headers: head.to_ascii_lowercase(),
-        body,
-    }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-    out
+    request(addr, method, path, "", body).await
 }
 
 #[tokio::test]
