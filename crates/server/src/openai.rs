@@ -198,20 +198,18 @@ async fn chat_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response> {
                     if sink.send(data_frame(&last)).await.is_err() {
                         return;
                     }
-                    if include_usage {
-                        let mut u = chunk(json!({}), Value::Null);
-                        u["choices"] = json!([]);
-                        u["usage"] = openai_usage(&f);
-                        u["timings"] = timings_json(&f.timings);
-                        if sink.send(data_frame(&u)).await.is_err() {
-                            return;
-                        }
+                    if include_usage
+                        && sink
+                            .send(data_frame(&usage_chunk(chunk(json!({}), Value::Null), &f)))
+                            .await
+                            .is_err()
+                    {
+                        return;
                     }
                     break;
                 }
                 Step::Failed(e) => {
-                    let err = ApiError::internal(format!("generation failed: {e}"));
-                    let _ = sink.send(Bytes::from(err.sse_frame(Flavor::OpenAi))).await;
+                    let _ = sink.send(failure_frame(&e)).await;
                     break;
                 }
             };
@@ -350,20 +348,18 @@ async fn completions_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response
                     if sink.send(data_frame(&last)).await.is_err() {
                         return;
                     }
-                    if include_usage {
-                        let mut u = chunk("", Value::Null);
-                        u["choices"] = json!([]);
-                        u["usage"] = openai_usage(&f);
-                        u["timings"] = timings_json(&f.timings);
-                        if sink.send(data_frame(&u)).await.is_err() {
-                            return;
-                        }
+                    if include_usage
+                        && sink
+                            .send(data_frame(&usage_chunk(chunk("", Value::Null), &f)))
+                            .await
+                            .is_err()
+                    {
+                        return;
                     }
                     break;
                 }
                 Step::Failed(e) => {
-                    let err = ApiError::internal(format!("generation failed: {e}"));
-                    let _ = sink.send(Bytes::from(err.sse_frame(Flavor::OpenAi))).await;
+                    let _ = sink.send(failure_frame(&e)).await;
                     break;
                 }
             };
@@ -406,4 +402,19 @@ pub fn model_entry(state: &AppState) -> Value {
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [model_entry(&state)]})).into_response()
+}
+
+/// The `stream_options.include_usage` frame: the route's empty chunk with no
+/// choices, the usage and the timings.
+fn usage_chunk(mut empty: Value, f: &Finished) -> Value {
+    empty["choices"] = json!([]);
+    empty["usage"] = openai_usage(f);
+    empty["timings"] = timings_json(&f.timings);
+    empty
+}
+
+/// The error frame a stream ends with when generation fails mid-way.
+fn failure_frame(e: &impl std::fmt::Display) -> Bytes {
+    let err = ApiError::internal(format!("generation failed: {e}"));
+    Bytes::from(err.sse_frame(Flavor::OpenAi))
 }
