@@ -112,10 +112,11 @@ pub(crate) fn is_float(ty: quant::GgmlType) -> bool {
 }
 
 impl CpuBackend {
-    /// Quantizes each row of `x` when a weight of type `ty` will read it (once
-    /// per input, shared by every weight that reads it).
-    pub(crate) fn prepare(&self, ty: quant::GgmlType, x: &Act) -> Vec<quant::ActQ8> {
-        if is_float(ty) || self.precision == Precision::ReferenceF32 {
+    /// Quantizes each row of `x` when any weight of the given types that will
+    /// read it is quantized. Activation quantization does not depend on the
+    /// weight type, so one copy serves every weight that reads `x`.
+    pub(crate) fn prepare(&self, types: &[quant::GgmlType], x: &Act) -> Vec<quant::ActQ8> {
+        if self.precision == Precision::ReferenceF32 || types.iter().all(|&t| is_float(t)) {
             Vec::new()
         } else {
             x.data.par_chunks(x.cols).map(quant::quantize_act).collect()
@@ -146,7 +147,7 @@ impl CpuBackend {
     }
 
     pub(crate) fn mm_weight(&self, w: &Weight, x: &Act) -> Act {
-        let xq = self.prepare(w.ty, x);
+        let xq = self.prepare(&[w.ty], x);
         self.mm(w.ty, w.bytes(), w.n_rows(), x, &xq)
     }
 }
@@ -180,29 +181,24 @@ impl CpuBackend {
     /// routed and shared experts of a decode step): bit-identical to calling
     /// `mm` for each, without a fork-join per small matrix.
     pub(crate) fn mm_many(&self, inputs: &[&Act], jobs: &[Job]) -> Vec<Act> {
+        // One quantized copy per input, shared by every job that reads it.
+        let xqs: Vec<Vec<quant::ActQ8>> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let types: Vec<quant::GgmlType> =
+                    jobs.iter().filter(|j| j.input == i).map(|j| j.ty).collect();
+                self.prepare(&types, x)
+            })
+            .collect();
         let single = inputs.iter().all(|x| x.rows == 1);
         if !single || self.precision == Precision::ReferenceF32 {
             return jobs
                 .iter()
-                .map(|j| {
-                    let x = inputs[j.input];
-                    let xq = self.prepare(j.ty, x);
-                    self.mm(j.ty, j.w, j.n_rows, x, &xq)
-                })
+                .map(|j| self.mm(j.ty, j.w, j.n_rows, inputs[j.input], &xqs[j.input]))
                 .collect();
         }
-        // Activation quantization does not depend on the weight type, so one
-        // quantized copy per input serves every quantized weight that reads it.
-        let xqs: Vec<quant::ActQ8> = inputs
-            .iter()
-            .map(|x| {
-                if jobs.iter().any(|j| !is_float(j.ty)) {
-                    quant::quantize_act(&x.data)
-                } else {
-                    quant::ActQ8::default()
-                }
-            })
-            .collect();
+        let empty = quant::ActQ8::default();
         let mut outs: Vec<Act> = jobs.iter().map(|j| Act::zeros(1, j.n_rows)).collect();
         let mut mj: Vec<quant::MatvecJob> = jobs
             .iter()
@@ -212,7 +208,7 @@ impl CpuBackend {
                 w: j.w,
                 n_cols: inputs[j.input].cols,
                 x: &inputs[j.input].data,
-                xq: &xqs[j.input],
+                xq: xqs[j.input].first().unwrap_or(&empty),
                 out: &mut o.data,
             })
             .collect();

@@ -166,18 +166,11 @@ fn swiglu(g: &Act, u: &Act) -> Act {
 
 /// down_e(silu(gate_e x) ⊙ up_e x) for the rows of `xe`.
 fn expert_ffn(b: &CpuBackend, w: &MoeWeights, ex: usize, xe: &Act, n_ff: usize) -> Act {
-    let xq = b.prepare(w.gate_exps.ty, xe);
+    let xq = b.prepare(&[w.gate_exps.ty, w.up_exps.ty], xe);
     let g = b.mm(w.gate_exps.ty, w.gate_exps.matrix_bytes(ex), n_ff, xe, &xq);
-    let uq;
-    let xq_up = if w.up_exps.ty == w.gate_exps.ty {
-        &xq
-    } else {
-        uq = b.prepare(w.up_exps.ty, xe);
-        &uq
-    };
-    let u = b.mm(w.up_exps.ty, w.up_exps.matrix_bytes(ex), n_ff, xe, xq_up);
+    let u = b.mm(w.up_exps.ty, w.up_exps.matrix_bytes(ex), n_ff, xe, &xq);
     let act = swiglu(&g, &u);
-    let aq = b.prepare(w.down_exps.ty, &act);
+    let aq = b.prepare(&[w.down_exps.ty], &act);
     b.mm(
         w.down_exps.ty,
         w.down_exps.matrix_bytes(ex),
