@@ -65,6 +65,9 @@ pub struct Engine {
     state: CpuState,
     /// Tokens whose effect is in `state`, in order (the prompt cache).
     history: Vec<u32>,
+    /// The logits at the end of `history`, when known (after a request or
+    /// `logits_all`), so a prompt equal to the history needs no evaluation.
+    last_logits: Option<Vec<f32>>,
     memory: MemoryAccount,
 }
 
@@ -162,6 +165,7 @@ impl Engine {
             backend,
             state,
             history: Vec::new(),
+            last_logits: None,
             memory: MemoryAccount {
                 weights_mapped: tensor_bytes,
                 expert_bytes,
@@ -215,11 +219,13 @@ impl Engine {
     pub fn reset(&mut self) {
         self.state.clear();
         self.history.clear();
+        self.last_logits = None;
     }
 
     /// Feeds `tokens` after the current history; returns logits for the last
     /// position (or all positions with `Logits::All`).
     fn feed(&mut self, tokens: &[u32], which: Logits) -> Vec<f32> {
+        self.last_logits = None;
         let mut out = Vec::new();
         for chunk in tokens.chunks(PROMPT_CHUNK) {
             let pos0 = self.history.len();
@@ -253,7 +259,10 @@ impl Engine {
             });
         }
         self.reset();
-        Ok(self.feed(tokens, Logits::All))
+        let all = self.feed(tokens, Logits::All);
+        let n_vocab = self.cfg.n_vocab;
+        self.last_logits = Some(all[all.len() - n_vocab..].to_vec());
+        Ok(all)
     }
 
     /// Decodes `req`, calling `on_token` after every token.
@@ -297,18 +306,22 @@ impl Engine {
         let mut sampler = sampler::Sampler::new(&req.sampling, seed, &req.prompt);
         let mut timings = Timings::default();
 
-        // Prompt cache: keep the state when it holds a strict prefix of this prompt.
-        // Recurrent state cannot be rewound, so anything else starts over.
-        let reuse = self.history.len() < req.prompt.len()
+        // Prompt cache: keep the state when it holds a prefix of this prompt (the
+        // whole prompt too, when the logits at its end are known). Recurrent state
+        // cannot be rewound, so anything else starts over.
+        let reuse = !self.history.is_empty()
             && req.prompt.starts_with(&self.history)
-            && !self.history.is_empty();
+            && (self.history.len() < req.prompt.len() || self.last_logits.is_some());
         if !reuse {
             self.reset();
         }
         timings.cache_n = self.history.len();
         let t0 = Instant::now();
         let new = req.prompt[self.history.len()..].to_vec();
-        let mut logits = self.feed(&new, Logits::Last);
+        let mut logits = match self.last_logits.take() {
+            Some(l) if new.is_empty() => l,
+            _ => self.feed(&new, Logits::Last),
+        };
         timings.prompt_n = new.len();
         timings.prompt_ms = ms(t0.elapsed());
         on_logits(&logits);
@@ -353,6 +366,9 @@ impl Engine {
             logits = self.feed(&[token], Logits::Last);
             on_logits(&logits);
         };
+        // `logits` belong to the end of the history (the last token emitted was
+        // not fed), so a request repeating this history can start from them.
+        self.last_logits = Some(logits);
         timings.predicted_n = out.len();
         timings.predicted_ms = ms(t1.elapsed());
         Ok(Completion {

@@ -115,6 +115,21 @@ fn check_arch(geometry: &str, preset: Preset) {
     let (cont_cold, _) = decode(&mut cold, &ext, 3);
     assert_eq!(cont_warm, cont_cold);
     assert_eq!(cont_warm, tokens[3..6]);
+
+    // A prompt equal to the evaluated history starts from the cached logits: no
+    // prompt token is evaluated again, and the tokens are the cold-start ones.
+    eng.logits_all(&prompt).expect("logits_all");
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: 6,
+        sampling: SamplingParams::default(),
+        stop_at_eog: false,
+    };
+    let c = eng
+        .generate(&req, &mut |_| Flow::Continue)
+        .expect("generate");
+    assert_eq!(c.tokens, tokens);
+    assert_eq!((c.timings.cache_n, c.timings.prompt_n), (prompt.len(), 0));
 }
 
 #[test]
