@@ -74,6 +74,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             threads: a.threads,
             max_context: a.max_context,
             precision: Default::default(),
+            device: None,
         },
     )
     .with_context(|| format!("loading {}", a.model.display()))?;

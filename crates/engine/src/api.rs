@@ -16,6 +16,43 @@ pub struct EngineConfig {
     pub max_context: Option<usize>,
     /// How the CPU kernels treat activations (tests use `ReferenceF32`).
     pub precision: crate::cpu::Precision,
+    /// Where model steps run (None: the GPU when the build has CUDA and one is
+    /// present, else the CPU).
+    pub device: Option<Device>,
+}
+
+/// Where model steps run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Device {
+    Cpu,
+    /// CUDA device ordinal.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    /// `cpu`, `cuda` (device 0) or `cuda:N`.
+    fn from_str(s: &str) -> Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => Err(format!(
+                    "unknown device `{s}` (expected cpu, cuda or cuda:N)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
 }
 
 /// What the loaded model is.
