@@ -21,6 +21,19 @@ pub struct EngineConfig {
     pub device: Option<Device>,
 }
 
+/// The executor a loaded engine runs on, for startup lines, `/props` and the
+/// stats page.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceReport {
+    pub device: Device,
+    /// `cpu (avx512)`, or the GPU's name.
+    pub name: String,
+    /// Device memory this engine holds (weights, state, scratch), GPU only.
+    pub vram_used: Option<u64>,
+    /// The GPU's total memory, GPU only.
+    pub vram_total: Option<u64>,
+}
+
 /// Where model steps run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Device {

@@ -198,6 +198,16 @@ impl Engine {
     pub fn chat_template_arc(&self) -> Option<Arc<ChatTemplate>> {
         self.template.clone()
     }
+    /// Where steps run and what device memory they hold.
+    pub fn device_report(&self) -> DeviceReport {
+        DeviceReport {
+            device: Device::Cpu,
+            name: format!("cpu ({})", quant::kernel_isa()),
+            vram_used: None,
+            vram_total: None,
+        }
+    }
+
     /// The ISA the CPU kernels use.
     pub fn kernel_isa(&self) -> &'static str {
         quant::kernel_isa()
