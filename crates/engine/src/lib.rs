@@ -121,7 +121,7 @@ impl Engine {
         let expert_bytes: u64 = file
             .tensors()
             .iter()
-            .filter(|t| model::synth::accounting::is_routed_expert(&t.name))
+            .filter(|t| model::tensors::is_routed_expert(&t.name))
             .map(|t| t.size)
             .sum();
         let tensor_bytes: u64 = file.tensors().iter().map(|t| t.size).sum::<u64>();

@@ -10,6 +10,7 @@ pub mod geometry;
 pub mod math;
 pub mod moe;
 pub mod synth;
+pub mod tensors;
 pub mod tokenizer;
 pub mod vocab;
 pub mod weights;
