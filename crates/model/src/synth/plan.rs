@@ -128,7 +128,7 @@ pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> 
             (_, Preset::Q8_0) => GgmlType::Q8_0,
             // Q4_K_M, following llama_tensor_get_type_impl for n_expert != 8.
             (QuantRule::Output, Preset::Q4KM) => {
-                if d.dims[0] % 256 != 0 {
+                if !d.dims[0].is_multiple_of(256) {
                     GgmlType::Q8_0
                 } else {
                     GgmlType::Q6_K
@@ -155,7 +155,7 @@ pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> 
         };
         let init = init(&d);
         let dims: Vec<u64> = d.dims.iter().map(|&x| x as u64).collect();
-        if dims[0] % ty.block_size() as u64 != 0 {
+        if !dims[0].is_multiple_of(ty.block_size() as u64) {
             return Err(PlanError::Shape {
                 name: d.name,
                 ne0: dims[0],
