@@ -322,7 +322,7 @@ impl Engine {
         &mut self,
         req: &GenerateRequest,
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
-        mut on_logits: Option<&mut dyn FnMut(&[f32])>,
+        mut on_logits: Option<LogitsSink>,
     ) -> Result<Completion, EngineError> {
         if req.prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -439,6 +439,9 @@ impl Engine {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// Where `generate_with_logits` hands each set of logits.
+type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
 
 /// Opens the executor `cfg.device` names, or the best one present: the GPU when
 /// the build has CUDA and one answers, else the CPU.

@@ -16,10 +16,14 @@ use engine::cpu::Precision;
 use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
 use std::path::{Path, PathBuf};
 
+/// `tests/fixtures/<arch>` of this checkout; `SCORIA_REPO_ROOT` moves it (test
+/// executables copied to the GPU machine run from another directory).
 fn fixtures(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(arch)
+    let root = match std::env::var_os("SCORIA_REPO_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    };
+    root.join("tests/fixtures").join(arch)
 }
 
 struct Reference {
