@@ -702,7 +702,11 @@ mod tests {
     fn device_from_file_and_command_line() {
         let s = Settings::resolve(&Overrides::default()).unwrap();
         assert_eq!(s.device, None);
-        assert!(s.summary().contains("device=(engine's choice"), "{}", s.summary());
+        assert!(
+            s.summary().contains("device=(engine's choice"),
+            "{}",
+            s.summary()
+        );
         let p = write("g.json", r#"{"engine": {"device": "cpu"}}"#);
         let mut o = Overrides {
             config: Some(p.clone()),

@@ -84,7 +84,11 @@ async fn props_and_slots() {
     assert_eq!(p["total_slots"], 1);
     assert_eq!(p["default_generation_settings"]["n_ctx"], 1024);
     assert_eq!(p["model_alias"], "tiny-test");
-    assert!(p["device"].is_null(), "no engine, no report: {}", p["device"]);
+    assert!(
+        p["device"].is_null(),
+        "no engine, no report: {}",
+        p["device"]
+    );
     st.stats.set_device(engine::DeviceReport {
         device: engine::Device::Cuda(0),
         name: "NVIDIA H200".into(),
