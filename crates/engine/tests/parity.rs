@@ -54,6 +54,17 @@ fn npy(arch: &str, name: &str) -> (usize, Vec<f32>) {
     (shape[1], data)
 }
 
+/// The device these tests run on: `SCORIA_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`),
+/// the CPU by default. The GPU test script runs this same target with `cuda`.
+fn test_device() -> engine::Device {
+    match std::env::var("SCORIA_TEST_DEVICE") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|e| panic!("SCORIA_TEST_DEVICE: {e}")),
+        Err(_) => engine::Device::Cpu,
+    }
+}
+
 fn load(arch: &str, file: &str, precision: Precision) -> Engine {
     Engine::load(
         &fixtures(arch).join(file),
@@ -61,6 +72,12 @@ fn load(arch: &str, file: &str, precision: Precision) -> Engine {
             threads: None,
             max_context: Some(256),
             precision,
+            // Float-reference precision is a CPU mode.
+            device: Some(if precision == Precision::ReferenceF32 {
+                engine::Device::Cpu
+            } else {
+                test_device()
+            }),
         },
     )
     .unwrap_or_else(|e| panic!("{arch}/{file}: {e}"))
