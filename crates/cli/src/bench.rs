@@ -15,12 +15,14 @@
 //! * `tgN @ dD`: one request whose prompt is max(D, 1) random ids (evaluated, not
 //!   timed), decoded greedily with `stop_at_eog = false` (end-of-generation tokens are
 //!   ignored, as `scoria run --ignore-eos` does) and `max_tokens = N + 1`. The engine's
-//!   `Timings::predicted_ms` covers everything after the prompt's logits: N + 1 greedy
-//!   picks (argmax over the vocabulary) and N one-token forward steps, at positions
-//!   max(D, 1) .. max(D, 1) + N - 1 (the last picked token is never fed). t/s = N /
-//!   that time. Against llama-bench, which times N one-token steps at positions
-//!   D .. D + N - 1 on random ids without sampling: the same positions for D > 0, one
-//!   position later for D = 0, plus N + 1 argmax passes over the logits.
+//!   `Timings::predicted_ms` covers everything after the prompt step: N one-token
+//!   forward steps, at positions max(D, 1) .. max(D, 1) + N - 1, and the greedy pick of
+//!   N + 1 tokens (the last one is picked but never fed). Plain greedy sampling lets
+//!   the executor return the argmax id from each step instead of the logits, so the
+//!   picks are part of the steps (the prompt step's pick is made before the timer
+//!   starts). t/s = N / that time. Against llama-bench, which times N one-token steps
+//!   at positions D .. D + N - 1 on random ids and picks nothing: the same positions
+//!   for D > 0, one position later for D = 0, plus the argmax inside each step.
 //!
 //! Before each test's repetitions, one warm-up run of that same test (own inputs) is
 //! made and not reported. Each test reports every sample, mean ± sample standard
@@ -228,7 +230,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
 /// Runs `t` once on `ids` (its prefix and its new tokens); see the module docs for
 /// what is timed.
 fn run_once(eng: &mut Engine, t: &TestSpec, ids: &[u32], seed: u64) -> Result<Sample> {
-    eng.reset();
+    eng.reset()?;
     let mut keep_going = |_: &engine::TokenEvent| Flow::Continue;
     if t.n_gen == 0 {
         let d = t.n_depth;
