@@ -16,7 +16,7 @@ pub mod vocab;
 pub mod weights;
 
 pub use config::{Arch, LayerKind, ModelConfig, SsmConfig};
-pub use forward::{forward, Backend, Logits};
+pub use forward::{forward, Backend, ExecError, Logits, Norm};
 pub use weights::ModelWeights;
 
 /// Why a model file cannot be used; each names the key or tensor and the remedy.

@@ -7,19 +7,13 @@ use super::{Act, CpuBackend, DeltaNetState, Job};
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
 use model::weights::{BetaAlpha, DeltaNetWeights, Weight};
-use model::ModelConfig;
 use rayon::prelude::*;
 
 /// The reference L2-normalises q and k with eps 1e-6 (HF `l2norm`).
 const L2_EPS: f32 = 1e-6;
 
-pub(super) fn run(
-    b: &CpuBackend,
-    cfg: &ModelConfig,
-    w: &DeltaNetWeights,
-    x: &Act,
-    st: &mut DeltaNetState,
-) -> Act {
+pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNetState) -> Act {
+    let cfg = &b.cfg;
     let ssm = cfg
         .ssm
         .as_ref()
