@@ -12,6 +12,7 @@ macro_rules! kernels {
     ($($id:ident = $name:literal),* $(,)?) => {
         /// A kernel, by its `extern "C"` name in kernels/*.cu.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[allow(clippy::enum_variant_names)] // MatvecQ4K: the K of K-quants
         pub(crate) enum K { $($id),* }
         impl K {
             pub(crate) const ALL: &'static [K] = &[$(K::$id),*];
@@ -34,16 +35,39 @@ kernels! {
     MatvecQ6K = "matvec_q6_k",
     MatvecIq4Xs = "matvec_iq4_xs",
     Embed = "embed",
+    RmsNorm = "rms_norm",
+    DotRows = "dot_rows",
+    Add = "add",
+    Swiglu = "swiglu",
+    Argmax = "argmax",
+    RouteTopk = "route_topk",
+    MoeCombine = "moe_combine",
+    AttnPrep = "attn_prep",
+    AttnCoreHd64 = "attn_core_hd64",
+    AttnCoreHd128 = "attn_core_hd128",
+    AttnCoreHd256 = "attn_core_hd256",
+    AttnCombine = "attn_combine",
+    DnConv = "dn_conv",
+    DnQkNorm = "dn_qk_norm",
+    DnRecurrenceDk32 = "dn_recurrence_dk32",
+    DnRecurrenceDk64 = "dn_recurrence_dk64",
+    DnRecurrenceDk128 = "dn_recurrence_dk128",
+    DnGatedNorm = "dn_gated_norm",
 }
 
 /// The loaded function of every kernel, indexed by `K`.
 pub(crate) struct Functions {
     f: Vec<sys::CUfunction>,
+    /// The most dynamic shared memory a block may opt in to on this device.
+    pub(crate) smem_optin: u32,
 }
 
 impl Functions {
     pub(crate) fn empty() -> Functions {
-        Functions { f: Vec::new() }
+        Functions {
+            f: Vec::new(),
+            smem_optin: 0,
+        }
     }
 
     /// Finds every kernel in the loaded modules; a missing one is a build defect.
@@ -74,8 +98,26 @@ impl Functions {
             })?;
             f.push(func);
         }
-        let _ = smem_optin;
-        Ok(Functions { f })
+        let fns = Functions {
+            f,
+            smem_optin: smem_optin.max(0) as u32,
+        };
+        // Kernels whose dynamic shared memory may exceed the default 48 KiB opt in to
+        // what they need (when the device has it; otherwise their launch reports it).
+        for (k, need) in crate::ops::dynamic_smem_needs() {
+            if need > 48 * 1024 && need <= fns.smem_optin {
+                // SAFETY: a function of a loaded module.
+                unsafe {
+                    result::function::set_function_attribute(
+                        fns.get(k),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        need as i32,
+                    )
+                }
+                .map_err(|e| CudaError::driver(format!("cuFuncSetAttribute({})", k.name()), e))?;
+            }
+        }
+        Ok(fns)
     }
 
     pub(crate) fn get(&self, k: K) -> sys::CUfunction {

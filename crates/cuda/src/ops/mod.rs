@@ -5,9 +5,27 @@
 //! atomics on floats: every reduction has a fixed tree, and results are the same run
 //! to run.
 
+mod attention;
+mod deltanet;
+mod moe;
+mod norm;
 mod quant;
 
+pub use deltanet::MAX_D_CONV;
+pub use moe::{MAX_EXPERTS, MAX_TOP_K};
 pub use quant::{QAct, Tile, TILE_TOKENS};
+
+use crate::kernels::K;
+
+/// Kernels launched with more than the default dynamic shared memory, and how much
+/// they need at most.
+pub(crate) fn dynamic_smem_needs() -> Vec<(K, u32)> {
+    vec![
+        (K::AttnCoreHd64, attention::core_smem(64)),
+        (K::AttnCoreHd128, attention::core_smem(128)),
+        (K::AttnCoreHd256, attention::core_smem(256)),
+    ]
+}
 
 use crate::error::CudaError;
 
