@@ -15,7 +15,7 @@ use std::process::Command;
 
 struct Rng(u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -23,7 +23,7 @@ impl Rng {
     }
     /// Uniform in [-1, 1).
     fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
 
@@ -96,12 +96,13 @@ fn weights(ty: GgmlType, n_rows: usize, n_cols: usize, raw: bool, rng: &mut Rng)
     let (fields, bsize) = scale_fields(ty);
     if raw && bsize > 0 {
         for b in w.iter_mut() {
-            *b = rng.next() as u8;
+            *b = rng.next_u64() as u8;
         }
         for blk in w.chunks_exact_mut(bsize) {
             for &off in fields {
                 // Magnitudes from subnormal to ~1: exponent field 0..15.
-                let bits = ((rng.next() as u16) & 0x83ff) | (((rng.next() % 16) as u16) << 10);
+                let bits =
+                    ((rng.next_u64() as u16) & 0x83ff) | (((rng.next_u64() % 16) as u16) << 10);
                 blk[off..off + 2].copy_from_slice(&bits.to_le_bytes());
             }
         }
