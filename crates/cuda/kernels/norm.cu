@@ -34,6 +34,29 @@ extern "C" __global__ void __launch_bounds__(128) rms_norm(const float* x, int r
   for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
 }
 
+// The residual step fused with the next norm: x += y, then out = rms_norm(x) · w, one
+// warp per row. The same operations as `add` followed by `rms_norm` (each element's
+// sum is formed once, written to x, and read back by the same thread).
+extern "C" __global__ void __launch_bounds__(128) add_rms_norm(float* x, const float* y, int rows, int cols,
+                                                               const float* __restrict__ w, float eps,
+                                                               float* out) {
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  float* xr = x + (size_t)r * cols;
+  const float* yr = y + (size_t)r * cols;
+  float acc = 0.0f;
+  for (int i = lane; i < cols; i += 32) {
+    const float v = sc_add(xr[i], yr[i]);
+    xr[i] = v;
+    acc = sc_add(acc, sc_mul(v, v));
+  }
+  const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
+  const float scale = sc_rms_scale_n(ss, cols, eps);
+  float* orow = out + (size_t)r * cols;
+  for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+}
+
 // out[r] = Σ_i x[r][i] · v[i] in the canonical order (model::math::dot: each product
 // rounded, then added), one warp per row.
 extern "C" __global__ void __launch_bounds__(128) dot_rows(const float* __restrict__ x,

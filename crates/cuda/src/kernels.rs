@@ -36,6 +36,7 @@ kernels! {
     MatvecIq4Xs = "matvec_iq4_xs",
     Embed = "embed",
     RmsNorm = "rms_norm",
+    AddRmsNorm = "add_rms_norm",
     DotRows = "dot_rows",
     Add = "add",
     Swiglu = "swiglu",

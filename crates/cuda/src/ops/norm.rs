@@ -46,6 +46,41 @@ impl Gpu {
         self.launch(K::RmsNorm, grid, (32 * ROWS_PER_BLOCK) as u32, 0, &args)
     }
 
+    /// The residual step and the next norm in one launch: `x += y`, then
+    /// `out = rms_norm(x)·w` per row, bit-identical to [`Gpu::add`] followed by
+    /// [`Gpu::rms_norm`]. `out` must not be `y`; it may be `x` only if the sum is not
+    /// needed afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm(
+        &self,
+        x: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        w: u64,
+        eps: f32,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "add_rms_norm";
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        if out == y {
+            return Err(CudaError::bad(KN, "out must not be y"));
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::P(addr(KN, "y", y, 4)?),
+            Arg::I32(int(KN, "rows", rows)?),
+            Arg::I32(int(KN, "cols", cols)?),
+            Arg::P(addr(KN, "w", w, 4)?),
+            Arg::F32(eps),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        let grid = [blocks(rows, ROWS_PER_BLOCK)?, 1, 1];
+        self.launch(K::AddRmsNorm, grid, (32 * ROWS_PER_BLOCK) as u32, 0, &args)
+    }
+
     /// `out[t] = model::math::dot(x[t], v)` for `n_tok` rows of `n` f32 (the canonical
     /// order; the shared expert's gate logit), bit-identical.
     pub fn dot_rows(

@@ -32,6 +32,35 @@ fn rms_norm_matches_model_math() {
 }
 
 #[test]
+fn add_rms_norm_equals_add_then_rms_norm() {
+    let Some(g) = gpu("add_rms_norm") else { return };
+    let mut rng = Rng::new(16);
+    for (rows, cols) in [(1, 2048), (7, 4096), (2, 96)] {
+        let (x, y) = (rng.vec(rows * cols, 3.0), rng.vec(rows * cols, 3.0));
+        let w = rng.vec(cols, 2.0);
+        let sum: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+        let mut want = sum.clone();
+        for r in want.chunks_exact_mut(cols) {
+            model::math::rms_norm(r, &w, 1e-6);
+        }
+        let (dx, dy, dw) = (up(&g, &x), up(&g, &y), up(&g, &w));
+        let out = poisoned(&g, rows * cols);
+        g.add_rms_norm(dx.ptr(), dy.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr())
+            .unwrap();
+        assert_bits(
+            &down(&g, &dx),
+            &sum,
+            &format!("add_rms_norm sum {rows}×{cols}"),
+        );
+        assert_bits(
+            &down(&g, &out),
+            &want,
+            &format!("add_rms_norm {rows}×{cols}"),
+        );
+    }
+}
+
+#[test]
 fn dot_rows_matches_model_math_dot() {
     let Some(g) = gpu("dot_rows") else { return };
     let mut rng = Rng::new(11);
