@@ -3,7 +3,7 @@
 // quant::matvec / quant::dot, quant::dequantize_row.
 
 #include "sc_formats.cuh"
-#include "sc_math.cuh"
+#include "scoria_math.cuh"
 
 #define SC_FULL 0xffffffffu
 

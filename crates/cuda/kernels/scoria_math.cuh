@@ -72,12 +72,13 @@ __device__ __forceinline__ float sc_exp(float x) {
 #define SC_LOG_LN2_HI 0.693145751953125f              // 0x3f317200
 #define SC_LOG_LN2_LO 1.428606765330187045037746e-6f  // 0x35bfbe8e
 
-// ln(1 + x); mirror of `model::math::ln_1p` (<= 1 ulp over (-1, 2^30]).
+// ln(1 + x); mirror of `model::math::ln_1p` (<= 1 ulp over (-1, 1e30]).
 __device__ __forceinline__ float sc_log1p(float x) {
     if (sc_isnan(x)) return x;
     if (x < -1.0f) return __uint_as_float(0x7fc00000u);   // NaN
     if (x == -1.0f) return __uint_as_float(0xff800000u);  // -inf
     if (__float_as_uint(x) == 0x7f800000u) return x;      // +inf
+    if (x == 0.0f) return x;                              // keeps -0
     const float u = __fadd_rn(1.0f, x);
     // Rounding error of 1 + x relative to u (u - 1 is exact below 2^24).
     const float c = (u < 16777216.0f) ? __fdiv_rn(__fsub_rn(x, __fsub_rn(u, 1.0f)), u) : 0.0f;
