@@ -5,10 +5,12 @@
 #   2. cargo test: kernels against their scalar reference, GGUF reader/writer,
 #      tokenizer and chat templates, parity with transformers for the three
 #      archs, the engine's byte-level invariants;
-#   3. the server driven by the official SDKs, and the stats page in headless
+#   3. bench/compare.py on llama-bench- and scoria-shaped files (bench/test_compare.py);
+#   4. the server driven by the official SDKs, and the stats page in headless
 #      Chromium (scripts/server-tests.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 cargo test --workspace --locked
+python3 -B -m unittest discover -s bench -p 'test_*.py'
 bash scripts/server-tests.sh

@@ -1,5 +1,6 @@
 //! `scoria`: run mixture-of-experts models larger than the GPU, and serve them.
 
+mod bench;
 mod inspect;
 mod run;
 mod serve;
@@ -26,6 +27,8 @@ enum Command {
     Run(run::RunArgs),
     /// Write a synthetic GGUF (random weights) of a named geometry.
     Synth(synth::SynthArgs),
+    /// Measure prompt and generation speed (llama-bench's tests, labels and table).
+    Bench(bench::BenchArgs),
     /// Describe a GGUF file: arch, geometry, tensor types, where every byte goes.
     Inspect(inspect::InspectArgs),
 }
@@ -44,6 +47,7 @@ fn main() {
         Command::Run(a) => run::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Inspect(a) => inspect::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     if let Err(e) = result {
         eprintln!("scoria: error: {e:#}");

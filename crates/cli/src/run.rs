@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// CPU threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Where model steps run: cpu, cuda (device 0) or cuda:N (default: the engine
+    /// chooses: the GPU when the build has CUDA and one is present, else the CPU).
+    #[arg(long)]
+    pub device: Option<engine::Device>,
     /// Context length to allocate.
     #[arg(short = 'c', long = "max-context")]
     pub max_context: Option<usize>,
@@ -74,7 +78,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             threads: a.threads,
             max_context: a.max_context,
             precision: Default::default(),
-            device: None,
+            device: a.device,
         },
     )
     .with_context(|| format!("loading {}", a.model.display()))?;
@@ -91,6 +95,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         eng.kernel_isa(),
         t.elapsed().as_secs_f64()
     );
+    eprintln!("{}", server::device::line(&eng.device_report()));
     let m = eng.memory();
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     eprintln!(

@@ -32,6 +32,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
 
+    /// Where model steps run: cpu, cuda (device 0) or cuda:N [default: the engine
+    /// chooses: the GPU when the build has CUDA and one is present, else the CPU].
+    #[arg(long)]
+    pub device: Option<String>,
     /// CPU threads for the kernels [default: all cores].
     #[arg(long)]
     pub threads: Option<u64>,
@@ -95,6 +99,7 @@ impl ServeArgs {
         o.set("host", self.host.clone());
         o.set("port", self.port);
         o.set("alias", self.alias.clone());
+        o.set("device", self.device.clone());
         o.set("threads", self.threads);
         o.set("max-context", self.max_context);
         o.set("temp", self.temp);

@@ -58,7 +58,7 @@ fn list() {
             println!("{name:<20} {:<10} {:>10} {:>10}  {desc}", "any", "", "");
             continue;
         }
-        let params = Geometry::by_name(Some(arch), name).map(|g| g.n_params());
+        let params = Geometry::by_name(Some(arch), name).and_then(|g| g.n_params());
         let (p, nv) = match params {
             Some((rest, total)) => (
                 format!("{:.2}B", total as f64 / 1e9),

@@ -1,1 +1,31 @@
-//! placeholder
+//! CUDA for scoria: the device context, its one stream, device and pinned buffers,
+//! graphs, and the kernels (`kernels/*.cu`, compiled by build.rs with nvcc).
+//!
+//! Everything but [`compiled`] exists only with the `cuda` feature; without it the
+//! crate builds with no CUDA at all. See README.md for the kernel list and which
+//! kernels are bit-identical to the CPU.
+
+#[cfg(feature = "cuda")]
+mod error;
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
+mod kernels;
+#[cfg(feature = "cuda")]
+mod ops;
+
+#[cfg(feature = "cuda")]
+pub use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+#[cfg(feature = "cuda")]
+pub use error::CudaError;
+#[cfg(feature = "cuda")]
+pub use gguf::GgmlType;
+#[cfg(feature = "cuda")]
+pub use gpu::{DevBuf, Gpu, Graph, PinnedBuf};
+#[cfg(feature = "cuda")]
+pub use ops::{QAct, Tile, MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K, TILE_TOKENS};
+
+/// True when this build has the CUDA executor (feature `cuda`).
+pub fn compiled() -> bool {
+    cfg!(feature = "cuda")
+}

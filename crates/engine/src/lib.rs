@@ -3,15 +3,19 @@
 
 mod api;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod exec;
 pub mod npy;
 pub mod sampler;
 
 pub use api::*;
 
-use cpu::{CpuBackend, CpuState};
+use cpu::{CpuBackend, CpuExecutor};
+use exec::{Executor, SeqStep, StepOut, Want};
 use model::chat::ChatTemplate;
 use model::tokenizer::Tokenizer;
-use model::{Logits, ModelConfig, ModelWeights};
+use model::{ExecError, Logits, ModelConfig, ModelWeights};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,6 +43,10 @@ pub enum EngineError {
     BadToken { id: u32, n_vocab: usize },
     #[error("memory: {0}")]
     Memory(String),
+    #[error("device: {0}")]
+    Device(String),
+    #[error("executor: {0}")]
+    Exec(#[from] ExecError),
 }
 
 /// Where the memory of a loaded model goes (printed at startup).
@@ -58,11 +66,11 @@ pub struct MemoryAccount {
 pub struct Engine {
     info: ModelInfo,
     cfg: ModelConfig,
-    weights: ModelWeights,
     tokenizer: Arc<Tokenizer>,
     template: Option<Arc<ChatTemplate>>,
-    backend: CpuBackend,
-    state: CpuState,
+    /// Runs the model steps (CPU or CUDA); holds the weights and the state of
+    /// sequence 0, the one this engine decodes.
+    exec: Box<dyn Executor>,
     /// Tokens whose effect is in `state`, in order (the prompt cache).
     history: Vec<u32>,
     /// The logits at the end of `history`, when known (after a request or
@@ -121,14 +129,11 @@ impl Engine {
         let expert_bytes: u64 = file
             .tensors()
             .iter()
-            .filter(|t| model::synth::accounting::is_routed_expert(&t.name))
+            .filter(|t| model::tensors::is_routed_expert(&t.name))
             .map(|t| t.size)
             .sum();
         let tensor_bytes: u64 = file.tensors().iter().map(|t| t.size).sum::<u64>();
-        let backend = CpuBackend {
-            precision: cfg.precision,
-        };
-        let state = model::Backend::new_state(&backend, &mcfg, n_ctx);
+        let exec = open_executor(cfg, &file, &mcfg, weights, n_ctx)?;
         let name = file
             .get("general.name")
             .and_then(|v| v.as_str())
@@ -159,11 +164,9 @@ impl Engine {
         Ok(Engine {
             info,
             cfg: mcfg,
-            weights,
             tokenizer: Arc::new(tokenizer),
             template,
-            backend,
-            state,
+            exec,
             history: Vec::new(),
             last_logits: None,
             memory: MemoryAccount {
@@ -200,12 +203,7 @@ impl Engine {
     }
     /// Where steps run and what device memory they hold.
     pub fn device_report(&self) -> DeviceReport {
-        DeviceReport {
-            device: Device::Cpu,
-            name: format!("cpu ({})", quant::kernel_isa()),
-            vram_used: None,
-            vram_total: None,
-        }
+        self.exec.report()
     }
 
     /// The ISA the CPU kernels use.
@@ -226,36 +224,58 @@ impl Engine {
     }
 
     /// Forgets the cached sequence.
-    pub fn reset(&mut self) {
-        self.state.clear();
+    pub fn reset(&mut self) -> Result<(), EngineError> {
         self.history.clear();
         self.last_logits = None;
+        self.exec.clear(0)?;
+        Ok(())
     }
 
     /// Feeds `tokens` after the current history; returns logits for the last
-    /// position (or all positions with `Logits::All`).
-    fn feed(&mut self, tokens: &[u32], which: Logits) -> Vec<f32> {
+    /// position (or all positions with `Logits::All`), or the greedy token.
+    fn feed(&mut self, tokens: &[u32], want: Want) -> Result<StepOut, EngineError> {
         self.last_logits = None;
-        let mut out = Vec::new();
-        for chunk in tokens.chunks(PROMPT_CHUNK) {
-            let pos0 = self.history.len();
-            let l = model::forward(
-                &self.backend,
-                &self.cfg,
-                &self.weights,
-                chunk,
-                pos0,
-                &mut self.state,
-                which,
-            );
-            self.history.extend_from_slice(chunk);
-            if which == Logits::All {
-                out.extend(l);
+        let mut all = Vec::new();
+        let mut last = StepOut::Logits(Vec::new());
+        let n_chunks = tokens.len().div_ceil(PROMPT_CHUNK);
+        for (c, chunk) in tokens.chunks(PROMPT_CHUNK).enumerate() {
+            // Earlier chunks of a prompt only advance the state: their last
+            // logits are not needed, but every executor returns something.
+            let want = if c + 1 < n_chunks && want != Want::Logits(Logits::All) {
+                Want::Greedy
             } else {
-                out = l;
+                want
+            };
+            let step = SeqStep {
+                seq: 0,
+                tokens: chunk,
+                pos0: self.history.len(),
+                want,
+            };
+            let out = self.exec.step(&[step]);
+            let mut out = match out {
+                Ok(o) => o,
+                Err(e) => {
+                    // The state may hold part of this step: start over next time.
+                    let _ = self.reset();
+                    return Err(e.into());
+                }
+            };
+            self.history.extend_from_slice(chunk);
+            last = out.pop().ok_or_else(|| {
+                EngineError::Exec(ExecError::new("step", "the executor returned no output"))
+            })?;
+            if want == Want::Logits(Logits::All) {
+                if let StepOut::Logits(l) = &last {
+                    all.extend_from_slice(l);
+                }
             }
         }
-        out
+        Ok(if want == Want::Logits(Logits::All) {
+            StepOut::Logits(all)
+        } else {
+            last
+        })
     }
 
     /// Evaluates `tokens` from an empty state and returns the logits of every
@@ -268,8 +288,10 @@ impl Engine {
                 n_ctx: self.info.n_ctx,
             });
         }
-        self.reset();
-        let all = self.feed(tokens, Logits::All);
+        self.reset()?;
+        let StepOut::Logits(all) = self.feed(tokens, Want::Logits(Logits::All))? else {
+            return Err(ExecError::new("logits_all", "the executor returned a token").into());
+        };
         let n_vocab = self.cfg.n_vocab;
         self.last_logits = Some(all[all.len() - n_vocab..].to_vec());
         Ok(all)
@@ -281,7 +303,7 @@ impl Engine {
         req: &GenerateRequest,
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
     ) -> Result<Completion, EngineError> {
-        self.generate_with_logits(req, on_token, &mut |_| {})
+        self.generate_inner(req, on_token, None)
     }
 
     /// As `generate`, also handing to `on_logits` every set of logits a token was
@@ -292,6 +314,15 @@ impl Engine {
         req: &GenerateRequest,
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
         on_logits: &mut dyn FnMut(&[f32]),
+    ) -> Result<Completion, EngineError> {
+        self.generate_inner(req, on_token, Some(on_logits))
+    }
+
+    fn generate_inner(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+        mut on_logits: Option<LogitsSink>,
     ) -> Result<Completion, EngineError> {
         if req.prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -323,18 +354,27 @@ impl Engine {
             && req.prompt.starts_with(&self.history)
             && (self.history.len() < req.prompt.len() || self.last_logits.is_some());
         if !reuse {
-            self.reset();
+            self.reset()?;
         }
+        // With plain greedy sampling and nobody asking for logits, the device
+        // picks the token and only its id comes back.
+        let want = if on_logits.is_none() && sampler.is_plain_greedy() {
+            Want::Greedy
+        } else {
+            Want::Logits(Logits::Last)
+        };
         timings.cache_n = self.history.len();
         let t0 = Instant::now();
         let new = req.prompt[self.history.len()..].to_vec();
-        let mut logits = match self.last_logits.take() {
-            Some(l) if new.is_empty() => l,
-            _ => self.feed(&new, Logits::Last),
+        let mut next = match self.last_logits.take() {
+            Some(l) if new.is_empty() => StepOut::Logits(l),
+            _ => self.feed(&new, want)?,
         };
         timings.prompt_n = new.len();
         timings.prompt_ms = ms(t0.elapsed());
-        on_logits(&logits);
+        if let (Some(f), StepOut::Logits(l)) = (on_logits.as_mut(), &next) {
+            f(l);
+        }
 
         let t1 = Instant::now();
         let mut out = Vec::new();
@@ -348,7 +388,10 @@ impl Engine {
             }
             let (token, was_forced) = match forced.pop_front() {
                 Some(t) => (t, true),
-                None => (sampler.sample(&logits), false),
+                None => match &next {
+                    StepOut::Logits(l) => (sampler.sample(l), false),
+                    StepOut::Token(t) => (*t, false),
+                },
             };
             sampler.accept(token);
             out.push(token);
@@ -373,12 +416,17 @@ impl Engine {
             if out.len() >= req.max_tokens {
                 break FinishReason::Length;
             }
-            logits = self.feed(&[token], Logits::Last);
-            on_logits(&logits);
+            next = self.feed(&[token], want)?;
+            if let (Some(f), StepOut::Logits(l)) = (on_logits.as_mut(), &next) {
+                f(l);
+            }
         };
-        // `logits` belong to the end of the history (the last token emitted was
-        // not fed), so a request repeating this history can start from them.
-        self.last_logits = Some(logits);
+        // `next` belongs to the end of the history (the last token emitted was
+        // not fed), so a request repeating this history can start from its logits.
+        self.last_logits = match next {
+            StepOut::Logits(l) => Some(l),
+            StepOut::Token(_) => None,
+        };
         timings.predicted_n = out.len();
         timings.predicted_ms = ms(t1.elapsed());
         Ok(Completion {
@@ -391,3 +439,49 @@ impl Engine {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// Where `generate_with_logits` hands each set of logits.
+type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
+
+/// Opens the executor `cfg.device` names, or the best one present: the GPU when
+/// the build has CUDA and one answers, else the CPU.
+fn open_executor(
+    cfg: &EngineConfig,
+    file: &Arc<gguf::GgufFile>,
+    mcfg: &ModelConfig,
+    weights: ModelWeights,
+    n_ctx: usize,
+) -> Result<Box<dyn Executor>, EngineError> {
+    let cpu = |weights| -> Result<Box<dyn Executor>, EngineError> {
+        let backend = CpuBackend {
+            cfg: mcfg.clone(),
+            weights,
+            precision: cfg.precision,
+        };
+        Ok(Box::new(CpuExecutor::new(backend, n_ctx, 1)?))
+    };
+    match cfg.device {
+        Some(Device::Cpu) => cpu(weights),
+        #[cfg(feature = "cuda")]
+        Some(Device::Cuda(n)) => Ok(Box::new(cuda::CudaExecutor::open(
+            n, file, mcfg, &weights, n_ctx, 1,
+        )?)),
+        #[cfg(not(feature = "cuda"))]
+        Some(Device::Cuda(_)) => Err(EngineError::Device(
+            "this build of scoria has no CUDA support: rebuild with `--features cuda` \
+             (see the README) or use --device cpu"
+                .into(),
+        )),
+        None => {
+            #[cfg(feature = "cuda")]
+            if cfg.precision == cpu::Precision::Canonical {
+                match cuda::CudaExecutor::open(0, file, mcfg, &weights, n_ctx, 1) {
+                    Ok(e) => return Ok(Box::new(e)),
+                    Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),
+                }
+            }
+            let _ = file;
+            cpu(weights)
+        }
+    }
+}

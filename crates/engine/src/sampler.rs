@@ -31,6 +31,17 @@ impl Sampler {
         }
     }
 
+    /// True when `sample` is argmax of the raw logits (no bias, no penalties,
+    /// temperature 0), so an executor may choose the token itself.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0
+            && p.logit_bias.is_empty()
+            && (p.repeat_penalty == 1.0 || p.repeat_last_n == 0)
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+    }
+
     /// Records a token that was emitted (sampled or forced).
     pub fn accept(&mut self, token: u32) {
         *self.counts.entry(token).or_insert(0) += 1;

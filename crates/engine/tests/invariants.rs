@@ -28,6 +28,17 @@ fn synth(dir: &std::path::Path, geometry: &str, preset: Preset) -> PathBuf {
     path
 }
 
+/// The device these tests run on: `SCORIA_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`),
+/// the CPU by default. The GPU test script runs this same target with `cuda`.
+fn test_device() -> engine::Device {
+    match std::env::var("SCORIA_TEST_DEVICE") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|e| panic!("SCORIA_TEST_DEVICE: {e}")),
+        Err(_) => engine::Device::Cpu,
+    }
+}
+
 fn load(path: &std::path::Path) -> Engine {
     Engine::load(
         path,
@@ -35,6 +46,7 @@ fn load(path: &std::path::Path) -> Engine {
             threads: None,
             max_context: Some(256),
             precision: Default::default(),
+            device: Some(test_device()),
         },
     )
     .expect("load")

@@ -16,10 +16,14 @@ use engine::cpu::Precision;
 use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
 use std::path::{Path, PathBuf};
 
+/// `tests/fixtures/<arch>` of this checkout; `SCORIA_REPO_ROOT` moves it (test
+/// executables copied to the GPU machine run from another directory).
 fn fixtures(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(arch)
+    let root = match std::env::var_os("SCORIA_REPO_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    };
+    root.join("tests/fixtures").join(arch)
 }
 
 struct Reference {
@@ -54,6 +58,17 @@ fn npy(arch: &str, name: &str) -> (usize, Vec<f32>) {
     (shape[1], data)
 }
 
+/// The device these tests run on: `SCORIA_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`),
+/// the CPU by default. The GPU test script runs this same target with `cuda`.
+fn test_device() -> engine::Device {
+    match std::env::var("SCORIA_TEST_DEVICE") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|e| panic!("SCORIA_TEST_DEVICE: {e}")),
+        Err(_) => engine::Device::Cpu,
+    }
+}
+
 fn load(arch: &str, file: &str, precision: Precision) -> Engine {
     Engine::load(
         &fixtures(arch).join(file),
@@ -61,6 +76,12 @@ fn load(arch: &str, file: &str, precision: Precision) -> Engine {
             threads: None,
             max_context: Some(256),
             precision,
+            // Float-reference precision is a CPU mode.
+            device: Some(if precision == Precision::ReferenceF32 {
+                engine::Device::Cpu
+            } else {
+                test_device()
+            }),
         },
     )
     .unwrap_or_else(|e| panic!("{arch}/{file}: {e}"))

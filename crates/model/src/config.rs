@@ -6,7 +6,7 @@
 //! (noted at each such place).
 
 use crate::ModelError;
-use gguf::GgufFile;
+use gguf::{GgufFile, Value};
 
 /// The architectures this engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -122,19 +122,22 @@ pub struct ModelConfig {
     pub layer_kinds: Vec<LayerKind>,
 }
 
-fn req(f: &GgufFile, key: &str) -> Result<u64, ModelError> {
-    f.get(key)
+/// Metadata lookup: a file's, or the list a geometry writes.
+type Meta<'m, 'a> = &'m dyn Fn(&str) -> Option<&'a Value>;
+
+fn req(f: Meta, key: &str) -> Result<u64, ModelError> {
+    f(key)
         .and_then(|v| v.as_u64())
         .ok_or_else(|| ModelError::Metadata {
             key: key.to_string(),
-            msg: match f.get(key) {
+            msg: match f(key) {
                 None => "missing".to_string(),
                 Some(v) => format!("expected a non-negative integer, found {v:?}"),
             },
         })
 }
 
-fn req_usize(f: &GgufFile, key: &str) -> Result<usize, ModelError> {
+fn req_usize(f: Meta, key: &str) -> Result<usize, ModelError> {
     let v = req(f, key)?;
     // Generous sanity bound: no real dimension comes near it, and it keeps
     // products of dimensions far from overflowing.
@@ -147,14 +150,26 @@ fn req_usize(f: &GgufFile, key: &str) -> Result<usize, ModelError> {
     Ok(v as usize)
 }
 
-fn opt_f32(f: &GgufFile, key: &str) -> Option<f32> {
-    f.get(key).and_then(|v| v.as_f64()).map(|v| v as f32)
+fn opt_f32(f: Meta, key: &str) -> Option<f32> {
+    f(key).and_then(|v| v.as_f64()).map(|v| v as f32)
 }
 
 impl ModelConfig {
     pub fn from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
-        let arch_name = f
-            .get("general.architecture")
+        Self::from_metadata(|k: &str| f.get(k))
+    }
+
+    /// The config described by GGUF metadata `get` (a file's, or the keys a
+    /// [`Geometry`](crate::geometry::Geometry) writes): the one place hyperparameters
+    /// are derived.
+    pub fn from_metadata<'a>(
+        get: impl Fn(&str) -> Option<&'a Value>,
+    ) -> Result<ModelConfig, ModelError> {
+        Self::parse(&get)
+    }
+
+    fn parse(f: Meta) -> Result<ModelConfig, ModelError> {
+        let arch_name = f("general.architecture")
             .and_then(|v| v.as_str())
             .ok_or_else(|| ModelError::Metadata {
                 key: "general.architecture".into(),
@@ -163,11 +178,11 @@ impl ModelConfig {
             .to_string();
         let arch = Arch::from_name(&arch_name)
             .ok_or_else(|| ModelError::UnsupportedArch(arch_name.clone()))?;
+        let facts = crate::tensors::table(arch);
         let k = |s: &str| format!("{arch_name}.{s}");
 
         let block_count = req_usize(f, &k("block_count"))?;
-        let n_nextn = f
-            .get(&k("nextn_predict_layers"))
+        let n_nextn = f(&k("nextn_predict_layers"))
             .and_then(|v| v.as_u64())
             .unwrap_or(0) as usize;
         if n_nextn >= block_count {
@@ -181,11 +196,11 @@ impl ModelConfig {
         let n_head = req_usize(f, &k("attention.head_count"))?;
         let n_head_kv = req_usize(f, &k("attention.head_count_kv"))?;
         // llama.cpp defaults key_length to n_embd / n_head when absent.
-        let head_dim = match f.get(&k("attention.key_length")) {
+        let head_dim = match f(&k("attention.key_length")) {
             Some(_) => req_usize(f, &k("attention.key_length"))?,
             None => n_embd / n_head.max(1),
         };
-        let n_rot = match f.get(&k("rope.dimension_count")) {
+        let n_rot = match f(&k("rope.dimension_count")) {
             Some(_) => req_usize(f, &k("rope.dimension_count"))?,
             None => head_dim,
         };
@@ -194,20 +209,17 @@ impl ModelConfig {
         let n_expert = req_usize(f, &k("expert_count"))?;
         let n_expert_used = req_usize(f, &k("expert_used_count"))?;
         let n_ff_exp = req_usize(f, &k("expert_feed_forward_length"))?;
-        let n_ff_shexp = f
-            .get(&k("expert_shared_feed_forward_length"))
+        let n_ff_shexp = f(&k("expert_shared_feed_forward_length"))
             .and_then(|v| v.as_u64())
             .unwrap_or(0) as usize;
-        let n_ctx_train = f
-            .get(&k("context_length"))
+        let n_ctx_train = f(&k("context_length"))
             .and_then(|v| v.as_u64())
             .unwrap_or(4096) as usize;
-        let n_vocab = f
-            .get("tokenizer.ggml.tokens")
+        let n_vocab = f("tokenizer.ggml.tokens")
             .and_then(|v| v.as_array())
             .map(|a| a.len())
             .or_else(|| {
-                f.get(&k("vocab_size"))
+                f(&k("vocab_size"))
                     .and_then(|v| v.as_u64())
                     .map(|v| v as usize)
             })
@@ -239,7 +251,7 @@ impl ModelConfig {
                 d_state: req_usize(f, &k("ssm.state_size"))?,
                 n_k_heads: req_usize(f, &k("ssm.group_count"))?,
                 n_v_heads: req_usize(f, &k("ssm.time_step_rank"))?,
-                tiled_v_heads: arch == Arch::Qwen35Moe,
+                tiled_v_heads: facts.tiled_v_heads,
             };
             if ssm.n_k_heads == 0 || !ssm.n_v_heads.is_multiple_of(ssm.n_k_heads) {
                 return Err(bad(
@@ -253,7 +265,7 @@ impl ModelConfig {
             if ssm.d_conv < 1 {
                 return Err(bad(k("ssm.conv_kernel"), "must be at least 1".into()));
             }
-            if let Some(inner) = f.get(&k("ssm.inner_size")).and_then(|v| v.as_u64()) {
+            if let Some(inner) = f(&k("ssm.inner_size")).and_then(|v| v.as_u64()) {
                 if inner as usize != ssm.value_dim() {
                     return Err(bad(
                         k("ssm.inner_size"),
@@ -266,8 +278,7 @@ impl ModelConfig {
             }
             // The converter never writes `attention.recurrent_layers`; llama.cpp then
             // derives the pattern from full_attention_interval (default 4).
-            let interval = f
-                .get(&k("full_attention_interval"))
+            let interval = f(&k("full_attention_interval"))
                 .and_then(|v| v.as_u64())
                 .unwrap_or(4)
                 .max(1) as usize;
@@ -302,7 +313,7 @@ impl ModelConfig {
             n_ff_shexp,
             n_vocab,
             n_ctx_train,
-            attn_output_gate: arch.is_hybrid(),
+            attn_output_gate: facts.gated_attention,
             ssm,
             layer_kinds,
         })

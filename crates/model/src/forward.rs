@@ -1,13 +1,17 @@
 //! The forward pass of every supported arch, written once over a [`Backend`].
 //!
 //! A layer is: x += mixer(rmsnorm(x)); x += moe(rmsnorm(x)). The mixer is gated
-//! attention or gated DeltaNet (hybrids) or plain GQA attention (qwen3moe); the
-//! arch-specific details live in the weights (see `arch/`) and the config.
-//! Executors implement [`Backend`]: the CPU one is in the engine crate; a CUDA
-//! one plugs in the same way.
+//! attention or gated DeltaNet (hybrids) or plain GQA attention (qwen3moe); which
+//! one a layer has is `ModelConfig::layer_kinds`, and the arch-specific details
+//! live in the weights (see `arch/`).
+//!
+//! A backend is a device seam: it owns its copy of the weights (the CPU one reads
+//! the memory-mapped file, the CUDA one an upload in VRAM) and its activation
+//! buffers, and names weights by layer and role rather than by host pointers.
+//! Every operation returns a `Result`, so a device or copy failure reaches the
+//! caller as an [`ExecError`] naming what failed.
 
 use crate::config::{LayerKind, ModelConfig};
-use crate::weights::{AttentionWeights, DeltaNetWeights, Mixer, ModelWeights, MoeWeights, Weight};
 
 /// Which positions' logits a forward call returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +20,34 @@ pub enum Logits {
     Last,
     /// Every position (parity tests, `--dump-logits`).
     All,
+}
+
+/// An executor operation that failed: which one, and why (e.g. a CUDA error).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{op}: {msg}")]
+pub struct ExecError {
+    pub op: String,
+    pub msg: String,
+}
+
+impl ExecError {
+    pub fn new(op: impl Into<String>, msg: impl std::fmt::Display) -> ExecError {
+        ExecError {
+            op: op.into(),
+            msg: msg.to_string(),
+        }
+    }
+}
+
+/// The RMS norms of a model, by position in the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Norm {
+    /// Before layer i's mixer.
+    Attn(usize),
+    /// Before layer i's MoE block.
+    Ffn(usize),
+    /// Before the LM head.
+    Output,
 }
 
 /// The operations a model step needs from an executor. Activations are
@@ -27,76 +59,70 @@ pub trait Backend {
     /// state per DeltaNet layer.
     type State;
 
-    fn new_state(&self, cfg: &ModelConfig, n_ctx: usize) -> Self::State;
-    fn embed(&self, table: &Weight, tokens: &[u32]) -> Self::Buf;
-    fn rms_norm(&self, x: &Self::Buf, w: &[f32], eps: f32) -> Self::Buf;
-    fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf);
+    fn config(&self) -> &ModelConfig;
+    fn new_state(&self, n_ctx: usize) -> Result<Self::State, ExecError>;
+    fn embed(&self, tokens: &[u32]) -> Result<Self::Buf, ExecError>;
+    fn rms_norm(&self, x: &Self::Buf, which: Norm) -> Result<Self::Buf, ExecError>;
+    fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<(), ExecError>;
     /// Keeps only the last row.
-    fn last_row(&self, x: Self::Buf) -> Self::Buf;
-    fn matmul(&self, w: &Weight, x: &Self::Buf) -> Self::Buf;
-    fn download(&self, x: &Self::Buf) -> Vec<f32>;
-    /// Attention for tokens at positions pos0.. (writes their K/V into the state's
-    /// cache for attention layer `slot`).
+    fn last_row(&self, x: Self::Buf) -> Result<Self::Buf, ExecError>;
+    /// Attention of layer `layer` for tokens at positions pos0.. (writes their
+    /// K/V into the state's cache for attention layer number `slot`).
     fn attention(
         &self,
-        cfg: &ModelConfig,
+        layer: usize,
         slot: usize,
-        w: &AttentionWeights,
         x: &Self::Buf,
         pos0: usize,
         state: &mut Self::State,
-    ) -> Self::Buf;
-    /// Gated DeltaNet over the tokens, advancing DeltaNet layer `slot`'s state.
+    ) -> Result<Self::Buf, ExecError>;
+    /// Gated DeltaNet of layer `layer` over the tokens, advancing DeltaNet layer
+    /// number `slot`'s state.
     fn delta_net(
         &self,
-        cfg: &ModelConfig,
+        layer: usize,
         slot: usize,
-        w: &DeltaNetWeights,
         x: &Self::Buf,
         state: &mut Self::State,
-    ) -> Self::Buf;
+    ) -> Result<Self::Buf, ExecError>;
     /// Routed experts (+ shared expert) of layer `layer`.
-    fn moe(&self, cfg: &ModelConfig, layer: usize, w: &MoeWeights, x: &Self::Buf) -> Self::Buf;
+    fn moe(&self, layer: usize, x: &Self::Buf) -> Result<Self::Buf, ExecError>;
+    /// The LM head: logits (n_vocab per row).
+    fn lm_head(&self, x: &Self::Buf) -> Result<Self::Buf, ExecError>;
 }
 
 /// Runs `tokens` at positions pos0.. through the model, advancing `state`, and
-/// returns logits (n_vocab per returned position).
+/// returns the logits buffer (n_vocab per returned position) on the backend.
 pub fn forward<B: Backend>(
     b: &B,
-    cfg: &ModelConfig,
-    w: &ModelWeights,
     tokens: &[u32],
     pos0: usize,
     state: &mut B::State,
     which: Logits,
-) -> Vec<f32> {
-    let mut x = b.embed(&w.token_embd, tokens);
+) -> Result<B::Buf, ExecError> {
+    let cfg = b.config();
+    let mut x = b.embed(tokens)?;
     let (mut attn_slot, mut dn_slot) = (0, 0);
-    for (i, layer) in w.layers.iter().enumerate() {
-        let h = b.rms_norm(&x, &layer.attn_norm, cfg.eps);
-        let m = match (&layer.mixer, cfg.layer_kinds[i]) {
-            (Mixer::Attention(a), LayerKind::Attention) => {
-                let out = b.attention(cfg, attn_slot, a, &h, pos0, state);
+    for (i, kind) in cfg.layer_kinds.iter().enumerate() {
+        let h = b.rms_norm(&x, Norm::Attn(i))?;
+        let m = match kind {
+            LayerKind::Attention => {
                 attn_slot += 1;
-                out
+                b.attention(i, attn_slot - 1, &h, pos0, state)?
             }
-            (Mixer::DeltaNet(d), LayerKind::DeltaNet) => {
-                let out = b.delta_net(cfg, dn_slot, d, &h, state);
+            LayerKind::DeltaNet => {
                 dn_slot += 1;
-                out
+                b.delta_net(i, dn_slot - 1, &h, state)?
             }
-            // ModelWeights::load builds each layer from its kind.
-            _ => unreachable!("layer {i}: weights do not match the layer kind"),
         };
-        b.add_assign(&mut x, &m);
-        let h = b.rms_norm(&x, &layer.ffn_norm, cfg.eps);
-        let f = b.moe(cfg, i, &layer.moe, &h);
-        b.add_assign(&mut x, &f);
+        b.add_assign(&mut x, &m)?;
+        let h = b.rms_norm(&x, Norm::Ffn(i))?;
+        let f = b.moe(i, &h)?;
+        b.add_assign(&mut x, &f)?;
     }
     if which == Logits::Last {
-        x = b.last_row(x);
+        x = b.last_row(x)?;
     }
-    let x = b.rms_norm(&x, &w.output_norm, cfg.eps);
-    let logits = b.matmul(&w.output, &x);
-    b.download(&logits)
+    let x = b.rms_norm(&x, Norm::Output)?;
+    b.lm_head(&x)
 }

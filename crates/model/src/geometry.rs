@@ -12,7 +12,11 @@
 //! They have 16 experts, not 8: llama-quantize special-cases 8-expert models (attn_v and
 //! attn_k to Q8_0, attn_output to Q5_K), which no real checkpoint here is.
 
+use gguf::{Value, ValueType};
+
 pub use crate::config::Arch;
+use crate::config::ModelConfig;
+use crate::ModelError;
 
 /// Every arch, in `--list` order.
 pub const ARCHS: [Arch; 3] = [Arch::Qwen3Next, Arch::Qwen35Moe, Arch::Qwen3Moe];
@@ -24,27 +28,11 @@ pub struct LinearAttention {
     pub n_k_heads: u32,
     /// Value heads, Hv (`ssm.time_step_rank`); a multiple of `n_k_heads`.
     pub n_v_heads: u32,
-    /// Key head dim dk (`ssm.state_size`).
-    pub k_head_dim: u32,
-    /// Value head dim dv.
-    pub v_head_dim: u32,
+    /// Head dim of keys and values alike (`ssm.state_size`; the GGUF has no separate
+    /// value head dim, and `ssm.inner_size` = Hv · this).
+    pub head_dim: u32,
     /// Causal depthwise conv kernel (`ssm.conv_kernel`).
     pub conv_kernel: u32,
-}
-
-impl LinearAttention {
-    /// Hk·dk: the width of the query block and of the key block.
-    pub const fn key_dim(&self) -> u32 {
-        self.n_k_heads * self.k_head_dim
-    }
-    /// Hv·dv (`ssm.inner_size`): the width of the value block, of z, and of `ssm_out`'s input.
-    pub const fn value_dim(&self) -> u32 {
-        self.n_v_heads * self.v_head_dim
-    }
-    /// Channels of the conv: [q | k | v] = 2·Hk·dk + Hv·dv.
-    pub const fn conv_dim(&self) -> u32 {
-        2 * self.key_dim() + self.value_dim()
-    }
 }
 
 /// Every hyperparameter of one model shape.
@@ -91,33 +79,78 @@ impl Geometry {
         self.n_layer + self.n_nextn
     }
 
-    /// Whether block `il` is a linear-attention (gated DeltaNet) block. MTP blocks and
-    /// every block of a non-hybrid arch are full attention.
-    pub fn is_recurrent(&self, il: u32) -> bool {
-        self.linear.is_some()
-            && il < self.n_layer
-            && self.full_attention_interval > 0
-            && !(il + 1).is_multiple_of(self.full_attention_interval)
-    }
-
-    /// Whether block `il` is an MTP block.
-    pub fn is_nextn(&self, il: u32) -> bool {
-        il >= self.n_layer && il < self.block_count()
-    }
-
-    /// Output width of `attn_q`: gated attention (hybrids) doubles it for the gate.
-    pub fn q_out(&self) -> u32 {
-        let q = self.n_head * self.head_dim;
-        if self.arch.is_hybrid() {
-            2 * q
-        } else {
-            q
+    /// The `{arch}.*` hyperparameter keys a GGUF of this geometry carries, in the order
+    /// the converter writes them.
+    pub fn hparams(&self) -> Vec<(String, Value)> {
+        let a = self.arch.name();
+        let k = |suffix: &str| format!("{a}.{suffix}");
+        let mut kv: Vec<(String, Value)> = Vec::new();
+        let mut put = |k: String, v: Value| kv.push((k, v));
+        put(k("block_count"), Value::U32(self.block_count()));
+        put(k("context_length"), Value::U32(self.context_length));
+        put(k("embedding_length"), Value::U32(self.n_embd));
+        if let Some(ff) = self.dense_ff {
+            put(k("feed_forward_length"), Value::U32(ff));
         }
+        put(k("attention.head_count"), Value::U32(self.n_head));
+        put(k("attention.head_count_kv"), Value::U32(self.n_head_kv));
+        put(k("rope.freq_base"), Value::F32(self.rope_theta));
+        put(
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(self.rms_eps),
+        );
+        put(k("expert_used_count"), Value::U32(self.n_expert_used));
+        put(k("attention.key_length"), Value::U32(self.head_dim));
+        put(k("attention.value_length"), Value::U32(self.head_dim));
+        put(k("expert_count"), Value::U32(self.n_expert));
+        put(k("expert_feed_forward_length"), Value::U32(self.expert_ff));
+        if self.shared_ff > 0 {
+            put(
+                k("expert_shared_feed_forward_length"),
+                Value::U32(self.shared_ff),
+            );
+        }
+        if self.arch.is_hybrid() {
+            put(k("rope.dimension_count"), Value::U32(self.n_rot));
+        }
+        if let Some(sections) = self.rope_sections {
+            put(
+                k("rope.dimension_sections"),
+                Value::Array(
+                    ValueType::I32,
+                    sections.iter().map(|&x| Value::I32(x)).collect(),
+                ),
+            );
+        }
+        if let Some(l) = &self.linear {
+            put(k("ssm.conv_kernel"), Value::U32(l.conv_kernel));
+            put(k("ssm.state_size"), Value::U32(l.head_dim));
+            put(k("ssm.group_count"), Value::U32(l.n_k_heads));
+            put(k("ssm.time_step_rank"), Value::U32(l.n_v_heads));
+            put(k("ssm.inner_size"), Value::U32(l.n_v_heads * l.head_dim));
+            put(
+                k("full_attention_interval"),
+                Value::U32(self.full_attention_interval),
+            );
+        }
+        if self.n_nextn > 0 {
+            put(k("nextn_predict_layers"), Value::U32(self.n_nextn));
+        }
+        kv
     }
 
-    /// Width of `attn_k` / `attn_v` outputs.
-    pub fn kv_out(&self) -> u32 {
-        self.n_head_kv * self.head_dim
+    /// The config a file of this geometry gives: [`Geometry::hparams`] read by
+    /// [`ModelConfig::from_metadata`], the same derivation the loader uses. (The
+    /// vocabulary size comes from the tokenizer arrays in a file; here from `n_vocab`.)
+    pub fn config(&self) -> Result<ModelConfig, ModelError> {
+        let arch = Value::String(self.arch.name().to_string());
+        let kv = self.hparams();
+        let mut cfg = ModelConfig::from_metadata(|key: &str| match key {
+            "general.architecture" => Some(&arch),
+            _ => kv.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+        })?;
+        cfg.n_vocab = self.n_vocab as usize;
+        Ok(cfg)
     }
 
     /// The vocabulary a synthetic model of this arch carries.
@@ -196,45 +229,19 @@ impl Geometry {
         }
     }
 
-    /// Parameters (elements) of the non-vocabulary part and of the whole model.
-    pub fn n_params(&self) -> (u64, u64) {
-        let e = u64::from(self.n_embd);
-        let vocab = 2 * e * u64::from(self.n_vocab);
-        let mut rest = e; // output_norm
-        for il in 0..self.block_count() {
-            rest += self.block_params(il);
-        }
-        (rest, rest + vocab)
-    }
-
-    fn block_params(&self, il: u32) -> u64 {
-        let e = u64::from(self.n_embd);
-        let mut p = 2 * e; // attn_norm, post_attention_norm / ffn_norm
-        if self.is_recurrent(il) {
-            if let Some(l) = &self.linear {
-                let (kd, vd, cd) = (
-                    u64::from(l.key_dim()),
-                    u64::from(l.value_dim()),
-                    u64::from(l.conv_dim()),
-                );
-                let hv = u64::from(l.n_v_heads);
-                p += e * (2 * kd + vd) + e * vd + 2 * e * hv + cd * u64::from(l.conv_kernel);
-                p += 2 * hv + u64::from(l.v_head_dim) + vd * e;
+    /// Parameters (elements) of the non-vocabulary part and of the whole model, counted
+    /// over the arch's tensor table. `None` if the geometry is not a valid config.
+    pub fn n_params(&self) -> Option<(u64, u64)> {
+        let cfg = self.config().ok()?;
+        let (mut vocab, mut rest) = (0u64, 0u64);
+        for t in crate::tensors::table(self.arch).instances(&cfg) {
+            let n: u64 = t.dims.iter().map(|&d| d as u64).product();
+            match t.def.role {
+                crate::tensors::Role::Embedding | crate::tensors::Role::Output => vocab += n,
+                _ => rest += n,
             }
-        } else {
-            let hd = u64::from(self.head_dim);
-            p += e * u64::from(self.q_out()) + 2 * e * u64::from(self.kv_out());
-            p += u64::from(self.n_head) * hd * e + 2 * hd;
         }
-        let ne = u64::from(self.n_expert);
-        p += e * ne + 3 * e * u64::from(self.expert_ff) * ne;
-        if self.shared_ff > 0 {
-            p += e + 3 * e * u64::from(self.shared_ff);
-        }
-        if self.is_nextn(il) {
-            p += 2 * e * e + 3 * e;
-        }
-        p
+        Some((rest, rest + vocab))
     }
 }
 
@@ -263,8 +270,7 @@ fn tiny_qwen35moe() -> Geometry {
         linear: Some(LinearAttention {
             n_k_heads: 2,
             n_v_heads: 4,
-            k_head_dim: 128,
-            v_head_dim: 128,
+            head_dim: 128,
             conv_kernel: 4,
         }),
         n_vocab: 248_320,
@@ -334,8 +340,7 @@ fn qwen3_next_80b_a3b() -> Geometry {
         linear: Some(LinearAttention {
             n_k_heads: 16,
             n_v_heads: 32,
-            k_head_dim: 128,
-            v_head_dim: 128,
+            head_dim: 128,
             conv_kernel: 4,
         }),
         n_vocab: 151_936,
@@ -366,8 +371,7 @@ fn qwen36_35b_a3b() -> Geometry {
         linear: Some(LinearAttention {
             n_k_heads: 16,
             n_v_heads: 32,
-            k_head_dim: 128,
-            v_head_dim: 128,
+            head_dim: 128,
             conv_kernel: 4,
         }),
         n_vocab: 248_320,
@@ -387,8 +391,7 @@ fn qwen35_122b_a10b() -> Geometry {
         linear: Some(LinearAttention {
             n_k_heads: 16,
             n_v_heads: 64,
-            k_head_dim: 128,
-            v_head_dim: 128,
+            head_dim: 128,
             conv_kernel: 4,
         }),
         ..qwen36_35b_a3b()
@@ -444,28 +447,47 @@ mod tests {
     fn tiny_geometries_have_every_feature() {
         for arch in ARCHS {
             let g = Geometry::by_name(Some(arch), "tiny").unwrap();
-            assert_ne!(g.head_dim, g.n_embd / g.n_head);
-            assert_eq!(g.n_embd % 256, 0);
-            assert_eq!(g.expert_ff % 256, 0);
+            let c = g.config().unwrap();
+            assert_ne!(c.head_dim, c.n_embd / c.n_head);
+            assert_eq!(c.n_embd % 256, 0);
+            assert_eq!(c.n_ff_exp % 256, 0);
             if arch.is_hybrid() {
-                let l = g.linear.unwrap();
-                assert_eq!(l.n_v_heads, 2 * l.n_k_heads);
-                assert!(g.n_layer >= 8);
-                assert_eq!((0..g.n_layer).filter(|&i| !g.is_recurrent(i)).count(), 2);
-                assert!(g.n_rot < g.head_dim);
-                assert!(g.shared_ff > 0);
+                let s = c.ssm.as_ref().unwrap();
+                assert_eq!(s.n_v_heads, 2 * s.n_k_heads);
+                assert!(c.n_layer >= 8);
+                assert_eq!(c.n_attention_layers(), 2);
+                assert!(c.n_rot < c.head_dim);
+                assert!(c.n_ff_shexp > 0);
             }
-            assert!(g.n_params().0 < 40_000_000);
+            assert!(g.n_params().unwrap().0 < 40_000_000);
         }
     }
 
     #[test]
     fn real_layer_patterns() {
-        let g = Geometry::by_name(None, "qwen3-next-80b-a3b").unwrap();
-        assert_eq!((0..48).filter(|&i| !g.is_recurrent(i)).count(), 12);
-        assert!(!g.is_recurrent(3) && g.is_recurrent(0));
-        let q = Geometry::by_name(None, "qwen3.6-35b-a3b").unwrap();
-        assert_eq!(q.linear.unwrap().conv_dim(), 8192);
-        assert!(!q.is_recurrent(40) && q.is_nextn(40));
+        use crate::config::LayerKind;
+        let c = Geometry::by_name(None, "qwen3-next-80b-a3b")
+            .unwrap()
+            .config()
+            .unwrap();
+        assert_eq!(c.n_attention_layers(), 12);
+        assert_eq!(c.layer_kinds[3], LayerKind::Attention);
+        assert_eq!(c.layer_kinds[0], LayerKind::DeltaNet);
+        let q = Geometry::by_name(None, "qwen3.6-35b-a3b")
+            .unwrap()
+            .config()
+            .unwrap();
+        assert_eq!(q.ssm.as_ref().unwrap().conv_dim(), 8192);
+        assert_eq!((q.n_layer, q.n_nextn), (40, 1));
+    }
+
+    #[test]
+    fn every_geometry_is_a_valid_config() {
+        for g in Geometry::all() {
+            let c = g.config().unwrap_or_else(|e| panic!("{}: {e}", g.name));
+            assert_eq!(c.arch, g.arch);
+            assert_eq!(c.n_layer + c.n_nextn, g.block_count() as usize);
+            assert_eq!(c.n_vocab, g.n_vocab as usize);
+        }
     }
 }

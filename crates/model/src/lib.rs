@@ -10,12 +10,13 @@ pub mod geometry;
 pub mod math;
 pub mod moe;
 pub mod synth;
+pub mod tensors;
 pub mod tokenizer;
 pub mod vocab;
 pub mod weights;
 
 pub use config::{Arch, LayerKind, ModelConfig, SsmConfig};
-pub use forward::{forward, Backend, Logits};
+pub use forward::{forward, Backend, ExecError, Logits, Norm};
 pub use weights::ModelWeights;
 
 /// Why a model file cannot be used; each names the key or tensor and the remedy.

@@ -215,53 +215,8 @@ pub fn metadata(g: &Geometry, opts: &SynthOptions) -> Result<Vec<(String, Value)
     put("scoria.synthetic.geometry".into(), s(g.name));
     put("scoria.synthetic.seed".into(), Value::U64(opts.seed));
     put("scoria.synthetic.version".into(), Value::U32(SYNTH_VERSION));
-    let k = |suffix: &str| format!("{a}.{suffix}");
-    put(k("block_count"), Value::U32(g.block_count()));
-    put(k("context_length"), Value::U32(g.context_length));
-    put(k("embedding_length"), Value::U32(g.n_embd));
-    if let Some(ff) = g.dense_ff {
-        put(k("feed_forward_length"), Value::U32(ff));
-    }
-    put(k("attention.head_count"), Value::U32(g.n_head));
-    put(k("attention.head_count_kv"), Value::U32(g.n_head_kv));
-    put(k("rope.freq_base"), Value::F32(g.rope_theta));
-    put(k("attention.layer_norm_rms_epsilon"), Value::F32(g.rms_eps));
-    put(k("expert_used_count"), Value::U32(g.n_expert_used));
-    put(k("attention.key_length"), Value::U32(g.head_dim));
-    put(k("attention.value_length"), Value::U32(g.head_dim));
-    put(k("expert_count"), Value::U32(g.n_expert));
-    put(k("expert_feed_forward_length"), Value::U32(g.expert_ff));
-    if g.shared_ff > 0 {
-        put(
-            k("expert_shared_feed_forward_length"),
-            Value::U32(g.shared_ff),
-        );
-    }
-    if g.arch.is_hybrid() {
-        put(k("rope.dimension_count"), Value::U32(g.n_rot));
-    }
-    if let Some(sections) = g.rope_sections {
-        put(
-            k("rope.dimension_sections"),
-            Value::Array(
-                ValueType::I32,
-                sections.iter().map(|&x| Value::I32(x)).collect(),
-            ),
-        );
-    }
-    if let Some(l) = &g.linear {
-        put(k("ssm.conv_kernel"), Value::U32(l.conv_kernel));
-        put(k("ssm.state_size"), Value::U32(l.k_head_dim));
-        put(k("ssm.group_count"), Value::U32(l.n_k_heads));
-        put(k("ssm.time_step_rank"), Value::U32(l.n_v_heads));
-        put(k("ssm.inner_size"), Value::U32(l.value_dim()));
-        put(
-            k("full_attention_interval"),
-            Value::U32(g.full_attention_interval),
-        );
-    }
-    if g.n_nextn > 0 {
-        put(k("nextn_predict_layers"), Value::U32(g.n_nextn));
+    for (k, v) in g.hparams() {
+        put(k, v);
     }
     put(
         "general.file_type".into(),

@@ -1,9 +1,13 @@
-//! The tensor inventory: every weight the forward pass reads, looked up by its
-//! GGUF name, with its shape checked against the config before anything runs.
+//! The weights the forward pass reads, looked up through the arch's tensor table
+//! ([`crate::tensors`]: names and shapes), each shape checked against the config
+//! before anything runs.
 
 use crate::config::{LayerKind, ModelConfig};
+use crate::tensors::{self, ArchTable, BlockKind, TensorDef, TensorId};
 use crate::ModelError;
 use gguf::{GgmlType, GgufFile};
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// One tensor of the model file, borrowed from the memory map.
@@ -61,11 +65,16 @@ impl Weight {
 /// Looks tensors up by name and checks their shapes.
 pub struct Loader<'a> {
     file: &'a Arc<GgufFile>,
+    /// Names of the tensors handed out (what the tests check against the file).
+    read: RefCell<BTreeSet<String>>,
 }
 
 impl<'a> Loader<'a> {
     pub fn new(file: &'a Arc<GgufFile>) -> Self {
-        Loader { file }
+        Loader {
+            file,
+            read: RefCell::new(BTreeSet::new()),
+        }
     }
 
     pub fn file(&self) -> &GgufFile {
@@ -97,6 +106,7 @@ impl<'a> Loader<'a> {
                 found: t.dims.iter().map(|&d| d as usize).collect(),
             });
         }
+        self.read.borrow_mut().insert(name.to_string());
         Ok(Weight {
             file: self.file.clone(),
             index,
@@ -112,6 +122,53 @@ impl<'a> Loader<'a> {
         } else {
             Ok(None)
         }
+    }
+}
+
+/// The tensors of the trunk or of one block, named and shaped by the arch's table.
+struct Tensors<'a> {
+    l: &'a Loader<'a>,
+    table: &'static ArchTable,
+    cfg: &'a ModelConfig,
+    block: Option<usize>,
+}
+
+impl Tensors<'_> {
+    fn def(&self, id: TensorId) -> Result<&'static TensorDef, ModelError> {
+        self.table.def(id).ok_or_else(|| {
+            ModelError::Unsupported(format!(
+                "internal: the {} tensor table has no {id:?}",
+                self.table.arch
+            ))
+        })
+    }
+
+    /// Whether this block carries `id` (the arch has it and the block is of a kind that does).
+    fn carries(&self, id: TensorId) -> bool {
+        let kind = BlockKind::of(self.cfg, self.block.unwrap_or(0));
+        self.table
+            .def(id)
+            .is_some_and(|d| self.block.is_none() || d.when.applies(kind, self.cfg))
+    }
+
+    fn get(&self, id: TensorId) -> Result<Weight, ModelError> {
+        let d = self.def(id)?;
+        self.l.get(&d.name_in(self.block), &d.dims(self.cfg))
+    }
+
+    /// A tensor the table marks optional: `None` when the file leaves it out.
+    fn opt(&self, id: TensorId) -> Result<Option<Weight>, ModelError> {
+        let d = self.def(id)?;
+        if d.optional {
+            self.l.opt(&d.name_in(self.block), &d.dims(self.cfg))
+        } else {
+            self.get(id).map(Some)
+        }
+    }
+
+    /// A vector (norm, gate, per-head parameter) as f32.
+    fn vector(&self, id: TensorId) -> Result<Vec<f32>, ModelError> {
+        Ok(self.get(id)?.to_f32())
     }
 }
 
@@ -132,8 +189,14 @@ pub struct AttentionWeights {
 pub enum BetaAlpha {
     /// qwen35moe: `ssm_beta` and `ssm_alpha`, {n_embd, Hv} each.
     Separate { beta: Weight, alpha: Weight },
-    /// qwen3next: `ssm_ba` {n_embd, 2·Hv}, per key head [β ×r, α ×r].
-    Fused(Weight),
+    /// qwen3next: `ssm_ba` {n_embd, 2·Hv}. Value head h's β is element `beta_rows[h]`
+    /// of the projection's output row, its α element `alpha_rows[h]` (the layout is
+    /// described in `arch/qwen3next.rs`, which builds these indices).
+    Fused {
+        w: Weight,
+        beta_rows: Vec<u32>,
+        alpha_rows: Vec<u32>,
+    },
 }
 
 /// Gated DeltaNet (linear attention).
@@ -200,10 +263,15 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
-    /// Looks up and checks every trunk tensor. Unsupported tensor types anywhere
-    /// in the file are refused first, by name, before any memory is allocated.
+    /// Looks up and checks every trunk tensor the arch's table lists. Unsupported tensor
+    /// types anywhere in the file are refused first, by name, before any memory is
+    /// allocated.
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<ModelWeights, ModelError> {
-        for t in file.tensors() {
+        Self::load_with(&Loader::new(file), cfg)
+    }
+
+    fn load_with(l: &Loader, cfg: &ModelConfig) -> Result<ModelWeights, ModelError> {
+        for t in l.file().tensors() {
             if !quant::is_supported(t.ty) {
                 return Err(ModelError::UnsupportedType {
                     name: t.name.clone(),
@@ -211,17 +279,26 @@ impl ModelWeights {
                 });
             }
         }
-        let l = Loader::new(file);
-        let e = cfg.n_embd;
-        let token_embd = l.get("token_embd.weight", &[e, cfg.n_vocab])?;
-        let output = match l.opt("output.weight", &[e, cfg.n_vocab])? {
+        let table = tensors::table(cfg.arch);
+        let trunk = Tensors {
+            l,
+            table,
+            cfg,
+            block: None,
+        };
+        let token_embd = trunk.get(TensorId::TokenEmbd)?;
+        let output = match trunk.opt(TensorId::Output)? {
             Some(w) => w,
             None => token_embd.clone(),
         };
-        let output_norm = l.get("output_norm.weight", &[e])?.to_f32();
+        let output_norm = trunk.vector(TensorId::OutputNorm)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
-            layers.push(crate::arch::load_layer(&l, cfg, i)?);
+            let b = Tensors {
+                block: Some(i),
+                ..trunk
+            };
+            layers.push(load_layer(&b, i)?);
         }
         Ok(ModelWeights {
             token_embd,
@@ -232,120 +309,207 @@ impl ModelWeights {
     }
 }
 
-/// Tensors shared by every arch's layer: the MoE block.
-pub(crate) fn load_moe(l: &Loader, cfg: &ModelConfig, i: usize) -> Result<MoeWeights, ModelError> {
-    let (e, f, n) = (cfg.n_embd, cfg.n_ff_exp, cfg.n_expert);
-    let p = |s: &str| format!("blk.{i}.{s}");
-    if l.has(&p("ffn_gate_up_exps.weight")) {
-        return Err(ModelError::Unsupported(format!(
-            "{}: fused gate/up expert tensors are not supported yet; convert without fusing",
-            p("ffn_gate_up_exps.weight")
-        )));
+/// Trunk layer `i`: its mixer by the layer's kind, then the MoE block.
+fn load_layer(b: &Tensors, i: usize) -> Result<LayerWeights, ModelError> {
+    let cfg = b.cfg;
+    for r in b.table.refused {
+        let name = format!("blk.{i}.{}", r.name);
+        if b.l.has(&name) {
+            return Err(ModelError::Unsupported(format!("{name}: {}", r.why)));
+        }
     }
-    let shared = if cfg.n_ff_shexp > 0 {
-        let s = cfg.n_ff_shexp;
+    use TensorId as T;
+    let mixer = match cfg.layer_kinds[i] {
+        LayerKind::Attention => Mixer::Attention(AttentionWeights {
+            q: b.get(T::AttnQ)?,
+            k: b.get(T::AttnK)?,
+            v: b.get(T::AttnV)?,
+            o: b.get(T::AttnOutput)?,
+            q_norm: b.vector(T::AttnQNorm)?,
+            k_norm: b.vector(T::AttnKNorm)?,
+        }),
+        LayerKind::DeltaNet => {
+            let ssm = cfg.ssm.as_ref().ok_or_else(|| {
+                ModelError::Unsupported("DeltaNet layer without ssm config".into())
+            })?;
+            let beta_alpha = if b.carries(T::SsmBa) {
+                // The fused layout is HF's `in_proj_ba`, whichever arch stores it.
+                let (beta_rows, alpha_rows) =
+                    crate::arch::qwen3next::ba_rows(ssm.n_k_heads, ssm.n_v_heads);
+                BetaAlpha::Fused {
+                    w: b.get(T::SsmBa)?,
+                    beta_rows,
+                    alpha_rows,
+                }
+            } else {
+                BetaAlpha::Separate {
+                    beta: b.get(T::SsmBeta)?,
+                    alpha: b.get(T::SsmAlpha)?,
+                }
+            };
+            Mixer::DeltaNet(DeltaNetWeights {
+                qkv: b.get(T::AttnQkv)?,
+                gate: b.get(T::AttnGate)?,
+                beta_alpha,
+                a: b.vector(T::SsmA)?,
+                dt_bias: b.vector(T::SsmDtBias)?,
+                conv: b.vector(T::SsmConv1d)?,
+                norm: b.vector(T::SsmNorm)?,
+                out: b.get(T::SsmOut)?,
+            })
+        }
+    };
+    let shared = if b.carries(T::FfnGateInpShexp) {
         Some(SharedExpert {
-            gate_inp: l.get(&p("ffn_gate_inp_shexp.weight"), &[e])?.to_f32(),
-            gate: l.get(&p("ffn_gate_shexp.weight"), &[e, s])?,
-            up: l.get(&p("ffn_up_shexp.weight"), &[e, s])?,
-            down: l.get(&p("ffn_down_shexp.weight"), &[s, e])?,
+            gate_inp: b.vector(T::FfnGateInpShexp)?,
+            gate: b.get(T::FfnGateShexp)?,
+            up: b.get(T::FfnUpShexp)?,
+            down: b.get(T::FfnDownShexp)?,
         })
     } else {
         None
     };
-    Ok(MoeWeights {
-        router: l.get(&p("ffn_gate_inp.weight"), &[e, n])?,
-        gate_exps: l.get(&p("ffn_gate_exps.weight"), &[e, f, n])?,
-        up_exps: l.get(&p("ffn_up_exps.weight"), &[e, f, n])?,
-        down_exps: l.get(&p("ffn_down_exps.weight"), &[f, e, n])?,
-        shared,
-    })
-}
-
-/// Attention tensors; `q_width` is n_head·head_dim, doubled when the output is gated.
-pub(crate) fn load_attention(
-    l: &Loader,
-    cfg: &ModelConfig,
-    i: usize,
-) -> Result<AttentionWeights, ModelError> {
-    let e = cfg.n_embd;
-    let hd = cfg.head_dim;
-    let p = |s: &str| format!("blk.{i}.{s}");
-    let q_width = cfg.n_head * hd * if cfg.attn_output_gate { 2 } else { 1 };
-    Ok(AttentionWeights {
-        q: l.get(&p("attn_q.weight"), &[e, q_width])?,
-        k: l.get(&p("attn_k.weight"), &[e, cfg.n_head_kv * hd])?,
-        v: l.get(&p("attn_v.weight"), &[e, cfg.n_head_kv * hd])?,
-        o: l.get(&p("attn_output.weight"), &[cfg.n_head * hd, e])?,
-        q_norm: l.get(&p("attn_q_norm.weight"), &[hd])?.to_f32(),
-        k_norm: l.get(&p("attn_k_norm.weight"), &[hd])?.to_f32(),
-    })
-}
-
-/// DeltaNet tensors common to both hybrids; `beta_alpha` is arch-specific.
-pub(crate) fn load_deltanet(
-    l: &Loader,
-    cfg: &ModelConfig,
-    i: usize,
-    beta_alpha: BetaAlpha,
-) -> Result<DeltaNetWeights, ModelError> {
-    let ssm = cfg
-        .ssm
-        .as_ref()
-        .ok_or_else(|| ModelError::Unsupported("DeltaNet layer without ssm config".into()))?;
-    let e = cfg.n_embd;
-    let p = |s: &str| format!("blk.{i}.{s}");
-    let hv = ssm.n_v_heads;
-    Ok(DeltaNetWeights {
-        qkv: l.get(&p("attn_qkv.weight"), &[e, ssm.conv_dim()])?,
-        gate: l.get(&p("attn_gate.weight"), &[e, ssm.value_dim()])?,
-        beta_alpha,
-        a: l.get(&p("ssm_a"), &[hv])?.to_f32(),
-        dt_bias: l.get(&p("ssm_dt.bias"), &[hv])?.to_f32(),
-        conv: l
-            .get(&p("ssm_conv1d.weight"), &[ssm.d_conv, ssm.conv_dim()])?
-            .to_f32(),
-        norm: l.get(&p("ssm_norm.weight"), &[ssm.d_state])?.to_f32(),
-        out: l.get(&p("ssm_out.weight"), &[ssm.value_dim(), e])?,
-    })
-}
-
-pub(crate) fn load_common(
-    l: &Loader,
-    cfg: &ModelConfig,
-    i: usize,
-    mixer: Mixer,
-    ffn_norm_name: &str,
-) -> Result<LayerWeights, ModelError> {
-    let e = cfg.n_embd;
-    debug_assert!(matches!(
-        (&mixer, cfg.layer_kinds[i]),
-        (Mixer::Attention(_), LayerKind::Attention) | (Mixer::DeltaNet(_), LayerKind::DeltaNet)
-    ));
     Ok(LayerWeights {
-        attn_norm: l.get(&format!("blk.{i}.attn_norm.weight"), &[e])?.to_f32(),
+        attn_norm: b.vector(T::AttnNorm)?,
         mixer,
-        ffn_norm: l
-            .get(&format!("blk.{i}.{ffn_norm_name}.weight"), &[e])?
-            .to_f32(),
-        moe: load_moe(l, cfg, i)?,
+        ffn_norm: b.vector(T::FfnNorm)?,
+        moe: MoeWeights {
+            router: b.get(T::FfnGateInp)?,
+            gate_exps: b.get(T::FfnGateExps)?,
+            up_exps: b.get(T::FfnUpExps)?,
+            down_exps: b.get(T::FfnDownExps)?,
+            shared,
+        },
     })
 }
 
-/// A hybrid arch's layer: DeltaNet or gated attention by the layer's kind, then
-/// the MoE block. `beta_alpha` loads the arch's own β/α projections.
-pub(crate) fn load_hybrid_layer(
-    l: &Loader,
-    cfg: &ModelConfig,
-    i: usize,
-    beta_alpha: impl FnOnce(usize) -> Result<BetaAlpha, ModelError>,
-) -> Result<LayerWeights, ModelError> {
-    let mixer = match cfg.layer_kinds[i] {
-        LayerKind::Attention => Mixer::Attention(load_attention(l, cfg, i)?),
-        LayerKind::DeltaNet => {
-            let hv = cfg.ssm.as_ref().map(|s| s.n_v_heads).unwrap_or(0);
-            Mixer::DeltaNet(load_deltanet(l, cfg, i, beta_alpha(hv)?)?)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Arch;
+    use crate::geometry::{Geometry, ARCHS};
+    use crate::synth::{self, Preset, SynthOptions};
+    use std::path::{Path, PathBuf};
+
+    /// Loads `path` and checks that the loader read every tensor of the file's trunk and
+    /// that everything else is an MTP block tensor the table lists: nothing in the file
+    /// is unaccounted for.
+    fn load_and_account(path: &Path) -> (ModelConfig, ModelWeights) {
+        let file = Arc::new(GgufFile::open(path).unwrap());
+        let cfg = ModelConfig::from_gguf(&file).unwrap();
+        let l = Loader::new(&file);
+        let w = ModelWeights::load_with(&l, &cfg).unwrap();
+        let read = l.read.borrow();
+        let table = tensors::table(cfg.arch);
+        for t in file.tensors() {
+            let (block, _) = table
+                .find(&t.name)
+                .unwrap_or_else(|| panic!("{}: {} is not in the table", path.display(), t.name));
+            let in_trunk = block.is_none_or(|b| b < cfg.n_layer);
+            assert_eq!(
+                read.contains(&t.name),
+                in_trunk,
+                "{}: {} read by the loader: {}",
+                path.display(),
+                t.name,
+                read.contains(&t.name)
+            );
         }
-    };
-    load_common(l, cfg, i, mixer, "post_attention_norm")
+        assert!(read.iter().all(|n| file.tensor(n).is_some()));
+        (cfg, w)
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("scoria-weights-test-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(name)
+    }
+
+    #[test]
+    fn tiny_models_of_every_arch_load_every_trunk_tensor() {
+        for arch in ARCHS {
+            let g = Geometry::by_name(Some(arch), "tiny").unwrap();
+            let path = scratch(&format!("{}.gguf", g.name));
+            let opts = SynthOptions {
+                preset: Preset::Q8_0,
+                seed: 5,
+                sync: false,
+            };
+            synth::synthesize(&path, &g, &opts, &|_, _| {}).unwrap();
+            let (cfg, w) = load_and_account(&path);
+            // The loader and synth derive the config the same way.
+            assert_eq!(cfg, g.config().unwrap(), "{}", g.name);
+            assert_eq!(w.layers.len(), cfg.n_layer);
+            assert_eq!(w.output.name, "output.weight");
+            for (i, layer) in w.layers.iter().enumerate() {
+                match (&layer.mixer, cfg.layer_kinds[i]) {
+                    (Mixer::Attention(a), LayerKind::Attention) => {
+                        assert_eq!(
+                            a.q.n_rows(),
+                            cfg.n_head * cfg.head_dim * if arch.is_hybrid() { 2 } else { 1 }
+                        );
+                    }
+                    (Mixer::DeltaNet(d), LayerKind::DeltaNet) => {
+                        let ssm = cfg.ssm.as_ref().unwrap();
+                        match (&d.beta_alpha, arch) {
+                            (
+                                BetaAlpha::Fused {
+                                    w,
+                                    beta_rows,
+                                    alpha_rows,
+                                },
+                                Arch::Qwen3Next,
+                            ) => {
+                                assert_eq!(w.n_rows(), 2 * ssm.n_v_heads);
+                                // Hk = 2, Hv = 4: [b0 b1 a0 a1 | b2 b3 a2 a3].
+                                assert_eq!(beta_rows, &[0, 1, 4, 5]);
+                                assert_eq!(alpha_rows, &[2, 3, 6, 7]);
+                            }
+                            (BetaAlpha::Separate { beta, alpha }, Arch::Qwen35Moe) => {
+                                assert_eq!(beta.name, format!("blk.{i}.ssm_beta.weight"));
+                                assert_eq!(alpha.name, format!("blk.{i}.ssm_alpha.weight"));
+                            }
+                            (ba, _) => panic!("{arch}: layer {i} has {ba:?}"),
+                        }
+                        assert_eq!(d.conv.len(), ssm.d_conv * ssm.conv_dim());
+                    }
+                    (m, k) => panic!("{arch}: layer {i} is {k:?} but loaded {m:?}"),
+                }
+                assert_eq!(layer.moe.shared.is_some(), arch.is_hybrid());
+            }
+            std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn converter_fixtures_load_every_tensor() {
+        // Tiny checkpoints converted by llama.cpp's own converter (tools/reference).
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        for arch in ARCHS {
+            for file in ["model-f32.gguf", "model-q8_0.gguf"] {
+                let (cfg, _) = load_and_account(&root.join(arch.name()).join(file));
+                assert_eq!(cfg.arch, arch);
+            }
+        }
+    }
+
+    #[test]
+    fn a_wrong_shape_is_refused_by_name() {
+        let g = Geometry::by_name(Some(Arch::Qwen3Moe), "tiny").unwrap();
+        let mut cfg = g.config().unwrap();
+        let path = scratch("shape.gguf");
+        let opts = SynthOptions {
+            preset: Preset::Q8_0,
+            seed: 5,
+            sync: false,
+        };
+        synth::synthesize(&path, &g, &opts, &|_, _| {}).unwrap();
+        let file = Arc::new(GgufFile::open(&path).unwrap());
+        cfg.n_ff_exp *= 2;
+        let e = ModelWeights::load(&file, &cfg).unwrap_err().to_string();
+        assert!(e.contains("blk.0.ffn_gate_exps.weight"), "{e}");
+        drop(file);
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
 }

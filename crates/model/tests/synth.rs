@@ -69,8 +69,8 @@ fn expected_tensors(g: &Geometry) -> Vec<(String, Vec<u64>)> {
             let (hk, hv, dk, dv) = (
                 u64::from(l.n_k_heads),
                 u64::from(l.n_v_heads),
-                u64::from(l.k_head_dim),
-                u64::from(l.v_head_dim),
+                u64::from(l.head_dim),
+                u64::from(l.head_dim),
             );
             let conv = 2 * hk * dk + hv * dv;
             add("attn_qkv.weight", vec![e, conv]);
@@ -193,10 +193,13 @@ fn check_file(path: &Path, g: &Geometry, preset: Preset, seed: u64) {
         let l = g.linear.unwrap();
         assert_eq!(u(&f, &k("rope.dimension_count")), u64::from(g.n_rot));
         assert_eq!(u(&f, &k("ssm.conv_kernel")), 4);
-        assert_eq!(u(&f, &k("ssm.state_size")), u64::from(l.k_head_dim));
+        assert_eq!(u(&f, &k("ssm.state_size")), u64::from(l.head_dim));
         assert_eq!(u(&f, &k("ssm.group_count")), u64::from(l.n_k_heads));
         assert_eq!(u(&f, &k("ssm.time_step_rank")), u64::from(l.n_v_heads));
-        assert_eq!(u(&f, &k("ssm.inner_size")), u64::from(l.value_dim()));
+        assert_eq!(
+            u(&f, &k("ssm.inner_size")),
+            u64::from(l.n_v_heads * l.head_dim)
+        );
         assert_eq!(u(&f, &k("full_attention_interval")), 4);
         assert_eq!(
             u(&f, &k("expert_shared_feed_forward_length")),

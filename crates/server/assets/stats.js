@@ -126,6 +126,31 @@
     }
   }
 
+  // Where the engine runs, and the device memory it holds by its own account
+  // (the GPU panel beside it shows nvidia-smi's view of the whole device).
+  function renderDevice(d) {
+    const box = $("device");
+    box.replaceChildren();
+    if (!d) { box.append(el("div", { class: "none" }, "not reported")); return; }
+    const dev = el("div", { class: "dev" });
+    dev.append(el("div", { class: "name" }, d.name + " · " + d.device));
+    const used = d.vram_used_bytes, total = d.vram_total_bytes;
+    let memTxt;
+    if (used != null && total) memTxt = "engine holds " + (fmtBytes(used) || "0 B") + " of " + fmtBytes(total);
+    else if (used != null) memTxt = "engine holds " + (fmtBytes(used) || "0 B");
+    else if (d.kind === "cpu") memTxt = "weights memory-mapped in host RAM";
+    else memTxt = "device memory –";
+    dev.append(el("div", { class: "nums", id: "device-mem" }, memTxt));
+    if (used != null && total) {
+      const bar = el("div", { class: "bar" });
+      const fill = el("div");
+      fill.style.width = Math.min(100, (100 * used) / total).toFixed(1) + "%";
+      bar.append(fill);
+      dev.append(bar);
+    }
+    box.append(dev);
+  }
+
   // Later releases report speculation and expert-tier numbers; show them when present.
   function renderExtra(s) {
     const parts = [];
@@ -209,6 +234,7 @@
     drawSpark();
 
     renderCurrent(s.current);
+    renderDevice(s.device);
     renderGpu(s.gpu);
     renderExtra(s);
     renderLog(s.requests || []);

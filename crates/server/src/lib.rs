@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod ops;
 
 pub mod anthropic;
+pub mod device;
 pub mod error;
 pub mod gen;
 pub mod openai;
@@ -234,6 +235,7 @@ pub fn core_for(
     let info = engine.info().clone();
     let tokenizer = engine.tokenizer_arc();
     let template = engine.chat_template_arc();
+    stats.set_device(engine.device_report());
     let think_open_id = tokenizer.token_id("<think>");
     let think_close_id = tokenizer.token_id("</think>");
     let (close_tokens, close_short) = match think_close_id {
@@ -279,6 +281,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
     let cfg = engine::EngineConfig {
         threads: settings.threads,
         max_context: settings.max_context,
+        device: settings.device,
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -326,6 +329,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         })
         .await
         .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))??;
+        eprintln!("scoria serve: {}", device::line(&engine.device_report()));
         let stats = Arc::new(metrics::Stats::new());
         let Loaded {
             core,

@@ -40,6 +40,8 @@ struct Inner {
     last_decode_tps: f64,
     /// Latest expert-tier numbers (`{tier: {hit_rate, ...}}`), when the engine reports them.
     expert_tiers: Option<Value>,
+    /// Where the engine runs and the device memory it holds (re-read after each request).
+    device: Option<engine::DeviceReport>,
 }
 
 struct Queued {
@@ -350,6 +352,16 @@ impl Stats {
         self.lock().expert_tiers = Some(tiers);
     }
 
+    /// The engine's device report (at load, then after every request).
+    pub fn set_device(&self, report: engine::DeviceReport) {
+        self.lock().device = Some(report);
+    }
+
+    /// The latest device report, if the engine gave one.
+    pub fn device(&self) -> Option<engine::DeviceReport> {
+        self.lock().device.clone()
+    }
+
     /// Requests waiting for the engine (not counting the one decoding).
     pub fn queue_depth(&self) -> usize {
         self.lock().queue.len()
@@ -465,6 +477,7 @@ impl Stats {
                 Some(tiers) => json!({ "tiers": tiers }),
                 None => Value::Null,
             },
+            "device": g.device.as_ref().map(crate::device::to_json),
         })
     }
 
@@ -473,7 +486,7 @@ impl Stats {
     /// `n_ctx` is the allocated context. Resets the throughput window, as
     /// llama-server does on each scrape.
     pub fn render_prometheus(&self, n_ctx: usize) -> String {
-        let (t, bucket, busy, depth, ctx_used, live_tokens) = {
+        let (t, bucket, busy, depth, ctx_used, live_tokens, device) = {
             let mut g = self.lock();
             let bucket = std::mem::take(&mut g.bucket);
             let ctx_used = match &g.current {
@@ -488,6 +501,7 @@ impl Stats {
                 g.queue.len(),
                 ctx_used,
                 live,
+                g.device.clone(),
             )
         };
         let mut out = String::with_capacity(4096);
@@ -656,6 +670,37 @@ impl Stats {
             "Seconds since the server started.",
             self.started_at.elapsed().as_secs_f64(),
         );
+        if let Some(d) = &device {
+            // The engine's own account (what it allocated), beside nvidia-smi's
+            // whole-device numbers on the stats page.
+            if let Some(used) = d.vram_used {
+                metric(
+                    "scoria:device_memory_used_bytes",
+                    "gauge",
+                    "Device memory the engine holds (weights, state, scratch), as it reports it.",
+                    used as f64,
+                );
+            }
+            if let Some(total) = d.vram_total {
+                metric(
+                    "scoria:device_memory_total_bytes",
+                    "gauge",
+                    "Total memory of the device the engine runs on.",
+                    total as f64,
+                );
+            }
+            let _ = writeln!(
+                out,
+                "# HELP scoria:device_info Where model steps run (value 1; the labels say which device)."
+            );
+            let _ = writeln!(out, "# TYPE scoria:device_info gauge");
+            let _ = writeln!(
+                out,
+                "scoria:device_info{{device=\"{}\",name=\"{}\"}} 1",
+                escape_label(&d.device.to_string()),
+                escape_label(&d.name)
+            );
+        }
         out
     }
 }
@@ -839,6 +884,40 @@ mod tests {
         let text = s.render_prometheus(10);
         assert!(text.contains("finish=\"cancelled\"} 1"));
         assert!(text.contains("finish=\"error\"} 1"));
+    }
+
+    #[test]
+    fn device_memory_is_exported_when_known() {
+        let s = Stats::new();
+        assert!(s.snapshot()["device"].is_null());
+        assert!(!s.render_prometheus(10).contains("scoria:device"));
+        s.set_device(engine::DeviceReport {
+            device: engine::Device::Cpu,
+            name: "cpu (avx2)".into(),
+            vram_used: None,
+            vram_total: None,
+        });
+        let text = s.render_prometheus(10);
+        assert!(!text.contains("scoria:device_memory"), "{text}");
+        assert!(text.contains("scoria:device_info{device=\"cpu\",name=\"cpu (avx2)\"} 1\n"));
+        s.set_device(engine::DeviceReport {
+            device: engine::Device::Cuda(0),
+            name: "NVIDIA \"H200\"".into(),
+            vram_used: Some(21_000_000_000),
+            vram_total: Some(150_000_000_000),
+        });
+        let text = s.render_prometheus(10);
+        assert!(text.contains("# TYPE scoria:device_memory_used_bytes gauge\nscoria:device_memory_used_bytes 21000000000\n"), "{text}");
+        assert!(text.contains("scoria:device_memory_total_bytes 150000000000\n"));
+        assert!(text.contains("name=\"NVIDIA \\\"H200\\\"\"} 1"), "{text}");
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or("");
+            assert!(text.contains(&format!("# TYPE {name} ")), "{line}");
+        }
+        let snap = s.snapshot();
+        assert_eq!(snap["device"]["device"], "cuda:0");
+        assert_eq!(snap["device"]["vram_used_bytes"], 21_000_000_000u64);
+        assert_eq!(s.device().map(|d| d.device), Some(engine::Device::Cuda(0)));
     }
 
     #[test]

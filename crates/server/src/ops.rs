@@ -233,6 +233,9 @@ async fn props(State(state): State<Arc<AppState>>) -> Response {
         "eos_token": piece(tok.eos_id()),
         "build_info": format!("scoria {VERSION}"),
         "model": model_json(&state),
+        // Where model steps run and the device memory the engine holds (null until
+        // the engine reports; tests of the routes alone have no engine).
+        "device": state.stats.device().as_ref().map(crate::device::to_json),
         "chat_template_info": {
             "thinks": tmpl["thinks"],
             "tool_call_format": tmpl["tool_call_format"],

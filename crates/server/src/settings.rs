@@ -88,6 +88,8 @@ enum Kind {
     Seed,
     Bool,
     Effort,
+    /// `cpu`, `cuda` or `cuda:N` (`engine::Device`).
+    Device,
 }
 
 struct Spec {
@@ -138,6 +140,13 @@ const SPECS: &[Spec] = &[
         kind: Kind::Count { min: 1 },
         default: || Value::Null,
         unset: "all cores",
+    },
+    Spec {
+        name: "device",
+        section: "engine",
+        kind: Kind::Device,
+        default: || Value::Null,
+        unset: "engine's choice: the GPU when the build has CUDA and one is present, else the CPU",
     },
     Spec {
         name: "max-context",
@@ -291,6 +300,8 @@ pub struct Settings {
     pub api_key: Option<String>,
     pub threads: Option<usize>,
     pub max_context: Option<usize>,
+    /// Where model steps run (None: the engine chooses).
+    pub device: Option<engine::Device>,
     pub defaults: RequestDefaults,
     /// (name, value, source) in table order, for the startup line and /props.
     entries: Vec<(&'static str, &'static str, Value, Source)>,
@@ -383,6 +394,13 @@ fn check(spec: &Spec, v: &Value, source: Source) -> Result<Value, SettingsError>
             _ => Err(bad(format!(
                 "expected one of {}, got {v}",
                 EFFORTS.join(", ")
+            ))),
+        },
+        Kind::Device => match v.as_str().map(str::parse::<engine::Device>) {
+            Some(Ok(d)) => Ok(json!(d.to_string())),
+            Some(Err(e)) => Err(bad(e)),
+            None => Err(bad(format!(
+                "expected \"cpu\", \"cuda\" or \"cuda:N\", got {v}"
             ))),
         },
     }
@@ -516,6 +534,8 @@ impl Settings {
             api_key: over.api_key.clone().filter(|k| !k.is_empty()),
             threads: n("threads"),
             max_context: n("max-context"),
+            // Checked (and normalised to `cpu` / `cuda:N`) by `check`.
+            device: get("device").as_str().and_then(|d| d.parse().ok()),
             defaults,
             entries,
             config_path: over.config.clone(),
@@ -676,5 +696,60 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("reasoning-effort"), "{e}");
+    }
+
+    #[test]
+    fn device_from_file_and_command_line() {
+        let s = Settings::resolve(&Overrides::default()).unwrap();
+        assert_eq!(s.device, None);
+        assert!(
+            s.summary().contains("device=(engine's choice"),
+            "{}",
+            s.summary()
+        );
+        let p = write("g.json", r#"{"engine": {"device": "cpu"}}"#);
+        let mut o = Overrides {
+            config: Some(p.clone()),
+            ..Default::default()
+        };
+        let s = Settings::resolve(&o).unwrap();
+        assert_eq!(s.device, Some(engine::Device::Cpu));
+        assert_eq!(s.to_json()["engine"]["device"]["source"], "config");
+        // `cuda` is normalised to its ordinal.
+        o.set("device", Some("cuda"));
+        let s = Settings::resolve(&o).unwrap();
+        assert_eq!(s.device, Some(engine::Device::Cuda(0)));
+        assert_eq!(s.to_json()["engine"]["device"]["value"], "cuda:0");
+        assert_eq!(s.to_json()["engine"]["device"]["source"], "command line");
+        let mut o = Overrides::default();
+        o.set("device", Some("cuda:1"));
+        assert_eq!(
+            Settings::resolve(&o).unwrap().device,
+            Some(engine::Device::Cuda(1))
+        );
+    }
+
+    #[test]
+    fn bad_device_refused_naming_the_setting() {
+        let mut o = Overrides::default();
+        o.set("device", Some("tpu"));
+        let e = Settings::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("device") && e.contains("tpu"), "{e}");
+        let p = write("h.json", r#"{"engine": {"device": 0}}"#);
+        let e = Settings::resolve(&Overrides {
+            config: Some(p.clone()),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("device") && e.contains("cuda:N"), "{e}");
+        let p = write("i.json", r#"{"server": {"device": "cpu"}}"#);
+        let e = Settings::resolve(&Overrides {
+            config: Some(p),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("belongs in the \"engine\""), "{e}");
     }
 }

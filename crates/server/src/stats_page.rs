@@ -1,7 +1,8 @@
 //! The stats page at `/`: one self-contained HTML document (style and script
 //! inlined from `assets/`, no build step) that polls `/stats.json` twice a
 //! second and shows live decode and prompt speed, context use, the queue,
-//! totals, the GPU panel and the request log.
+//! totals, the engine's device (name and the memory it holds), the GPU panel
+//! (nvidia-smi) and the request log.
 //!
 //! The page itself holds no data, so it can be served without the API key;
 //! the numbers come from `/stats.json`, which needs it. A key given as
@@ -71,6 +72,7 @@ mod tests {
             "ctx-used",
             "queue-depth",
             "tokens-total",
+            "device",
             "gpu",
             "log",
         ] {

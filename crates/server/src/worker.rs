@@ -23,6 +23,12 @@ pub trait Backend: Send + 'static {
         req: &GenerateRequest,
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
     ) -> Result<Completion, String>;
+
+    /// Where steps run and the device memory held, re-read after every request
+    /// (None: nothing to report, as for the scripted test backends).
+    fn device_report(&self) -> Option<engine::DeviceReport> {
+        None
+    }
 }
 
 impl Backend for engine::Engine {
@@ -32,6 +38,10 @@ impl Backend for engine::Engine {
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
     ) -> Result<Completion, String> {
         engine::Engine::generate(self, req, on_token).map_err(|e| e.to_string())
+    }
+
+    fn device_report(&self) -> Option<engine::DeviceReport> {
+        Some(engine::Engine::device_report(self))
     }
 }
 
@@ -144,6 +154,10 @@ impl Worker {
                     }));
                     if r.is_err() {
                         stats.request_failed(id, "the engine failed (panic) on this request");
+                    }
+                    // Device memory can change with a request (state, caches).
+                    if let Some(report) = backend.device_report() {
+                        stats.set_device(report);
                     }
                 }
             })?;
@@ -575,6 +589,55 @@ mod tests {
         );
         assert!(matches!(rx2.blocking_recv(), Some(Event::Text(_))));
         assert!(matches!(rx2.blocking_recv(), Some(Event::Done(_))));
+    }
+
+    /// Reports device memory that grows with every request it serves.
+    struct Reporting(Scripted, u64);
+
+    impl Backend for Reporting {
+        fn generate(
+            &mut self,
+            req: &GenerateRequest,
+            on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+        ) -> Result<Completion, String> {
+            self.1 += 1;
+            self.0.generate(req, on_token)
+        }
+        fn device_report(&self) -> Option<engine::DeviceReport> {
+            Some(engine::DeviceReport {
+                device: engine::Device::Cuda(0),
+                name: "test GPU".into(),
+                vram_used: Some(self.1 << 20),
+                vram_total: Some(1 << 30),
+            })
+        }
+    }
+
+    #[test]
+    fn the_device_report_is_refreshed_after_each_request() {
+        let stats = Arc::new(Stats::new());
+        let w = Worker::spawn(
+            Box::new(Reporting(
+                Scripted {
+                    script: vec![2, 5],
+                    eog: 5,
+                },
+                0,
+            )),
+            stats.clone(),
+        )
+        .unwrap();
+        for n in 1..=2u64 {
+            let (j, mut rx) = job(5, ThinkPlan::default(), vec![]);
+            w.submit(j).unwrap();
+            while rx.blocking_recv().is_some() {}
+            // The worker refreshes the report right after the job ends.
+            let t0 = std::time::Instant::now();
+            while stats.device().and_then(|d| d.vram_used) != Some(n << 20) {
+                assert!(t0.elapsed().as_secs() < 5, "report not refreshed");
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
     }
 
     #[test]

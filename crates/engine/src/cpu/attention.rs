@@ -4,18 +4,17 @@
 use super::{Act, CpuBackend, Job, KvCache};
 use model::math::{rms_norm, rope_neox, sigmoid};
 use model::weights::AttentionWeights;
-use model::ModelConfig;
 use rayon::prelude::*;
 
 pub(super) fn run(
     b: &CpuBackend,
-    cfg: &ModelConfig,
     w: &AttentionWeights,
     x: &Act,
     pos0: usize,
     cache: &mut KvCache,
     n_ctx: usize,
 ) -> Act {
+    let cfg = &b.cfg;
     let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
     let t_n = x.rows;
     assert!(

@@ -7,19 +7,13 @@ use super::{Act, CpuBackend, DeltaNetState, Job};
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
 use model::weights::{BetaAlpha, DeltaNetWeights, Weight};
-use model::ModelConfig;
 use rayon::prelude::*;
 
 /// The reference L2-normalises q and k with eps 1e-6 (HF `l2norm`).
 const L2_EPS: f32 = 1e-6;
 
-pub(super) fn run(
-    b: &CpuBackend,
-    cfg: &ModelConfig,
-    w: &DeltaNetWeights,
-    x: &Act,
-    st: &mut DeltaNetState,
-) -> Act {
+pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNetState) -> Act {
+    let cfg = &b.cfg;
     let ssm = cfg
         .ssm
         .as_ref()
@@ -32,21 +26,31 @@ pub(super) fn run(
     let mut weights: Vec<&Weight> = vec![&w.qkv, &w.gate];
     match &w.beta_alpha {
         BetaAlpha::Separate { beta, alpha } => weights.extend([beta, alpha]),
-        BetaAlpha::Fused(ba) => weights.push(ba),
+        BetaAlpha::Fused { w, .. } => weights.push(w),
     }
     let jobs = Job::on_one_input(&weights);
     let mut outs = b.mm_many(&[x], &jobs).into_iter();
     let (qkv, z) = (outs.next().expect("qkv"), outs.next().expect("gate"));
     let (beta_raw, alpha_raw) = match &w.beta_alpha {
         BetaAlpha::Separate { .. } => (outs.next().expect("beta"), outs.next().expect("alpha")),
-        BetaAlpha::Fused(_) => {
+        BetaAlpha::Fused {
+            beta_rows,
+            alpha_rows,
+            ..
+        } => {
+            // Gather each value head's β and α from the fused row (the arch's
+            // layout, given as data by the loader).
             let out = outs.next().expect("ba");
             let mut b = Act::zeros(t_n, hv);
             let mut a = Act::zeros(t_n, hv);
             for t in 0..t_n {
-                let (bb, aa) = model::arch::qwen3next::split_ba(out.row(t), hk, hv);
-                b.row_mut(t).copy_from_slice(&bb);
-                a.row_mut(t).copy_from_slice(&aa);
+                let row = out.row(t);
+                for (dst, &r) in b.row_mut(t).iter_mut().zip(beta_rows) {
+                    *dst = row[r as usize];
+                }
+                for (dst, &r) in a.row_mut(t).iter_mut().zip(alpha_rows) {
+                    *dst = row[r as usize];
+                }
             }
             (b, a)
         }

@@ -9,9 +9,13 @@ mod attention;
 mod deltanet;
 mod moe;
 
-use model::weights::{AttentionWeights, DeltaNetWeights, MoeWeights, Weight};
-use model::{Backend, LayerKind, ModelConfig};
+use model::weights::{Mixer, Weight};
+use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm};
 use rayon::prelude::*;
+
+use crate::exec::{Executor, SeqStep, StepOut, Want};
+use crate::{Device, DeviceReport};
+use model::Logits;
 
 /// Activations: `rows` tokens × `cols` features, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,8 +103,11 @@ pub enum Precision {
     ReferenceF32,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+/// The CPU executor's backend: the memory-mapped weights and the kernels that
+/// read them.
 pub struct CpuBackend {
+    pub cfg: ModelConfig,
+    pub weights: ModelWeights,
     pub precision: Precision,
 }
 
@@ -242,7 +249,12 @@ impl Backend for CpuBackend {
     type Buf = Act;
     type State = CpuState;
 
-    fn new_state(&self, cfg: &ModelConfig, n_ctx: usize) -> CpuState {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn new_state(&self, n_ctx: usize) -> Result<CpuState, ExecError> {
+        let cfg = &self.cfg;
         let kv_len = n_ctx * cfg.n_head_kv * cfg.head_dim;
         let kv = (0..cfg.n_attention_layers())
             .map(|_| KvCache {
@@ -262,10 +274,11 @@ impl Backend for CpuBackend {
                 .collect(),
             None => Vec::new(),
         };
-        CpuState { n_ctx, kv, dn }
+        Ok(CpuState { n_ctx, kv, dn })
     }
 
-    fn embed(&self, table: &Weight, tokens: &[u32]) -> Act {
+    fn embed(&self, tokens: &[u32]) -> Result<Act, ExecError> {
+        let table = &self.weights.token_embd;
         let cols = table.row_len();
         let rb = table.row_bytes();
         let bytes = table.bytes();
@@ -277,64 +290,142 @@ impl Backend for CpuBackend {
                 let t = t as usize;
                 quant::dequantize_row(table.ty, &bytes[t * rb..(t + 1) * rb], row);
             });
-        out
+        Ok(out)
     }
 
-    fn rms_norm(&self, x: &Act, w: &[f32], eps: f32) -> Act {
+    fn rms_norm(&self, x: &Act, which: Norm) -> Result<Act, ExecError> {
+        let w = match which {
+            Norm::Attn(i) => &self.weights.layers[i].attn_norm,
+            Norm::Ffn(i) => &self.weights.layers[i].ffn_norm,
+            Norm::Output => &self.weights.output_norm,
+        };
+        let eps = self.cfg.eps;
         let mut out = x.clone();
         out.data
             .par_chunks_mut(x.cols)
             .for_each(|row| model::math::rms_norm(row, w, eps));
-        out
+        Ok(out)
     }
 
-    fn add_assign(&self, x: &mut Act, y: &Act) {
+    fn add_assign(&self, x: &mut Act, y: &Act) -> Result<(), ExecError> {
         for (a, b) in x.data.iter_mut().zip(&y.data) {
             *a += b;
         }
+        Ok(())
     }
 
-    fn last_row(&self, x: Act) -> Act {
+    fn last_row(&self, x: Act) -> Result<Act, ExecError> {
         let r = x.rows - 1;
-        Act {
+        Ok(Act {
             rows: 1,
             cols: x.cols,
             data: x.row(r).to_vec(),
-        }
-    }
-
-    fn matmul(&self, w: &Weight, x: &Act) -> Act {
-        self.mm_weight(w, x)
-    }
-
-    fn download(&self, x: &Act) -> Vec<f32> {
-        x.data.clone()
+        })
     }
 
     fn attention(
         &self,
-        cfg: &ModelConfig,
+        layer: usize,
         slot: usize,
-        w: &AttentionWeights,
         x: &Act,
         pos0: usize,
         state: &mut CpuState,
-    ) -> Act {
-        attention::run(self, cfg, w, x, pos0, &mut state.kv[slot], state.n_ctx)
+    ) -> Result<Act, ExecError> {
+        let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
+            return Err(ExecError::new(
+                "attention",
+                format!("layer {layer} has no attention weights"),
+            ));
+        };
+        Ok(attention::run(
+            self,
+            w,
+            x,
+            pos0,
+            &mut state.kv[slot],
+            state.n_ctx,
+        ))
     }
 
     fn delta_net(
         &self,
-        cfg: &ModelConfig,
+        layer: usize,
         slot: usize,
-        w: &DeltaNetWeights,
         x: &Act,
         state: &mut CpuState,
-    ) -> Act {
-        deltanet::run(self, cfg, w, x, &mut state.dn[slot])
+    ) -> Result<Act, ExecError> {
+        let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
+            return Err(ExecError::new(
+                "delta_net",
+                format!("layer {layer} has no DeltaNet weights"),
+            ));
+        };
+        Ok(deltanet::run(self, w, x, &mut state.dn[slot]))
     }
 
-    fn moe(&self, cfg: &ModelConfig, _layer: usize, w: &MoeWeights, x: &Act) -> Act {
-        moe::run(self, cfg, w, x)
+    fn moe(&self, layer: usize, x: &Act) -> Result<Act, ExecError> {
+        Ok(moe::run(self, &self.weights.layers[layer].moe, x))
+    }
+
+    fn lm_head(&self, x: &Act) -> Result<Act, ExecError> {
+        Ok(self.mm_weight(&self.weights.output, x))
+    }
+}
+
+/// The CPU executor: the backend and the state of each sequence.
+pub struct CpuExecutor {
+    backend: CpuBackend,
+    states: Vec<CpuState>,
+}
+
+impl CpuExecutor {
+    pub fn new(backend: CpuBackend, n_ctx: usize, n_seq: usize) -> Result<CpuExecutor, ExecError> {
+        let states = (0..n_seq)
+            .map(|_| backend.new_state(n_ctx))
+            .collect::<Result<_, _>>()?;
+        Ok(CpuExecutor { backend, states })
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn report(&self) -> DeviceReport {
+        DeviceReport {
+            device: Device::Cpu,
+            name: format!("cpu ({})", quant::kernel_isa()),
+            vram_used: None,
+            vram_total: None,
+        }
+    }
+
+    fn n_seq(&self) -> usize {
+        self.states.len()
+    }
+
+    fn clear(&mut self, seq: usize) -> Result<(), ExecError> {
+        self.states
+            .get_mut(seq)
+            .ok_or_else(|| ExecError::new("clear", format!("no sequence {seq}")))?
+            .clear();
+        Ok(())
+    }
+
+    fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError> {
+        let mut outs = Vec::with_capacity(batch.len());
+        for s in batch {
+            let state = self
+                .states
+                .get_mut(s.seq)
+                .ok_or_else(|| ExecError::new("step", format!("no sequence {}", s.seq)))?;
+            let which = match s.want {
+                Want::Logits(w) => w,
+                Want::Greedy => Logits::Last,
+            };
+            let logits = model::forward(&self.backend, s.tokens, s.pos0, state, which)?;
+            outs.push(match s.want {
+                Want::Logits(_) => StepOut::Logits(logits.data),
+                Want::Greedy => StepOut::Token(crate::sampler::argmax(&logits.data)),
+            });
+        }
+        Ok(outs)
     }
 }

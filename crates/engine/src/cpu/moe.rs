@@ -10,7 +10,8 @@ use model::weights::MoeWeights;
 use model::ModelConfig;
 use rayon::prelude::*;
 
-pub(super) fn run(b: &CpuBackend, cfg: &ModelConfig, w: &MoeWeights, x: &Act) -> Act {
+pub(super) fn run(b: &CpuBackend, w: &MoeWeights, x: &Act) -> Act {
+    let cfg = &b.cfg;
     let (t_n, e) = (x.rows, cfg.n_embd);
     let k = cfg.n_expert_used;
     let logits = b.mm_weight(&w.router, x);

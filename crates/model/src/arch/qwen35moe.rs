@@ -8,19 +8,45 @@
 //! - One MTP (NextN) block may follow the trunk (`nextn_predict_layers`); it is
 //!   not run by the trunk forward and is kept for speculative decoding.
 
-use crate::config::ModelConfig;
-use crate::weights::{load_hybrid_layer, BetaAlpha, LayerWeights, Loader};
-use crate::ModelError;
+use crate::config::Arch;
+use crate::tensors::{
+    ArchTable, Dim, QuantRule, Role, TensorDef, TensorId, When, ATTENTION, ATTN_NORM, DELTANET,
+    FUSED_GATE_UP, MOE, NEXTN, POST_ATTENTION_NORM, SHARED_EXPERT, TRUNK,
+};
 
-pub(crate) fn load_layer(
-    l: &Loader,
-    cfg: &ModelConfig,
-    i: usize,
-) -> Result<LayerWeights, ModelError> {
-    load_hybrid_layer(l, cfg, i, |hv| {
-        Ok(BetaAlpha::Separate {
-            beta: l.get(&format!("blk.{i}.ssm_beta.weight"), &[cfg.n_embd, hv])?,
-            alpha: l.get(&format!("blk.{i}.ssm_alpha.weight"), &[cfg.n_embd, hv])?,
-        })
-    })
-}
+/// β and α logits, one per value head each.
+const BETA_ALPHA: &[TensorDef] = &[
+    TensorDef::new(
+        TensorId::SsmBeta,
+        "ssm_beta.weight",
+        &[Dim::Embd, Dim::VHeads],
+        Role::LinearAttention,
+        When::DeltaNet,
+        QuantRule::Weight,
+    ),
+    TensorDef::new(
+        TensorId::SsmAlpha,
+        "ssm_alpha.weight",
+        &[Dim::Embd, Dim::VHeads],
+        Role::LinearAttention,
+        When::DeltaNet,
+        QuantRule::Weight,
+    ),
+];
+
+pub(crate) static TABLE: ArchTable = ArchTable {
+    arch: Arch::Qwen35Moe,
+    trunk: TRUNK,
+    block: &[
+        &[ATTN_NORM, POST_ATTENTION_NORM],
+        ATTENTION,
+        DELTANET,
+        BETA_ALPHA,
+        MOE,
+        SHARED_EXPERT,
+        NEXTN,
+    ],
+    refused: &[FUSED_GATE_UP],
+    gated_attention: true,
+    tiled_v_heads: true,
+};

@@ -3,17 +3,19 @@
 //! Per shard, the fixed header, metadata, tensor infos, padding before the data section,
 //! tensor data, padding after tensors and unreferenced bytes sum to the file size
 //! exactly (each term is measured, the last one is what no tensor claims). Tensors are
-//! also grouped by role (embedding, attention, linear attention, router, shared expert,
-//! routed experts, norms, MTP, ...) so the dense/expert split of a model is visible.
+//! also grouped by their role in the arch's tensor table ([`crate::tensors`]: embedding,
+//! attention, linear attention, router, shared expert, routed experts, norms, MTP, ...)
+//! so the dense/expert split of a model is visible.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use gguf::{GgmlType, GgufFile, TensorInfo};
 
-use super::plan::block_of;
+use crate::config::Arch;
+use crate::tensors::{self, block_of, ArchTable, Role};
 
-/// The role of a tensor, from its name.
+/// What `inspect` sums a tensor under: its role, coarsened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Group {
     Embedding,
@@ -58,13 +60,31 @@ impl Group {
     }
 }
 
-/// Facts about the model needed to classify names.
+impl Group {
+    /// The group of a tensor of role `role` outside an MTP block.
+    pub const fn of(role: Role) -> Group {
+        match role {
+            Role::Embedding => Group::Embedding,
+            Role::Output => Group::Output,
+            Role::OutputNorm | Role::Norm => Group::Norms,
+            Role::Attention => Group::Attention,
+            Role::LinearAttention => Group::LinearAttention,
+            Role::Router => Group::Router,
+            Role::SharedExpert | Role::SharedExpertGate => Group::SharedExpert,
+            Role::RoutedExpert(_) => Group::RoutedExperts,
+            Role::Mtp => Group::Mtp,
+        }
+    }
+}
+
+/// Classifies a file's tensor names through its arch's table.
 #[derive(Debug, Clone, Default)]
 pub struct Classifier {
     /// First MTP block index (`block_count − nextn_predict_layers`), if the file has MTP.
     pub nextn_start: Option<u32>,
-    /// Blocks that hold linear-attention (`ssm_*`) tensors.
-    pub recurrent: HashSet<u32>,
+    /// The file's arch table; `None` for an arch this engine does not know (names are
+    /// then looked up in every table: see [`Role::of`]).
+    pub table: Option<&'static ArchTable>,
 }
 
 impl Classifier {
@@ -75,71 +95,29 @@ impl Classifier {
             (Some(b), Some(n)) if n > 0 && n <= b => u32::try_from(b - n).ok(),
             _ => None,
         };
-        let recurrent = f
-            .tensors()
-            .iter()
-            .filter(|t| t.name.contains(".ssm_"))
-            .filter_map(|t| block_of(&t.name))
-            .collect();
         Classifier {
             nextn_start,
-            recurrent,
+            table: Arch::from_name(arch).map(tensors::table),
         }
     }
 
+    /// The tensor's role in the table, if the table lists it.
+    pub fn role(&self, name: &str) -> Option<Role> {
+        match self.table {
+            Some(t) => t.find(name).map(|(_, d)| d.role),
+            None => Role::of(name),
+        }
+    }
+
+    /// Every tensor of an MTP block is `Mtp`; others go by role, `Other` if unlisted.
     pub fn classify(&self, name: &str) -> Group {
-        let block = block_of(name);
-        if let (Some(b), Some(start)) = (block, self.nextn_start) {
+        if let (Some(b), Some(start)) = (block_of(name), self.nextn_start) {
             if b >= start {
                 return Group::Mtp;
             }
         }
-        let leaf = match block {
-            Some(b) => name
-                .strip_prefix(&format!("blk.{b}."))
-                .unwrap_or(name)
-                .to_string(),
-            None => name.to_string(),
-        };
-        if leaf.contains(".nextn.") || leaf.starts_with("nextn.") {
-            return Group::Mtp;
-        }
-        if leaf.starts_with("token_embd") {
-            return Group::Embedding;
-        }
-        if leaf == "output.weight" || leaf.starts_with("output.") {
-            return Group::Output;
-        }
-        if leaf.contains("norm") {
-            return Group::Norms;
-        }
-        if leaf.contains("_exps") {
-            return Group::RoutedExperts;
-        }
-        if leaf.contains("_shexp") {
-            return Group::SharedExpert;
-        }
-        if leaf.starts_with("ffn_gate_inp") {
-            return Group::Router;
-        }
-        if leaf.starts_with("ssm_") {
-            return Group::LinearAttention;
-        }
-        if leaf.starts_with("attn_") {
-            let linear = block.is_some_and(|b| self.recurrent.contains(&b));
-            return if linear {
-                Group::LinearAttention
-            } else {
-                Group::Attention
-            };
-        }
-        Group::Other
+        self.role(name).map_or(Group::Other, Group::of)
     }
-}
-
-/// Whether a tensor is routed-expert data (the part an expert store tiers), MTP included.
-pub fn is_routed_expert(name: &str) -> bool {
-    name.contains("_exps")
 }
 
 /// One shard's bytes, term by term; [`ShardAccounting::total`] equals `file_size`.
@@ -373,7 +351,7 @@ pub fn account(f: &GgufFile) -> Result<Accounting, AccountingError> {
         for tally in [
             groups.entry(classifier.classify(&t.name)).or_default(),
             by_type.entry(t.ty).or_default(),
-            if is_routed_expert(&t.name) {
+            if classifier.role(&t.name).is_some_and(Role::is_routed_expert) {
                 &mut routed
             } else {
                 &mut dense
@@ -399,11 +377,10 @@ mod tests {
 
     #[test]
     fn classification() {
-        let mut c = Classifier {
+        let c = Classifier {
             nextn_start: Some(40),
-            recurrent: HashSet::new(),
+            table: Some(tensors::table(Arch::Qwen35Moe)),
         };
-        c.recurrent.insert(0);
         assert_eq!(c.classify("token_embd.weight"), Group::Embedding);
         assert_eq!(c.classify("output.weight"), Group::Output);
         assert_eq!(c.classify("output_norm.weight"), Group::Norms);
@@ -422,5 +399,11 @@ mod tests {
         );
         assert_eq!(c.classify("blk.40.ffn_down_exps.weight"), Group::Mtp);
         assert_eq!(c.classify("blk.40.nextn.eh_proj.weight"), Group::Mtp);
+        // Not in qwen35moe's table (qwen3next's fused β/α), nor in any table.
+        assert_eq!(c.classify("blk.0.ssm_ba.weight"), Group::Other);
+        assert_eq!(c.classify("rope_freqs.weight"), Group::Other);
+        // An unknown arch falls back to every table.
+        let any = Classifier::default();
+        assert_eq!(any.classify("blk.0.ssm_ba.weight"), Group::LinearAttention);
     }
 }

@@ -84,6 +84,22 @@ async fn props_and_slots() {
     assert_eq!(p["total_slots"], 1);
     assert_eq!(p["default_generation_settings"]["n_ctx"], 1024);
     assert_eq!(p["model_alias"], "tiny-test");
+    assert!(
+        p["device"].is_null(),
+        "no engine, no report: {}",
+        p["device"]
+    );
+    st.stats.set_device(engine::DeviceReport {
+        device: engine::Device::Cuda(0),
+        name: "NVIDIA H200".into(),
+        vram_used: Some(5 << 30),
+        vram_total: Some(141 << 30),
+    });
+    let p = call(addr, "GET", "/props", None).await.json();
+    assert_eq!(p["device"]["device"], "cuda:0");
+    assert_eq!(p["device"]["name"], "NVIDIA H200");
+    assert_eq!(p["device"]["vram_used_bytes"], 5u64 << 30);
+    assert_eq!(p["device"]["vram_total_bytes"], 141u64 << 30);
 
     let s = call(addr, "GET", "/slots", None).await.json();
     assert_eq!(s[0]["is_processing"], false);
@@ -218,6 +234,16 @@ async fn stats_json_and_page() {
     assert_eq!(v["totals"]["tokens_predicted"], 2);
     assert!(v["gpu"]["present"].is_boolean());
     assert_eq!(v["model"]["arch"], "qwen35moe");
+    assert!(v["device"].is_null());
+    st.stats.set_device(engine::DeviceReport {
+        device: engine::Device::Cpu,
+        name: "cpu (avx512)".into(),
+        vram_used: None,
+        vram_total: None,
+    });
+    let v = call(addr, "GET", "/stats.json", None).await.json();
+    assert_eq!(v["device"]["name"], "cpu (avx512)");
+    assert_eq!(v["device"]["kind"], "cpu");
 
     let r = call(addr, "GET", "/", None).await;
     assert_eq!(r.status, 200);

@@ -1,0 +1,449 @@
+//! `scoria bench`: prompt and generation speed, labelled and reported as llama-bench
+//! does, so the two can be compared test by test (`bench/compare.py`).
+//!
+//! # What is timed
+//!
+//! Every test and repetition starts from an empty state (`Engine::reset`) and feeds
+//! random token ids (uniform in `1..n_vocab`, seeded by `--seed`, the test and the
+//! repetition, so no two repetitions see the same input and none is all zeros).
+//!
+//! * `ppN @ dD`: the engine first evaluates D random ids (not timed), then is asked
+//!   for a prompt of those D ids followed by N new ones with `max_tokens = 0`. It keeps
+//!   the D-token state and evaluates only the N new tokens; the time is the engine's
+//!   `Timings::prompt_ms`: from the start of that evaluation until the logits of the
+//!   last prompt position are on the host. t/s = N / that time.
+//! * `tgN @ dD`: one request whose prompt is max(D, 1) random ids (evaluated, not
+//!   timed), decoded greedily with `stop_at_eog = false` (end-of-generation tokens are
+//!   ignored, as `scoria run --ignore-eos` does) and `max_tokens = N + 1`. The engine's
+//!   `Timings::predicted_ms` covers everything after the prompt step: N one-token
+//!   forward steps, at positions max(D, 1) .. max(D, 1) + N - 1, and the greedy pick of
+//!   N + 1 tokens (the last one is picked but never fed). Plain greedy sampling lets
+//!   the executor return the argmax id from each step instead of the logits, so the
+//!   picks are part of the steps (the prompt step's pick is made before the timer
+//!   starts). t/s = N / that time. Against llama-bench, which times N one-token steps
+//!   at positions D .. D + N - 1 on random ids and picks nothing: the same positions
+//!   for D > 0, one position later for D = 0, plus the argmax inside each step.
+//!
+//! Before each test's repetitions, one warm-up run of that same test (own inputs) is
+//! made and not reported. Each test reports every sample, mean ± sample standard
+//! deviation (llama-bench's `t/s` column) and the median (what `BENCH.md` compares).
+
+mod report;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use engine::{Engine, EngineConfig, FinishReason, Flow, GenerateRequest, SamplingParams};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::{Rng, SeedableRng};
+
+use report::{ModelDesc, Report, TestResult};
+
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Tests are labelled as llama-bench labels them: pp512, tg128, \
+pp512 @ d4096, tg128 @ d4096. A 0 in -p or -n skips that kind of test."
+)]
+pub struct BenchArgs {
+    /// Model file (GGUF; the first shard of a split model).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Prompt sizes, comma-separated (one `ppN` test each).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generation sizes, comma-separated (one `tgN` test each).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<usize>,
+    /// Depths, comma-separated: tokens already in the KV cache / recurrent state
+    /// before the timed part (every test runs at every depth).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub n_depth: Vec<usize>,
+    /// Timed repetitions of each test (after one warm-up run).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub repetitions: u32,
+    /// Where model steps run: cpu, cuda (device 0) or cuda:N (default: the engine
+    /// chooses: the GPU when the build has CUDA and one is present, else the CPU).
+    #[arg(long)]
+    pub device: Option<engine::Device>,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context to allocate (default: just enough for the largest depth + test).
+    #[arg(short = 'c', long = "max-context")]
+    pub max_context: Option<usize>,
+    /// Output format.
+    #[arg(short = 'o', long = "output-format", value_enum, default_value_t = Format::Md)]
+    pub format: Format,
+    /// Write the output to this file instead of stdout.
+    #[arg(long = "output")]
+    pub output: Option<PathBuf>,
+    /// Seed of the random token ids.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// llama-bench's markdown table, plus a median column.
+    Md,
+    /// One JSON object: run, model, device, and every test with its samples.
+    Json,
+    /// One JSON object per test and line, each self-contained.
+    Jsonl,
+}
+
+/// One test: `n_prompt` > 0 is a prompt test, `n_gen` > 0 a generation test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TestSpec {
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub n_depth: usize,
+}
+
+impl TestSpec {
+    /// llama-bench's label: `pp512`, `tg128`, then ` @ d4096` when there is a depth.
+    pub fn label(&self) -> String {
+        let mut s = match (self.n_prompt, self.n_gen) {
+            (p, 0) => format!("pp{p}"),
+            (0, n) => format!("tg{n}"),
+            (p, n) => format!("pp{p}+tg{n}"),
+        };
+        if self.n_depth > 0 {
+            s.push_str(&format!(" @ d{}", self.n_depth));
+        }
+        s
+    }
+
+    /// Tokens the rate is computed over.
+    pub fn timed_tokens(&self) -> usize {
+        self.n_prompt + self.n_gen
+    }
+
+    /// Tokens in the state before the timed part begins.
+    fn prefix_len(&self) -> usize {
+        if self.n_gen > 0 {
+            self.n_depth.max(1)
+        } else {
+            self.n_depth
+        }
+    }
+
+    /// The smallest context the engine accepts this test in: a prompt must be
+    /// shorter than the context, and every decode step needs a free position.
+    pub fn n_ctx_needed(&self) -> usize {
+        if self.n_gen > 0 {
+            self.prefix_len() + self.n_gen + 1
+        } else {
+            self.n_depth + self.n_prompt + 1
+        }
+    }
+}
+
+/// The tests in llama-bench's order: for each depth, the prompt sizes, then the
+/// generation sizes; zeros are skipped.
+pub fn plan(n_prompt: &[usize], n_gen: &[usize], n_depth: &[usize]) -> Vec<TestSpec> {
+    let mut out = Vec::new();
+    for &d in n_depth {
+        for &p in n_prompt.iter().filter(|&&p| p > 0) {
+            out.push(TestSpec {
+                n_prompt: p,
+                n_gen: 0,
+                n_depth: d,
+            });
+        }
+        for &n in n_gen.iter().filter(|&&n| n > 0) {
+            out.push(TestSpec {
+                n_prompt: 0,
+                n_gen: n,
+                n_depth: d,
+            });
+        }
+    }
+    out
+}
+
+/// `n` token ids uniform in `1..n_vocab` (never 0), from a generator seeded by the
+/// run's seed, the test's index and the run (0 is the warm-up, 1.. the repetitions),
+/// so every run sees different input and a run can be reproduced.
+pub fn random_ids(seed: u64, test: usize, run: u64, n: usize, n_vocab: usize) -> Vec<u32> {
+    let mix = splitmix(splitmix(splitmix(seed) ^ test as u64) ^ run);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(mix);
+    let hi = n_vocab.max(2) as u32;
+    (0..n).map(|_| rng.random_range(1..hi)).collect()
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// One timed run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub ns: u64,
+    pub tps: f64,
+}
+
+impl Sample {
+    fn from_ms(tokens: usize, ms: f64) -> Result<Sample> {
+        if ms <= 0.0 || !ms.is_finite() {
+            bail!("the engine reported {ms} ms for {tokens} tokens; cannot compute a rate");
+        }
+        Ok(Sample {
+            ns: (ms * 1e6).round() as u64,
+            tps: tokens as f64 * 1000.0 / ms,
+        })
+    }
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams {
+            seed: Some(seed),
+            ..Default::default() // temperature 0: greedy, no penalties
+        },
+        stop_at_eog: false,
+    }
+}
+
+/// Runs `t` once on `ids` (its prefix and its new tokens); see the module docs for
+/// what is timed.
+fn run_once(eng: &mut Engine, t: &TestSpec, ids: &[u32], seed: u64) -> Result<Sample> {
+    eng.reset()?;
+    let mut keep_going = |_: &engine::TokenEvent| Flow::Continue;
+    if t.n_gen == 0 {
+        let d = t.n_depth;
+        if d > 0 {
+            eng.generate(&request(ids[..d].to_vec(), 0, seed), &mut keep_going)?;
+        }
+        let c = eng.generate(&request(ids.to_vec(), 0, seed), &mut keep_going)?;
+        let tm = &c.timings;
+        if tm.prompt_n != t.n_prompt || tm.cache_n != d {
+            bail!(
+                "{}: the engine evaluated {} prompt tokens after {} kept ones; expected {} after {d}",
+                t.label(),
+                tm.prompt_n,
+                tm.cache_n,
+                t.n_prompt
+            );
+        }
+        Sample::from_ms(t.n_prompt, tm.prompt_ms)
+    } else {
+        let c = eng.generate(&request(ids.to_vec(), t.n_gen + 1, seed), &mut keep_going)?;
+        if c.timings.predicted_n != t.n_gen + 1 || c.finish != FinishReason::Length {
+            bail!(
+                "{}: the engine generated {} tokens (finish {:?}); expected {} ending at the length limit",
+                t.label(),
+                c.timings.predicted_n,
+                c.finish,
+                t.n_gen + 1
+            );
+        }
+        Sample::from_ms(t.n_gen, c.timings.predicted_ms)
+    }
+}
+
+/// Where the output goes; opened before the run so a bad path fails at once.
+enum Sink {
+    Stdout,
+    File(PathBuf, std::fs::File),
+}
+
+impl Sink {
+    fn write(self, text: &str) -> Result<()> {
+        match self {
+            Sink::Stdout => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(text.as_bytes())?;
+                out.flush()?;
+            }
+            Sink::File(path, mut f) => {
+                f.write_all(text.as_bytes())
+                    .and_then(|_| f.flush())
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("scoria bench: wrote {}", path.display());
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let tests = plan(&a.n_prompt, &a.n_gen, &a.n_depth);
+    if tests.is_empty() {
+        bail!("nothing to run: every -p and -n size is 0");
+    }
+    if !a.model.is_file() {
+        bail!(
+            "model file {} not found (give a GGUF file with -m)",
+            a.model.display()
+        );
+    }
+    let needed = tests.iter().map(TestSpec::n_ctx_needed).max().unwrap_or(16);
+    if let Some(c) = a.max_context {
+        if let Some(t) = tests.iter().find(|t| t.n_ctx_needed() > c) {
+            bail!(
+                "test {} needs a context of {} tokens but --max-context is {c}; raise --max-context or lower -d/-p/-n",
+                t.label(),
+                t.n_ctx_needed()
+            );
+        }
+    }
+    let sink = match &a.output {
+        Some(p) => Sink::File(
+            p.clone(),
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        ),
+        None => Sink::Stdout,
+    };
+    let reps = a.repetitions as usize;
+    let t0 = std::time::Instant::now();
+    let mut eng = Engine::load(
+        &a.model,
+        &EngineConfig {
+            threads: a.threads,
+            max_context: Some(a.max_context.unwrap_or(needed.max(16))),
+            precision: Default::default(),
+            device: a.device,
+        },
+    )
+    .with_context(|| format!("loading {}", a.model.display()))?;
+    let model = ModelDesc::read(&a.model, eng.info().clone(), eng.memory().weights_mapped)?;
+    let device = eng.device_report();
+    let threads = rayon::current_num_threads();
+    eprintln!(
+        "scoria bench: {} ({:.2} GiB, {} params), context {}, {threads} threads, loaded in {:.1}s",
+        model.type_name(),
+        model.size as f64 / (1u64 << 30) as f64,
+        report::fmt_params(model.n_params),
+        model.info.n_ctx,
+        t0.elapsed().as_secs_f64()
+    );
+    eprintln!("scoria bench: {}", server::device::line(&device));
+    if let Some(want) = a.device.filter(|&d| d != device.device) {
+        // The table's backend column follows the report, so the numbers stay honest;
+        // say loudly that they are not what was asked for.
+        eprintln!(
+            "scoria bench: warning: --device {want} was asked for, but the engine reports it runs on {}",
+            device.device
+        );
+    }
+    if model.info.synthetic {
+        eprintln!("scoria bench: {}", report::SYNTHETIC_NOTE);
+    }
+
+    let bar = progress_bar((tests.len() * (reps + 1)) as u64);
+    let n_vocab = model.info.n_vocab;
+    let mut results = Vec::with_capacity(tests.len());
+    for (i, t) in tests.iter().enumerate() {
+        let label = t.label();
+        let len = t.prefix_len() + t.n_prompt;
+        let mut samples = Vec::with_capacity(reps);
+        for run in 0..=reps as u64 {
+            bar.set_message(if run == 0 {
+                format!("{label} warm-up")
+            } else {
+                format!("{label} run {run}/{reps}")
+            });
+            let ids = random_ids(a.seed, i, run, len, n_vocab);
+            let s = run_once(&mut eng, t, &ids, a.seed ^ run)
+                .with_context(|| format!("test {label}, run {run}"))?;
+            if run > 0 {
+                samples.push(s);
+            }
+            bar.inc(1);
+        }
+        let r = TestResult {
+            spec: *t,
+            samples,
+            device: eng.device_report(),
+            finished_at: report::utc_now(),
+        };
+        let s = r.summary();
+        bar.suspend(|| {
+            eprintln!(
+                "scoria bench: {label}: {:.2} t/s median, {:.2} ± {:.2} mean over {reps} runs",
+                s.median, s.mean, s.stddev
+            )
+        });
+        results.push(r);
+    }
+    bar.finish_and_clear();
+
+    let rep = Report {
+        model,
+        device,
+        threads,
+        seed: a.seed,
+        repetitions: reps,
+        date: report::utc_now(),
+        command: command_line(),
+        build_commit: std::env::var("SCORIA_COMMIT").unwrap_or_else(|_| "unknown".into()),
+        tests: results,
+    };
+    let text = match a.format {
+        Format::Md => rep.markdown(),
+        Format::Json => format!("{:#}\n", rep.to_json()),
+        Format::Jsonl => rep.to_jsonl(),
+    };
+    sink.write(&text)
+}
+
+/// A progress bar on stderr (drawn only when stderr is a terminal).
+fn progress_bar(len: u64) -> ProgressBar {
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(len), target);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}
+
+/// The command as typed (arguments with spaces or quotes single-quoted), for the
+/// record every number carries.
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:,=@+".contains(c))
+            {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,217 @@
+//! Builds the CUDA kernels (feature `cuda` only).
+//!
+//! Each `kernels/*.cu` becomes one fat binary holding a cubin for every architecture in
+//! `SCORIA_CUDA_ARCHS` (comma-separated compute capabilities, default `90`) plus PTX for
+//! the highest, so that newer GPUs JIT-compile it. The driver picks the best image when
+//! the module is loaded. The fat binaries are embedded with `include_bytes!` from
+//! `OUT_DIR/kernels.rs`.
+//!
+//! The flags keep every float operation exactly as written (DESIGN.md invariant 1): no
+//! contraction into FMAs (`--fmad=false`), IEEE division and square root, no
+//! flush-to-zero, and no fast-math intrinsics.
+//!
+//! nvcc is found through `NVCC`, then `CUDA_HOME/bin/nvcc`, then `PATH`, then the prefix
+//! that `scripts/install-cuda-toolchain.sh` installs into.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_CUDA");
+    if env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    for v in [
+        "NVCC",
+        "CUDA_HOME",
+        "SCORIA_CUDA_ARCHS",
+        "SCORIA_CUDA_PREFIX",
+        "SCORIA_NVCC_FLAGS",
+    ] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+    let manifest =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let kdir = manifest.join("kernels");
+    println!("cargo:rerun-if-changed={}", kdir.display());
+
+    let nvcc = find_nvcc().unwrap_or_else(|| {
+        fail(
+            "nvcc was not found (tried $NVCC, $CUDA_HOME/bin/nvcc, PATH and the prefix of \
+             scripts/install-cuda-toolchain.sh). Install it with \
+             `bash scripts/install-cuda-toolchain.sh` (CUDA 13.0 from pip, no root needed), \
+             or build without `--features cuda`.",
+        )
+    });
+    let archs = archs();
+
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(&kdir)
+        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", kdir.display())))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+    for entry in std::fs::read_dir(&kdir).into_iter().flatten().flatten() {
+        println!("cargo:rerun-if-changed={}", entry.path().display());
+    }
+    if sources.is_empty() {
+        fail(&format!("no kernels/*.cu in {}", kdir.display()));
+    }
+
+    // The modules compile in parallel: nvcc is single-threaded and the kernels
+    // are independent translation units.
+    let jobs: Vec<_> = sources
+        .iter()
+        .map(|src| {
+            let stem = src
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_else(|| {
+                    fail(&format!("kernel file name is not UTF-8: {}", src.display()))
+                })
+                .to_string();
+            let dst = out.join(format!("{stem}.fatbin"));
+            let mut cmd = Command::new(&nvcc);
+            cmd.arg("-fatbin")
+                .args([
+                    "-O3",
+                    "-std=c++17",
+                    "--fmad=false",
+                    "-prec-div=true",
+                    "-prec-sqrt=true",
+                    "-ftz=false",
+                    "-lineinfo",
+                    "-Werror",
+                    "all-warnings",
+                ])
+                .arg("-I")
+                .arg(&kdir);
+            for a in &archs {
+                cmd.arg("-gencode")
+                    .arg(format!("arch=compute_{a},code=sm_{a}"));
+            }
+            let top = archs.last().expect("at least one arch");
+            cmd.arg("-gencode")
+                .arg(format!("arch=compute_{top},code=compute_{top}"));
+            if let Ok(extra) = env::var("SCORIA_NVCC_FLAGS") {
+                cmd.args(extra.split_whitespace());
+            }
+            cmd.arg("-o").arg(&dst).arg(src);
+            let child = cmd
+                .spawn()
+                .unwrap_or_else(|e| fail(&format!("cannot run {}: {e}", nvcc.display())));
+            (stem, dst, child, src.clone())
+        })
+        .collect();
+
+    let mut modules = Vec::new();
+    for (stem, dst, child, src) in jobs {
+        let output = child
+            .wait_with_output()
+            .unwrap_or_else(|e| fail(&format!("nvcc on {}: {e}", src.display())));
+        if !output.status.success() {
+            fail(&format!(
+                "nvcc failed on {} ({})",
+                src.display(),
+                output.status
+            ));
+        }
+        modules.push((stem, dst));
+    }
+
+    let mut rs = String::from(
+        "/// The kernel modules: (file stem, fat binary with cubins and PTX).\n\
+         pub(crate) static MODULES: &[(&str, &[u8])] = &[\n",
+    );
+    for (stem, dst) in &modules {
+        rs.push_str(&format!(
+            "    ({stem:?}, include_bytes!({:?})),\n",
+            dst.display().to_string()
+        ));
+    }
+    rs.push_str("];\n");
+    rs.push_str(&format!(
+        "/// The architectures the cubins were built for.\npub(crate) static ARCHS: &[u32] = &{archs:?};\n"
+    ));
+    std::fs::write(out.join("kernels.rs"), rs)
+        .unwrap_or_else(|e| fail(&format!("cannot write kernels.rs: {e}")));
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("error: scoria-cuda: {msg}");
+    panic!("scoria-cuda build failed: {msg}");
+}
+
+/// `SCORIA_CUDA_ARCHS`, sorted ascending and deduplicated (default: 90, the H100/H200).
+fn archs() -> Vec<u32> {
+    let raw = env::var("SCORIA_CUDA_ARCHS").unwrap_or_else(|_| "90".to_string());
+    let mut v: Vec<u32> = raw
+        .split([',', ' ', ';'])
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let s = s
+                .trim()
+                .trim_start_matches("sm_")
+                .trim_start_matches("compute_");
+            s.parse::<u32>()
+                .ok()
+                .filter(|&a| (50..=200).contains(&a))
+                .unwrap_or_else(|| {
+                    fail(&format!(
+                    "SCORIA_CUDA_ARCHS={raw:?}: `{s}` is not a compute capability such as 90 or 120"
+                ))
+                })
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    if v.is_empty() {
+        fail("SCORIA_CUDA_ARCHS is empty");
+    }
+    v
+}
+
+fn runs(p: &Path) -> bool {
+    p.is_file()
+        && Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
+fn find_nvcc() -> Option<PathBuf> {
+    if let Some(p) = env::var_os("NVCC") {
+        let p = PathBuf::from(p);
+        if runs(&p) {
+            return Some(p);
+        }
+        fail(&format!(
+            "NVCC={} does not run (`--version` failed)",
+            p.display()
+        ));
+    }
+    if let Some(home) = env::var_os("CUDA_HOME") {
+        let p = PathBuf::from(home).join("bin").join("nvcc");
+        if runs(&p) {
+            return Some(p);
+        }
+    }
+    if let Some(path) = env::var_os("PATH") {
+        for dir in env::split_paths(&path) {
+            let p = dir.join("nvcc");
+            if runs(&p) {
+                return Some(p);
+            }
+        }
+    }
+    let prefix = env::var_os("SCORIA_CUDA_PREFIX")
+        .map(PathBuf::from)
+        .or_else(|| {
+            env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/scoria/cuda-13.0"))
+        })?;
+    let p = prefix.join("bin").join("nvcc");
+    runs(&p).then_some(p)
+}

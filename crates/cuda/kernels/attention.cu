@@ -1,0 +1,302 @@
+// Attention: per-head q/k RMSNorm + NeoX rotary + the K/V cache write (attn_prep,
+// bit-identical to the CPU's norm and rope), and causal softmax attention over the
+// cache (attn_core: flash-style, online softmax over key tiles in shared memory; not
+// bit-identical to the CPU, whose softmax sees all scores at once, but deterministic).
+// Positions come from the device (pos0_dev), so a captured graph replays at a moving
+// position.
+
+#include "sc_common.cuh"
+#include "sc_math.cuh"
+
+#define SC_FULL 0xffffffffu
+#define SC_MAX_HD 256
+
+// ---------------------------------------------------------------------- attn_prep
+// One warp per (token, head slot): slots 0..n_head are query heads (normed with
+// q_norm, rotated, written to q_out[t][h]); slots n_head.. are K/V heads (k normed
+// with k_norm and rotated into k_cache[pos][h], v copied to v_cache[pos][h]), with
+// pos = *pos0_dev + t. rope is f32 [n_ctx][n_rot/2][2] = (cos, sin). A null q_norm /
+// k_norm skips that norm.
+#define SC_PREP_WARPS 4
+extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS)
+    attn_prep(const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
+              int n_tok, const int* __restrict__ pos0_dev, int n_head, int n_head_kv, int hd, int q_stride,
+              const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
+              const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
+              float* __restrict__ v_cache, float* __restrict__ q_out) {
+  __shared__ float sbuf[SC_PREP_WARPS][SC_MAX_HD];
+  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  const long long item = (long long)blockIdx.x * SC_PREP_WARPS + wi;
+  const int slots = n_head + n_head_kv;
+  if (item >= (long long)n_tok * slots) return;
+  const int t = (int)(item / slots), slot = (int)(item % slots);
+  const bool is_q = slot < n_head;
+  const int h = is_q ? slot : slot - n_head;
+  const int pos = pos0_dev[0] + t;
+  const float* src = is_q ? q_raw + (size_t)t * n_head * q_stride + (size_t)h * q_stride
+                          : k_raw + ((size_t)t * n_head_kv + h) * hd;
+  float* dst = is_q ? q_out + ((size_t)t * n_head + h) * hd : k_cache + ((size_t)pos * n_head_kv + h) * hd;
+  const float* nw = is_q ? q_norm : k_norm;
+  float* buf = sbuf[wi];
+  if (nw) {
+    float acc = 0.0f;
+    for (int i = lane; i < hd; i += 32) {
+      const float v = src[i];
+      acc = sc_add(acc, sc_mul(v, v));
+    }
+    const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
+    const float scale = sc_div(1.0f, sc_sqrt(sc_add(sc_div(ss, (float)hd), eps)));
+    for (int i = lane; i < hd; i += 32) buf[i] = sc_mul(sc_mul(src[i], scale), nw[i]);
+  } else {
+    for (int i = lane; i < hd; i += 32) buf[i] = src[i];
+  }
+  __syncwarp();
+  const int half = n_rot / 2;
+  const float* cs = rope + (size_t)pos * half * 2;
+  for (int i = lane; i < hd; i += 32) {
+    float y;
+    if (i < half) {
+      const float x0 = buf[i], x1 = buf[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+      y = sc_sub(sc_mul(x0, c), sc_mul(x1, s));
+    } else if (i < n_rot) {
+      const int p = i - half;
+      const float x0 = buf[p], x1 = buf[i], c = cs[2 * p], s = cs[2 * p + 1];
+      y = sc_add(sc_mul(x0, s), sc_mul(x1, c));
+    } else {
+      y = buf[i];
+    }
+    dst[i] = y;
+  }
+  if (!is_q) {
+    const float* vs = v_raw + ((size_t)t * n_head_kv + h) * hd;
+    float* vd = v_cache + ((size_t)pos * n_head_kv + h) * hd;
+    for (int i = lane; i < hd; i += 32) vd[i] = vs[i];
+  }
+}
+
+// ---------------------------------------------------------------------- attn_core
+// A block takes one KV head and 16 query rows of its group (row r = t·group + g is
+// query head kvh·group + g of token t), 4 per warp, and walks key tiles of 32 keys:
+// K and V tiles in shared memory shared by the 16 rows, lane = key for the scores,
+// lane = head dims (lane + 32j) for the outputs. Online softmax per row: m (running
+// max), l (running sum), o (running Σ p·v).
+//
+// Split mode (n_split > 1, for few query rows over a long context): blockIdx.z takes
+// one of n_split key ranges of the current length and writes its (m, l, o) to
+// `scratch`; attn_combine merges them. Otherwise the block writes the output.
+#define SC_AQ 16      // query rows per block
+#define SC_AK 32      // keys per tile
+#define SC_AWARPS 4   // 4 rows per warp
+
+__device__ __forceinline__ float sc_warp_max(float v) {
+#pragma unroll
+  for (int w = 16; w > 0; w >>= 1) v = fmaxf(v, __shfl_xor_sync(SC_FULL, v, w));
+  return v;
+}
+
+// The gated output of one row: o / l, times sigmoid(gate) when gated.
+__device__ __forceinline__ float sc_attn_out(float o, float l, const float* gate, size_t gi) {
+  float y = sc_div(o, l);
+  if (gate) y = sc_mul(y, sc_sigmoid(gate[gi]));
+  return y;
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int n_tok,
+                                               const int* __restrict__ pos0_dev, int n_head, int n_head_kv,
+                                               const float* __restrict__ k_cache,
+                                               const float* __restrict__ v_cache, float scale,
+                                               const float* __restrict__ gate, int q_stride,
+                                               float* __restrict__ out, float* __restrict__ scratch,
+                                               int n_split) {
+  constexpr int ND = HD / 32;  // output dims per lane
+  extern __shared__ float4 smem4[];
+  float* smem = (float*)smem4;
+  float* sQ = smem;                        // [SC_AQ][HD]
+  float* sK = sQ + SC_AQ * HD;             // [SC_AK][HD + 1]
+  float* sV = sK + SC_AK * (HD + 1);       // [SC_AK][HD]  (16-byte aligned: HD % 4 == 0)
+  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  const int kvh = blockIdx.x;
+  const int group = n_head / n_head_kv;
+  const int n_rows = n_tok * group;
+  const int row0 = blockIdx.y * SC_AQ;
+  const int pos0 = pos0_dev[0];
+  const int split = blockIdx.z;
+
+  // Query tile (zeros for rows past the end).
+  for (int idx = threadIdx.x; idx < SC_AQ * (HD / 4); idx += blockDim.x) {
+    const int rl = idx / (HD / 4), c = idx % (HD / 4);
+    const int r = row0 + rl;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < n_rows) {
+      const int t = r / group, h = kvh * group + r % group;
+      v = *(const float4*)(q + ((size_t)t * n_head + h) * HD + 4 * c);
+    }
+    *(float4*)(sQ + rl * HD + 4 * c) = v;
+  }
+
+  // This warp's 4 rows: their last visible key (-1 for rows past the end).
+  int limit[4];
+  int last_row = min(row0 + SC_AQ, n_rows) - 1;
+#pragma unroll
+  for (int qi = 0; qi < 4; qi++) {
+    const int r = row0 + wi * 4 + qi;
+    limit[qi] = r < n_rows ? pos0 + r / group : -1;
+  }
+  const int block_limit = pos0 + last_row / group;  // the block's last visible key
+  // This split's key range.
+  const int len_all = pos0 + n_tok;
+  int chunk = (len_all + n_split - 1) / n_split;
+  chunk = (chunk + SC_AK - 1) / SC_AK * SC_AK;
+  const int k_begin = split * chunk;
+  const int k_end = min(k_begin + chunk, block_limit + 1);
+
+  float m[4], l[4], o[4][ND];
+#pragma unroll
+  for (int qi = 0; qi < 4; qi++) {
+    m[qi] = -INFINITY;
+    l[qi] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ND; j++) o[qi][j] = 0.0f;
+  }
+
+  for (int kb = k_begin; kb < k_end; kb += SC_AK) {
+    __syncthreads();  // the previous tile is consumed (and, first time, sQ is written)
+    for (int idx = threadIdx.x; idx < SC_AK * (HD / 4); idx += blockDim.x) {
+      const int j = idx / (HD / 4), c = idx % (HD / 4);
+      const int key = kb + j;
+      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+      if (key < k_end) {
+        const size_t off = ((size_t)key * n_head_kv + kvh) * HD + 4 * c;
+        kv = *(const float4*)(k_cache + off);
+        vv = *(const float4*)(v_cache + off);
+      }
+      float* kd = sK + j * (HD + 1) + 4 * c;
+      kd[0] = kv.x;
+      kd[1] = kv.y;
+      kd[2] = kv.z;
+      kd[3] = kv.w;
+      *(float4*)(sV + j * HD + 4 * c) = vv;
+    }
+    __syncthreads();
+
+    // Scores: lane = key.
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    const float* kr = sK + lane * (HD + 1);
+    const float* qw = sQ + (wi * 4) * HD;
+#pragma unroll 4
+    for (int d = 0; d < HD; d += 4) {
+      const float k0 = kr[d], k1 = kr[d + 1], k2 = kr[d + 2], k3 = kr[d + 3];
+#pragma unroll
+      for (int qi = 0; qi < 4; qi++) {
+        const float4 qv = *(const float4*)(qw + qi * HD + d);
+        s[qi] = fmaf(qv.x, k0, s[qi]);
+        s[qi] = fmaf(qv.y, k1, s[qi]);
+        s[qi] = fmaf(qv.z, k2, s[qi]);
+        s[qi] = fmaf(qv.w, k3, s[qi]);
+      }
+    }
+    const int key = kb + lane;
+    float p[4];
+#pragma unroll
+    for (int qi = 0; qi < 4; qi++) {
+      const float sc = (key <= limit[qi] && key < k_end) ? s[qi] * scale : -INFINITY;
+      const float m_new = fmaxf(m[qi], sc_warp_max(sc));
+      if (m_new == -INFINITY) {  // nothing visible to this row yet
+        p[qi] = 0.0f;
+        continue;
+      }
+      const float alpha = sc_exp(m[qi] - m_new);
+      p[qi] = sc_exp(sc - m_new);
+      l[qi] = l[qi] * alpha + sc_warp_sum(p[qi]);  // every lane holds the same value
+      l[qi] = __shfl_sync(SC_FULL, l[qi], 0);
+      m[qi] = m_new;
+#pragma unroll
+      for (int j = 0; j < ND; j++) o[qi][j] *= alpha;
+    }
+    // o += Σ_key p · v: lane = output dims.
+#pragma unroll 4
+    for (int j = 0; j < SC_AK; j++) {
+      const float* vr = sV + j * HD + lane;
+      float pj[4];
+#pragma unroll
+      for (int qi = 0; qi < 4; qi++) pj[qi] = __shfl_sync(SC_FULL, p[qi], j);
+#pragma unroll
+      for (int jd = 0; jd < ND; jd++) {
+        const float v = vr[32 * jd];
+#pragma unroll
+        for (int qi = 0; qi < 4; qi++) o[qi][jd] = fmaf(pj[qi], v, o[qi][jd]);
+      }
+    }
+  }
+
+  // Results of this warp's rows.
+#pragma unroll
+  for (int qi = 0; qi < 4; qi++) {
+    const int r = row0 + wi * 4 + qi;
+    if (r >= n_rows) continue;
+    const int t = r / group, h = kvh * group + r % group;
+    const size_t th = (size_t)t * n_head + h;
+    if (n_split > 1) {
+      const size_t rows_total = (size_t)n_tok * n_head;
+      float* pm = scratch;                                   // [n_split][rows]
+      float* pl = scratch + (size_t)n_split * rows_total;    // [n_split][rows]
+      float* po = scratch + 2 * (size_t)n_split * rows_total;  // [n_split][rows][HD]
+      const size_t si = (size_t)split * rows_total + th;
+      if (lane == 0) {
+        pm[si] = m[qi];
+        pl[si] = l[qi];
+      }
+#pragma unroll
+      for (int jd = 0; jd < ND; jd++) po[si * HD + lane + 32 * jd] = o[qi][jd];
+    } else {
+#pragma unroll
+      for (int jd = 0; jd < ND; jd++) {
+        const int d = lane + 32 * jd;
+        out[th * HD + d] = sc_attn_out(o[qi][jd], l[qi], gate, (size_t)t * n_head * q_stride + (size_t)h * q_stride + HD + d);
+      }
+    }
+  }
+}
+
+#define SC_ATTN_CORE(HD)                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * SC_AWARPS) attn_core_hd##HD(                   \
+      const float* __restrict__ q, int n_tok, const int* __restrict__ pos0_dev, int n_head,        \
+      int n_head_kv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,         \
+      float scale, const float* __restrict__ gate, int q_stride, float* __restrict__ out,          \
+      float* __restrict__ scratch, int n_split) {                                                  \
+    attn_core_body<HD>(q, n_tok, pos0_dev, n_head, n_head_kv, k_cache, v_cache, scale, gate,       \
+                       q_stride, out, scratch, n_split);                                           \
+  }
+
+SC_ATTN_CORE(64)
+SC_ATTN_CORE(128)
+SC_ATTN_CORE(256)
+
+// Merges the n_split partial results of every (token, head): with M = max m_s,
+// o = Σ_s e^(m_s - M)·o_s / Σ_s e^(m_s - M)·l_s, in split order. One block per
+// (token, head), one thread per head dim.
+extern "C" __global__ void __launch_bounds__(SC_MAX_HD)
+    attn_combine(const float* __restrict__ scratch, int n_split, int n_tok, int n_head, int hd,
+                 const float* __restrict__ gate, int q_stride, float* __restrict__ out) {
+  const size_t th = blockIdx.x;
+  const int d = threadIdx.x;
+  if (d >= hd) return;
+  const size_t rows_total = (size_t)n_tok * n_head;
+  const float* pm = scratch;
+  const float* pl = scratch + (size_t)n_split * rows_total;
+  const float* po = scratch + 2 * (size_t)n_split * rows_total;
+  float mx = -INFINITY;
+  for (int s = 0; s < n_split; s++) mx = fmaxf(mx, pm[s * rows_total + th]);
+  float lsum = 0.0f, osum = 0.0f;
+  for (int s = 0; s < n_split; s++) {
+    const size_t si = s * rows_total + th;
+    const float ms = pm[si];
+    if (ms == -INFINITY) continue;  // a split with no visible key
+    const float f = sc_exp(ms - mx);
+    lsum = lsum + pl[si] * f;
+    osum = osum + po[si * hd + d] * f;
+  }
+  const size_t t = th / n_head, h = th % n_head;
+  out[th * hd + d] = sc_attn_out(osum, lsum, gate, t * n_head * q_stride + h * q_stride + hd + d);
+}

@@ -1,0 +1,176 @@
+// Gated DeltaNet, bit-identical to the CPU (engine/src/cpu/deltanet.rs over
+// model::deltanet::{conv_step, step, gated_norm}): the causal depthwise conv with SiLU,
+// the L2 norm of q and k, the per-head recurrence token by token, and the gated
+// RMSNorm. Prompts and decode steps run the same operations in the same order, so
+// their states agree bit for bit.
+
+#include "sc_common.cuh"
+#include "sc_math.cuh"
+
+#define SC_FULL 0xffffffffu
+#define SC_MAX_DCONV 8
+
+// ------------------------------------------------------------------------ dn_conv
+// One thread per channel c, sequential over the tokens (model::deltanet::conv_step):
+// acc = Σ_j state[j]·taps[j] (in j order, products rounded then added), then
+// acc += x·taps[d_conv-1]; out = silu(acc); the state shifts left and takes x.
+// state is [conv_dim][d_conv-1] (oldest first), taps [conv_dim][d_conv]. `out` may be
+// `qkv`.
+extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, float* __restrict__ state,
+                                                          const float* __restrict__ taps, int n_tok,
+                                                          int conv_dim, int d_conv, float* out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= conv_dim) return;
+  const int hist = d_conv - 1;
+  float st[SC_MAX_DCONV], w[SC_MAX_DCONV];
+#pragma unroll
+  for (int j = 0; j < SC_MAX_DCONV; j++) {
+    st[j] = j < hist ? state[(size_t)c * hist + j] : 0.0f;
+    w[j] = j < d_conv ? taps[(size_t)c * d_conv + j] : 0.0f;
+  }
+  for (int t = 0; t < n_tok; t++) {
+    const float x = qkv[(size_t)t * conv_dim + c];
+    float acc = 0.0f;
+    float wl = 0.0f;
+#pragma unroll
+    for (int j = 0; j < SC_MAX_DCONV; j++) {
+      if (j < hist) acc = sc_add(acc, sc_mul(st[j], w[j]));
+      if (j == hist) wl = w[j];
+    }
+    acc = sc_add(acc, sc_mul(x, wl));
+    out[(size_t)t * conv_dim + c] = sc_silu(acc);
+#pragma unroll
+    for (int j = 0; j + 1 < SC_MAX_DCONV; j++)
+      if (j + 1 < hist) st[j] = st[j + 1];
+#pragma unroll
+    for (int j = 0; j < SC_MAX_DCONV; j++)
+      if (j == hist - 1) st[j] = x;
+  }
+#pragma unroll
+  for (int j = 0; j < SC_MAX_DCONV; j++)
+    if (j < hist) state[(size_t)c * hist + j] = st[j];
+}
+
+// --------------------------------------------------------------------- dn_qk_norm
+// One warp per (token, head) of the 2·n_k_heads q and k heads at the front of each
+// conv row ([q | k | v]): x · 1/sqrt(Σx² + 1e-6) (model::math::l2_norm, canonical
+// order), then q heads · scale (a second rounding, as the CPU does).
+extern "C" __global__ void __launch_bounds__(128) dn_qk_norm(float* conv_out, int n_tok, int conv_dim,
+                                                             int n_k_heads, int d_state, float scale) {
+  const int lane = threadIdx.x & 31;
+  const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (item >= (long long)n_tok * 2 * n_k_heads) return;
+  const int t = (int)(item / (2 * n_k_heads)), hh = (int)(item % (2 * n_k_heads));
+  float* x = conv_out + (size_t)t * conv_dim + (size_t)hh * d_state;
+  float acc = 0.0f;
+  for (int i = lane; i < d_state; i += 32) acc = sc_add(acc, sc_mul(x[i], x[i]));
+  const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
+  const float s = sc_div(1.0f, sc_sqrt(sc_add(ss, 1e-6f)));
+  const bool is_q = hh < n_k_heads;
+  for (int i = lane; i < d_state; i += 32) {
+    float v = sc_mul(x[i], s);
+    if (is_q) v = sc_mul(v, scale);
+    x[i] = v;
+  }
+}
+
+// ------------------------------------------------------------------ dn_recurrence
+// One warp per (value head h, 32 state columns); lane = column j, which keeps
+// S[:, j] (DK values) in registers across the tokens (model::deltanet::step):
+//   g = a[h]·softplus(alpha + dt_bias[h]); β = sigmoid(beta); S ← e^g·S;
+//   kv_j = Σ_i S[i][j]·k_i; δ_j = β·(v_j − kv_j); S[i][j] += k_i·δ_j; o_j = Σ_i S[i][j]·q_i
+// (sums in i order from 0.0, products rounded, then added). Writes o (before the
+// gated norm) to out[t][h·DK + j]. β/α of head h are beta_src[t·beta_stride +
+// beta_idx[h]] and alpha_src[t·alpha_stride + alpha_idx[h]]; its q/k are key head
+// k_head_of[h].
+template <int DK>
+__device__ __forceinline__ void dn_recurrence_body(
+    const float* __restrict__ conv_out, int n_tok, int conv_dim, const float* __restrict__ beta_src,
+    int beta_stride, const int* __restrict__ beta_idx, const float* __restrict__ alpha_src, int alpha_stride,
+    const int* __restrict__ alpha_idx, const float* __restrict__ a, const float* __restrict__ dt_bias,
+    const int* __restrict__ k_head_of, float* __restrict__ state, int n_k_heads, int n_v_heads,
+    float* __restrict__ out) {
+  __shared__ float sq[DK], sk[DK];
+  const int lane = threadIdx.x;
+  const int h = blockIdx.x;
+  const int j = blockIdx.y * 32 + lane;
+  const int kd = n_k_heads * DK;
+  const int kh = k_head_of[h];
+  const int bi = beta_idx[h], ai = alpha_idx[h];
+  const float ah = a[h], dtb = dt_bias[h];
+  float* sh = state + (size_t)h * DK * DK;
+  float S[DK];
+#pragma unroll
+  for (int i = 0; i < DK; i++) S[i] = sh[(size_t)i * DK + j];
+  for (int t = 0; t < n_tok; t++) {
+    const float* row = conv_out + (size_t)t * conv_dim;
+    __syncwarp();
+#pragma unroll
+    for (int m = 0; m < DK / 32; m++) {
+      sq[lane + 32 * m] = row[kh * DK + lane + 32 * m];
+      sk[lane + 32 * m] = row[kd + kh * DK + lane + 32 * m];
+    }
+    __syncwarp();
+    const float v = row[2 * kd + h * DK + j];
+    const float g = sc_mul(ah, sc_softplus(sc_add(alpha_src[(size_t)t * alpha_stride + ai], dtb)));
+    const float beta = sc_sigmoid(beta_src[(size_t)t * beta_stride + bi]);
+    const float decay = sc_exp(g);
+    // The CPU's loops (decay all; kv over i; update all; o over i) fused pairwise:
+    // every element sees the same operations and both sums keep their i order.
+    float kv = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DK; i++) {
+      S[i] = sc_mul(S[i], decay);
+      kv = sc_add(kv, sc_mul(S[i], sk[i]));
+    }
+    const float delta = sc_mul(beta, sc_sub(v, kv));
+    float o = 0.0f;
+    // Re-read k from shared memory (volatile) rather than keep DK values of it live
+    // across both loops: with S in registers that would exceed the register file.
+    const volatile float* skv = sk;
+#pragma unroll
+    for (int i = 0; i < DK; i++) {
+      S[i] = sc_add(S[i], sc_mul(skv[i], delta));
+      o = sc_add(o, sc_mul(S[i], sq[i]));
+    }
+    out[(size_t)t * n_v_heads * DK + (size_t)h * DK + j] = o;
+  }
+#pragma unroll
+  for (int i = 0; i < DK; i++) sh[(size_t)i * DK + j] = S[i];
+}
+
+#define SC_DN_REC(DK)                                                                             \
+  extern "C" __global__ void __launch_bounds__(32) dn_recurrence_dk##DK(                          \
+      const float* __restrict__ conv_out, int n_tok, int conv_dim, const float* __restrict__ beta_src, \
+      int beta_stride, const int* __restrict__ beta_idx, const float* __restrict__ alpha_src,     \
+      int alpha_stride, const int* __restrict__ alpha_idx, const float* __restrict__ a,           \
+      const float* __restrict__ dt_bias, const int* __restrict__ k_head_of,                       \
+      float* __restrict__ state, int n_k_heads, int n_v_heads, float* __restrict__ out) {         \
+    dn_recurrence_body<DK>(conv_out, n_tok, conv_dim, beta_src, beta_stride, beta_idx, alpha_src, \
+                           alpha_stride, alpha_idx, a, dt_bias, k_head_of, state, n_k_heads,      \
+                           n_v_heads, out);                                                       \
+  }
+
+SC_DN_REC(32)
+SC_DN_REC(64)
+SC_DN_REC(128)
+
+// ------------------------------------------------------------------ dn_gated_norm
+// In place on o [n_tok][n_v_heads·d_state], one warp per (token, head)
+// (model::deltanet::gated_norm): rms_norm(o)·w (canonical order), then · silu(z).
+extern "C" __global__ void __launch_bounds__(128) dn_gated_norm(float* o, const float* __restrict__ z,
+                                                                const float* __restrict__ norm_w, float eps,
+                                                                int n_tok, int n_v_heads, int d_state) {
+  const int lane = threadIdx.x & 31;
+  const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (item >= (long long)n_tok * n_v_heads) return;
+  float* x = o + (size_t)item * d_state;
+  const float* zr = z + (size_t)item * d_state;
+  float acc = 0.0f;
+  for (int i = lane; i < d_state; i += 32) acc = sc_add(acc, sc_mul(x[i], x[i]));
+  const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
+  const float scale = sc_div(1.0f, sc_sqrt(sc_add(sc_div(ss, (float)d_state), eps)));
+  for (int i = lane; i < d_state; i += 32) {
+    x[i] = sc_mul(sc_mul(sc_mul(x[i], scale), norm_w[i]), sc_silu(zr[i]));
+  }
+}

@@ -1,0 +1,138 @@
+// Row reductions and elementwise steps: rms_norm, dot_rows, add, swiglu, argmax.
+// rms_norm, dot_rows, add and swiglu are bit-identical to the CPU (model::math); every
+// reduction uses the canonical 32-lane order (lane l sums elements l, l+32, ... in
+// increasing order, then the fixed tree sc_warp_sum).
+
+#include "sc_common.cuh"
+#include "sc_math.cuh"
+
+#define SC_FULL 0xffffffffu
+
+// 1 / sqrt(ss / n + eps), IEEE division and square root (model::math::rms_scale).
+__device__ __forceinline__ float sc_rms_scale_n(float ss, int n, float eps) {
+  return sc_div(1.0f, sc_sqrt(sc_add(sc_div(ss, (float)n), eps)));
+}
+
+// out[r] = rms_norm(x[r]) · w, one warp per row (model::math::rms_norm):
+// ss = Σ x_i² (canonical order, squares rounded then added), scale = 1/sqrt(ss/n + eps),
+// out_i = (x_i · scale) · w_i. `out` may be `x`.
+extern "C" __global__ void __launch_bounds__(128) rms_norm(const float* x, int rows, int cols,
+                                                           const float* __restrict__ w, float eps,
+                                                           float* out) {
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const float* xr = x + (size_t)r * cols;
+  float acc = 0.0f;
+  for (int i = lane; i < cols; i += 32) {
+    const float v = xr[i];
+    acc = sc_add(acc, sc_mul(v, v));
+  }
+  const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
+  const float scale = sc_rms_scale_n(ss, cols, eps);
+  float* orow = out + (size_t)r * cols;
+  for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+}
+
+// The residual step fused with the next norm: x += y, then out = rms_norm(x) · w, one
+// warp per row. The same operations as `add` followed by `rms_norm` (each element's
+// sum is formed once, written to x, and read back by the same thread).
+extern "C" __global__ void __launch_bounds__(128) add_rms_norm(float* x, const float* y, int rows, int cols,
+                                                               const float* __restrict__ w, float eps,
+                                                               float* out) {
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  float* xr = x + (size_t)r * cols;
+  const float* yr = y + (size_t)r * cols;
+  float acc = 0.0f;
+  for (int i = lane; i < cols; i += 32) {
+    const float v = sc_add(xr[i], yr[i]);
+    xr[i] = v;
+    acc = sc_add(acc, sc_mul(v, v));
+  }
+  const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
+  const float scale = sc_rms_scale_n(ss, cols, eps);
+  float* orow = out + (size_t)r * cols;
+  for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+}
+
+// out[r] = Σ_i x[r][i] · v[i] in the canonical order (model::math::dot: each product
+// rounded, then added), one warp per row.
+extern "C" __global__ void __launch_bounds__(128) dot_rows(const float* __restrict__ x,
+                                                           const float* __restrict__ v, int rows,
+                                                           int n, float* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const float* xr = x + (size_t)r * n;
+  float acc = 0.0f;
+  for (int i = lane; i < n; i += 32) acc = sc_add(acc, sc_mul(xr[i], __ldg(v + i)));
+  const float s = sc_warp_sum(acc);
+  if (lane == 0) out[r] = s;
+}
+
+// x += y.
+extern "C" __global__ void __launch_bounds__(256) add(float* x, const float* y, long long n) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    x[i] = sc_add(x[i], y[i]);
+  }
+}
+
+// out = silu(g) · u (the CPU's swiglu). `out` may be `g` or `u`.
+extern "C" __global__ void __launch_bounds__(256) swiglu(const float* g, const float* u, long long n,
+                                                         float* out) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    out[i] = sc_mul(sc_silu(g[i]), u[i]);
+  }
+}
+
+// The greedy choice, as engine::sampler::argmax: the lowest index of the largest value
+// among those greater than -inf; NaN never wins; 0 when no value qualifies (all NaN or
+// -inf). One block of 1024 threads.
+__device__ __forceinline__ void sc_better(float& bv, int& bi, float v, int i) {
+  if (v > bv || (v == bv && i < bi)) {
+    bv = v;
+    bi = i;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) argmax(const float* __restrict__ x, int n,
+                                                          int* __restrict__ out_idx) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  // Increasing i within a thread: strict > keeps the lowest index of equal values.
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = x[i];
+    if (v > bv) {
+      bv = v;
+      bi = i;
+    }
+  }
+  for (int w = 16; w > 0; w >>= 1) {
+    const float ov = __shfl_xor_sync(SC_FULL, bv, w);
+    const int oi = __shfl_xor_sync(SC_FULL, bi, w);
+    sc_better(bv, bi, ov, oi);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sv[warp] = bv;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    bv = lane < nw ? sv[lane] : -INFINITY;
+    bi = lane < nw ? si[lane] : 0x7fffffff;
+    for (int w = 16; w > 0; w >>= 1) {
+      const float ov = __shfl_xor_sync(SC_FULL, bv, w);
+      const int oi = __shfl_xor_sync(SC_FULL, bi, w);
+      sc_better(bv, bi, ov, oi);
+    }
+    if (lane == 0) out_idx[0] = bi == 0x7fffffff ? 0 : bi;
+  }
+}

@@ -1,0 +1,718 @@
+//! The device: driver loading, one context and ONE stream per [`Gpu`], device
+//! buffers, pinned host buffers, copies and stream capture into graphs.
+//!
+//! Everything runs on the `Gpu`'s single stream, in issue order; launches and copies
+//! are asynchronous unless their docs say otherwise. Buffers are plain allocations
+//! (never managed memory). The driver is loaded at run time (cudarc's dynamic
+//! loading), so a CUDA build starts on a machine without it and [`Gpu::open`] says so.
+
+use crate::error::{gib, CudaError};
+use crate::kernels::{Functions, K};
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::{result, DeviceRepr, ValidAsZeroBits};
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A retained primary context. Buffers and graphs hold it, so it outlives them.
+pub(crate) struct Ctx {
+    dev: sys::CUdevice,
+    raw: sys::CUcontext,
+    ordinal: usize,
+}
+
+// SAFETY: a CUDA context may be made current on any thread; the driver API is
+// thread-safe.
+unsafe impl Send for Ctx {}
+unsafe impl Sync for Ctx {}
+
+impl Ctx {
+    /// Makes the context current on the calling thread (cheap: a thread-local store).
+    pub(crate) fn bind(&self) -> Result<(), CudaError> {
+        // SAFETY: `raw` is a retained primary context, alive while self is.
+        unsafe { result::ctx::set_current(self.raw) }
+            .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // SAFETY: `dev` is the device whose primary context this retained once.
+        unsafe {
+            let _ = result::primary_ctx::release(self.dev);
+        }
+    }
+}
+
+/// Loads the driver library and initialises it; `Ok(false)` when the driver is there
+/// but the machine has no CUDA device.
+fn init_driver() -> Result<bool, CudaError> {
+    // SAFETY: only tries to open the library by its usual names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::NoDriver);
+    }
+    let mut version = 0i32;
+    // SAFETY: a plain out-parameter; valid before cuInit.
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(|e| CudaError::driver("cuDriverGetVersion", e))?;
+    if version < 13000 {
+        return Err(CudaError::DriverTooOld {
+            major: version / 1000,
+            minor: (version % 1000) / 10,
+        });
+    }
+    match result::init() {
+        Ok(()) => Ok(true),
+        Err(e) if e.0 == CUresult::CUDA_ERROR_NO_DEVICE => Ok(false),
+        Err(e) => Err(CudaError::driver("cuInit", e)),
+    }
+}
+
+/// One GPU: its primary context, the one stream every kernel and copy runs on, and
+/// the loaded kernels.
+pub struct Gpu {
+    pub(crate) ctx: Arc<Ctx>,
+    pub(crate) stream: sys::CUstream,
+    modules: Vec<sys::CUmodule>,
+    pub(crate) funcs: Functions,
+    name: String,
+    cc: (i32, i32),
+    pub(crate) sm_count: u32,
+    capturing: AtomicBool,
+    /// `SCORIA_CUDA_SYNC=1`: synchronise after every launch (outside capture) so that
+    /// an asynchronous fault names the kernel that caused it. For debugging.
+    debug_sync: bool,
+}
+
+// SAFETY: the stream, modules and functions are driver handles usable from any thread
+// once the context is current (every method binds it first). Launches from several
+// threads at once interleave on the one stream in an unspecified order.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Gpu({} {}, cc {}.{})",
+            self.ctx.ordinal, self.name, self.cc.0, self.cc.1
+        )
+    }
+}
+
+fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32, CudaError> {
+    // SAFETY: `dev` came from cuDeviceGet.
+    unsafe { result::device::get_attribute(dev, a) }
+        .map_err(|e| CudaError::driver(format!("cuDeviceGetAttribute({a:?})"), e))
+}
+
+impl Gpu {
+    /// Number of CUDA devices (0 when the driver is installed but sees no GPU).
+    pub fn device_count() -> Result<usize, CudaError> {
+        if !init_driver()? {
+            return Ok(0);
+        }
+        let n =
+            result::device::get_count().map_err(|e| CudaError::driver("cuDeviceGetCount", e))?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Opens device `ordinal`: retains its primary context, creates the stream and
+    /// loads the kernels.
+    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        let count = Gpu::device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoSuchDevice { ordinal, count });
+        }
+        let dev = result::device::get(ordinal as i32)
+            .map_err(|e| CudaError::driver(format!("cuDeviceGet({ordinal})"), e))?;
+        // SAFETY: `dev` came from cuDeviceGet.
+        let raw = unsafe { result::primary_ctx::retain(dev) }
+            .map_err(|e| CudaError::driver("cuDevicePrimaryCtxRetain", e))?;
+        let ctx = Arc::new(Ctx { dev, raw, ordinal });
+        ctx.bind()?;
+        let name =
+            result::device::get_name(dev).map_err(|e| CudaError::driver("cuDeviceGetName", e))?;
+        use sys::CUdevice_attribute as A;
+        let cc = (
+            attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let sm_count = attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let smem_optin = attr(
+            dev,
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+        let mut gpu = Gpu {
+            ctx,
+            stream,
+            modules: Vec::new(),
+            funcs: Functions::empty(),
+            name,
+            cc,
+            sm_count,
+            capturing: AtomicBool::new(false),
+            debug_sync: std::env::var("SCORIA_CUDA_SYNC").is_ok_and(|v| v == "1"),
+        };
+        for (stem, image) in crate::kernels::MODULES {
+            // The driver reads the image in place; give it 8-byte alignment.
+            let mut aligned = vec![0u64; image.len().div_ceil(8) + 1];
+            // SAFETY: `aligned` holds at least image.len() bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    image.as_ptr(),
+                    aligned.as_mut_ptr() as *mut u8,
+                    image.len(),
+                );
+            }
+            // SAFETY: a fat binary built by build.rs, alive for the call.
+            let m = unsafe { result::module::load_data(aligned.as_ptr() as *const c_void) }
+                .map_err(|e| CudaError::ModuleLoad {
+                    module: stem.to_string(),
+                    device: gpu.name.clone(),
+                    cc_major: cc.0,
+                    cc_minor: cc.1,
+                    archs: crate::kernels::ARCHS
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", sm_"),
+                    code: crate::error::describe(e.0),
+                })?;
+            gpu.modules.push(m);
+        }
+        gpu.funcs = Functions::load(&gpu.modules, smem_optin)?;
+        Ok(gpu)
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal
+    }
+
+    /// The device's name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(u64, u64), CudaError> {
+        self.ctx.bind()?;
+        let (free, total) =
+            result::mem_get_info().map_err(|e| CudaError::driver("cuMemGetInfo", e))?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn refuse_in_capture(&self, what: &str) -> Result<(), CudaError> {
+        if self.capturing.load(Ordering::Relaxed) {
+            return Err(CudaError::Capture(format!(
+                "{what} cannot run while the stream is being captured into a graph \
+                 (do it before begin_capture or after end_capture)"
+            )));
+        }
+        Ok(())
+    }
+
+    fn raw_alloc(&self, bytes: u64, what: &str) -> Result<u64, CudaError> {
+        self.refuse_in_capture(&format!("allocating {what}"))?;
+        self.ctx.bind()?;
+        if bytes == 0 {
+            return Ok(0);
+        }
+        // SAFETY: a plain allocation in the current context.
+        match unsafe { result::malloc_sync(bytes as usize) } {
+            Ok(p) => Ok(p),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let (free, total) = self.mem_info().unwrap_or((0, 0));
+                Err(CudaError::OutOfMemory {
+                    bytes,
+                    what: what.to_string(),
+                    free,
+                    total,
+                })
+            }
+            Err(e) => Err(CudaError::driver(
+                format!("cuMemAlloc({}, {what})", gib(bytes)),
+                e,
+            )),
+        }
+    }
+
+    /// `n` zeroed elements of device memory. Synchronous: not allowed during capture.
+    pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        n: usize,
+        what: &str,
+    ) -> Result<DevBuf<T>, CudaError> {
+        let bytes = (n as u64)
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or_else(|| CudaError::bad("alloc", format!("{n} elements of {what} overflow")))?;
+        let ptr = self.raw_alloc(bytes, what)?;
+        let buf = DevBuf {
+            ptr,
+            len: n,
+            ctx: self.ctx.clone(),
+            _t: PhantomData,
+        };
+        if bytes > 0 {
+            // Zeroed on the stream (ordered before any later work on it), then waited for.
+            // SAFETY: `ptr` holds `bytes` bytes.
+            unsafe { result::memset_d8_async(ptr, 0, bytes as usize, self.stream) }
+                .map_err(|e| CudaError::driver(format!("cuMemsetD8Async({what})"), e))?;
+            self.sync()?;
+        }
+        Ok(buf)
+    }
+
+    /// A device copy of `host`. Synchronous: not allowed during capture.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T], what: &str) -> Result<DevBuf<T>, CudaError> {
+        let bytes = std::mem::size_of_val(host) as u64;
+        let ptr = self.raw_alloc(bytes, what)?;
+        let buf = DevBuf {
+            ptr,
+            len: host.len(),
+            ctx: self.ctx.clone(),
+            _t: PhantomData,
+        };
+        if bytes > 0 {
+            // SAFETY: `ptr` holds `bytes` bytes; `host` stays alive until the sync below.
+            unsafe { result::memcpy_htod_async(ptr, host, self.stream) }
+                .map_err(|e| CudaError::driver(format!("cuMemcpyHtoDAsync({what})"), e))?;
+            self.sync()?;
+        }
+        Ok(buf)
+    }
+
+    /// Copies `host` to device address `dst`, ordered on the stream (small inputs such
+    /// as token ids and positions before a graph launch). The host data is staged
+    /// before this returns, so `host` may be reused at once. Not allowed during
+    /// capture: a captured host copy would read `host` again at every replay.
+    pub fn copy_to_device<T: DeviceRepr>(&self, host: &[T], dst: u64) -> Result<(), CudaError> {
+        self.refuse_in_capture("copy_to_device")?;
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: the caller gives a device address with room for `host`; pageable
+        // memory is staged synchronously by the driver.
+        unsafe { result::memcpy_htod_async(dst, host, self.stream) }
+            .map_err(|e| CudaError::driver("cuMemcpyHtoDAsync(copy_to_device)", e))
+    }
+
+    /// `n` elements at device address `src`, after everything issued before it on the
+    /// stream has finished (synchronises the stream). Not allowed during capture.
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        src: u64,
+        n: usize,
+    ) -> Result<Vec<T>, CudaError> {
+        self.refuse_in_capture("download")?;
+        let mut out = vec![T::default(); n];
+        if n == 0 {
+            return Ok(out);
+        }
+        self.ctx.bind()?;
+        // SAFETY: the caller gives a device address holding `n` elements of T; `out`
+        // stays alive until the sync below.
+        unsafe { result::memcpy_dtoh_async(&mut out, src, self.stream) }
+            .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync(download)", e))?;
+        self.sync()?;
+        Ok(out)
+    }
+
+    /// Device-to-device copy of `bytes` bytes, ordered on the stream (capture-safe).
+    pub fn copy_device(&self, src: u64, dst: u64, bytes: u64) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: the caller gives two device ranges of `bytes` bytes.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes as usize, self.stream) }
+            .map_err(|e| CudaError::driver("cuMemcpyDtoDAsync(copy_device)", e))
+    }
+
+    /// Sets `bytes` bytes at `dst` to `byte`, ordered on the stream (capture-safe).
+    /// `memset(p, 0, n)` clears state; `0xff` poisons f32 outputs to NaN in tests.
+    pub fn memset(&self, dst: u64, byte: u8, bytes: u64) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: the caller gives a device range of `bytes` bytes.
+        unsafe { result::memset_d8_async(dst, byte, bytes as usize, self.stream) }
+            .map_err(|e| CudaError::driver("cuMemsetD8Async(memset)", e))
+    }
+
+    /// Waits until everything issued on the stream has finished. An asynchronous
+    /// kernel fault is reported here (set `SCORIA_CUDA_SYNC=1` to find which kernel).
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.ctx.bind()?;
+        // SAFETY: the stream is alive while self is.
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
+    }
+
+    /// Starts capturing the stream (thread-local mode: this thread may not allocate,
+    /// synchronise or copy from pageable memory until `end_capture`).
+    pub fn begin_capture(&self) -> Result<(), CudaError> {
+        self.ctx.bind()?;
+        if self.capturing.swap(true, Ordering::Relaxed) {
+            return Err(CudaError::Capture(
+                "begin_capture: the stream is already being captured".into(),
+            ));
+        }
+        // SAFETY: the stream is alive while self is.
+        unsafe {
+            result::stream::begin_capture(
+                self.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| {
+            self.capturing.store(false, Ordering::Relaxed);
+            CudaError::driver("cuStreamBeginCapture", e)
+        })
+    }
+
+    /// Ends the capture and instantiates the captured work as a graph.
+    pub fn end_capture(&self) -> Result<Graph, CudaError> {
+        self.ctx.bind()?;
+        if !self.capturing.load(Ordering::Relaxed) {
+            return Err(CudaError::Capture(
+                "end_capture without begin_capture".into(),
+            ));
+        }
+        // SAFETY: the stream is alive and capturing.
+        let graph = unsafe { result::stream::end_capture(self.stream) };
+        self.capturing.store(false, Ordering::Relaxed);
+        let graph = graph.map_err(|e| {
+            CudaError::Capture(format!(
+                "cuStreamEndCapture: {} (an operation that cannot be captured ran on the \
+                 stream during capture: an allocation, a synchronisation or a host copy)",
+                crate::error::describe(e.0)
+            ))
+        })?;
+        // SAFETY: `graph` was just captured.
+        let exec =
+            match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+                Ok(x) => x,
+                Err(e) => {
+                    // SAFETY: `graph` is ours and not used again.
+                    unsafe {
+                        let _ = result::graph::destroy(graph);
+                    }
+                    return Err(CudaError::driver("cuGraphInstantiate", e));
+                }
+            };
+        Ok(Graph {
+            graph,
+            exec,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.capturing.load(Ordering::Relaxed)
+    }
+
+    /// `bytes` bytes of page-locked host memory (for DMA at full PCIe speed: the
+    /// expert store's RAM tier). Synchronous: not allowed during capture.
+    pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuf, CudaError> {
+        self.refuse_in_capture("alloc_pinned")?;
+        self.ctx.bind()?;
+        if bytes == 0 {
+            return Ok(PinnedBuf {
+                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                len: 0,
+                ctx: self.ctx.clone(),
+            });
+        }
+        // SAFETY: a plain pinned allocation; PORTABLE makes it pinned for every context.
+        let ptr =
+            unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(|e| {
+                CudaError::driver(
+                    format!(
+                        "cuMemHostAlloc({} of pinned host memory)",
+                        gib(bytes as u64)
+                    ),
+                    e,
+                )
+            })?;
+        // SAFETY: `ptr` holds `bytes` bytes; zeroing makes every byte initialised.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+        Ok(PinnedBuf {
+            ptr: ptr as *mut u8,
+            len: bytes,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    /// Copies `bytes` bytes of `src` from `offset` to device address `dst`,
+    /// asynchronously on the stream (capture-safe: pinned memory). `src` must not be
+    /// written or dropped until the copy is known to be done (a later `sync`).
+    pub fn copy_pinned_to_device(
+        &self,
+        src: &PinnedBuf,
+        offset: usize,
+        bytes: usize,
+        dst: u64,
+    ) -> Result<(), CudaError> {
+        if offset.checked_add(bytes).is_none_or(|end| end > src.len) {
+            return Err(CudaError::bad(
+                "copy_pinned_to_device",
+                format!("{offset}+{bytes} is past the {}-byte buffer", src.len),
+            ));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: the range is inside `src` (checked); the caller keeps it alive.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst,
+                src.ptr.add(offset) as *const c_void,
+                bytes,
+                self.stream,
+            )
+        }
+        .result()
+        .map_err(|e| CudaError::driver("cuMemcpyHtoDAsync(copy_pinned_to_device)", e))
+    }
+
+    /// Launches kernel `k` on the stream. `args` are the kernel's parameters in order.
+    pub(crate) fn launch(
+        &self,
+        k: K,
+        grid: [u32; 3],
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        const MAX: usize = 32;
+        assert!(args.len() <= MAX, "{}: too many kernel arguments", k.name());
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        // Every parameter gets an 8-byte slot; 4-byte parameters are read from the
+        // slot's first (little-endian low) bytes.
+        let mut slots = [0u64; MAX];
+        for (s, a) in slots.iter_mut().zip(args) {
+            *s = match *a {
+                Arg::P(v) => v,
+                Arg::U64(v) => v,
+                Arg::I64(v) => v as u64,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            };
+        }
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX];
+        for (p, s) in ptrs.iter_mut().zip(slots.iter_mut()) {
+            *p = s as *mut u64 as *mut c_void;
+        }
+        self.ctx.bind()?;
+        // SAFETY: the function belongs to this context; `ptrs[..n]` point at live
+        // slots holding the parameters in the kernel's order and widths (each
+        // wrapper in kernels/ matches its kernel's signature).
+        unsafe {
+            result::launch_kernel(
+                self.funcs.get(k),
+                (grid[0], grid[1], grid[2]),
+                (block, 1, 1),
+                smem,
+                self.stream,
+                &mut ptrs[..args.len()],
+            )
+        }
+        .map_err(|e| CudaError::driver(format!("cuLaunchKernel({})", k.name()), e))?;
+        if self.debug_sync && !self.is_capturing() {
+            // SAFETY: the stream is alive.
+            unsafe { result::stream::synchronize(self.stream) }
+                .map_err(|e| CudaError::driver(format!("{} (SCORIA_CUDA_SYNC)", k.name()), e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        // SAFETY: handles created by this Gpu, not used after this.
+        unsafe {
+            if self.capturing.load(Ordering::Relaxed) {
+                if let Ok(g) = result::stream::end_capture(self.stream) {
+                    let _ = result::graph::destroy(g);
+                }
+            }
+            let _ = result::stream::synchronize(self.stream);
+            let _ = result::stream::destroy(self.stream);
+            for m in self.modules.drain(..) {
+                let _ = result::module::unload(m);
+            }
+        }
+    }
+}
+
+/// One kernel parameter (see `Gpu::launch`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg {
+    /// A device pointer.
+    P(u64),
+    U64(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+}
+
+/// Device memory of `len` elements of T, freed on drop. Kernels take its address
+/// ([`DevBuf::ptr`]), so one buffer can serve as an arena of many tensors.
+pub struct DevBuf<T> {
+    ptr: u64,
+    len: usize,
+    ctx: Arc<Ctx>,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: a device address; the memory is only touched through the driver.
+unsafe impl<T> Send for DevBuf<T> {}
+unsafe impl<T> Sync for DevBuf<T> {}
+
+impl<T> DevBuf<T> {
+    /// The device address of element 0 (0 for an empty buffer).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// The device address of element `i` (may be one past the end).
+    pub fn ptr_at(&self, i: usize) -> u64 {
+        debug_assert!(i <= self.len);
+        self.ptr + (i * std::mem::size_of::<T>()) as u64
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn bytes(&self) -> u64 {
+        (self.len * std::mem::size_of::<T>()) as u64
+    }
+}
+
+impl<T> std::fmt::Debug for DevBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DevBuf({:#x}, {} × {} B)",
+            self.ptr,
+            self.len,
+            std::mem::size_of::<T>()
+        )
+    }
+}
+
+impl<T> Drop for DevBuf<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 || self.ctx.bind().is_err() {
+            return;
+        }
+        // cuMemFree waits for work in flight that may use the memory.
+        // SAFETY: allocated by cuMemAlloc in this context, freed once.
+        unsafe {
+            let _ = result::free_sync(self.ptr);
+        }
+    }
+}
+
+/// Page-locked host memory, freed on drop.
+pub struct PinnedBuf {
+    ptr: *mut u8,
+    len: usize,
+    ctx: Arc<Ctx>,
+}
+
+// SAFETY: plain host memory owned by this value.
+unsafe impl Send for PinnedBuf {}
+unsafe impl Sync for PinnedBuf {}
+
+impl PinnedBuf {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `len` initialised bytes (zeroed at allocation).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above; &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        if self.len == 0 || self.ctx.bind().is_err() {
+            return;
+        }
+        // SAFETY: allocated by cuMemHostAlloc, freed once.
+        unsafe {
+            let _ = result::free_host(self.ptr as *mut c_void);
+        }
+    }
+}
+
+/// An instantiated graph of captured work, replayed with [`Graph::launch`].
+pub struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    ctx: Arc<Ctx>,
+}
+
+// SAFETY: driver handles; a graph may be launched from any thread (not from two at
+// once: `launch` takes &self, so wrap it in a Mutex to share it between threads).
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Replays the graph on `gpu`'s stream (asynchronous).
+    pub fn launch(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        if !Arc::ptr_eq(&self.ctx, &gpu.ctx) {
+            return Err(CudaError::bad(
+                "Graph::launch",
+                "the graph was captured on another Gpu",
+            ));
+        }
+        gpu.ctx.bind()?;
+        // SAFETY: the exec graph and stream belong to this context.
+        unsafe { result::graph::launch(self.exec, gpu.stream) }
+            .map_err(|e| CudaError::driver("cuGraphLaunch", e))
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        // SAFETY: created by end_capture, destroyed once.
+        unsafe {
+            let _ = result::graph::exec_destroy(self.exec);
+            let _ = result::graph::destroy(self.graph);
+        }
+    }
+}

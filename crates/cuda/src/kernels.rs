@@ -1,0 +1,127 @@
+//! The kernel registry: the fat binaries build.rs embedded, every kernel's name, and
+//! the function handles loaded from them.
+
+use crate::error::CudaError;
+use cudarc::driver::result;
+use cudarc::driver::sys::{self, CUresult};
+use std::ffi::CString;
+
+include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+
+macro_rules! kernels {
+    ($($id:ident = $name:literal),* $(,)?) => {
+        /// A kernel, by its `extern "C"` name in kernels/*.cu.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[allow(clippy::enum_variant_names)] // MatvecQ4K: the K of K-quants
+        pub(crate) enum K { $($id),* }
+        impl K {
+            pub(crate) const ALL: &'static [K] = &[$(K::$id),*];
+            pub(crate) fn name(self) -> &'static str {
+                match self { $(K::$id => $name),* }
+            }
+        }
+    };
+}
+
+kernels! {
+    QuantizeAct = "quantize_act",
+    MatvecF32 = "matvec_f32",
+    MatvecF16 = "matvec_f16",
+    MatvecBf16 = "matvec_bf16",
+    MatvecQ8_0 = "matvec_q8_0",
+    MatvecQ4_0 = "matvec_q4_0",
+    MatvecQ4K = "matvec_q4_k",
+    MatvecQ5K = "matvec_q5_k",
+    MatvecQ6K = "matvec_q6_k",
+    MatvecIq4Xs = "matvec_iq4_xs",
+    Embed = "embed",
+    RmsNorm = "rms_norm",
+    AddRmsNorm = "add_rms_norm",
+    DotRows = "dot_rows",
+    Add = "add",
+    Swiglu = "swiglu",
+    Argmax = "argmax",
+    RouteTopk = "route_topk",
+    MoeCombine = "moe_combine",
+    AttnPrep = "attn_prep",
+    AttnCoreHd64 = "attn_core_hd64",
+    AttnCoreHd128 = "attn_core_hd128",
+    AttnCoreHd256 = "attn_core_hd256",
+    AttnCombine = "attn_combine",
+    DnConv = "dn_conv",
+    DnQkNorm = "dn_qk_norm",
+    DnRecurrenceDk32 = "dn_recurrence_dk32",
+    DnRecurrenceDk64 = "dn_recurrence_dk64",
+    DnRecurrenceDk128 = "dn_recurrence_dk128",
+    DnGatedNorm = "dn_gated_norm",
+}
+
+/// The loaded function of every kernel, indexed by `K`.
+pub(crate) struct Functions {
+    f: Vec<sys::CUfunction>,
+    /// The most dynamic shared memory a block may opt in to on this device.
+    pub(crate) smem_optin: u32,
+}
+
+impl Functions {
+    pub(crate) fn empty() -> Functions {
+        Functions {
+            f: Vec::new(),
+            smem_optin: 0,
+        }
+    }
+
+    /// Finds every kernel in the loaded modules; a missing one is a build defect.
+    pub(crate) fn load(modules: &[sys::CUmodule], smem_optin: i32) -> Result<Functions, CudaError> {
+        let mut f = Vec::with_capacity(K::ALL.len());
+        for k in K::ALL {
+            let mut found = None;
+            for &m in modules {
+                let name = CString::new(k.name()).expect("kernel names have no NUL");
+                // SAFETY: `m` is a loaded module.
+                match unsafe { result::module::get_function(m, name) } {
+                    Ok(func) => {
+                        found = Some(func);
+                        break;
+                    }
+                    Err(e) if e.0 == CUresult::CUDA_ERROR_NOT_FOUND => continue,
+                    Err(e) => {
+                        return Err(CudaError::driver(
+                            format!("cuModuleGetFunction({})", k.name()),
+                            e,
+                        ))
+                    }
+                }
+            }
+            let func = found.ok_or_else(|| CudaError::Driver {
+                call: format!("cuModuleGetFunction({})", k.name()),
+                code: "not found in any kernel module (a build defect)".into(),
+            })?;
+            f.push(func);
+        }
+        let fns = Functions {
+            f,
+            smem_optin: smem_optin.max(0) as u32,
+        };
+        // Kernels whose dynamic shared memory may exceed the default 48 KiB opt in to
+        // what they need (when the device has it; otherwise their launch reports it).
+        for (k, need) in crate::ops::dynamic_smem_needs() {
+            if need > 48 * 1024 && need <= fns.smem_optin {
+                // SAFETY: a function of a loaded module.
+                unsafe {
+                    result::function::set_function_attribute(
+                        fns.get(k),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        need as i32,
+                    )
+                }
+                .map_err(|e| CudaError::driver(format!("cuFuncSetAttribute({})", k.name()), e))?;
+            }
+        }
+        Ok(fns)
+    }
+
+    pub(crate) fn get(&self, k: K) -> sys::CUfunction {
+        self.f[k as usize]
+    }
+}

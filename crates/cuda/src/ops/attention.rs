@@ -1,0 +1,253 @@
+//! Attention: `attn_prep` (per-head q/k RMSNorm, NeoX rotary, K/V cache write;
+//! bit-identical to the CPU's norm and rope) and `attn_core` (causal softmax attention
+//! over the cache, flash-style; deterministic, within float tolerance of the CPU).
+
+use super::{addr, blocks, int, opt_addr, MAX_GRID_YZ};
+use crate::error::{gib, CudaError};
+use crate::gpu::{Arg, Gpu};
+use crate::kernels::K;
+
+/// Query rows and keys per attn_core tile (kernels/attention.cu SC_AQ, SC_AK).
+const AQ: usize = 16;
+const AK: usize = 32;
+/// The largest head dimension attn_prep takes (SC_MAX_HD).
+const MAX_HD: usize = 256;
+/// Most key splits of one decode step.
+const MAX_SPLIT: usize = 64;
+/// Fewest keys worth a split of their own.
+const KEYS_PER_SPLIT: usize = 256;
+
+/// Dynamic shared memory of attn_core for a head dimension: the Q tile, the K tile
+/// (rows padded by one float) and the V tile.
+pub(crate) fn core_smem(hd: usize) -> u32 {
+    ((AQ * hd + AK * (hd + 1) + AK * hd) * 4) as u32
+}
+
+fn core_kernel(hd: usize) -> Option<K> {
+    match hd {
+        64 => Some(K::AttnCoreHd64),
+        128 => Some(K::AttnCoreHd128),
+        256 => Some(K::AttnCoreHd256),
+        _ => None,
+    }
+}
+
+impl Gpu {
+    /// For each token t (position `*pos0_dev + t`): every query head of `q_raw`
+    /// (f32 [n_tok][n_head·q_stride], head h at h·q_stride) RMS-normed with `q_norm`,
+    /// NeoX-rotated on its first `n_rot` dims and written to `q_out`
+    /// [n_tok][n_head][head_dim]; every key head of `k_raw` ([n_tok][n_head_kv·head_dim])
+    /// normed with `k_norm`, rotated and written to `k_cache` [n_ctx][n_head_kv][head_dim]
+    /// at the token's position; `v_raw` copied to `v_cache` likewise. `rope` is the
+    /// host's table f32 [n_ctx][n_rot/2][2] of (cos, sin) (`model::math`). A zero
+    /// `q_norm` / `k_norm` skips that norm. The position is read on the device, so a
+    /// captured graph replays at whatever position is stored there; the caller keeps
+    /// `pos0 + n_tok <= n_ctx` (it is not checked on the device).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_prep(
+        &self,
+        q_raw: u64,
+        k_raw: u64,
+        v_raw: u64,
+        n_tok: usize,
+        pos0_dev: u64,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        q_stride: usize,
+        q_norm: u64,
+        k_norm: u64,
+        eps: f32,
+        rope: u64,
+        n_rot: usize,
+        k_cache: u64,
+        v_cache: u64,
+        q_out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "attn_prep";
+        if head_dim == 0 || head_dim > MAX_HD {
+            return Err(CudaError::bad(
+                KN,
+                format!("head_dim {head_dim} (1..={MAX_HD} supported)"),
+            ));
+        }
+        if !n_rot.is_multiple_of(2) || n_rot > head_dim {
+            return Err(CudaError::bad(
+                KN,
+                format!("n_rot {n_rot} must be even and at most head_dim {head_dim}"),
+            ));
+        }
+        if q_stride < head_dim {
+            return Err(CudaError::bad(
+                KN,
+                format!("q_stride {q_stride} < head_dim {head_dim}"),
+            ));
+        }
+        let items = n_tok * (n_head + n_head_kv);
+        if items == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "q_raw", q_raw, 4)?),
+            Arg::P(addr(KN, "k_raw", k_raw, 4)?),
+            Arg::P(addr(KN, "v_raw", v_raw, 4)?),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::P(addr(KN, "pos0_dev", pos0_dev, 4)?),
+            Arg::I32(int(KN, "n_head", n_head)?),
+            Arg::I32(int(KN, "n_head_kv", n_head_kv)?),
+            Arg::I32(int(KN, "head_dim", head_dim)?),
+            Arg::I32(int(KN, "q_stride", q_stride)?),
+            Arg::P(opt_addr(KN, "q_norm", q_norm, 4)?),
+            Arg::P(opt_addr(KN, "k_norm", k_norm, 4)?),
+            Arg::F32(eps),
+            Arg::P(addr(KN, "rope", rope, 4)?),
+            Arg::I32(int(KN, "n_rot", n_rot)?),
+            Arg::P(addr(KN, "k_cache", k_cache, 4)?),
+            Arg::P(addr(KN, "v_cache", v_cache, 4)?),
+            Arg::P(addr(KN, "q_out", q_out, 4)?),
+        ];
+        self.launch(K::AttnPrep, [blocks(items, 4)?, 1, 1], 128, 0, &args)
+    }
+
+    /// How many key ranges `attn_core` splits the context into for this shape: 1 when
+    /// the query rows alone fill the GPU (prompts), more for few rows over a long
+    /// context (decode). Depends only on host values, so a captured graph keeps it.
+    fn attn_splits(&self, n_tok: usize, n_head: usize, n_head_kv: usize, n_ctx: usize) -> usize {
+        let group = n_head / n_head_kv.max(1);
+        let base = n_head_kv * (n_tok * group).div_ceil(AQ);
+        let sms = self.sm_count as usize;
+        if base == 0 || base >= sms {
+            return 1;
+        }
+        (2 * sms)
+            .div_ceil(base)
+            .min(n_ctx.div_ceil(KEYS_PER_SPLIT))
+            .clamp(1, MAX_SPLIT)
+    }
+
+    /// Bytes of scratch `attn_core` needs for this shape (0: none). Allocate it once
+    /// for the largest shape used, outside capture.
+    pub fn attn_scratch_bytes(
+        &self,
+        n_tok: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        n_ctx: usize,
+    ) -> u64 {
+        let s = self.attn_splits(n_tok, n_head, n_head_kv, n_ctx);
+        if s <= 1 {
+            0
+        } else {
+            (s * n_tok * n_head * (head_dim + 2) * 4) as u64
+        }
+    }
+
+    /// Causal softmax attention of `q` (f32 [n_tok][n_head][head_dim], from
+    /// `attn_prep`) over the caches: token t (position `*pos0_dev + t`) sees positions
+    /// 0..=pos0+t of its KV head (head h reads KV head h / (n_head / n_head_kv)), scores
+    /// scaled by 1/sqrt(head_dim); out [n_tok][n_head·head_dim]. With a non-zero
+    /// `gate` (the raw q projection, head h's gate at h·q_stride + head_dim) the output
+    /// is multiplied by sigmoid(gate). The length is read on the device (graph replay
+    /// at a moving position); `n_ctx` (the cache's capacity) only sizes the key split.
+    /// `scratch` must hold [`Gpu::attn_scratch_bytes`] bytes (it may be 0 when that is
+    /// 0). head_dim must be 64, 128 or 256; q, k_cache, v_cache 16-byte aligned.
+    /// Deterministic, not bit-identical to the CPU (online softmax).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_core(
+        &self,
+        q: u64,
+        n_tok: usize,
+        pos0_dev: u64,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        k_cache: u64,
+        v_cache: u64,
+        n_ctx: usize,
+        gate: u64,
+        q_stride: usize,
+        out: u64,
+        scratch: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "attn_core";
+        let k = core_kernel(head_dim).ok_or_else(|| {
+            CudaError::bad(
+                KN,
+                format!("head_dim {head_dim} (64, 128 or 256 supported)"),
+            )
+        })?;
+        if n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
+            return Err(CudaError::bad(
+                KN,
+                format!("{n_head} query heads over {n_head_kv} KV heads"),
+            ));
+        }
+        if gate != 0 && q_stride < 2 * head_dim {
+            return Err(CudaError::bad(
+                KN,
+                format!("gated attention needs q_stride ≥ 2·head_dim, got {q_stride}"),
+            ));
+        }
+        if n_tok == 0 || n_head == 0 {
+            return Ok(());
+        }
+        let smem = core_smem(head_dim);
+        if smem > 48 * 1024 && smem > self.funcs.smem_optin {
+            return Err(CudaError::bad(
+                KN,
+                format!(
+                    "head_dim {head_dim} needs {} of shared memory per block; this GPU allows {}",
+                    gib(smem as u64),
+                    gib(self.funcs.smem_optin as u64)
+                ),
+            ));
+        }
+        let group = n_head / n_head_kv;
+        let row_tiles = (n_tok * group).div_ceil(AQ);
+        if row_tiles > MAX_GRID_YZ {
+            return Err(CudaError::bad(
+                KN,
+                format!("{n_tok} tokens in one call is too many (split the prompt)"),
+            ));
+        }
+        let n_split = self.attn_splits(n_tok, n_head, n_head_kv, n_ctx);
+        if n_split > 1 {
+            addr(KN, "scratch", scratch, 4)?;
+        }
+        let scale = 1.0f32 / (head_dim as f32).sqrt();
+        let args = [
+            Arg::P(addr(KN, "q", q, 16)?),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::P(addr(KN, "pos0_dev", pos0_dev, 4)?),
+            Arg::I32(int(KN, "n_head", n_head)?),
+            Arg::I32(int(KN, "n_head_kv", n_head_kv)?),
+            Arg::P(addr(KN, "k_cache", k_cache, 16)?),
+            Arg::P(addr(KN, "v_cache", v_cache, 16)?),
+            Arg::F32(scale),
+            Arg::P(opt_addr(KN, "gate", gate, 4)?),
+            Arg::I32(int(KN, "q_stride", q_stride)?),
+            Arg::P(addr(KN, "out", out, 4)?),
+            Arg::P(if n_split > 1 { scratch } else { 0 }),
+            Arg::I32(n_split as i32),
+        ];
+        let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];
+        self.launch(k, grid, 128, smem, &args)?;
+        if n_split > 1 {
+            let args = [
+                Arg::P(scratch),
+                Arg::I32(n_split as i32),
+                Arg::I32(int(KN, "n_tok", n_tok)?),
+                Arg::I32(int(KN, "n_head", n_head)?),
+                Arg::I32(int(KN, "head_dim", head_dim)?),
+                Arg::P(gate),
+                Arg::I32(int(KN, "q_stride", q_stride)?),
+                Arg::P(out),
+            ];
+            let rows = u32::try_from(n_tok * n_head)
+                .map_err(|_| CudaError::bad(KN, "too many (token, head) rows"))?;
+            self.launch(K::AttnCombine, [rows, 1, 1], head_dim as u32, 0, &args)?;
+        }
+        Ok(())
+    }
+}

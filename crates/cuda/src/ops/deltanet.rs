@@ -1,0 +1,184 @@
+//! Gated DeltaNet, bit-identical to the CPU (`engine/src/cpu/deltanet.rs` over
+//! `model::deltanet`): conv, q/k L2 norm, the recurrence and the gated norm.
+
+use super::{addr, blocks, int};
+use crate::error::CudaError;
+use crate::gpu::{Arg, Gpu};
+use crate::kernels::K;
+
+/// The most conv taps dn_conv takes (kernels/deltanet.cu SC_MAX_DCONV).
+pub const MAX_D_CONV: usize = 8;
+
+impl Gpu {
+    /// The causal depthwise conv of `n_tok` tokens, per channel in token order, as
+    /// `model::deltanet::conv_step`: qkv f32 [n_tok][conv_dim] in, silu(conv) to `out`
+    /// (may be `qkv`), `state` f32 [conv_dim][d_conv-1] (oldest first) advanced in
+    /// place, `taps` f32 [conv_dim][d_conv].
+    #[allow(clippy::too_many_arguments)]
+    pub fn dn_conv(
+        &self,
+        qkv: u64,
+        state: u64,
+        taps: u64,
+        n_tok: usize,
+        conv_dim: usize,
+        d_conv: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "dn_conv";
+        if d_conv == 0 || d_conv > MAX_D_CONV {
+            return Err(CudaError::bad(
+                KN,
+                format!("d_conv {d_conv} (1..={MAX_D_CONV} supported)"),
+            ));
+        }
+        if n_tok == 0 || conv_dim == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "qkv", qkv, 4)?),
+            Arg::P(if d_conv > 1 {
+                addr(KN, "state", state, 4)?
+            } else {
+                state
+            }),
+            Arg::P(addr(KN, "taps", taps, 4)?),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::I32(int(KN, "conv_dim", conv_dim)?),
+            Arg::I32(int(KN, "d_conv", d_conv)?),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        self.launch(K::DnConv, [blocks(conv_dim, 128)?, 1, 1], 128, 0, &args)
+    }
+
+    /// In place on the conv output [n_tok][conv_dim] (rows [q | k | v], n_k_heads
+    /// heads of d_state each for q and k): each q and k head L2-normalised with eps
+    /// 1e-6 (`model::math::l2_norm`), then the q heads multiplied by `scale`.
+    pub fn dn_qk_norm(
+        &self,
+        conv_out: u64,
+        n_tok: usize,
+        conv_dim: usize,
+        n_k_heads: usize,
+        d_state: usize,
+        scale: f32,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "dn_qk_norm";
+        if 2 * n_k_heads * d_state > conv_dim {
+            return Err(CudaError::bad(
+                KN,
+                format!("2·{n_k_heads} heads of {d_state} exceed conv_dim {conv_dim}"),
+            ));
+        }
+        let items = n_tok * 2 * n_k_heads;
+        if items == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "conv_out", conv_out, 4)?),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::I32(int(KN, "conv_dim", conv_dim)?),
+            Arg::I32(int(KN, "n_k_heads", n_k_heads)?),
+            Arg::I32(int(KN, "d_state", d_state)?),
+            Arg::F32(scale),
+        ];
+        self.launch(K::DnQkNorm, [blocks(items, 4)?, 1, 1], 128, 0, &args)
+    }
+
+    /// Each value head h's recurrence over the tokens in order, then the gated norm,
+    /// bit-identical to the CPU: g = a[h]·softplus(alpha + dt_bias[h]),
+    /// β = sigmoid(beta), `model::deltanet::step` on `state` [Hv][dk][dv] (dk = dv =
+    /// d_state) with q/k of key head `k_head_of[h]` from `conv_out` (normed by
+    /// `dn_qk_norm`) and v of head h, then `gated_norm` with z [n_tok][Hv·dv] and
+    /// `norm_w` [dv]; out [n_tok][Hv·dv]. β of (t, h) is
+    /// `beta_src[t·beta_stride + beta_idx[h]]`, α likewise (index arrays i32 [Hv]),
+    /// which serves fused and separate β/α projections alike. d_state must be 32, 64
+    /// or 128.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dn_recurrence(
+        &self,
+        conv_out: u64,
+        n_tok: usize,
+        conv_dim: usize,
+        beta_src: u64,
+        beta_stride: usize,
+        beta_idx: u64,
+        alpha_src: u64,
+        alpha_stride: usize,
+        alpha_idx: u64,
+        a: u64,
+        dt_bias: u64,
+        k_head_of: u64,
+        z: u64,
+        norm_w: u64,
+        eps: f32,
+        state: u64,
+        n_k_heads: usize,
+        n_v_heads: usize,
+        d_state: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "dn_recurrence";
+        let k = match d_state {
+            32 => K::DnRecurrenceDk32,
+            64 => K::DnRecurrenceDk64,
+            128 => K::DnRecurrenceDk128,
+            _ => {
+                return Err(CudaError::bad(
+                    KN,
+                    format!("d_state {d_state} (32, 64 or 128 supported)"),
+                ))
+            }
+        };
+        let want = (2 * n_k_heads + n_v_heads) * d_state;
+        if conv_dim != want {
+            return Err(CudaError::bad(
+                KN,
+                format!("conv_dim {conv_dim} is not [q|k|v] = (2·{n_k_heads} + {n_v_heads})·{d_state} = {want}"),
+            ));
+        }
+        if n_tok == 0 || n_v_heads == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "conv_out", conv_out, 4)?),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::I32(int(KN, "conv_dim", conv_dim)?),
+            Arg::P(addr(KN, "beta_src", beta_src, 4)?),
+            Arg::I32(int(KN, "beta_stride", beta_stride)?),
+            Arg::P(addr(KN, "beta_idx", beta_idx, 4)?),
+            Arg::P(addr(KN, "alpha_src", alpha_src, 4)?),
+            Arg::I32(int(KN, "alpha_stride", alpha_stride)?),
+            Arg::P(addr(KN, "alpha_idx", alpha_idx, 4)?),
+            Arg::P(addr(KN, "a", a, 4)?),
+            Arg::P(addr(KN, "dt_bias", dt_bias, 4)?),
+            Arg::P(addr(KN, "k_head_of", k_head_of, 4)?),
+            Arg::P(addr(KN, "state", state, 4)?),
+            Arg::I32(int(KN, "n_k_heads", n_k_heads)?),
+            Arg::I32(int(KN, "n_v_heads", n_v_heads)?),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        let grid = [
+            int(KN, "n_v_heads", n_v_heads)? as u32,
+            (d_state / 32) as u32,
+            1,
+        ];
+        self.launch(k, grid, 32, 0, &args)?;
+        let args = [
+            Arg::P(out),
+            Arg::P(addr(KN, "z", z, 4)?),
+            Arg::P(addr(KN, "norm_w", norm_w, 4)?),
+            Arg::F32(eps),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::I32(int(KN, "n_v_heads", n_v_heads)?),
+            Arg::I32(int(KN, "d_state", d_state)?),
+        ];
+        self.launch(
+            K::DnGatedNorm,
+            [blocks(n_tok * n_v_heads, 4)?, 1, 1],
+            128,
+            0,
+            &args,
+        )
+    }
+}

@@ -1,0 +1,75 @@
+//! Kernel launches: one method on [`Gpu`](crate::Gpu) per kernel, taking raw device
+//! addresses (`u64`) so that the executor can point into one scratch arena. Each
+//! checks the host-side contract (sizes, alignment) and the launch; none allocates,
+//! synchronises or reads device data on the host, so all are capture-safe. None uses
+//! atomics on floats: every reduction has a fixed tree, and results are the same run
+//! to run.
+
+mod attention;
+mod deltanet;
+mod moe;
+mod norm;
+mod quant;
+
+pub use deltanet::MAX_D_CONV;
+pub use moe::{MAX_EXPERTS, MAX_TOP_K};
+pub use quant::{QAct, Tile, TILE_TOKENS};
+
+use crate::kernels::K;
+
+/// Kernels launched with more than the default dynamic shared memory, and how much
+/// they need at most.
+pub(crate) fn dynamic_smem_needs() -> Vec<(K, u32)> {
+    vec![
+        (K::AttnCoreHd64, attention::core_smem(64)),
+        (K::AttnCoreHd128, attention::core_smem(128)),
+        (K::AttnCoreHd256, attention::core_smem(256)),
+    ]
+}
+
+use crate::error::CudaError;
+
+/// `v` as an i32 kernel parameter.
+pub(crate) fn int(kernel: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::bad(kernel, format!("{what} = {v} exceeds i32")))
+}
+
+/// A device address that must be non-null and aligned to `align` bytes.
+pub(crate) fn addr(kernel: &'static str, what: &str, p: u64, align: u64) -> Result<u64, CudaError> {
+    if p == 0 {
+        return Err(CudaError::bad(
+            kernel,
+            format!("{what} is a null device pointer"),
+        ));
+    }
+    if !p.is_multiple_of(align) {
+        return Err(CudaError::bad(
+            kernel,
+            format!("{what} ({p:#x}) is not {align}-byte aligned"),
+        ));
+    }
+    Ok(p)
+}
+
+/// An optional device address (0 = none), aligned when present.
+pub(crate) fn opt_addr(
+    kernel: &'static str,
+    what: &str,
+    p: u64,
+    align: u64,
+) -> Result<u64, CudaError> {
+    if p == 0 {
+        Ok(0)
+    } else {
+        addr(kernel, what, p, align)
+    }
+}
+
+/// Blocks of `per` items covering `n` (at least one when n > 0).
+pub(crate) fn blocks(n: usize, per: usize) -> Result<u32, CudaError> {
+    u32::try_from(n.div_ceil(per))
+        .map_err(|_| CudaError::bad("launch", format!("{n} items need too many blocks")))
+}
+
+/// The most blocks a grid's y or z dimension may have.
+pub(crate) const MAX_GRID_YZ: usize = 65535;

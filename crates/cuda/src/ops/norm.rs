@@ -1,0 +1,154 @@
+//! Row reductions and elementwise steps: rms_norm, dot_rows, add, swiglu (bit-identical
+//! to `model::math`), argmax (the greedy choice of `engine::sampler::argmax`).
+
+use super::{addr, blocks, int};
+use crate::error::CudaError;
+use crate::gpu::{Arg, Gpu};
+use crate::kernels::K;
+
+/// Rows (warps) per block of the one-warp-per-row kernels.
+const ROWS_PER_BLOCK: usize = 4;
+
+impl Gpu {
+    /// Blocks for a grid-stride elementwise kernel over n items: enough to fill the
+    /// GPU, no more.
+    fn stride_blocks(&self, n: usize) -> u32 {
+        let cap = self.sm_count as usize * 16;
+        n.div_ceil(256).clamp(1, cap) as u32
+    }
+
+    /// `out[r] = model::math::rms_norm(x[r], w, eps)` for `rows` rows of `cols` f32,
+    /// bit-identical (sum of squares in the canonical 32-lane order, scale =
+    /// 1/sqrt(ss/cols + eps), `(v·scale)·w`). `out` may be `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        rows: usize,
+        cols: usize,
+        w: u64,
+        eps: f32,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "rms_norm";
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::I32(int(KN, "rows", rows)?),
+            Arg::I32(int(KN, "cols", cols)?),
+            Arg::P(addr(KN, "w", w, 4)?),
+            Arg::F32(eps),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        let grid = [blocks(rows, ROWS_PER_BLOCK)?, 1, 1];
+        self.launch(K::RmsNorm, grid, (32 * ROWS_PER_BLOCK) as u32, 0, &args)
+    }
+
+    /// The residual step and the next norm in one launch: `x += y`, then
+    /// `out = rms_norm(x)·w` per row, bit-identical to [`Gpu::add`] followed by
+    /// [`Gpu::rms_norm`]. `out` must not be `y`; it may be `x` only if the sum is not
+    /// needed afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm(
+        &self,
+        x: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        w: u64,
+        eps: f32,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "add_rms_norm";
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        if out == y {
+            return Err(CudaError::bad(KN, "out must not be y"));
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::P(addr(KN, "y", y, 4)?),
+            Arg::I32(int(KN, "rows", rows)?),
+            Arg::I32(int(KN, "cols", cols)?),
+            Arg::P(addr(KN, "w", w, 4)?),
+            Arg::F32(eps),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        let grid = [blocks(rows, ROWS_PER_BLOCK)?, 1, 1];
+        self.launch(K::AddRmsNorm, grid, (32 * ROWS_PER_BLOCK) as u32, 0, &args)
+    }
+
+    /// `out[t] = model::math::dot(x[t], v)` for `n_tok` rows of `n` f32 (the canonical
+    /// order; the shared expert's gate logit), bit-identical.
+    pub fn dot_rows(
+        &self,
+        x: u64,
+        v: u64,
+        n_tok: usize,
+        n: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "dot_rows";
+        if n_tok == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::P(addr(KN, "v", v, 4)?),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::I32(int(KN, "n", n)?),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        let grid = [blocks(n_tok, ROWS_PER_BLOCK)?, 1, 1];
+        self.launch(K::DotRows, grid, (32 * ROWS_PER_BLOCK) as u32, 0, &args)
+    }
+
+    /// `x[i] += y[i]` for i < n (f32).
+    pub fn add(&self, x: u64, y: u64, n: usize) -> Result<(), CudaError> {
+        const KN: &str = "add";
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::P(addr(KN, "y", y, 4)?),
+            Arg::I64(n as i64),
+        ];
+        self.launch(K::Add, [self.stride_blocks(n), 1, 1], 256, 0, &args)
+    }
+
+    /// `out[i] = silu(g[i]) · u[i]` for i < n, with the shared SiLU (bit-identical to
+    /// the CPU). `out` may be `g` or `u`.
+    pub fn swiglu(&self, g: u64, u: u64, n: usize, out: u64) -> Result<(), CudaError> {
+        const KN: &str = "swiglu";
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "g", g, 4)?),
+            Arg::P(addr(KN, "u", u, 4)?),
+            Arg::I64(n as i64),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        self.launch(K::Swiglu, [self.stride_blocks(n), 1, 1], 256, 0, &args)
+    }
+
+    /// `out_idx[0]` (i32) = the greedy token of the n logits at `x`, exactly as
+    /// `engine::sampler::argmax`: the lowest index of the largest value greater than
+    /// -inf; NaN never wins; 0 when no value qualifies (all NaN or -inf).
+    pub fn argmax(&self, x: u64, n: usize, out_idx: u64) -> Result<(), CudaError> {
+        const KN: &str = "argmax";
+        if n == 0 {
+            return Err(CudaError::bad(KN, "argmax of no values"));
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::I32(int(KN, "n", n)?),
+            Arg::P(addr(KN, "out_idx", out_idx, 4)?),
+        ];
+        self.launch(K::Argmax, [1, 1, 1], 1024, 0, &args)
+    }
+}

@@ -1,0 +1,314 @@
+//! Activation quantization, the canonical matvec family and embedding rows: every
+//! output bit-identical to `quant::quantize_act`, `quant::matvec` and
+//! `quant::dequantize_row`.
+
+use super::{addr, blocks, int, MAX_GRID_YZ};
+use crate::error::CudaError;
+use crate::gpu::{Arg, Gpu};
+use crate::kernels::K;
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use gguf::GgmlType;
+
+/// Tokens a matvec tile multiplies with one weight load.
+pub const TILE_TOKENS: usize = 8;
+
+/// Quantized activations on the device, exactly `quant::quantize_act` per row:
+/// `qs` i8 [rows × cols], `d` f32 [rows × cols/32], `sums` i32 [rows × cols/32].
+/// `qs` must be 16-byte aligned, `d` and `sums` 4-byte aligned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QAct {
+    pub qs: u64,
+    pub d: u64,
+    pub sums: u64,
+}
+
+impl QAct {
+    /// No quantized activations (float weights read `x`).
+    pub const NONE: QAct = QAct {
+        qs: 0,
+        d: 0,
+        sums: 0,
+    };
+    /// Bytes of (qs, d, sums) for `rows` × `cols` values.
+    pub fn sizes(rows: usize, cols: usize) -> (u64, u64, u64) {
+        let n = (rows * cols) as u64;
+        (n, n / 32 * 4, n / 32 * 4)
+    }
+}
+
+/// A tile of up to [`TILE_TOKENS`] tokens meeting one expert's weight matrix in
+/// [`Gpu::matvec_tiles`]: token j < n reads input row `in_row[j]` and writes output row
+/// `out_row[j]`. A tile with n <= 0 is skipped.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tile {
+    pub expert: i32,
+    pub n: i32,
+    pub in_row: [i32; 8],
+    pub out_row: [i32; 8],
+}
+
+// SAFETY: plain old data of i32s with the layout of the CUDA struct (kernels/quant.cu).
+unsafe impl DeviceRepr for Tile {}
+// SAFETY: all-zero bytes are a valid Tile (n = 0: skipped).
+unsafe impl ValidAsZeroBits for Tile {}
+
+/// What the kernels know of a weight type: its kernel, the type code of
+/// kernels/sc_formats.cuh, values per block and the alignment its loads need.
+struct TypeInfo {
+    k: K,
+    code: i32,
+    block: usize,
+    align: u64,
+    float: bool,
+}
+
+fn type_info(ty: GgmlType) -> Option<TypeInfo> {
+    use GgmlType as T;
+    let (k, code, block, align, float) = match ty {
+        T::F32 => (K::MatvecF32, 0, 1, 4, true),
+        T::F16 => (K::MatvecF16, 1, 1, 2, true),
+        T::BF16 => (K::MatvecBf16, 2, 1, 2, true),
+        T::Q8_0 => (K::MatvecQ8_0, 3, 32, 2, false),
+        T::Q4_0 => (K::MatvecQ4_0, 4, 32, 2, false),
+        T::Q4_K => (K::MatvecQ4K, 5, 256, 16, false),
+        T::Q5_K => (K::MatvecQ5K, 6, 256, 16, false),
+        T::Q6_K => (K::MatvecQ6K, 7, 256, 2, false),
+        T::IQ4_XS => (K::MatvecIq4Xs, 8, 256, 8, false),
+        _ => return None,
+    };
+    Some(TypeInfo {
+        k,
+        code,
+        block,
+        align,
+        float,
+    })
+}
+
+/// Checks a weight matrix's shape: a supported type, whole blocks and 32-value
+/// sub-blocks per row, and `row_bytes` matching the type.
+fn check_weights(
+    kernel: &'static str,
+    ty: GgmlType,
+    row_bytes: u64,
+    n_cols: usize,
+) -> Result<TypeInfo, CudaError> {
+    let ti = type_info(ty)
+        .ok_or_else(|| CudaError::bad(kernel, format!("tensor type {ty} has no CUDA kernel")))?;
+    if n_cols == 0 || !n_cols.is_multiple_of(32) || !n_cols.is_multiple_of(ti.block) {
+        return Err(CudaError::bad(
+            kernel,
+            format!("{ty}: a row of {n_cols} columns is not a whole number of blocks and 32-value sub-blocks"),
+        ));
+    }
+    let want = ty.row_bytes(n_cols).unwrap_or(0) as u64;
+    if row_bytes != want {
+        return Err(CudaError::bad(
+            kernel,
+            format!("{ty}: row_bytes is {row_bytes}, a row of {n_cols} columns has {want}"),
+        ));
+    }
+    Ok(ti)
+}
+
+/// Activation arguments: `x` for float weights, the QAct for quantized ones (the
+/// other may be 0).
+fn act_args(kernel: &'static str, float: bool, x: u64, xq: QAct) -> Result<[Arg; 4], CudaError> {
+    if float {
+        Ok([
+            Arg::P(addr(kernel, "x", x, 4)?),
+            Arg::P(0),
+            Arg::P(0),
+            Arg::P(0),
+        ])
+    } else {
+        Ok([
+            Arg::P(0),
+            Arg::P(addr(kernel, "xq.qs", xq.qs, 16)?),
+            Arg::P(addr(kernel, "xq.d", xq.d, 4)?),
+            Arg::P(addr(kernel, "xq.sums", xq.sums, 4)?),
+        ])
+    }
+}
+
+/// Warps (rows) per matvec block.
+const MV_ROWS_PER_BLOCK: usize = 4;
+
+impl Gpu {
+    /// `q` = quantize_act of each of `rows` rows of `cols` values at `x` (f32).
+    pub fn quantize_act(&self, x: u64, rows: usize, cols: usize, q: QAct) -> Result<(), CudaError> {
+        const KN: &str = "quantize_act";
+        if !cols.is_multiple_of(32) {
+            return Err(CudaError::bad(
+                KN,
+                format!("{cols} columns is not a multiple of 32"),
+            ));
+        }
+        let n_blocks = rows * cols / 32;
+        if n_blocks == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::I64(n_blocks as i64),
+            Arg::P(addr(KN, "q.qs", q.qs, 16)?),
+            Arg::P(addr(KN, "q.d", q.d, 4)?),
+            Arg::P(addr(KN, "q.sums", q.sums, 4)?),
+        ];
+        // 8 warps per block, one 32-value block each.
+        self.launch(K::QuantizeAct, [blocks(n_blocks, 8)?, 1, 1], 256, 0, &args)
+    }
+
+    /// `out[t·n_rows + r]` = row r of `w` · token t, for t < n_tok: the canonical dot,
+    /// bit-identical to `quant::matvec` per token. Float weights (F32, F16, BF16) read
+    /// `x` (f32 [n_tok × n_cols]); quantized ones read `xq` (quantize_act of x).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        row_bytes: u64,
+        n_rows: usize,
+        n_cols: usize,
+        x: u64,
+        xq: QAct,
+        n_tok: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        self.matvec_launch(
+            "matvec", ty, w, 0, row_bytes, n_rows, n_cols, x, xq, n_tok, 0, 0, out,
+        )
+    }
+
+    /// The same kernels over a device array of `n_tiles` [`Tile`]s: tile i multiplies
+    /// the weight matrix of expert `tile.expert` (at `w_base + expert·expert_bytes`)
+    /// with its tokens' input rows and writes `out[out_row[j]·n_rows + r]`. The grid
+    /// depends only on `n_tiles`, so the tiles may be written on the device (the
+    /// router) inside a captured graph.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_tiles(
+        &self,
+        ty: GgmlType,
+        w_base: u64,
+        expert_bytes: u64,
+        row_bytes: u64,
+        n_rows: usize,
+        n_cols: usize,
+        x: u64,
+        xq: QAct,
+        tiles: u64,
+        n_tiles: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "matvec_tiles";
+        addr(KN, "tiles", tiles, 4)?;
+        self.matvec_launch(
+            KN,
+            ty,
+            w_base,
+            expert_bytes,
+            row_bytes,
+            n_rows,
+            n_cols,
+            x,
+            xq,
+            0,
+            tiles,
+            n_tiles,
+            out,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matvec_launch(
+        &self,
+        kn: &'static str,
+        ty: GgmlType,
+        w: u64,
+        expert_bytes: u64,
+        row_bytes: u64,
+        n_rows: usize,
+        n_cols: usize,
+        x: u64,
+        xq: QAct,
+        n_tok: usize,
+        tiles: u64,
+        n_tiles: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let ti = check_weights(kn, ty, row_bytes, n_cols)?;
+        addr(kn, "w", w, ti.align)?;
+        if !expert_bytes.is_multiple_of(ti.align) {
+            return Err(CudaError::bad(
+                kn,
+                format!(
+                    "expert_bytes {expert_bytes} is not a multiple of {}",
+                    ti.align
+                ),
+            ));
+        }
+        let units = if tiles != 0 {
+            n_tiles
+        } else {
+            n_tok.div_ceil(TILE_TOKENS)
+        };
+        if n_rows == 0 || units == 0 {
+            return Ok(());
+        }
+        let [ax, aq, ad, asum] = act_args(kn, ti.float, x, xq)?;
+        let args = [
+            Arg::P(w),
+            Arg::U64(expert_bytes),
+            Arg::U64(row_bytes),
+            Arg::I32(int(kn, "n_rows", n_rows)?),
+            Arg::I32(int(kn, "n_cols", n_cols)?),
+            ax,
+            aq,
+            ad,
+            asum,
+            Arg::I32(int(kn, "n_tok", n_tok)?),
+            Arg::P(tiles),
+            Arg::I32(int(kn, "n_tiles", n_tiles)?),
+            Arg::P(addr(kn, "out", out, 4)?),
+        ];
+        let grid = [
+            blocks(n_rows, MV_ROWS_PER_BLOCK)?,
+            units.min(MAX_GRID_YZ) as u32,
+            1,
+        ];
+        self.launch(ti.k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, 0, &args)
+    }
+
+    /// `out[t]` = row `ids[t]` of `table` dequantized (`quant::dequantize_row`), for
+    /// t < n_tok; `ids` is i32 on the device. Ids are not range-checked on the device:
+    /// the caller validates them against the vocabulary.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed(
+        &self,
+        ty: GgmlType,
+        table: u64,
+        row_bytes: u64,
+        cols: usize,
+        ids: u64,
+        n_tok: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "embed";
+        let ti = check_weights(KN, ty, row_bytes, cols)?;
+        if n_tok == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::I32(ti.code),
+            Arg::P(addr(KN, "table", table, ti.align.min(4))?),
+            Arg::U64(row_bytes),
+            Arg::I32(int(KN, "cols", cols)?),
+            Arg::P(addr(KN, "ids", ids, 4)?),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        let grid = [blocks(cols, 256)?, n_tok.min(MAX_GRID_YZ) as u32, 1];
+        self.launch(K::Embed, grid, 256, 0, &args)
+    }
+}

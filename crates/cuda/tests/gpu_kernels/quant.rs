@@ -1,0 +1,432 @@
+//! quantize_act, matvec, matvec_tiles and embed against the quant crate, bit for bit.
+
+use crate::{assert_bits, down, filled, gpu, poisoned, up, DevQAct, Rng};
+use cuda::{GgmlType, QAct, Tile};
+
+const TYPES: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+];
+
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// Values per block of `ty` (the column granularity).
+fn block(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => 256,
+        GgmlType::Q8_0 | GgmlType::Q4_0 => 32,
+        _ => 32,
+    }
+}
+
+/// Offsets of a block's f16 scales and its size (random bytes must keep these finite).
+fn scale_fields(ty: GgmlType) -> (&'static [usize], usize) {
+    use GgmlType as T;
+    match ty {
+        T::Q8_0 => (&[0], 34),
+        T::Q4_0 => (&[0], 18),
+        T::Q4_K => (&[0, 2], 144),
+        T::Q5_K => (&[0, 2], 176),
+        T::Q6_K => (&[208], 210),
+        T::IQ4_XS => (&[0], 136),
+        _ => (&[], 0),
+    }
+}
+
+/// `n_rows` rows of `ty`. Quantized rows of random values, or for block types with
+/// `raw`, random bytes with finite scales (every bit pattern of the quant fields).
+pub fn weights(ty: GgmlType, n_rows: usize, n_cols: usize, raw: bool, rng: &mut Rng) -> Vec<u8> {
+    let rb = quant::row_bytes(ty, n_cols).expect("supported shape");
+    let mut w = vec![0u8; n_rows * rb];
+    let (fields, bsize) = scale_fields(ty);
+    if raw && bsize > 0 {
+        for b in w.iter_mut() {
+            *b = rng.next_u64() as u8;
+        }
+        for blk in w.chunks_exact_mut(bsize) {
+            for &off in fields {
+                let bits =
+                    ((rng.next_u64() as u16) & 0x83ff) | (((rng.next_u64() % 16) as u16) << 10);
+                blk[off..off + 2].copy_from_slice(&bits.to_le_bytes());
+            }
+        }
+    } else {
+        let vals = rng.vec(n_rows * n_cols, 1.5);
+        for (r, v) in vals.chunks_exact(n_cols).enumerate() {
+            quant::quantize_row(ty, v, &mut w[r * rb..(r + 1) * rb]);
+        }
+    }
+    w
+}
+
+/// Activations with mixed magnitudes, one all-zero block and exact rounding ties.
+fn activations(n_tok: usize, n_cols: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut x = Vec::with_capacity(n_tok * n_cols);
+    for t in 0..n_tok {
+        let mut row = rng.vec(n_cols, 1.0 + t as f32);
+        if n_cols >= 64 {
+            row[32..64].fill(0.0);
+        }
+        if n_cols >= 128 {
+            // amax 127 makes d = 1, so k + 0.5 are exact ties for round-half-even.
+            row[64] = 127.0;
+            for (i, v) in row[65..96].iter_mut().enumerate() {
+                *v = (i as f32 - 15.0) + 0.5;
+            }
+        }
+        x.extend(row);
+    }
+    x
+}
+
+#[test]
+fn quantize_act_matches_the_cpu() {
+    let Some(g) = gpu("quantize_act") else { return };
+    let mut rng = Rng::new(1);
+    for (rows, cols) in [(1, 32), (3, 2048), (2, 4096 + 32), (17, 256)] {
+        let x = activations(rows, cols, &mut rng);
+        let dx = up(&g, &x);
+        // Poison: -128 is not a quantized value; NaN is not a scale; i32::MIN+.. not a sum.
+        let qs = filled::<i8>(&g, rows * cols, 0x80);
+        let d = poisoned(&g, rows * cols / 32);
+        let sums = filled::<i32>(&g, rows * cols / 32, 0x80);
+        let q = QAct {
+            qs: qs.ptr(),
+            d: d.ptr(),
+            sums: sums.ptr(),
+        };
+        g.quantize_act(dx.ptr(), rows, cols, q).unwrap();
+        let (gq, gd, gs) = (down(&g, &qs), down(&g, &d), down(&g, &sums));
+        for r in 0..rows {
+            let want = quant::quantize_act(&x[r * cols..(r + 1) * cols]);
+            let nb = cols / 32;
+            assert_eq!(
+                &gq[r * cols..(r + 1) * cols],
+                &want.qs[..],
+                "qs of row {r} ({rows}×{cols})"
+            );
+            assert_bits(
+                &gd[r * nb..(r + 1) * nb],
+                &want.d,
+                &format!("d of row {r} ({rows}×{cols})"),
+            );
+            assert_eq!(
+                &gs[r * nb..(r + 1) * nb],
+                &want.sums[..],
+                "sums of row {r} ({rows}×{cols})"
+            );
+        }
+    }
+}
+
+/// The CPU's out[t·n_rows + r] for n_tok tokens.
+fn cpu_matmul(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tok: usize,
+) -> Vec<f32> {
+    let xqs: Vec<quant::ActQ8> = if is_float(ty) {
+        Vec::new()
+    } else {
+        x.chunks_exact(n_cols).map(quant::quantize_act).collect()
+    };
+    let mut out = vec![0f32; n_tok * n_rows];
+    if n_tok == 1 {
+        let empty = quant::ActQ8::default();
+        quant::matvec(ty, w, n_cols, x, xqs.first().unwrap_or(&empty), &mut out);
+    } else {
+        quant::matmul(ty, w, n_cols, x, &xqs, &mut out);
+    }
+    out
+}
+
+/// One matvec on the GPU (CPU-quantized activations, so only the matvec is tested).
+fn gpu_matvec(
+    g: &cuda::Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tok: usize,
+) -> Vec<f32> {
+    let dw = up(g, w);
+    let dx = up(g, x);
+    let xq: Vec<quant::ActQ8> = x.chunks_exact(n_cols).map(quant::quantize_act).collect();
+    let dq = DevQAct::upload(g, &xq);
+    let out = poisoned(g, n_tok * n_rows);
+    let rb = (w.len() / n_rows) as u64;
+    g.matvec(
+        ty,
+        dw.ptr(),
+        rb,
+        n_rows,
+        n_cols,
+        dx.ptr(),
+        dq.q(),
+        n_tok,
+        out.ptr(),
+    )
+    .unwrap();
+    down(g, &out)
+}
+
+#[test]
+fn matvec_matches_the_cpu_for_every_type_and_shape() {
+    let Some(g) = gpu("matvec") else { return };
+    let mut rng = Rng::new(2);
+    for ty in TYPES {
+        let b = block(ty);
+        // One block; 2048 columns (2 sub-blocks per lane); lanes with unequal counts;
+        // more than 32 blocks; odd row counts (row starts at every alignment).
+        let shapes = [(7, b), (300, 2048), (33, 1280), (64, 4096 + b)];
+        for (i, &(n_rows, n_cols)) in shapes.iter().enumerate() {
+            for raw in [false, true] {
+                let w = weights(ty, n_rows, n_cols, raw, &mut rng);
+                let n_tok = [1, 3, 8, 9][i];
+                let x = activations(n_tok, n_cols, &mut rng);
+                let got = gpu_matvec(&g, ty, &w, n_rows, n_cols, &x, n_tok);
+                let want = cpu_matmul(ty, &w, n_rows, n_cols, &x, n_tok);
+                assert_bits(
+                    &got,
+                    &want,
+                    &format!("{ty} {n_rows}×{n_cols}, {n_tok} tokens, raw={raw}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_every_token_count_up_to_17() {
+    let Some(g) = gpu("matvec tokens") else {
+        return;
+    };
+    let mut rng = Rng::new(3);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::BF16,
+    ] {
+        let (n_rows, n_cols) = (96, 2048);
+        let w = weights(ty, n_rows, n_cols, false, &mut rng);
+        for n_tok in 1..=17 {
+            let x = activations(n_tok, n_cols, &mut rng);
+            let got = gpu_matvec(&g, ty, &w, n_rows, n_cols, &x, n_tok);
+            let want = cpu_matmul(ty, &w, n_rows, n_cols, &x, n_tok);
+            assert_bits(&got, &want, &format!("{ty} {n_tok} tokens"));
+        }
+    }
+}
+
+#[test]
+fn matvec_lm_head_shape() {
+    let Some(g) = gpu("matvec lm head") else {
+        return;
+    };
+    let mut rng = Rng::new(4);
+    // The largest head of the three archs: 248,320 rows (Qwen3.5 vocabulary).
+    let (n_rows, n_cols) = (248_320, 2048);
+    for (ty, n_tok) in [(GgmlType::Q6_K, 1), (GgmlType::Q8_0, 2)] {
+        let w = weights(ty, n_rows, n_cols, true, &mut rng);
+        let x = activations(n_tok, n_cols, &mut rng);
+        let got = gpu_matvec(&g, ty, &w, n_rows, n_cols, &x, n_tok);
+        let want = cpu_matmul(ty, &w, n_rows, n_cols, &x, n_tok);
+        assert_bits(
+            &got,
+            &want,
+            &format!("{ty} head {n_rows}×{n_cols}, {n_tok} tokens"),
+        );
+    }
+}
+
+#[test]
+fn matvec_tiles_gathers_and_scatters_by_expert() {
+    let Some(g) = gpu("matvec_tiles") else { return };
+    let mut rng = Rng::new(5);
+    for ty in TYPES {
+        let (n_exp, n_rows, n_cols, n_in) = (5, 96, 512, 13);
+        let w = weights(ty, n_exp * n_rows, n_cols, false, &mut rng);
+        let rb = w.len() / (n_exp * n_rows);
+        let expert_bytes = (n_rows * rb) as u64;
+        let x = activations(n_in, n_cols, &mut rng);
+        // Tiles of 1..=8 tokens, in any order, one empty; output rows are a permutation
+        // of part of the output (some rows are never written and must stay poisoned).
+        let n_out = 40;
+        let mut out_rows: Vec<i32> = (0..n_out as i32).collect();
+        for i in (1..out_rows.len()).rev() {
+            out_rows.swap(i, rng.below(i + 1));
+        }
+        let mut next_out = 0;
+        let mut tiles = Vec::new();
+        for n in [3usize, 8, 1, 0, 5, 2, 7] {
+            let mut t = Tile {
+                expert: rng.below(n_exp) as i32,
+                n: n as i32,
+                ..Default::default()
+            };
+            for j in 0..n {
+                t.in_row[j] = rng.below(n_in) as i32;
+                t.out_row[j] = out_rows[next_out];
+                next_out += 1;
+            }
+            tiles.push(t);
+        }
+        let dw = up(&g, &w);
+        let dx = up(&g, &x);
+        let xq: Vec<quant::ActQ8> = x.chunks_exact(n_cols).map(quant::quantize_act).collect();
+        let dq = DevQAct::upload(&g, &xq);
+        let dt = up(&g, &tiles);
+        let out = poisoned(&g, n_out * n_rows);
+        g.matvec_tiles(
+            ty,
+            dw.ptr(),
+            expert_bytes,
+            rb as u64,
+            n_rows,
+            n_cols,
+            dx.ptr(),
+            dq.q(),
+            dt.ptr(),
+            tiles.len(),
+            out.ptr(),
+        )
+        .unwrap();
+        let got = down(&g, &out);
+        let mut want = vec![f32::from_bits(u32::MAX); n_out * n_rows];
+        for t in &tiles {
+            let e = t.expert as usize;
+            let wm = &w[e * n_rows * rb..(e + 1) * n_rows * rb];
+            for j in 0..t.n as usize {
+                let xi = &x[t.in_row[j] as usize * n_cols..(t.in_row[j] as usize + 1) * n_cols];
+                let o = cpu_matmul(ty, wm, n_rows, n_cols, xi, 1);
+                let r0 = t.out_row[j] as usize * n_rows;
+                want[r0..r0 + n_rows].copy_from_slice(&o);
+            }
+        }
+        assert_bits(&got, &want, &format!("{ty} tiles"));
+        assert!(next_out < n_out, "some output rows stay unwritten");
+    }
+}
+
+#[test]
+fn embed_matches_dequantize_row() {
+    let Some(g) = gpu("embed") else { return };
+    let mut rng = Rng::new(6);
+    for ty in TYPES {
+        for raw in [false, true] {
+            let (vocab, cols) = (50, 2 * block(ty) + 512);
+            let table = weights(ty, vocab, cols, raw, &mut rng);
+            let rb = table.len() / vocab;
+            let ids: Vec<i32> = (0..11)
+                .map(|i| if i == 5 { 7 } else { rng.below(vocab) as i32 })
+                .collect();
+            let (dt, di) = (up(&g, &table), up(&g, &ids));
+            let out = poisoned(&g, ids.len() * cols);
+            g.embed(
+                ty,
+                dt.ptr(),
+                rb as u64,
+                cols,
+                di.ptr(),
+                ids.len(),
+                out.ptr(),
+            )
+            .unwrap();
+            let got = down(&g, &out);
+            let mut want = vec![0f32; ids.len() * cols];
+            for (t, &id) in ids.iter().enumerate() {
+                let id = id as usize;
+                quant::dequantize_row(
+                    ty,
+                    &table[id * rb..(id + 1) * rb],
+                    &mut want[t * cols..(t + 1) * cols],
+                );
+            }
+            assert_bits(&got, &want, &format!("embed {ty} raw={raw}"));
+        }
+    }
+}
+
+#[test]
+fn matvec_refuses_bad_shapes_by_name() {
+    let Some(g) = gpu("matvec errors") else {
+        return;
+    };
+    let w = up(&g, &[0u8; 144 * 4]);
+    let x = up(&g, &[1f32; 512]);
+    let out = poisoned(&g, 4);
+    let e = g
+        .matvec(
+            GgmlType::Q4_K,
+            w.ptr(),
+            100,
+            4,
+            256,
+            x.ptr(),
+            QAct::NONE,
+            1,
+            out.ptr(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("matvec") && e.contains("row_bytes"), "{e}");
+    let e = g
+        .matvec(
+            GgmlType::Q4_K,
+            w.ptr(),
+            144,
+            4,
+            200,
+            x.ptr(),
+            QAct::NONE,
+            1,
+            out.ptr(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("200 columns"), "{e}");
+    let e = g
+        .matvec(
+            GgmlType::Q4_K,
+            w.ptr() + 2,
+            144,
+            3,
+            256,
+            x.ptr(),
+            QAct::NONE,
+            1,
+            out.ptr(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("16-byte aligned"), "{e}");
+    let e = g
+        .matvec(
+            GgmlType::Q2_K,
+            w.ptr(),
+            84,
+            4,
+            256,
+            x.ptr(),
+            QAct::NONE,
+            1,
+            out.ptr(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no CUDA kernel"), "{e}");
+}

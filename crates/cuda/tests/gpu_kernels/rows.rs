@@ -1,0 +1,277 @@
+//! rms_norm, dot_rows, add, swiglu, argmax, route_topk and moe_combine against the
+//! CPU (model::math, model::moe, the engine's MoE combination), bit for bit.
+
+use crate::{assert_bits, down, filled, gpu, poisoned, up, Rng};
+use cuda::Tile;
+
+#[test]
+fn rms_norm_matches_model_math() {
+    let Some(g) = gpu("rms_norm") else { return };
+    let mut rng = Rng::new(10);
+    for (rows, cols) in [(1, 2048), (5, 4096), (3, 100), (70, 128)] {
+        let x = rng.vec(rows * cols, 3.0);
+        let w = rng.vec(cols, 2.0);
+        let mut want = x.clone();
+        for r in want.chunks_exact_mut(cols) {
+            model::math::rms_norm(r, &w, 1e-6);
+        }
+        let (dx, dw) = (up(&g, &x), up(&g, &w));
+        let out = poisoned(&g, rows * cols);
+        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr())
+            .unwrap();
+        assert_bits(&down(&g, &out), &want, &format!("rms_norm {rows}×{cols}"));
+        // In place.
+        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, dx.ptr())
+            .unwrap();
+        assert_bits(
+            &down(&g, &dx),
+            &want,
+            &format!("rms_norm in place {rows}×{cols}"),
+        );
+    }
+}
+
+#[test]
+fn add_rms_norm_equals_add_then_rms_norm() {
+    let Some(g) = gpu("add_rms_norm") else { return };
+    let mut rng = Rng::new(16);
+    for (rows, cols) in [(1, 2048), (7, 4096), (2, 96)] {
+        let (x, y) = (rng.vec(rows * cols, 3.0), rng.vec(rows * cols, 3.0));
+        let w = rng.vec(cols, 2.0);
+        let sum: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+        let mut want = sum.clone();
+        for r in want.chunks_exact_mut(cols) {
+            model::math::rms_norm(r, &w, 1e-6);
+        }
+        let (dx, dy, dw) = (up(&g, &x), up(&g, &y), up(&g, &w));
+        let out = poisoned(&g, rows * cols);
+        g.add_rms_norm(dx.ptr(), dy.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr())
+            .unwrap();
+        assert_bits(
+            &down(&g, &dx),
+            &sum,
+            &format!("add_rms_norm sum {rows}×{cols}"),
+        );
+        assert_bits(
+            &down(&g, &out),
+            &want,
+            &format!("add_rms_norm {rows}×{cols}"),
+        );
+    }
+}
+
+#[test]
+fn dot_rows_matches_model_math_dot() {
+    let Some(g) = gpu("dot_rows") else { return };
+    let mut rng = Rng::new(11);
+    for (rows, n) in [(1, 2048), (9, 4096), (4, 77)] {
+        let x = rng.vec(rows * n, 2.0);
+        let v = rng.vec(n, 1.0);
+        let want: Vec<f32> = x.chunks_exact(n).map(|r| model::math::dot(r, &v)).collect();
+        let (dx, dv) = (up(&g, &x), up(&g, &v));
+        let out = poisoned(&g, rows);
+        g.dot_rows(dx.ptr(), dv.ptr(), rows, n, out.ptr()).unwrap();
+        assert_bits(&down(&g, &out), &want, &format!("dot_rows {rows}×{n}"));
+    }
+}
+
+#[test]
+fn add_and_swiglu_match_the_cpu() {
+    let Some(g) = gpu("add, swiglu") else { return };
+    let mut rng = Rng::new(12);
+    for n in [1, 1000, 2048 * 9 + 5] {
+        let (a, b) = (rng.vec(n, 30.0), rng.vec(n, 30.0));
+        let (da, db) = (up(&g, &a), up(&g, &b));
+        g.add(da.ptr(), db.ptr(), n).unwrap();
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert_bits(&down(&g, &da), &want, &format!("add {n}"));
+
+        // SiLU over its whole range, including where e^-x overflows.
+        let mut gate = rng.vec(n, 30.0);
+        if n > 4 {
+            gate[0] = -100.0;
+            gate[1] = 100.0;
+            gate[2] = 0.0;
+            gate[3] = -0.0;
+        }
+        let (dg, db) = (up(&g, &gate), up(&g, &b));
+        let out = poisoned(&g, n);
+        g.swiglu(dg.ptr(), db.ptr(), n, out.ptr()).unwrap();
+        let want: Vec<f32> = gate
+            .iter()
+            .zip(&b)
+            .map(|(&x, &u)| model::math::silu(x) * u)
+            .collect();
+        assert_bits(&down(&g, &out), &want, &format!("swiglu {n}"));
+    }
+}
+
+/// engine::sampler::argmax (the engine is not a dependency of this crate).
+fn cpu_argmax(l: &[f32]) -> i32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in l.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as i32
+}
+
+#[test]
+fn argmax_is_the_greedy_choice() {
+    let Some(g) = gpu("argmax") else { return };
+    let mut rng = Rng::new(13);
+    let n = 248_320;
+    let mut cases: Vec<Vec<f32>> = Vec::new();
+    let x = rng.vec(n, 20.0);
+    cases.push(x.clone());
+    // Ties at the maximum: the lowest index wins.
+    let mut t = x.clone();
+    t[200_000] = 50.0;
+    t[123_457] = 50.0;
+    t[240_000] = 50.0;
+    cases.push(t);
+    // NaN never wins, even first.
+    let mut t = x.clone();
+    t[0] = f32::NAN;
+    t[99] = f32::NAN;
+    t[5] = 60.0;
+    cases.push(t);
+    // Everything -inf or NaN: 0.
+    let mut t = vec![f32::NEG_INFINITY; 1000];
+    t[3] = f32::NAN;
+    cases.push(t);
+    // +inf wins.
+    let mut t = x.clone();
+    t[777] = f32::INFINITY;
+    cases.push(t);
+    cases.push(vec![-3.0]);
+    for (i, c) in cases.iter().enumerate() {
+        let dx = up(&g, c);
+        let out = filled::<i32>(&g, 1, 0xff);
+        g.argmax(dx.ptr(), c.len(), out.ptr()).unwrap();
+        assert_eq!(down(&g, &out)[0], cpu_argmax(c), "argmax case {i}");
+    }
+}
+
+#[test]
+fn route_topk_matches_model_moe_route() {
+    let Some(g) = gpu("route_topk") else { return };
+    let mut rng = Rng::new(14);
+    for (n_expert, k, n_tok) in [
+        (8, 2, 3),
+        (128, 8, 5),
+        (512, 10, 1),
+        (512, 10, 7),
+        (256, 8, 1),
+        (64, 32, 2),
+    ] {
+        let mut logits = rng.vec(n_tok * n_expert, 4.0);
+        // Exact ties between experts, and a token whose logits are all equal.
+        logits[1] = logits[n_expert - 1];
+        logits[2] = logits[n_expert - 1];
+        if n_tok > 1 {
+            logits[n_expert..2 * n_expert].fill(0.25);
+        }
+        let dl = up(&g, &logits);
+        let w = poisoned(&g, n_tok * k);
+        let ids = filled::<i32>(&g, n_tok * k, 0xff);
+        let tiles =
+            (n_tok == 1).then(|| (filled::<Tile>(&g, k, 0xff), filled::<Tile>(&g, k, 0xff)));
+        let (tg, td) = tiles.as_ref().map_or((0, 0), |(a, b)| (a.ptr(), b.ptr()));
+        g.route_topk(dl.ptr(), n_tok, n_expert, k, w.ptr(), ids.ptr(), tg, td)
+            .unwrap();
+        let (gw, gi) = (down(&g, &w), down(&g, &ids));
+        for t in 0..n_tok {
+            let r = model::moe::route(&logits[t * n_expert..(t + 1) * n_expert], k);
+            let want_ids: Vec<i32> = r.iter().map(|x| x.0 as i32).collect();
+            let want_w: Vec<f32> = r.iter().map(|x| x.1).collect();
+            assert_eq!(
+                &gi[t * k..(t + 1) * k],
+                &want_ids[..],
+                "ids, {n_expert} experts top-{k} token {t}"
+            );
+            assert_bits(
+                &gw[t * k..(t + 1) * k],
+                &want_w,
+                &format!("weights, {n_expert} experts top-{k} token {t}"),
+            );
+        }
+        if let Some((a, b)) = &tiles {
+            let (ta, tb) = (down(&g, a), down(&g, b));
+            for r in 0..k {
+                let mut want = Tile {
+                    expert: gi[r],
+                    n: 1,
+                    ..Default::default()
+                };
+                want.out_row[0] = r as i32;
+                assert_eq!(ta[r], want, "gate/up tile {r}");
+                want.in_row[0] = r as i32;
+                assert_eq!(tb[r], want, "down tile {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn moe_combine_sums_in_rank_order() {
+    let Some(g) = gpu("moe_combine") else { return };
+    let mut rng = Rng::new(15);
+    for (n_tok, k, e, shared, logit) in [
+        (1, 8, 2048, true, true),
+        (6, 10, 512, false, false),
+        (3, 4, 100, true, false),
+    ] {
+        let down_v = rng.vec(n_tok * k * e, 5.0);
+        let wts: Vec<f32> = (0..n_tok * k).map(|_| 0.5 * (rng.f() + 1.0)).collect();
+        let sh = rng.vec(n_tok * e, 5.0);
+        let lg = rng.vec(n_tok, 6.0);
+        // The CPU's combination (engine/src/cpu/moe.rs): o += w·d from 0.0 in rank
+        // order, then o += sigmoid(logit)·shared.
+        let mut want = vec![0f32; n_tok * e];
+        for t in 0..n_tok {
+            let o = &mut want[t * e..(t + 1) * e];
+            for r in 0..k {
+                let wt = wts[t * k + r];
+                for (c, a) in o.iter_mut().enumerate() {
+                    *a += wt * down_v[(t * k + r) * e + c];
+                }
+            }
+            if shared {
+                let gate = if logit {
+                    model::math::sigmoid(lg[t])
+                } else {
+                    1.0
+                };
+                for (c, a) in o.iter_mut().enumerate() {
+                    *a = if logit {
+                        *a + gate * sh[t * e + c]
+                    } else {
+                        *a + sh[t * e + c]
+                    };
+                }
+            }
+        }
+        let (dd, dw, ds, dlg) = (up(&g, &down_v), up(&g, &wts), up(&g, &sh), up(&g, &lg));
+        let out = poisoned(&g, n_tok * e);
+        g.moe_combine(
+            dd.ptr(),
+            dw.ptr(),
+            n_tok,
+            k,
+            e,
+            if shared { ds.ptr() } else { 0 },
+            if logit { dlg.ptr() } else { 0 },
+            out.ptr(),
+        )
+        .unwrap();
+        assert_bits(
+            &down(&g, &out),
+            &want,
+            &format!("moe_combine {n_tok}×{k}×{e} shared={shared} logit={logit}"),
+        );
+    }
+}

@@ -1,0 +1,52 @@
+//! The executor seam: what the engine asks of a device. An executor owns its
+//! weights (uploaded from the model file into its own storage), the state of
+//! every sequence it holds, and its scratch memory; the engine hands it a batch
+//! of sequence steps and gets back each one's logits or chosen token.
+//!
+//! The step is batch-shaped from the start: each entry names its own sequence,
+//! positions and output, so batched decode, speculative verification and a
+//! scheduler with several slots use the same call. Today the engine sends one
+//! entry at a time.
+
+use crate::DeviceReport;
+use model::{ExecError, Logits};
+
+/// What one sequence's step should return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Logits of the last position or of every position.
+    Logits(Logits),
+    /// Only the greedy token of the last position (argmax, lowest id on ties),
+    /// chosen on the device so only the id comes back.
+    Greedy,
+}
+
+/// One sequence's part of a step: `tokens` at positions `pos0..` of sequence `seq`.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep<'a> {
+    pub seq: usize,
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+    pub want: Want,
+}
+
+/// What a step returned for one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOut {
+    /// n_vocab per returned position.
+    Logits(Vec<f32>),
+    Token(u32),
+}
+
+/// A device that runs model steps.
+pub trait Executor: Send {
+    /// Where steps run and what device memory they hold.
+    fn report(&self) -> DeviceReport;
+    /// Sequences this executor holds state for (ids 0..n).
+    fn n_seq(&self) -> usize;
+    /// Forgets sequence `seq` (a new conversation starts there).
+    fn clear(&mut self, seq: usize) -> Result<(), ExecError>;
+    /// Runs every entry of `batch` (each against its own sequence) and returns
+    /// their outputs in order.
+    fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError>;
+}

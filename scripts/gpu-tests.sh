@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU test suite in two halves, because the GPU machine has no cargo:
+#
+#   scripts/gpu-tests.sh build [DIR]   (here) builds the CUDA test executables and
+#                                      the release `scoria` binary into DIR
+#                                      (default .carry/gpu, ignored by git)
+#   scripts/gpu-tests.sh run [DIR]     (on the GPU machine, from the repository
+#                                      root) runs every test executable in DIR
+#                                      against the GPU and prints one closing line
+#                                      `N passed, N failed`
+#
+# The tests are ordinary test targets built with `--features cuda`: the kernel
+# tests of crates/cuda (every kernel against the CPU reference, bit for bit where
+# DESIGN.md requires it) and the engine's parity and invariant tests run with
+# SCORIA_TEST_DEVICE=cuda. SCORIA_REQUIRE_GPU=1 makes a missing GPU a failure.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MODE="${1:-}"
+DIR="${2:-$ROOT/.carry/gpu}"
+
+case "$MODE" in
+build)
+  if [ -z "${NVCC:-}" ] && ! command -v nvcc >/dev/null 2>&1; then
+    NVCC="$(bash "$ROOT/scripts/install-cuda-toolchain.sh" --print-path)"
+    export NVCC
+  fi
+  mkdir -p "$DIR"
+  rm -f "$DIR"/test-*
+  cd "$ROOT"
+  cargo build --release --features cuda -p scoria-cli
+  cp target/release/scoria "$DIR/scoria"
+  # Test executables: one per test target; names come from cargo's JSON messages.
+  cargo test --release --features cuda -p scoria-cuda -p scoria-engine --no-run \
+    --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys, shutil, os
+d = sys.argv[1]
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        name = "test-" + m["target"]["name"] + "-" + m["package_id"].split("#")[-1].split("@")[0].split("/")[-1]
+        shutil.copy(m["executable"], os.path.join(d, name))
+        print("built", name)
+' "$DIR"
+  strip "$DIR"/scoria "$DIR"/test-* 2>/dev/null || true
+  du -sh "$DIR"
+  ;;
+run)
+  cd "$ROOT"
+  export SCORIA_REQUIRE_GPU=1 SCORIA_TEST_DEVICE="${SCORIA_TEST_DEVICE:-cuda}" SCORIA_REPO_ROOT="$ROOT"
+  pass=0; fail=0; status=0
+  for t in "$DIR"/test-*; do
+    echo "== $(basename "$t")"
+    log="$(mktemp)"
+    if ! "$t" --test-threads=1 2>&1 | tee "$log"; then status=1; fi
+    p=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk '{s+=$4} END {print s+0}')
+    f=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk '{s+=$6} END {print s+0}')
+    pass=$((pass + p)); fail=$((fail + f))
+    rm -f "$log"
+  done
+  echo "$pass passed, $fail failed"
+  exit $status
+  ;;
+*)
+  sed -n '2,17p' "$0"; exit 2 ;;
+esac
