@@ -153,15 +153,6 @@ __device__ __forceinline__ float sc_warp_sum(float acc) {
     return acc;
 }
 
-// max over a full warp; exact in any order (every lane gets it).
-__device__ __forceinline__ float sc_warp_max(float v) {
-#pragma unroll
-    for (int w = 16; w >= 1; w >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, w));
-    }
-    return v;
-}
-
 // Σ x[i] over i in 0..n in the canonical order, by one full warp; mirror of
 // `model::math::sum`. Every lane returns the result.
 __device__ __forceinline__ float sc_warp_sum_n(const float* x, int n) {
