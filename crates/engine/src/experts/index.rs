@@ -92,8 +92,8 @@ impl ExpertIndex {
             let t = file
                 .tensor(&inst.name)
                 .ok_or_else(|| IndexError::Missing(inst.name.clone()))?;
-            let dims_ok = t.dims.len() == 3
-                && t.dims.iter().zip(&inst.dims).all(|(&a, &b)| a == b as u64);
+            let dims_ok =
+                t.dims.len() == 3 && t.dims.iter().zip(&inst.dims).all(|(&a, &b)| a == b as u64);
             if !dims_ok {
                 return Err(IndexError::Shape {
                     name: inst.name.clone(),

@@ -37,7 +37,7 @@ pub const DEFAULT_QUEUE_DEPTH: u32 = 32;
 /// Largest single read submitted (a multiple of [`ALIGN`] that fits the u32 length of an
 /// io_uring read and stays below Linux's 2 GiB per-call cap).
 const MAX_PIECE: u64 = 1 << 30;
-/// Consecutive `EINTR`/`EAGAIN` results or reads without progress one piece tolerates.
+/// Consecutive `EINTR`/`EAGAIN` results one piece tolerates.
 const MAX_RETRIES: u32 = 64;
 
 /// A direct-read failure. Every message names the file and, for reads, the offset and
@@ -178,7 +178,8 @@ impl<'a> ReadRequest<'a> {
         let mut rest = buf;
         let mut out = Vec::with_capacity(ranges.len());
         for &(offset, len) in ranges {
-            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(covering_span(offset, len).len);
+            let (dst, tail) =
+                std::mem::take(&mut rest).split_at_mut(covering_span(offset, len).len);
             rest = tail;
             out.push(ReadRequest { offset, len, dst });
         }
@@ -188,10 +189,7 @@ impl<'a> ReadRequest<'a> {
 
 /// Bytes of aligned buffer a batch of `(offset, len)` ranges needs (sum of the spans).
 pub fn batch_bytes(ranges: &[(u64, usize)]) -> usize {
-    ranges
-        .iter()
-        .map(|&(o, l)| covering_span(o, l).len)
-        .sum()
+    ranges.iter().map(|&(o, l)| covering_span(o, l).len).sum()
 }
 
 /// How a [`DirectReader`] should read.
@@ -322,12 +320,18 @@ impl DirectReader {
                             path.display()
                         )
                     });
-                    (open_file(path, false).map_err(|e| open_err(e.to_string()))?, false)
+                    (
+                        open_file(path, false).map_err(|e| open_err(e.to_string()))?,
+                        false,
+                    )
                 }
                 Err(e) => return Err(open_err(e.to_string())),
             }
         } else {
-            (open_file(path, false).map_err(|e| open_err(e.to_string()))?, false)
+            (
+                open_file(path, false).map_err(|e| open_err(e.to_string()))?,
+                false,
+            )
         };
         let size = file
             .metadata()
@@ -339,7 +343,9 @@ impl DirectReader {
                 Ok(r) => Some(r),
                 Err(e) => {
                     warn_once(&WARNED_URING, || {
-                        format!("io_uring is unavailable ({e}); expert reads use pread, one at a time")
+                        format!(
+                            "io_uring is unavailable ({e}); expert reads use pread, one at a time"
+                        )
                     });
                     None
                 }
@@ -470,10 +476,9 @@ impl DirectReader {
                     Ok(()) => Ok(()),
                     Err(RunError::Failed(e)) => Err(e),
                     // Not produced by a buffered reader (`settle` fails EINVAL then).
-                    Err(RunError::DirectRefused) => Err(self.read_err(
-                        &reqs[0],
-                        "the filesystem refused the reads (EINVAL)",
-                    )),
+                    Err(RunError::DirectRefused) => {
+                        Err(self.read_err(&reqs[0], "the filesystem refused the reads (EINVAL)"))
+                    }
                 }
             }
         }
@@ -488,11 +493,7 @@ impl DirectReader {
         self.run_pread(reqs, ops)
     }
 
-    fn run_pread(
-        &mut self,
-        reqs: &mut [ReadRequest],
-        ops: Vec<Op>,
-    ) -> Result<(), RunError> {
+    fn run_pread(&mut self, reqs: &mut [ReadRequest], ops: Vec<Op>) -> Result<(), RunError> {
         for mut op in ops {
             loop {
                 let r = &mut reqs[op.req];
@@ -516,11 +517,7 @@ impl DirectReader {
     }
 
     #[cfg(target_os = "linux")]
-    fn run_uring(
-        &mut self,
-        reqs: &mut [ReadRequest],
-        mut ops: Vec<Op>,
-    ) -> Result<(), RunError> {
+    fn run_uring(&mut self, reqs: &mut [ReadRequest], mut ops: Vec<Op>) -> Result<(), RunError> {
         use io_uring::{opcode, types};
         use std::os::fd::AsRawFd;
 
@@ -534,7 +531,9 @@ impl DirectReader {
         let mut in_flight = 0usize;
         let mut failure: Option<RunError> = None;
         let Some(ring) = self.ring.as_mut() else {
-            return Err(RunError::Failed(self.read_err(&reqs[0], "internal: no io_uring")));
+            return Err(RunError::Failed(
+                self.read_err(&reqs[0], "internal: no io_uring"),
+            ));
         };
         loop {
             while in_flight < depth && failure.is_none() {
@@ -647,26 +646,135 @@ fn settle(direct: bool, size: u64, op: &mut Op, res: Result<usize, i32>) -> Outc
             if reached >= op.need {
                 return Outcome::Done;
             }
-            // A short read: continue from the last aligned position reached (a direct
-            // read must start aligned; the bytes read again are the same).
-            let next = if direct {
-                reached / ALIGN as u64 * ALIGN as u64
-            } else {
-                reached
-            };
-            if next > op.pos {
-                op.retries = 0;
-            } else {
-                op.retries += 1;
-                if op.retries > MAX_RETRIES {
-                    return Outcome::Failed(format!(
-                        "reads at file offset {} make no progress (short reads of {n} bytes)",
-                        op.pos
-                    ));
-                }
+            if direct && !reached.is_multiple_of(ALIGN as u64) {
+                // A direct read ends unaligned only at the end of the file.
+                return Outcome::Failed(format!(
+                    "the file ends at byte {reached} (it was {size} bytes when opened: truncated while in use?)"
+                ));
             }
-            op.pos = next;
+            // A short read: continue where it stopped (aligned, for a direct read).
+            op.pos = reached;
+            op.retries = 0;
             Outcome::Again
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covering_spans() {
+        assert_eq!(
+            covering_span(4095, 2),
+            Span {
+                start: 0,
+                len: 8192,
+                skip: 4095
+            }
+        );
+        assert_eq!(
+            covering_span(8192, 4096),
+            Span {
+                start: 8192,
+                len: 4096,
+                skip: 0
+            }
+        );
+        assert_eq!(covering_span(100, 0).len, 0);
+        assert_eq!(batch_bytes(&[(1, 1), (4096, 4097)]), 4096 + 8192);
+        let mut b = AlignedBuf::zeroed(5000);
+        assert_eq!(b.len(), 8192);
+        assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+        assert!(b.iter().all(|&x| x == 0));
+        let reqs = ReadRequest::carve(&mut b, &[(10, 100), (5000, 10)]).unwrap();
+        assert_eq!(reqs.len(), 2);
+        assert_eq!(reqs[1].dst().as_ptr() as usize % ALIGN, 0);
+        assert!(ReadRequest::carve(&mut b, &[(10, 10_000)]).is_none());
+        assert!(ReadRequest::carve(&mut b[1..], &[(0, 1)]).is_none());
+    }
+
+    fn op(pos: u64, need: u64) -> Op {
+        Op {
+            req: 0,
+            span_start: 0,
+            pos,
+            end: need.div_ceil(4096) * 4096,
+            need,
+            retries: 0,
+        }
+    }
+
+    fn failed(o: Outcome) -> String {
+        match o {
+            Outcome::Failed(m) => m,
+            _ => panic!("expected a failure"),
+        }
+    }
+
+    #[test]
+    fn interrupted_reads_are_retried_a_bounded_number_of_times() {
+        let mut o = op(0, 10_000);
+        for _ in 0..MAX_RETRIES {
+            assert!(matches!(
+                settle(true, 1 << 20, &mut o, Err(libc::EINTR)),
+                Outcome::Again
+            ));
+        }
+        let m = failed(settle(true, 1 << 20, &mut o, Err(libc::EAGAIN)));
+        assert!(m.contains("gave up after"), "{m}");
+    }
+
+    #[test]
+    fn short_reads_continue_from_an_aligned_position() {
+        // Direct: 8192 of 12000 bytes read → continue at 8192, then finish.
+        let mut o = op(0, 12_000);
+        assert!(matches!(
+            settle(true, 1 << 20, &mut o, Ok(8192)),
+            Outcome::Again
+        ));
+        assert_eq!(o.pos, 8192);
+        assert!(matches!(
+            settle(true, 1 << 20, &mut o, Ok(4096)),
+            Outcome::Done
+        ));
+        // Buffered: continue exactly where the read stopped.
+        let mut o = op(0, 12_000);
+        assert!(matches!(
+            settle(false, 1 << 20, &mut o, Ok(5000)),
+            Outcome::Again
+        ));
+        assert_eq!(o.pos, 5000);
+        // A direct read that ends unaligned before the data does: the file ended.
+        let mut o = op(0, 12_000);
+        let m = failed(settle(true, 1 << 20, &mut o, Ok(5000)));
+        assert!(m.contains("the file ends at byte 5000"), "{m}");
+        // End of file (0 bytes) before the data ends.
+        let mut o = op(4096, 12_000);
+        let m = failed(settle(false, 1 << 20, &mut o, Ok(0)));
+        assert!(m.contains("the file ends at byte 4096"), "{m}");
+        // A direct read past the data's end but short of the span's (the end of the
+        // file lies inside the last block) is complete.
+        let mut o = op(0, 12_000);
+        assert!(matches!(
+            settle(true, 12_000, &mut o, Ok(12_000)),
+            Outcome::Done
+        ));
+    }
+
+    #[test]
+    fn errors_name_the_offset_and_einval_means_no_o_direct() {
+        let mut o = op(8192, 10_000);
+        let m = failed(settle(true, 1 << 20, &mut o, Err(libc::EIO)));
+        assert!(m.contains("at file offset 8192"), "{m}");
+        assert!(matches!(
+            settle(true, 1 << 20, &mut o, Err(libc::EINVAL)),
+            Outcome::DirectRefused
+        ));
+        assert!(matches!(
+            settle(false, 1 << 20, &mut o, Err(libc::EINVAL)),
+            Outcome::Failed(_)
+        ));
     }
 }

@@ -397,3 +397,257 @@ pub fn plan(req: &PlanRequest, profile: Option<&RoutingProfile>) -> Result<Plan,
         resident_order,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn req(bytes: &[u64], n: usize, k: usize, vram: u64, ram: u64) -> PlanRequest {
+        PlanRequest {
+            expert_bytes: bytes.to_vec(),
+            n_expert: n,
+            top_k: k,
+            vram_budget: vram,
+            ram_budget: ram,
+            mem_available: Some(1 << 40),
+        }
+    }
+
+    /// A profile whose layer `l` routes every token to the experts `used[l]` with the
+    /// given counts (each row's total must be tokens × k).
+    fn profile(counts: Vec<Vec<u64>>, k: usize) -> RoutingProfile {
+        let tokens = counts[0].iter().sum::<u64>() / k as u64;
+        RoutingProfile {
+            model: "test".into(),
+            arch: "qwen3moe".into(),
+            n_layer: counts.len(),
+            n_expert: counts[0].len(),
+            top_k: k,
+            tokens,
+            counts,
+        }
+    }
+
+    #[test]
+    fn without_a_profile_slots_are_even() {
+        // 4 layers, 10 slots beyond the top-4 floor, 50 bytes that fit no slot.
+        let p = plan(&req(&[100; 4], 16, 4, (16 + 10) * 100 + 50, 0), None).unwrap();
+        let slots: Vec<usize> = p.layers.iter().map(|l| l.slots).collect();
+        assert_eq!(slots, [7, 7, 6, 6]);
+        assert_eq!(p.vram_used, 26 * 100);
+        assert_eq!(p.rule, SlotRule::Even);
+        assert!(p.layers.iter().all(|l| l.coverage.is_none()));
+    }
+
+    #[test]
+    fn too_little_vram_for_top_k_is_refused_with_the_numbers() {
+        let e = plan(&req(&[100, 200], 16, 4, 4 * 300 - 1, 0), None).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::VramTooSmall {
+                budget: 1199,
+                needed: 1200,
+                top_k: 4,
+                n_layer: 2,
+                largest_layer: 800,
+            }
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("top-4") && msg.contains("raise the VRAM budget"),
+            "{msg}"
+        );
+        // Exactly the floor is granted.
+        let p = plan(&req(&[100, 200], 16, 4, 1200, 0), None).unwrap();
+        assert_eq!(p.n_slots(), 8);
+        assert_eq!(p.vram_used, 1200);
+    }
+
+    #[test]
+    fn a_ram_budget_above_mem_available_is_refused() {
+        let mut r = req(&[100; 2], 8, 2, 400, 5000);
+        r.mem_available = Some(4999);
+        let e = plan(&r, None).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::RamTooLarge {
+                budget: 5000,
+                available: 4999
+            }
+        );
+        assert!(e.to_string().contains("MemAvailable"), "{e}");
+        r.mem_available = Some(5000);
+        assert!(plan(&r, None).is_ok());
+        // Unknown: granted, and the account says it was not checked.
+        r.mem_available = None;
+        let p = plan(&r, None).unwrap();
+        assert!(p.to_string().contains("MemAvailable unknown"), "{p}");
+    }
+
+    #[test]
+    fn impossible_requests_are_refused() {
+        assert!(matches!(
+            plan(&req(&[], 8, 2, 1 << 20, 0), None),
+            Err(PlanError::Invalid(_))
+        ));
+        assert!(matches!(
+            plan(&req(&[100], 8, 9, 1 << 20, 0), None),
+            Err(PlanError::Invalid(_))
+        ));
+        assert!(matches!(
+            plan(&req(&[100, 0], 8, 2, 1 << 20, 0), None),
+            Err(PlanError::Invalid(_))
+        ));
+        // A profile of another shape.
+        let prof = profile(vec![vec![1; 8]; 3], 2);
+        let e = plan(&req(&[100; 2], 8, 2, 1 << 20, 0), Some(&prof)).unwrap_err();
+        assert!(e.to_string().contains("3 layers"), "{e}");
+    }
+
+    #[test]
+    fn slots_follow_measured_demand() {
+        // Layer 0 routes uniformly over 16 experts (demand 16); layer 1 always to the
+        // same 4 (demand 4, the top-k floor). Layer 0 fills up before layer 1 gets more.
+        let prof = profile(vec![vec![4; 16], [vec![16; 4], vec![0; 12]].concat()], 4);
+        assert!((prof.effective_experts(0) - 16.0).abs() < 1e-9);
+        assert!((prof.effective_experts(1) - 4.0).abs() < 1e-9);
+        let floor = 8 * 100;
+        let p = plan(&req(&[100; 2], 16, 4, floor + 12 * 100, 0), Some(&prof)).unwrap();
+        assert_eq!((p.layers[0].slots, p.layers[1].slots), (16, 4));
+        assert_eq!(p.layers[0].coverage, Some(1.0));
+        assert_eq!(p.layers[1].coverage, Some(1.0));
+        assert_eq!(p.rule, SlotRule::Profile { tokens: 16 });
+        let p = plan(&req(&[100; 2], 16, 4, floor + 14 * 100, 0), Some(&prof)).unwrap();
+        assert_eq!((p.layers[0].slots, p.layers[1].slots), (16, 6));
+        // Half of layer 0's slots hit half of its uniform routes.
+        let p = plan(&req(&[100; 2], 16, 4, floor + 4 * 100, 0), Some(&prof)).unwrap();
+        assert_eq!((p.layers[0].slots, p.layers[1].slots), (8, 4));
+        assert_eq!(p.layers[0].coverage, Some(0.5));
+    }
+
+    #[test]
+    fn a_budget_beyond_the_need_is_granted_and_the_rest_shown_unused() {
+        let p = plan(&req(&[100, 150], 8, 2, 1 << 30, 1 << 30), None).unwrap();
+        assert!(p.layers.iter().all(|l| l.slots == 8));
+        assert_eq!(p.vram_used, 8 * 250);
+        assert_eq!(p.ram_used, 8 * 250);
+        assert_eq!(p.disk_bytes(), 0);
+        assert_eq!(p.n_resident(), 16);
+        let text = p.to_string();
+        assert!(text.contains("16 slots"), "{text}");
+        assert!(text.contains("disk only:    0 experts"), "{text}");
+    }
+
+    #[test]
+    fn ram_holds_the_most_used_experts_first() {
+        // Layer 1's experts are bigger (150 bytes); budget 400.
+        let counts = vec![vec![5, 1, 0, 2], vec![0, 3, 4, 1]];
+        let prof = profile(counts, 2);
+        let p = plan(&req(&[100, 150], 4, 2, 10_000, 400), Some(&prof)).unwrap();
+        // By count: (0,0)=5 100, (1,2)=4 150, (1,1)=3 150 does not fit the 150 left?
+        // 100 + 150 = 250, 150 left: (1,1) fits exactly → 400; nothing else fits.
+        assert_eq!(p.resident_order, vec![(0, 0), (1, 2), (1, 1)]);
+        assert_eq!(p.ram_used, 400);
+        assert!(p.is_resident(1, 2) && !p.is_resident(0, 3));
+        // A 90-byte gap after a too-big expert is filled by a smaller one later.
+        let p = plan(&req(&[100, 150], 4, 2, 10_000, 340), Some(&prof)).unwrap();
+        // (0,0) 100, (1,2) 150 → 90 left; nothing fits.
+        assert_eq!(p.resident_order, vec![(0, 0), (1, 2)]);
+        let p = plan(&req(&[100, 150], 4, 2, 10_000, 360), Some(&prof)).unwrap();
+        // 110 left after (0,0),(1,2): (1,1) 150 skipped, (0,3) 100 taken.
+        assert_eq!(p.resident_order, vec![(0, 0), (1, 2), (0, 3)]);
+    }
+
+    #[test]
+    fn without_a_profile_ram_covers_layers_round_robin() {
+        let p = plan(&req(&[100; 3], 4, 2, 10_000, 500), None).unwrap();
+        assert_eq!(
+            p.resident_order,
+            vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]
+        );
+        assert_eq!(p.disk_bytes(), 12 * 100 - 500);
+    }
+
+    /// Random requests: what the rules promise, checked on the result.
+    #[test]
+    fn random_plans_keep_their_promises() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..300 {
+            let n_layer = rng.random_range(1..8);
+            let n = rng.random_range(2..40);
+            let k = rng.random_range(1..=n);
+            let bytes: Vec<u64> = (0..n_layer).map(|_| rng.random_range(50..200)).collect();
+            let total: u64 = bytes.iter().map(|b| b * n as u64).sum();
+            let floor: u64 = bytes.iter().map(|b| b * k as u64).sum();
+            let vram = rng.random_range(floor..=total + 500);
+            let ram = rng.random_range(0..=total + 500);
+            let prof = rng.random_bool(0.5).then(|| {
+                let tokens = rng.random_range(1..50u64);
+                let counts = (0..n_layer)
+                    .map(|_| {
+                        let mut row = vec![0u64; n];
+                        let hot = rng.random_range(k..=n);
+                        for _ in 0..tokens {
+                            let mut picked = Vec::new();
+                            while picked.len() < k {
+                                let e = rng.random_range(0..hot);
+                                if !picked.contains(&e) {
+                                    picked.push(e);
+                                }
+                            }
+                            for e in picked {
+                                row[e] += 1;
+                            }
+                        }
+                        row
+                    })
+                    .collect();
+                profile(counts, k)
+            });
+            let r = req(&bytes, n, k, vram, ram);
+            let p = plan(&r, prof.as_ref()).unwrap();
+            let left = vram - p.vram_used;
+            let used: u64 = p.layers.iter().map(|l| l.slot_bytes()).sum();
+            assert_eq!(used, p.vram_used);
+            assert!(p.vram_used <= vram);
+            for (a, la) in p.layers.iter().enumerate() {
+                assert!(la.slots >= k && la.slots <= n);
+                // Nothing that fits was left unplaced.
+                assert!(la.slots == n || la.expert_bytes > left, "layer {a}: {p:?}");
+                // Proportional: a layer that got extra slots is not ahead of any layer
+                // that could still take one.
+                for lb in &p.layers {
+                    if la.slots > k && lb.slots < n && lb.expert_bytes <= left {
+                        assert!(
+                            la.slots as f64 / la.demand <= (lb.slots + 1) as f64 / lb.demand + 1e-9
+                        );
+                    }
+                }
+            }
+            let resident: u64 = p
+                .resident_order
+                .iter()
+                .map(|&(l, _)| bytes[l as usize])
+                .sum();
+            assert_eq!(resident, p.ram_used);
+            assert!(p.ram_used <= ram);
+            let ram_left = ram - p.ram_used;
+            for (l, lp) in p.layers.iter().enumerate() {
+                assert_eq!(
+                    lp.n_resident(),
+                    p.resident_order
+                        .iter()
+                        .filter(|r| r.0 as usize == l)
+                        .count()
+                );
+                if lp.n_resident() < n {
+                    assert!(bytes[l] > ram_left);
+                }
+            }
+            assert_eq!(p.disk_bytes() + p.ram_used, total);
+            let _ = p.to_string();
+            let _ = p.layer_table();
+        }
+    }
+}

@@ -223,7 +223,11 @@ impl RoutingProfile {
             let row = serde_json::to_string(row).map_err(|e| io(std::io::Error::other(e)))?;
             s.push_str("  ");
             s.push_str(&row);
-            s.push_str(if l + 1 < self.counts.len() { ",\n" } else { "\n" });
+            s.push_str(if l + 1 < self.counts.len() {
+                ",\n"
+            } else {
+                "\n"
+            });
         }
         s.push_str("]}\n");
         std::fs::write(path, s).map_err(io)
@@ -245,8 +249,16 @@ impl RoutingProfile {
         };
         check("arch", self.arch.clone(), cfg.arch.name().to_string())?;
         check("n_layer", self.n_layer.to_string(), cfg.n_layer.to_string())?;
-        check("n_expert", self.n_expert.to_string(), cfg.n_expert.to_string())?;
-        check("top_k", self.top_k.to_string(), cfg.n_expert_used.to_string())?;
+        check(
+            "n_expert",
+            self.n_expert.to_string(),
+            cfg.n_expert.to_string(),
+        )?;
+        check(
+            "top_k",
+            self.top_k.to_string(),
+            cfg.n_expert_used.to_string(),
+        )?;
         if self.tokens == 0 {
             return Err(self.invalid("tokens", "is 0: the profile measured nothing".into()));
         }
@@ -323,5 +335,151 @@ impl RoutingProfile {
         let mut s = self.shares(layer);
         s.sort_by(|a, b| b.total_cmp(a));
         s.iter().take(n).sum::<f64>().min(1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use model::geometry::Geometry;
+    use model::Arch;
+
+    fn cfg() -> ModelConfig {
+        // tiny-qwen3moe: 4 layers, 16 experts, top-4.
+        Geometry::by_name(Some(Arch::Qwen3Moe), "tiny")
+            .unwrap()
+            .config()
+            .unwrap()
+    }
+
+    fn recorded(cfg: &ModelConfig) -> RoutingProfile {
+        let rc = RoutingCounts::for_model(cfg);
+        for t in 0..10usize {
+            for l in 0..cfg.n_layer {
+                rc.record_token(l, (0..4).map(|i| (t + i * (l + 1)) % cfg.n_expert));
+            }
+        }
+        RoutingProfile::from_counts("tiny", cfg, &rc).unwrap()
+    }
+
+    fn invalid_field(e: ProfileError) -> String {
+        match e {
+            ProfileError::Invalid { field, .. } => field,
+            e => panic!("expected a field error, got {e}"),
+        }
+    }
+
+    #[test]
+    fn counts_record_every_route() {
+        let cfg = cfg();
+        let rc = RoutingCounts::for_model(&cfg);
+        rc.record_token(1, [3, 5, 0, 15]);
+        rc.record_token(1, [3, 4, 1, 2]);
+        let s = rc.snapshot();
+        assert_eq!(s.len(), 4);
+        assert_eq!(s[1][3], 2);
+        assert_eq!(s[1][15], 1);
+        assert_eq!(s[0].iter().sum::<u64>(), 0);
+        assert_eq!(rc.tokens(1), 2);
+        rc.reset();
+        assert_eq!(rc.snapshot()[1][3], 0);
+        assert_eq!(rc.tokens(1), 0);
+    }
+
+    #[test]
+    fn a_profile_round_trips_through_its_file() {
+        let cfg = cfg();
+        let p = recorded(&cfg);
+        assert_eq!(p.tokens, 10);
+        assert_eq!(p.counts.iter().flatten().sum::<u64>(), 10 * 4 * 4);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routing.json");
+        p.save(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Plain JSON with the documented fields.
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for f in [
+            "model", "arch", "n_layer", "n_expert", "top_k", "tokens", "counts",
+        ] {
+            assert!(v.get(f).is_some(), "{f} missing from {text}");
+        }
+        assert_eq!(RoutingProfile::load(&path, &cfg).unwrap(), p);
+    }
+
+    #[test]
+    fn a_profile_of_another_model_is_refused_naming_the_field() {
+        let cfg = cfg();
+        let p = recorded(&cfg);
+        let mut other = cfg.clone();
+        other.n_layer = 5;
+        assert_eq!(invalid_field(p.validate(&other).unwrap_err()), "n_layer");
+        let mut other = cfg.clone();
+        other.n_expert = 32;
+        assert_eq!(invalid_field(p.validate(&other).unwrap_err()), "n_expert");
+        let mut other = cfg.clone();
+        other.n_expert_used = 8;
+        assert_eq!(invalid_field(p.validate(&other).unwrap_err()), "top_k");
+        let mut other = cfg.clone();
+        other.arch = Arch::Qwen3Next;
+        let e = p.validate(&other).unwrap_err();
+        assert!(e.to_string().contains("qwen3next"), "{e}");
+        assert_eq!(invalid_field(e), "arch");
+
+        let mut bad = p.clone();
+        bad.counts[2][7] += 1;
+        let e = bad.validate(&cfg).unwrap_err();
+        assert!(e.to_string().contains("sums to 41"), "{e}");
+        assert_eq!(invalid_field(e), "counts[2]");
+        let mut bad = p.clone();
+        bad.counts[1].pop();
+        assert_eq!(invalid_field(bad.validate(&cfg).unwrap_err()), "counts[1]");
+        let mut bad = p.clone();
+        bad.counts.pop();
+        bad.n_layer = 3;
+        assert_eq!(invalid_field(bad.validate(&cfg).unwrap_err()), "n_layer");
+        let mut bad = p.clone();
+        bad.counts.pop();
+        assert_eq!(invalid_field(bad.validate(&cfg).unwrap_err()), "counts");
+        let mut bad = p;
+        bad.tokens = 0;
+        assert_eq!(invalid_field(bad.validate(&cfg).unwrap_err()), "tokens");
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let cfg = cfg();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.json");
+        std::fs::write(&path, "{\"model\": 1}").unwrap();
+        let e = RoutingProfile::load(&path, &cfg).unwrap_err().to_string();
+        assert!(
+            e.contains("bad.json") && e.contains("not a routing profile"),
+            "{e}"
+        );
+        let mut p = recorded(&cfg);
+        p.n_expert = 8;
+        p.save(&path).unwrap();
+        let e = RoutingProfile::load(&path, &cfg).unwrap_err().to_string();
+        assert!(e.contains("bad.json") && e.contains("`n_expert`"), "{e}");
+        let e = RoutingProfile::load(&dir.path().join("none.json"), &cfg).unwrap_err();
+        assert!(matches!(e, ProfileError::Io { .. }), "{e}");
+    }
+
+    #[test]
+    fn effective_experts_and_coverage() {
+        let p = RoutingProfile {
+            model: String::new(),
+            arch: "qwen3moe".into(),
+            n_layer: 2,
+            n_expert: 4,
+            top_k: 1,
+            tokens: 8,
+            counts: vec![vec![2, 2, 2, 2], vec![8, 0, 0, 0]],
+        };
+        assert!((p.effective_experts(0) - 4.0).abs() < 1e-12);
+        assert!((p.effective_experts(1) - 1.0).abs() < 1e-12);
+        assert_eq!(p.coverage(0, 2), 0.5);
+        assert_eq!(p.coverage(1, 1), 1.0);
+        assert_eq!(p.coverage(0, 9), 1.0);
     }
 }

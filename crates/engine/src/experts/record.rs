@@ -33,8 +33,9 @@ pub struct Recorded {
     pub profile: RoutingProfile,
     /// Prompt tokens evaluated in one pass per chunk (the prefill path).
     pub prompt_tokens: usize,
-    /// Single-token decode steps after the prompt (greedy).
-    pub decode_tokens: usize,
+    /// The tokens fed by single-token decode steps after the prompt, in order: each the
+    /// greedy choice after the one before (the first after the prompt).
+    pub generated: Vec<u32>,
     pub seconds: f64,
 }
 
@@ -107,7 +108,9 @@ pub fn record_profile(
         next = step(chunk, pos)?;
         pos += chunk.len();
     }
+    let mut generated = Vec::with_capacity(n_decode);
     for _ in 0..n_decode {
+        generated.push(next);
         next = step(&[next], pos)?;
         pos += 1;
     }
@@ -125,7 +128,7 @@ pub fn record_profile(
     Ok(Recorded {
         profile,
         prompt_tokens: prompt.len(),
-        decode_tokens: n_decode,
+        generated,
         seconds: t0.elapsed().as_secs_f64(),
     })
 }
