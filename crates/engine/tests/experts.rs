@@ -146,11 +146,12 @@ fn split(path: &Path, dir: &Path, n: usize) -> PathBuf {
     }
     // By tensor count: by bytes, the vocabulary tensors would take shards of their own
     // and every expert would land in one.
-    let per = src.tensors().len().div_ceil(n);
-    let mut counts = vec![per; src.tensors().len() / per];
-    if src.tensors().len() % per != 0 {
-        counts.push(src.tensors().len() % per);
-    }
+    let total = src.tensors().len();
+    let per = total.div_ceil(n);
+    let counts: Vec<usize> = (0..total)
+        .step_by(per)
+        .map(|start| per.min(total - start))
+        .collect();
     let shards = w.into_shards(&counts).expect("split");
     let count = shards.len() as u32;
     assert!(count >= 2, "{count} shards");
