@@ -370,7 +370,7 @@ fn a_file_truncated_under_the_reader_is_an_error_not_zeros() {
 }
 
 #[test]
-fn a_zero_queue_depth_is_refused() {
+fn a_queue_depth_out_of_range_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.bin");
     std::fs::write(&path, [0u8; 10]).expect("write");
@@ -383,7 +383,12 @@ fn a_zero_queue_depth_is_refused() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("x.bin") && e.contains("queue depth"), "{e}");
+    assert!(e.contains("x.bin") && e.contains("queue depth is 0"), "{e}");
+    let deep = ReaderOptions {
+        queue_depth: engine::experts::io::MAX_QUEUE_DEPTH + 1,
+        ..Default::default()
+    };
+    assert!(DirectReader::with_options(&path, deep).is_err());
     let e = DirectReader::open(&dir.path().join("missing.bin"))
         .unwrap_err()
         .to_string();

@@ -34,6 +34,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub const ALIGN: usize = 4096;
 /// Reads in flight at once through io_uring, unless configured otherwise.
 pub const DEFAULT_QUEUE_DEPTH: u32 = 32;
+/// The deepest queue accepted (io_uring itself takes up to 32768 entries; deeper than
+/// this only costs memory for reads of megabytes each).
+pub const MAX_QUEUE_DEPTH: u32 = 4096;
 /// Largest single read submitted (a multiple of [`ALIGN`] that fits the u32 length of an
 /// io_uring read and stays below Linux's 2 GiB per-call cap).
 const MAX_PIECE: u64 = 1 << 30;
@@ -195,7 +198,7 @@ pub fn batch_bytes(ranges: &[(u64, usize)]) -> usize {
 /// How a [`DirectReader`] should read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReaderOptions {
-    /// Reads in flight at once through io_uring (at least 1).
+    /// Reads in flight at once through io_uring (1 to [`MAX_QUEUE_DEPTH`]).
     pub queue_depth: u32,
     /// Try io_uring (false: `pread`).
     pub io_uring: bool,
@@ -307,8 +310,11 @@ impl DirectReader {
             path: path.to_path_buf(),
             msg,
         };
-        if opts.queue_depth == 0 {
-            return Err(open_err("the queue depth must be at least 1".into()));
+        if !(1..=MAX_QUEUE_DEPTH).contains(&opts.queue_depth) {
+            return Err(open_err(format!(
+                "the queue depth is {}, it must be 1 to {MAX_QUEUE_DEPTH}",
+                opts.queue_depth
+            )));
         }
         let (file, direct) = if opts.direct {
             match open_file(path, true) {
