@@ -6,7 +6,7 @@
 // position.
 
 #include "sc_common.cuh"
-#include "sc_math.cuh"
+#include "scoria_math.cuh"
 
 #define SC_FULL 0xffffffffu
 #define SC_MAX_HD 256
@@ -45,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS)
       acc = sc_add(acc, sc_mul(v, v));
     }
     const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
-    const float scale = sc_div(1.0f, sc_sqrt(sc_add(sc_div(ss, (float)hd), eps)));
+    const float scale = sc_rms_scale(ss, (float)hd, eps);
     for (int i = lane; i < hd; i += 32) buf[i] = sc_mul(sc_mul(src[i], scale), nw[i]);
   } else {
     for (int i = lane; i < hd; i += 32) buf[i] = src[i];
@@ -87,12 +87,6 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS)
 #define SC_AQ 16      // query rows per block
 #define SC_AK 32      // keys per tile
 #define SC_AWARPS 4   // 4 rows per warp
-
-__device__ __forceinline__ float sc_warp_max(float v) {
-#pragma unroll
-  for (int w = 16; w > 0; w >>= 1) v = fmaxf(v, __shfl_xor_sync(SC_FULL, v, w));
-  return v;
-}
 
 // The gated output of one row: o / l, times sigmoid(gate) when gated.
 __device__ __forceinline__ float sc_attn_out(float o, float l, const float* gate, size_t gi) {

@@ -5,7 +5,7 @@
 // their states agree bit for bit.
 
 #include "sc_common.cuh"
-#include "sc_math.cuh"
+#include "scoria_math.cuh"
 
 #define SC_FULL 0xffffffffu
 #define SC_MAX_DCONV 8
@@ -65,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(128) dn_qk_norm(float* conv_out, in
   float acc = 0.0f;
   for (int i = lane; i < d_state; i += 32) acc = sc_add(acc, sc_mul(x[i], x[i]));
   const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
-  const float s = sc_div(1.0f, sc_sqrt(sc_add(ss, 1e-6f)));
+  const float s = sc_l2_scale(ss, 1e-6f);
   const bool is_q = hh < n_k_heads;
   for (int i = lane; i < d_state; i += 32) {
     float v = sc_mul(x[i], s);
@@ -169,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(128) dn_gated_norm(float* o, const 
   float acc = 0.0f;
   for (int i = lane; i < d_state; i += 32) acc = sc_add(acc, sc_mul(x[i], x[i]));
   const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
-  const float scale = sc_div(1.0f, sc_sqrt(sc_add(sc_div(ss, (float)d_state), eps)));
+  const float scale = sc_rms_scale(ss, (float)d_state, eps);
   for (int i = lane; i < d_state; i += 32) {
     x[i] = sc_mul(sc_mul(sc_mul(x[i], scale), norm_w[i]), sc_silu(zr[i]));
   }

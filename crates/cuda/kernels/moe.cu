@@ -2,7 +2,7 @@
 // (model::moe::route, engine/src/cpu/moe.rs).
 
 #include "sc_common.cuh"
-#include "sc_math.cuh"
+#include "scoria_math.cuh"
 
 #define SC_FULL 0xffffffffu
 #define SC_MAX_EXPERT 1024

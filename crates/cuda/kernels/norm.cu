@@ -4,14 +4,9 @@
 // increasing order, then the fixed tree sc_warp_sum).
 
 #include "sc_common.cuh"
-#include "sc_math.cuh"
+#include "scoria_math.cuh"
 
 #define SC_FULL 0xffffffffu
-
-// 1 / sqrt(ss / n + eps), IEEE division and square root (model::math::rms_scale).
-__device__ __forceinline__ float sc_rms_scale_n(float ss, int n, float eps) {
-  return sc_div(1.0f, sc_sqrt(sc_add(sc_div(ss, (float)n), eps)));
-}
 
 // out[r] = rms_norm(x[r]) · w, one warp per row (model::math::rms_norm):
 // ss = Σ x_i² (canonical order, squares rounded then added), scale = 1/sqrt(ss/n + eps),
@@ -29,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(128) rms_norm(const float* x, int r
     acc = sc_add(acc, sc_mul(v, v));
   }
   const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
-  const float scale = sc_rms_scale_n(ss, cols, eps);
+  const float scale = sc_rms_scale(ss, (float)cols, eps);
   float* orow = out + (size_t)r * cols;
   for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
 }
@@ -52,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(128) add_rms_norm(float* x, const f
     acc = sc_add(acc, sc_mul(v, v));
   }
   const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
-  const float scale = sc_rms_scale_n(ss, cols, eps);
+  const float scale = sc_rms_scale(ss, (float)cols, eps);
   float* orow = out + (size_t)r * cols;
   for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
 }

@@ -3,7 +3,7 @@
 // quant::matvec / quant::dot, quant::dequantize_row.
 
 #include "sc_formats.cuh"
-#include "sc_math.cuh"
+#include "scoria_math.cuh"
 
 #define SC_FULL 0xffffffffu
 
@@ -60,7 +60,7 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
 // lane + 32, ... in increasing order; each sub-block is decoded once and meets every
 // token of the tile.
 #define SC_QDOT(W, LOAD, CONTRIB)                                                        \
-  for (int s = lane; s < n_sub; s += 32) {                                               \
+  _Pragma("unroll 2") for (int s = lane; s < n_sub; s += 32) {                          \
     W w;                                                                                 \
     LOAD(row, s, w);                                                                     \
     _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) {                                \
@@ -105,19 +105,16 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
     const int n_units = tiles ? n_tiles : (n_tok + SC_TILE - 1) / SC_TILE;               \
     for (int u = blockIdx.y; u < n_units; u += gridDim.y) {                              \
       int nt, expert = 0;                                                                \
-      int in_r[SC_TILE], out_r[SC_TILE];                                                 \
-      if (tiles) {                                                                       \
-        const Tile* tl = tiles + u;                                                      \
+      int in_r[SC_TILE];                                                                 \
+      const Tile* tl = tiles ? tiles + u : nullptr;                                      \
+      const int t0 = u * SC_TILE;                                                        \
+      if (tl) {                                                                          \
         expert = tl->expert;                                                             \
         nt = tl->n;                                                                      \
-        _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) {                            \
-          in_r[j] = tl->in_row[j];                                                       \
-          out_r[j] = tl->out_row[j];                                                     \
-        }                                                                                \
+        _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) in_r[j] = tl->in_row[j];     \
       } else {                                                                           \
-        const int t0 = u * SC_TILE;                                                      \
         nt = min(SC_TILE, n_tok - t0);                                                   \
-        _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) in_r[j] = out_r[j] = t0 + j; \
+        _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) in_r[j] = t0 + j;            \
       }                                                                                  \
       if (nt <= 0) continue;                                                             \
       nt = min(nt, SC_TILE);                                                             \
@@ -129,7 +126,8 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
       _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) {                              \
         if (j < nt) {                                                                    \
           const float v = sc_warp_sum(acc[j]);                                           \
-          if (lane == 0) out[(size_t)out_r[j] * n_rows + r] = v;                         \
+          const int orow = tl ? tl->out_row[j] : t0 + j;                                 \
+          if (lane == 0) out[(size_t)orow * n_rows + r] = v;                             \
         }                                                                                \
       }                                                                                  \
     }                                                                                    \

@@ -54,6 +54,7 @@ kernels! {
     DnRecurrenceDk64 = "dn_recurrence_dk64",
     DnRecurrenceDk128 = "dn_recurrence_dk128",
     DnGatedNorm = "dn_gated_norm",
+    MathProbe = "math_probe",
 }
 
 /// The loaded function of every kernel, indexed by `K`.

@@ -151,13 +151,13 @@ fn expert_ffn_is_bit_identical_for_every_type() {
         let ov = g.alloc::<f32>(k * e, "out").expect("alloc");
         let mb_in = (f * rb_in) as u64;
         let mb_out = (e * rb_out) as u64;
-        g.matvec_tiles(ty, dg.ptr(), mb_in, rb_in, f, e, dx.ptr(), q, t_gu.ptr(), k, gv.ptr())
+        g.matvec_tiles(ty, dg.ptr(), mb_in, rb_in as u64, f, e, dx.ptr(), q, t_gu.ptr(), k, gv.ptr())
             .expect("gate");
-        g.matvec_tiles(ty, du.ptr(), mb_in, rb_in, f, e, dx.ptr(), q, t_gu.ptr(), k, uv.ptr())
+        g.matvec_tiles(ty, du.ptr(), mb_in, rb_in as u64, f, e, dx.ptr(), q, t_gu.ptr(), k, uv.ptr())
             .expect("up");
         g.swiglu(gv.ptr(), uv.ptr(), k * f, av.ptr()).expect("swiglu");
         g.quantize_act(av.ptr(), k, f, q).expect("quantize");
-        g.matvec_tiles(ty, dd.ptr(), mb_out, rb_out, e, f, av.ptr(), q, t_down.ptr(), k, ov.ptr())
+        g.matvec_tiles(ty, dd.ptr(), mb_out, rb_out as u64, e, f, av.ptr(), q, t_down.ptr(), k, ov.ptr())
             .expect("down");
         let gpu_out: Vec<f32> = g.download(ov.ptr(), k * e).expect("download");
         assert_eq!(

@@ -14,7 +14,7 @@
 /// One token of one value head; writes the output into `o` (length dv).
 pub fn step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o: &mut [f32]) {
     let dv = v.len();
-    let decay = g.exp();
+    let decay = crate::math::exp(g);
     for x in s.iter_mut() {
         *x *= decay;
     }
@@ -122,14 +122,14 @@ pub fn chunked(
             for jv in 0..dv {
                 u[i * dv + jv] = bi * vc[i * dv + jv];
             }
-            let e = gam[i].exp();
+            let e = crate::math::exp(gam[i]);
             for jk in 0..dk {
                 w[i * dk + jk] = bi * e * kc[i * dk + jk];
             }
             for j in 0..i {
                 let m = bi
                     * dot(&kc[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk])
-                    * (gam[i] - gam[j]).exp();
+                    * crate::math::exp(gam[i] - gam[j]);
                 for jv in 0..dv {
                     u[i * dv + jv] -= m * u[j * dv + jv];
                 }
@@ -150,7 +150,7 @@ pub fn chunked(
         // O = (Q ⊙ e^Γ) S + ((Q Kᵀ) ⊙ D) U'
         for i in 0..c {
             let o = &mut out[(start + i) * dv..(start + i + 1) * dv];
-            let e = gam[i].exp();
+            let e = crate::math::exp(gam[i]);
             for a in 0..dk {
                 let qa = qc[i * dk + a] * e;
                 for jv in 0..dv {
@@ -159,7 +159,7 @@ pub fn chunked(
             }
             for j in 0..=i {
                 let a = dot(&qc[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk])
-                    * (gam[i] - gam[j]).exp();
+                    * crate::math::exp(gam[i] - gam[j]);
                 for jv in 0..dv {
                     o[jv] += a * u[j * dv + jv];
                 }
@@ -167,10 +167,10 @@ pub fn chunked(
         }
         // S ← e^(Γ_last) S + (K ⊙ e^(Γ_last − Γ))ᵀ U'
         let last = gam[c - 1];
-        let el = last.exp();
+        let el = crate::math::exp(last);
         s.iter_mut().for_each(|x| *x *= el);
         for j in 0..c {
-            let f = (last - gam[j]).exp();
+            let f = crate::math::exp(last - gam[j]);
             for a in 0..dk {
                 let ka = kc[j * dk + a] * f;
                 for jv in 0..dv {

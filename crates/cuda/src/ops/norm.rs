@@ -151,4 +151,20 @@ impl Gpu {
         ];
         self.launch(K::Argmax, [1, 1, 1], 1024, 0, &args)
     }
+
+    /// For tests of scoria_math.cuh: `out[f·n + i] = f(x[i])` for f = exp, sigmoid,
+    /// silu, softplus, log1p (f32 [5 × n]), as the kernels compute them.
+    #[doc(hidden)]
+    pub fn math_probe(&self, x: u64, n: usize, out: u64) -> Result<(), CudaError> {
+        const KN: &str = "math_probe";
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::I32(int(KN, "n", n)?),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        self.launch(K::MathProbe, [blocks(n, 256)?, 1, 1], 256, 0, &args)
+    }
 }

@@ -275,3 +275,79 @@ fn moe_combine_sums_in_rank_order() {
         );
     }
 }
+
+#[test]
+fn shared_math_matches_model_math_and_the_pinned_tables() {
+    let Some(g) = gpu("scoria_math.cuh") else {
+        return;
+    };
+    // The pinned tables of model::math.
+    let xs: Vec<f32> = model::math::PINNED
+        .iter()
+        .map(|p| f32::from_bits(p.x))
+        .collect();
+    let out = poisoned(&g, 5 * xs.len());
+    let dx = up(&g, &xs);
+    g.math_probe(dx.ptr(), xs.len(), out.ptr()).unwrap();
+    let got = down(&g, &out);
+    let n = xs.len();
+    for (i, p) in model::math::PINNED.iter().enumerate() {
+        let x = xs[i];
+        assert_eq!(got[i].to_bits(), p.exp, "sc_exp({x:e})");
+        assert_eq!(got[n + i].to_bits(), p.sigmoid, "sc_sigmoid({x:e})");
+        assert_eq!(got[2 * n + i].to_bits(), p.silu, "sc_silu({x:e})");
+        assert_eq!(got[3 * n + i].to_bits(), p.softplus, "sc_softplus({x:e})");
+    }
+    let xs: Vec<f32> = model::math::PINNED_LN_1P
+        .iter()
+        .map(|p| f32::from_bits(p.0))
+        .collect();
+    let out = poisoned(&g, 5 * xs.len());
+    let dx = up(&g, &xs);
+    g.math_probe(dx.ptr(), xs.len(), out.ptr()).unwrap();
+    let got = down(&g, &out);
+    for (i, p) in model::math::PINNED_LN_1P.iter().enumerate() {
+        assert_eq!(
+            got[4 * xs.len() + i].to_bits(),
+            p.1,
+            "sc_log1p({:e})",
+            xs[i]
+        );
+    }
+    // A sweep: every 9973rd f32 of [-110, 110] and of (-1, 4] (denser near 0, as f32
+    // are), and uniform values, against model::math.
+    let mut xs = Vec::new();
+    for (lo, hi) in [(-110.0f32, 110.0f32), (-0.999_999_9, 4.0)] {
+        // Bit patterns from -0 down to lo, and from +0 up to hi.
+        for (start, end) in [(0x8000_0000u32, lo.to_bits()), (0, hi.to_bits())] {
+            let mut b = start;
+            while b <= end {
+                xs.push(f32::from_bits(b));
+                b += 9973;
+            }
+        }
+    }
+    let mut rng = Rng::new(17);
+    xs.extend((0..100_000).map(|_| rng.f() * 30.0));
+    let out = poisoned(&g, 5 * xs.len());
+    let dx = up(&g, &xs);
+    g.math_probe(dx.ptr(), xs.len(), out.ptr()).unwrap();
+    let got = down(&g, &out);
+    let n = xs.len();
+    type Unary = fn(f32) -> f32;
+    let f: [(&str, Unary); 5] = [
+        ("exp", model::math::exp),
+        ("sigmoid", model::math::sigmoid),
+        ("silu", model::math::silu),
+        ("softplus", model::math::softplus),
+        ("ln_1p", model::math::ln_1p),
+    ];
+    for (k, (name, func)) in f.iter().enumerate() {
+        let want: Vec<f32> = xs.iter().map(|&x| func(x)).collect();
+        // ln_1p below -1 is NaN, whose bits are not specified.
+        let keep: Vec<usize> = (0..n).filter(|&i| !want[i].is_nan()).collect();
+        let g1: Vec<f32> = keep.iter().map(|&i| got[k * n + i]).collect();
+        let w1: Vec<f32> = keep.iter().map(|&i| want[i]).collect();
+        assert_bits(&g1, &w1, &format!("sc_{name} vs model::math::{name}"));
+    }
+}

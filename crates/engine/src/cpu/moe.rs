@@ -153,13 +153,10 @@ fn decode_step(
     out
 }
 
-/// The shared expert's scalar gate logit, gate_inp · x, summed in index order.
+/// The shared expert's scalar gate logit, gate_inp · x, in the canonical
+/// 32-lane order (`model::math::dot`), as the GPU computes it.
 fn shared_gate_logit(gate_inp: &[f32], x: &[f32]) -> f32 {
-    let mut s = 0.0f32;
-    for (a, b) in gate_inp.iter().zip(x) {
-        s += a * b;
-    }
-    s
+    model::math::dot(gate_inp, x)
 }
 
 fn swiglu(g: &Act, u: &Act) -> Act {

@@ -1,0 +1,695 @@
+//! `model::Backend` on one GPU: every op is a kernel launch on the GPU's one
+//! stream, reading weights from `WeightsDev` and writing into a scratch arena.
+//!
+//! **Scratch.** Activations live in one preallocated arena with a bump
+//! allocator, so a step allocates nothing and the same sequence of ops gets the
+//! same addresses every time (what makes a captured decode graph replayable).
+//! The arena has a persistent part (the residual stream `x`, from `embed`) and a
+//! per-layer part that is released when the next layer starts (`rms_norm` with
+//! `Norm::Attn`) or at the output norm: `model::forward` holds nothing else
+//! across those points. A step's token ids and first position are written to
+//! device buffers by the executor before the step, and kernels read them there.
+//!
+//! **Decode without the host.** With one token, routing, the expert tiles and
+//! every product stay on the device: nothing in a step waits for the host, so a
+//! step can be captured as a CUDA graph. A prompt (several tokens) downloads its
+//! routing once per layer to group tokens by expert.
+
+use super::weights::{cuda_err, DevWeight, MixerDev, WeightsDev};
+use cuda::{DevBuf, Gpu, QAct, Tile};
+use model::{Backend, ExecError, ModelConfig, Norm};
+use quant::GgmlType;
+use std::cell::Cell;
+
+/// Activations on the device: `rows` tokens × `cols` f32, row-major.
+#[derive(Debug, Clone, Copy)]
+pub struct DBuf {
+    pub ptr: u64,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// One sequence's state in VRAM.
+pub struct CudaState {
+    pub n_ctx: usize,
+    /// Per attention layer: K and V, f32 [n_ctx][n_head_kv][head_dim].
+    pub kv: Vec<(DevBuf<f32>, DevBuf<f32>)>,
+    /// Per DeltaNet layer: conv history [conv_dim][d_conv − 1] and the
+    /// recurrent state [Hv][dk][dv].
+    pub conv: Vec<DevBuf<f32>>,
+    pub ssm: Vec<DevBuf<f32>>,
+}
+
+const ALIGN: usize = 256;
+
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+pub struct CudaBackend {
+    pub(crate) gpu: Gpu,
+    pub(crate) cfg: ModelConfig,
+    pub(crate) w: WeightsDev,
+    arena: DevBuf<u8>,
+    persist: Cell<usize>,
+    top: Cell<usize>,
+    /// (cos, sin) per position and rotary pair, computed on the host with
+    /// `model::math::rope_cos_sin` (the CPU's values).
+    rope: DevBuf<f32>,
+    /// The step's token ids (up to `max_tokens`) and first position.
+    pub(crate) tok: DevBuf<i32>,
+    pub(crate) pos: DevBuf<i32>,
+    /// The position the executor wrote to `pos` (checked by the mixers).
+    pub(crate) pos_host: Cell<usize>,
+    pub(crate) max_tokens: usize,
+}
+
+/// Scratch bytes a step of `t` tokens needs (a generous bound: the largest
+/// layer's temporaries plus the persistent residual stream and the logits).
+pub(crate) fn scratch_bytes(cfg: &ModelConfig, t: usize, logit_rows: usize) -> usize {
+    let f = 4usize;
+    let q = |rows: usize, cols: usize| rows * cols + 2 * rows * cols.div_ceil(32) * 4 + 3 * ALIGN;
+    let e = cfg.n_embd;
+    let hd = cfg.head_dim;
+    let q_width = cfg.n_head * hd * if cfg.attn_output_gate { 2 } else { 1 };
+    let kvw = cfg.n_head_kv * hd;
+    let attn =
+        q(t, e) + t * (q_width + 2 * kvw + 2 * cfg.n_head * hd + e) * f + q(t, cfg.n_head * hd);
+    let dn = match &cfg.ssm {
+        Some(s) => {
+            q(t, e)
+                + t * (2 * s.conv_dim() + 3 * s.value_dim() + 4 * s.n_v_heads + e) * f
+                + q(t, s.value_dim())
+        }
+        None => 0,
+    };
+    let k = cfg.n_expert_used;
+    let fe = cfg.n_ff_exp;
+    let sh = cfg.n_ff_shexp;
+    let tiles = (t * k + 2 * cfg.n_expert) * std::mem::size_of::<Tile>();
+    let moe = q(t, e)
+        + t * (cfg.n_expert + 2 * k) * f
+        + 2 * tiles
+        + 3 * t * k * fe * f
+        + q(t * k, fe)
+        + t * k * e * f
+        + 3 * t * sh * f
+        + q(t, sh.max(32))
+        + 3 * t * e * f;
+    let norm = t * e * f;
+    let layer = norm + attn.max(dn) + norm + moe;
+    let persist = t * e * f + logit_rows * cfg.n_vocab * f + e * f;
+    // Alignment slack: about 60 allocations per layer.
+    layer + persist + 64 * ALIGN * 2
+}
+
+impl CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        gpu: Gpu,
+        cfg: ModelConfig,
+        w: WeightsDev,
+        arena_bytes: usize,
+        n_ctx: usize,
+        max_tokens: usize,
+    ) -> Result<CudaBackend, ExecError> {
+        let arena = gpu
+            .alloc::<u8>(arena_bytes, "scratch arena")
+            .map_err(cuda_err("allocate scratch"))?;
+        let half = cfg.n_rot / 2;
+        let mut table = Vec::with_capacity(n_ctx * half * 2);
+        for p in 0..n_ctx {
+            for i in 0..half {
+                let (c, s) = model::math::rope_cos_sin(p, i, cfg.n_rot, cfg.rope_theta);
+                table.push(c);
+                table.push(s);
+            }
+        }
+        if table.is_empty() {
+            table.push(0.0);
+        }
+        let rope = gpu
+            .upload(&table, "rope table")
+            .map_err(cuda_err("upload rope table"))?;
+        let tok = gpu
+            .alloc::<i32>(max_tokens, "token ids")
+            .map_err(cuda_err("allocate step inputs"))?;
+        let pos = gpu
+            .alloc::<i32>(1, "position")
+            .map_err(cuda_err("allocate step inputs"))?;
+        Ok(CudaBackend {
+            gpu,
+            cfg,
+            w,
+            arena,
+            persist: Cell::new(0),
+            top: Cell::new(0),
+            rope,
+            tok,
+            pos,
+            pos_host: Cell::new(0),
+            max_tokens,
+        })
+    }
+
+    pub(crate) fn arena_bytes(&self) -> u64 {
+        self.arena.bytes()
+    }
+
+    pub(crate) fn rope_bytes(&self) -> u64 {
+        self.rope.bytes()
+    }
+
+    pub(crate) fn new_state_for(&self, n_ctx: usize) -> Result<CudaState, ExecError> {
+        let cfg = &self.cfg;
+        let g = &self.gpu;
+        let kv_len = n_ctx * cfg.n_head_kv * cfg.head_dim;
+        let mut kv = Vec::new();
+        for _ in 0..cfg.n_attention_layers() {
+            kv.push((
+                g.alloc::<f32>(kv_len, "K cache")
+                    .map_err(cuda_err("allocate state"))?,
+                g.alloc::<f32>(kv_len, "V cache")
+                    .map_err(cuda_err("allocate state"))?,
+            ));
+        }
+        let (mut conv, mut ssm) = (Vec::new(), Vec::new());
+        if let Some(s) = &cfg.ssm {
+            let n = cfg
+                .layer_kinds
+                .iter()
+                .filter(|k| **k == model::LayerKind::DeltaNet)
+                .count();
+            for _ in 0..n {
+                conv.push(
+                    g.alloc::<f32>(s.conv_dim() * (s.d_conv - 1), "conv state")
+                        .map_err(cuda_err("allocate state"))?,
+                );
+                ssm.push(
+                    g.alloc::<f32>(s.n_v_heads * s.d_state * s.d_state, "DeltaNet state")
+                        .map_err(cuda_err("allocate state"))?,
+                );
+            }
+        }
+        Ok(CudaState {
+            n_ctx,
+            kv,
+            conv,
+            ssm,
+        })
+    }
+
+    /// Zeroes a sequence's recurrent state (K/V past the position are never read).
+    pub(crate) fn clear_state(&self, st: &CudaState) -> Result<(), ExecError> {
+        for b in st.conv.iter().chain(&st.ssm) {
+            self.gpu
+                .memset(b.ptr(), 0, b.bytes())
+                .map_err(cuda_err("clear state"))?;
+        }
+        Ok(())
+    }
+
+    fn alloc_bytes(&self, bytes: usize, what: &str) -> Result<u64, ExecError> {
+        let start = self.top.get().next_multiple_of(ALIGN);
+        let end = start + bytes;
+        if end as u64 > self.arena.bytes() {
+            return Err(ExecError::new(
+                what,
+                format!(
+                    "the scratch arena ({} bytes) is too small for this step (needs more than {end}); this is a sizing bug, please report it",
+                    self.arena.bytes()
+                ),
+            ));
+        }
+        self.top.set(end);
+        Ok(self.arena.ptr() + start as u64)
+    }
+
+    fn alloc(&self, rows: usize, cols: usize, what: &str) -> Result<DBuf, ExecError> {
+        Ok(DBuf {
+            ptr: self.alloc_bytes(rows * cols * 4, what)?,
+            rows,
+            cols,
+        })
+    }
+
+    /// Quantizes the rows of `x` into the canonical int8 blocks.
+    fn quantize(&self, x: &DBuf) -> Result<QAct, ExecError> {
+        let n = x.rows * x.cols;
+        let nb = n / 32;
+        let q = QAct {
+            qs: self.alloc_bytes(n, "quantize")?,
+            d: self.alloc_bytes(nb * 4, "quantize")?,
+            sums: self.alloc_bytes(nb * 4, "quantize")?,
+        };
+        self.gpu
+            .quantize_act(x.ptr, x.rows, x.cols, q)
+            .map_err(cuda_err("quantize_act"))?;
+        Ok(q)
+    }
+
+    /// The quantized copy of `x` when any of `ws` needs one.
+    fn prepare(&self, ws: &[&DevWeight], x: &DBuf) -> Result<QAct, ExecError> {
+        if ws.iter().all(|w| is_float(w.ty)) {
+            Ok(QAct::default())
+        } else {
+            self.quantize(x)
+        }
+    }
+
+    /// out (tokens × n_rows) = x · Wᵀ, with `xq` from `prepare`.
+    fn mm_q(&self, w: &DevWeight, x: &DBuf, xq: QAct) -> Result<DBuf, ExecError> {
+        if x.cols != w.n_cols {
+            return Err(ExecError::new(
+                "matvec",
+                format!("input has {} columns, weight rows {}", x.cols, w.n_cols),
+            ));
+        }
+        let out = self.alloc(x.rows, w.n_rows, "matvec")?;
+        self.gpu
+            .matvec(
+                w.ty,
+                w.buf.ptr(),
+                w.row_bytes,
+                w.n_rows,
+                w.n_cols,
+                x.ptr,
+                xq,
+                x.rows,
+                out.ptr,
+            )
+            .map_err(cuda_err("matvec"))?;
+        Ok(out)
+    }
+
+    fn mm(&self, w: &DevWeight, x: &DBuf) -> Result<DBuf, ExecError> {
+        let xq = self.prepare(&[w], x)?;
+        self.mm_q(w, x, xq)
+    }
+
+    /// Routed expert products over `tiles` (device array of `n_tiles`).
+    #[allow(clippy::too_many_arguments)]
+    fn mm_tiles(
+        &self,
+        w: &DevWeight,
+        x: &DBuf,
+        xq: QAct,
+        tiles: u64,
+        n_tiles: usize,
+        out_rows: usize,
+    ) -> Result<DBuf, ExecError> {
+        let out = self.alloc(out_rows, w.n_rows, "expert products")?;
+        self.gpu
+            .matvec_tiles(
+                w.ty,
+                w.buf.ptr(),
+                w.matrix_bytes,
+                w.row_bytes,
+                w.n_rows,
+                w.n_cols,
+                x.ptr,
+                xq,
+                tiles,
+                n_tiles,
+                out.ptr,
+            )
+            .map_err(cuda_err("matvec_tiles"))?;
+        Ok(out)
+    }
+
+    fn swiglu(&self, g: &DBuf, u: &DBuf) -> Result<DBuf, ExecError> {
+        let out = self.alloc(g.rows, g.cols, "swiglu")?;
+        self.gpu
+            .swiglu(g.ptr, u.ptr, g.rows * g.cols, out.ptr)
+            .map_err(cuda_err("swiglu"))?;
+        Ok(out)
+    }
+
+    fn check_pos(&self, pos0: usize, op: &str) -> Result<(), ExecError> {
+        if pos0 != self.pos_host.get() {
+            return Err(ExecError::new(
+                op,
+                format!(
+                    "position {pos0} was not written to the device (have {})",
+                    self.pos_host.get()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Groups a prompt's (token, rank) routes by expert into tiles of up to 8
+    /// tokens: (gate/up tiles reading token rows, down tiles reading route rows).
+    fn prompt_tiles(&self, ids: &[i32], k: usize) -> (Vec<Tile>, Vec<Tile>) {
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); self.cfg.n_expert];
+        for (r, &e) in ids.iter().enumerate() {
+            if let Some(v) = by_expert.get_mut(e as usize) {
+                v.push(r);
+            }
+        }
+        let (mut gu, mut down) = (Vec::new(), Vec::new());
+        for (e, routes) in by_expert.iter().enumerate() {
+            for chunk in routes.chunks(8) {
+                let mut a = Tile {
+                    expert: e as i32,
+                    n: chunk.len() as i32,
+                    in_row: [-1; 8],
+                    out_row: [-1; 8],
+                };
+                let mut b = a;
+                for (j, &r) in chunk.iter().enumerate() {
+                    a.in_row[j] = (r / k) as i32;
+                    a.out_row[j] = r as i32;
+                    b.in_row[j] = r as i32;
+                    b.out_row[j] = r as i32;
+                }
+                gu.push(a);
+                down.push(b);
+            }
+        }
+        (gu, down)
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = DBuf;
+    type State = CudaState;
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn new_state(&self, n_ctx: usize) -> Result<CudaState, ExecError> {
+        self.new_state_for(n_ctx)
+    }
+
+    /// Reads the token ids the executor wrote to `tok`.
+    fn embed(&self, tokens: &[u32]) -> Result<DBuf, ExecError> {
+        if tokens.len() > self.max_tokens {
+            return Err(ExecError::new(
+                "embed",
+                format!(
+                    "{} tokens in one step (at most {})",
+                    tokens.len(),
+                    self.max_tokens
+                ),
+            ));
+        }
+        self.top.set(0);
+        self.persist.set(0);
+        let t = &self.w.token_embd;
+        let x = self.alloc(tokens.len(), t.n_cols, "embed")?;
+        self.gpu
+            .embed(
+                t.ty,
+                t.buf.ptr(),
+                t.row_bytes,
+                t.n_cols,
+                self.tok.ptr(),
+                tokens.len(),
+                x.ptr,
+            )
+            .map_err(cuda_err("embed"))?;
+        self.persist.set(self.top.get());
+        Ok(x)
+    }
+
+    fn rms_norm(&self, x: &DBuf, which: Norm) -> Result<DBuf, ExecError> {
+        let w = match which {
+            Norm::Attn(i) => {
+                self.top.set(self.persist.get());
+                &self.w.layers[i].attn_norm
+            }
+            Norm::Ffn(i) => &self.w.layers[i].ffn_norm,
+            Norm::Output => {
+                self.top.set(self.persist.get());
+                &self.w.output_norm
+            }
+        };
+        let out = self.alloc(x.rows, x.cols, "rms_norm")?;
+        self.gpu
+            .rms_norm(x.ptr, x.rows, x.cols, w.ptr(), self.cfg.eps, out.ptr)
+            .map_err(cuda_err("rms_norm"))?;
+        Ok(out)
+    }
+
+    fn add_assign(&self, x: &mut DBuf, y: &DBuf) -> Result<(), ExecError> {
+        self.gpu
+            .add(x.ptr, y.ptr, x.rows * x.cols)
+            .map_err(cuda_err("add"))
+    }
+
+    fn last_row(&self, x: DBuf) -> Result<DBuf, ExecError> {
+        // A view of the last row: it stays in the persistent part with `x`.
+        Ok(DBuf {
+            ptr: x.ptr + ((x.rows - 1) * x.cols * 4) as u64,
+            rows: 1,
+            cols: x.cols,
+        })
+    }
+
+    fn attention(
+        &self,
+        layer: usize,
+        slot: usize,
+        x: &DBuf,
+        pos0: usize,
+        state: &mut CudaState,
+    ) -> Result<DBuf, ExecError> {
+        self.check_pos(pos0, "attention")?;
+        let MixerDev::Attention(a) = &self.w.layers[layer].mixer else {
+            return Err(ExecError::new(
+                "attention",
+                format!("layer {layer} has no attention weights"),
+            ));
+        };
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+        let t_n = x.rows;
+        if pos0 + t_n > state.n_ctx {
+            return Err(ExecError::new(
+                "attention",
+                format!(
+                    "positions {pos0}..{} exceed the context of {}",
+                    pos0 + t_n,
+                    state.n_ctx
+                ),
+            ));
+        }
+        let xq = self.prepare(&[&a.q, &a.k, &a.v], x)?;
+        let q_raw = self.mm_q(&a.q, x, xq)?;
+        let k_raw = self.mm_q(&a.k, x, xq)?;
+        let v_raw = self.mm_q(&a.v, x, xq)?;
+        let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
+        let (kc, vc) = &state.kv[slot];
+        let q = self.alloc(t_n, nh * hd, "attention")?;
+        self.gpu
+            .attn_prep(
+                q_raw.ptr,
+                k_raw.ptr,
+                v_raw.ptr,
+                t_n,
+                self.pos.ptr(),
+                nh,
+                nkv,
+                hd,
+                q_stride,
+                a.q_norm.ptr(),
+                a.k_norm.ptr(),
+                cfg.eps,
+                self.rope.ptr(),
+                cfg.n_rot,
+                kc.ptr(),
+                vc.ptr(),
+                q.ptr,
+            )
+            .map_err(cuda_err("attn_prep"))?;
+        let out = self.alloc(t_n, nh * hd, "attention")?;
+        let split = self
+            .gpu
+            .attn_scratch_bytes(t_n, nh, nkv, hd, state.n_ctx);
+        let scratch = if split > 0 {
+            self.alloc_bytes(split as usize, "attention")?
+        } else {
+            0
+        };
+        let gate = if cfg.attn_output_gate {
+            q_raw.ptr + (hd * 4) as u64
+        } else {
+            0
+        };
+        self.gpu
+            .attn_core(
+                q.ptr,
+                t_n,
+                self.pos.ptr(),
+                nh,
+                nkv,
+                hd,
+                kc.ptr(),
+                vc.ptr(),
+                state.n_ctx,
+                gate,
+                q_stride,
+                out.ptr,
+                scratch,
+            )
+            .map_err(cuda_err("attn_core"))?;
+        self.mm(&a.o, &out)
+    }
+
+    fn delta_net(
+        &self,
+        layer: usize,
+        slot: usize,
+        x: &DBuf,
+        state: &mut CudaState,
+    ) -> Result<DBuf, ExecError> {
+        let MixerDev::DeltaNet(d) = &self.w.layers[layer].mixer else {
+            return Err(ExecError::new(
+                "delta_net",
+                format!("layer {layer} has no DeltaNet weights"),
+            ));
+        };
+        let ssm =
+            self.cfg.ssm.as_ref().ok_or_else(|| {
+                ExecError::new("delta_net", "DeltaNet layer in a config without ssm")
+            })?;
+        let t_n = x.rows;
+        let mut ws: Vec<&DevWeight> = vec![&d.qkv, &d.gate];
+        ws.extend(d.proj.iter());
+        let xq = self.prepare(&ws, x)?;
+        let qkv = self.mm_q(&d.qkv, x, xq)?;
+        let z = self.mm_q(&d.gate, x, xq)?;
+        let proj: Vec<DBuf> = d
+            .proj
+            .iter()
+            .map(|w| self.mm_q(w, x, xq))
+            .collect::<Result<_, _>>()?;
+        let conv_dim = ssm.conv_dim();
+        let conv = self.alloc(t_n, conv_dim, "delta_net")?;
+        self.gpu
+            .dn_conv(
+                qkv.ptr,
+                state.conv[slot].ptr(),
+                d.conv.ptr(),
+                t_n,
+                conv_dim,
+                ssm.d_conv,
+                conv.ptr,
+            )
+            .map_err(cuda_err("dn_conv"))?;
+        let scale = 1.0 / (ssm.d_state as f32).sqrt();
+        self.gpu
+            .dn_qk_norm(conv.ptr, t_n, conv_dim, ssm.n_k_heads, ssm.d_state, scale)
+            .map_err(cuda_err("dn_qk_norm"))?;
+        let y = self.alloc(t_n, ssm.value_dim(), "delta_net")?;
+        self.gpu
+            .dn_recurrence(
+                conv.ptr,
+                t_n,
+                conv_dim,
+                proj[d.beta.proj].ptr,
+                d.beta.stride,
+                d.beta.idx.ptr(),
+                proj[d.alpha.proj].ptr,
+                d.alpha.stride,
+                d.alpha.idx.ptr(),
+                d.a.ptr(),
+                d.dt_bias.ptr(),
+                d.k_head_of.ptr(),
+                z.ptr,
+                d.norm.ptr(),
+                self.cfg.eps,
+                state.ssm[slot].ptr(),
+                ssm.n_k_heads,
+                ssm.n_v_heads,
+                ssm.d_state,
+                y.ptr,
+            )
+            .map_err(cuda_err("dn_recurrence"))?;
+        self.mm(&d.out, &y)
+    }
+
+    fn moe(&self, layer: usize, x: &DBuf) -> Result<DBuf, ExecError> {
+        let m = &self.w.layers[layer].moe;
+        let cfg = &self.cfg;
+        let (t_n, e, k, f) = (x.rows, cfg.n_embd, cfg.n_expert_used, cfg.n_ff_exp);
+        let logits = self.mm(&m.router, x)?;
+        let wts = self.alloc(t_n, k, "route")?;
+        let ids = self.alloc_bytes(t_n * k * 4, "route")?;
+        let tile_bytes = std::mem::size_of::<Tile>();
+        let (tiles_gu, tiles_down, n_tiles) = if t_n == 1 {
+            let a = self.alloc_bytes(k * tile_bytes, "route")?;
+            let b = self.alloc_bytes(k * tile_bytes, "route")?;
+            (a, b, k)
+        } else {
+            (0, 0, 0)
+        };
+        self.gpu
+            .route_topk(
+                logits.ptr,
+                t_n,
+                cfg.n_expert,
+                k,
+                wts.ptr,
+                ids,
+                tiles_gu,
+                tiles_down,
+            )
+            .map_err(cuda_err("route_topk"))?;
+        let (tiles_gu, tiles_down, n_tiles) = if t_n == 1 {
+            (tiles_gu, tiles_down, n_tiles)
+        } else {
+            // A prompt: group its routes by expert on the host.
+            let host: Vec<i32> = self
+                .gpu
+                .download(ids, t_n * k)
+                .map_err(cuda_err("download routes"))?;
+            let (gu, down) = self.prompt_tiles(&host, k);
+            let a = self.alloc_bytes(gu.len() * tile_bytes, "route")?;
+            let b = self.alloc_bytes(down.len() * tile_bytes, "route")?;
+            self.gpu
+                .copy_to_device(&gu, a)
+                .map_err(cuda_err("upload tiles"))?;
+            self.gpu
+                .copy_to_device(&down, b)
+                .map_err(cuda_err("upload tiles"))?;
+            (a, b, gu.len())
+        };
+        let mut ws: Vec<&DevWeight> = vec![&m.gate_exps, &m.up_exps];
+        if let Some(s) = &m.shared {
+            ws.extend([&s.gate, &s.up]);
+        }
+        let xq = self.prepare(&ws, x)?;
+        let g = self.mm_tiles(&m.gate_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
+        let u = self.mm_tiles(&m.up_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
+        let act = self.swiglu(&g, &u)?;
+        debug_assert_eq!(act.cols, f);
+        let aq = self.prepare(&[&m.down_exps], &act)?;
+        let down = self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, t_n * k)?;
+        let (shared, logit) = match &m.shared {
+            Some(s) => {
+                let sg = self.mm_q(&s.gate, x, xq)?;
+                let su = self.mm_q(&s.up, x, xq)?;
+                let sa = self.swiglu(&sg, &su)?;
+                let sd = self.mm(&s.down, &sa)?;
+                let logit = self.alloc(t_n, 1, "shared gate")?;
+                self.gpu
+                    .dot_rows(x.ptr, s.gate_inp.ptr(), t_n, e, logit.ptr)
+                    .map_err(cuda_err("dot_rows"))?;
+                (sd.ptr, logit.ptr)
+            }
+            None => (0, 0),
+        };
+        let out = self.alloc(t_n, e, "moe")?;
+        self.gpu
+            .moe_combine(down.ptr, wts.ptr, t_n, k, e, shared, logit, out.ptr)
+            .map_err(cuda_err("moe_combine"))?;
+        Ok(out)
+    }
+
+    fn lm_head(&self, x: &DBuf) -> Result<DBuf, ExecError> {
+        self.mm(self.w.lm_head(), x)
+    }
+}

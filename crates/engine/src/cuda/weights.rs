@@ -1,0 +1,303 @@
+//! The CUDA executor's copy of the weights: every tensor the forward pass reads,
+//! uploaded from the memory-mapped file as its GGUF bytes (no requantization),
+//! plus the small per-layer vectors (norms, gates, DeltaNet constants) as f32.
+//! Arch facts the kernels need (which key head a value head reads, where β and α
+//! sit in a fused projection) arrive here as index arrays, not as code.
+
+use cuda::{CudaError, DevBuf, Gpu};
+use model::weights::{BetaAlpha, Mixer, ModelWeights, Weight};
+use model::{ExecError, ModelConfig};
+use quant::GgmlType;
+
+/// One weight tensor in VRAM: a matrix, or a stack of expert matrices.
+pub(crate) struct DevWeight {
+    pub buf: DevBuf<u8>,
+    pub ty: GgmlType,
+    pub row_bytes: u64,
+    /// Rows of one matrix.
+    pub n_rows: usize,
+    /// Values per row.
+    pub n_cols: usize,
+    /// Bytes of one matrix (one expert of a 3-D tensor).
+    pub matrix_bytes: u64,
+}
+
+pub(crate) struct AttnDev {
+    pub q: DevWeight,
+    pub k: DevWeight,
+    pub v: DevWeight,
+    pub o: DevWeight,
+    pub q_norm: DevBuf<f32>,
+    pub k_norm: DevBuf<f32>,
+}
+
+/// Where β or α of each value head is found in a projection's output row.
+pub(crate) struct Gather {
+    /// Index into the projection list of the layer (see `DnDev::proj`).
+    pub proj: usize,
+    pub stride: usize,
+    pub idx: DevBuf<i32>,
+}
+
+pub(crate) struct DnDev {
+    pub qkv: DevWeight,
+    pub gate: DevWeight,
+    /// The β/α projections: [beta, alpha] (qwen35moe) or [ba] (qwen3next).
+    pub proj: Vec<DevWeight>,
+    pub beta: Gather,
+    pub alpha: Gather,
+    pub a: DevBuf<f32>,
+    pub dt_bias: DevBuf<f32>,
+    pub conv: DevBuf<f32>,
+    pub norm: DevBuf<f32>,
+    pub k_head_of: DevBuf<i32>,
+    pub out: DevWeight,
+}
+
+pub(crate) enum MixerDev {
+    Attention(AttnDev),
+    DeltaNet(DnDev),
+}
+
+pub(crate) struct SharedDev {
+    pub gate_inp: DevBuf<f32>,
+    pub gate: DevWeight,
+    pub up: DevWeight,
+    pub down: DevWeight,
+}
+
+pub(crate) struct MoeDev {
+    pub router: DevWeight,
+    pub gate_exps: DevWeight,
+    pub up_exps: DevWeight,
+    pub down_exps: DevWeight,
+    pub shared: Option<SharedDev>,
+}
+
+pub(crate) struct LayerDev {
+    pub attn_norm: DevBuf<f32>,
+    pub ffn_norm: DevBuf<f32>,
+    pub mixer: MixerDev,
+    pub moe: MoeDev,
+}
+
+pub(crate) struct WeightsDev {
+    pub token_embd: DevWeight,
+    pub output_norm: DevBuf<f32>,
+    /// The LM head; None when the file ties it to the embedding.
+    pub output: Option<DevWeight>,
+    pub layers: Vec<LayerDev>,
+}
+
+impl WeightsDev {
+    pub fn lm_head(&self) -> &DevWeight {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+}
+
+fn tied(w: &ModelWeights) -> bool {
+    w.output.name == w.token_embd.name
+}
+
+pub(crate) fn cuda_err(op: &str) -> impl Fn(CudaError) -> ExecError + '_ {
+    move |e| ExecError::new(op, e)
+}
+
+/// Bytes the upload will take in VRAM (for the startup check).
+pub(crate) fn upload_bytes(w: &ModelWeights) -> u64 {
+    let mut n = w.token_embd.bytes().len() as u64 + w.output_norm.len() as u64 * 4;
+    if !tied(w) {
+        n += w.output.bytes().len() as u64;
+    }
+    for l in &w.layers {
+        n += (l.attn_norm.len() + l.ffn_norm.len()) as u64 * 4;
+        match &l.mixer {
+            Mixer::Attention(a) => {
+                for m in [&a.q, &a.k, &a.v, &a.o] {
+                    n += m.bytes().len() as u64;
+                }
+                n += (a.q_norm.len() + a.k_norm.len()) as u64 * 4;
+            }
+            Mixer::DeltaNet(d) => {
+                for m in [&d.qkv, &d.gate, &d.out] {
+                    n += m.bytes().len() as u64;
+                }
+                match &d.beta_alpha {
+                    BetaAlpha::Separate { beta, alpha } => {
+                        n += (beta.bytes().len() + alpha.bytes().len()) as u64
+                    }
+                    BetaAlpha::Fused { w, .. } => n += w.bytes().len() as u64,
+                }
+                n += (d.a.len() + d.dt_bias.len() + d.conv.len() + d.norm.len()) as u64 * 4;
+            }
+        }
+        let m = &l.moe;
+        for t in [&m.router, &m.gate_exps, &m.up_exps, &m.down_exps] {
+            n += t.bytes().len() as u64;
+        }
+        if let Some(s) = &m.shared {
+            n += (s.gate.bytes().len() + s.up.bytes().len() + s.down.bytes().len()) as u64;
+            n += s.gate_inp.len() as u64 * 4;
+        }
+    }
+    n
+}
+
+struct Uploader<'a> {
+    gpu: &'a Gpu,
+    done: u64,
+    progress: &'a dyn Fn(u64),
+}
+
+impl Uploader<'_> {
+    fn weight(&mut self, w: &Weight) -> Result<DevWeight, ExecError> {
+        let bytes = w.bytes();
+        let buf = self
+            .gpu
+            .upload(bytes, &w.name)
+            .map_err(cuda_err("upload weights"))?;
+        self.done += bytes.len() as u64;
+        (self.progress)(self.done);
+        let n_rows = w.n_rows();
+        let row_bytes = w.row_bytes();
+        Ok(DevWeight {
+            buf,
+            ty: w.ty,
+            row_bytes: row_bytes as u64,
+            n_rows,
+            n_cols: w.row_len(),
+            matrix_bytes: (n_rows * row_bytes) as u64,
+        })
+    }
+
+    fn f32s(&mut self, v: &[f32], what: &str) -> Result<DevBuf<f32>, ExecError> {
+        self.done += v.len() as u64 * 4;
+        self.gpu.upload(v, what).map_err(cuda_err("upload weights"))
+    }
+
+    fn i32s(&mut self, v: &[i32], what: &str) -> Result<DevBuf<i32>, ExecError> {
+        self.gpu.upload(v, what).map_err(cuda_err("upload weights"))
+    }
+}
+
+/// Uploads every tensor of `w`; `progress` is called with the bytes done so far.
+pub(crate) fn upload(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    progress: &dyn Fn(u64),
+) -> Result<WeightsDev, ExecError> {
+    let mut up = Uploader {
+        gpu,
+        done: 0,
+        progress,
+    };
+    let token_embd = up.weight(&w.token_embd)?;
+    let output = if tied(w) {
+        None
+    } else {
+        Some(up.weight(&w.output)?)
+    };
+    let output_norm = up.f32s(&w.output_norm, "output_norm")?;
+    let mut layers = Vec::with_capacity(w.layers.len());
+    for (i, l) in w.layers.iter().enumerate() {
+        let mixer = match &l.mixer {
+            Mixer::Attention(a) => MixerDev::Attention(AttnDev {
+                q: up.weight(&a.q)?,
+                k: up.weight(&a.k)?,
+                v: up.weight(&a.v)?,
+                o: up.weight(&a.o)?,
+                q_norm: up.f32s(&a.q_norm, "attn_q_norm")?,
+                k_norm: up.f32s(&a.k_norm, "attn_k_norm")?,
+            }),
+            Mixer::DeltaNet(d) => {
+                let ssm = cfg.ssm.as_ref().ok_or_else(|| {
+                    ExecError::new(
+                        "upload weights",
+                        format!("layer {i}: DeltaNet without ssm config"),
+                    )
+                })?;
+                let hv = ssm.n_v_heads;
+                let identity: Vec<i32> = (0..hv as i32).collect();
+                let (proj, beta, alpha) = match &d.beta_alpha {
+                    BetaAlpha::Separate { beta, alpha } => (
+                        vec![up.weight(beta)?, up.weight(alpha)?],
+                        Gather {
+                            proj: 0,
+                            stride: hv,
+                            idx: up.i32s(&identity, "beta index")?,
+                        },
+                        Gather {
+                            proj: 1,
+                            stride: hv,
+                            idx: up.i32s(&identity, "alpha index")?,
+                        },
+                    ),
+                    BetaAlpha::Fused {
+                        w,
+                        beta_rows,
+                        alpha_rows,
+                    } => {
+                        let b: Vec<i32> = beta_rows.iter().map(|&r| r as i32).collect();
+                        let a: Vec<i32> = alpha_rows.iter().map(|&r| r as i32).collect();
+                        (
+                            vec![up.weight(w)?],
+                            Gather {
+                                proj: 0,
+                                stride: 2 * hv,
+                                idx: up.i32s(&b, "beta index")?,
+                            },
+                            Gather {
+                                proj: 0,
+                                stride: 2 * hv,
+                                idx: up.i32s(&a, "alpha index")?,
+                            },
+                        )
+                    }
+                };
+                let k_head_of: Vec<i32> = (0..hv).map(|h| ssm.k_head_of(h) as i32).collect();
+                MixerDev::DeltaNet(DnDev {
+                    qkv: up.weight(&d.qkv)?,
+                    gate: up.weight(&d.gate)?,
+                    proj,
+                    beta,
+                    alpha,
+                    a: up.f32s(&d.a, "ssm_a")?,
+                    dt_bias: up.f32s(&d.dt_bias, "ssm_dt.bias")?,
+                    conv: up.f32s(&d.conv, "ssm_conv1d")?,
+                    norm: up.f32s(&d.norm, "ssm_norm")?,
+                    k_head_of: up.i32s(&k_head_of, "k head map")?,
+                    out: up.weight(&d.out)?,
+                })
+            }
+        };
+        let m = &l.moe;
+        let shared = match &m.shared {
+            Some(s) => Some(SharedDev {
+                gate_inp: up.f32s(&s.gate_inp, "ffn_gate_inp_shexp")?,
+                gate: up.weight(&s.gate)?,
+                up: up.weight(&s.up)?,
+                down: up.weight(&s.down)?,
+            }),
+            None => None,
+        };
+        layers.push(LayerDev {
+            attn_norm: up.f32s(&l.attn_norm, "attn_norm")?,
+            ffn_norm: up.f32s(&l.ffn_norm, "ffn_norm")?,
+            mixer,
+            moe: MoeDev {
+                router: up.weight(&m.router)?,
+                gate_exps: up.weight(&m.gate_exps)?,
+                up_exps: up.weight(&m.up_exps)?,
+                down_exps: up.weight(&m.down_exps)?,
+                shared,
+            },
+        });
+    }
+    Ok(WeightsDev {
+        token_embd,
+        output_norm,
+        output,
+        layers,
+    })
+}
