@@ -2,6 +2,7 @@
 
 mod bench;
 mod inspect;
+mod profile;
 mod run;
 mod serve;
 mod synth;
@@ -31,6 +32,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Describe a GGUF file: arch, geometry, tensor types, where every byte goes.
     Inspect(inspect::InspectArgs),
+    /// Record how often each expert of each layer is routed to (for the expert slot plan).
+    Profile(profile::ProfileArgs),
 }
 
 fn main() {
@@ -48,6 +51,7 @@ fn main() {
         Command::Synth(a) => synth::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Profile(a) => profile::run(a),
     };
     if let Err(e) = result {
         eprintln!("scoria: error: {e:#}");

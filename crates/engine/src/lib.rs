@@ -6,6 +6,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod exec;
+pub mod experts;
 pub mod npy;
 pub mod sampler;
 
@@ -457,6 +458,7 @@ fn open_executor(
             cfg: mcfg.clone(),
             weights,
             precision: cfg.precision,
+            routing: None,
         };
         Ok(Box::new(CpuExecutor::new(backend, n_ctx, 1)?))
     };

@@ -109,6 +109,9 @@ pub struct CpuBackend {
     pub cfg: ModelConfig,
     pub weights: ModelWeights,
     pub precision: Precision,
+    /// When set, the MoE counts every (token, chosen expert) per layer here (routing
+    /// profiles for the expert store's slot plan); `None` costs one branch per layer.
+    pub routing: Option<std::sync::Arc<crate::experts::RoutingCounts>>,
 }
 
 pub(crate) fn is_float(ty: quant::GgmlType) -> bool {
@@ -364,7 +367,7 @@ impl Backend for CpuBackend {
     }
 
     fn moe(&self, layer: usize, x: &Act) -> Result<Act, ExecError> {
-        Ok(moe::run(self, &self.weights.layers[layer].moe, x))
+        Ok(moe::run(self, layer, &self.weights.layers[layer].moe, x))
     }
 
     fn lm_head(&self, x: &Act) -> Result<Act, ExecError> {

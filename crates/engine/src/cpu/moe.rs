@@ -10,12 +10,17 @@ use model::weights::MoeWeights;
 use model::ModelConfig;
 use rayon::prelude::*;
 
-pub(super) fn run(b: &CpuBackend, w: &MoeWeights, x: &Act) -> Act {
+pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act {
     let cfg = &b.cfg;
     let (t_n, e) = (x.rows, cfg.n_embd);
     let k = cfg.n_expert_used;
     let logits = b.mm_weight(&w.router, x);
     let routes: Vec<_> = (0..t_n).map(|t| route(logits.row(t), k)).collect();
+    if let Some(counts) = &b.routing {
+        for r in &routes {
+            counts.record_token(layer, r.iter().map(|&(ex, _)| ex));
+        }
+    }
     if t_n == 1 {
         return decode_step(b, cfg, w, x, &routes[0]);
     }

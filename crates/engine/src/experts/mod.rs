@@ -1,0 +1,29 @@
+//! Foundations of the tiered expert store (DESIGN.md, "The expert store"), the parts
+//! that need no GPU:
+//! - [`ExpertIndex`] (`index.rs`): where every routed expert matrix lives in the model
+//!   file(s): shard, absolute offset, length, type, shape;
+//! - [`io`]: [`DirectReader`], batches of ranges read with `O_DIRECT` through io_uring
+//!   into 4 KiB-aligned buffers (pinned memory later), with the fallbacks;
+//! - [`RoutingCounts`] / [`RoutingProfile`] (`profile.rs`): routing counts per (layer,
+//!   expert), recorded by the CPU executor's MoE, saved and validated against a model;
+//!   [`record_profile`] (`record.rs`) runs the CPU executor to record one;
+//! - [`plan()`] (`plan.rs`): VRAM slots per layer by measured demand, the pinned RAM
+//!   copy most used first, and the account of where every GiB goes; budgets are
+//!   granted or refused, never trimmed.
+
+mod index;
+pub mod io;
+mod plan;
+mod profile;
+mod record;
+
+pub use index::{ExpertIndex, IndexError, MatrixLoc, MATRICES};
+pub use io::{AlignedBuf, DirectReader, ReadError, ReadRequest, ReaderOptions};
+pub use plan::{plan, LayerPlan, Plan, PlanError, PlanRequest, SlotRule};
+pub use profile::{ProfileError, RoutingCounts, RoutingProfile};
+pub use record::{record_profile, ProfileInput, Recorded};
+
+/// MemAvailable from /proc/meminfo, in bytes (`None` where it cannot be read).
+pub fn mem_available() -> Option<u64> {
+    crate::mem_available()
+}
