@@ -30,6 +30,7 @@ build)
   cargo build --release --features cuda -p scoria-cli
   cp target/release/scoria "$DIR/scoria"
   # Test executables: one per test target; names come from cargo's JSON messages.
+  cargo test --release --features cuda -p scoria-cuda -p scoria-engine --no-run
   cargo test --release --features cuda -p scoria-cuda -p scoria-engine --no-run \
     --message-format=json 2>/dev/null |
     python3 -c '
@@ -41,11 +42,12 @@ for line in sys.stdin:
     except ValueError:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        name = "test-" + m["target"]["name"] + "-" + m["package_id"].split("#")[-1].split("@")[0].split("/")[-1]
+        pkg = m["package_id"].split("#")[-1].split("@")[0]
+        name = "test-" + pkg.removeprefix("scoria-") + "-" + m["target"]["name"]
         shutil.copy(m["executable"], os.path.join(d, name))
         print("built", name)
 ' "$DIR"
-  strip "$DIR"/scoria "$DIR"/test-* 2>/dev/null || true
+  strip "$DIR"/scoria "$DIR"/test-*
   du -sh "$DIR"
   ;;
 run)

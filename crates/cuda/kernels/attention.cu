@@ -8,6 +8,13 @@
 #include "sc_common.cuh"
 #include "scoria_math.cuh"
 
+// Maximum over a full warp (exact in any order); every lane gets it.
+__device__ __forceinline__ float sc_warp_max(float v) {
+#pragma unroll
+  for (int w = 16; w >= 1; w >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+}
+
 #define SC_FULL 0xffffffffu
 #define SC_MAX_HD 256
 
@@ -263,6 +270,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
                        q_stride, out, scratch, n_split);                                           \
   }
 
+SC_ATTN_CORE(32)
 SC_ATTN_CORE(64)
 SC_ATTN_CORE(128)
 SC_ATTN_CORE(256)

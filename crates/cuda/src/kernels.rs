@@ -44,6 +44,7 @@ kernels! {
     RouteTopk = "route_topk",
     MoeCombine = "moe_combine",
     AttnPrep = "attn_prep",
+    AttnCoreHd32 = "attn_core_hd32",
     AttnCoreHd64 = "attn_core_hd64",
     AttnCoreHd128 = "attn_core_hd128",
     AttnCoreHd256 = "attn_core_hd256",

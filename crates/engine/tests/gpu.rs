@@ -47,7 +47,13 @@ impl Rng {
 }
 
 /// `n_experts` matrices of `rows × cols` random weights stored as `ty`.
-fn expert_stack(rng: &mut Rng, ty: GgmlType, n_experts: usize, rows: usize, cols: usize) -> Vec<u8> {
+fn expert_stack(
+    rng: &mut Rng,
+    ty: GgmlType,
+    n_experts: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<u8> {
     let rb = quant::row_bytes(ty, cols).expect("row bytes");
     let mut out = vec![0u8; n_experts * rows * rb];
     for r in 0..n_experts * rows {
@@ -77,7 +83,7 @@ fn expert_ffn_is_bit_identical_for_every_type() {
         GgmlType::F32,
     ];
     for (case, &ty) in types.iter().enumerate() {
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (case as u64 + 1) * 0x1234_5678);
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((case as u64 + 1) * 0x1234_5678));
         let gate = expert_stack(&mut rng, ty, n_exp, f, e);
         let up = expert_stack(&mut rng, ty, n_exp, f, e);
         let down = expert_stack(&mut rng, ty, n_exp, e, f);
@@ -151,14 +157,51 @@ fn expert_ffn_is_bit_identical_for_every_type() {
         let ov = g.alloc::<f32>(k * e, "out").expect("alloc");
         let mb_in = (f * rb_in) as u64;
         let mb_out = (e * rb_out) as u64;
-        g.matvec_tiles(ty, dg.ptr(), mb_in, rb_in as u64, f, e, dx.ptr(), q, t_gu.ptr(), k, gv.ptr())
-            .expect("gate");
-        g.matvec_tiles(ty, du.ptr(), mb_in, rb_in as u64, f, e, dx.ptr(), q, t_gu.ptr(), k, uv.ptr())
-            .expect("up");
-        g.swiglu(gv.ptr(), uv.ptr(), k * f, av.ptr()).expect("swiglu");
+        g.matvec_tiles(
+            ty,
+            dg.ptr(),
+            mb_in,
+            rb_in as u64,
+            f,
+            e,
+            dx.ptr(),
+            q,
+            t_gu.ptr(),
+            k,
+            gv.ptr(),
+        )
+        .expect("gate");
+        g.matvec_tiles(
+            ty,
+            du.ptr(),
+            mb_in,
+            rb_in as u64,
+            f,
+            e,
+            dx.ptr(),
+            q,
+            t_gu.ptr(),
+            k,
+            uv.ptr(),
+        )
+        .expect("up");
+        g.swiglu(gv.ptr(), uv.ptr(), k * f, av.ptr())
+            .expect("swiglu");
         g.quantize_act(av.ptr(), k, f, q).expect("quantize");
-        g.matvec_tiles(ty, dd.ptr(), mb_out, rb_out as u64, e, f, av.ptr(), q, t_down.ptr(), k, ov.ptr())
-            .expect("down");
+        g.matvec_tiles(
+            ty,
+            dd.ptr(),
+            mb_out,
+            rb_out as u64,
+            e,
+            f,
+            av.ptr(),
+            q,
+            t_down.ptr(),
+            k,
+            ov.ptr(),
+        )
+        .expect("down");
         let gpu_out: Vec<f32> = g.download(ov.ptr(), k * e).expect("download");
         assert_eq!(
             bits(&gpu_out),
@@ -228,16 +271,20 @@ fn gpu_logits_agree_with_cpu_on_every_arch() {
                 / scale;
             assert!(err.is_finite(), "{geometry}: non-finite GPU logits");
             worst = worst.max(err);
-            agree += usize::from(
-                engine::sampler::argmax(ra) == engine::sampler::argmax(rb),
-            );
+            agree += usize::from(engine::sampler::argmax(ra) == engine::sampler::argmax(rb));
         }
         let rows = prompt.len();
         eprintln!(
             "{geometry} Q4_K_M: GPU vs CPU over {rows} positions: max relative error {worst:.3e}, argmax agreement {agree}/{rows}"
         );
-        assert!(worst < 5e-2, "{geometry}: GPU logits too far from the CPU's ({worst})");
-        assert!(agree * 10 >= rows * 9, "{geometry}: argmax agreement {agree}/{rows}");
+        assert!(
+            worst < 5e-2,
+            "{geometry}: GPU logits too far from the CPU's ({worst})"
+        );
+        assert!(
+            agree * 10 >= rows * 9,
+            "{geometry}: argmax agreement {agree}/{rows}"
+        );
     }
 }
 
@@ -273,7 +320,11 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
     let (tokens_e, logits_e) = decode_logits(&mut eager, &prompt, 12);
     assert_eq!(tokens, tokens_e);
     for (i, (a, b)) in logits.iter().zip(&logits_e).enumerate() {
-        assert_eq!(bits(a), bits(b), "step {i}: graph replay differs from eager launch");
+        assert_eq!(
+            bits(a),
+            bits(b),
+            "step {i}: graph replay differs from eager launch"
+        );
     }
     // Plain greedy picks the token on the device (only its id comes back).
     graphed.reset().expect("reset");
@@ -283,6 +334,11 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
         sampling: SamplingParams::default(),
         stop_at_eog: false,
     };
-    let c = graphed.generate(&req, &mut |_| Flow::Continue).expect("generate");
-    assert_eq!(c.tokens, tokens, "device argmax differs from the host sampler");
+    let c = graphed
+        .generate(&req, &mut |_| Flow::Continue)
+        .expect("generate");
+    assert_eq!(
+        c.tokens, tokens,
+        "device argmax differs from the host sampler"
+    );
 }

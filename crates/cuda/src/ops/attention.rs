@@ -25,6 +25,7 @@ pub(crate) fn core_smem(hd: usize) -> u32 {
 
 fn core_kernel(hd: usize) -> Option<K> {
     match hd {
+        32 => Some(K::AttnCoreHd32),
         64 => Some(K::AttnCoreHd64),
         128 => Some(K::AttnCoreHd128),
         256 => Some(K::AttnCoreHd256),
@@ -151,7 +152,7 @@ impl Gpu {
     /// is multiplied by sigmoid(gate). The length is read on the device (graph replay
     /// at a moving position); `n_ctx` (the cache's capacity) only sizes the key split.
     /// `scratch` must hold [`Gpu::attn_scratch_bytes`] bytes (it may be 0 when that is
-    /// 0). head_dim must be 64, 128 or 256; q, k_cache, v_cache 16-byte aligned.
+    /// 0). head_dim must be 32, 64, 128 or 256; q, k_cache, v_cache 16-byte aligned.
     /// Deterministic, not bit-identical to the CPU (online softmax).
     #[allow(clippy::too_many_arguments)]
     pub fn attn_core(
@@ -174,7 +175,7 @@ impl Gpu {
         let k = core_kernel(head_dim).ok_or_else(|| {
             CudaError::bad(
                 KN,
-                format!("head_dim {head_dim} (64, 128 or 256 supported)"),
+                format!("head_dim {head_dim} (32, 64, 128 or 256 supported)"),
             )
         })?;
         if n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {

@@ -21,6 +21,7 @@ use crate::kernels::K;
 /// they need at most.
 pub(crate) fn dynamic_smem_needs() -> Vec<(K, u32)> {
     vec![
+        (K::AttnCoreHd32, attention::core_smem(32)),
         (K::AttnCoreHd64, attention::core_smem(64)),
         (K::AttnCoreHd128, attention::core_smem(128)),
         (K::AttnCoreHd256, attention::core_smem(256)),

@@ -99,11 +99,11 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
                 .collect();
             let mut br = Vec::new();
             let mut ar = Vec::new();
+            let (brows, arows) = model::arch::qwen3next::ba_rows(hk, hv);
             for t in 0..t_n {
-                let (b, a) =
-                    model::arch::qwen3next::split_ba(&ba[t * 2 * hv..(t + 1) * 2 * hv], hk, hv);
-                br.extend(b);
-                ar.extend(a);
+                let row = &ba[t * 2 * hv..(t + 1) * 2 * hv];
+                br.extend(brows.iter().map(|&i| row[i as usize]));
+                ar.extend(arows.iter().map(|&i| row[i as usize]));
             }
             (ba.clone(), 2 * hv, bi, ba, 2 * hv, ai, br, ar)
         } else {

@@ -505,19 +505,14 @@ impl Backend for CudaBackend {
             )
             .map_err(cuda_err("attn_prep"))?;
         let out = self.alloc(t_n, nh * hd, "attention")?;
-        let split = self
-            .gpu
-            .attn_scratch_bytes(t_n, nh, nkv, hd, state.n_ctx);
+        let split = self.gpu.attn_scratch_bytes(t_n, nh, nkv, hd, state.n_ctx);
         let scratch = if split > 0 {
             self.alloc_bytes(split as usize, "attention")?
         } else {
             0
         };
-        let gate = if cfg.attn_output_gate {
-            q_raw.ptr + (hd * 4) as u64
-        } else {
-            0
-        };
+        // The kernel finds head h's gate at h·q_stride + head_dim of the raw q row.
+        let gate = if cfg.attn_output_gate { q_raw.ptr } else { 0 };
         self.gpu
             .attn_core(
                 q.ptr,
