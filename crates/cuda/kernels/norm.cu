@@ -19,6 +19,7 @@ extern "C" __global__ void __launch_bounds__(128) rms_norm(const float* x, int r
   if (r >= rows) return;
   const float* xr = x + (size_t)r * cols;
   float acc = 0.0f;
+#pragma unroll 16
   for (int i = lane; i < cols; i += 32) {
     const float v = xr[i];
     acc = sc_add(acc, sc_mul(v, v));
@@ -26,6 +27,7 @@ extern "C" __global__ void __launch_bounds__(128) rms_norm(const float* x, int r
   const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
   const float scale = sc_rms_scale(ss, (float)cols, eps);
   float* orow = out + (size_t)r * cols;
+#pragma unroll 16
   for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
 }
 
@@ -41,6 +43,7 @@ extern "C" __global__ void __launch_bounds__(128) add_rms_norm(float* x, const f
   float* xr = x + (size_t)r * cols;
   const float* yr = y + (size_t)r * cols;
   float acc = 0.0f;
+#pragma unroll 16
   for (int i = lane; i < cols; i += 32) {
     const float v = sc_add(xr[i], yr[i]);
     xr[i] = v;
@@ -49,6 +52,7 @@ extern "C" __global__ void __launch_bounds__(128) add_rms_norm(float* x, const f
   const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
   const float scale = sc_rms_scale(ss, (float)cols, eps);
   float* orow = out + (size_t)r * cols;
+#pragma unroll 16
   for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
 }
 
@@ -62,6 +66,7 @@ extern "C" __global__ void __launch_bounds__(128) dot_rows(const float* __restri
   if (r >= rows) return;
   const float* xr = x + (size_t)r * n;
   float acc = 0.0f;
+#pragma unroll 16
   for (int i = lane; i < n; i += 32) acc = sc_add(acc, sc_mul(xr[i], __ldg(v + i)));
   const float s = sc_warp_sum(acc);
   if (lane == 0) out[r] = s;

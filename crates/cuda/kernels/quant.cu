@@ -63,7 +63,7 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
   _Pragma("unroll 2") for (int s = lane; s < n_sub; s += 32) {                          \
     W w;                                                                                 \
     LOAD(row, s, w);                                                                     \
-    _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) {                                \
+    _Pragma("unroll") for (int j = 0; j < TL; j++) {                                     \
       if (j < nt) {                                                                      \
         const size_t ab = (size_t)in_r[j] * n_sub + s;                                   \
         uint32_t a[8];                                                                   \
@@ -76,23 +76,27 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
 // Float rows: accumulator `lane` takes elements lane, lane + 32, ... as
 // acc = fma(w_i, x_i, acc).
 #define SC_FDOT(GET)                                                                     \
-  _Pragma("unroll 4") for (int i = lane; i < n_cols; i += 32) {                          \
+  _Pragma("unroll 16") for (int i = lane; i < n_cols; i += 32) {                         \
     const float wv = GET(row, i);                                                        \
-    _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) {                                \
+    _Pragma("unroll") for (int j = 0; j < TL; j++) {                                     \
       if (j < nt) acc[j] = sc_fma(wv, __ldg(x + (size_t)in_r[j] * n_cols + i), acc[j]);  \
     }                                                                                    \
   }
 
 // One warp per weight row; blockIdx.y walks the token tiles (implicit tiles of 8
 // consecutive tokens when `tiles` is null, else the device array). The grid depends
-// only on host values; a tile with n <= 0 is skipped.
-#define SC_MATVEC_KERNEL(NAME, BODY)                                                      \
+// only on host values; a tile with n <= 0 is skipped. A tile's tokens meet each
+// decoded weight sub-block in groups of TL: the TL = 8 kernels serve prompts, the
+// TL = 1 kernels (suffix _t1) single tokens (decode), with fewer live registers and
+// so more warps in flight. Both perform the same operations per (row, token).
+#define SC_MATVEC_KERNEL_T(NAME, TLV, BODY)                                               \
   extern "C" __global__ void __launch_bounds__(128)                                      \
       NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes,               \
            unsigned long long row_bytes, int n_rows, int n_cols, const float* __restrict__ x, \
            const int8_t* __restrict__ xq, const float* __restrict__ xd,                  \
            const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,        \
            int n_tiles, float* __restrict__ out) {                                       \
+    constexpr int TL = TLV;                                                              \
     const int lane = threadIdx.x & 31;                                                   \
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
     if (r >= n_rows) return;                                                             \
@@ -104,34 +108,39 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
     (void)xs;                                                                            \
     const int n_units = tiles ? n_tiles : (n_tok + SC_TILE - 1) / SC_TILE;               \
     for (int u = blockIdx.y; u < n_units; u += gridDim.y) {                              \
-      int nt, expert = 0;                                                                \
-      int in_r[SC_TILE];                                                                 \
+      int n_in, expert = 0;                                                              \
       const Tile* tl = tiles ? tiles + u : nullptr;                                      \
       const int t0 = u * SC_TILE;                                                        \
       if (tl) {                                                                          \
         expert = tl->expert;                                                             \
-        nt = tl->n;                                                                      \
-        _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) in_r[j] = tl->in_row[j];     \
+        n_in = min(tl->n, SC_TILE);                                                      \
       } else {                                                                           \
-        nt = min(SC_TILE, n_tok - t0);                                                   \
-        _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) in_r[j] = t0 + j;            \
+        n_in = min(SC_TILE, n_tok - t0);                                                 \
       }                                                                                  \
-      if (nt <= 0) continue;                                                             \
-      nt = min(nt, SC_TILE);                                                             \
       const uint8_t* row = w + (unsigned long long)expert * expert_bytes +              \
                            (unsigned long long)r * row_bytes;                            \
-      float acc[SC_TILE];                                                                \
-      _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) acc[j] = 0.0f;                 \
-      BODY                                                                               \
-      _Pragma("unroll") for (int j = 0; j < SC_TILE; j++) {                              \
-        if (j < nt) {                                                                    \
-          const float v = sc_warp_sum(acc[j]);                                           \
-          const int orow = tl ? tl->out_row[j] : t0 + j;                                 \
-          if (lane == 0) out[(size_t)orow * n_rows + r] = v;                             \
+      for (int g = 0; g < n_in; g += TL) {                                               \
+        const int nt = min(TL, n_in - g);                                                \
+        int in_r[TL];                                                                    \
+        _Pragma("unroll") for (int j = 0; j < TL; j++) {                                 \
+          in_r[j] = tl ? tl->in_row[min(g + j, SC_TILE - 1)] : t0 + g + j;               \
+        }                                                                                \
+        float acc[TL];                                                                   \
+        _Pragma("unroll") for (int j = 0; j < TL; j++) acc[j] = 0.0f;                    \
+        BODY                                                                             \
+        _Pragma("unroll") for (int j = 0; j < TL; j++) {                                 \
+          if (j < nt) {                                                                  \
+            const float v = sc_warp_sum(acc[j]);                                         \
+            const int orow = tl ? tl->out_row[g + j] : t0 + g + j;                       \
+            if (lane == 0) out[(size_t)orow * n_rows + r] = v;                           \
+          }                                                                              \
         }                                                                                \
       }                                                                                  \
     }                                                                                    \
   }
+#define SC_MATVEC_KERNEL(NAME, BODY)                                                      \
+  SC_MATVEC_KERNEL_T(NAME, 8, BODY)                                                      \
+  SC_MATVEC_KERNEL_T(NAME##_t1, 1, BODY)
 
 SC_MATVEC_KERNEL(matvec_f32, SC_FDOT(sc_get_f32))
 SC_MATVEC_KERNEL(matvec_f16, SC_FDOT(sc_get_f16))

@@ -64,6 +64,17 @@ pub trait Backend {
     fn embed(&self, tokens: &[u32]) -> Result<Self::Buf, ExecError>;
     fn rms_norm(&self, x: &Self::Buf, which: Norm) -> Result<Self::Buf, ExecError>;
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<(), ExecError>;
+    /// x += y, then the norm `which` of the new x: the residual step and the next
+    /// norm, which a device may run as one kernel (same bits as the two apart).
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        y: &Self::Buf,
+        which: Norm,
+    ) -> Result<Self::Buf, ExecError> {
+        self.add_assign(x, y)?;
+        self.rms_norm(x, which)
+    }
     /// Keeps only the last row.
     fn last_row(&self, x: Self::Buf) -> Result<Self::Buf, ExecError>;
     /// Attention of layer `layer` for tokens at positions pos0.. (writes their
@@ -103,8 +114,9 @@ pub fn forward<B: Backend>(
     let cfg = b.config();
     let mut x = b.embed(tokens)?;
     let (mut attn_slot, mut dn_slot) = (0, 0);
+    let n_layer = cfg.layer_kinds.len();
+    let mut h = b.rms_norm(&x, Norm::Attn(0))?;
     for (i, kind) in cfg.layer_kinds.iter().enumerate() {
-        let h = b.rms_norm(&x, Norm::Attn(i))?;
         let m = match kind {
             LayerKind::Attention => {
                 attn_slot += 1;
@@ -115,10 +127,13 @@ pub fn forward<B: Backend>(
                 b.delta_net(i, dn_slot - 1, &h, state)?
             }
         };
-        b.add_assign(&mut x, &m)?;
-        let h = b.rms_norm(&x, Norm::Ffn(i))?;
-        let f = b.moe(i, &h)?;
-        b.add_assign(&mut x, &f)?;
+        let hf = b.add_rms_norm(&mut x, &m, Norm::Ffn(i))?;
+        let f = b.moe(i, &hf)?;
+        if i + 1 < n_layer {
+            h = b.add_rms_norm(&mut x, &f, Norm::Attn(i + 1))?;
+        } else {
+            b.add_assign(&mut x, &f)?;
+        }
     }
     if which == Logits::Last {
         x = b.last_row(x)?;

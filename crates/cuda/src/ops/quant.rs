@@ -57,6 +57,8 @@ unsafe impl ValidAsZeroBits for Tile {}
 /// kernels/sc_formats.cuh, values per block and the alignment its loads need.
 struct TypeInfo {
     k: K,
+    /// The same kernel for one token per tile (decode).
+    k1: K,
     code: i32,
     block: usize,
     align: u64,
@@ -65,20 +67,21 @@ struct TypeInfo {
 
 fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     use GgmlType as T;
-    let (k, code, block, align, float) = match ty {
-        T::F32 => (K::MatvecF32, 0, 1, 4, true),
-        T::F16 => (K::MatvecF16, 1, 1, 2, true),
-        T::BF16 => (K::MatvecBf16, 2, 1, 2, true),
-        T::Q8_0 => (K::MatvecQ8_0, 3, 32, 2, false),
-        T::Q4_0 => (K::MatvecQ4_0, 4, 32, 2, false),
-        T::Q4_K => (K::MatvecQ4K, 5, 256, 16, false),
-        T::Q5_K => (K::MatvecQ5K, 6, 256, 16, false),
-        T::Q6_K => (K::MatvecQ6K, 7, 256, 2, false),
-        T::IQ4_XS => (K::MatvecIq4Xs, 8, 256, 8, false),
+    let ((k, k1), code, block, align, float) = match ty {
+        T::F32 => ((K::MatvecF32, K::MatvecF32T1), 0, 1, 4, true),
+        T::F16 => ((K::MatvecF16, K::MatvecF16T1), 1, 1, 2, true),
+        T::BF16 => ((K::MatvecBf16, K::MatvecBf16T1), 2, 1, 2, true),
+        T::Q8_0 => ((K::MatvecQ8_0, K::MatvecQ8_0T1), 3, 32, 2, false),
+        T::Q4_0 => ((K::MatvecQ4_0, K::MatvecQ4_0T1), 4, 32, 2, false),
+        T::Q4_K => ((K::MatvecQ4K, K::MatvecQ4KT1), 5, 256, 16, false),
+        T::Q5_K => ((K::MatvecQ5K, K::MatvecQ5KT1), 6, 256, 16, false),
+        T::Q6_K => ((K::MatvecQ6K, K::MatvecQ6KT1), 7, 256, 2, false),
+        T::IQ4_XS => ((K::MatvecIq4Xs, K::MatvecIq4XsT1), 8, 256, 8, false),
         _ => return None,
     };
     Some(TypeInfo {
         k,
+        k1,
         code,
         block,
         align,
@@ -177,7 +180,7 @@ impl Gpu {
         out: u64,
     ) -> Result<(), CudaError> {
         self.matvec_launch(
-            "matvec", ty, w, 0, row_bytes, n_rows, n_cols, x, xq, n_tok, 0, 0, out,
+            "matvec", ty, w, 0, row_bytes, n_rows, n_cols, x, xq, n_tok, 0, 0, false, out,
         )
     }
 
@@ -216,6 +219,45 @@ impl Gpu {
             0,
             tiles,
             n_tiles,
+            false,
+            out,
+        )
+    }
+
+    /// [`Gpu::matvec_tiles`] for tiles that each hold one token (a decode step's
+    /// routed experts): the one-accumulator kernels, same bits. A tile with more
+    /// tokens is still computed correctly, token by token.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_tiles_single(
+        &self,
+        ty: GgmlType,
+        w_base: u64,
+        expert_bytes: u64,
+        row_bytes: u64,
+        n_rows: usize,
+        n_cols: usize,
+        x: u64,
+        xq: QAct,
+        tiles: u64,
+        n_tiles: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "matvec_tiles";
+        addr(KN, "tiles", tiles, 4)?;
+        self.matvec_launch(
+            KN,
+            ty,
+            w_base,
+            expert_bytes,
+            row_bytes,
+            n_rows,
+            n_cols,
+            x,
+            xq,
+            0,
+            tiles,
+            n_tiles,
+            true,
             out,
         )
     }
@@ -235,6 +277,7 @@ impl Gpu {
         n_tok: usize,
         tiles: u64,
         n_tiles: usize,
+        single: bool,
         out: u64,
     ) -> Result<(), CudaError> {
         let ti = check_weights(kn, ty, row_bytes, n_cols)?;
@@ -277,7 +320,14 @@ impl Gpu {
             units.min(MAX_GRID_YZ) as u32,
             1,
         ];
-        self.launch(ti.k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, 0, &args)
+        // One token per tile (decode): the kernel that keeps one accumulator per
+        // lane runs more warps at once; same bits per (row, token).
+        let k = if (tiles == 0 && n_tok == 1) || (tiles != 0 && single) {
+            ti.k1
+        } else {
+            ti.k
+        };
+        self.launch(k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, 0, &args)
     }
 
     /// `out[t]` = row `ids[t]` of `table` dequantized (`quant::dequantize_row`), for

@@ -4,10 +4,10 @@
 //! **Scratch.** Activations live in one preallocated arena with a bump
 //! allocator, so a step allocates nothing and the same sequence of ops gets the
 //! same addresses every time (what makes a captured decode graph replayable).
-//! The arena has a persistent part (the residual stream `x`, from `embed`) and a
-//! per-layer part that is released when the next layer starts (`rms_norm` with
-//! `Norm::Attn`) or at the output norm: `model::forward` holds nothing else
-//! across those points. A step's token ids and first position are written to
+//! The arena has a persistent part (the residual stream `x` and the fixed output
+//! of the mixer and output norms, from `embed`) and a per-layer part that is
+//! released when the next layer starts (the norm `Norm::Attn`) or at the output
+//! norm: `model::forward` holds nothing else across those points. A step's token ids and first position are written to
 //! device buffers by the executor before the step, and kernels read them there.
 //!
 //! **Decode without the host.** With one token, routing, the expert tiles and
@@ -51,6 +51,9 @@ pub struct CudaBackend {
     pub(crate) cfg: ModelConfig,
     pub(crate) w: WeightsDev,
     arena: DevBuf<u8>,
+    /// The input of each mixer and of the LM head (the norms `Norm::Attn` and
+    /// `Norm::Output` write here): in the persistent part, after `x`.
+    h_fixed: Cell<u64>,
     persist: Cell<usize>,
     top: Cell<usize>,
     /// (cos, sin) per position and rotary pair, computed on the host with
@@ -98,7 +101,8 @@ pub(crate) fn scratch_bytes(cfg: &ModelConfig, t: usize, logit_rows: usize) -> u
         + 3 * t * e * f;
     let norm = t * e * f;
     let layer = norm + attn.max(dn) + norm + moe;
-    let persist = t * e * f + logit_rows * cfg.n_vocab * f + e * f;
+    // x and the fixed norm output, the logits.
+    let persist = 2 * t * e * f + logit_rows * cfg.n_vocab * f;
     // Alignment slack: about 60 allocations per layer.
     layer + persist + 64 * ALIGN * 2
 }
@@ -142,6 +146,7 @@ impl CudaBackend {
             cfg,
             w,
             arena,
+            h_fixed: Cell::new(0),
             persist: Cell::new(0),
             top: Cell::new(0),
             rope,
@@ -299,21 +304,28 @@ impl CudaBackend {
         out_rows: usize,
     ) -> Result<DBuf, ExecError> {
         let out = self.alloc(out_rows, w.n_rows, "expert products")?;
-        self.gpu
-            .matvec_tiles(
-                w.ty,
-                w.buf.ptr(),
-                w.matrix_bytes,
-                w.row_bytes,
-                w.n_rows,
-                w.n_cols,
-                x.ptr,
-                xq,
-                tiles,
-                n_tiles,
-                out.ptr,
-            )
-            .map_err(cuda_err("matvec_tiles"))?;
+        // The tiles partition the routes: as many tiles as routes means one token
+        // each (always so in a decode step, whose tiles route_topk writes).
+        let f = if n_tiles == out_rows {
+            Gpu::matvec_tiles_single
+        } else {
+            Gpu::matvec_tiles
+        };
+        f(
+            &self.gpu,
+            w.ty,
+            w.buf.ptr(),
+            w.matrix_bytes,
+            w.row_bytes,
+            w.n_rows,
+            w.n_cols,
+            x.ptr,
+            xq,
+            tiles,
+            n_tiles,
+            out.ptr,
+        )
+        .map_err(cuda_err("matvec_tiles"))?;
         Ok(out)
     }
 
@@ -323,6 +335,32 @@ impl CudaBackend {
             .swiglu(g.ptr, u.ptr, g.rows * g.cols, out.ptr)
             .map_err(cuda_err("swiglu"))?;
         Ok(out)
+    }
+
+    /// The weight of norm `which` and where its output goes. A mixer's input and
+    /// the LM head's go to the fixed buffer, and the previous layer's scratch is
+    /// released (the kernel reading it is ordered before any later reuse on the
+    /// stream); the MoE block's input is an ordinary allocation.
+    fn norm_target(&self, x: &DBuf, which: Norm) -> Result<(u64, DBuf), ExecError> {
+        let fixed = DBuf {
+            ptr: self.h_fixed.get(),
+            rows: x.rows,
+            cols: x.cols,
+        };
+        Ok(match which {
+            Norm::Attn(i) => {
+                self.top.set(self.persist.get());
+                (self.w.layers[i].attn_norm.ptr(), fixed)
+            }
+            Norm::Output => {
+                self.top.set(self.persist.get());
+                (self.w.output_norm.ptr(), fixed)
+            }
+            Norm::Ffn(i) => (
+                self.w.layers[i].ffn_norm.ptr(),
+                self.alloc(x.rows, x.cols, "rms_norm")?,
+            ),
+        })
     }
 
     fn check_pos(&self, pos0: usize, op: &str) -> Result<(), ExecError> {
@@ -415,20 +453,9 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &DBuf, which: Norm) -> Result<DBuf, ExecError> {
-        let w = match which {
-            Norm::Attn(i) => {
-                self.top.set(self.persist.get());
-                &self.w.layers[i].attn_norm
-            }
-            Norm::Ffn(i) => &self.w.layers[i].ffn_norm,
-            Norm::Output => {
-                self.top.set(self.persist.get());
-                &self.w.output_norm
-            }
-        };
-        let out = self.alloc(x.rows, x.cols, "rms_norm")?;
+        let (w, out) = self.norm_target(x, which)?;
         self.gpu
-            .rms_norm(x.ptr, x.rows, x.cols, w.ptr(), self.cfg.eps, out.ptr)
+            .rms_norm(x.ptr, x.rows, x.cols, w, self.cfg.eps, out.ptr)
             .map_err(cuda_err("rms_norm"))?;
         Ok(out)
     }
@@ -437,6 +464,14 @@ impl Backend for CudaBackend {
         self.gpu
             .add(x.ptr, y.ptr, x.rows * x.cols)
             .map_err(cuda_err("add"))
+    }
+
+    fn add_rms_norm(&self, x: &mut DBuf, y: &DBuf, which: Norm) -> Result<DBuf, ExecError> {
+        let (w, out) = self.norm_target(x, which)?;
+        self.gpu
+            .add_rms_norm(x.ptr, y.ptr, x.rows, x.cols, w, self.cfg.eps, out.ptr)
+            .map_err(cuda_err("add_rms_norm"))?;
+        Ok(out)
     }
 
     fn last_row(&self, x: DBuf) -> Result<DBuf, ExecError> {
