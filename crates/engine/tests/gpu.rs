@@ -277,10 +277,16 @@ fn gpu_logits_agree_with_cpu_on_every_arch() {
         eprintln!(
             "{geometry} Q4_K_M: GPU vs CPU over {rows} positions: max relative error {worst:.3e}, argmax agreement {agree}/{rows}"
         );
-        assert!(
-            worst < 5e-2,
-            "{geometry}: GPU logits too far from the CPU's ({worst})"
+        // Position 0 attends to itself only, so attention (the one op that sums in
+        // another order on the GPU) is exact there: every other op gives the CPU's
+        // bits, so the whole first row must too.
+        assert_eq!(
+            bits(&a[..n_vocab]),
+            bits(&b[..n_vocab]),
+            "{geometry}: position 0 differs between GPU and CPU"
         );
+        // Later rows differ by attention's rounding, which random routers amplify
+        // (a flipped int8 rounding or expert choice), so only agreement is asserted.
         assert!(
             agree * 10 >= rows * 9,
             "{geometry}: argmax agreement {agree}/{rows}"
