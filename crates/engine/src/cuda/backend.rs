@@ -437,6 +437,8 @@ impl Backend for CudaBackend {
         self.persist.set(0);
         let t = &self.w.token_embd;
         let x = self.alloc(tokens.len(), t.n_cols, "embed")?;
+        let h = self.alloc(tokens.len(), t.n_cols, "embed")?;
+        self.h_fixed.set(h.ptr);
         self.gpu
             .embed(
                 t.ty,
