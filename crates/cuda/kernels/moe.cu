@@ -8,6 +8,7 @@
 #define SC_MAX_EXPERT 1024
 #define SC_MAX_K 32
 #define SC_ROUTE_WARPS 4
+#define SC_ROUTE_PER_LANE (SC_MAX_EXPERT / 32)
 
 struct Tile {
   int expert;
@@ -40,32 +41,46 @@ extern "C" __global__ void __launch_bounds__(32 * SC_ROUTE_WARPS)
   if (t >= n_tok) return;
   float* p = sp[wi];
   const float* l = logits + (size_t)t * n_expert;
+  // Each lane keeps its experts (lane, lane + 32, ...) in registers: one memory round
+  // trip, and the k argmax rounds below run without shared-memory scans.
+  float pv[SC_ROUTE_PER_LANE];
+  bool taken[SC_ROUTE_PER_LANE];
   float mx = -INFINITY;
-  for (int e = lane; e < n_expert; e += 32) {
-    const float v = l[e];
-    p[e] = v;
-    mx = fmaxf(mx, v);
+#pragma unroll
+  for (int q = 0; q < SC_ROUTE_PER_LANE; q++) {
+    const int e = lane + 32 * q;
+    pv[q] = e < n_expert ? l[e] : -INFINITY;
+    taken[q] = e >= n_expert;
+    if (e < n_expert) mx = fmaxf(mx, pv[q]);
   }
   for (int w = 16; w > 0; w >>= 1) mx = fmaxf(mx, __shfl_xor_sync(SC_FULL, mx, w));
   float acc = 0.0f;
-  for (int e = lane; e < n_expert; e += 32) {
-    const float v = sc_exp(sc_sub(p[e], mx));
-    p[e] = v;
-    acc = sc_add(acc, v);
+#pragma unroll
+  for (int q = 0; q < SC_ROUTE_PER_LANE; q++) {
+    if (lane + 32 * q < n_expert) {
+      pv[q] = sc_exp(sc_sub(pv[q], mx));
+      acc = sc_add(acc, pv[q]);
+    }
   }
   const float sum = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
   const float inv = sc_div(1.0f, sum);
-  for (int e = lane; e < n_expert; e += 32) p[e] = sc_mul(p[e], inv);
+#pragma unroll
+  for (int q = 0; q < SC_ROUTE_PER_LANE; q++) {
+    const int e = lane + 32 * q;
+    if (e < n_expert) {
+      pv[q] = sc_mul(pv[q], inv);
+      p[e] = pv[q];
+    }
+  }
   __syncwarp();
 
   // k rounds of a warp argmax over the experts not yet chosen.
   for (int r = 0; r < k; r++) {
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int e = lane; e < n_expert; e += 32) {
-      bool taken = false;
-      for (int q = 0; q < r; q++) taken |= sid[wi][q] == e;
-      if (!taken) sc_better(bv, bi, p[e], e);
+#pragma unroll
+    for (int q = 0; q < SC_ROUTE_PER_LANE; q++) {
+      if (!taken[q]) sc_better(bv, bi, pv[q], lane + 32 * q);
     }
     for (int w = 16; w > 0; w >>= 1) {
       const float ov = __shfl_xor_sync(SC_FULL, bv, w);
@@ -84,6 +99,10 @@ extern "C" __global__ void __launch_bounds__(32 * SC_ROUTE_WARPS)
             again = true;
           }
       }
+    }
+#pragma unroll
+    for (int q = 0; q < SC_ROUTE_PER_LANE; q++) {
+      if (lane + 32 * q == bi) taken[q] = true;
     }
     if (lane == 0) sid[wi][r] = bi;
     __syncwarp();

@@ -8,68 +8,111 @@
 
 #define SC_FULL 0xffffffffu
 
-// out[r] = rms_norm(x[r]) · w, one warp per row (model::math::rms_norm):
-// ss = Σ x_i² (canonical order, squares rounded then added), scale = 1/sqrt(ss/n + eps),
-// out_i = (x_i · scale) · w_i. `out` may be `x`.
-extern "C" __global__ void __launch_bounds__(128) rms_norm(const float* x, int rows, int cols,
-                                                           const float* __restrict__ w, float eps,
-                                                           float* out) {
-  const int lane = threadIdx.x & 31;
-  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+// Row reductions run one block per row: the block stages the row's terms (squares or
+// products) in shared memory in one coalesced pass, then warp 0 runs the canonical
+// 32-lane sum out of shared memory (lane l: elements l, l+32, ... in increasing order,
+// then the tree sc_warp_sum). The sums are the CPU's bit for bit; the staging only
+// keeps the loads in flight together instead of one memory round trip per element.
+#define SC_ROW_THREADS 256
+#define SC_ROW_CHUNK 4096  // a multiple of SC_ROW_THREADS (so of 32)
+
+// Canonical sum of the SC_ROW_CHUNK-sized chunk of terms in `st` (n of them) into
+// warp 0's lane accumulator.
+__device__ __forceinline__ void sc_row_accumulate(const float* st, int n, float& acc) {
+  if (threadIdx.x < 32) {
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n; i += 32) acc = sc_add(acc, st[i]);
+  }
+}
+
+// out[r] = rms_norm(x[r]) · w (model::math::rms_norm): ss = Σ x_i² (canonical order,
+// squares rounded then added), scale = 1/sqrt(ss/n + eps), out_i = (x_i · scale) · w_i.
+// `out` may be `x`.
+extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
+    rms_norm(const float* x, int rows, int cols, const float* __restrict__ w, float eps, float* out) {
+  __shared__ float st[SC_ROW_CHUNK];
+  __shared__ float s_scale;
+  const int r = blockIdx.x;
   if (r >= rows) return;
   const float* xr = x + (size_t)r * cols;
   float acc = 0.0f;
-#pragma unroll 16
-  for (int i = lane; i < cols; i += 32) {
-    const float v = xr[i];
-    acc = sc_add(acc, sc_mul(v, v));
+  for (int c0 = 0; c0 < cols; c0 += SC_ROW_CHUNK) {
+    const int n = min(SC_ROW_CHUNK, cols - c0);
+    for (int i = threadIdx.x; i < n; i += SC_ROW_THREADS) {
+      const float v = xr[c0 + i];
+      st[i] = sc_mul(v, v);
+    }
+    __syncthreads();
+    sc_row_accumulate(st, n, acc);
+    __syncthreads();
   }
-  const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
-  const float scale = sc_rms_scale(ss, (float)cols, eps);
+  if (threadIdx.x < 32) {
+    const float ss = sc_warp_sum(acc);
+    if (threadIdx.x == 0) s_scale = sc_rms_scale(ss, (float)cols, eps);
+  }
+  __syncthreads();
+  const float scale = s_scale;
   float* orow = out + (size_t)r * cols;
-#pragma unroll 16
-  for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+  for (int i = threadIdx.x; i < cols; i += SC_ROW_THREADS)
+    orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
 }
 
-// The residual step fused with the next norm: x += y, then out = rms_norm(x) · w, one
-// warp per row. The same operations as `add` followed by `rms_norm` (each element's
-// sum is formed once, written to x, and read back by the same thread).
-extern "C" __global__ void __launch_bounds__(128) add_rms_norm(float* x, const float* y, int rows, int cols,
-                                                               const float* __restrict__ w, float eps,
-                                                               float* out) {
-  const int lane = threadIdx.x & 31;
-  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+// The residual step fused with the next norm: x += y, then out = rms_norm(x) · w. The
+// same operations as `add` followed by `rms_norm`; each thread reads back only the
+// sums it wrote itself (same index mapping in both passes).
+extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
+    add_rms_norm(float* x, const float* y, int rows, int cols, const float* __restrict__ w, float eps,
+                 float* out) {
+  __shared__ float st[SC_ROW_CHUNK];
+  __shared__ float s_scale;
+  const int r = blockIdx.x;
   if (r >= rows) return;
   float* xr = x + (size_t)r * cols;
   const float* yr = y + (size_t)r * cols;
   float acc = 0.0f;
-#pragma unroll 16
-  for (int i = lane; i < cols; i += 32) {
-    const float v = sc_add(xr[i], yr[i]);
-    xr[i] = v;
-    acc = sc_add(acc, sc_mul(v, v));
+  for (int c0 = 0; c0 < cols; c0 += SC_ROW_CHUNK) {
+    const int n = min(SC_ROW_CHUNK, cols - c0);
+    for (int i = threadIdx.x; i < n; i += SC_ROW_THREADS) {
+      const float v = sc_add(xr[c0 + i], yr[c0 + i]);
+      xr[c0 + i] = v;
+      st[i] = sc_mul(v, v);
+    }
+    __syncthreads();
+    sc_row_accumulate(st, n, acc);
+    __syncthreads();
   }
-  const float ss = __shfl_sync(SC_FULL, sc_warp_sum(acc), 0);
-  const float scale = sc_rms_scale(ss, (float)cols, eps);
+  if (threadIdx.x < 32) {
+    const float ss = sc_warp_sum(acc);
+    if (threadIdx.x == 0) s_scale = sc_rms_scale(ss, (float)cols, eps);
+  }
+  __syncthreads();
+  const float scale = s_scale;
   float* orow = out + (size_t)r * cols;
-#pragma unroll 16
-  for (int i = lane; i < cols; i += 32) orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+  for (int i = threadIdx.x; i < cols; i += SC_ROW_THREADS)
+    orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
 }
 
 // out[r] = Σ_i x[r][i] · v[i] in the canonical order (model::math::dot: each product
-// rounded, then added), one warp per row.
-extern "C" __global__ void __launch_bounds__(128) dot_rows(const float* __restrict__ x,
-                                                           const float* __restrict__ v, int rows,
-                                                           int n, float* __restrict__ out) {
-  const int lane = threadIdx.x & 31;
-  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+// rounded, then added).
+extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
+    dot_rows(const float* __restrict__ x, const float* __restrict__ v, int rows, int n_cols,
+             float* __restrict__ out) {
+  __shared__ float st[SC_ROW_CHUNK];
+  const int r = blockIdx.x;
   if (r >= rows) return;
-  const float* xr = x + (size_t)r * n;
+  const float* xr = x + (size_t)r * n_cols;
   float acc = 0.0f;
-#pragma unroll 16
-  for (int i = lane; i < n; i += 32) acc = sc_add(acc, sc_mul(xr[i], __ldg(v + i)));
-  const float s = sc_warp_sum(acc);
-  if (lane == 0) out[r] = s;
+  for (int c0 = 0; c0 < n_cols; c0 += SC_ROW_CHUNK) {
+    const int n = min(SC_ROW_CHUNK, n_cols - c0);
+    for (int i = threadIdx.x; i < n; i += SC_ROW_THREADS) st[i] = sc_mul(xr[c0 + i], __ldg(v + c0 + i));
+    __syncthreads();
+    sc_row_accumulate(st, n, acc);
+    __syncthreads();
+  }
+  if (threadIdx.x < 32) {
+    const float s = sc_warp_sum(acc);
+    if (threadIdx.x == 0) out[r] = s;
+  }
 }
 
 // x += y.

@@ -6,8 +6,8 @@ use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
 
-/// Rows (warps) per block of the one-warp-per-row kernels.
-const ROWS_PER_BLOCK: usize = 4;
+/// Threads of the one-block-per-row reductions (SC_ROW_THREADS in norm.cu).
+const ROW_THREADS: u32 = 256;
 
 impl Gpu {
     /// Blocks for a grid-stride elementwise kernel over n items: enough to fill the
@@ -42,8 +42,8 @@ impl Gpu {
             Arg::F32(eps),
             Arg::P(addr(KN, "out", out, 4)?),
         ];
-        let grid = [blocks(rows, ROWS_PER_BLOCK)?, 1, 1];
-        self.launch(K::RmsNorm, grid, (32 * ROWS_PER_BLOCK) as u32, 0, &args)
+        let grid = [blocks(rows, 1)?, 1, 1];
+        self.launch(K::RmsNorm, grid, ROW_THREADS, 0, &args)
     }
 
     /// The residual step and the next norm in one launch: `x += y`, then
@@ -77,8 +77,8 @@ impl Gpu {
             Arg::F32(eps),
             Arg::P(addr(KN, "out", out, 4)?),
         ];
-        let grid = [blocks(rows, ROWS_PER_BLOCK)?, 1, 1];
-        self.launch(K::AddRmsNorm, grid, (32 * ROWS_PER_BLOCK) as u32, 0, &args)
+        let grid = [blocks(rows, 1)?, 1, 1];
+        self.launch(K::AddRmsNorm, grid, ROW_THREADS, 0, &args)
     }
 
     /// `out[t] = model::math::dot(x[t], v)` for `n_tok` rows of `n` f32 (the canonical
@@ -102,8 +102,8 @@ impl Gpu {
             Arg::I32(int(KN, "n", n)?),
             Arg::P(addr(KN, "out", out, 4)?),
         ];
-        let grid = [blocks(n_tok, ROWS_PER_BLOCK)?, 1, 1];
-        self.launch(K::DotRows, grid, (32 * ROWS_PER_BLOCK) as u32, 0, &args)
+        let grid = [blocks(n_tok, 1)?, 1, 1];
+        self.launch(K::DotRows, grid, ROW_THREADS, 0, &args)
     }
 
     /// `x[i] += y[i]` for i < n (f32).
