@@ -27,19 +27,26 @@ __device__ __forceinline__ void sc_row_accumulate(const float* st, int n, float&
 
 // out[r] = rms_norm(x[r]) · w (model::math::rms_norm): ss = Σ x_i² (canonical order,
 // squares rounded then added), scale = 1/sqrt(ss/n + eps), out_i = (x_i · scale) · w_i.
-// `out` may be `x`.
-extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
-    rms_norm(const float* x, int rows, int cols, const float* __restrict__ w, float eps, float* out) {
+// With ADD, x += y first (the residual step fused with the next norm: the same
+// operations as `add` followed by `rms_norm`; each thread reads back only the sums it
+// wrote itself, the index mapping being the same in both passes). `out` may be `x`.
+template <bool ADD>
+__device__ __forceinline__ void sc_row_norm(float* x, const float* y, int rows, int cols,
+                                            const float* __restrict__ w, float eps, float* out) {
   __shared__ float st[SC_ROW_CHUNK];
   __shared__ float s_scale;
   const int r = blockIdx.x;
   if (r >= rows) return;
-  const float* xr = x + (size_t)r * cols;
+  float* xr = x + (size_t)r * cols;
   float acc = 0.0f;
   for (int c0 = 0; c0 < cols; c0 += SC_ROW_CHUNK) {
     const int n = min(SC_ROW_CHUNK, cols - c0);
     for (int i = threadIdx.x; i < n; i += SC_ROW_THREADS) {
-      const float v = xr[c0 + i];
+      float v = xr[c0 + i];
+      if (ADD) {
+        v = sc_add(v, y[(size_t)r * cols + c0 + i]);
+        xr[c0 + i] = v;
+      }
       st[i] = sc_mul(v, v);
     }
     __syncthreads();
@@ -57,39 +64,16 @@ extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
     orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
 }
 
-// The residual step fused with the next norm: x += y, then out = rms_norm(x) · w. The
-// same operations as `add` followed by `rms_norm`; each thread reads back only the
-// sums it wrote itself (same index mapping in both passes).
+extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
+    rms_norm(const float* x, int rows, int cols, const float* __restrict__ w, float eps, float* out) {
+  // x is only read on this path (ADD = false).
+  sc_row_norm<false>(const_cast<float*>(x), nullptr, rows, cols, w, eps, out);
+}
+
 extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
     add_rms_norm(float* x, const float* y, int rows, int cols, const float* __restrict__ w, float eps,
                  float* out) {
-  __shared__ float st[SC_ROW_CHUNK];
-  __shared__ float s_scale;
-  const int r = blockIdx.x;
-  if (r >= rows) return;
-  float* xr = x + (size_t)r * cols;
-  const float* yr = y + (size_t)r * cols;
-  float acc = 0.0f;
-  for (int c0 = 0; c0 < cols; c0 += SC_ROW_CHUNK) {
-    const int n = min(SC_ROW_CHUNK, cols - c0);
-    for (int i = threadIdx.x; i < n; i += SC_ROW_THREADS) {
-      const float v = sc_add(xr[c0 + i], yr[c0 + i]);
-      xr[c0 + i] = v;
-      st[i] = sc_mul(v, v);
-    }
-    __syncthreads();
-    sc_row_accumulate(st, n, acc);
-    __syncthreads();
-  }
-  if (threadIdx.x < 32) {
-    const float ss = sc_warp_sum(acc);
-    if (threadIdx.x == 0) s_scale = sc_rms_scale(ss, (float)cols, eps);
-  }
-  __syncthreads();
-  const float scale = s_scale;
-  float* orow = out + (size_t)r * cols;
-  for (int i = threadIdx.x; i < cols; i += SC_ROW_THREADS)
-    orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+  sc_row_norm<true>(x, y, rows, cols, w, eps, out);
 }
 
 // out[r] = Σ_i x[r][i] · v[i] in the canonical order (model::math::dot: each product

@@ -204,10 +204,8 @@ impl Gpu {
         n_tiles: usize,
         out: u64,
     ) -> Result<(), CudaError> {
-        const KN: &str = "matvec_tiles";
-        addr(KN, "tiles", tiles, 4)?;
-        self.matvec_launch(
-            KN,
+        let t = (tiles, n_tiles, false);
+        self.tiles_launch(
             ty,
             w_base,
             expert_bytes,
@@ -216,10 +214,7 @@ impl Gpu {
             n_cols,
             x,
             xq,
-            0,
-            tiles,
-            n_tiles,
-            false,
+            t,
             out,
         )
     }
@@ -242,6 +237,36 @@ impl Gpu {
         n_tiles: usize,
         out: u64,
     ) -> Result<(), CudaError> {
+        let t = (tiles, n_tiles, true);
+        self.tiles_launch(
+            ty,
+            w_base,
+            expert_bytes,
+            row_bytes,
+            n_rows,
+            n_cols,
+            x,
+            xq,
+            t,
+            out,
+        )
+    }
+
+    /// `tiles`: the device array, its length, and whether every tile holds one token.
+    #[allow(clippy::too_many_arguments)]
+    fn tiles_launch(
+        &self,
+        ty: GgmlType,
+        w_base: u64,
+        expert_bytes: u64,
+        row_bytes: u64,
+        n_rows: usize,
+        n_cols: usize,
+        x: u64,
+        xq: QAct,
+        (tiles, n_tiles, single): (u64, usize, bool),
+        out: u64,
+    ) -> Result<(), CudaError> {
         const KN: &str = "matvec_tiles";
         addr(KN, "tiles", tiles, 4)?;
         self.matvec_launch(
@@ -257,7 +282,7 @@ impl Gpu {
             0,
             tiles,
             n_tiles,
-            true,
+            single,
             out,
         )
     }
