@@ -134,7 +134,7 @@ impl Engine {
             .map(|t| t.size)
             .sum();
         let tensor_bytes: u64 = file.tensors().iter().map(|t| t.size).sum::<u64>();
-        let exec = open_executor(cfg, &file, &mcfg, weights, n_ctx)?;
+        let exec = open_executor(cfg, &mcfg, weights, n_ctx)?;
         let name = file
             .get("general.name")
             .and_then(|v| v.as_str())
@@ -448,7 +448,6 @@ type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
 /// the build has CUDA and one answers, else the CPU.
 fn open_executor(
     cfg: &EngineConfig,
-    file: &Arc<gguf::GgufFile>,
     mcfg: &ModelConfig,
     weights: ModelWeights,
     n_ctx: usize,
@@ -466,7 +465,7 @@ fn open_executor(
         Some(Device::Cpu) => cpu(weights),
         #[cfg(feature = "cuda")]
         Some(Device::Cuda(n)) => Ok(Box::new(cuda::CudaExecutor::open(
-            n, file, mcfg, &weights, n_ctx, 1,
+            n, mcfg, &weights, n_ctx, 1,
         )?)),
         #[cfg(not(feature = "cuda"))]
         Some(Device::Cuda(_)) => Err(EngineError::Device(
@@ -477,12 +476,11 @@ fn open_executor(
         None => {
             #[cfg(feature = "cuda")]
             if cfg.precision == cpu::Precision::Canonical {
-                match cuda::CudaExecutor::open(0, file, mcfg, &weights, n_ctx, 1) {
+                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, 1) {
                     Ok(e) => return Ok(Box::new(e)),
                     Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),
                 }
             }
-            let _ = file;
             cpu(weights)
         }
     }

@@ -14,7 +14,6 @@ use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::{Device, DeviceReport, EngineError};
 use cuda::{Gpu, Graph};
 use model::{ExecError, Logits, ModelConfig, ModelWeights};
-use std::sync::Arc;
 use weights::cuda_err;
 
 /// Tokens per step the scratch arena is sized for (a prompt is fed in chunks
@@ -68,7 +67,6 @@ impl CudaExecutor {
     /// and allocates `n_seq` sequences of `n_ctx` positions.
     pub fn open(
         ordinal: usize,
-        _file: &Arc<gguf::GgufFile>,
         cfg: &ModelConfig,
         weights: &ModelWeights,
         n_ctx: usize,
