@@ -326,6 +326,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             max_context: Some(a.max_context.unwrap_or(needed.max(16))),
             precision: Default::default(),
             device: a.device,
+            ..Default::default()
         },
     )
     .with_context(|| format!("loading {}", a.model.display()))?;

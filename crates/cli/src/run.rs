@@ -79,6 +79,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             max_context: a.max_context,
             precision: Default::default(),
             device: a.device,
+            ..Default::default()
         },
     )
     .with_context(|| format!("loading {}", a.model.display()))?;

@@ -19,6 +19,10 @@ pub struct EngineConfig {
     /// Where model steps run (None: the GPU when the build has CUDA and one is
     /// present, else the CPU).
     pub device: Option<Device>,
+    /// Count every routing decision (`scoria profile`; read with
+    /// `Engine::routing_counts`). The CPU executor records them, so this runs on the
+    /// CPU; asking for it with `--device cuda` is refused.
+    pub record_routing: bool,
 }
 
 /// The executor a loaded engine runs on, for startup lines, `/props` and the

@@ -72,6 +72,8 @@ pub struct Engine {
     /// Runs the model steps (CPU or CUDA); holds the weights and the state of
     /// sequence 0, the one this engine decodes.
     exec: Box<dyn Executor>,
+    /// The routing recorder, with `EngineConfig::record_routing`.
+    routing: Option<Arc<experts::RoutingCounts>>,
     /// Tokens whose effect is in `state`, in order (the prompt cache).
     history: Vec<u32>,
     /// The logits at the end of `history`, when known (after a request or
@@ -134,7 +136,10 @@ impl Engine {
             .map(|t| t.size)
             .sum();
         let tensor_bytes: u64 = file.tensors().iter().map(|t| t.size).sum::<u64>();
-        let exec = open_executor(cfg, &mcfg, weights, n_ctx)?;
+        let routing = cfg
+            .record_routing
+            .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
+        let exec = open_executor(cfg, &mcfg, weights, n_ctx, routing.clone())?;
         let name = file
             .get("general.name")
             .and_then(|v| v.as_str())
@@ -168,6 +173,7 @@ impl Engine {
             tokenizer: Arc::new(tokenizer),
             template,
             exec,
+            routing,
             history: Vec::new(),
             last_logits: None,
             memory: MemoryAccount {
@@ -202,6 +208,11 @@ impl Engine {
     pub fn chat_template_arc(&self) -> Option<Arc<ChatTemplate>> {
         self.template.clone()
     }
+    /// Every routing decision counted since load, with `EngineConfig::record_routing`.
+    pub fn routing_counts(&self) -> Option<&experts::RoutingCounts> {
+        self.routing.as_deref()
+    }
+
     /// Where steps run and what device memory they hold.
     pub fn device_report(&self) -> DeviceReport {
         self.exec.report()
@@ -451,18 +462,23 @@ fn open_executor(
     mcfg: &ModelConfig,
     weights: ModelWeights,
     n_ctx: usize,
+    routing: Option<Arc<experts::RoutingCounts>>,
 ) -> Result<Box<dyn Executor>, EngineError> {
+    let recording = routing.is_some();
     let cpu = |weights| -> Result<Box<dyn Executor>, EngineError> {
         let backend = CpuBackend {
             cfg: mcfg.clone(),
             weights,
             precision: cfg.precision,
-            routing: None,
+            routing,
         };
         Ok(Box::new(CpuExecutor::new(backend, n_ctx, 1)?))
     };
     match cfg.device {
         Some(Device::Cpu) => cpu(weights),
+        Some(Device::Cuda(_)) if recording => Err(EngineError::Device(
+            "routing is recorded by the CPU executor: use --device cpu".into(),
+        )),
         #[cfg(feature = "cuda")]
         Some(Device::Cuda(n)) => Ok(Box::new(cuda::CudaExecutor::open(
             n, mcfg, &weights, n_ctx, 1,
@@ -475,7 +491,7 @@ fn open_executor(
         )),
         None => {
             #[cfg(feature = "cuda")]
-            if cfg.precision == cpu::Precision::Canonical {
+            if cfg.precision == cpu::Precision::Canonical && !recording {
                 match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, 1) {
                     Ok(e) => return Ok(Box::new(e)),
                     Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),

@@ -240,6 +240,7 @@ fn load(path: &Path, device: Device) -> Engine {
             max_context: Some(512),
             precision: Default::default(),
             device: Some(device),
+            ..Default::default()
         },
     )
     .unwrap_or_else(|e| panic!("{}: {e}", path.display()))

@@ -47,6 +47,7 @@ fn load(path: &std::path::Path) -> Engine {
             max_context: Some(256),
             precision: Default::default(),
             device: Some(test_device()),
+            ..Default::default()
         },
     )
     .expect("load")

@@ -82,6 +82,7 @@ fn load(arch: &str, file: &str, precision: Precision) -> Engine {
             } else {
                 test_device()
             }),
+            ..Default::default()
         },
     )
     .unwrap_or_else(|e| panic!("{arch}/{file}: {e}"))

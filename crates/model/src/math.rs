@@ -577,8 +577,6 @@ pub const PINNED_LN_1P: &[(u32, u32)] = &[
     (0x7f800000, 0x7f800000), // inf
 ];
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,19 +1,14 @@
-//! Recording a routing profile: run the CPU executor over some tokens with a
-//! [`RoutingCounts`] recorder in its MoE, and return what it counted.
-//!
-//! The executor is built here rather than through [`Engine`](crate::Engine), whose
-//! executor is chosen at load time and has no recorder: a profile is a CPU run of the
-//! model's own routing (DESIGN.md invariant 4: the same `model::moe::route` every
-//! executor uses), so it is the same whichever device will serve.
+//! Recording a routing profile: an [`Engine`] on the CPU with its routing recorder
+//! (`EngineConfig::record_routing`) runs some tokens, and the counts become a
+//! [`RoutingProfile`]. A profile is a CPU run of the model's own routing (DESIGN.md
+//! invariant 4: the same `model::moe::route` every executor uses), so it is the same
+//! whichever device will serve.
 
-use super::profile::{RoutingCounts, RoutingProfile};
-use crate::cpu::{CpuBackend, CpuExecutor, Precision};
-use crate::exec::{Executor, SeqStep, StepOut, Want};
-use crate::{EngineError, GIB, PROMPT_CHUNK};
-use model::{ExecError, ModelConfig, ModelWeights};
+use super::profile::RoutingProfile;
+use crate::{Device, Engine, EngineConfig, EngineError, Flow, GenerateRequest, SamplingParams};
+use model::ExecError;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
-use std::sync::Arc;
 
 /// The tokens a profile is recorded over.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,91 +34,60 @@ pub struct Recorded {
     pub seconds: f64,
 }
 
-/// Loads the model at `path`, evaluates `input` as a prompt and then `n_decode` greedy
-/// decode steps on the CPU, counting every routing decision of every trunk layer.
+/// Loads the model at `path` on the CPU with a routing recorder, evaluates `input`
+/// as a prompt and then `n_decode` greedy decode steps, counting every routing
+/// decision of every trunk layer.
 pub fn record_profile(
     path: &Path,
     input: &ProfileInput,
     n_decode: usize,
 ) -> Result<Recorded, EngineError> {
     let t0 = std::time::Instant::now();
-    let file = Arc::new(gguf::GgufFile::open(path)?);
-    let cfg = ModelConfig::from_gguf(&file)?;
-    let weights = ModelWeights::load(&file, &cfg)?;
+    // A byte-level BPE token covers at least one byte, so the text's length bounds
+    // its token count (the context is sized before the tokenizer is loaded).
+    let prompt_bound = match input {
+        ProfileInput::Ids(ids) => ids.len(),
+        ProfileInput::Text(text) => text.len(),
+        ProfileInput::Random { tokens, .. } => *tokens,
+    };
+    let mut engine = Engine::load(
+        path,
+        &EngineConfig {
+            max_context: Some((prompt_bound + n_decode + 1).max(16)),
+            device: Some(Device::Cpu),
+            record_routing: true,
+            ..Default::default()
+        },
+    )?;
+    let n_vocab = engine.info().n_vocab;
     let prompt: Vec<u32> = match input {
         ProfileInput::Ids(ids) => ids.clone(),
-        ProfileInput::Text(text) => model::tokenizer::Tokenizer::from_gguf(&file)
-            .and_then(|t| t.encode(text, true))
+        ProfileInput::Text(text) => engine
+            .tokenizer()
+            .encode(text, true)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?,
         ProfileInput::Random { tokens, seed } => {
             let mut rng = rand::rngs::StdRng::seed_from_u64(*seed);
             (0..*tokens)
-                .map(|_| rng.random_range(0..cfg.n_vocab as u32))
+                .map(|_| rng.random_range(0..n_vocab as u32))
                 .collect()
         }
     };
-    if prompt.is_empty() {
-        return Err(EngineError::EmptyPrompt);
-    }
-    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= cfg.n_vocab) {
-        return Err(EngineError::BadToken {
-            id,
-            n_vocab: cfg.n_vocab,
-        });
-    }
-    let n_ctx = prompt.len() + n_decode;
-    let state = crate::cpu::state_bytes(&cfg, n_ctx) as u64;
-    if let Some(avail) = crate::mem_available() {
-        if state > avail {
-            return Err(EngineError::Memory(format!(
-                "the KV cache and recurrent state for {n_ctx} tokens need {:.2} GiB, but only {:.2} GiB of RAM is available; profile fewer tokens",
-                state as f64 / GIB,
-                avail as f64 / GIB
-            )));
-        }
-    }
-    let counts = Arc::new(RoutingCounts::for_model(&cfg));
-    let backend = CpuBackend {
-        cfg: cfg.clone(),
-        weights,
-        precision: Precision::Canonical,
-        routing: Some(counts.clone()),
+    // The prompt in one pass per chunk, then n_decode single-token steps: the last
+    // of the n_decode + 1 greedy tokens is chosen but never fed.
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: n_decode + 1,
+        sampling: SamplingParams::default(),
+        stop_at_eog: false,
     };
-    let mut exec = CpuExecutor::new(backend, n_ctx, 1)?;
-    let mut step = |tokens: &[u32], pos0: usize| -> Result<u32, EngineError> {
-        let out = exec.step(&[SeqStep {
-            seq: 0,
-            tokens,
-            pos0,
-            want: Want::Greedy,
-        }])?;
-        match out.first() {
-            Some(StepOut::Token(t)) => Ok(*t),
-            _ => Err(ExecError::new("profile", "the executor returned no token").into()),
-        }
-    };
-    let mut pos = 0;
-    let mut next = 0;
-    for chunk in prompt.chunks(PROMPT_CHUNK) {
-        next = step(chunk, pos)?;
-        pos += chunk.len();
-    }
-    let mut generated = Vec::with_capacity(n_decode);
-    for _ in 0..n_decode {
-        generated.push(next);
-        next = step(&[next], pos)?;
-        pos += 1;
-    }
-    let name = file
-        .get("general.name")
-        .and_then(|v| v.as_str())
-        .map(str::to_string)
-        .unwrap_or_else(|| {
-            path.file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        });
-    let profile = RoutingProfile::from_counts(&name, &cfg, &counts)
+    let done = engine.generate(&req, &mut |_| Flow::Continue)?;
+    let mut generated = done.tokens;
+    generated.truncate(n_decode);
+    let counts = engine
+        .routing_counts()
+        .ok_or_else(|| EngineError::Exec(ExecError::new("profile", "no routing recorder")))?;
+    let profile = RoutingProfile::from_counts(&engine.info().name, engine.config(), counts)
         .map_err(|e| EngineError::Exec(ExecError::new("routing profile", e)))?;
     Ok(Recorded {
         profile,
