@@ -50,3 +50,32 @@ pub trait Executor: Send {
     /// their outputs in order.
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError>;
 }
+
+/// Runs a sequence's tokens in pieces of at most `piece` tokens through `run(tokens,
+/// pos0, want)`: the earlier pieces only advance the state (their greedy token, the
+/// cheapest output, is dropped); every position's logits are collected with
+/// `Logits::All`, else the last piece's output is returned.
+pub(crate) fn in_pieces<E>(
+    tokens: &[u32],
+    pos0: usize,
+    want: Want,
+    piece: usize,
+    mut run: impl FnMut(&[u32], usize, Want) -> Result<StepOut, E>,
+) -> Result<StepOut, E> {
+    let all = want == Want::Logits(Logits::All);
+    let n = tokens.len().div_ceil(piece);
+    let mut logits = Vec::new();
+    let mut last = StepOut::Logits(Vec::new());
+    for (i, chunk) in tokens.chunks(piece).enumerate() {
+        let w = if all || i + 1 == n {
+            want
+        } else {
+            Want::Greedy
+        };
+        last = run(chunk, pos0 + i * piece, w)?;
+        if let (true, StepOut::Logits(l)) = (all, &last) {
+            logits.extend_from_slice(l);
+        }
+    }
+    Ok(if all { StepOut::Logits(logits) } else { last })
+}

@@ -243,51 +243,34 @@ impl Engine {
         Ok(())
     }
 
-    /// Feeds `tokens` after the current history; returns logits for the last
-    /// position (or all positions with `Logits::All`), or the greedy token.
+    /// Feeds `tokens` after the current history, in prompt chunks; returns the
+    /// logits of the last position (or of all positions with `Logits::All`), or
+    /// the greedy token.
     fn feed(&mut self, tokens: &[u32], want: Want) -> Result<StepOut, EngineError> {
         self.last_logits = None;
-        let mut all = Vec::new();
-        let mut last = StepOut::Logits(Vec::new());
-        let n_chunks = tokens.len().div_ceil(PROMPT_CHUNK);
-        for (c, chunk) in tokens.chunks(PROMPT_CHUNK).enumerate() {
-            // Earlier chunks of a prompt only advance the state: their last
-            // logits are not needed, but every executor returns something.
-            let want = if c + 1 < n_chunks && want != Want::Logits(Logits::All) {
-                Want::Greedy
-            } else {
-                want
-            };
-            let step = SeqStep {
+        let pos0 = self.history.len();
+        let exec = &mut self.exec;
+        let out = exec::in_pieces(tokens, pos0, want, PROMPT_CHUNK, |chunk, pos0, want| {
+            exec.step(&[SeqStep {
                 seq: 0,
                 tokens: chunk,
-                pos0: self.history.len(),
+                pos0,
                 want,
-            };
-            let out = self.exec.step(&[step]);
-            let mut out = match out {
-                Ok(o) => o,
-                Err(e) => {
-                    // The state may hold part of this step: start over next time.
-                    let _ = self.reset();
-                    return Err(e.into());
-                }
-            };
-            self.history.extend_from_slice(chunk);
-            last = out.pop().ok_or_else(|| {
-                EngineError::Exec(ExecError::new("step", "the executor returned no output"))
-            })?;
-            if want == Want::Logits(Logits::All) {
-                if let StepOut::Logits(l) = &last {
-                    all.extend_from_slice(l);
-                }
+            }])?
+            .pop()
+            .ok_or_else(|| ExecError::new("step", "the executor returned no output"))
+        });
+        match out {
+            Ok(o) => {
+                self.history.extend_from_slice(tokens);
+                Ok(o)
+            }
+            Err(e) => {
+                // The state may hold part of this feed: start over next time.
+                let _ = self.reset();
+                Err(e.into())
             }
         }
-        Ok(if want == Want::Logits(Logits::All) {
-            StepOut::Logits(all)
-        } else {
-            last
-        })
     }
 
     /// Evaluates `tokens` from an empty state and returns the logits of every

@@ -283,29 +283,18 @@ impl Executor for CudaExecutor {
             } else {
                 MAX_STEP_TOKENS
             };
-            let mut all = Vec::new();
-            let mut last = StepOut::Logits(Vec::new());
-            for (i, chunk) in s.tokens.chunks(piece).enumerate() {
-                let pos0 = s.pos0 + i * piece;
-                self.load_inputs(chunk, pos0)?;
-                let out = self.launch_step(s.seq, chunk, pos0, s.want)?;
-                let rows = if s.want == Want::Logits(Logits::All) {
-                    chunk.len()
-                } else {
-                    1
-                };
-                last = self.read_out(out, s.want, rows)?;
-                if let StepOut::Logits(l) = &last {
-                    if s.want == Want::Logits(Logits::All) {
-                        all.extend_from_slice(l);
-                    }
-                }
-            }
-            outs.push(if s.want == Want::Logits(Logits::All) {
-                StepOut::Logits(all)
-            } else {
-                last
-            });
+            let out =
+                crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {
+                    self.load_inputs(chunk, pos0)?;
+                    let out = self.launch_step(s.seq, chunk, pos0, want)?;
+                    let rows = if want == Want::Logits(Logits::All) {
+                        chunk.len()
+                    } else {
+                        1
+                    };
+                    self.read_out(out, want, rows)
+                })?;
+            outs.push(out);
         }
         Ok(outs)
     }
