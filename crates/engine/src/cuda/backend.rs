@@ -67,17 +67,26 @@ pub struct CudaBackend {
     pub(crate) max_tokens: usize,
 }
 
-/// Scratch bytes a step of `t` tokens needs (a generous bound: the largest
-/// layer's temporaries plus the persistent residual stream and the logits).
-pub(crate) fn scratch_bytes(cfg: &ModelConfig, t: usize, logit_rows: usize) -> usize {
+/// Scratch bytes a step of up to `t` tokens needs (a generous bound: the largest
+/// layer's temporaries plus the persistent residual stream and the logits);
+/// `attn_split` is the most `Gpu::attn_scratch_bytes` asks for at any such step.
+pub(crate) fn scratch_bytes(
+    cfg: &ModelConfig,
+    t: usize,
+    logit_rows: usize,
+    attn_split: usize,
+) -> usize {
     let f = 4usize;
     let q = |rows: usize, cols: usize| rows * cols + 2 * rows * cols.div_ceil(32) * 4 + 3 * ALIGN;
     let e = cfg.n_embd;
     let hd = cfg.head_dim;
     let q_width = cfg.n_head * hd * if cfg.attn_output_gate { 2 } else { 1 };
     let kvw = cfg.n_head_kv * hd;
-    let attn =
-        q(t, e) + t * (q_width + 2 * kvw + 2 * cfg.n_head * hd + e) * f + q(t, cfg.n_head * hd);
+    let attn = q(t, e)
+        + t * (q_width + 2 * kvw + 2 * cfg.n_head * hd + e) * f
+        + q(t, cfg.n_head * hd)
+        + attn_split
+        + ALIGN;
     let dn = match &cfg.ssm {
         Some(s) => {
             q(t, e)

@@ -79,8 +79,14 @@ impl CudaExecutor {
         let w_bytes = weights::upload_bytes(weights);
         let state_one = crate::cpu::state_bytes(cfg, n_ctx) as u64;
         let state = state_one * n_seq as u64;
-        let scratch = backend::scratch_bytes(cfg, MAX_STEP_TOKENS, MAX_LOGIT_ROWS) as u64
-            + (n_ctx * cfg.n_rot * 4) as u64;
+        // attn_core's key-split partials: the split count depends on the step's
+        // token count, so take the largest any step may ask for.
+        let attn_split = (1..=MAX_STEP_TOKENS)
+            .map(|t| gpu.attn_scratch_bytes(t, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx))
+            .max()
+            .unwrap_or(0) as usize;
+        let arena = backend::scratch_bytes(cfg, MAX_STEP_TOKENS, MAX_LOGIT_ROWS, attn_split);
+        let scratch = arena as u64 + (n_ctx * cfg.n_rot * 4) as u64;
         let need = w_bytes + state + scratch + RESERVE;
         if need > free {
             return Err(EngineError::Memory(format!(
@@ -106,14 +112,7 @@ impl CudaExecutor {
         bar.set_message(format!("cuda:{ordinal}"));
         let w = weights::upload(&gpu, cfg, weights, &|done| bar.set_position(done))?;
         bar.finish_and_clear();
-        let be = CudaBackend::new(
-            gpu,
-            cfg.clone(),
-            w,
-            backend::scratch_bytes(cfg, MAX_STEP_TOKENS, MAX_LOGIT_ROWS),
-            n_ctx,
-            MAX_STEP_TOKENS,
-        )?;
+        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, MAX_STEP_TOKENS)?;
         let states = (0..n_seq)
             .map(|_| be.new_state_for(n_ctx))
             .collect::<Result<Vec<_>, _>>()?;
