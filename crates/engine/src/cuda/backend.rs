@@ -655,58 +655,53 @@ impl Backend for CudaBackend {
     fn moe(&self, layer: usize, x: &DBuf) -> Result<DBuf, ExecError> {
         let m = &self.w.layers[layer].moe;
         let cfg = &self.cfg;
-        let (t_n, e, k, f) = (x.rows, cfg.n_embd, cfg.n_expert_used, cfg.n_ff_exp);
-        let logits = self.mm(&m.router, x)?;
-        let wts = self.alloc(t_n, k, "route")?;
-        let ids = self.alloc_bytes(t_n * k * 4, "route")?;
-        let tile_bytes = std::mem::size_of::<Tile>();
-        let (tiles_gu, tiles_down, n_tiles) = if t_n == 1 {
-            let a = self.alloc_bytes(k * tile_bytes, "route")?;
-            let b = self.alloc_bytes(k * tile_bytes, "route")?;
-            (a, b, k)
-        } else {
-            (0, 0, 0)
-        };
-        self.gpu
-            .route_topk(
-                logits.ptr,
-                t_n,
-                cfg.n_expert,
-                k,
-                wts.ptr,
-                ids,
-                tiles_gu,
-                tiles_down,
-            )
-            .map_err(cuda_err("route_topk"))?;
-        let (tiles_gu, tiles_down, n_tiles) = if t_n == 1 {
-            (tiles_gu, tiles_down, n_tiles)
-        } else {
-            // A prompt: group its routes by expert on the host.
-            let host: Vec<i32> = self
-                .gpu
-                .download(ids, t_n * k)
-                .map_err(cuda_err("download routes"))?;
-            let (gu, down) = self.prompt_tiles(&host, k);
-            let a = self.alloc_bytes(gu.len() * tile_bytes, "route")?;
-            let b = self.alloc_bytes(down.len() * tile_bytes, "route")?;
-            self.gpu
-                .copy_to_device(&gu, a)
-                .map_err(cuda_err("upload tiles"))?;
-            self.gpu
-                .copy_to_device(&down, b)
-                .map_err(cuda_err("upload tiles"))?;
-            (a, b, gu.len())
-        };
-        let mut ws: Vec<&DevWeight> = vec![&m.gate_exps, &m.up_exps];
+        let (t_n, e, k) = (x.rows, cfg.n_embd, cfg.n_expert_used);
+        // One quantized copy of x for the router and every expert that reads it.
+        let mut ws: Vec<&DevWeight> = vec![&m.router, &m.gate_exps, &m.up_exps];
         if let Some(s) = &m.shared {
             ws.extend([&s.gate, &s.up]);
         }
         let xq = self.prepare(&ws, x)?;
+        let logits = self.mm_q(&m.router, x, xq)?;
+        let wts = self.alloc(t_n, k, "route")?;
+        let ids = self.alloc_bytes(t_n * k * 4, "route")?;
+        let tile_bytes = std::mem::size_of::<Tile>();
+        // One token: route_topk writes the expert tiles on the device.
+        let device_tiles = if t_n == 1 {
+            Some((
+                self.alloc_bytes(k * tile_bytes, "route")?,
+                self.alloc_bytes(k * tile_bytes, "route")?,
+            ))
+        } else {
+            None
+        };
+        let (a, b) = device_tiles.unwrap_or((0, 0));
+        self.gpu
+            .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, a, b)
+            .map_err(cuda_err("route_topk"))?;
+        let (tiles_gu, tiles_down, n_tiles) = match device_tiles {
+            Some((a, b)) => (a, b, k),
+            None => {
+                // A prompt: group its routes by expert on the host.
+                let host: Vec<i32> = self
+                    .gpu
+                    .download(ids, t_n * k)
+                    .map_err(cuda_err("download routes"))?;
+                let (gu, down) = self.prompt_tiles(&host, k);
+                let a = self.alloc_bytes(gu.len() * tile_bytes, "route")?;
+                let b = self.alloc_bytes(down.len() * tile_bytes, "route")?;
+                self.gpu
+                    .copy_to_device(&gu, a)
+                    .map_err(cuda_err("upload tiles"))?;
+                self.gpu
+                    .copy_to_device(&down, b)
+                    .map_err(cuda_err("upload tiles"))?;
+                (a, b, gu.len())
+            }
+        };
         let g = self.mm_tiles(&m.gate_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
         let u = self.mm_tiles(&m.up_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
         let act = self.swiglu(&g, &u)?;
-        debug_assert_eq!(act.cols, f);
         let aq = self.prepare(&[&m.down_exps], &act)?;
         let down = self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, t_n * k)?;
         let (shared, logit) = match &m.shared {
