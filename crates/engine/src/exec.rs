@@ -21,6 +21,16 @@ pub enum Want {
     Greedy,
 }
 
+impl Want {
+    /// The positions whose logits the forward pass must produce.
+    pub fn logits(self) -> Logits {
+        match self {
+            Want::Logits(w) => w,
+            Want::Greedy => Logits::Last,
+        }
+    }
+}
+
 /// One sequence's part of a step: `tokens` at positions `pos0..` of sequence `seq`.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqStep<'a> {
@@ -42,8 +52,6 @@ pub enum StepOut {
 pub trait Executor: Send {
     /// Where steps run and what device memory they hold.
     fn report(&self) -> DeviceReport;
-    /// Sequences this executor holds state for (ids 0..n).
-    fn n_seq(&self) -> usize;
     /// Forgets sequence `seq` (a new conversation starts there).
     fn clear(&mut self, seq: usize) -> Result<(), ExecError>;
     /// Runs every entry of `batch` (each against its own sequence) and returns

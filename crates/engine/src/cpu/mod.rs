@@ -15,7 +15,6 @@ use rayon::prelude::*;
 
 use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::{Device, DeviceReport};
-use model::Logits;
 
 /// Activations: `rows` tokens × `cols` features, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -400,10 +399,6 @@ impl Executor for CpuExecutor {
         }
     }
 
-    fn n_seq(&self) -> usize {
-        self.states.len()
-    }
-
     fn clear(&mut self, seq: usize) -> Result<(), ExecError> {
         self.states
             .get_mut(seq)
@@ -419,11 +414,7 @@ impl Executor for CpuExecutor {
                 .states
                 .get_mut(s.seq)
                 .ok_or_else(|| ExecError::new("step", format!("no sequence {}", s.seq)))?;
-            let which = match s.want {
-                Want::Logits(w) => w,
-                Want::Greedy => Logits::Last,
-            };
-            let logits = model::forward(&self.backend, s.tokens, s.pos0, state, which)?;
+            let logits = model::forward(&self.backend, s.tokens, s.pos0, state, s.want.logits())?;
             outs.push(match s.want {
                 Want::Logits(_) => StepOut::Logits(logits.data),
                 Want::Greedy => StepOut::Token(crate::sampler::argmax(&logits.data)),

@@ -174,11 +174,7 @@ impl CudaExecutor {
         pos0: usize,
         want: Want,
     ) -> Result<u64, ExecError> {
-        let which = match want {
-            Want::Logits(w) => w,
-            Want::Greedy => Logits::Last,
-        };
-        let logits = model::forward(&self.be, tokens, pos0, &mut self.states[seq], which)?;
+        let logits = model::forward(&self.be, tokens, pos0, &mut self.states[seq], want.logits())?;
         if want == Want::Greedy {
             self.be
                 .gpu
@@ -242,10 +238,6 @@ impl Executor for CudaExecutor {
             vram_used: Some(self.vram.weights + self.vram.state + self.vram.scratch),
             vram_total: Some(self.vram.total),
         }
-    }
-
-    fn n_seq(&self) -> usize {
-        self.states.len()
     }
 
     fn clear(&mut self, seq: usize) -> Result<(), ExecError> {
