@@ -12,12 +12,14 @@
 //! Without a GPU these tests print why and pass, unless `SCORIA_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use common::{bits, decode, synth};
 use cuda::{Gpu, QAct, Tile};
 use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
-use model::geometry::Geometry;
-use model::synth::{synthesize, Preset, SynthOptions};
+use model::synth::Preset;
 use quant::GgmlType;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn gpu() -> Option<Gpu> {
     match Gpu::open(0) {
@@ -61,10 +63,6 @@ fn expert_stack(
         quant::quantize_row(ty, &vals, &mut out[r * rb..(r + 1) * rb]);
     }
     out
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]
@@ -212,26 +210,6 @@ fn expert_ffn_is_bit_identical_for_every_type() {
     }
 }
 
-fn synth(dir: &Path, geometry: &str, preset: Preset) -> PathBuf {
-    let g = Geometry::all()
-        .into_iter()
-        .find(|g| g.name == geometry)
-        .unwrap_or_else(|| panic!("no geometry {geometry}"));
-    let path = dir.join(format!("{geometry}-{preset}.gguf"));
-    synthesize(
-        &path,
-        &g,
-        &SynthOptions {
-            preset,
-            seed: 11,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
-    path
-}
-
 fn load(path: &Path, device: Device) -> Engine {
     Engine::load(
         path,
@@ -253,7 +231,7 @@ fn gpu_logits_agree_with_cpu_on_every_arch() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     for geometry in ["tiny-qwen35moe", "tiny-qwen3next", "tiny-qwen3moe"] {
-        let path = synth(dir.path(), geometry, Preset::Q4KM);
+        let path = synth(dir.path(), geometry, Preset::Q4KM, 11);
         let mut cpu = load(&path, Device::Cpu);
         let mut gpu = load(&path, Device::Cuda(0));
         let n_vocab = cpu.info().n_vocab;
@@ -295,36 +273,20 @@ fn gpu_logits_agree_with_cpu_on_every_arch() {
     }
 }
 
-fn decode_logits(eng: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let req = GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_tokens: n,
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-    };
-    let mut logits = Vec::new();
-    let c = eng
-        .generate_with_logits(&req, &mut |_| Flow::Continue, &mut |l| {
-            logits.push(l.to_vec())
-        })
-        .expect("generate");
-    (c.tokens, logits)
-}
-
 #[test]
 fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
     if gpu().is_none() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = synth(dir.path(), "tiny-qwen35moe", Preset::Q4KM);
+    let path = synth(dir.path(), "tiny-qwen35moe", Preset::Q4KM, 11);
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 31 + 7) % 3000).collect();
     let mut graphed = load(&path, Device::Cuda(0));
-    let (tokens, logits) = decode_logits(&mut graphed, &prompt, 12);
+    let (tokens, logits) = decode(&mut graphed, &prompt, 12);
     std::env::set_var("SCORIA_NO_GRAPH", "1");
     let mut eager = load(&path, Device::Cuda(0));
     std::env::remove_var("SCORIA_NO_GRAPH");
-    let (tokens_e, logits_e) = decode_logits(&mut eager, &prompt, 12);
+    let (tokens_e, logits_e) = decode(&mut eager, &prompt, 12);
     assert_eq!(tokens, tokens_e);
     for (i, (a, b)) in logits.iter().zip(&logits_e).enumerate() {
         assert_eq!(

@@ -3,41 +3,11 @@
 //! tokens fed one at a time (the decode path); the prompt cache changes nothing;
 //! greedy decoding is deterministic.
 
+mod common;
+
+use common::{bits, decode, synth, test_device};
 use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
-use model::geometry::Geometry;
-use model::synth::{synthesize, Preset, SynthOptions};
-use std::path::PathBuf;
-
-fn synth(dir: &std::path::Path, geometry: &str, preset: Preset) -> PathBuf {
-    let g = Geometry::all()
-        .into_iter()
-        .find(|g| g.name == geometry)
-        .unwrap_or_else(|| panic!("no geometry {geometry}"));
-    let path = dir.join(format!("{geometry}-{preset}.gguf"));
-    synthesize(
-        &path,
-        &g,
-        &SynthOptions {
-            preset,
-            seed: 7,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
-    path
-}
-
-/// The device these tests run on: `SCORIA_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`),
-/// the CPU by default. The GPU test script runs this same target with `cuda`.
-fn test_device() -> engine::Device {
-    match std::env::var("SCORIA_TEST_DEVICE") {
-        Ok(s) => s
-            .parse()
-            .unwrap_or_else(|e| panic!("SCORIA_TEST_DEVICE: {e}")),
-        Err(_) => engine::Device::Cpu,
-    }
-}
+use model::synth::Preset;
 
 fn load(path: &std::path::Path) -> Engine {
     Engine::load(
@@ -53,31 +23,9 @@ fn load(path: &std::path::Path) -> Engine {
     .expect("load")
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// Greedy-generates `n` tokens, returning them and the logits the decode path
-/// produced for each generated position (from single-token steps).
-fn decode(eng: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let req = GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_tokens: n,
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-    };
-    let mut logits = Vec::new();
-    let c = eng
-        .generate_with_logits(&req, &mut |_| Flow::Continue, &mut |l| {
-            logits.push(l.to_vec())
-        })
-        .expect("generate");
-    (c.tokens, logits)
-}
-
 fn check_arch(geometry: &str, preset: Preset) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = synth(dir.path(), geometry, preset);
+    let path = synth(dir.path(), geometry, preset, 7);
     let mut eng = load(&path);
     let n_vocab = eng.info().n_vocab;
     let prompt: Vec<u32> = (0..9).map(|i| (i * 7919 + 13) % 5000).collect();
@@ -168,7 +116,7 @@ fn qwen35moe_f32_prefill_equals_decode() {
 #[test]
 fn forced_tokens_and_stop() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = synth(dir.path(), "tiny-qwen3moe", Preset::Q8_0);
+    let path = synth(dir.path(), "tiny-qwen3moe", Preset::Q8_0, 7);
     let mut eng = load(&path);
     let req = GenerateRequest {
         prompt: vec![1, 2, 3],

@@ -12,6 +12,9 @@
 //!   activation quantization moves logits by ~1% and these random models amplify
 //!   that through flipped expert choices, so only agreement statistics are checked.
 
+mod common;
+
+use common::test_device;
 use engine::cpu::Precision;
 use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
 use std::path::{Path, PathBuf};
@@ -56,17 +59,6 @@ fn npy(arch: &str, name: &str) -> (usize, Vec<f32>) {
     let (shape, data) = engine::npy::read_f32(&fixtures(arch).join(name)).expect("npy");
     assert_eq!(shape.len(), 2);
     (shape[1], data)
-}
-
-/// The device these tests run on: `SCORIA_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`),
-/// the CPU by default. The GPU test script runs this same target with `cuda`.
-fn test_device() -> engine::Device {
-    match std::env::var("SCORIA_TEST_DEVICE") {
-        Ok(s) => s
-            .parse()
-            .unwrap_or_else(|e| panic!("SCORIA_TEST_DEVICE: {e}")),
-        Err(_) => engine::Device::Cpu,
-    }
 }
 
 fn load(arch: &str, file: &str, precision: Precision) -> Engine {

@@ -1,0 +1,62 @@
+//! Helpers shared by the engine's integration tests.
+// Each test target uses a different subset.
+#![allow(dead_code)]
+
+use engine::{Engine, Flow, GenerateRequest, SamplingParams};
+use model::geometry::Geometry;
+use model::synth::{synthesize, Preset, SynthOptions};
+use std::path::{Path, PathBuf};
+
+/// Writes `geometry` at `preset` with seeded random weights into `dir`.
+pub fn synth(dir: &Path, geometry: &str, preset: Preset, seed: u64) -> PathBuf {
+    let g = Geometry::all()
+        .into_iter()
+        .find(|g| g.name == geometry)
+        .unwrap_or_else(|| panic!("no geometry {geometry}"));
+    let path = dir.join(format!("{geometry}-{preset}.gguf"));
+    synthesize(
+        &path,
+        &g,
+        &SynthOptions {
+            preset,
+            seed,
+            sync: false,
+        },
+        &|_, _| {},
+    )
+    .expect("synthesize");
+    path
+}
+
+/// The device these tests run on: `SCORIA_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`),
+/// the CPU by default. The GPU test script runs the same targets with `cuda`.
+pub fn test_device() -> engine::Device {
+    match std::env::var("SCORIA_TEST_DEVICE") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|e| panic!("SCORIA_TEST_DEVICE: {e}")),
+        Err(_) => engine::Device::Cpu,
+    }
+}
+
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Greedy-generates `n` tokens, returning them and the logits the decode path
+/// produced for each generated position (from single-token steps).
+pub fn decode(eng: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let req = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens: n,
+        sampling: SamplingParams::default(),
+        stop_at_eog: false,
+    };
+    let mut logits = Vec::new();
+    let c = eng
+        .generate_with_logits(&req, &mut |_| Flow::Continue, &mut |l| {
+            logits.push(l.to_vec())
+        })
+        .expect("generate");
+    (c.tokens, logits)
+}
