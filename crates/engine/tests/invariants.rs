@@ -5,8 +5,9 @@
 
 mod common;
 
-use common::{bits, decode, synth, test_device};
+use common::{bits, decode, synth, synth_geometry, test_device};
 use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
+use model::geometry::{Arch, Geometry, LinearAttention};
 use model::synth::Preset;
 
 fn load(path: &std::path::Path) -> Engine {
@@ -26,6 +27,11 @@ fn load(path: &std::path::Path) -> Engine {
 fn check_arch(geometry: &str, preset: Preset) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = synth(dir.path(), geometry, preset, 7);
+    check_model(&path, geometry, preset);
+}
+
+fn check_model(path: &std::path::Path, geometry: &str, preset: Preset) {
+    let path = path.to_path_buf();
     let mut eng = load(&path);
     let n_vocab = eng.info().n_vocab;
     let prompt: Vec<u32> = (0..9).map(|i| (i * 7919 + 13) % 5000).collect();
@@ -111,6 +117,48 @@ fn qwen3moe_prefill_equals_decode() {
 #[test]
 fn qwen35moe_f32_prefill_equals_decode() {
     check_arch("tiny-qwen35moe", Preset::F32);
+}
+
+/// Float checkpoints whose rows are not multiples of 32 or 64 (a qwen3moe with 6 heads
+/// of 40: attention-output rows of 240 values; hidden 200; experts 72 wide) run, and
+/// prefill still equals decode bit for bit. They panicked in the first forward pass.
+#[test]
+fn qwen3moe_odd_widths_f16_prefill_equals_decode() {
+    let g = Geometry {
+        name: "odd-qwen3moe",
+        n_embd: 200,
+        n_head: 6,
+        n_head_kv: 2,
+        head_dim: 40,
+        n_rot: 40,
+        expert_ff: 72,
+        dense_ff: Some(216),
+        ..Geometry::by_name(Some(Arch::Qwen3Moe), "tiny").expect("tiny qwen3moe")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth_geometry(dir.path(), &g, Preset::F16, 7);
+    check_model(&path, g.name, Preset::F16);
+}
+
+/// The same for the hybrid layers: attention heads of 72, DeltaNet heads of 20
+/// (conv rows of 160, value rows of 80), hidden 200, BF16 weights.
+#[test]
+fn qwen35moe_odd_widths_bf16_prefill_equals_decode() {
+    let tiny = Geometry::by_name(Some(Arch::Qwen35Moe), "tiny").expect("tiny qwen35moe");
+    let g = Geometry {
+        name: "odd-qwen35moe",
+        n_embd: 200,
+        n_head: 3,
+        n_head_kv: 1,
+        head_dim: 72,
+        expert_ff: 72,
+        shared_ff: 88,
+        linear: tiny.linear.map(|l| LinearAttention { head_dim: 20, ..l }),
+        ..tiny
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth_geometry(dir.path(), &g, Preset::Bf16, 7);
+    check_model(&path, g.name, Preset::Bf16);
 }
 
 #[test]

@@ -151,25 +151,52 @@ impl Tensors<'_> {
             .is_some_and(|d| self.block.is_none() || d.when.applies(kind, self.cfg))
     }
 
+    /// A matrix the kernels multiply by: its rows must be ones the CPU dot kernels run.
     fn get(&self, id: TensorId) -> Result<Weight, ModelError> {
+        kernel_rows(self.lookup(id)?)
+    }
+
+    fn lookup(&self, id: TensorId) -> Result<Weight, ModelError> {
         let d = self.def(id)?;
         self.l.get(&d.name_in(self.block), &d.dims(self.cfg))
     }
 
-    /// A tensor the table marks optional: `None` when the file leaves it out.
+    /// A matrix the table marks optional: `None` when the file leaves it out.
     fn opt(&self, id: TensorId) -> Result<Option<Weight>, ModelError> {
         let d = self.def(id)?;
         if d.optional {
-            self.l.opt(&d.name_in(self.block), &d.dims(self.cfg))
+            self.l
+                .opt(&d.name_in(self.block), &d.dims(self.cfg))?
+                .map(kernel_rows)
+                .transpose()
         } else {
             self.get(id).map(Some)
         }
     }
 
-    /// A vector (norm, gate, per-head parameter) as f32.
+    /// A vector (norm, gate, per-head parameter) as f32: only converted, so any length.
     fn vector(&self, id: TensorId) -> Result<Vec<f32>, ModelError> {
-        Ok(self.get(id)?.to_f32())
+        Ok(self.lookup(id)?.to_f32())
     }
+}
+
+/// `w` if the dot kernels can run its rows (`quant::row_bytes`: float rows of any
+/// length, quantized rows of whole 32-value sub-blocks), else the refusal by name, so
+/// that nothing a kernel cannot run reaches the first forward pass.
+fn kernel_rows(w: Weight) -> Result<Weight, ModelError> {
+    check_kernel_rows(&w.name, w.ty, w.row_len())?;
+    Ok(w)
+}
+
+/// The check of [`kernel_rows`]. A GGUF already holds whole blocks, and for every
+/// supported type whole blocks are whole sub-blocks, so today this refuses nothing a
+/// valid file holds; it keeps the kernels' rule in front of them for new types.
+fn check_kernel_rows(name: &str, ty: GgmlType, row_len: usize) -> Result<(), ModelError> {
+    quant::row_bytes(ty, row_len).map(|_| ()).map_err(|e| {
+        ModelError::Unsupported(format!(
+            "tensor `{name}` has rows the matrix kernels cannot run: {e}"
+        ))
+    })
 }
 
 /// Attention (plain GQA for qwen3moe; gated for the hybrids).
@@ -492,6 +519,22 @@ mod tests {
                 assert_eq!(cfg.arch, arch);
             }
         }
+    }
+
+    #[test]
+    fn kernel_rows_accept_float_rows_of_any_length_and_refuse_partial_sub_blocks() {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            check_kernel_rows("blk.0.attn_output.weight", ty, 240).unwrap();
+        }
+        check_kernel_rows("x", GgmlType::Q4_K, 512).unwrap();
+        let e = check_kernel_rows("blk.3.attn_output.weight", GgmlType::Q8_0, 48)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("blk.3.attn_output.weight"), "{e}");
+        let e = check_kernel_rows("x", GgmlType::Q4_1, 256)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no CPU kernel"), "{e}");
     }
 
     #[test]

@@ -730,44 +730,74 @@ pub(crate) mod imp {
     }
 
     /// Float rows: element i → accumulator i % 32 by fma; `load(i)` gives the
-    /// weights i..i+8 as f32.
+    /// weights i..i+8 as f32 (called for whole 32-value groups only). A row whose
+    /// length is not a multiple of 32 finishes its last elements through
+    /// `scalar::float_tail` (`weight(i)`: weight i as f32), the same fmas into the
+    /// same accumulators.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_float(n: usize, x: &[f32], load: impl Fn(usize) -> __m256) -> f32 {
+    unsafe fn dot_float(
+        n: usize,
+        x: &[f32],
+        load: impl Fn(usize) -> __m256,
+        weight: impl Fn(usize) -> f32,
+    ) -> f32 {
         assert!(x.len() >= n);
         let xp = x.as_ptr();
+        let whole = n - n % 32;
         let mut acc = [_mm256_setzero_ps(); 4];
-        for i in (0..n).step_by(32) {
+        for i in (0..whole).step_by(32) {
             for (k, a) in acc.iter_mut().enumerate() {
                 *a = _mm256_fmadd_ps(load(i + 8 * k), _mm256_loadu_ps(xp.add(i + 8 * k)), *a);
             }
         }
-        tree(&acc)
+        if whole == n {
+            return tree(&acc);
+        }
+        let mut a = [0f32; 32];
+        for k in 0..4 {
+            _mm256_storeu_ps(a.as_mut_ptr().add(8 * k), acc[k]);
+        }
+        scalar::float_tail(&mut a, whole..n, x, weight);
+        scalar::tree(a)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
         let n = row.len() / 4;
         let p = row.as_ptr() as *const f32;
-        dot_float(n, x, |i| _mm256_loadu_ps(p.add(i)))
+        dot_float(
+            n,
+            x,
+            |i| _mm256_loadu_ps(p.add(i)),
+            |i| scalar::f32_at(row, i),
+        )
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
         let n = row.len() / 2;
         let p = row.as_ptr();
-        dot_float(n, x, |i| {
-            _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i))
-        })
+        dot_float(
+            n,
+            x,
+            |i| _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i)),
+            |i| scalar::f16_elem(row, i),
+        )
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
         let n = row.len() / 2;
         let p = row.as_ptr();
-        dot_float(n, x, |i| {
-            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i) as *const __m128i));
-            _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
-        })
+        dot_float(
+            n,
+            x,
+            |i| {
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+            },
+            |i| scalar::bf16_elem(row, i),
+        )
     }
 }

@@ -1005,14 +1005,41 @@ macro_rules! avx512_kernels {
                 _mm_cvtss_f32(s1)
             }
 
+            /// Finishes a float row: the accumulators of its whole 32-value groups
+            /// (`acc0` = 0..15, `acc1` = 16..31), then elements `whole..n` through
+            /// `scalar::float_tail` (the same fmas into the same accumulators).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn float_finish(
+                acc0: __m512,
+                acc1: __m512,
+                whole: usize,
+                n: usize,
+                x: &[f32],
+                weight: impl Fn(usize) -> f32,
+            ) -> f32 {
+                if whole == n {
+                    return tree16(acc0, acc1);
+                }
+                let mut a = [0f32; 32];
+                // SAFETY: a[0..16] and a[16..32] are in bounds.
+                unsafe {
+                    _mm512_storeu_ps(a.as_mut_ptr(), acc0);
+                    _mm512_storeu_ps(a.as_mut_ptr().add(16), acc1);
+                }
+                scalar::float_tail(&mut a, whole..n, x, weight);
+                scalar::tree(a)
+            }
+
             #[target_feature(enable = $feat)]
             unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
                 let n = row.len() / 4;
                 assert!(x.len() >= n);
                 let (w, xp) = (row.as_ptr() as *const f32, x.as_ptr());
+                let whole = n - n % 32;
                 let mut a0 = _mm512_setzero_ps();
                 let mut a1 = _mm512_setzero_ps();
-                for i in (0..n).step_by(32) {
+                for i in (0..whole).step_by(32) {
                     a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(i)), _mm512_loadu_ps(xp.add(i)), a0);
                     a1 = _mm512_fmadd_ps(
                         _mm512_loadu_ps(w.add(i + 16)),
@@ -1020,7 +1047,7 @@ macro_rules! avx512_kernels {
                         a1,
                     );
                 }
-                tree16(a0, a1)
+                float_finish(a0, a1, whole, n, x, |i| scalar::f32_at(row, i))
             }
 
             #[target_feature(enable = $feat)]
@@ -1028,15 +1055,16 @@ macro_rules! avx512_kernels {
                 let n = row.len() / 2;
                 assert!(x.len() >= n);
                 let (w, xp) = (row.as_ptr(), x.as_ptr());
+                let whole = n - n % 32;
                 let mut a0 = _mm512_setzero_ps();
                 let mut a1 = _mm512_setzero_ps();
-                for i in (0..n).step_by(32) {
+                for i in (0..whole).step_by(32) {
                     let w0 = _mm512_cvtph_ps(ld256(w.add(2 * i)));
                     let w1 = _mm512_cvtph_ps(ld256(w.add(2 * i + 32)));
                     a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp.add(i)), a0);
                     a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(i + 16)), a1);
                 }
-                tree16(a0, a1)
+                float_finish(a0, a1, whole, n, x, |i| scalar::f16_elem(row, i))
             }
 
             #[target_feature(enable = $feat)]
@@ -1047,9 +1075,10 @@ macro_rules! avx512_kernels {
                 let widen = |p: *const u8| {
                     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ld256(p)), 16))
                 };
+                let whole = n - n % 32;
                 let mut a0 = _mm512_setzero_ps();
                 let mut a1 = _mm512_setzero_ps();
-                for i in (0..n).step_by(32) {
+                for i in (0..whole).step_by(32) {
                     a0 = _mm512_fmadd_ps(widen(w.add(2 * i)), _mm512_loadu_ps(xp.add(i)), a0);
                     a1 = _mm512_fmadd_ps(
                         widen(w.add(2 * i + 32)),
@@ -1057,7 +1086,7 @@ macro_rules! avx512_kernels {
                         a1,
                     );
                 }
-                tree16(a0, a1)
+                float_finish(a0, a1, whole, n, x, |i| scalar::bf16_elem(row, i))
             }
         }
     };

@@ -43,7 +43,11 @@
 //! **Combine.** For w = 16, 8, 4, 2, 1: `acc[l] = acc[l] + acc[l + w]` for l < w;
 //! the result is `acc[0]`.
 //!
-//! `n_cols` must be a multiple of 32 for every type (256 for the K-quants and IQ4_XS).
+//! For quantized types `n_cols` must be a multiple of 32 (256 for the K-quants and
+//! IQ4_XS): a whole number of blocks and of 32-value sub-blocks. Float rows may have
+//! any length (checkpoints have e.g. 6 heads of 40 = 240 values): the rule above puts
+//! every element in its accumulator whether or not the last group of 32 is full, and
+//! the SIMD kernels finish a partial last group with the scalar fmas.
 //!
 //! **For other implementations (CUDA).** Compile without contraction or spell every
 //! operation out (`__fmul_rn`, `__fadd_rn`, `__fmaf_rn`, `__fdiv_rn`, `__frcp_rn` or
@@ -168,13 +172,14 @@ fn is_float(ty: GgmlType) -> bool {
 }
 
 /// Bytes of one row of `n_cols` values of `ty`, checking that the type has kernels
-/// and that `n_cols` is a whole number of blocks and of 32-value sub-blocks.
+/// and that the dot kernels can run such a row: any length for F32/F16/BF16, a whole
+/// number of blocks and of 32-value sub-blocks for quantized types.
 pub fn row_bytes(ty: GgmlType, n_cols: usize) -> Result<usize, QuantError> {
     if !is_supported(ty) {
         return Err(QuantError::Unsupported(ty));
     }
     match ty.row_bytes(n_cols) {
-        Some(b) if n_cols.is_multiple_of(32) => Ok(b),
+        Some(b) if is_float(ty) || n_cols.is_multiple_of(32) => Ok(b),
         _ => Err(QuantError::BadColumns { ty, n_cols }),
     }
 }

@@ -148,37 +148,57 @@ pub(crate) fn dot_iq4_xs(row: &[u8], xq: &ActQ8) -> f32 {
     tree(acc)
 }
 
-/// Float rows: element i goes to accumulator i % 32 as `acc = fma(w, x, acc)`.
-fn dot_float(x: &[f32], w: impl Iterator<Item = f32>) -> f32 {
-    let mut acc = [0f32; 32];
-    for (i, (wv, &xv)) in w.zip(x).enumerate() {
-        acc[i % 32] = wv.mul_add(xv, acc[i % 32]);
+/// Element `i` of an F32 row.
+#[inline]
+pub(crate) fn f32_at(row: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]])
+}
+
+/// Element `i` of an F16 row, widened (exactly).
+#[inline]
+pub(crate) fn f16_elem(row: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])).to_f32()
+}
+
+/// Element `i` of a BF16 row, widened (exactly).
+#[inline]
+pub(crate) fn bf16_elem(row: &[u8], i: usize) -> f32 {
+    bf16_bits_to_f32(u16::from_le_bytes([row[2 * i], row[2 * i + 1]]))
+}
+
+/// Elements `range` of a float row into their accumulators, `acc[i % 32] =
+/// fma(w_i, x_i, acc[i % 32])` in increasing i. The whole scalar dot is this over
+/// every element; the SIMD kernels use it for the elements after the last whole
+/// 32-value group, so a row of any length keeps the canonical order.
+#[inline]
+pub(crate) fn float_tail(
+    acc: &mut [f32; 32],
+    range: std::ops::Range<usize>,
+    x: &[f32],
+    weight: impl Fn(usize) -> f32,
+) {
+    for i in range {
+        acc[i % 32] = weight(i).mul_add(x[i], acc[i % 32]);
     }
+}
+
+/// Float rows (any length): element i goes to accumulator i % 32 as `acc = fma(w, x, acc)`.
+fn dot_float(n: usize, x: &[f32], weight: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0f32; 32];
+    float_tail(&mut acc, 0..n, x, weight);
     tree(acc)
 }
 
 pub(crate) fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
-    dot_float(
-        x,
-        row.chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-    )
+    dot_float(row.len() / 4, x, |i| f32_at(row, i))
 }
 
 pub(crate) fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-    dot_float(
-        x,
-        row.chunks_exact(2)
-            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()),
-    )
+    dot_float(row.len() / 2, x, |i| f16_elem(row, i))
 }
 
 pub(crate) fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
-    dot_float(
-        x,
-        row.chunks_exact(2)
-            .map(|b| bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]))),
-    )
+    dot_float(row.len() / 2, x, |i| bf16_elem(row, i))
 }
 
 /// Activation quantization of one 32-value block (the one definition).

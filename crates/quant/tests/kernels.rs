@@ -599,10 +599,16 @@ fn shapes_are_checked() {
             n_cols: 128
         })
     );
-    assert!(matches!(
-        quant::row_bytes(T::F32, 48),
-        Err(QuantError::BadColumns { .. })
-    ));
+    // Float rows may have any length; quantized rows need whole 32-value sub-blocks.
+    assert_eq!(quant::row_bytes(T::F32, 48), Ok(192));
+    assert_eq!(quant::row_bytes(T::BF16, 241), Ok(482));
+    assert_eq!(
+        quant::row_bytes(T::Q8_0, 48),
+        Err(QuantError::BadColumns {
+            ty: T::Q8_0,
+            n_cols: 48
+        })
+    );
     let short = quant::quantize_act(&x[..224]);
     assert!(matches!(
         quant::try_matvec(T::Q4_K, &w, 256, &x, &short, &mut out[..1]),
@@ -722,4 +728,92 @@ fn matvec_many_equals_separate_matvecs_bitwise() {
         Err(QuantError::BadLength { what: "w", .. })
     ));
     assert!(o1.iter().all(|v| v.is_nan()));
+}
+
+/// Float rows whose length is not a multiple of 32 (a checkpoint with 6 heads of 40 has
+/// 240-value attention-output rows): every kernel level gives the scalar bits, matvec
+/// (serial and parallel), matmul and matvec_many give the single-row dot's bits, and
+/// the dot is the f64 value of the formula.
+#[test]
+fn float_rows_of_any_length_run_on_every_kernel_level() {
+    let mut rng = StdRng::seed_from_u64(10);
+    let levels = isas();
+    let none = ActQ8::default();
+    for ty in FLOAT {
+        for n_cols in [1usize, 5, 31, 33, 40, 63, 65, 200, 240, 250, 1000, 4099] {
+            // Enough rows to take the parallel matvec path at the larger widths.
+            let n_rows = if n_cols >= 1000 { 40 } else { 7 };
+            let rb = quant::row_bytes(ty, n_cols).unwrap();
+            let mut w = Vec::with_capacity(n_rows * rb);
+            for _ in 0..n_rows {
+                w.extend(random_row(&mut rng, ty, n_cols));
+            }
+            let n_tok = 5;
+            let xs = rand_floats(&mut rng, n_tok * n_cols);
+            let x_of = |t: usize| &xs[t * n_cols..(t + 1) * n_cols];
+            let want: Vec<Vec<f32>> = (0..n_tok)
+                .map(|t| {
+                    (0..n_rows)
+                        .map(|r| {
+                            let row = &w[r * rb..(r + 1) * rb];
+                            let d = quant::dot_with(Isa::Scalar, ty, row, x_of(t), &none);
+                            check_close(ty, n_cols, d, f64_reference(ty, row, x_of(t), &none));
+                            d
+                        })
+                        .collect()
+                })
+                .collect();
+            for &isa in &levels {
+                for t in 0..n_tok {
+                    for r in 0..n_rows {
+                        let got =
+                            quant::dot_with(isa, ty, &w[r * rb..(r + 1) * rb], x_of(t), &none);
+                        assert_eq!(
+                            got.to_bits(),
+                            want[t][r].to_bits(),
+                            "dot {ty} {isa} n={n_cols}"
+                        );
+                    }
+                    let mut out = vec![f32::NAN; n_rows];
+                    quant::matvec_with(isa, ty, &w, n_cols, x_of(t), &none, &mut out);
+                    assert_eq!(
+                        bits(&out),
+                        bits(&want[t]),
+                        "matvec {ty} {isa} n={n_cols} t={t}"
+                    );
+                    let mut out2 = vec![f32::NAN; n_rows];
+                    quant::try_matvec_many_with(
+                        isa,
+                        &mut [quant::MatvecJob {
+                            ty,
+                            w: &w,
+                            n_cols,
+                            x: x_of(t),
+                            xq: &none,
+                            out: &mut out2,
+                        }],
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        bits(&out2),
+                        bits(&want[t]),
+                        "matvec_many {ty} {isa} n={n_cols}"
+                    );
+                }
+                let mut out = vec![f32::NAN; n_rows * n_tok];
+                quant::matmul_with(isa, ty, &w, n_cols, &xs, &[], &mut out);
+                for t in 0..n_tok {
+                    assert_eq!(
+                        bits(&out[t * n_rows..(t + 1) * n_rows]),
+                        bits(&want[t]),
+                        "matmul {ty} {isa} n={n_cols} t={t}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }

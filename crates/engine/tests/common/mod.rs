@@ -13,10 +13,16 @@ pub fn synth(dir: &Path, geometry: &str, preset: Preset, seed: u64) -> PathBuf {
         .into_iter()
         .find(|g| g.name == geometry)
         .unwrap_or_else(|| panic!("no geometry {geometry}"));
-    let path = dir.join(format!("{geometry}-{preset}.gguf"));
+    synth_geometry(dir, &g, preset, seed)
+}
+
+/// Writes the geometry `g` (a named one or one a test made up) at `preset` with
+/// seeded random weights into `dir`.
+pub fn synth_geometry(dir: &Path, g: &Geometry, preset: Preset, seed: u64) -> PathBuf {
+    let path = dir.join(format!("{}-{preset}.gguf", g.name));
     synthesize(
         &path,
-        &g,
+        g,
         &SynthOptions {
             preset,
             seed,
