@@ -40,7 +40,9 @@ impl Act {
     }
 }
 
-/// K/V of one attention layer: [position][kv head][head_dim], f32.
+/// K/V of one attention layer, f32: K dim-major, [kv head][head_dim][n_ctx] (so the
+/// scores of many positions run side by side, see `attention.rs`); V [position][kv
+/// head][head_dim].
 pub struct KvCache {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
