@@ -85,7 +85,7 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(&l);
         }
-        let mut cand: Vec<(u32, f32)> = l
+        let cand: Vec<(u32, f32)> = l
             .iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
@@ -94,7 +94,246 @@ impl Sampler {
         if cand.is_empty() {
             return argmax(&l);
         }
-        // Descending by logit; ties keep the lower id first.
+        let mut d = Ranked::new(cand, p.top_k);
+        let n = d.len();
+        let mut keep = n;
+        if p.top_p < 1.0 {
+            // The smallest prefix whose mass reaches top_p (else everything).
+            let mut acc = 0.0f32;
+            let mut i = 0;
+            while i < n && !d.tail_cannot_change(i, acc) {
+                acc += d.prob(i);
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+                i += 1;
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = d.prob(0) * p.min_p;
+            let mut k = 0;
+            // Past the ranked prefix every probability is below TAIL_MAX.
+            while k < keep && !(k == d.ranked && floor > TAIL_MAX) && d.prob(k) >= floor {
+                k += 1;
+            }
+            keep = k.max(1);
+        }
+        let mut total = 0.0f32;
+        let mut i = 0;
+        while i < keep && !d.tail_cannot_change(i, total) {
+            total += d.prob(i);
+            i += 1;
+        }
+        let mut r: f32 = self.rng.random::<f32>() * total;
+        for i in 0..keep {
+            let pr = d.prob(i);
+            if r < pr {
+                return d.id(i);
+            }
+            r -= pr;
+        }
+        d.id(keep - 1)
+    }
+}
+
+/// Candidates whose logit, after temperature, is more than this below the best one's
+/// have e^(l − max) < 1.6e-8: added to a running sum of at least 0.5 (the softmax
+/// sum starts at e^0 = 1; the mass of the ranked prefix is ≈ 1), such a term rounds
+/// away (it is below half an ulp, 2^-25), wherever it comes in the sum.
+const TAIL_CUTOFF: f32 = -18.0;
+/// A bound on every tail probability: e^-18 / sum, sum ≥ 1.
+const TAIL_MAX: f32 = 2.9e-8;
+
+/// The softmax over the candidates, ranked only as far as it matters.
+///
+/// The sampler's arithmetic is fixed (module docs): candidates in descending logit
+/// order (lower id first on ties), `sum = Σ e^(l_i − max)` in that order, each
+/// probability `e^(l_i − max) / sum`, and the top-p, min-p and draw walks in that
+/// order. Sorting all of a 150k–250k vocabulary every token cost more than the
+/// model step, and nearly all of it is tail whose terms round away. So only the
+/// candidates within [`TAIL_CUTOFF`] of the best are ranked up front (a radix sort
+/// when there are many, as in a flat distribution); the tail is ranked only if a
+/// walk reaches it with a sum its terms could still change. The choices are the
+/// full sort's, bit for bit (`tests::matches_the_full_sort_sampler`).
+struct Ranked {
+    /// `cand[..ranked]`: the best candidates in final order; the rest rank below them.
+    cand: Vec<(u32, f32)>,
+    /// `probs[i]` for i < ranked.
+    probs: Vec<f32>,
+    ranked: usize,
+    max: f32,
+    sum: f32,
+}
+
+impl Ranked {
+    /// Keeps the best `top_k` (0 = all) and ranks the prefix that matters.
+    fn new(mut cand: Vec<(u32, f32)>, top_k: usize) -> Ranked {
+        if top_k > 0 && top_k < cand.len() {
+            cand.select_nth_unstable_by(top_k - 1, order);
+            cand.truncate(top_k);
+        }
+        let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        let mut d = Ranked {
+            cand,
+            probs: Vec::new(),
+            ranked: 0,
+            max,
+            sum: 0.0,
+        };
+        if max.is_finite() {
+            // Stable split (ids stay ascending for the radix sort's tie order).
+            let (mut head, tail): (Vec<_>, Vec<_>) = std::mem::take(&mut d.cand)
+                .into_iter()
+                .partition(|c| c.1 - max >= TAIL_CUTOFF);
+            sort_ranked(&mut head);
+            d.ranked = head.len();
+            head.extend(tail);
+            d.cand = head;
+        } else {
+            // ±inf logits after temperature: no tail bound holds; rank everything.
+            sort_ranked(&mut d.cand);
+            d.ranked = d.cand.len();
+        }
+        d.probs = d.cand[..d.ranked]
+            .iter()
+            .map(|c| (c.1 - max).exp())
+            .collect();
+        // The tail adds nothing to this sum (see TAIL_CUTOFF), so it ends here.
+        d.sum = d.probs.iter().sum();
+        let sum = d.sum;
+        d.probs.iter_mut().for_each(|x| *x /= sum);
+        d
+    }
+
+    fn len(&self) -> usize {
+        self.cand.len()
+    }
+
+    /// Ranks the tail (once, if a walk gets there).
+    fn rank_all(&mut self) {
+        if self.ranked == self.cand.len() {
+            return;
+        }
+        self.cand[self.ranked..].sort_unstable_by(order);
+        let (max, sum) = (self.max, self.sum);
+        self.probs.extend(
+            self.cand[self.ranked..]
+                .iter()
+                .map(|c| (c.1 - max).exp() / sum),
+        );
+        self.ranked = self.cand.len();
+    }
+
+    fn prob(&mut self, i: usize) -> f32 {
+        if i >= self.ranked {
+            self.rank_all();
+        }
+        self.probs[i]
+    }
+
+    fn id(&mut self, i: usize) -> u32 {
+        if i >= self.ranked {
+            self.rank_all();
+        }
+        self.cand[i].0
+    }
+
+    /// True when a running sum `acc` of the probabilities in rank order has reached
+    /// the unranked tail (i == ranked) and no tail term can change it: each is below
+    /// TAIL_MAX < 2^-25, at most half an ulp of any acc ≥ 0.5.
+    fn tail_cannot_change(&self, i: usize, acc: f32) -> bool {
+        i == self.ranked && i < self.cand.len() && acc.is_finite() && acc >= 0.5
+    }
+}
+
+/// Descending by logit; ties keep the lower id first (a total order: ids differ).
+fn order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.partial_cmp(&a.1)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then(a.0.cmp(&b.0))
+}
+
+/// Sorts candidates by [`order`]; `c` must have ascending ids (the radix sort is
+/// stable and keys on the value only, so ties keep that id order).
+fn sort_ranked(c: &mut Vec<(u32, f32)>) {
+    if c.len() < 1024 {
+        c.sort_unstable_by(order);
+        return;
+    }
+    // Key: ascending u32 for descending value. -0.0 and +0.0 compare equal in
+    // `order`, so they get one key (`+ 0.0` turns -0.0 into +0.0).
+    let key = |v: f32| {
+        let b = (v + 0.0).to_bits();
+        let asc = if b & 0x8000_0000 != 0 {
+            !b
+        } else {
+            b | 0x8000_0000
+        };
+        !asc
+    };
+    // (key, position in c): positions ascend with ids.
+    let mut a: Vec<(u32, u32)> = c
+        .iter()
+        .enumerate()
+        .map(|(pos, &(_, v))| (key(v), pos as u32))
+        .collect();
+    let mut b = vec![(0u32, 0u32); a.len()];
+    let mut hist = [[0usize; 256]; 4];
+    for &(k, _) in &a {
+        for (pass, h) in hist.iter_mut().enumerate() {
+            h[((k >> (8 * pass)) & 0xFF) as usize] += 1;
+        }
+    }
+    for (pass, h) in hist.iter().enumerate() {
+        if h.iter().any(|&n| n == a.len()) {
+            continue; // every key has the same byte here
+        }
+        let mut start = [0usize; 256];
+        let mut acc = 0;
+        for (s, &n) in start.iter_mut().zip(h.iter()) {
+            *s = acc;
+            acc += n;
+        }
+        for &e in &a {
+            let byte = ((e.0 >> (8 * pass)) & 0xFF) as usize;
+            b[start[byte]] = e;
+            start[byte] += 1;
+        }
+        std::mem::swap(&mut a, &mut b);
+    }
+    *c = a.iter().map(|&(_, pos)| c[pos as usize]).collect();
+}
+
+/// Index of the largest value; the lowest index wins a tie; NaN never wins.
+pub fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in l.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sampler's temperature path as it was before the ranked softmax: every
+    /// candidate sorted, every probability computed. The new one must choose the same.
+    fn full_sort_sample(p: &SamplingParams, rng: &mut rand::rngs::StdRng, l: &[f32]) -> u32 {
+        let mut cand: Vec<(u32, f32)> = l
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, v / p.temperature))
+            .collect();
+        if cand.is_empty() {
+            return argmax(l);
+        }
         cand.sort_by(|a, b| {
             b.1.partial_cmp(&a.1)
                 .unwrap_or(std::cmp::Ordering::Equal)
@@ -127,7 +366,7 @@ impl Sampler {
             cand.truncate(keep);
         }
         let total: f32 = probs.iter().sum();
-        let mut r: f32 = self.rng.random::<f32>() * total;
+        let mut r: f32 = rng.random::<f32>() * total;
         for (i, &pr) in probs.iter().enumerate() {
             if r < pr {
                 return cand[i].0;
@@ -136,24 +375,98 @@ impl Sampler {
         }
         cand[cand.len() - 1].0
     }
-}
 
-/// Index of the largest value; the lowest index wins a tie; NaN never wins.
-pub fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in l.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
+    /// Random logits of many shapes: flat and peaked, ties, ±0, -inf, huge values.
+    fn logits_case(rng: &mut rand::rngs::StdRng, case: usize) -> Vec<f32> {
+        let n = [1usize, 2, 7, 300, 3000, 20_000][case % 6];
+        let scale = [0.3f32, 1.0, 4.0, 20.0, 80.0][(case / 6) % 5];
+        let mut l: Vec<f32> = (0..n)
+            .map(|_| {
+                let u: f32 = rng.random_range(-1.0..1.0);
+                // Sums of uniforms: roughly normal, with a long-ish upper tail.
+                (u + rng.random_range(-1.0f32..1.0) + rng.random_range(-1.0f32..1.0)) * scale
+            })
+            .collect();
+        match (case / 30) % 4 {
+            // Many exact ties.
+            1 => l.iter_mut().for_each(|v| *v = (*v * 2.0).round() / 2.0),
+            // Banned tokens and signed zeros.
+            2 => {
+                for (i, v) in l.iter_mut().enumerate() {
+                    if i % 5 == 0 {
+                        *v = f32::NEG_INFINITY;
+                    } else if i % 7 == 0 {
+                        *v = if i % 2 == 0 { 0.0 } else { -0.0 };
+                    }
+                }
+            }
+            // One dominant token.
+            3 => {
+                let i = rng.random_range(0..n);
+                l[i] += 30.0 * scale.max(1.0);
+            }
+            _ => {}
+        }
+        l
+    }
+
+    #[test]
+    fn matches_the_full_sort_sampler() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        let mut draws = 0;
+        for case in 0..120 {
+            let l = logits_case(&mut rng, case);
+            for temperature in [0.05f32, 0.6, 1.0, 3.0] {
+                for top_k in [0usize, 20, 1000] {
+                    for (top_p, min_p) in [
+                        (1.0f32, 0.0f32),
+                        (0.9, 0.0),
+                        (0.999_999, 0.0),
+                        (1.0, 0.05),
+                        (0.95, 1e-12),
+                        (1.0, 1e-9),
+                    ] {
+                        let p = SamplingParams {
+                            temperature,
+                            top_k,
+                            top_p,
+                            min_p,
+                            ..Default::default()
+                        };
+                        let seed = rng.random::<u64>();
+                        let mut s = Sampler::new(&p, seed, &[]);
+                        let mut old_rng = rand::rngs::StdRng::seed_from_u64(seed);
+                        for _ in 0..2 {
+                            let want = full_sort_sample(&p, &mut old_rng, &l);
+                            assert_eq!(s.sample(&l), want, "case {case}, {p:?}");
+                            draws += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(draws > 15_000);
+    }
+
+    #[test]
+    fn radix_ranking_equals_the_comparison_sort() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        for case in 0..60 {
+            let l = logits_case(&mut rng, case);
+            let mut c: Vec<(u32, f32)> = l
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, &v)| (i as u32, v))
+                .collect();
+            let mut want = c.clone();
+            want.sort_by(order);
+            sort_ranked(&mut c);
+            let bits =
+                |v: &[(u32, f32)]| v.iter().map(|&(i, x)| (i, x.to_bits())).collect::<Vec<_>>();
+            assert_eq!(bits(&c), bits(&want), "case {case}");
         }
     }
-    best as u32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
     fn greedy_takes_lowest_id_on_ties() {
