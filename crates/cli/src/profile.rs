@@ -36,6 +36,7 @@ pub struct ProfileArgs {
 
 pub fn run(a: ProfileArgs) -> Result<()> {
     if let Some(n) = a.threads {
+        engine::check_threads(n)?;
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global()

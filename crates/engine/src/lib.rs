@@ -46,6 +46,8 @@ pub enum EngineError {
     Memory(String),
     #[error("device: {0}")]
     Device(String),
+    #[error("{0}")]
+    Threads(String),
     #[error("executor: {0}")]
     Exec(#[from] ExecError),
 }
@@ -93,6 +95,7 @@ impl Engine {
     /// Loads a GGUF model (first shard of a split model, or the single file).
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
         if let Some(n) = cfg.threads {
+            check_threads(n)?;
             // Fails only if the pool already exists (a second engine in one process).
             let _ = rayon::ThreadPoolBuilder::new()
                 .num_threads(n)
@@ -118,7 +121,17 @@ impl Engine {
             }
             None => mcfg.n_ctx_train.min(4096),
         };
-        let state_bytes = cpu::state_bytes(&mcfg, n_ctx) as u64;
+        let state_bytes = cpu::state_bytes(&mcfg, n_ctx);
+        if state_bytes > isize::MAX as usize {
+            // No allocation can be this large (the count saturated or nearly so).
+            return Err(EngineError::Memory(format!(
+                "--max-context {n_ctx} is far too large: its KV cache and recurrent state would \
+                 need more memory than a 64-bit address space holds; lower --max-context \
+                 (this model was trained for {} tokens)",
+                mcfg.n_ctx_train
+            )));
+        }
+        let state_bytes = state_bytes as u64;
         let available = mem_available();
         if let Some(avail) = available {
             if state_bytes > avail {
@@ -434,6 +447,31 @@ impl Engine {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// More kernel threads than this many per CPU thread of the machine are refused: they
+/// only take turns on the cores (and thousands of them take seconds just to start).
+pub const MAX_THREADS_PER_CPU: usize = 4;
+
+/// Checks a thread count the user asked for (`-t` / `--threads`, the config file's
+/// `threads`): at least 1 and at most [`MAX_THREADS_PER_CPU`] × the CPU threads this
+/// machine has.
+pub fn check_threads(n: usize) -> Result<(), EngineError> {
+    // Where the machine's count is unknown, allow what a large server has.
+    let cpus = std::thread::available_parallelism().map_or(256, |c| c.get());
+    let max = cpus.saturating_mul(MAX_THREADS_PER_CPU);
+    if n == 0 {
+        return Err(EngineError::Threads(format!(
+            "-t/--threads 0: at least 1 thread is needed (leave it out to use all {cpus} CPU threads)"
+        )));
+    }
+    if n > max {
+        return Err(EngineError::Threads(format!(
+            "-t/--threads {n} is more than {MAX_THREADS_PER_CPU}× the {cpus} CPU threads of this machine \
+             (at most {max}); leave it out to use all {cpus}"
+        )));
+    }
+    Ok(())
+}
 
 /// Where `generate_with_logits` hands each set of logits.
 type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);

@@ -143,3 +143,33 @@ fn mtp_block_loads_with_the_trunk() {
     assert_eq!(eng.config().n_nextn, g.n_nextn as usize);
     assert_eq!(eng.config().n_layer, g.n_layer as usize);
 }
+
+/// A `--max-context` no machine can hold (18446744073709551615 wrapped the state-size
+/// arithmetic, passed the memory check and panicked with `capacity overflow`) and
+/// thread counts of 0 or thousands are refused with the flag named.
+#[test]
+fn absurd_context_and_thread_counts_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = tiny(dir.path());
+    let load = |cfg: EngineConfig| match Engine::load(&path, &cfg) {
+        Ok(_) => panic!("{cfg:?} loaded but should have been refused"),
+        Err(e) => e.to_string(),
+    };
+    for n_ctx in [usize::MAX, 1 << 60, 1 << 40] {
+        let e = load(EngineConfig {
+            max_context: Some(n_ctx),
+            ..Default::default()
+        });
+        assert!(
+            e.contains(&format!("--max-context {n_ctx}")) && e.contains("lower --max-context"),
+            "{e}"
+        );
+    }
+    for threads in [0, 100_000] {
+        let e = load(EngineConfig {
+            threads: Some(threads),
+            ..Default::default()
+        });
+        assert!(e.contains(&format!("-t/--threads {threads}")), "{e}");
+    }
+}

@@ -75,9 +75,20 @@ impl CpuState {
     }
 }
 
-/// Bytes a sequence of `n_ctx` positions needs (for the startup memory account).
+/// Bytes a sequence of `n_ctx` positions needs (for the startup memory accounts).
+/// Saturates at `usize::MAX` instead of wrapping: a context too large to count is
+/// too large to allocate, and the memory checks then refuse it (a wrapped product
+/// used to pass them and fail in the allocator).
 pub fn state_bytes(cfg: &ModelConfig, n_ctx: usize) -> usize {
-    let kv = cfg.n_attention_layers() * 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * 4;
+    let product = |xs: &[usize]| xs.iter().fold(1usize, |acc, &x| acc.saturating_mul(x));
+    let kv = product(&[
+        cfg.n_attention_layers(),
+        2,
+        n_ctx,
+        cfg.n_head_kv,
+        cfg.head_dim,
+        4,
+    ]);
     let dn = match &cfg.ssm {
         Some(s) => {
             let n = cfg
@@ -85,11 +96,13 @@ pub fn state_bytes(cfg: &ModelConfig, n_ctx: usize) -> usize {
                 .iter()
                 .filter(|k| **k == LayerKind::DeltaNet)
                 .count();
-            n * (s.conv_dim() * (s.d_conv - 1) + s.n_v_heads * s.d_state * s.d_state) * 4
+            let per_layer = product(&[s.conv_dim(), s.d_conv.saturating_sub(1)])
+                .saturating_add(product(&[s.n_v_heads, s.d_state, s.d_state]));
+            product(&[n, per_layer, 4])
         }
         None => 0,
     };
-    kv + dn
+    kv.saturating_add(dn)
 }
 
 /// How matrix products treat activations.
