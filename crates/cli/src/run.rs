@@ -71,6 +71,24 @@ pub fn run(a: RunArgs) -> Result<()> {
     check_range("top-p", a.top_p, 0.0, 1.0)?;
     check_range("min-p", a.min_p, 0.0, 1.0)?;
     check_range("repeat-penalty", a.repeat_penalty, 0.0, 100.0)?;
+    // The dump's file is created before anything runs: a path that cannot be written
+    // is reported now, not after the whole generation.
+    let dump = match &a.dump_logits {
+        Some(p) => Some(
+            std::fs::File::create(p)
+                .with_context(|| format!("--dump-logits: cannot create {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let result = generate(&a, dump);
+    if let (Err(_), Some(p)) = (&result, &a.dump_logits) {
+        // Leave no empty or partial dump behind.
+        let _ = std::fs::remove_file(p);
+    }
+    result
+}
+
+fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
     let t = std::time::Instant::now();
     let mut eng = Engine::load(
         &a.model,
@@ -151,10 +169,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut stdout = std::io::stdout();
     let mut all_logits: Vec<f32> = Vec::new();
     let n_vocab = info.n_vocab;
-    let want_logits = a.dump_logits.is_some();
+    let want_logits = dump.is_some();
+    // With a dump, the prompt is evaluated by one pass that keeps every position's
+    // logits (its time, in ms); generation then continues from that state.
+    let mut logits_pass_ms = None;
     if want_logits {
-        // Prompt positions: one full pass, then generation continues from that state.
+        let t = std::time::Instant::now();
         all_logits = eng.logits_all(&prompt)?;
+        logits_pass_ms = Some(t.elapsed().as_secs_f64() * 1000.0);
         all_logits.truncate((prompt.len() - 1) * n_vocab);
     }
     let completion = eng.generate_with_logits(
@@ -173,7 +195,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     )?;
     let _ = stdout.write_all(dec.finish().as_bytes());
     println!();
-    let tm = &completion.timings;
+    let mut tm = completion.timings.clone();
+    if let Some(ms) = logits_pass_ms {
+        // The logits pass evaluated the prompt, so `generate` found all of it in the
+        // prompt cache: report the pass as the prompt's evaluation.
+        tm.prompt_n += tm.cache_n;
+        tm.cache_n = 0;
+        tm.prompt_ms += ms;
+    }
     eprintln!(
         "prompt: {} tokens in {:.1} ms ({:.2} tok/s){}; generation: {} tokens in {:.1} ms ({:.2} tok/s); finish: {:?}",
         tm.prompt_n,
@@ -189,9 +218,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         let ids: Vec<String> = completion.tokens.iter().map(|t| t.to_string()).collect();
         println!("ids: {}", ids.join(","));
     }
-    if let Some(path) = &a.dump_logits {
+    if let (Some(file), Some(path)) = (dump, &a.dump_logits) {
         let rows = all_logits.len() / n_vocab;
-        engine::npy::write_f32(path, rows, n_vocab, &all_logits)
+        engine::npy::write_f32_to(file, rows, n_vocab, &all_logits)
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote logits for {rows} positions to {}", path.display());
     }

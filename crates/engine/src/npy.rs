@@ -9,6 +9,17 @@ pub fn write_f32(
     cols: usize,
     data: &[f32],
 ) -> std::io::Result<()> {
+    write_f32_to(std::fs::File::create(path)?, rows, cols, data)
+}
+
+/// [`write_f32`] into an open file or any writer (`--dump-logits` creates its file
+/// before generating, so a bad path is reported at once).
+pub fn write_f32_to(
+    out: impl Write,
+    rows: usize,
+    cols: usize,
+    data: &[f32],
+) -> std::io::Result<()> {
     assert_eq!(rows * cols, data.len());
     let mut header =
         format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
@@ -18,7 +29,7 @@ pub fn write_f32(
     let pad = (64 - total % 64) % 64;
     header.push_str(&" ".repeat(pad));
     header.push('\n');
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut f = std::io::BufWriter::new(out);
     f.write_all(b"\x93NUMPY\x01\x00")?;
     f.write_all(&(header.len() as u16).to_le_bytes())?;
     f.write_all(header.as_bytes())?;
