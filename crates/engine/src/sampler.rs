@@ -286,7 +286,7 @@ fn sort_ranked(c: &mut Vec<(u32, f32)>) {
         }
     }
     for (pass, h) in hist.iter().enumerate() {
-        if h.iter().any(|&n| n == a.len()) {
+        if h.contains(&a.len()) {
             continue; // every key has the same byte here
         }
         let mut start = [0usize; 256];
