@@ -161,6 +161,37 @@ fn qwen35moe_odd_widths_bf16_prefill_equals_decode() {
     check_model(&path, g.name, Preset::Bf16);
 }
 
+/// A long prompt (two prompt chunks, many attention tiles per head) gives every
+/// position the decode path's logits bit for bit.
+#[test]
+fn long_prompt_prefill_equals_decode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth(dir.path(), "tiny-qwen35moe", Preset::Q8_0, 7);
+    let mut eng = Engine::load(
+        &path,
+        &EngineConfig {
+            max_context: Some(1024),
+            device: Some(test_device()),
+            ..Default::default()
+        },
+    )
+    .expect("load");
+    let n_vocab = eng.info().n_vocab;
+    let prompt: Vec<u32> = (0..5).map(|i| (i * 7919 + 13) % 5000).collect();
+    let (tokens, step_logits) = decode(&mut eng, &prompt, 600);
+    let mut seq = prompt.clone();
+    seq.extend_from_slice(&tokens[..tokens.len() - 1]);
+    let all = eng.logits_all(&seq).expect("logits_all");
+    for (i, l) in step_logits.iter().enumerate() {
+        let row = prompt.len() - 1 + i;
+        assert_eq!(
+            bits(&all[row * n_vocab..(row + 1) * n_vocab]),
+            bits(l),
+            "position {row} differs between prefill and decode"
+        );
+    }
+}
+
 #[test]
 fn forced_tokens_and_stop() {
     let dir = tempfile::tempdir().expect("tempdir");

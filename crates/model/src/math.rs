@@ -60,6 +60,7 @@ fn combine_lanes(mut acc: [f32; LANES]) -> f32 {
 }
 
 /// Σ x_i in the canonical 32-lane order.
+#[inline]
 pub fn sum(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     for (i, &v) in x.iter().enumerate() {
@@ -69,6 +70,7 @@ pub fn sum(x: &[f32]) -> f32 {
 }
 
 /// Σ x_i² in the canonical 32-lane order (each square rounded, then added).
+#[inline]
 pub fn sum_sq(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     for (i, &v) in x.iter().enumerate() {
@@ -79,6 +81,7 @@ pub fn sum_sq(x: &[f32]) -> f32 {
 
 /// Σ a_i·b_i in the canonical 32-lane order (each product rounded, then
 /// added). The slices must have the same length.
+#[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len(), "dot of slices of different lengths");
     let mut acc = [0.0f32; LANES];
@@ -292,6 +295,9 @@ pub fn l2_norm(x: &mut [f32], eps: f32) {
 
 /// Softmax in place: max (exact in any order), e^(v - max) with our `exp`,
 /// their sum in the canonical 32-lane order, then each times 1/sum.
+// Always inlined: attention's vector builds (`engine::cpu::attention`) then run it,
+// and `exp`'s fused multiply-adds, as instructions instead of calls (same bits).
+#[inline(always)]
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     for v in x.iter_mut() {

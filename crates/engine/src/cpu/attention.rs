@@ -1,13 +1,23 @@
 //! Attention on the CPU: q/k per-head RMSNorm, partial NeoX RoPE, causal GQA
 //! softmax attention over the cache, optional sigmoid output gate, output proj.
 //!
-//! Each score is one sequential sum over the head's dims, `s = 0; s += q_i·k_i`
-//! (products and sums rounded apart), then `s · scale`. A prompt of T tokens computes
-//! T²/2 of them per head, so their speed decides how prompt speed falls with length:
-//! one sum is a chain of dependent adds, but the scores of different positions are
-//! independent. The cache therefore keeps keys dim-major (positions contiguous) and
-//! [`scores`] runs `LANES` positions side by side, each lane its own unchanged chain,
-//! so the bits are those of the one-score-at-a-time loop.
+//! The arithmetic of one query row is fixed: each score is one sequential sum over
+//! the head's dims, `s = 0; s += q_i·k_i` (products and sums rounded apart), times
+//! `scale`; `model::math::softmax` over the row; then `o_j += p·v_j` over the
+//! positions in increasing order. A prompt of T tokens does T²/2 such rows' worth of
+//! work per head, so how it runs decides how prompt speed falls with length. Two
+//! things made it fall fast: every score was a chain of dependent adds, and every
+//! query streamed its whole K and V history from memory on its own. Now
+//! - the cache keeps keys dim-major (positions contiguous), and [`scores`] runs
+//!   `LANES` positions side by side, each lane its own unchanged chain;
+//! - a task takes `TOKENS_PER_TASK` queries of one head and walks the history block
+//!   by block for all of them, so each block of K and V is read once per task, not
+//!   once per query;
+//! - the per-task code is built for the vector level the CPU has (no fused
+//!   multiply-adds are formed: Rust never contracts `a * b + c`).
+//!
+//! None of this changes an operation or its order, so the bits are the one-query,
+//! one-position-at-a-time loop's (`tests`, and the engine's prefill == decode tests).
 
 use super::{Act, CpuBackend, Job, KvCache};
 use model::math::{rms_norm, rope_neox, sigmoid};
@@ -17,6 +27,13 @@ use rayon::prelude::*;
 /// Positions whose scores run side by side (8 AVX2 / 4 AVX-512 registers of sums:
 /// enough independent chains to hide the add latency).
 const LANES: usize = 64;
+
+/// Queries (consecutive tokens of one head) per task: each block of the history is
+/// read once for all of them. A decode step has one per head.
+const TOKENS_PER_TASK: usize = 16;
+
+/// Positions per block of the value pass (`hd` floats each, shared by a task's queries).
+const V_BLOCK: usize = 16;
 
 pub(super) fn run(
     b: &CpuBackend,
@@ -80,35 +97,145 @@ pub(super) fn run(
         cache.v[p * kvw..(p + 1) * kvw].copy_from_slice(vf.row(t));
     }
 
-    let scale = 1.0 / (hd as f32).sqrt();
+    // Tasks: (head, first token) tiles; each returns its queries' output rows.
+    let geo = Geometry {
+        hd,
+        kvw: nkv * hd,
+        n_ctx,
+        pos0,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
     let group = nh / nkv;
-    let kvw = nkv * hd;
-    let mut out = Act::zeros(t_n, nh * hd);
-    let (k_cache, v_cache) = (&cache.k, &cache.v);
+    let tiles: Vec<(usize, usize)> = (0..nh)
+        .flat_map(|h| (0..t_n).step_by(TOKENS_PER_TASK).map(move |t0| (h, t0)))
+        .collect();
     let wide = wide_kernels();
-    out.data.par_chunks_mut(hd).enumerate().for_each(|(th, o)| {
-        let (t, h) = (th / nh, th % nh);
-        let kvh = h / group;
-        let qh = &q[th * hd..(th + 1) * hd];
-        let n_pos = pos0 + t + 1;
-        let mut scores = vec![0.0f32; n_pos];
-        let kt = &k_cache[kvh * hd * n_ctx..(kvh + 1) * hd * n_ctx];
-        scores_at(wide, qh, kt, n_ctx, scale, &mut scores);
-        model::math::softmax(&mut scores);
-        for (p, &pr) in scores.iter().enumerate() {
-            let v = &v_cache[p * kvw + kvh * hd..p * kvw + (kvh + 1) * hd];
-            for (acc, &vv) in o.iter_mut().zip(v) {
-                *acc += pr * vv;
+    let (k_cache, v_cache) = (&cache.k, &cache.v);
+    let results: Vec<Vec<f32>> = tiles
+        .par_iter()
+        .map(|&(h, t0)| {
+            let t1 = (t0 + TOKENS_PER_TASK).min(t_n);
+            let kvh = h / group;
+            let tile = Tile {
+                // Query (and gate) rows of tokens t0..t1 of head h: stride nh·hd.
+                q: &q[(t0 * nh + h) * hd..],
+                gate: if gate.is_empty() {
+                    &[]
+                } else {
+                    &gate[(t0 * nh + h) * hd..]
+                },
+                row_stride: nh * hd,
+                t0,
+                n: t1 - t0,
+                kt: &k_cache[kvh * hd * n_ctx..(kvh + 1) * hd * n_ctx],
+                v: &v_cache[kvh * hd..],
+            };
+            attend_at(wide, &geo, &tile)
+        })
+        .collect();
+    let mut out = Act::zeros(t_n, nh * hd);
+    for (&(h, t0), rows) in tiles.iter().zip(&results) {
+        for (i, row) in rows.chunks_exact(hd).enumerate() {
+            let t = t0 + i;
+            out.data[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(row);
+        }
+    }
+    b.mm_weight(&w.o, &out)
+}
+
+/// Sizes shared by every tile of a call.
+struct Geometry {
+    hd: usize,
+    /// Floats per position of the V cache (n_head_kv · hd).
+    kvw: usize,
+    /// Stride of the dim-major K cache.
+    n_ctx: usize,
+    /// Position of token 0 of this call.
+    pos0: usize,
+    scale: f32,
+}
+
+/// The queries of one task: tokens t0..t0+n of one head, and its kv head's cache.
+struct Tile<'a> {
+    /// Row i (token t0 + i) at `i · row_stride`, `hd` floats.
+    q: &'a [f32],
+    /// Empty, or the output gates laid out like `q`.
+    gate: &'a [f32],
+    row_stride: usize,
+    t0: usize,
+    n: usize,
+    /// The kv head's keys, dim-major: dim i of position p at `i · n_ctx + p`.
+    kt: &'a [f32],
+    /// The V cache from the kv head's first value: position p at `p · kvw`.
+    v: &'a [f32],
+}
+
+fn attend_at(wide: Wide, g: &Geometry, t: &Tile) -> Vec<f32> {
+    match wide {
+        Wide::Plain => attend(g, t),
+        // SAFETY: `wide_kernels` chose these only where the CPU has the features.
+        #[cfg(target_arch = "x86_64")]
+        Wide::Avx2 => unsafe { attend_avx2(g, t) },
+        #[cfg(target_arch = "x86_64")]
+        Wide::Avx512 => unsafe { attend_avx512(g, t) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn attend_avx2(g: &Geometry, t: &Tile) -> Vec<f32> {
+    attend(g, t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn attend_avx512(g: &Geometry, t: &Tile) -> Vec<f32> {
+    attend(g, t)
+}
+
+/// The output rows (`t.n × hd`) of a tile's queries. Query i attends to positions
+/// 0..=pos0 + t0 + i. Scores go block by block of `LANES` positions for all queries,
+/// values block by block of `V_BLOCK`; within a query every operation is the
+/// one-query loop's, in its order.
+#[inline(always)]
+fn attend(g: &Geometry, t: &Tile) -> Vec<f32> {
+    let hd = g.hd;
+    let n_pos = |i: usize| g.pos0 + t.t0 + i + 1;
+    let q_row = |i: usize| &t.q[i * t.row_stride..i * t.row_stride + hd];
+    let mut probs: Vec<Vec<f32>> = (0..t.n).map(|i| vec![0.0f32; n_pos(i)]).collect();
+    let last = n_pos(t.n - 1);
+    for p0 in (0..last).step_by(LANES) {
+        for (i, row) in probs.iter_mut().enumerate() {
+            let end = (p0 + LANES).min(row.len());
+            if p0 < end {
+                scores(q_row(i), t.kt, g.n_ctx, p0, g.scale, &mut row[p0..end]);
             }
         }
-        if !gate.is_empty() {
-            let g = &gate[th * hd..(th + 1) * hd];
-            for (acc, &gg) in o.iter_mut().zip(g) {
+    }
+    for row in probs.iter_mut() {
+        model::math::softmax(row);
+    }
+    let mut out = vec![0.0f32; t.n * hd];
+    for p0 in (0..last).step_by(V_BLOCK) {
+        for (row, o) in probs.iter().zip(out.chunks_exact_mut(hd)) {
+            let end = (p0 + V_BLOCK).min(row.len());
+            for (p, &pr) in row.iter().enumerate().take(end).skip(p0) {
+                let v = &t.v[p * g.kvw..p * g.kvw + hd];
+                for (acc, &vv) in o.iter_mut().zip(v) {
+                    *acc += pr * vv;
+                }
+            }
+        }
+    }
+    if !t.gate.is_empty() {
+        for (i, o) in out.chunks_exact_mut(hd).enumerate() {
+            let gr = &t.gate[i * t.row_stride..i * t.row_stride + hd];
+            for (acc, &gg) in o.iter_mut().zip(gr) {
                 *acc *= sigmoid(gg);
             }
         }
-    });
-    b.mm_weight(&w.o, &out)
+    }
+    out
 }
 
 /// Which build of [`scores`] runs: the widest vector level the quant kernels use
@@ -138,61 +265,33 @@ fn wide_kernels() -> Wide {
     Wide::Plain
 }
 
-fn scores_at(wide: Wide, q: &[f32], kt: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
-    match wide {
-        Wide::Plain => scores(q, kt, stride, scale, out),
-        // SAFETY: `wide_kernels` chose these only where the CPU has the features.
-        #[cfg(target_arch = "x86_64")]
-        Wide::Avx2 => unsafe { scores_avx2(q, kt, stride, scale, out) },
-        #[cfg(target_arch = "x86_64")]
-        Wide::Avx512 => unsafe { scores_avx512(q, kt, stride, scale, out) },
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn scores_avx2(q: &[f32], kt: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
-    scores(q, kt, stride, scale, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn scores_avx512(q: &[f32], kt: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
-    scores(q, kt, stride, scale, out)
-}
-
-/// `out[p] = (Σ_i q_i·k_i(p)) · scale` for the positions p < out.len(), where `kt` is
+/// `out[j] = (Σ_i q_i·k_i(p0 + j)) · scale` for j < out.len() ≤ LANES, where `kt` is
 /// one kv head's keys dim-major (`k_i(p) = kt[i·stride + p]`). Each sum starts at +0.0
 /// and adds the rounded products in increasing i, exactly the one-position loop; the
-/// `LANES` positions of a block only share the loop (Rust never fuses `a * b + c`).
+/// positions of a block only share the loop.
 #[inline(always)]
-fn scores(q: &[f32], kt: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
-    let n_pos = out.len();
-    let mut p0 = 0;
-    while p0 < n_pos {
-        let width = (n_pos - p0).min(LANES);
-        let mut acc = [0.0f32; LANES];
-        if width == LANES {
-            for (i, &qi) in q.iter().enumerate() {
-                let k: &[f32; LANES] = kt[i * stride + p0..i * stride + p0 + LANES]
-                    .try_into()
-                    .expect("a whole block");
-                for j in 0..LANES {
-                    acc[j] += qi * k[j];
-                }
-            }
-        } else {
-            for (i, &qi) in q.iter().enumerate() {
-                let k = &kt[i * stride + p0..i * stride + p0 + width];
-                for (a, &kv) in acc.iter_mut().zip(k) {
-                    *a += qi * kv;
-                }
+fn scores(q: &[f32], kt: &[f32], stride: usize, p0: usize, scale: f32, out: &mut [f32]) {
+    let width = out.len();
+    let mut acc = [0.0f32; LANES];
+    if width == LANES {
+        for (i, &qi) in q.iter().enumerate() {
+            let k: &[f32; LANES] = kt[i * stride + p0..i * stride + p0 + LANES]
+                .try_into()
+                .expect("a whole block");
+            for j in 0..LANES {
+                acc[j] += qi * k[j];
             }
         }
-        for (o, &a) in out[p0..p0 + width].iter_mut().zip(&acc) {
-            *o = a * scale;
+    } else {
+        for (i, &qi) in q.iter().enumerate() {
+            let k = &kt[i * stride + p0..i * stride + p0 + width];
+            for (a, &kv) in acc.iter_mut().zip(k) {
+                *a += qi * kv;
+            }
         }
-        p0 += width;
+    }
+    for (o, &a) in out.iter_mut().zip(&acc) {
+        *o = a * scale;
     }
 }
 
@@ -201,48 +300,120 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// The blocked scores equal the one-position-at-a-time loop bit for bit, at every
-    /// build, for block-sized and ragged position counts.
-    #[test]
-    fn scores_equal_the_sequential_dot_bitwise() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        for (hd, n_pos) in [
-            (40usize, 1usize),
-            (128, 63),
-            (256, 64),
-            (72, 200),
-            (256, 1000),
-        ] {
-            let stride = n_pos + 5;
-            let q: Vec<f32> = (0..hd).map(|_| rng.random_range(-3.0f32..3.0)).collect();
-            let kt: Vec<f32> = (0..hd * stride)
-                .map(|_| rng.random_range(-3.0f32..3.0))
-                .collect();
-            let scale = 1.0 / (hd as f32).sqrt();
-            let want: Vec<u32> = (0..n_pos)
-                .map(|p| {
-                    let mut s = 0.0f32;
-                    for i in 0..hd {
-                        s += q[i] * kt[i * stride + p];
-                    }
-                    (s * scale).to_bits()
-                })
-                .collect();
-            let mut builds = vec![Wide::Plain];
-            #[cfg(target_arch = "x86_64")]
-            {
-                if std::arch::is_x86_feature_detected!("avx2") {
-                    builds.push(Wide::Avx2);
-                }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    builds.push(Wide::Avx512);
-                }
+    /// One query row the way attention was first written: scores one position at a
+    /// time from a position-major K, softmax, values in position order, gate.
+    fn one_query(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], gate: Option<&[f32]>) -> Vec<f32> {
+        let scale = 1.0 / (q.len() as f32).sqrt();
+        let mut scores = Vec::with_capacity(k.len());
+        for kp in k {
+            let mut s = 0.0f32;
+            for (a, b) in q.iter().zip(kp) {
+                s += a * b;
             }
-            for wide in builds {
-                let mut out = vec![f32::NAN; n_pos];
-                scores_at(wide, &q, &kt, stride, scale, &mut out);
-                let got: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
-                assert_eq!(got, want, "hd {hd}, {n_pos} positions");
+            scores.push(s * scale);
+        }
+        model::math::softmax(&mut scores);
+        let mut o = vec![0.0f32; q.len()];
+        for (p, &pr) in scores.iter().enumerate() {
+            for (acc, &vv) in o.iter_mut().zip(&v[p]) {
+                *acc += pr * vv;
+            }
+        }
+        if let Some(g) = gate {
+            for (acc, &gg) in o.iter_mut().zip(g) {
+                *acc *= sigmoid(gg);
+            }
+        }
+        o
+    }
+
+    fn builds() -> Vec<Wide> {
+        let mut b = vec![Wide::Plain];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                b.push(Wide::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                b.push(Wide::Avx512);
+            }
+        }
+        b
+    }
+
+    /// A tile's rows equal the one-query loop bit for bit, at every build, for
+    /// head dims and position counts around the block sizes, with and without gates.
+    #[test]
+    fn tiles_equal_the_one_query_loop_bitwise() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut r =
+            |n: usize, a: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(-a..a)).collect() };
+        let (nkv, kvh) = (2usize, 1usize);
+        for (hd, pos0, n, gated) in [
+            (40usize, 0usize, 1usize, false),
+            (128, 0, 16, true),
+            (256, 63, 2, false),
+            (72, 130, 16, true),
+            (256, 1000, 5, true),
+            (40, 7, 9, false),
+        ] {
+            let n_ctx = pos0 + n + 3;
+            let n_all = pos0 + n;
+            // Keys and values of every position of kv head `kvh`, position-major.
+            let k: Vec<Vec<f32>> = (0..n_all).map(|_| r(hd, 3.0)).collect();
+            let v: Vec<Vec<f32>> = (0..n_all).map(|_| r(hd, 2.0)).collect();
+            let mut kt = vec![f32::NAN; nkv * hd * n_ctx];
+            let mut vc = vec![f32::NAN; n_ctx * nkv * hd];
+            for p in 0..n_all {
+                for i in 0..hd {
+                    kt[(kvh * hd + i) * n_ctx + p] = k[p][i];
+                }
+                vc[p * nkv * hd + kvh * hd..p * nkv * hd + (kvh + 1) * hd].copy_from_slice(&v[p]);
+            }
+            // Query rows of 3 heads, this tile reads head 1's (row stride 3·hd).
+            let q = r(n * 3 * hd, 2.0);
+            let gate = if gated {
+                r(n * 3 * hd, 4.0)
+            } else {
+                Vec::new()
+            };
+            let row = |m: &[f32], i: usize| m[(i * 3 + 1) * hd..(i * 3 + 2) * hd].to_vec();
+            let want: Vec<u32> = (0..n)
+                .flat_map(|i| {
+                    let g = gated.then(|| row(&gate, i));
+                    one_query(
+                        &row(&q, i),
+                        &k[..pos0 + i + 1],
+                        &v[..pos0 + i + 1],
+                        g.as_deref(),
+                    )
+                })
+                .map(f32::to_bits)
+                .collect();
+            let geo = Geometry {
+                hd,
+                kvw: nkv * hd,
+                n_ctx,
+                pos0,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let tile = Tile {
+                q: &q[hd..],
+                gate: if gated { &gate[hd..] } else { &[] },
+                row_stride: 3 * hd,
+                t0: 0,
+                n,
+                kt: &kt[kvh * hd * n_ctx..(kvh + 1) * hd * n_ctx],
+                v: &vc[kvh * hd..],
+            };
+            for wide in builds() {
+                let got: Vec<u32> = attend_at(wide, &geo, &tile)
+                    .into_iter()
+                    .map(f32::to_bits)
+                    .collect();
+                assert_eq!(got, want, "hd {hd}, pos0 {pos0}, {n} queries");
             }
         }
     }
