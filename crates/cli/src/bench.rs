@@ -290,6 +290,9 @@ impl Sink {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(n) = a.threads {
+        engine::check_threads(n)?;
+    }
     let tests = plan(&a.n_prompt, &a.n_gen, &a.n_depth);
     if tests.is_empty() {
         bail!("nothing to run: every -p and -n size is 0");

@@ -71,6 +71,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     check_range("top-p", a.top_p, 0.0, 1.0)?;
     check_range("min-p", a.min_p, 0.0, 1.0)?;
     check_range("repeat-penalty", a.repeat_penalty, 0.0, 100.0)?;
+    if let Some(n) = a.threads {
+        engine::check_threads(n)?;
+    }
     // The dump's file is created before anything runs: a path that cannot be written
     // is reported now, not after the whole generation.
     let dump = match &a.dump_logits {
