@@ -55,46 +55,48 @@ impl Sampler {
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        let mut l = logits.to_vec();
-        for &(id, bias) in &p.logit_bias {
-            if let Some(v) = l.get_mut(id as usize) {
-                *v += bias;
-            }
-        }
-        if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
-            let mut seen: Vec<u32> = self.recent.clone();
-            seen.sort_unstable();
-            seen.dedup();
-            for id in seen {
-                if let Some(v) = l.get_mut(id as usize) {
-                    *v = if *v > 0.0 {
-                        *v / p.repeat_penalty
-                    } else {
-                        *v * p.repeat_penalty
-                    };
+        let repeat = p.repeat_penalty != 1.0 && p.repeat_last_n > 0;
+        let presence = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        // A copy only when something edits the logits.
+        let mut edited = Vec::new();
+        let l: &[f32] = if p.logit_bias.is_empty() && !repeat && !presence {
+            logits
+        } else {
+            edited.extend_from_slice(logits);
+            for &(id, bias) in &p.logit_bias {
+                if let Some(v) = edited.get_mut(id as usize) {
+                    *v += bias;
                 }
             }
-        }
-        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            for (&id, &c) in &self.counts {
-                if let Some(v) = l.get_mut(id as usize) {
-                    *v -= p.presence_penalty + p.frequency_penalty * c as f32;
+            if repeat {
+                let mut seen: Vec<u32> = self.recent.clone();
+                seen.sort_unstable();
+                seen.dedup();
+                for id in seen {
+                    if let Some(v) = edited.get_mut(id as usize) {
+                        *v = if *v > 0.0 {
+                            *v / p.repeat_penalty
+                        } else {
+                            *v * p.repeat_penalty
+                        };
+                    }
                 }
             }
-        }
+            if presence {
+                for (&id, &c) in &self.counts {
+                    if let Some(v) = edited.get_mut(id as usize) {
+                        *v -= p.presence_penalty + p.frequency_penalty * c as f32;
+                    }
+                }
+            }
+            &edited
+        };
         if p.temperature <= 0.0 {
-            return argmax(&l);
+            return argmax(l);
         }
-        let cand: Vec<(u32, f32)> = l
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, v / p.temperature))
-            .collect();
-        if cand.is_empty() {
-            return argmax(&l);
-        }
-        let mut d = Ranked::new(cand, p.top_k);
+        let Some(mut d) = Ranked::new(l, p.temperature, p.top_k) else {
+            return argmax(l);
+        };
         let n = d.len();
         let mut keep = n;
         if p.top_p < 1.0 {
@@ -145,20 +147,29 @@ const TAIL_CUTOFF: f32 = -18.0;
 /// A bound on every tail probability: e^-18 / sum, sum ≥ 1.
 const TAIL_MAX: f32 = 2.9e-8;
 
+/// top-k of at most this many candidates keeps them in a heap during one pass over
+/// the logits; a larger k selects over all candidates.
+const HEAP_TOP_K: usize = 1024;
+
 /// The softmax over the candidates, ranked only as far as it matters.
 ///
-/// The sampler's arithmetic is fixed (module docs): candidates in descending logit
-/// order (lower id first on ties), `sum = Σ e^(l_i − max)` in that order, each
-/// probability `e^(l_i − max) / sum`, and the top-p, min-p and draw walks in that
-/// order. Sorting all of a 150k–250k vocabulary every token cost more than the
-/// model step, and nearly all of it is tail whose terms round away. So only the
-/// candidates within [`TAIL_CUTOFF`] of the best are ranked up front (a radix sort
-/// when there are many, as in a flat distribution); the tail is ranked only if a
-/// walk reaches it with a sum its terms could still change. The choices are the
-/// full sort's, bit for bit (`tests::matches_the_full_sort_sampler`).
-struct Ranked {
+/// The sampler's arithmetic is fixed (module docs): candidates (finite logits divided
+/// by the temperature) in descending order, lower id first on ties; after top-k,
+/// `sum = Σ e^(l_i − max)` in that order, each probability `e^(l_i − max) / sum`, and
+/// the top-p, min-p and draw walks in that order. Sorting a 150k–250k vocabulary and
+/// taking every exponential each token cost more than the model step, and nearly all
+/// of it is tail whose terms round away. So top-k is a selection, only candidates
+/// within [`TAIL_CUTOFF`] of the best are listed and ranked up front (a radix sort
+/// when there are many, as in a flat distribution), and the rest are listed and
+/// ranked only if a walk reaches them with a sum their terms could still change. The
+/// choices are the full sort's, bit for bit (`tests::matches_the_full_sort_sampler`).
+struct Ranked<'a> {
+    logits: &'a [f32],
+    temperature: f32,
     /// `cand[..ranked]`: the best candidates in final order; the rest rank below them.
     cand: Vec<(u32, f32)>,
+    /// Tail candidates not in `cand` yet (still only in `logits`).
+    unlisted: usize,
     /// `probs[i]` for i < ranked.
     probs: Vec<f32>,
     ranked: usize,
@@ -166,34 +177,67 @@ struct Ranked {
     sum: f32,
 }
 
-impl Ranked {
-    /// Keeps the best `top_k` (0 = all) and ranks the prefix that matters.
-    fn new(mut cand: Vec<(u32, f32)>, top_k: usize) -> Ranked {
-        if top_k > 0 && top_k < cand.len() {
-            cand.select_nth_unstable_by(top_k - 1, order);
-            cand.truncate(top_k);
+impl<'a> Ranked<'a> {
+    /// The candidates of `logits` at `temperature`, the best `top_k` of them (0 = all);
+    /// `None` when no logit is finite.
+    fn new(logits: &'a [f32], temperature: f32, top_k: usize) -> Option<Ranked<'a>> {
+        let cand_of = |i: usize, v: f32| (i as u32, v / temperature);
+        let (n_finite, raw_max) = logits
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold((0usize, f32::NEG_INFINITY), |(n, m), &v| (n + 1, m.max(v)));
+        if n_finite == 0 {
+            return None;
         }
-        let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        // Dividing by a positive temperature keeps the order, so this is the
+        // largest candidate exactly.
+        let max = raw_max / temperature;
         let mut d = Ranked {
-            cand,
+            logits,
+            temperature,
+            cand: Vec::new(),
+            unlisted: 0,
             probs: Vec::new(),
             ranked: 0,
             max,
             sum: 0.0,
         };
-        if max.is_finite() {
-            // Stable split (ids stay ascending for the radix sort's tie order).
-            let (mut head, tail): (Vec<_>, Vec<_>) = std::mem::take(&mut d.cand)
-                .into_iter()
-                .partition(|c| c.1 - max >= TAIL_CUTOFF);
-            sort_ranked(&mut head);
-            d.ranked = head.len();
-            head.extend(tail);
-            d.cand = head;
-        } else {
-            // ±inf logits after temperature: no tail bound holds; rank everything.
+        let finite = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| cand_of(i, v));
+        if !max.is_finite() {
+            // ±inf after the division: no tail bound holds; rank everything.
+            d.cand = finite.collect();
+            if top_k > 0 && top_k < n_finite {
+                d.cand.select_nth_unstable_by(top_k - 1, order);
+                d.cand.truncate(top_k);
+                d.cand.sort_unstable_by_key(|c| c.0);
+            }
             sort_ranked(&mut d.cand);
             d.ranked = d.cand.len();
+        } else if top_k > 0 && top_k < n_finite {
+            let mut kept = top_k_of(finite, top_k);
+            // Stable split: ids stay ascending for the radix sort's tie order.
+            let mut tail = Vec::new();
+            kept.retain(|c| {
+                let head = in_head(c.1, max);
+                if !head {
+                    tail.push(*c);
+                }
+                head
+            });
+            sort_ranked(&mut kept);
+            d.ranked = kept.len();
+            kept.extend(tail);
+            d.cand = kept;
+        } else {
+            d.cand = Vec::with_capacity(n_finite);
+            d.cand.extend(finite.filter(|c| in_head(c.1, max)));
+            sort_ranked(&mut d.cand);
+            d.ranked = d.cand.len();
+            d.unlisted = n_finite - d.ranked;
         }
         d.probs = d.cand[..d.ranked]
             .iter()
@@ -203,15 +247,29 @@ impl Ranked {
         d.sum = d.probs.iter().sum();
         let sum = d.sum;
         d.probs.iter_mut().for_each(|x| *x /= sum);
-        d
+        Some(d)
     }
 
     fn len(&self) -> usize {
-        self.cand.len()
+        self.cand.len() + self.unlisted
     }
 
-    /// Ranks the tail (once, if a walk gets there).
+    /// Lists and ranks the tail (once, if a walk gets there).
     fn rank_all(&mut self) {
+        if self.unlisted > 0 {
+            let t = self.temperature;
+            let tail: Vec<(u32, f32)> = self
+                .logits
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, &v)| (i as u32, v / t))
+                .filter(|c| !in_head(c.1, self.max))
+                .collect();
+            debug_assert_eq!(tail.len(), self.unlisted);
+            self.cand.extend(tail);
+            self.unlisted = 0;
+        }
         if self.ranked == self.cand.len() {
             return;
         }
@@ -243,8 +301,13 @@ impl Ranked {
     /// the unranked tail (i == ranked) and no tail term can change it: each is below
     /// TAIL_MAX < 2^-25, at most half an ulp of any acc ≥ 0.5.
     fn tail_cannot_change(&self, i: usize, acc: f32) -> bool {
-        i == self.ranked && i < self.cand.len() && acc.is_finite() && acc >= 0.5
+        i == self.ranked && i < self.len() && acc.is_finite() && acc >= 0.5
     }
+}
+
+/// Whether a candidate (logit after temperature) is within the cutoff of the best.
+fn in_head(v: f32, max: f32) -> bool {
+    v - max >= TAIL_CUTOFF
 }
 
 /// Descending by logit; ties keep the lower id first (a total order: ids differ).
@@ -254,15 +317,65 @@ fn order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
         .then(a.0.cmp(&b.0))
 }
 
+/// A candidate in the top-k heap: the heap's greatest is the one that ranks last.
+struct Worst((u32, f32));
+
+impl PartialEq for Worst {
+    fn eq(&self, o: &Self) -> bool {
+        order(&self.0, &o.0).is_eq()
+    }
+}
+impl Eq for Worst {}
+impl PartialOrd for Worst {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Worst {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        order(&self.0, &o.0)
+    }
+}
+
+/// The best `k` candidates (by [`order`], a total order, so the set is unique), in
+/// ascending id order.
+fn top_k_of(cand: impl Iterator<Item = (u32, f32)>, k: usize) -> Vec<(u32, f32)> {
+    let mut kept: Vec<(u32, f32)> = if k <= HEAP_TOP_K {
+        // One pass; nearly every candidate is turned away by one comparison.
+        let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
+        for c in cand {
+            if heap.len() < k {
+                heap.push(Worst(c));
+            } else if let Some(mut worst) = heap.peek_mut() {
+                if order(&c, &worst.0).is_lt() {
+                    *worst = Worst(c);
+                }
+            }
+        }
+        heap.into_iter().map(|w| w.0).collect()
+    } else {
+        let mut all: Vec<(u32, f32)> = cand.collect();
+        if k < all.len() {
+            all.select_nth_unstable_by(k - 1, order);
+            all.truncate(k);
+        }
+        all
+    };
+    kept.sort_unstable_by_key(|c| c.0);
+    kept
+}
+
 /// Sorts candidates by [`order`]; `c` must have ascending ids (the radix sort is
 /// stable and keys on the value only, so ties keep that id order).
-fn sort_ranked(c: &mut Vec<(u32, f32)>) {
+fn sort_ranked(c: &mut [(u32, f32)]) {
     if c.len() < 1024 {
         c.sort_unstable_by(order);
         return;
     }
     // Key: ascending u32 for descending value. -0.0 and +0.0 compare equal in
-    // `order`, so they get one key (`+ 0.0` turns -0.0 into +0.0).
+    // `order`, so they get one key (`+ 0.0` turns -0.0 into +0.0); the value comes
+    // back from the key, so a -0.0 returns as +0.0, which no later step tells apart
+    // (it only enters `v - max`, then e^x).
     let key = |v: f32| {
         let b = (v + 0.0).to_bits();
         let asc = if b & 0x8000_0000 != 0 {
@@ -272,37 +385,46 @@ fn sort_ranked(c: &mut Vec<(u32, f32)>) {
         };
         !asc
     };
-    // (key, position in c): positions ascend with ids.
-    let mut a: Vec<(u32, u32)> = c
-        .iter()
-        .enumerate()
-        .map(|(pos, &(_, v))| (key(v), pos as u32))
-        .collect();
+    let value = |k: u32| {
+        let asc = !k;
+        f32::from_bits(if asc & 0x8000_0000 != 0 {
+            asc & 0x7FFF_FFFF
+        } else {
+            !asc
+        })
+    };
+    let mut a: Vec<(u32, u32)> = c.iter().map(|&(id, v)| (key(v), id)).collect();
     let mut b = vec![(0u32, 0u32); a.len()];
-    let mut hist = [[0usize; 256]; 4];
+    // Three stable passes of 11 bits (LSD); counts for all of them in one read.
+    const BITS: u32 = 11;
+    const BUCKETS: usize = 1 << BITS;
+    let digit = |k: u32, pass: u32| ((k >> (BITS * pass)) as usize) & (BUCKETS - 1);
+    let mut hist = vec![[0usize; BUCKETS]; 3];
     for &(k, _) in &a {
         for (pass, h) in hist.iter_mut().enumerate() {
-            h[((k >> (8 * pass)) & 0xFF) as usize] += 1;
+            h[digit(k, pass as u32)] += 1;
         }
     }
     for (pass, h) in hist.iter().enumerate() {
         if h.contains(&a.len()) {
-            continue; // every key has the same byte here
+            continue; // every key has the same digit here
         }
-        let mut start = [0usize; 256];
+        let mut start = vec![0usize; BUCKETS];
         let mut acc = 0;
         for (s, &n) in start.iter_mut().zip(h.iter()) {
             *s = acc;
             acc += n;
         }
         for &e in &a {
-            let byte = ((e.0 >> (8 * pass)) & 0xFF) as usize;
-            b[start[byte]] = e;
-            start[byte] += 1;
+            let d = digit(e.0, pass as u32);
+            b[start[d]] = e;
+            start[d] += 1;
         }
         std::mem::swap(&mut a, &mut b);
     }
-    *c = a.iter().map(|&(_, pos)| c[pos as usize]).collect();
+    for (dst, &(k, id)) in c.iter_mut().zip(&a) {
+        *dst = (id, value(k));
+    }
 }
 
 /// Index of the largest value; the lowest index wins a tie; NaN never wins.
@@ -417,7 +539,7 @@ mod tests {
         for case in 0..120 {
             let l = logits_case(&mut rng, case);
             for temperature in [0.05f32, 0.6, 1.0, 3.0] {
-                for top_k in [0usize, 20, 1000] {
+                for top_k in [0usize, 20, 1000, 2000] {
                     for (top_p, min_p) in [
                         (1.0f32, 0.0f32),
                         (0.9, 0.0),
@@ -462,8 +584,12 @@ mod tests {
             let mut want = c.clone();
             want.sort_by(order);
             sort_ranked(&mut c);
-            let bits =
-                |v: &[(u32, f32)]| v.iter().map(|&(i, x)| (i, x.to_bits())).collect::<Vec<_>>();
+            // The radix sort returns -0.0 as +0.0 (see sort_ranked).
+            let bits = |v: &[(u32, f32)]| {
+                v.iter()
+                    .map(|&(i, x)| (i, (x + 0.0).to_bits()))
+                    .collect::<Vec<_>>()
+            };
             assert_eq!(bits(&c), bits(&want), "case {case}");
         }
     }
