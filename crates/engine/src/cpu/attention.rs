@@ -69,6 +69,7 @@ pub(super) fn run(
             0
         }
     ];
+    let mut key = vec![0.0f32; hd];
     for t in 0..t_n {
         let row = qf.row(t);
         for h in 0..nh {
@@ -85,7 +86,6 @@ pub(super) fn run(
         // k[(h·hd + i)·n_ctx + p]) and values (position-major) into the cache.
         let kvw = nkv * hd;
         let p = pos0 + t;
-        let mut key = vec![0.0f32; hd];
         for h in 0..nkv {
             key.copy_from_slice(&kf.row(t)[h * hd..(h + 1) * hd]);
             rms_norm(&mut key, &w.k_norm, cfg.eps);
@@ -98,7 +98,7 @@ pub(super) fn run(
     }
 
     // Tasks: (head, first token) tiles; each returns its queries' output rows.
-    let geo = Geometry {
+    let geo = Sizes {
         hd,
         kvw: nkv * hd,
         n_ctx,
@@ -144,7 +144,7 @@ pub(super) fn run(
 }
 
 /// Sizes shared by every tile of a call.
-struct Geometry {
+struct Sizes {
     hd: usize,
     /// Floats per position of the V cache (n_head_kv · hd).
     kvw: usize,
@@ -170,7 +170,7 @@ struct Tile<'a> {
     v: &'a [f32],
 }
 
-fn attend_at(wide: Wide, g: &Geometry, t: &Tile) -> Vec<f32> {
+fn attend_at(wide: Wide, g: &Sizes, t: &Tile) -> Vec<f32> {
     match wide {
         Wide::Plain => attend(g, t),
         // SAFETY: `wide_kernels` chose these only where the CPU has the features.
@@ -183,13 +183,13 @@ fn attend_at(wide: Wide, g: &Geometry, t: &Tile) -> Vec<f32> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn attend_avx2(g: &Geometry, t: &Tile) -> Vec<f32> {
+fn attend_avx2(g: &Sizes, t: &Tile) -> Vec<f32> {
     attend(g, t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn attend_avx512(g: &Geometry, t: &Tile) -> Vec<f32> {
+fn attend_avx512(g: &Sizes, t: &Tile) -> Vec<f32> {
     attend(g, t)
 }
 
@@ -198,7 +198,7 @@ fn attend_avx512(g: &Geometry, t: &Tile) -> Vec<f32> {
 /// values block by block of `V_BLOCK`; within a query every operation is the
 /// one-query loop's, in its order.
 #[inline(always)]
-fn attend(g: &Geometry, t: &Tile) -> Vec<f32> {
+fn attend(g: &Sizes, t: &Tile) -> Vec<f32> {
     let hd = g.hd;
     let n_pos = |i: usize| g.pos0 + t.t0 + i + 1;
     let q_row = |i: usize| &t.q[i * t.row_stride..i * t.row_stride + hd];
@@ -392,7 +392,7 @@ mod tests {
                 })
                 .map(f32::to_bits)
                 .collect();
-            let geo = Geometry {
+            let geo = Sizes {
                 hd,
                 kvw: nkv * hd,
                 n_ctx,
