@@ -57,6 +57,11 @@ pub trait Executor: Send {
     /// Runs every entry of `batch` (each against its own sequence) and returns
     /// their outputs in order.
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError>;
+    /// Where the routed experts computed so far came from (VRAM slot hits, misses
+    /// from RAM and from the file); `None` when every expert is always resident.
+    fn expert_stats(&self) -> Option<crate::experts::TierStats> {
+        None
+    }
 }
 
 /// Runs a sequence's tokens in pieces of at most `piece` tokens through `run(tokens,

@@ -46,6 +46,9 @@ pub enum EngineError {
     Memory(String),
     #[error("device: {0}")]
     Device(String),
+    /// A setting that cannot be used (names the flag and the remedy).
+    #[error("{0}")]
+    Settings(String),
     #[error("executor: {0}")]
     Exec(#[from] ExecError),
 }
@@ -216,6 +219,12 @@ impl Engine {
     /// Where steps run and what device memory they hold.
     pub fn device_report(&self) -> DeviceReport {
         self.exec.report()
+    }
+
+    /// Where the routed experts computed so far came from, when they are tiered
+    /// (VRAM slots in front of pinned RAM and the file); `None` otherwise.
+    pub fn expert_stats(&self) -> Option<experts::TierStats> {
+        self.exec.expert_stats()
     }
 
     /// The ISA the CPU kernels use.
@@ -438,6 +447,33 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// Where `generate_with_logits` hands each set of logits.
 type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
 
+/// The routing profile `cfg.expert_profile` names, checked against the model.
+#[cfg(feature = "cuda")]
+fn load_profile(
+    cfg: &EngineConfig,
+    mcfg: &ModelConfig,
+) -> Result<Option<experts::RoutingProfile>, EngineError> {
+    cfg.expert_profile
+        .as_deref()
+        .map(|p| {
+            experts::RoutingProfile::load(p, mcfg)
+                .map_err(|e| EngineError::Settings(format!("--profile {}: {e}", p.display())))
+        })
+        .transpose()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_budgets<'a>(
+    cfg: &EngineConfig,
+    profile: Option<&'a experts::RoutingProfile>,
+) -> cuda::Budgets<'a> {
+    cuda::Budgets {
+        vram: cfg.vram_budget,
+        ram: cfg.ram_budget,
+        profile,
+    }
+}
+
 /// Opens the executor `cfg.device` names, or the best one present: the GPU when
 /// the build has CUDA and one answers, else the CPU.
 fn open_executor(
@@ -463,9 +499,13 @@ fn open_executor(
             "routing is recorded by the CPU executor: use --device cpu".into(),
         )),
         #[cfg(feature = "cuda")]
-        Some(Device::Cuda(n)) => Ok(Box::new(cuda::CudaExecutor::open(
-            n, mcfg, &weights, n_ctx, 1,
-        )?)),
+        Some(Device::Cuda(n)) => {
+            let profile = load_profile(cfg, mcfg)?;
+            let budgets = cuda_budgets(cfg, profile.as_ref());
+            Ok(Box::new(cuda::CudaExecutor::open(
+                n, mcfg, &weights, n_ctx, 1, budgets,
+            )?))
+        }
         #[cfg(not(feature = "cuda"))]
         Some(Device::Cuda(_)) => Err(EngineError::Device(
             "this build of scoria has no CUDA support: rebuild with `--features cuda` \
@@ -475,7 +515,9 @@ fn open_executor(
         None => {
             #[cfg(feature = "cuda")]
             if cfg.precision == cpu::Precision::Canonical && !recording {
-                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, 1) {
+                let profile = load_profile(cfg, mcfg)?;
+                let budgets = cuda_budgets(cfg, profile.as_ref());
+                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, 1, budgets) {
                     Ok(e) => return Ok(Box::new(e)),
                     Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),
                 }

@@ -224,6 +224,95 @@ fn load(path: &Path, device: Device) -> Engine {
     .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Invariant 1 for the tiered expert store: budgets that keep every expert in VRAM,
+/// almost none (top-k slots per layer, nothing in RAM: every miss read from the
+/// file) and mixes give the same logits, bit for bit, for a prompt read in pieces
+/// (several slot batches per layer) and for decode steps.
+#[test]
+fn tiered_experts_give_the_resident_bits() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    for geometry in ["tiny-qwen35moe", "tiny-qwen3next", "tiny-qwen3moe"] {
+        let path = synth(dir.path(), geometry, Preset::Q4KM, 11);
+        let mut full = load(&path, Device::Cuda(0));
+        assert!(
+            full.expert_stats().is_none(),
+            "{geometry}: resident run is tiered"
+        );
+        let used = full.device_report().vram_used.expect("vram");
+        let experts = full.memory().expert_bytes;
+        let (k, n) = (
+            full.info().n_expert_used as u64,
+            full.info().n_expert as u64,
+        );
+        let fixed = used - experts;
+        let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % 3000).collect();
+        let want = full.logits_all(&prompt).expect("resident logits");
+        full.reset().expect("reset");
+        let (want_tokens, want_steps) = decode(&mut full, &prompt, 12);
+        let cases = [
+            (
+                "top-k slots, nothing in RAM",
+                fixed + (k + 1) * experts / n,
+                0,
+            ),
+            (
+                "half the experts in slots and in RAM",
+                fixed + experts / 2,
+                experts / 2,
+            ),
+            ("3/4 in slots, all in RAM", fixed + experts * 3 / 4, experts),
+        ];
+        for (case, vram, ram) in cases {
+            let mut t = Engine::load(
+                &path,
+                &EngineConfig {
+                    max_context: Some(512),
+                    device: Some(Device::Cuda(0)),
+                    vram_budget: Some(vram),
+                    ram_budget: Some(ram),
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{geometry}, {case}: {e}"));
+            assert!(t.expert_stats().is_some(), "{geometry}, {case}: not tiered");
+            let got = t.logits_all(&prompt).expect("tiered logits");
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{geometry}, {case}: prompt logits differ"
+            );
+            t.reset().expect("reset");
+            let (tokens, steps) = decode(&mut t, &prompt, 12);
+            assert_eq!(tokens, want_tokens, "{geometry}, {case}: tokens differ");
+            for (i, (a, b)) in steps.iter().zip(&want_steps).enumerate() {
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "{geometry}, {case}: decode step {i} differs"
+                );
+            }
+            let s = t.expert_stats().expect("stats");
+            eprintln!(
+                "{geometry}, {case}: bit-identical; hits {}, RAM misses {}, disk misses {}",
+                s.hits, s.ram_misses, s.disk_misses
+            );
+            assert!(
+                s.ram_misses + s.disk_misses > 0,
+                "{geometry}, {case}: no misses"
+            );
+            if ram == 0 {
+                assert_eq!(s.ram_misses, 0, "{geometry}, {case}");
+            }
+            if ram >= experts {
+                assert_eq!(s.disk_misses, 0, "{geometry}, {case}");
+            }
+        }
+    }
+}
+
 #[test]
 fn gpu_logits_agree_with_cpu_on_every_arch() {
     if gpu().is_none() {

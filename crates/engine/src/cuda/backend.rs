@@ -15,7 +15,8 @@
 //! step can be captured as a CUDA graph. A prompt (several tokens) downloads its
 //! routing once per layer to group tokens by expert.
 
-use super::weights::{cuda_err, DevWeight, MixerDev, WeightsDev};
+use super::tiered::Tiered;
+use super::weights::{cuda_err, DevWeight, MixerDev, MoeDev, WeightsDev};
 use cuda::{DevBuf, Gpu, QAct, Tile};
 use model::{Backend, ExecError, ModelConfig, Norm};
 use quant::GgmlType;
@@ -65,6 +66,9 @@ pub struct CudaBackend {
     /// The position the executor wrote to `pos` (checked by the mixers).
     pub(crate) pos_host: Cell<usize>,
     pub(crate) max_tokens: usize,
+    /// The expert store when the routed experts do not all live in VRAM
+    /// (`MoeDev`'s expert tensors are then slot buffers).
+    pub(crate) tiered: Option<Tiered>,
 }
 
 /// Scratch bytes a step of up to `t` tokens needs (a generous bound: the largest
@@ -125,6 +129,7 @@ impl CudaBackend {
         arena_bytes: usize,
         n_ctx: usize,
         max_tokens: usize,
+        tiered: Option<Tiered>,
     ) -> Result<CudaBackend, ExecError> {
         let arena = gpu
             .alloc::<u8>(arena_bytes, "scratch arena")
@@ -163,6 +168,7 @@ impl CudaBackend {
             pos,
             pos_host: Cell::new(0),
             max_tokens,
+            tiered,
         })
     }
 
@@ -247,15 +253,20 @@ impl CudaBackend {
         })
     }
 
-    /// Quantizes the rows of `x` into the canonical int8 blocks.
-    fn quantize(&self, x: &DBuf) -> Result<QAct, ExecError> {
-        let n = x.rows * x.cols;
+    /// Room for the quantized copy of `rows` × `cols` activations.
+    fn alloc_qact(&self, rows: usize, cols: usize) -> Result<QAct, ExecError> {
+        let n = rows * cols;
         let nb = n / 32;
-        let q = QAct {
+        Ok(QAct {
             qs: self.alloc_bytes(n, "quantize")?,
             d: self.alloc_bytes(nb * 4, "quantize")?,
             sums: self.alloc_bytes(nb * 4, "quantize")?,
-        };
+        })
+    }
+
+    /// Quantizes the rows of `x` into the canonical int8 blocks.
+    fn quantize(&self, x: &DBuf) -> Result<QAct, ExecError> {
+        let q = self.alloc_qact(x.rows, x.cols)?;
         self.gpu
             .quantize_act(x.ptr, x.rows, x.cols, q)
             .map_err(cuda_err("quantize_act"))?;
@@ -313,9 +324,23 @@ impl CudaBackend {
         out_rows: usize,
     ) -> Result<DBuf, ExecError> {
         let out = self.alloc(out_rows, w.n_rows, "expert products")?;
+        self.mm_tiles_into(w, x, xq, tiles, n_tiles, &out)?;
+        Ok(out)
+    }
+
+    /// [`Self::mm_tiles`] into `out` (rows: every route; the tiles write theirs).
+    fn mm_tiles_into(
+        &self,
+        w: &DevWeight,
+        x: &DBuf,
+        xq: QAct,
+        tiles: u64,
+        n_tiles: usize,
+        out: &DBuf,
+    ) -> Result<(), ExecError> {
         // The tiles partition the routes: as many tiles as routes means one token
         // each (always so in a decode step, whose tiles route_topk writes).
-        let f = if n_tiles == out_rows {
+        let f = if n_tiles == out.rows {
             Gpu::matvec_tiles_single
         } else {
             Gpu::matvec_tiles
@@ -334,16 +359,145 @@ impl CudaBackend {
             n_tiles,
             out.ptr,
         )
-        .map_err(cuda_err("matvec_tiles"))?;
-        Ok(out)
+        .map_err(cuda_err("matvec_tiles"))
     }
 
     fn swiglu(&self, g: &DBuf, u: &DBuf) -> Result<DBuf, ExecError> {
         let out = self.alloc(g.rows, g.cols, "swiglu")?;
+        self.swiglu_into(g, u, &out)?;
+        Ok(out)
+    }
+
+    fn swiglu_into(&self, g: &DBuf, u: &DBuf, out: &DBuf) -> Result<(), ExecError> {
         self.gpu
             .swiglu(g.ptr, u.ptr, g.rows * g.cols, out.ptr)
-            .map_err(cuda_err("swiglu"))?;
-        Ok(out)
+            .map_err(cuda_err("swiglu"))
+    }
+
+    /// Uploads tiles to device address `dst` (stream-ordered: earlier launches
+    /// reading `dst` have finished before the copy lands).
+    fn put_tiles(&self, tiles: &[Tile], dst: u64) -> Result<(), ExecError> {
+        self.gpu
+            .copy_to_device(tiles, dst)
+            .map_err(cuda_err("upload tiles"))
+    }
+
+    /// The routed experts of every resident layer: all its experts are in VRAM.
+    /// Returns the down projections, one row per route (token-major, rank order).
+    fn routed_resident(
+        &self,
+        m: &MoeDev,
+        x: &DBuf,
+        xq: QAct,
+        logits: &DBuf,
+        wts: &DBuf,
+        ids: u64,
+    ) -> Result<DBuf, ExecError> {
+        let cfg = &self.cfg;
+        let (t_n, k) = (x.rows, cfg.n_expert_used);
+        let tile_bytes = std::mem::size_of::<Tile>();
+        // One token: route_topk writes the expert tiles on the device.
+        let device_tiles = if t_n == 1 {
+            Some((
+                self.alloc_bytes(k * tile_bytes, "route")?,
+                self.alloc_bytes(k * tile_bytes, "route")?,
+            ))
+        } else {
+            None
+        };
+        let (a, b) = device_tiles.unwrap_or((0, 0));
+        self.gpu
+            .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, a, b)
+            .map_err(cuda_err("route_topk"))?;
+        let (tiles_gu, tiles_down, n_tiles) = match device_tiles {
+            Some((a, b)) => (a, b, k),
+            None => {
+                // A prompt: group its routes by expert on the host.
+                let host: Vec<i32> = self
+                    .gpu
+                    .download(ids, t_n * k)
+                    .map_err(cuda_err("download routes"))?;
+                let (gu, down) = self.prompt_tiles(&host, k);
+                let a = self.alloc_bytes(gu.len() * tile_bytes, "route")?;
+                let b = self.alloc_bytes(down.len() * tile_bytes, "route")?;
+                self.put_tiles(&gu, a)?;
+                self.put_tiles(&down, b)?;
+                (a, b, gu.len())
+            }
+        };
+        let g = self.mm_tiles(&m.gate_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
+        let u = self.mm_tiles(&m.up_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
+        let act = self.swiglu(&g, &u)?;
+        let aq = self.prepare(&[&m.down_exps], &act)?;
+        self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, t_n * k)
+    }
+
+    /// The routed experts of a tiered layer: the host reads the step's routing, the
+    /// expert store assigns slots (fetching misses), and the same kernels run over
+    /// slots instead of experts, one batch of slots at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn routed_tiered(
+        &self,
+        t: &Tiered,
+        layer: usize,
+        m: &MoeDev,
+        x: &DBuf,
+        xq: QAct,
+        logits: &DBuf,
+        wts: &DBuf,
+        ids: u64,
+    ) -> Result<DBuf, ExecError> {
+        let cfg = &self.cfg;
+        let (t_n, k) = (x.rows, cfg.n_expert_used);
+        let rows = t_n * k;
+        self.gpu
+            .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, 0, 0)
+            .map_err(cuda_err("route_topk"))?;
+        let host: Vec<i32> = self
+            .gpu
+            .download(ids, rows)
+            .map_err(cuda_err("download routes"))?;
+        let routes: Vec<u32> = host.iter().map(|&e| e as u32).collect();
+        let batches = t
+            .store
+            .borrow_mut()
+            .step(layer, &routes)
+            .map_err(|e| ExecError::new("expert store", e))?;
+        let g = self.alloc(rows, m.gate_exps.n_rows, "expert products")?;
+        let u = self.alloc(rows, m.up_exps.n_rows, "expert products")?;
+        let act = self.alloc(rows, m.gate_exps.n_rows, "swiglu")?;
+        let down = self.alloc(rows, m.down_exps.n_rows, "expert products")?;
+        let aq = if is_float(m.down_exps.ty) {
+            QAct::default()
+        } else {
+            self.alloc_qact(rows, act.cols)?
+        };
+        let tile_bytes = std::mem::size_of::<Tile>();
+        let max_tiles = rows + cfg.n_expert;
+        let ta = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
+        let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
+        for b in &batches {
+            t.fetch(&self.gpu, layer, m, &b.fetch)?;
+            // Routes of this batch's experts, named by slot; the others are skipped.
+            let by_slot: Vec<i32> = routes
+                .iter()
+                .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
+                .collect();
+            let (gu, dn) = self.prompt_tiles(&by_slot, k);
+            self.put_tiles(&gu, ta)?;
+            self.put_tiles(&dn, tb)?;
+            self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), &g)?;
+            self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), &u)?;
+            // Rows of other batches are recomputed alike (element- and row-wise ops).
+            self.swiglu_into(&g, &u, &act)?;
+            if !is_float(m.down_exps.ty) {
+                self.gpu
+                    .quantize_act(act.ptr, act.rows, act.cols, aq)
+                    .map_err(cuda_err("quantize_act"))?;
+            }
+            self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), &down)?;
+        }
+        Ok(down)
     }
 
     /// The weight of norm `which` and where its output goes. A mixer's input and
@@ -665,45 +819,10 @@ impl Backend for CudaBackend {
         let logits = self.mm_q(&m.router, x, xq)?;
         let wts = self.alloc(t_n, k, "route")?;
         let ids = self.alloc_bytes(t_n * k * 4, "route")?;
-        let tile_bytes = std::mem::size_of::<Tile>();
-        // One token: route_topk writes the expert tiles on the device.
-        let device_tiles = if t_n == 1 {
-            Some((
-                self.alloc_bytes(k * tile_bytes, "route")?,
-                self.alloc_bytes(k * tile_bytes, "route")?,
-            ))
-        } else {
-            None
+        let down = match &self.tiered {
+            Some(t) => self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids)?,
+            None => self.routed_resident(m, x, xq, &logits, &wts, ids)?,
         };
-        let (a, b) = device_tiles.unwrap_or((0, 0));
-        self.gpu
-            .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, a, b)
-            .map_err(cuda_err("route_topk"))?;
-        let (tiles_gu, tiles_down, n_tiles) = match device_tiles {
-            Some((a, b)) => (a, b, k),
-            None => {
-                // A prompt: group its routes by expert on the host.
-                let host: Vec<i32> = self
-                    .gpu
-                    .download(ids, t_n * k)
-                    .map_err(cuda_err("download routes"))?;
-                let (gu, down) = self.prompt_tiles(&host, k);
-                let a = self.alloc_bytes(gu.len() * tile_bytes, "route")?;
-                let b = self.alloc_bytes(down.len() * tile_bytes, "route")?;
-                self.gpu
-                    .copy_to_device(&gu, a)
-                    .map_err(cuda_err("upload tiles"))?;
-                self.gpu
-                    .copy_to_device(&down, b)
-                    .map_err(cuda_err("upload tiles"))?;
-                (a, b, gu.len())
-            }
-        };
-        let g = self.mm_tiles(&m.gate_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
-        let u = self.mm_tiles(&m.up_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
-        let act = self.swiglu(&g, &u)?;
-        let aq = self.prepare(&[&m.down_exps], &act)?;
-        let down = self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, t_n * k)?;
         let (shared, logit) = match &m.shared {
             Some(s) => {
                 let sg = self.mm_q(&s.gate, x, xq)?;

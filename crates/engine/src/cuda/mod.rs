@@ -6,14 +6,17 @@
 //! with the numbers and the remedy (DESIGN.md invariant 5).
 
 mod backend;
+mod tiered;
 mod weights;
 
 pub use backend::{CudaBackend, CudaState, DBuf};
 
 use crate::exec::{Executor, SeqStep, StepOut, Want};
+use crate::experts::{plan, ExpertIndex, ExpertStore, PlanRequest, RoutingProfile, TierStats};
 use crate::{Device, DeviceReport, EngineError};
 use cuda::{Gpu, Graph};
 use model::{ExecError, Logits, ModelConfig, ModelWeights};
+use tiered::Tiered;
 use weights::cuda_err;
 
 /// Tokens per step the scratch arena is sized for (a prompt is fed in chunks
@@ -25,13 +28,33 @@ const MAX_LOGIT_ROWS: usize = 64;
 /// VRAM left free for the driver and the CUDA context's own needs.
 const RESERVE: u64 = 512 << 20;
 
+/// RAM left to the system when the pinned expert copy's size is chosen for the user.
+const RAM_HEADROOM: u64 = 8 << 30;
+
 /// Where the executor's VRAM went, for the startup account.
 #[derive(Debug, Clone, Copy)]
 pub struct VramAccount {
+    /// Everything uploaded from the file (with tiered experts: the dense part).
     pub weights: u64,
+    /// VRAM slots of the tiered expert store (0 when every expert is resident).
+    pub expert_slots: u64,
     pub state: u64,
     pub scratch: u64,
     pub total: u64,
+}
+
+/// Budgets of the tiered expert store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Budgets<'a> {
+    /// VRAM this executor may use in all (None: the free VRAM minus a reserve).
+    /// When the whole model fits, every expert is resident; otherwise the dense
+    /// weights, state and scratch come first and the rest becomes expert slots.
+    pub vram: Option<u64>,
+    /// Pinned RAM for the copy of the experts (None: what fits in MemAvailable
+    /// minus 8 GiB, at most all of them).
+    pub ram: Option<u64>,
+    /// Seeds the slot division and the first slot contents.
+    pub profile: Option<&'a RoutingProfile>,
 }
 
 /// A captured decode step of one sequence: replaying it runs one token.
@@ -62,6 +85,18 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
+fn upload_bar(bytes: u64, ordinal: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(bytes);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "loading weights for {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("cuda:{ordinal}"));
+    bar
+}
+
 impl CudaExecutor {
     /// Opens GPU `ordinal`, checks the VRAM the model needs, uploads the weights
     /// and allocates `n_seq` sequences of `n_ctx` positions.
@@ -71,6 +106,7 @@ impl CudaExecutor {
         weights: &ModelWeights,
         n_ctx: usize,
         n_seq: usize,
+        budgets: Budgets,
     ) -> Result<CudaExecutor, EngineError> {
         let dev = |e: cuda::CudaError| EngineError::Device(e.to_string());
         let gpu = Gpu::open(ordinal).map_err(dev)?;
@@ -87,6 +123,31 @@ impl CudaExecutor {
             .unwrap_or(0) as usize;
         let arena = backend::scratch_bytes(cfg, MAX_STEP_TOKENS, MAX_LOGIT_ROWS, attn_split);
         let scratch = arena as u64 + (n_ctx * cfg.n_rot * 4) as u64;
+        let budget = match budgets.vram {
+            Some(b) if b.saturating_add(RESERVE) > free => {
+                return Err(EngineError::Memory(format!(
+                    "--vram-budget {:.2} GiB is more than cuda:{ordinal} ({name}) has free ({:.2} GiB of {:.2} GiB, {:.2} GiB kept in reserve): lower --vram-budget",
+                    gib(b),
+                    gib(free),
+                    gib(total),
+                    gib(RESERVE)
+                )))
+            }
+            Some(b) => b,
+            None => free.saturating_sub(RESERVE),
+        };
+        if w_bytes + state + scratch > budget {
+            return Self::open_tiered(
+                gpu,
+                cfg,
+                weights,
+                n_ctx,
+                n_seq,
+                budgets,
+                budget,
+                (state, scratch, arena),
+            );
+        }
         let need = w_bytes + state + scratch + RESERVE;
         if need > free {
             return Err(EngineError::Memory(format!(
@@ -102,17 +163,112 @@ impl CudaExecutor {
                 gib(RESERVE),
             )));
         }
-        let bar = indicatif::ProgressBar::new(w_bytes);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "uploading weights to {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar.set_message(format!("cuda:{ordinal}"));
-        let w = weights::upload(&gpu, cfg, weights, &|done| bar.set_position(done))?;
+        let bar = upload_bar(w_bytes, ordinal);
+        let w = weights::upload(&gpu, cfg, weights, None, &|done| bar.set_position(done))?;
         bar.finish_and_clear();
-        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, MAX_STEP_TOKENS)?;
+        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, MAX_STEP_TOKENS, None)?;
+        let vram = VramAccount {
+            weights: w_bytes,
+            expert_slots: 0,
+            state,
+            scratch: be.arena_bytes() + be.rope_bytes(),
+            total,
+        };
+        Self::finish(be, n_ctx, n_seq, ordinal, name, vram)
+    }
+
+    /// The dense weights, state and scratch in VRAM, the routed experts in slots
+    /// (the rest of `budget`), a pinned RAM copy and the file.
+    #[allow(clippy::too_many_arguments)]
+    fn open_tiered(
+        gpu: Gpu,
+        cfg: &ModelConfig,
+        weights: &ModelWeights,
+        n_ctx: usize,
+        n_seq: usize,
+        budgets: Budgets,
+        budget: u64,
+        (state, scratch, arena): (u64, u64, usize),
+    ) -> Result<CudaExecutor, EngineError> {
+        let ordinal = gpu.ordinal();
+        let name = gpu.name();
+        let (_, total) = gpu
+            .mem_info()
+            .map_err(|e| EngineError::Device(e.to_string()))?;
+        let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights);
+        let fixed = dense + state + scratch;
+        let mem = |m: String| EngineError::Memory(m);
+        if fixed >= budget {
+            return Err(mem(format!(
+                "the VRAM budget is {:.2} GiB, but the dense weights ({:.2} GiB), KV/state for --max-context {n_ctx} ({:.2} GiB) and scratch ({:.2} GiB) alone need {:.2} GiB, with nothing left for expert slots: \
+                 raise --vram-budget, lower --max-context, or run on the CPU (--device cpu)",
+                gib(budget),
+                gib(dense),
+                gib(state),
+                gib(scratch),
+                gib(fixed)
+            )));
+        }
+        let file = weights.token_embd.file();
+        let index = ExpertIndex::build(file, cfg).map_err(|e| mem(e.to_string()))?;
+        let routed: u64 = (0..index.n_layer())
+            .filter_map(|l| index.block_bytes(l))
+            .sum();
+        let ram = budgets.ram.unwrap_or_else(|| match crate::mem_available() {
+            Some(a) => routed.min(a.saturating_sub(RAM_HEADROOM)),
+            None => 0,
+        });
+        let req = PlanRequest::for_index(&index, cfg.n_expert_used, budget - fixed, ram);
+        let plan = plan(&req, budgets.profile).map_err(|e| mem(e.to_string()))?;
+        tracing::info!(
+            "cuda:{ordinal} {name}: VRAM budget {:.2} GiB: dense weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB, expert slots {:.2} GiB\n{plan}",
+            gib(budget),
+            gib(dense),
+            gib(state),
+            gib(scratch),
+            gib(plan.vram_used)
+        );
+        let slots: Vec<usize> = plan.layers.iter().map(|l| l.slots).collect();
+        let bar = upload_bar(dense + plan.ram_used, ordinal);
+        let w = weights::upload(&gpu, cfg, weights, Some(&slots), &|done| {
+            bar.set_position(done)
+        })?;
+        let warm = budgets.profile.map(|_| plan.resident_order.clone());
+        let store = ExpertStore::new(index, plan);
+        let t = Tiered::new(&gpu, store, weights, &|done| bar.set_position(dense + done))?;
+        bar.finish_and_clear();
+        // With a routing profile, the slots start with the most used experts.
+        if let Some(order) = warm {
+            let fetches = t.store.borrow_mut().warm(&order);
+            for (l, f) in fetches {
+                t.fetch(&gpu, l, &w.layers[l].moe, &[f])?;
+            }
+        }
+        tracing::info!(
+            "pinned RAM: {:.2} GiB expert copy + {:.3} GiB staging for file reads",
+            gib(t.ram_bytes()),
+            gib(t.staging_bytes())
+        );
+        let slot_bytes = t.store.borrow().plan().vram_used;
+        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, MAX_STEP_TOKENS, Some(t))?;
+        let vram = VramAccount {
+            weights: dense,
+            expert_slots: slot_bytes,
+            state,
+            scratch: be.arena_bytes() + be.rope_bytes(),
+            total,
+        };
+        Self::finish(be, n_ctx, n_seq, ordinal, name, vram)
+    }
+
+    fn finish(
+        be: CudaBackend,
+        n_ctx: usize,
+        n_seq: usize,
+        ordinal: usize,
+        name: String,
+        vram: VramAccount,
+    ) -> Result<CudaExecutor, EngineError> {
         let states = (0..n_seq)
             .map(|_| be.new_state_for(n_ctx))
             .collect::<Result<Vec<_>, _>>()?;
@@ -120,19 +276,15 @@ impl CudaExecutor {
             .gpu
             .alloc::<i32>(1, "argmax")
             .map_err(cuda_err("allocate"))?;
-        let use_graphs = std::env::var_os("SCORIA_NO_GRAPH").is_none();
-        let vram = VramAccount {
-            weights: w_bytes,
-            state,
-            scratch: be.arena_bytes() + be.rope_bytes(),
-            total,
-        };
+        // A tiered step waits for the host at every MoE layer: no graphs.
+        let use_graphs = std::env::var_os("SCORIA_NO_GRAPH").is_none() && be.tiered.is_none();
         tracing::info!(
-            "cuda:{ordinal} {name}: weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB, of {:.2} GiB",
+            "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB, of {:.2} GiB",
             gib(vram.weights),
+            gib(vram.expert_slots),
             gib(vram.state),
             gib(vram.scratch),
-            gib(total)
+            gib(vram.total)
         );
         Ok(CudaExecutor {
             be,
@@ -235,9 +387,15 @@ impl Executor for CudaExecutor {
         DeviceReport {
             device: Device::Cuda(self.ordinal),
             name: self.name.clone(),
-            vram_used: Some(self.vram.weights + self.vram.state + self.vram.scratch),
+            vram_used: Some(
+                self.vram.weights + self.vram.expert_slots + self.vram.state + self.vram.scratch,
+            ),
             vram_total: Some(self.vram.total),
         }
+    }
+
+    fn expert_stats(&self) -> Option<TierStats> {
+        self.be.tiered.as_ref().map(Tiered::stats)
     }
 
     fn clear(&mut self, seq: usize) -> Result<(), ExecError> {
