@@ -33,6 +33,11 @@ pub struct EngineConfig {
     /// GPU, tiered: a routing profile (`scoria profile`) that divides the slots
     /// by measured demand and fills them before the first step.
     pub expert_profile: Option<std::path::PathBuf>,
+    /// GPU, tiered: the share (0–1) of a decode step's misses held in RAM that the
+    /// CPU computes instead of copying them to VRAM slots (None: a cost model from
+    /// bandwidths measured at load decides each step). For tests and experiments;
+    /// the output is the same either way.
+    pub cpu_expert_share: Option<f64>,
 }
 
 /// The executor a loaded engine runs on, for startup lines, `/props` and the

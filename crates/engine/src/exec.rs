@@ -62,6 +62,11 @@ pub trait Executor: Send {
     fn expert_stats(&self) -> Option<crate::experts::TierStats> {
         None
     }
+    /// The most prompt tokens one step should carry (the engine feeds prompts in
+    /// pieces of this many; the pieces do not change the results).
+    fn prompt_chunk(&self) -> usize {
+        512
+    }
 }
 
 /// Runs a sequence's tokens in pieces of at most `piece` tokens through `run(tokens,

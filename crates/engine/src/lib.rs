@@ -21,10 +21,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Prompt tokens per forward call: bounds the activation memory of long prompts.
-/// Chunking does not change results (see `cpu`).
-const PROMPT_CHUNK: usize = 512;
-
 /// Errors a caller can act on; each names what is wrong and the remedy.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -259,16 +255,22 @@ impl Engine {
         self.last_logits = None;
         let pos0 = self.history.len();
         let exec = &mut self.exec;
-        let out = exec::in_pieces(tokens, pos0, want, PROMPT_CHUNK, |chunk, pos0, want| {
-            exec.step(&[SeqStep {
-                seq: 0,
-                tokens: chunk,
-                pos0,
-                want,
-            }])?
-            .pop()
-            .ok_or_else(|| ExecError::new("step", "the executor returned no output"))
-        });
+        let out = exec::in_pieces(
+            tokens,
+            pos0,
+            want,
+            exec.prompt_chunk(),
+            |chunk, pos0, want| {
+                exec.step(&[SeqStep {
+                    seq: 0,
+                    tokens: chunk,
+                    pos0,
+                    want,
+                }])?
+                .pop()
+                .ok_or_else(|| ExecError::new("step", "the executor returned no output"))
+            },
+        );
         match out {
             Ok(o) => {
                 self.history.extend_from_slice(tokens);
@@ -471,6 +473,7 @@ fn cuda_budgets<'a>(
         vram: cfg.vram_budget,
         ram: cfg.ram_budget,
         profile,
+        cpu_share: cfg.cpu_expert_share,
     }
 }
 

@@ -76,19 +76,19 @@ fn a_step_hits_what_is_cached_and_evicts_only_outside_its_batch() {
     let (mut s, k, n) = store(2);
     assert_eq!(s.n_slots(0), k + 2);
     let first: Vec<u32> = (0..k as u32).collect();
-    let b = s.step(0, &first).expect("step");
+    let b = s.step(0, &first, &|_| 0).expect("step");
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].fetch.len(), k, "a cold step fetches every expert");
     check_batch(&s, 0, &b[0]);
     assert_eq!(s.stats().hits, 0);
-    let again = s.step(0, &first).expect("step");
+    let again = s.step(0, &first, &|_| 0).expect("step");
     assert!(again[0].fetch.is_empty(), "the same routing hits");
     assert_eq!(s.stats().hits, k as u64);
     // Half new experts: the kept half hits, the new half misses and may not evict it.
     let mixed: Vec<u32> = (k as u32 / 2..k as u32 / 2 + k as u32)
         .map(|e| e % n as u32)
         .collect();
-    let b = s.step(0, &mixed).expect("step");
+    let b = s.step(0, &mixed, &|_| 0).expect("step");
     check_batch(&s, 0, &b[0]);
     let fetched: HashSet<u32> = b[0].fetch.iter().map(|f| f.expert).collect();
     for e in &mixed {
@@ -103,15 +103,16 @@ fn a_step_hits_what_is_cached_and_evicts_only_outside_its_batch() {
 fn the_least_recently_used_expert_is_evicted_first() {
     let (mut s, k, _) = store(1);
     // k + 1 slots: fill them with experts 0..=k (the step of 0..k, then k).
-    s.step(0, &(0..k as u32).collect::<Vec<_>>()).expect("step");
-    s.step(0, &(1..=k as u32).collect::<Vec<_>>())
+    s.step(0, &(0..k as u32).collect::<Vec<_>>(), &|_| 0)
+        .expect("step");
+    s.step(0, &(1..=k as u32).collect::<Vec<_>>(), &|_| 0)
         .expect("step");
     // 0 was used once, long ago; 1..=k just now: a new expert takes 0's slot.
     let slot0 = match s.home(0, 0) {
         Home::Slot(x) => x,
         h => panic!("expert 0 not cached: {h:?}"),
     };
-    let b = s.step(0, &[k as u32 + 1]).expect("step");
+    let b = s.step(0, &[k as u32 + 1], &|_| 0).expect("step");
     assert_eq!(b[0].fetch.len(), 1);
     assert_eq!(b[0].fetch[0].slot, slot0);
     assert!(!matches!(s.home(0, 0), Home::Slot(_)));
@@ -120,11 +121,11 @@ fn the_least_recently_used_expert_is_evicted_first() {
 #[test]
 fn a_prompt_needing_more_experts_than_slots_runs_in_batches() {
     let (mut s, k, n) = store(0);
-    s.step(0, &[3]).expect("step");
+    s.step(0, &[3], &|_| 0).expect("step");
     // Every expert, several times over (a prompt of n tokens with k routes each).
     let routes: Vec<u32> = (0..n * k).map(|i| ((i * 7) % n) as u32).collect();
     let before = s.stats();
-    let batches = s.step(0, &routes).expect("step");
+    let batches = s.step(0, &routes, &|_| 0).expect("step");
     assert_eq!(batches.len(), n.div_ceil(k));
     // The cached expert comes first, so it is used before anything evicts it.
     assert!(batches[0].slot(3).is_some() && batches[0].fetch.iter().all(|f| f.expert != 3));
@@ -150,7 +151,7 @@ fn a_prompt_needing_more_experts_than_slots_runs_in_batches() {
 #[test]
 fn a_routed_expert_out_of_range_is_an_error() {
     let (mut s, _, n) = store(0);
-    let e = s.step(2, &[0, n as u32]).unwrap_err();
+    let e = s.step(2, &[0, n as u32], &|_| 0).unwrap_err();
     assert!(
         e.contains(&format!("expert {n}")) && e.contains("layer 2"),
         "{e}"
@@ -169,6 +170,42 @@ fn warming_fills_free_slots_only() {
         assert_eq!(s.home(0, e as u32), Home::Slot(fe.slot));
     }
     assert_eq!(s.stats().uses(), 0, "warming is neither a hit nor a miss");
-    let b = s.step(0, &[0]).expect("step");
+    let b = s.step(0, &[0], &|_| 0).expect("step");
     assert!(b[0].fetch.is_empty());
+}
+
+#[test]
+fn the_cpu_takes_ram_misses_seen_least_recently_and_no_slot() {
+    let (mut s, k, _) = store(0);
+    // Expert 2 was routed to before (and evicted since); 4 and 6 never were.
+    s.step(0, &[2], &|_| 0).expect("step");
+    let others: Vec<u32> = (10..10 + k as u32).collect();
+    s.step(0, &others, &|_| 0).expect("step");
+    assert!(!matches!(s.home(0, 2), Home::Slot(_)));
+    let before = s.stats();
+    // 2, 4, 6 are in RAM (even), 7 only in the file; the CPU may take two.
+    let b = s.step(0, &[2, 4, 6, 7], &|m| {
+        assert_eq!(m, 3, "three misses are in RAM");
+        2
+    });
+    let b = b.expect("step");
+    assert_eq!(b.len(), 1);
+    let cpu: Vec<u32> = b[0].cpu.iter().map(|&(e, _)| e).collect();
+    assert_eq!(cpu, vec![4, 6], "the never-seen experts go to the CPU");
+    for &(e, off) in &b[0].cpu {
+        assert_eq!(s.home(0, e), Home::Ram(off), "a CPU expert takes no slot");
+    }
+    let fetched: Vec<u32> = b[0].fetch.iter().map(|f| f.expert).collect();
+    assert_eq!(fetched, vec![2, 7]);
+    check_batch(&s, 0, &b[0]);
+    let d = s.stats().minus(&before);
+    assert_eq!((d.cpu_misses, d.ram_misses, d.disk_misses), (2, 1, 1));
+    assert_eq!(d.cpu_bytes, 2 * s.plan().layers[0].expert_bytes);
+    // Seen now: on its next miss 4 goes to a slot before a never-seen expert.
+    s.step(0, &others, &|_| 0).expect("step");
+    let b = s.step(0, &[4, 8], &|_| 1).expect("step");
+    assert_eq!(
+        b[0].cpu.iter().map(|&(e, _)| e).collect::<Vec<_>>(),
+        vec![8]
+    );
 }

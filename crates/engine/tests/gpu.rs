@@ -226,8 +226,9 @@ fn load(path: &Path, device: Device) -> Engine {
 
 /// Invariant 1 for the tiered expert store: budgets that keep every expert in VRAM,
 /// almost none (top-k slots per layer, nothing in RAM: every miss read from the
-/// file) and mixes give the same logits, bit for bit, for a prompt read in pieces
-/// (several slot batches per layer) and for decode steps.
+/// file) and mixes, with the CPU computing none, some or all of the misses held in
+/// RAM, give the same logits, bit for bit, for a prompt read in pieces (several slot
+/// batches per layer) and for decode steps.
 #[test]
 fn tiered_experts_give_the_resident_bits() {
     if gpu().is_none() {
@@ -242,12 +243,13 @@ fn tiered_experts_give_the_resident_bits() {
             "{geometry}: resident run is tiered"
         );
         let used = full.device_report().vram_used.expect("vram");
-        let experts = full.memory().expert_bytes;
-        let (k, n) = (
-            full.info().n_expert_used as u64,
-            full.info().n_expert as u64,
-        );
-        let fixed = used - experts;
+        let file = gguf::GgufFile::open(&path).expect("open");
+        let cfg = model::ModelConfig::from_gguf(&file).expect("config");
+        let index = engine::experts::ExpertIndex::build(&file, &cfg).expect("index");
+        let experts: u64 = index.trunk_expert_bytes().iter().sum::<u64>() * cfg.n_expert as u64;
+        let (k, n) = (cfg.n_expert_used as u64, cfg.n_expert as u64);
+        // What the resident run holds besides the experts, plus the context's share.
+        let fixed = used - experts + engine::cuda::CONTEXT_VRAM;
         let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % 3000).collect();
         let want = full.logits_all(&prompt).expect("resident logits");
         full.reset().expect("reset");
@@ -257,15 +259,28 @@ fn tiered_experts_give_the_resident_bits() {
                 "top-k slots, nothing in RAM",
                 fixed + (k + 1) * experts / n,
                 0,
+                None,
             ),
             (
-                "half the experts in slots and in RAM",
+                "half in slots and RAM, CPU half",
                 fixed + experts / 2,
                 experts / 2,
+                Some(0.5),
             ),
-            ("3/4 in slots, all in RAM", fixed + experts * 3 / 4, experts),
+            (
+                "3/4 in slots, all in RAM, CPU all",
+                fixed + experts * 3 / 4,
+                experts,
+                Some(1.0),
+            ),
+            (
+                "1/4 in slots, all in RAM, cost model",
+                fixed + experts / 4,
+                experts,
+                None,
+            ),
         ];
-        for (case, vram, ram) in cases {
+        for (case, vram, ram, share) in cases {
             let mut t = Engine::load(
                 &path,
                 &EngineConfig {
@@ -273,6 +288,7 @@ fn tiered_experts_give_the_resident_bits() {
                     device: Some(Device::Cuda(0)),
                     vram_budget: Some(vram),
                     ram_budget: Some(ram),
+                    cpu_expert_share: share,
                     ..Default::default()
                 },
             )
@@ -296,18 +312,24 @@ fn tiered_experts_give_the_resident_bits() {
             }
             let s = t.expert_stats().expect("stats");
             eprintln!(
-                "{geometry}, {case}: bit-identical; hits {}, RAM misses {}, disk misses {}",
-                s.hits, s.ram_misses, s.disk_misses
+                "{geometry}, {case}: bit-identical; hits {}, RAM misses {}, disk misses {}, CPU misses {}",
+                s.hits, s.ram_misses, s.disk_misses, s.cpu_misses
             );
             assert!(
-                s.ram_misses + s.disk_misses > 0,
+                s.ram_misses + s.disk_misses + s.cpu_misses > 0,
                 "{geometry}, {case}: no misses"
             );
             if ram == 0 {
-                assert_eq!(s.ram_misses, 0, "{geometry}, {case}");
+                assert_eq!(s.ram_misses + s.cpu_misses, 0, "{geometry}, {case}");
             }
             if ram >= experts {
                 assert_eq!(s.disk_misses, 0, "{geometry}, {case}");
+            }
+            if share.is_some() {
+                assert!(
+                    s.cpu_misses > 0,
+                    "{geometry}, {case}: the CPU computed nothing"
+                );
             }
         }
     }

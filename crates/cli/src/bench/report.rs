@@ -106,8 +106,10 @@ impl TestResult {
         let tokens = (self.samples.len() * self.spec.timed_tokens()).max(1) as f64;
         let mb = |b: u64| b as f64 / 1e6;
         Some(format!(
-            "experts: {:.1}% VRAM slot hits; misses per timed token {:.1} from RAM ({:.1} MB), {:.1} from disk ({:.1} MB, {:.1} ms reading)",
+            "experts: {:.1}% VRAM slot hits; misses per timed token {:.1} computed by the CPU ({:.1} MB), {:.1} copied from RAM ({:.1} MB), {:.1} from disk ({:.1} MB, {:.1} ms reading)",
             100.0 * e.hit_rate(),
+            e.cpu_misses as f64 / tokens,
+            mb(e.cpu_bytes) / tokens,
             e.ram_misses as f64 / tokens,
             mb(e.ram_bytes) / tokens,
             e.disk_misses as f64 / tokens,

@@ -382,6 +382,22 @@ impl CudaBackend {
             .map_err(cuda_err("upload tiles"))
     }
 
+    /// The shared expert's output and gate logit (device addresses; 0, 0 without one).
+    fn shared_expert(&self, m: &MoeDev, x: &DBuf, xq: QAct) -> Result<(u64, u64), ExecError> {
+        let Some(s) = &m.shared else {
+            return Ok((0, 0));
+        };
+        let sg = self.mm_q(&s.gate, x, xq)?;
+        let su = self.mm_q(&s.up, x, xq)?;
+        let sa = self.swiglu(&sg, &su)?;
+        let sd = self.mm(&s.down, &sa)?;
+        let logit = self.alloc(x.rows, 1, "shared gate")?;
+        self.gpu
+            .dot_rows(x.ptr, s.gate_inp.ptr(), x.rows, x.cols, logit.ptr)
+            .map_err(cuda_err("dot_rows"))?;
+        Ok((sd.ptr, logit.ptr))
+    }
+
     /// The routed experts of every resident layer: all its experts are in VRAM.
     /// Returns the down projections, one row per route (token-major, rank order).
     fn routed_resident(
@@ -433,8 +449,12 @@ impl CudaBackend {
     }
 
     /// The routed experts of a tiered layer: the host reads the step's routing, the
-    /// expert store assigns slots (fetching misses), and the same kernels run over
-    /// slots instead of experts, one batch of slots at a time.
+    /// expert store assigns slots (fetching misses) and, in a decode step, leaves some
+    /// misses held in RAM to the CPU (the cost model's split); the same kernels run
+    /// over slots instead of experts, one batch of slots at a time, while the CPU
+    /// computes its experts with the same bits and uploads them into their rows.
+    /// Returns the down projections and the shared expert (issued before the CPU
+    /// work, so the GPU has it to do meanwhile).
     #[allow(clippy::too_many_arguments)]
     fn routed_tiered(
         &self,
@@ -446,7 +466,7 @@ impl CudaBackend {
         logits: &DBuf,
         wts: &DBuf,
         ids: u64,
-    ) -> Result<DBuf, ExecError> {
+    ) -> Result<(DBuf, (u64, u64)), ExecError> {
         let cfg = &self.cfg;
         let (t_n, k) = (x.rows, cfg.n_expert_used);
         let rows = t_n * k;
@@ -461,8 +481,22 @@ impl CudaBackend {
         let batches = t
             .store
             .borrow_mut()
-            .step(layer, &routes)
+            .step(layer, &routes, &|misses| {
+                if t_n == 1 {
+                    t.to_cpu(layer, misses)
+                } else {
+                    0
+                }
+            })
             .map_err(|e| ExecError::new("expert store", e))?;
+        // The CPU's input, read while the stream is idle.
+        let x_host: Vec<f32> = if batches.iter().any(|b| !b.cpu.is_empty()) {
+            self.gpu
+                .download(x.ptr, x.rows * x.cols)
+                .map_err(cuda_err("download expert input"))?
+        } else {
+            Vec::new()
+        };
         let g = self.alloc(rows, m.gate_exps.n_rows, "expert products")?;
         let u = self.alloc(rows, m.up_exps.n_rows, "expert products")?;
         let act = self.alloc(rows, m.gate_exps.n_rows, "swiglu")?;
@@ -476,6 +510,7 @@ impl CudaBackend {
         let max_tiles = rows + cfg.n_expert;
         let ta = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
+        let mut shared = None;
         for b in &batches {
             t.fetch(&self.gpu, layer, m, &b.fetch)?;
             // Routes of this batch's experts, named by slot; the others are skipped.
@@ -484,20 +519,39 @@ impl CudaBackend {
                 .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
                 .collect();
             let (gu, dn) = self.prompt_tiles(&by_slot, k);
-            self.put_tiles(&gu, ta)?;
-            self.put_tiles(&dn, tb)?;
-            self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), &g)?;
-            self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), &u)?;
-            // Rows of other batches are recomputed alike (element- and row-wise ops).
-            self.swiglu_into(&g, &u, &act)?;
-            if !is_float(m.down_exps.ty) {
-                self.gpu
-                    .quantize_act(act.ptr, act.rows, act.cols, aq)
-                    .map_err(cuda_err("quantize_act"))?;
+            if !gu.is_empty() {
+                self.put_tiles(&gu, ta)?;
+                self.put_tiles(&dn, tb)?;
+                self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), &g)?;
+                self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), &u)?;
+                // Rows of other batches are recomputed alike (element- and row-wise ops).
+                self.swiglu_into(&g, &u, &act)?;
+                if !is_float(m.down_exps.ty) {
+                    self.gpu
+                        .quantize_act(act.ptr, act.rows, act.cols, aq)
+                        .map_err(cuda_err("quantize_act"))?;
+                }
+                self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), &down)?;
             }
-            self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), &down)?;
+            if shared.is_none() {
+                shared = Some(self.shared_expert(m, x, xq)?);
+            }
+            if !b.cpu.is_empty() {
+                let outs = t.cpu_experts(layer, &b.cpu, &x_host);
+                for (&(e, _), out) in b.cpu.iter().zip(&outs) {
+                    for (r, _) in routes.iter().enumerate().filter(|(_, &re)| re == e) {
+                        self.gpu
+                            .copy_to_device(out, down.ptr + (r * down.cols * 4) as u64)
+                            .map_err(cuda_err("upload CPU expert output"))?;
+                    }
+                }
+            }
         }
-        Ok(down)
+        let shared = match shared {
+            Some(s) => s,
+            None => self.shared_expert(m, x, xq)?,
+        };
+        Ok((down, shared))
     }
 
     /// The weight of norm `which` and where its output goes. A mixer's input and
@@ -819,23 +873,12 @@ impl Backend for CudaBackend {
         let logits = self.mm_q(&m.router, x, xq)?;
         let wts = self.alloc(t_n, k, "route")?;
         let ids = self.alloc_bytes(t_n * k * 4, "route")?;
-        let down = match &self.tiered {
+        let (down, (shared, logit)) = match &self.tiered {
             Some(t) => self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids)?,
-            None => self.routed_resident(m, x, xq, &logits, &wts, ids)?,
-        };
-        let (shared, logit) = match &m.shared {
-            Some(s) => {
-                let sg = self.mm_q(&s.gate, x, xq)?;
-                let su = self.mm_q(&s.up, x, xq)?;
-                let sa = self.swiglu(&sg, &su)?;
-                let sd = self.mm(&s.down, &sa)?;
-                let logit = self.alloc(t_n, 1, "shared gate")?;
-                self.gpu
-                    .dot_rows(x.ptr, s.gate_inp.ptr(), t_n, e, logit.ptr)
-                    .map_err(cuda_err("dot_rows"))?;
-                (sd.ptr, logit.ptr)
+            None => {
+                let down = self.routed_resident(m, x, xq, &logits, &wts, ids)?;
+                (down, self.shared_expert(m, x, xq)?)
             }
-            None => (0, 0),
         };
         let out = self.alloc(t_n, e, "moe")?;
         self.gpu

@@ -19,9 +19,18 @@ use model::{ExecError, Logits, ModelConfig, ModelWeights};
 use tiered::Tiered;
 use weights::cuda_err;
 
-/// Tokens per step the scratch arena is sized for (a prompt is fed in chunks
-/// of at most this many; the engine's chunk is 512).
+/// Tokens per step the scratch arena is sized for with every expert resident (a
+/// prompt is fed in chunks of at most this many).
 const MAX_STEP_TOKENS: usize = 512;
+/// With tiered experts a prompt chunk streams every expert it routes to through the
+/// slots once, so longer chunks read fewer bytes per token: the longest of these
+/// whose scratch takes at most a quarter of what the budget leaves after the dense
+/// weights and the state.
+const TIERED_CHUNKS: [usize; 4] = [4096, 2048, 1024, MAX_STEP_TOKENS];
+/// VRAM the CUDA context, the loaded kernels and allocation rounding take beyond
+/// what scoria allocates (measured with nvidia-smi on an H200: about 0.9 GiB with
+/// the executor's own 16 GiB). An explicit --vram-budget covers it.
+pub const CONTEXT_VRAM: u64 = 1 << 30;
 /// Positions whose logits one step may return at once (Logits::All is split
 /// into pieces of this many tokens).
 const MAX_LOGIT_ROWS: usize = 64;
@@ -55,6 +64,9 @@ pub struct Budgets<'a> {
     pub ram: Option<u64>,
     /// Seeds the slot division and the first slot contents.
     pub profile: Option<&'a RoutingProfile>,
+    /// A fixed share of each decode step's RAM misses for the CPU (None: the
+    /// measured cost model splits them).
+    pub cpu_share: Option<f64>,
 }
 
 /// A captured decode step of one sequence: replaying it runs one token.
@@ -83,6 +95,19 @@ unsafe impl Send for CudaExecutor {}
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
+}
+
+/// The scratch arena for steps of up to `max_step` tokens, and with the RoPE table
+/// the scratch VRAM in all.
+fn scratch_for(gpu: &Gpu, cfg: &ModelConfig, n_ctx: usize, max_step: usize) -> (usize, u64) {
+    // attn_core's key-split partials: the split count depends on the step's token
+    // count, so take the largest any step may ask for.
+    let attn_split = (1..=max_step)
+        .map(|t| gpu.attn_scratch_bytes(t, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx))
+        .max()
+        .unwrap_or(0) as usize;
+    let arena = backend::scratch_bytes(cfg, max_step, MAX_LOGIT_ROWS, attn_split);
+    (arena, arena as u64 + (n_ctx * cfg.n_rot * 4) as u64)
 }
 
 fn upload_bar(bytes: u64, ordinal: usize) -> indicatif::ProgressBar {
@@ -115,15 +140,15 @@ impl CudaExecutor {
         let w_bytes = weights::upload_bytes(weights);
         let state_one = crate::cpu::state_bytes(cfg, n_ctx) as u64;
         let state = state_one * n_seq as u64;
-        // attn_core's key-split partials: the split count depends on the step's
-        // token count, so take the largest any step may ask for.
-        let attn_split = (1..=MAX_STEP_TOKENS)
-            .map(|t| gpu.attn_scratch_bytes(t, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx))
-            .max()
-            .unwrap_or(0) as usize;
-        let arena = backend::scratch_bytes(cfg, MAX_STEP_TOKENS, MAX_LOGIT_ROWS, attn_split);
-        let scratch = arena as u64 + (n_ctx * cfg.n_rot * 4) as u64;
+        let (arena, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let budget = match budgets.vram {
+            Some(b) if b < CONTEXT_VRAM * 2 => {
+                return Err(EngineError::Memory(format!(
+                    "--vram-budget {:.2} GiB is too small: the CUDA context and kernels alone take about {:.2} GiB of it",
+                    gib(b),
+                    gib(CONTEXT_VRAM)
+                )))
+            }
             Some(b) if b.saturating_add(RESERVE) > free => {
                 return Err(EngineError::Memory(format!(
                     "--vram-budget {:.2} GiB is more than cuda:{ordinal} ({name}) has free ({:.2} GiB of {:.2} GiB, {:.2} GiB kept in reserve): lower --vram-budget",
@@ -133,20 +158,11 @@ impl CudaExecutor {
                     gib(RESERVE)
                 )))
             }
-            Some(b) => b,
+            Some(b) => b - CONTEXT_VRAM,
             None => free.saturating_sub(RESERVE),
         };
         if w_bytes + state + scratch > budget {
-            return Self::open_tiered(
-                gpu,
-                cfg,
-                weights,
-                n_ctx,
-                n_seq,
-                budgets,
-                budget,
-                (state, scratch, arena),
-            );
+            return Self::open_tiered(gpu, cfg, weights, n_ctx, n_seq, budgets, budget, state);
         }
         let need = w_bytes + state + scratch + RESERVE;
         if need > free {
@@ -188,7 +204,7 @@ impl CudaExecutor {
         n_seq: usize,
         budgets: Budgets,
         budget: u64,
-        (state, scratch, arena): (u64, u64, usize),
+        state: u64,
     ) -> Result<CudaExecutor, EngineError> {
         let ordinal = gpu.ordinal();
         let name = gpu.name();
@@ -196,6 +212,15 @@ impl CudaExecutor {
             .mem_info()
             .map_err(|e| EngineError::Device(e.to_string()))?;
         let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights);
+        let left = budget.saturating_sub(dense + state);
+        let (chunk, (arena, scratch)) = TIERED_CHUNKS
+            .iter()
+            .map(|&c| (c, scratch_for(&gpu, cfg, n_ctx, c)))
+            .find(|&(c, (_, s))| c == MAX_STEP_TOKENS || s <= left / 4)
+            .unwrap_or((
+                MAX_STEP_TOKENS,
+                scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS),
+            ));
         let fixed = dense + state + scratch;
         let mem = |m: String| EngineError::Memory(m);
         if fixed >= budget {
@@ -220,9 +245,11 @@ impl CudaExecutor {
         });
         let req = PlanRequest::for_index(&index, cfg.n_expert_used, budget - fixed, ram);
         let plan = plan(&req, budgets.profile).map_err(|e| mem(e.to_string()))?;
+        let context = budgets.vram.map_or(0, |_| CONTEXT_VRAM);
         tracing::info!(
-            "cuda:{ordinal} {name}: VRAM budget {:.2} GiB: dense weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB, expert slots {:.2} GiB\n{plan}",
-            gib(budget),
+            "cuda:{ordinal} {name}: VRAM budget {:.2} GiB: CUDA context {:.2} GiB, dense weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB for prompt chunks of {chunk} tokens, expert slots {:.2} GiB\n{plan}",
+            gib(budget + context),
+            gib(context),
             gib(dense),
             gib(state),
             gib(scratch),
@@ -235,7 +262,16 @@ impl CudaExecutor {
         })?;
         let warm = budgets.profile.map(|_| plan.resident_order.clone());
         let store = ExpertStore::new(index, plan);
-        let t = Tiered::new(&gpu, store, weights, &|done| bar.set_position(dense + done))?;
+        // The largest slot buffer, still empty, for measuring copies into VRAM.
+        let probe = w
+            .layers
+            .iter()
+            .map(|l| (l.moe.gate_exps.buf.ptr(), l.moe.gate_exps.buf.len()))
+            .max_by_key(|p| p.1)
+            .unwrap_or((0, 0));
+        let t = Tiered::new(&gpu, store, weights, budgets.cpu_share, probe, &|done| {
+            bar.set_position(dense + done)
+        })?;
         bar.finish_and_clear();
         // With a routing profile, the slots start with the most used experts.
         if let Some(order) = warm {
@@ -250,7 +286,7 @@ impl CudaExecutor {
             gib(t.staging_bytes())
         );
         let slot_bytes = t.store.borrow().plan().vram_used;
-        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, MAX_STEP_TOKENS, Some(t))?;
+        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, chunk, Some(t))?;
         let vram = VramAccount {
             weights: dense,
             expert_slots: slot_bytes,
@@ -394,6 +430,10 @@ impl Executor for CudaExecutor {
         }
     }
 
+    fn prompt_chunk(&self) -> usize {
+        self.be.max_tokens
+    }
+
     fn expert_stats(&self) -> Option<TierStats> {
         self.be.tiered.as_ref().map(Tiered::stats)
     }
@@ -430,7 +470,7 @@ impl Executor for CudaExecutor {
             let piece = if s.want == Want::Logits(Logits::All) {
                 MAX_LOGIT_ROWS
             } else {
-                MAX_STEP_TOKENS
+                self.be.max_tokens
             };
             let out =
                 crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {

@@ -27,8 +27,43 @@ use std::time::Instant;
 /// from the file in one batch are read in rounds).
 const STAGING_EXPERTS: usize = 16;
 
+/// How long moving an expert's bytes takes each way, measured at load: over PCIe
+/// from the pinned copy into a slot, or through the CPU kernels computing it.
+#[derive(Debug, Clone, Copy)]
+pub struct CostModel {
+    /// Host→device bytes per second from pinned memory.
+    pub pcie_bps: f64,
+    /// CPU: seconds for a call computing experts, and seconds per expert byte.
+    pub cpu_fixed_s: f64,
+    pub cpu_s_per_byte: f64,
+}
+
+impl CostModel {
+    /// Of `m` misses of `bytes` each, how many the CPU should compute so that the
+    /// CPU and the copies of the rest (which run at once) finish soonest.
+    pub fn split(&self, m: usize, bytes: u64) -> usize {
+        let b = bytes as f64;
+        let cost = |c: usize| {
+            let cpu = if c == 0 {
+                0.0
+            } else {
+                self.cpu_fixed_s + c as f64 * b * self.cpu_s_per_byte
+            };
+            let pcie = (m - c) as f64 * b / self.pcie_bps;
+            cpu.max(pcie)
+        };
+        (0..=m)
+            .min_by(|&a, &c| cost(a).total_cmp(&cost(c)))
+            .unwrap_or(0)
+    }
+}
+
 pub(crate) struct Tiered {
     pub store: RefCell<ExpertStore>,
+    pub cost: CostModel,
+    /// A fixed share of each decode step's RAM misses for the CPU instead of the
+    /// cost model's split (tests and experiments).
+    pub cpu_share: Option<f64>,
     /// Per trunk layer: the pinned RAM copy (`ExpertStore::ram_layout`).
     ram: Vec<PinnedBuf>,
     /// Per shard, opened at the first read from it.
@@ -48,6 +83,8 @@ impl Tiered {
         gpu: &Gpu,
         store: ExpertStore,
         weights: &ModelWeights,
+        cpu_share: Option<f64>,
+        probe: (u64, usize),
         progress: &dyn Fn(u64),
     ) -> Result<Tiered, ExecError> {
         let mut ram = Vec::with_capacity(store.n_layer());
@@ -93,12 +130,124 @@ impl Tiered {
             .alloc_pinned(span * STAGING_EXPERTS)
             .map_err(cuda_err("pinned staging for expert reads"))?;
         let n_shards = store.index().shard_paths().len();
-        Ok(Tiered {
+        let mut t = Tiered {
             store: RefCell::new(store),
+            cost: CostModel {
+                pcie_bps: 25e9,
+                cpu_fixed_s: 50e-6,
+                cpu_s_per_byte: 1.0 / 30e9,
+            },
+            cpu_share,
             ram,
             readers: RefCell::new((0..n_shards).map(|_| None).collect()),
             staging: RefCell::new(staging),
+        };
+        t.measure(gpu, probe)?;
+        Ok(t)
+    }
+
+    /// Measures the cost model on this machine: a pinned copy of experts into
+    /// `probe` (device address and bytes: empty slots, so no VRAM beyond the
+    /// budget), and the CPU computing 1 and 8 experts of one layer.
+    fn measure(&mut self, gpu: &Gpu, probe: (u64, usize)) -> Result<(), ExecError> {
+        let Some(l) = (0..self.ram.len()).max_by_key(|&l| self.ram[l].len()) else {
+            return Ok(());
+        };
+        let src = &self.ram[l];
+        let n = src.len().min(probe.1).min(256 << 20);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            gpu.copy_pinned_to_device(src, 0, n, probe.0)
+                .map_err(cuda_err("measure PCIe"))?;
+            gpu.sync().map_err(cuda_err("measure PCIe"))?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        self.cost.pcie_bps = n as f64 / best.max(1e-9);
+        let store = self.store.borrow();
+        let resident: Vec<(u32, usize)> = store.ram_layout(l).take(8).collect();
+        let bytes = store.plan().layers[l].expert_bytes as f64;
+        drop(store);
+        let x: Vec<f32> = (0..self.n_embd(l))
+            .map(|i| ((i % 7) as f32 - 3.0) * 0.01)
+            .collect();
+        let time = |k: usize| {
+            let mut best = f64::MAX;
+            for _ in 0..3 {
+                let t0 = Instant::now();
+                std::hint::black_box(self.cpu_experts(l, &resident[..k], &x));
+                best = best.min(t0.elapsed().as_secs_f64());
+            }
+            best
+        };
+        if resident.len() >= 2 {
+            let k = resident.len();
+            let (t1, tk) = (time(1), time(k));
+            let slope = ((tk - t1) / (k - 1) as f64).max(1e-12);
+            self.cost.cpu_s_per_byte = slope / bytes;
+            self.cost.cpu_fixed_s = (t1 - slope).max(0.0);
+        }
+        tracing::info!(
+            "expert miss costs (measured): PCIe {:.1} GB/s from pinned RAM; CPU {:.1} GB/s + {:.0} µs per call",
+            self.cost.pcie_bps / 1e9,
+            1e-9 / self.cost.cpu_s_per_byte,
+            self.cost.cpu_fixed_s * 1e6
+        );
+        Ok(())
+    }
+
+    /// Layer `l`'s shapes: (n_embd, n_ff) and each matrix's type and bytes, from the
+    /// index (the file's layout of one expert).
+    fn shapes(&self, l: usize) -> [(quant::GgmlType, usize); 3] {
+        let store = self.store.borrow();
+        let locs = store.index().expert(l, 0);
+        std::array::from_fn(|j| {
+            locs.map_or((quant::GgmlType::F32, 0), |m| (m[j].ty, m[j].len as usize))
         })
+    }
+
+    fn n_embd(&self, l: usize) -> usize {
+        self.store
+            .borrow()
+            .index()
+            .expert(l, 0)
+            .map_or(0, |m| m[0].cols)
+    }
+
+    /// How many of a decode step's `misses` (held in RAM) the CPU computes.
+    pub fn to_cpu(&self, layer: usize, misses: usize) -> usize {
+        if let Some(f) = self.cpu_share {
+            return ((misses as f64 * f).round() as usize).min(misses);
+        }
+        let bytes = self.store.borrow().plan().layers[layer].expert_bytes;
+        self.cost.split(misses, bytes)
+    }
+
+    /// The outputs of the experts `cpu` ((expert, RAM offset)) of layer `layer` for
+    /// one token `x`, computed by the CPU kernels from the pinned copy.
+    pub fn cpu_experts(&self, layer: usize, cpu: &[(u32, usize)], x: &[f32]) -> Vec<Vec<f32>> {
+        let shapes = self.shapes(layer);
+        let ram = self.ram[layer].as_slice();
+        let mats: Vec<[(quant::GgmlType, &[u8]); 3]> = cpu
+            .iter()
+            .map(|&(_, off)| {
+                let mut at = off;
+                std::array::from_fn(|j| {
+                    let (ty, len) = shapes[j];
+                    let m = (ty, &ram[at..at + len]);
+                    at += len;
+                    m
+                })
+            })
+            .collect();
+        let n_ff = {
+            let store = self.store.borrow();
+            store.index().expert(layer, 0).map_or(0, |m| m[0].rows)
+        };
+        crate::cpu::one_token_experts(x, &mats, n_ff)
     }
 
     pub fn ram_bytes(&self) -> u64 {

@@ -52,13 +52,17 @@ pub struct Fetch {
     pub from: Home,
 }
 
-/// Experts computed together: every one of them is in `slot_of` while the batch runs.
+/// Experts computed together: every one of them is in `slot_of` while the batch runs,
+/// except those left to the CPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Batch {
-    /// (expert, slot) for each expert of the batch.
+    /// (expert, slot) for each expert of the batch computed in a slot.
     pub slot_of: Vec<(u32, u32)>,
     /// The misses among them, to copy in before the batch is computed.
     pub fetch: Vec<Fetch>,
+    /// Misses computed by the CPU from the RAM copy instead: (expert, offset in the
+    /// layer's RAM buffer). They take no slot.
+    pub cpu: Vec<(u32, usize)>,
 }
 
 impl Batch {
@@ -81,13 +85,16 @@ pub struct TierStats {
     /// Misses read from the model file, and their bytes.
     pub disk_misses: u64,
     pub disk_bytes: u64,
+    /// Misses computed by the CPU from the RAM copy (no copy to VRAM), and their bytes.
+    pub cpu_misses: u64,
+    pub cpu_bytes: u64,
     /// Nanoseconds the host spent reading misses from the file.
     pub disk_ns: u64,
 }
 
 impl TierStats {
     pub fn uses(&self) -> u64 {
-        self.hits + self.ram_misses + self.disk_misses
+        self.hits + self.ram_misses + self.disk_misses + self.cpu_misses
     }
     /// Share of expert uses that were already in VRAM.
     pub fn hit_rate(&self) -> f64 {
@@ -103,6 +110,8 @@ impl TierStats {
             ram_bytes: self.ram_bytes - before.ram_bytes,
             disk_misses: self.disk_misses - before.disk_misses,
             disk_bytes: self.disk_bytes - before.disk_bytes,
+            cpu_misses: self.cpu_misses - before.cpu_misses,
+            cpu_bytes: self.cpu_bytes - before.cpu_bytes,
             disk_ns: self.disk_ns - before.disk_ns,
         }
     }
@@ -126,6 +135,8 @@ struct LayerSlots {
     slots: Vec<SlotUse>,
     /// expert → slot, or -1.
     slot_of: Vec<i32>,
+    /// expert → the layer step it was last routed to (0: never), slot or not.
+    seen: Vec<u64>,
     step: u64,
 }
 
@@ -142,6 +153,7 @@ impl LayerSlots {
                 n_slots
             ],
             slot_of: vec![-1; n_expert],
+            seen: vec![0; n_expert],
             step: 0,
         }
     }
@@ -285,7 +297,17 @@ impl ExpertStore {
     /// run in order; the caller must issue each batch's copies after the previous
     /// batch's computation (one stream does that by itself). Experts outside the
     /// layer's range are an error (they would index past the slot table).
-    pub fn step(&mut self, layer: usize, routes: &[u32]) -> Result<Vec<Batch>, String> {
+    ///
+    /// `to_cpu(m)` is asked, when the step is one batch, how many of its `m` misses
+    /// that are in the RAM copy the CPU should compute instead of copying them to
+    /// slots (the executor's cost model); those are the ones routed to least
+    /// recently, so an expert that returns is promoted to a slot on its next miss.
+    pub fn step(
+        &mut self,
+        layer: usize,
+        routes: &[u32],
+        to_cpu: &dyn Fn(usize) -> usize,
+    ) -> Result<Vec<Batch>, String> {
         let n_expert = self.plan.n_expert;
         if let Some(&bad) = routes.iter().find(|&&e| e as usize >= n_expert) {
             return Err(format!(
@@ -304,9 +326,47 @@ impl ExpertStore {
         distinct.sort_by_key(|&e| (slots_now[e as usize] < 0, e));
         let cap = self.n_slots(layer).max(1);
         let mut out = Vec::new();
-        for chunk in distinct.chunks(cap) {
+        let bytes = self.plan.layers[layer].expert_bytes;
+        // One batch: the CPU may take some of the misses held in RAM.
+        let mut cpu = Vec::new();
+        if distinct.len() <= cap {
+            let ls = &self.layers[layer];
+            let mut ram_misses: Vec<u32> = distinct
+                .iter()
+                .copied()
+                .filter(|&e| {
+                    ls.slot_of[e as usize] < 0 && self.ram_off[layer][e as usize].is_some()
+                })
+                .collect();
+            let n = to_cpu(ram_misses.len()).min(ram_misses.len());
+            ram_misses.sort_by_key(|&e| (ls.seen[e as usize], e));
+            cpu = ram_misses[..n].to_vec();
+        }
+        distinct.retain(|e| !cpu.contains(e));
+        let ls = &mut self.layers[layer];
+        ls.step += 1;
+        let mut cpu_batch = Vec::with_capacity(cpu.len());
+        for &e in &cpu {
+            ls.seen[e as usize] = ls.step;
+            self.stats.cpu_misses += 1;
+            self.stats.cpu_bytes += bytes;
+            self.stats.hits += uses[e as usize] as u64 - 1;
+            if let Some(o) = self.ram_off[layer][e as usize] {
+                cpu_batch.push((e, o));
+            }
+        }
+        if distinct.is_empty() {
+            out.push(Batch {
+                cpu: cpu_batch,
+                ..Batch::default()
+            });
+            return Ok(out);
+        }
+        for (ci, chunk) in distinct.chunks(cap).enumerate() {
             let ls = &mut self.layers[layer];
-            ls.step += 1;
+            if ci > 0 {
+                ls.step += 1;
+            }
             let mut busy = vec![false; ls.slots.len()];
             for &e in chunk {
                 if let Ok(s) = usize::try_from(ls.slot_of[e as usize]) {
@@ -341,7 +401,6 @@ impl ExpertStore {
                             Some(o) => Home::Ram(o),
                             None => Home::File,
                         };
-                        let bytes = self.plan.layers[layer].expert_bytes;
                         // The first use fetches; the batch's other uses of it hit.
                         match from {
                             Home::Ram(_) => {
@@ -363,7 +422,11 @@ impl ExpertStore {
                     }
                 };
                 ls.touch(slot);
+                ls.seen[e as usize] = ls.step;
                 batch.slot_of.push((e, slot as u32));
+            }
+            if ci == 0 {
+                batch.cpu = std::mem::take(&mut cpu_batch);
             }
             out.push(batch);
         }
