@@ -17,10 +17,10 @@
 
 use super::tiered::Tiered;
 use super::weights::{cuda_err, DevWeight, MixerDev, MoeDev, WeightsDev};
-use cuda::{DevBuf, Gpu, QAct, Tile};
+use cuda::{DevBuf, Gpu, Graph, QAct, Tile};
 use model::{Backend, ExecError, ModelConfig, Norm};
 use quant::GgmlType;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 /// Activations on the device: `rows` tokens × `cols` f32, row-major.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +69,20 @@ pub struct CudaBackend {
     /// The expert store when the routed experts do not all live in VRAM
     /// (`MoeDev`'s expert tensors are then slot buffers).
     pub(crate) tiered: Option<Tiered>,
+    /// A tiered decode step being recorded or replayed as segments.
+    pub(crate) seg: RefCell<Option<SegRun>>,
+}
+
+/// A tiered decode step cut into graph segments where the host takes part (each
+/// MoE layer reads its routing and moves experts): the device work between two such
+/// points is captured once per sequence and replayed after, while the host work in
+/// between runs every step. Launches inside a replayed segment are skipped
+/// (`Gpu::set_skip`): the arena hands out the same addresses in the same order, so
+/// the graphs read and write where this step's eager work expects.
+pub(crate) struct SegRun {
+    pub record: bool,
+    pub graphs: Vec<Graph>,
+    pub next: usize,
 }
 
 /// Scratch bytes a step of up to `t` tokens needs (a generous bound: the largest
@@ -169,7 +183,50 @@ impl CudaBackend {
             pos_host: Cell::new(0),
             max_tokens,
             tiered,
+            seg: RefCell::new(None),
         })
+    }
+
+    /// Ends the current segment of a segmented step: launches it (just captured, or
+    /// captured by an earlier step) so the host can read what it computed.
+    pub(crate) fn seg_break(&self) -> Result<(), ExecError> {
+        let mut seg = self.seg.borrow_mut();
+        let Some(r) = seg.as_mut() else {
+            return Ok(());
+        };
+        if r.record {
+            let g = self
+                .gpu
+                .end_capture()
+                .map_err(cuda_err("capture a step segment"))?;
+            g.launch(&self.gpu)
+                .map_err(cuda_err("launch a step segment"))?;
+            r.graphs.push(g);
+        } else {
+            self.gpu.set_skip(false);
+            let g = r.graphs.get(r.next).ok_or_else(|| {
+                ExecError::new("decode", "the step has more segments than were captured")
+            })?;
+            g.launch(&self.gpu)
+                .map_err(cuda_err("launch a step segment"))?;
+            r.next += 1;
+        }
+        Ok(())
+    }
+
+    /// Starts the next segment after the host's part (see [`SegRun`]).
+    pub(crate) fn seg_resume(&self) -> Result<(), ExecError> {
+        match self.seg.borrow().as_ref() {
+            Some(r) if r.record => self
+                .gpu
+                .begin_capture()
+                .map_err(cuda_err("capture a step segment")),
+            Some(_) => {
+                self.gpu.set_skip(true);
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn arena_bytes(&self) -> u64 {
@@ -473,22 +530,24 @@ impl CudaBackend {
         self.gpu
             .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, 0, 0)
             .map_err(cuda_err("route_topk"))?;
+        self.seg_break()?;
         let host: Vec<i32> = self
             .gpu
             .download(ids, rows)
             .map_err(cuda_err("download routes"))?;
         let routes: Vec<u32> = host.iter().map(|&e| e as u32).collect();
-        let batches = t
-            .store
-            .borrow_mut()
+        let mut store = t.store.borrow_mut();
+        let bytes = store.plan().layers[layer].expert_bytes;
+        let batches = store
             .step(layer, &routes, &|misses| {
                 if t_n == 1 {
-                    t.to_cpu(layer, misses)
+                    t.to_cpu(misses, bytes)
                 } else {
                     0
                 }
             })
             .map_err(|e| ExecError::new("expert store", e))?;
+        drop(store);
         // The CPU's input, read while the stream is idle.
         let x_host: Vec<f32> = if batches.iter().any(|b| !b.cpu.is_empty()) {
             self.gpu
@@ -551,6 +610,7 @@ impl CudaBackend {
             Some(s) => s,
             None => self.shared_expert(m, x, xq)?,
         };
+        self.seg_resume()?;
         Ok((down, shared))
     }
 

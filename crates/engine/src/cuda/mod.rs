@@ -9,6 +9,7 @@ mod backend;
 mod tiered;
 mod weights;
 
+use backend::SegRun;
 pub use backend::{CudaBackend, CudaState, DBuf};
 
 use crate::exec::{Executor, SeqStep, StepOut, Want};
@@ -76,11 +77,19 @@ struct DecodeGraph {
     out: u64,
 }
 
+/// A tiered decode step of one sequence captured as segments (see `SegRun`).
+struct DecodeSegments {
+    graphs: Vec<Graph>,
+    out: u64,
+}
+
 pub struct CudaExecutor {
     be: CudaBackend,
     states: Vec<CudaState>,
     /// Per sequence: the captured step returning logits [0] or a token [1].
     graphs: Vec<[Option<DecodeGraph>; 2]>,
+    /// The same for tiered steps, as segments.
+    segments: Vec<[Option<DecodeSegments>; 2]>,
     argmax_out: cuda::DevBuf<i32>,
     use_graphs: bool,
     ordinal: usize,
@@ -142,7 +151,7 @@ impl CudaExecutor {
         let state = state_one * n_seq as u64;
         let (arena, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let budget = match budgets.vram {
-            Some(b) if b < CONTEXT_VRAM * 2 => {
+            Some(b) if b <= CONTEXT_VRAM => {
                 return Err(EngineError::Memory(format!(
                     "--vram-budget {:.2} GiB is too small: the CUDA context and kernels alone take about {:.2} GiB of it",
                     gib(b),
@@ -312,8 +321,8 @@ impl CudaExecutor {
             .gpu
             .alloc::<i32>(1, "argmax")
             .map_err(cuda_err("allocate"))?;
-        // A tiered step waits for the host at every MoE layer: no graphs.
-        let use_graphs = std::env::var_os("SCORIA_NO_GRAPH").is_none() && be.tiered.is_none();
+        // A tiered step waits for the host at every MoE layer: graph segments.
+        let use_graphs = std::env::var_os("SCORIA_NO_GRAPH").is_none();
         tracing::info!(
             "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB, of {:.2} GiB",
             gib(vram.weights),
@@ -325,6 +334,7 @@ impl CudaExecutor {
         Ok(CudaExecutor {
             be,
             graphs: (0..n_seq).map(|_| [None, None]).collect(),
+            segments: (0..n_seq).map(|_| [None, None]).collect(),
             states,
             argmax_out,
             use_graphs,
@@ -398,6 +408,61 @@ impl CudaExecutor {
         Ok(g.out)
     }
 
+    /// One tiered decode token of sequence `seq`: its device work between the MoE
+    /// layers' host parts replayed from graph segments (captured the first time).
+    fn decode_segments(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
+        let slot = usize::from(s.want == Want::Greedy);
+        let cached = self.segments[s.seq][slot].take();
+        let record = cached.is_none();
+        let (graphs, recorded_out) = cached.map_or((Vec::new(), None), |c| (c.graphs, Some(c.out)));
+        *self.be.seg.borrow_mut() = Some(SegRun {
+            record,
+            graphs,
+            next: 0,
+        });
+        let gpu = &self.be.gpu;
+        let begin = if record {
+            gpu.begin_capture()
+                .map_err(cuda_err("capture a step segment"))
+        } else {
+            gpu.set_skip(true);
+            Ok(())
+        };
+        let out = begin
+            .and_then(|()| self.launch_step(s.seq, s.tokens, s.pos0, s.want))
+            .and_then(|out| self.be.seg_break().map(|()| out));
+        let run = self.be.seg.borrow_mut().take();
+        let gpu = &self.be.gpu;
+        gpu.set_skip(false);
+        if gpu.is_capturing() {
+            // A failure mid-capture: close it so the stream is usable again.
+            let _ = gpu.end_capture();
+        }
+        let out = out?;
+        let run = run.ok_or_else(|| ExecError::new("decode", "segment state missing"))?;
+        if recorded_out.is_some_and(|o| o != out) {
+            return Err(ExecError::new(
+                "decode",
+                "the replayed step's output is not where the captured one wrote it",
+            ));
+        }
+        if !record && run.next != run.graphs.len() {
+            return Err(ExecError::new(
+                "decode",
+                format!(
+                    "the step ran {} of its {} captured segments",
+                    run.next,
+                    run.graphs.len()
+                ),
+            ));
+        }
+        self.segments[s.seq][slot] = Some(DecodeSegments {
+            graphs: run.graphs,
+            out,
+        });
+        Ok(out)
+    }
+
     fn read_out(&self, out: u64, want: Want, rows: usize) -> Result<StepOut, ExecError> {
         Ok(match want {
             Want::Greedy => {
@@ -457,7 +522,9 @@ impl Executor for CudaExecutor {
             }
             if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) {
                 self.load_inputs(s.tokens, s.pos0)?;
-                let out = if self.use_graphs {
+                let out = if self.use_graphs && self.be.tiered.is_some() {
+                    self.decode_segments(s)?
+                } else if self.use_graphs {
                     self.decode_graph(s)?
                 } else {
                     self.launch_step(s.seq, s.tokens, s.pos0, s.want)?
