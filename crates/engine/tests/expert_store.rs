@@ -209,3 +209,22 @@ fn the_cpu_takes_ram_misses_seen_least_recently_and_no_slot() {
         vec![8]
     );
 }
+
+#[test]
+fn a_failed_fetch_leaves_no_slot_behind() {
+    let (mut s, k, _) = store(0);
+    let b = s
+        .step(0, &(0..k as u32).collect::<Vec<_>>(), &|_| 0)
+        .expect("step");
+    // The copies of the first two failed: those experts must miss again.
+    s.forget(0, &b[0].fetch[..2]);
+    for f in &b[0].fetch[..2] {
+        assert!(!matches!(s.home(0, f.expert), Home::Slot(_)));
+        assert_eq!(s.slot_expert(0, f.slot), None);
+    }
+    let again = s
+        .step(0, &(0..k as u32).collect::<Vec<_>>(), &|_| 0)
+        .expect("step");
+    let refetched: Vec<u32> = again[0].fetch.iter().map(|f| f.expert).collect();
+    assert_eq!(refetched, vec![b[0].fetch[0].expert, b[0].fetch[1].expert]);
+}

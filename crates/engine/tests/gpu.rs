@@ -224,6 +224,16 @@ fn load(path: &Path, device: Device) -> Engine {
     .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Bytes of the trunk layers' routed experts (what a tiered executor keeps out of
+/// VRAM), and the model's config.
+fn trunk_experts(path: &Path) -> (u64, model::ModelConfig) {
+    let file = gguf::GgufFile::open(path).expect("open");
+    let cfg = model::ModelConfig::from_gguf(&file).expect("config");
+    let index = engine::experts::ExpertIndex::build(&file, &cfg).expect("index");
+    let bytes = index.trunk_expert_bytes().iter().sum::<u64>() * cfg.n_expert as u64;
+    (bytes, cfg)
+}
+
 /// Invariant 1 for the tiered expert store: budgets that keep every expert in VRAM,
 /// almost none (top-k slots per layer, nothing in RAM: every miss read from the
 /// file) and mixes, with the CPU computing none, some or all of the misses held in
@@ -243,10 +253,7 @@ fn tiered_experts_give_the_resident_bits() {
             "{geometry}: resident run is tiered"
         );
         let used = full.device_report().vram_used.expect("vram");
-        let file = gguf::GgufFile::open(&path).expect("open");
-        let cfg = model::ModelConfig::from_gguf(&file).expect("config");
-        let index = engine::experts::ExpertIndex::build(&file, &cfg).expect("index");
-        let experts: u64 = index.trunk_expert_bytes().iter().sum::<u64>() * cfg.n_expert as u64;
+        let (experts, cfg) = trunk_experts(&path);
         let (k, n) = (cfg.n_expert_used as u64, cfg.n_expert as u64);
         // What the resident run holds besides the experts, plus the context's share.
         let fixed = used - experts + engine::cuda::CONTEXT_VRAM;
@@ -421,4 +428,51 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
         c.tokens, tokens,
         "device argmax differs from the host sampler"
     );
+}
+
+/// A miss that cannot be read ends the step with an error naming the file and the
+/// offset, never a computation with missing bytes; the engine keeps answering (with
+/// the same error while the file stays broken).
+#[test]
+fn a_failed_expert_read_is_an_error_naming_file_and_offset() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth(dir.path(), "tiny-qwen35moe", Preset::Q4KM, 11);
+    let full = load(&path, Device::Cuda(0));
+    let used = full.device_report().vram_used.expect("vram");
+    let (experts, _) = trunk_experts(&path);
+    drop(full);
+    // Few slots, nothing in RAM: misses come from the file.
+    let mut t = Engine::load(
+        &path,
+        &EngineConfig {
+            max_context: Some(512),
+            device: Some(Device::Cuda(0)),
+            vram_budget: Some(used - experts / 2 + engine::cuda::CONTEXT_VRAM),
+            ram_budget: Some(0),
+            ..Default::default()
+        },
+    )
+    .expect("tiered load");
+    // Cut the file in half: every expert past the cut is unreadable now.
+    let len = std::fs::metadata(&path).expect("stat").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("truncate");
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % 3000).collect();
+    for attempt in 0..2 {
+        let e = t
+            .logits_all(&prompt)
+            .expect_err("a read past the end must fail");
+        let msg = e.to_string();
+        eprintln!("attempt {attempt}: {msg}");
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("offset"),
+            "the error names neither the file nor the offset: {msg}"
+        );
+    }
 }

@@ -571,7 +571,11 @@ impl CudaBackend {
         let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let mut shared = None;
         for b in &batches {
-            t.fetch(&self.gpu, layer, m, &b.fetch)?;
+            if let Err(e) = t.fetch(&self.gpu, layer, m, &b.fetch) {
+                // Never compute with a slot whose bytes did not arrive.
+                t.store.borrow_mut().forget(layer, &b.fetch);
+                return Err(e);
+            }
             // Routes of this batch's experts, named by slot; the others are skipped.
             let by_slot: Vec<i32> = routes
                 .iter()

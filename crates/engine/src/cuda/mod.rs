@@ -31,7 +31,7 @@ const TIERED_CHUNKS: [usize; 4] = [4096, 2048, 1024, MAX_STEP_TOKENS];
 /// VRAM the CUDA context, the loaded kernels and allocation rounding take beyond
 /// what scoria allocates (measured with nvidia-smi on an H200: about 0.9 GiB with
 /// the executor's own 16 GiB). An explicit --vram-budget covers it.
-pub const CONTEXT_VRAM: u64 = 1 << 30;
+pub const CONTEXT_VRAM: u64 = (1 << 30) + (64 << 20);
 /// Positions whose logits one step may return at once (Logits::All is split
 /// into pieces of this many tokens).
 const MAX_LOGIT_ROWS: usize = 64;
@@ -286,7 +286,10 @@ impl CudaExecutor {
         if let Some(order) = warm {
             let fetches = t.store.borrow_mut().warm(&order);
             for (l, f) in fetches {
-                t.fetch(&gpu, l, &w.layers[l].moe, &[f])?;
+                if let Err(e) = t.fetch(&gpu, l, &w.layers[l].moe, &[f]) {
+                    t.store.borrow_mut().forget(l, &[f]);
+                    return Err(e.into());
+                }
             }
         }
         tracing::info!(

@@ -433,6 +433,22 @@ impl ExpertStore {
         Ok(out)
     }
 
+    /// Frees the slots `fetch` was filling (a copy or read failed): their bytes never
+    /// arrived, so they must not be taken for hits later.
+    pub fn forget(&mut self, layer: usize, fetch: &[Fetch]) {
+        let ls = &mut self.layers[layer];
+        for f in fetch {
+            let Some(s) = ls.slots.get_mut(f.slot as usize) else {
+                continue;
+            };
+            if s.expert == f.expert {
+                s.expert = FREE;
+                s.count = 0.0;
+                ls.slot_of[f.expert as usize] = -1;
+            }
+        }
+    }
+
     /// Puts experts into empty slots before the first step (in `order`: a routing
     /// profile's most used first), returning the fetches to carry out; an expert whose
     /// layer has no free slot left is skipped. These count as neither hits nor misses.
