@@ -81,11 +81,93 @@ pub struct Engine {
     memory: MemoryAccount,
 }
 
+/// Memory this process may still take: MemAvailable, or less inside a cgroup whose
+/// memory limit leaves less room (`None` where neither can be read).
 fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    let s = std::fs::read_to_string("/proc/meminfo").ok();
+    let avail = s.and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    });
+    let cg = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| cgroup_headroom(&c, std::path::Path::new("/sys/fs/cgroup")));
+    match (avail, cg) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// The least room (limit − usage) of the memory limits on this process's cgroup and
+/// its ancestors, from `/proc/self/cgroup`'s text and the cgroup mount `root` (v2:
+/// `memory.max`/`memory.current`; v1: the memory controller's `limit_in_bytes` and
+/// `usage_in_bytes`); `None` when no limit is set.
+fn cgroup_headroom(self_cgroup: &str, root: &Path) -> Option<u64> {
+    let read = |p: &Path| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    let mut best: Option<u64> = None;
+    for line in self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrl, path) = (parts.next(), parts.next()?, parts.next()?);
+        let (base, max, cur) = match ctrl {
+            "" => (root.to_path_buf(), "memory.max", "memory.current"),
+            c if c.split(',').any(|x| x == "memory") => (
+                root.join("memory"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            ),
+            _ => continue,
+        };
+        let mut dir = base.join(path.trim_start_matches('/'));
+        loop {
+            if let (Some(m), Some(c)) = (read(&dir.join(max)), read(&dir.join(cur))) {
+                // v1 reports "no limit" as a huge number; v2 as "max" (unparsed: None).
+                if m < (1u64 << 60) {
+                    let room = m.saturating_sub(c);
+                    best = Some(best.map_or(room, |b| b.min(room)));
+                }
+            }
+            if dir == base || !dir.pop() {
+                break;
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use super::cgroup_headroom;
+
+    #[test]
+    fn the_tightest_limit_of_the_cgroup_and_its_ancestors_counts() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let leaf = d.path().join("a/b");
+        std::fs::create_dir_all(&leaf).expect("mkdir");
+        let w = |p: &std::path::Path, name: &str, v: &str| {
+            std::fs::write(p.join(name), v).expect("write")
+        };
+        w(&leaf, "memory.max", "max");
+        w(&leaf, "memory.current", "100");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), None, "no limit set");
+        w(&d.path().join("a"), "memory.max", "17179869184");
+        w(&d.path().join("a"), "memory.current", "1073741824");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(15 << 30));
+        w(&leaf, "memory.max", "4096");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(3996));
+        // cgroup v1: the memory controller's own hierarchy.
+        let v1 = d.path().join("memory/job");
+        std::fs::create_dir_all(&v1).expect("mkdir");
+        w(&v1, "memory.limit_in_bytes", "2000");
+        w(&v1, "memory.usage_in_bytes", "500");
+        assert_eq!(cgroup_headroom("4:memory:/job\n", d.path()), Some(1500));
+        w(&v1, "memory.limit_in_bytes", "9223372036854771712");
+        assert_eq!(
+            cgroup_headroom("4:memory:/job\n", d.path()),
+            None,
+            "v1's 'unlimited'"
+        );
+    }
 }
 
 impl Engine {
