@@ -135,41 +135,6 @@ fn cgroup_headroom(self_cgroup: &str, root: &Path) -> Option<u64> {
     best
 }
 
-#[cfg(test)]
-mod cgroup_tests {
-    use super::cgroup_headroom;
-
-    #[test]
-    fn the_tightest_limit_of_the_cgroup_and_its_ancestors_counts() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let leaf = d.path().join("a/b");
-        std::fs::create_dir_all(&leaf).expect("mkdir");
-        let w = |p: &std::path::Path, name: &str, v: &str| {
-            std::fs::write(p.join(name), v).expect("write")
-        };
-        w(&leaf, "memory.max", "max");
-        w(&leaf, "memory.current", "100");
-        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), None, "no limit set");
-        w(&d.path().join("a"), "memory.max", "17179869184");
-        w(&d.path().join("a"), "memory.current", "1073741824");
-        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(15 << 30));
-        w(&leaf, "memory.max", "4096");
-        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(3996));
-        // cgroup v1: the memory controller's own hierarchy.
-        let v1 = d.path().join("memory/job");
-        std::fs::create_dir_all(&v1).expect("mkdir");
-        w(&v1, "memory.limit_in_bytes", "2000");
-        w(&v1, "memory.usage_in_bytes", "500");
-        assert_eq!(cgroup_headroom("4:memory:/job\n", d.path()), Some(1500));
-        w(&v1, "memory.limit_in_bytes", "9223372036854771712");
-        assert_eq!(
-            cgroup_headroom("4:memory:/job\n", d.path()),
-            None,
-            "v1's 'unlimited'"
-        );
-    }
-}
-
 impl Engine {
     /// Loads a GGUF model (first shard of a split model, or the single file).
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
@@ -609,5 +574,40 @@ fn open_executor(
             }
             cpu(weights)
         }
+    }
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use super::cgroup_headroom;
+
+    #[test]
+    fn the_tightest_limit_of_the_cgroup_and_its_ancestors_counts() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let leaf = d.path().join("a/b");
+        std::fs::create_dir_all(&leaf).expect("mkdir");
+        let w = |p: &std::path::Path, name: &str, v: &str| {
+            std::fs::write(p.join(name), v).expect("write")
+        };
+        w(&leaf, "memory.max", "max");
+        w(&leaf, "memory.current", "100");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), None, "no limit set");
+        w(&d.path().join("a"), "memory.max", "17179869184");
+        w(&d.path().join("a"), "memory.current", "1073741824");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(15 << 30));
+        w(&leaf, "memory.max", "4096");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(3996));
+        // cgroup v1: the memory controller's own hierarchy.
+        let v1 = d.path().join("memory/job");
+        std::fs::create_dir_all(&v1).expect("mkdir");
+        w(&v1, "memory.limit_in_bytes", "2000");
+        w(&v1, "memory.usage_in_bytes", "500");
+        assert_eq!(cgroup_headroom("4:memory:/job\n", d.path()), Some(1500));
+        w(&v1, "memory.limit_in_bytes", "9223372036854771712");
+        assert_eq!(
+            cgroup_headroom("4:memory:/job\n", d.path()),
+            None,
+            "v1's 'unlimited'"
+        );
     }
 }
