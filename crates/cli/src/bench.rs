@@ -97,6 +97,8 @@ pub struct BenchArgs {
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    #[command(flatten)]
+    pub tiers: crate::tiers::TierArgs,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,16 +324,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let reps = a.repetitions as usize;
     let t0 = std::time::Instant::now();
-    let mut eng = Engine::load(
-        &a.model,
-        &EngineConfig {
+    let mut eng = Engine::load(&a.model, &{
+        let mut c = EngineConfig {
             threads: a.threads,
             max_context: Some(a.max_context.unwrap_or(needed.max(16))),
             precision: Default::default(),
             device: a.device,
             ..Default::default()
-        },
-    )
+        };
+        a.tiers.apply(&mut c);
+        c
+    })
     .with_context(|| format!("loading {}", a.model.display()))?;
     let model = ModelDesc::read(&a.model, eng.info().clone(), eng.memory().weights_mapped)?;
     let device = eng.device_report();
@@ -364,7 +367,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let label = t.label();
         let len = t.prefix_len() + t.n_prompt;
         let mut samples = Vec::with_capacity(reps);
+        let mut stats_before = None;
         for run in 0..=reps as u64 {
+            if run == 1 {
+                stats_before = eng.expert_stats();
+            }
             bar.set_message(if run == 0 {
                 format!("{label} warm-up")
             } else {
@@ -383,13 +390,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
             samples,
             device: eng.device_report(),
             finished_at: report::utc_now(),
+            experts: eng
+                .expert_stats()
+                .zip(stats_before)
+                .map(|(after, before)| after.minus(&before)),
         };
         let s = r.summary();
         bar.suspend(|| {
             eprintln!(
                 "scoria bench: {label}: {:.2} t/s median, {:.2} ± {:.2} mean over {reps} runs",
                 s.median, s.mean, s.stddev
-            )
+            );
+            if let Some(line) = r.experts_line() {
+                eprintln!("scoria bench: {label}: {line}");
+            }
         });
         results.push(r);
     }

@@ -6,6 +6,7 @@ mod profile;
 mod run;
 mod serve;
 mod synth;
+mod tiers;
 
 use clap::{Parser, Subcommand};
 

@@ -57,6 +57,8 @@ pub struct RunArgs {
     /// Context length to allocate.
     #[arg(short = 'c', long = "max-context")]
     pub max_context: Option<usize>,
+    #[command(flatten)]
+    pub tiers: crate::tiers::TierArgs,
 }
 
 fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
@@ -93,16 +95,17 @@ pub fn run(a: RunArgs) -> Result<()> {
 
 fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
     let t = std::time::Instant::now();
-    let mut eng = Engine::load(
-        &a.model,
-        &EngineConfig {
+    let mut eng = Engine::load(&a.model, &{
+        let mut c = EngineConfig {
             threads: a.threads,
             max_context: a.max_context,
             precision: Default::default(),
             device: a.device,
             ..Default::default()
-        },
-    )
+        };
+        a.tiers.apply(&mut c);
+        c
+    })
     .with_context(|| format!("loading {}", a.model.display()))?;
     let info = eng.info().clone();
     eprintln!(

@@ -81,6 +81,8 @@ pub struct Gpu {
     cc: (i32, i32),
     pub(crate) sm_count: u32,
     capturing: AtomicBool,
+    /// See [`Gpu::set_skip`].
+    skipping: AtomicBool,
     /// `SCORIA_CUDA_SYNC=1`: synchronise after every launch (outside capture) so that
     /// an asynchronous fault names the kernel that caused it. For debugging.
     debug_sync: bool,
@@ -156,6 +158,7 @@ impl Gpu {
             cc,
             sm_count,
             capturing: AtomicBool::new(false),
+            skipping: AtomicBool::new(false),
             debug_sync: std::env::var("SCORIA_CUDA_SYNC").is_ok_and(|v| v == "1"),
         };
         for (stem, image) in crate::kernels::MODULES {
@@ -332,9 +335,22 @@ impl Gpu {
         Ok(out)
     }
 
+    /// While `on`, kernel launches, device-to-device copies and memsets are not
+    /// issued (they return `Ok` at once): the caller replays the work they belong to
+    /// from a graph captured when the same sequence of operations ran before.
+    /// Host copies, downloads and pinned copies still run. For a step whose host
+    /// decisions split it into captured segments (tiered experts).
+    pub fn set_skip(&self, on: bool) {
+        self.skipping.store(on, Ordering::Relaxed);
+    }
+
+    fn skipping(&self) -> bool {
+        self.skipping.load(Ordering::Relaxed)
+    }
+
     /// Device-to-device copy of `bytes` bytes, ordered on the stream (capture-safe).
     pub fn copy_device(&self, src: u64, dst: u64, bytes: u64) -> Result<(), CudaError> {
-        if bytes == 0 {
+        if bytes == 0 || self.skipping() {
             return Ok(());
         }
         self.ctx.bind()?;
@@ -346,7 +362,7 @@ impl Gpu {
     /// Sets `bytes` bytes at `dst` to `byte`, ordered on the stream (capture-safe).
     /// `memset(p, 0, n)` clears state; `0xff` poisons f32 outputs to NaN in tests.
     pub fn memset(&self, dst: u64, byte: u8, bytes: u64) -> Result<(), CudaError> {
-        if bytes == 0 {
+        if bytes == 0 || self.skipping() {
             return Ok(());
         }
         self.ctx.bind()?;
@@ -423,7 +439,8 @@ impl Gpu {
         })
     }
 
-    pub(crate) fn is_capturing(&self) -> bool {
+    /// Whether the stream is being captured (between `begin_capture` and `end_capture`).
+    pub fn is_capturing(&self) -> bool {
         self.capturing.load(Ordering::Relaxed)
     }
 
@@ -503,7 +520,7 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         const MAX: usize = 32;
         assert!(args.len() <= MAX, "{}: too many kernel arguments", k.name());
-        if grid.contains(&0) {
+        if grid.contains(&0) || self.skipping() {
             return Ok(());
         }
         // Every parameter gets an 8-byte slot; 4-byte parameters are read from the

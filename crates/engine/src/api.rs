@@ -23,6 +23,21 @@ pub struct EngineConfig {
     /// `Engine::routing_counts`). The CPU executor records them, so this runs on the
     /// CPU; asking for it with `--device cuda` is refused.
     pub record_routing: bool,
+    /// GPU: VRAM the executor may use (None: the free VRAM minus a reserve). A
+    /// model that does not fit keeps its routed experts in VRAM slots, a pinned RAM
+    /// copy and the file (the tiered expert store).
+    pub vram_budget: Option<u64>,
+    /// GPU, tiered: pinned RAM for the experts' copy (None: what MemAvailable
+    /// allows minus 8 GiB, at most every expert).
+    pub ram_budget: Option<u64>,
+    /// GPU, tiered: a routing profile (`scoria profile`) that divides the slots
+    /// by measured demand and fills them before the first step.
+    pub expert_profile: Option<std::path::PathBuf>,
+    /// GPU, tiered: the share (0–1) of a decode step's misses held in RAM that the
+    /// CPU computes instead of copying them to VRAM slots (None: a cost model from
+    /// bandwidths measured at load decides each step). For tests and experiments;
+    /// the output is the same either way.
+    pub cpu_expert_share: Option<f64>,
 }
 
 /// The executor a loaded engine runs on, for startup lines, `/props` and the
@@ -225,4 +240,52 @@ pub struct Completion {
 
 pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// Parses a memory size: bytes (`1073741824`), or a number with a unit, decimal
+/// fractions allowed: `K`/`KB`/`KiB`, `M`…, `G`…, `T`… (all powers of 1024, as
+/// memory is sold), case-insensitive: `16G`, `12.5GiB`, `512m`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        u => {
+            return Err(format!(
+                "{s:?}: unknown unit {u:?} (use bytes or K, M, G, T, e.g. 16G or 12.5GiB)"
+            ))
+        }
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 16G, 12.5GiB, 512M)"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("{s:?} is too large"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("16G"), Ok(16 << 30));
+        assert_eq!(parse_size("12.5GiB"), Ok(25 << 29));
+        assert_eq!(parse_size("512m"), Ok(512 << 20));
+        assert_eq!(parse_size(" 2 TB "), Ok(2 << 40));
+        assert!(parse_size("16X").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("G").unwrap_err().contains("not a size"));
+        assert!(parse_size("1e30T").is_err());
+    }
 }

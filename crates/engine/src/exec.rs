@@ -57,6 +57,16 @@ pub trait Executor: Send {
     /// Runs every entry of `batch` (each against its own sequence) and returns
     /// their outputs in order.
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError>;
+    /// Where the routed experts computed so far came from (VRAM slot hits, misses
+    /// from RAM and from the file); `None` when every expert is always resident.
+    fn expert_stats(&self) -> Option<crate::experts::TierStats> {
+        None
+    }
+    /// The most prompt tokens one step should carry (the engine feeds prompts in
+    /// pieces of this many; the pieces do not change the results).
+    fn prompt_chunk(&self) -> usize {
+        512
+    }
 }
 
 /// Runs a sequence's tokens in pieces of at most `piece` tokens through `run(tokens,

@@ -21,10 +21,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Prompt tokens per forward call: bounds the activation memory of long prompts.
-/// Chunking does not change results (see `cpu`).
-const PROMPT_CHUNK: usize = 512;
-
 /// Errors a caller can act on; each names what is wrong and the remedy.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -46,8 +42,9 @@ pub enum EngineError {
     Memory(String),
     #[error("device: {0}")]
     Device(String),
+    /// A setting that cannot be used (names the flag and the remedy).
     #[error("{0}")]
-    Threads(String),
+    Settings(String),
     #[error("executor: {0}")]
     Exec(#[from] ExecError),
 }
@@ -84,11 +81,58 @@ pub struct Engine {
     memory: MemoryAccount,
 }
 
+/// Memory this process may still take: MemAvailable, or less inside a cgroup whose
+/// memory limit leaves less room (`None` where neither can be read).
 fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    let s = std::fs::read_to_string("/proc/meminfo").ok();
+    let avail = s.and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    });
+    let cg = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| cgroup_headroom(&c, std::path::Path::new("/sys/fs/cgroup")));
+    match (avail, cg) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// The least room (limit − usage) of the memory limits on this process's cgroup and
+/// its ancestors, from `/proc/self/cgroup`'s text and the cgroup mount `root` (v2:
+/// `memory.max`/`memory.current`; v1: the memory controller's `limit_in_bytes` and
+/// `usage_in_bytes`); `None` when no limit is set.
+fn cgroup_headroom(self_cgroup: &str, root: &Path) -> Option<u64> {
+    let read = |p: &Path| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    let mut best: Option<u64> = None;
+    for line in self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrl, path) = (parts.next(), parts.next()?, parts.next()?);
+        let (base, max, cur) = match ctrl {
+            "" => (root.to_path_buf(), "memory.max", "memory.current"),
+            c if c.split(',').any(|x| x == "memory") => (
+                root.join("memory"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            ),
+            _ => continue,
+        };
+        let mut dir = base.join(path.trim_start_matches('/'));
+        loop {
+            if let (Some(m), Some(c)) = (read(&dir.join(max)), read(&dir.join(cur))) {
+                // v1 reports "no limit" as a huge number; v2 as "max" (unparsed: None).
+                if m < (1u64 << 60) {
+                    let room = m.saturating_sub(c);
+                    best = Some(best.map_or(room, |b| b.min(room)));
+                }
+            }
+            if dir == base || !dir.pop() {
+                break;
+            }
+        }
+    }
+    best
 }
 
 impl Engine {
@@ -231,6 +275,12 @@ impl Engine {
         self.exec.report()
     }
 
+    /// Where the routed experts computed so far came from, when they are tiered
+    /// (VRAM slots in front of pinned RAM and the file); `None` otherwise.
+    pub fn expert_stats(&self) -> Option<experts::TierStats> {
+        self.exec.expert_stats()
+    }
+
     /// The ISA the CPU kernels use.
     pub fn kernel_isa(&self) -> &'static str {
         quant::kernel_isa()
@@ -263,16 +313,22 @@ impl Engine {
         self.last_logits = None;
         let pos0 = self.history.len();
         let exec = &mut self.exec;
-        let out = exec::in_pieces(tokens, pos0, want, PROMPT_CHUNK, |chunk, pos0, want| {
-            exec.step(&[SeqStep {
-                seq: 0,
-                tokens: chunk,
-                pos0,
-                want,
-            }])?
-            .pop()
-            .ok_or_else(|| ExecError::new("step", "the executor returned no output"))
-        });
+        let out = exec::in_pieces(
+            tokens,
+            pos0,
+            want,
+            exec.prompt_chunk(),
+            |chunk, pos0, want| {
+                exec.step(&[SeqStep {
+                    seq: 0,
+                    tokens: chunk,
+                    pos0,
+                    want,
+                }])?
+                .pop()
+                .ok_or_else(|| ExecError::new("step", "the executor returned no output"))
+            },
+        );
         match out {
             Ok(o) => {
                 self.history.extend_from_slice(tokens);
@@ -460,12 +516,12 @@ pub fn check_threads(n: usize) -> Result<(), EngineError> {
     let cpus = std::thread::available_parallelism().map_or(256, |c| c.get());
     let max = cpus.saturating_mul(MAX_THREADS_PER_CPU);
     if n == 0 {
-        return Err(EngineError::Threads(format!(
+        return Err(EngineError::Settings(format!(
             "-t/--threads 0: at least 1 thread is needed (leave it out to use all {cpus} CPU threads)"
         )));
     }
     if n > max {
-        return Err(EngineError::Threads(format!(
+        return Err(EngineError::Settings(format!(
             "-t/--threads {n} is more than {MAX_THREADS_PER_CPU}× the {cpus} CPU threads of this machine \
              (at most {max}); leave it out to use all {cpus}"
         )));
@@ -475,6 +531,34 @@ pub fn check_threads(n: usize) -> Result<(), EngineError> {
 
 /// Where `generate_with_logits` hands each set of logits.
 type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
+
+/// The routing profile `cfg.expert_profile` names, checked against the model.
+#[cfg(feature = "cuda")]
+fn load_profile(
+    cfg: &EngineConfig,
+    mcfg: &ModelConfig,
+) -> Result<Option<experts::RoutingProfile>, EngineError> {
+    cfg.expert_profile
+        .as_deref()
+        .map(|p| {
+            experts::RoutingProfile::load(p, mcfg)
+                .map_err(|e| EngineError::Settings(format!("--profile {}: {e}", p.display())))
+        })
+        .transpose()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_budgets<'a>(
+    cfg: &EngineConfig,
+    profile: Option<&'a experts::RoutingProfile>,
+) -> cuda::Budgets<'a> {
+    cuda::Budgets {
+        vram: cfg.vram_budget,
+        ram: cfg.ram_budget,
+        profile,
+        cpu_share: cfg.cpu_expert_share,
+    }
+}
 
 /// Opens the executor `cfg.device` names, or the best one present: the GPU when
 /// the build has CUDA and one answers, else the CPU.
@@ -501,9 +585,13 @@ fn open_executor(
             "routing is recorded by the CPU executor: use --device cpu".into(),
         )),
         #[cfg(feature = "cuda")]
-        Some(Device::Cuda(n)) => Ok(Box::new(cuda::CudaExecutor::open(
-            n, mcfg, &weights, n_ctx, 1,
-        )?)),
+        Some(Device::Cuda(n)) => {
+            let profile = load_profile(cfg, mcfg)?;
+            let budgets = cuda_budgets(cfg, profile.as_ref());
+            Ok(Box::new(cuda::CudaExecutor::open(
+                n, mcfg, &weights, n_ctx, 1, budgets,
+            )?))
+        }
         #[cfg(not(feature = "cuda"))]
         Some(Device::Cuda(_)) => Err(EngineError::Device(
             "this build of scoria has no CUDA support: rebuild with `--features cuda` \
@@ -513,12 +601,49 @@ fn open_executor(
         None => {
             #[cfg(feature = "cuda")]
             if cfg.precision == cpu::Precision::Canonical && !recording {
-                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, 1) {
+                let profile = load_profile(cfg, mcfg)?;
+                let budgets = cuda_budgets(cfg, profile.as_ref());
+                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, 1, budgets) {
                     Ok(e) => return Ok(Box::new(e)),
                     Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),
                 }
             }
             cpu(weights)
         }
+    }
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use super::cgroup_headroom;
+
+    #[test]
+    fn the_tightest_limit_of_the_cgroup_and_its_ancestors_counts() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let leaf = d.path().join("a/b");
+        std::fs::create_dir_all(&leaf).expect("mkdir");
+        let w = |p: &std::path::Path, name: &str, v: &str| {
+            std::fs::write(p.join(name), v).expect("write")
+        };
+        w(&leaf, "memory.max", "max");
+        w(&leaf, "memory.current", "100");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), None, "no limit set");
+        w(&d.path().join("a"), "memory.max", "17179869184");
+        w(&d.path().join("a"), "memory.current", "1073741824");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(15 << 30));
+        w(&leaf, "memory.max", "4096");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(3996));
+        // cgroup v1: the memory controller's own hierarchy.
+        let v1 = d.path().join("memory/job");
+        std::fs::create_dir_all(&v1).expect("mkdir");
+        w(&v1, "memory.limit_in_bytes", "2000");
+        w(&v1, "memory.usage_in_bytes", "500");
+        assert_eq!(cgroup_headroom("4:memory:/job\n", d.path()), Some(1500));
+        w(&v1, "memory.limit_in_bytes", "9223372036854771712");
+        assert_eq!(
+            cgroup_headroom("4:memory:/job\n", d.path()),
+            None,
+            "v1's 'unlimited'"
+        );
     }
 }

@@ -224,6 +224,124 @@ fn load(path: &Path, device: Device) -> Engine {
     .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Bytes of the trunk layers' routed experts (what a tiered executor keeps out of
+/// VRAM), and the model's config.
+fn trunk_experts(path: &Path) -> (u64, model::ModelConfig) {
+    let file = gguf::GgufFile::open(path).expect("open");
+    let cfg = model::ModelConfig::from_gguf(&file).expect("config");
+    let index = engine::experts::ExpertIndex::build(&file, &cfg).expect("index");
+    let bytes = index.trunk_expert_bytes().iter().sum::<u64>() * cfg.n_expert as u64;
+    (bytes, cfg)
+}
+
+/// Invariant 1 for the tiered expert store: budgets that keep every expert in VRAM,
+/// almost none (top-k slots per layer, nothing in RAM: every miss read from the
+/// file) and mixes, with the CPU computing none, some or all of the misses held in
+/// RAM, give the same logits, bit for bit, for a prompt read in pieces (several slot
+/// batches per layer) and for decode steps.
+#[test]
+fn tiered_experts_give_the_resident_bits() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    for geometry in ["tiny-qwen35moe", "tiny-qwen3next", "tiny-qwen3moe"] {
+        let path = synth(dir.path(), geometry, Preset::Q4KM, 11);
+        let mut full = load(&path, Device::Cuda(0));
+        assert!(
+            full.expert_stats().is_none(),
+            "{geometry}: resident run is tiered"
+        );
+        let used = full.device_report().vram_used.expect("vram");
+        let (experts, cfg) = trunk_experts(&path);
+        let (k, n) = (cfg.n_expert_used as u64, cfg.n_expert as u64);
+        // What the resident run holds besides the experts, plus the context's share.
+        let fixed = used - experts + engine::cuda::CONTEXT_VRAM;
+        let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % 3000).collect();
+        let want = full.logits_all(&prompt).expect("resident logits");
+        full.reset().expect("reset");
+        let (want_tokens, want_steps) = decode(&mut full, &prompt, 12);
+        let cases = [
+            (
+                "top-k slots, nothing in RAM",
+                fixed + (k + 1) * experts / n,
+                0,
+                None,
+            ),
+            (
+                "half in slots and RAM, CPU half",
+                fixed + experts / 2,
+                experts / 2,
+                Some(0.5),
+            ),
+            (
+                "3/4 in slots, all in RAM, CPU all",
+                fixed + experts * 3 / 4,
+                experts,
+                Some(1.0),
+            ),
+            (
+                "1/4 in slots, all in RAM, cost model",
+                fixed + experts / 4,
+                experts,
+                None,
+            ),
+        ];
+        for (case, vram, ram, share) in cases {
+            let mut t = Engine::load(
+                &path,
+                &EngineConfig {
+                    max_context: Some(512),
+                    device: Some(Device::Cuda(0)),
+                    vram_budget: Some(vram),
+                    ram_budget: Some(ram),
+                    cpu_expert_share: share,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{geometry}, {case}: {e}"));
+            assert!(t.expert_stats().is_some(), "{geometry}, {case}: not tiered");
+            let got = t.logits_all(&prompt).expect("tiered logits");
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{geometry}, {case}: prompt logits differ"
+            );
+            t.reset().expect("reset");
+            let (tokens, steps) = decode(&mut t, &prompt, 12);
+            assert_eq!(tokens, want_tokens, "{geometry}, {case}: tokens differ");
+            for (i, (a, b)) in steps.iter().zip(&want_steps).enumerate() {
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "{geometry}, {case}: decode step {i} differs"
+                );
+            }
+            let s = t.expert_stats().expect("stats");
+            eprintln!(
+                "{geometry}, {case}: bit-identical; hits {}, RAM misses {}, disk misses {}, CPU misses {}",
+                s.hits, s.ram_misses, s.disk_misses, s.cpu_misses
+            );
+            assert!(
+                s.ram_misses + s.disk_misses + s.cpu_misses > 0,
+                "{geometry}, {case}: no misses"
+            );
+            if ram == 0 {
+                assert_eq!(s.ram_misses + s.cpu_misses, 0, "{geometry}, {case}");
+            }
+            if ram >= experts {
+                assert_eq!(s.disk_misses, 0, "{geometry}, {case}");
+            }
+            if share.is_some() {
+                assert!(
+                    s.cpu_misses > 0,
+                    "{geometry}, {case}: the CPU computed nothing"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn gpu_logits_agree_with_cpu_on_every_arch() {
     if gpu().is_none() {
@@ -310,4 +428,51 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
         c.tokens, tokens,
         "device argmax differs from the host sampler"
     );
+}
+
+/// A miss that cannot be read ends the step with an error naming the file and the
+/// offset, never a computation with missing bytes; the engine keeps answering (with
+/// the same error while the file stays broken).
+#[test]
+fn a_failed_expert_read_is_an_error_naming_file_and_offset() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth(dir.path(), "tiny-qwen35moe", Preset::Q4KM, 11);
+    let full = load(&path, Device::Cuda(0));
+    let used = full.device_report().vram_used.expect("vram");
+    let (experts, _) = trunk_experts(&path);
+    drop(full);
+    // Few slots, nothing in RAM: misses come from the file.
+    let mut t = Engine::load(
+        &path,
+        &EngineConfig {
+            max_context: Some(512),
+            device: Some(Device::Cuda(0)),
+            vram_budget: Some(used - experts / 2 + engine::cuda::CONTEXT_VRAM),
+            ram_budget: Some(0),
+            ..Default::default()
+        },
+    )
+    .expect("tiered load");
+    // Cut the file in half: every expert past the cut is unreadable now.
+    let len = std::fs::metadata(&path).expect("stat").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("truncate");
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % 3000).collect();
+    for attempt in 0..2 {
+        let e = t
+            .logits_all(&prompt)
+            .expect_err("a read past the end must fail");
+        let msg = e.to_string();
+        eprintln!("attempt {attempt}: {msg}");
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("offset"),
+            "the error names neither the file nor the offset: {msg}"
+        );
+    }
 }

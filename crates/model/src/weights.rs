@@ -28,6 +28,10 @@ impl std::fmt::Debug for Weight {
 }
 
 impl Weight {
+    /// The file the tensor lives in (offsets and shard paths for direct reads).
+    pub fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
     /// The tensor's bytes (all experts for a 3-D expert tensor).
     pub fn bytes(&self) -> &[u8] {
         self.file.tensor_data(&self.file.tensors()[self.index])

@@ -94,9 +94,30 @@ pub struct TestResult {
     pub samples: Vec<Sample>,
     pub device: engine::DeviceReport,
     pub finished_at: String,
+    /// Tiered experts: where the routed experts of the timed runs (their depth
+    /// prefixes included) came from.
+    pub experts: Option<engine::experts::TierStats>,
 }
 
 impl TestResult {
+    /// One line on the tiered experts of the timed runs, per timed token.
+    pub fn experts_line(&self) -> Option<String> {
+        let e = self.experts?;
+        let tokens = (self.samples.len() * self.spec.timed_tokens()).max(1) as f64;
+        let mb = |b: u64| b as f64 / 1e6;
+        Some(format!(
+            "experts: {:.1}% VRAM slot hits; misses per timed token {:.1} computed by the CPU ({:.1} MB), {:.1} copied from RAM ({:.1} MB), {:.1} from disk ({:.1} MB, {:.1} ms reading)",
+            100.0 * e.hit_rate(),
+            e.cpu_misses as f64 / tokens,
+            mb(e.cpu_bytes) / tokens,
+            e.ram_misses as f64 / tokens,
+            mb(e.ram_bytes) / tokens,
+            e.disk_misses as f64 / tokens,
+            mb(e.disk_bytes) / tokens,
+            e.disk_ns as f64 / 1e6 / tokens,
+        ))
+    }
+
     /// Statistics of the samples' tokens per second.
     pub fn summary(&self) -> Summary {
         summarize(&self.samples.iter().map(|s| s.tps).collect::<Vec<_>>())
@@ -121,6 +142,7 @@ impl TestResult {
             "stddev_ts": s.stddev,
             "median_ts": s.median,
             "vram_used_bytes": self.device.vram_used,
+            "experts": self.experts,
             "test_time": self.finished_at,
         })
     }

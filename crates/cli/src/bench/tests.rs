@@ -189,6 +189,7 @@ fn sample_report(device: engine::Device) -> Report {
             .collect(),
         device: report.clone(),
         finished_at: "2026-11-30T00:00:00Z".into(),
+        experts: None,
     };
     Report {
         model: ModelDesc {

@@ -9,6 +9,9 @@ mod attention;
 mod deltanet;
 mod moe;
 
+#[cfg(feature = "cuda")]
+pub(crate) use moe::one_token_experts;
+
 use model::weights::{Mixer, Weight};
 use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm};
 use rayon::prelude::*;

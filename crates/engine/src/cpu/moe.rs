@@ -182,3 +182,59 @@ fn expert_ffn(b: &CpuBackend, w: &MoeWeights, ex: usize, xe: &Act, n_ff: usize) 
         &aq,
     )
 }
+
+/// The routed experts of one token, each given as its raw (type, bytes) gate, up and
+/// down matrices: `down(silu(gate·x) ⊙ up·x)` per expert, in one parallel region per
+/// projection. Canonical precision only: the same bits as `expert_ffn` and as the GPU
+/// kernels, which is what lets the tiered GPU executor send misses here.
+#[cfg(feature = "cuda")]
+pub(crate) fn one_token_experts(
+    x: &[f32],
+    experts: &[[(quant::GgmlType, &[u8]); 3]],
+    n_ff: usize,
+) -> Vec<Vec<f32>> {
+    let e = x.len();
+    let xq = quant::quantize_act(x);
+    let mut gu: Vec<Vec<f32>> = vec![vec![0.0; n_ff]; 2 * experts.len()];
+    let mut jobs: Vec<quant::MatvecJob> = gu
+        .iter_mut()
+        .enumerate()
+        .map(|(i, out)| {
+            let (ty, w) = experts[i / 2][i % 2];
+            quant::MatvecJob {
+                ty,
+                w,
+                n_cols: e,
+                x,
+                xq: &xq,
+                out,
+            }
+        })
+        .collect();
+    quant::matvec_many(&mut jobs);
+    drop(jobs);
+    let acts: Vec<Vec<f32>> = gu
+        .chunks(2)
+        .map(|p| p[0].iter().zip(&p[1]).map(|(&g, &u)| silu(g) * u).collect())
+        .collect();
+    let aqs: Vec<quant::ActQ8> = acts.iter().map(|a| quant::quantize_act(a)).collect();
+    let mut outs: Vec<Vec<f32>> = vec![vec![0.0; e]; experts.len()];
+    let mut jobs: Vec<quant::MatvecJob> = outs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, out)| {
+            let (ty, w) = experts[i][2];
+            quant::MatvecJob {
+                ty,
+                w,
+                n_cols: n_ff,
+                x: &acts[i],
+                xq: &aqs[i],
+                out,
+            }
+        })
+        .collect();
+    quant::matvec_many(&mut jobs);
+    drop(jobs);
+    outs
+}

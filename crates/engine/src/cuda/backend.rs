@@ -15,11 +15,12 @@
 //! step can be captured as a CUDA graph. A prompt (several tokens) downloads its
 //! routing once per layer to group tokens by expert.
 
-use super::weights::{cuda_err, DevWeight, MixerDev, WeightsDev};
-use cuda::{DevBuf, Gpu, QAct, Tile};
+use super::tiered::Tiered;
+use super::weights::{cuda_err, DevWeight, MixerDev, MoeDev, WeightsDev};
+use cuda::{DevBuf, Gpu, Graph, QAct, Tile};
 use model::{Backend, ExecError, ModelConfig, Norm};
 use quant::GgmlType;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 /// Activations on the device: `rows` tokens × `cols` f32, row-major.
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +66,23 @@ pub struct CudaBackend {
     /// The position the executor wrote to `pos` (checked by the mixers).
     pub(crate) pos_host: Cell<usize>,
     pub(crate) max_tokens: usize,
+    /// The expert store when the routed experts do not all live in VRAM
+    /// (`MoeDev`'s expert tensors are then slot buffers).
+    pub(crate) tiered: Option<Tiered>,
+    /// A tiered decode step being recorded or replayed as segments.
+    pub(crate) seg: RefCell<Option<SegRun>>,
+}
+
+/// A tiered decode step cut into graph segments where the host takes part (each
+/// MoE layer reads its routing and moves experts): the device work between two such
+/// points is captured once per sequence and replayed after, while the host work in
+/// between runs every step. Launches inside a replayed segment are skipped
+/// (`Gpu::set_skip`): the arena hands out the same addresses in the same order, so
+/// the graphs read and write where this step's eager work expects.
+pub(crate) struct SegRun {
+    pub record: bool,
+    pub graphs: Vec<Graph>,
+    pub next: usize,
 }
 
 /// Scratch bytes a step of up to `t` tokens needs (a generous bound: the largest
@@ -125,6 +143,7 @@ impl CudaBackend {
         arena_bytes: usize,
         n_ctx: usize,
         max_tokens: usize,
+        tiered: Option<Tiered>,
     ) -> Result<CudaBackend, ExecError> {
         let arena = gpu
             .alloc::<u8>(arena_bytes, "scratch arena")
@@ -163,7 +182,51 @@ impl CudaBackend {
             pos,
             pos_host: Cell::new(0),
             max_tokens,
+            tiered,
+            seg: RefCell::new(None),
         })
+    }
+
+    /// Ends the current segment of a segmented step: launches it (just captured, or
+    /// captured by an earlier step) so the host can read what it computed.
+    pub(crate) fn seg_break(&self) -> Result<(), ExecError> {
+        let mut seg = self.seg.borrow_mut();
+        let Some(r) = seg.as_mut() else {
+            return Ok(());
+        };
+        if r.record {
+            let g = self
+                .gpu
+                .end_capture()
+                .map_err(cuda_err("capture a step segment"))?;
+            g.launch(&self.gpu)
+                .map_err(cuda_err("launch a step segment"))?;
+            r.graphs.push(g);
+        } else {
+            self.gpu.set_skip(false);
+            let g = r.graphs.get(r.next).ok_or_else(|| {
+                ExecError::new("decode", "the step has more segments than were captured")
+            })?;
+            g.launch(&self.gpu)
+                .map_err(cuda_err("launch a step segment"))?;
+            r.next += 1;
+        }
+        Ok(())
+    }
+
+    /// Starts the next segment after the host's part (see [`SegRun`]).
+    pub(crate) fn seg_resume(&self) -> Result<(), ExecError> {
+        match self.seg.borrow().as_ref() {
+            Some(r) if r.record => self
+                .gpu
+                .begin_capture()
+                .map_err(cuda_err("capture a step segment")),
+            Some(_) => {
+                self.gpu.set_skip(true);
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn arena_bytes(&self) -> u64 {
@@ -247,15 +310,20 @@ impl CudaBackend {
         })
     }
 
-    /// Quantizes the rows of `x` into the canonical int8 blocks.
-    fn quantize(&self, x: &DBuf) -> Result<QAct, ExecError> {
-        let n = x.rows * x.cols;
+    /// Room for the quantized copy of `rows` × `cols` activations.
+    fn alloc_qact(&self, rows: usize, cols: usize) -> Result<QAct, ExecError> {
+        let n = rows * cols;
         let nb = n / 32;
-        let q = QAct {
+        Ok(QAct {
             qs: self.alloc_bytes(n, "quantize")?,
             d: self.alloc_bytes(nb * 4, "quantize")?,
             sums: self.alloc_bytes(nb * 4, "quantize")?,
-        };
+        })
+    }
+
+    /// Quantizes the rows of `x` into the canonical int8 blocks.
+    fn quantize(&self, x: &DBuf) -> Result<QAct, ExecError> {
+        let q = self.alloc_qact(x.rows, x.cols)?;
         self.gpu
             .quantize_act(x.ptr, x.rows, x.cols, q)
             .map_err(cuda_err("quantize_act"))?;
@@ -313,9 +381,23 @@ impl CudaBackend {
         out_rows: usize,
     ) -> Result<DBuf, ExecError> {
         let out = self.alloc(out_rows, w.n_rows, "expert products")?;
+        self.mm_tiles_into(w, x, xq, tiles, n_tiles, &out)?;
+        Ok(out)
+    }
+
+    /// [`Self::mm_tiles`] into `out` (rows: every route; the tiles write theirs).
+    fn mm_tiles_into(
+        &self,
+        w: &DevWeight,
+        x: &DBuf,
+        xq: QAct,
+        tiles: u64,
+        n_tiles: usize,
+        out: &DBuf,
+    ) -> Result<(), ExecError> {
         // The tiles partition the routes: as many tiles as routes means one token
         // each (always so in a decode step, whose tiles route_topk writes).
-        let f = if n_tiles == out_rows {
+        let f = if n_tiles == out.rows {
             Gpu::matvec_tiles_single
         } else {
             Gpu::matvec_tiles
@@ -334,16 +416,206 @@ impl CudaBackend {
             n_tiles,
             out.ptr,
         )
-        .map_err(cuda_err("matvec_tiles"))?;
-        Ok(out)
+        .map_err(cuda_err("matvec_tiles"))
     }
 
     fn swiglu(&self, g: &DBuf, u: &DBuf) -> Result<DBuf, ExecError> {
         let out = self.alloc(g.rows, g.cols, "swiglu")?;
+        self.swiglu_into(g, u, &out)?;
+        Ok(out)
+    }
+
+    fn swiglu_into(&self, g: &DBuf, u: &DBuf, out: &DBuf) -> Result<(), ExecError> {
         self.gpu
             .swiglu(g.ptr, u.ptr, g.rows * g.cols, out.ptr)
-            .map_err(cuda_err("swiglu"))?;
-        Ok(out)
+            .map_err(cuda_err("swiglu"))
+    }
+
+    /// Uploads tiles to device address `dst` (stream-ordered: earlier launches
+    /// reading `dst` have finished before the copy lands).
+    fn put_tiles(&self, tiles: &[Tile], dst: u64) -> Result<(), ExecError> {
+        self.gpu
+            .copy_to_device(tiles, dst)
+            .map_err(cuda_err("upload tiles"))
+    }
+
+    /// The shared expert's output and gate logit (device addresses; 0, 0 without one).
+    fn shared_expert(&self, m: &MoeDev, x: &DBuf, xq: QAct) -> Result<(u64, u64), ExecError> {
+        let Some(s) = &m.shared else {
+            return Ok((0, 0));
+        };
+        let sg = self.mm_q(&s.gate, x, xq)?;
+        let su = self.mm_q(&s.up, x, xq)?;
+        let sa = self.swiglu(&sg, &su)?;
+        let sd = self.mm(&s.down, &sa)?;
+        let logit = self.alloc(x.rows, 1, "shared gate")?;
+        self.gpu
+            .dot_rows(x.ptr, s.gate_inp.ptr(), x.rows, x.cols, logit.ptr)
+            .map_err(cuda_err("dot_rows"))?;
+        Ok((sd.ptr, logit.ptr))
+    }
+
+    /// The routed experts of every resident layer: all its experts are in VRAM.
+    /// Returns the down projections, one row per route (token-major, rank order).
+    fn routed_resident(
+        &self,
+        m: &MoeDev,
+        x: &DBuf,
+        xq: QAct,
+        logits: &DBuf,
+        wts: &DBuf,
+        ids: u64,
+    ) -> Result<DBuf, ExecError> {
+        let cfg = &self.cfg;
+        let (t_n, k) = (x.rows, cfg.n_expert_used);
+        let tile_bytes = std::mem::size_of::<Tile>();
+        // One token: route_topk writes the expert tiles on the device.
+        let device_tiles = if t_n == 1 {
+            Some((
+                self.alloc_bytes(k * tile_bytes, "route")?,
+                self.alloc_bytes(k * tile_bytes, "route")?,
+            ))
+        } else {
+            None
+        };
+        let (a, b) = device_tiles.unwrap_or((0, 0));
+        self.gpu
+            .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, a, b)
+            .map_err(cuda_err("route_topk"))?;
+        let (tiles_gu, tiles_down, n_tiles) = match device_tiles {
+            Some((a, b)) => (a, b, k),
+            None => {
+                // A prompt: group its routes by expert on the host.
+                let host: Vec<i32> = self
+                    .gpu
+                    .download(ids, t_n * k)
+                    .map_err(cuda_err("download routes"))?;
+                let (gu, down) = self.prompt_tiles(&host, k);
+                let a = self.alloc_bytes(gu.len() * tile_bytes, "route")?;
+                let b = self.alloc_bytes(down.len() * tile_bytes, "route")?;
+                self.put_tiles(&gu, a)?;
+                self.put_tiles(&down, b)?;
+                (a, b, gu.len())
+            }
+        };
+        let g = self.mm_tiles(&m.gate_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
+        let u = self.mm_tiles(&m.up_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
+        let act = self.swiglu(&g, &u)?;
+        let aq = self.prepare(&[&m.down_exps], &act)?;
+        self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, t_n * k)
+    }
+
+    /// The routed experts of a tiered layer: the host reads the step's routing, the
+    /// expert store assigns slots (fetching misses) and, in a decode step, leaves some
+    /// misses held in RAM to the CPU (the cost model's split); the same kernels run
+    /// over slots instead of experts, one batch of slots at a time, while the CPU
+    /// computes its experts with the same bits and uploads them into their rows.
+    /// Returns the down projections and the shared expert (issued before the CPU
+    /// work, so the GPU has it to do meanwhile).
+    #[allow(clippy::too_many_arguments)]
+    fn routed_tiered(
+        &self,
+        t: &Tiered,
+        layer: usize,
+        m: &MoeDev,
+        x: &DBuf,
+        xq: QAct,
+        logits: &DBuf,
+        wts: &DBuf,
+        ids: u64,
+    ) -> Result<(DBuf, (u64, u64)), ExecError> {
+        let cfg = &self.cfg;
+        let (t_n, k) = (x.rows, cfg.n_expert_used);
+        let rows = t_n * k;
+        self.gpu
+            .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, 0, 0)
+            .map_err(cuda_err("route_topk"))?;
+        self.seg_break()?;
+        let host: Vec<i32> = self
+            .gpu
+            .download(ids, rows)
+            .map_err(cuda_err("download routes"))?;
+        let routes: Vec<u32> = host.iter().map(|&e| e as u32).collect();
+        let mut store = t.store.borrow_mut();
+        let bytes = store.plan().layers[layer].expert_bytes;
+        let batches = store
+            .step(layer, &routes, &|misses| {
+                if t_n == 1 {
+                    t.to_cpu(misses, bytes)
+                } else {
+                    0
+                }
+            })
+            .map_err(|e| ExecError::new("expert store", e))?;
+        drop(store);
+        // The CPU's input, read while the stream is idle.
+        let x_host: Vec<f32> = if batches.iter().any(|b| !b.cpu.is_empty()) {
+            self.gpu
+                .download(x.ptr, x.rows * x.cols)
+                .map_err(cuda_err("download expert input"))?
+        } else {
+            Vec::new()
+        };
+        let g = self.alloc(rows, m.gate_exps.n_rows, "expert products")?;
+        let u = self.alloc(rows, m.up_exps.n_rows, "expert products")?;
+        let act = self.alloc(rows, m.gate_exps.n_rows, "swiglu")?;
+        let down = self.alloc(rows, m.down_exps.n_rows, "expert products")?;
+        let aq = if is_float(m.down_exps.ty) {
+            QAct::default()
+        } else {
+            self.alloc_qact(rows, act.cols)?
+        };
+        let tile_bytes = std::mem::size_of::<Tile>();
+        let max_tiles = rows + cfg.n_expert;
+        let ta = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
+        let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
+        let mut shared = None;
+        for b in &batches {
+            if let Err(e) = t.fetch(&self.gpu, layer, m, &b.fetch) {
+                // Never compute with a slot whose bytes did not arrive.
+                t.store.borrow_mut().forget(layer, &b.fetch);
+                return Err(e);
+            }
+            // Routes of this batch's experts, named by slot; the others are skipped.
+            let by_slot: Vec<i32> = routes
+                .iter()
+                .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
+                .collect();
+            let (gu, dn) = self.prompt_tiles(&by_slot, k);
+            if !gu.is_empty() {
+                self.put_tiles(&gu, ta)?;
+                self.put_tiles(&dn, tb)?;
+                self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), &g)?;
+                self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), &u)?;
+                // Rows of other batches are recomputed alike (element- and row-wise ops).
+                self.swiglu_into(&g, &u, &act)?;
+                if !is_float(m.down_exps.ty) {
+                    self.gpu
+                        .quantize_act(act.ptr, act.rows, act.cols, aq)
+                        .map_err(cuda_err("quantize_act"))?;
+                }
+                self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), &down)?;
+            }
+            if shared.is_none() {
+                shared = Some(self.shared_expert(m, x, xq)?);
+            }
+            if !b.cpu.is_empty() {
+                let outs = t.cpu_experts(layer, &b.cpu, &x_host);
+                for (&(e, _), out) in b.cpu.iter().zip(&outs) {
+                    for (r, _) in routes.iter().enumerate().filter(|(_, &re)| re == e) {
+                        self.gpu
+                            .copy_to_device(out, down.ptr + (r * down.cols * 4) as u64)
+                            .map_err(cuda_err("upload CPU expert output"))?;
+                    }
+                }
+            }
+        }
+        let shared = match shared {
+            Some(s) => s,
+            None => self.shared_expert(m, x, xq)?,
+        };
+        self.seg_resume()?;
+        Ok((down, shared))
     }
 
     /// The weight of norm `which` and where its output goes. A mixer's input and
@@ -665,58 +937,12 @@ impl Backend for CudaBackend {
         let logits = self.mm_q(&m.router, x, xq)?;
         let wts = self.alloc(t_n, k, "route")?;
         let ids = self.alloc_bytes(t_n * k * 4, "route")?;
-        let tile_bytes = std::mem::size_of::<Tile>();
-        // One token: route_topk writes the expert tiles on the device.
-        let device_tiles = if t_n == 1 {
-            Some((
-                self.alloc_bytes(k * tile_bytes, "route")?,
-                self.alloc_bytes(k * tile_bytes, "route")?,
-            ))
-        } else {
-            None
-        };
-        let (a, b) = device_tiles.unwrap_or((0, 0));
-        self.gpu
-            .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, a, b)
-            .map_err(cuda_err("route_topk"))?;
-        let (tiles_gu, tiles_down, n_tiles) = match device_tiles {
-            Some((a, b)) => (a, b, k),
+        let (down, (shared, logit)) = match &self.tiered {
+            Some(t) => self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids)?,
             None => {
-                // A prompt: group its routes by expert on the host.
-                let host: Vec<i32> = self
-                    .gpu
-                    .download(ids, t_n * k)
-                    .map_err(cuda_err("download routes"))?;
-                let (gu, down) = self.prompt_tiles(&host, k);
-                let a = self.alloc_bytes(gu.len() * tile_bytes, "route")?;
-                let b = self.alloc_bytes(down.len() * tile_bytes, "route")?;
-                self.gpu
-                    .copy_to_device(&gu, a)
-                    .map_err(cuda_err("upload tiles"))?;
-                self.gpu
-                    .copy_to_device(&down, b)
-                    .map_err(cuda_err("upload tiles"))?;
-                (a, b, gu.len())
+                let down = self.routed_resident(m, x, xq, &logits, &wts, ids)?;
+                (down, self.shared_expert(m, x, xq)?)
             }
-        };
-        let g = self.mm_tiles(&m.gate_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
-        let u = self.mm_tiles(&m.up_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
-        let act = self.swiglu(&g, &u)?;
-        let aq = self.prepare(&[&m.down_exps], &act)?;
-        let down = self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, t_n * k)?;
-        let (shared, logit) = match &m.shared {
-            Some(s) => {
-                let sg = self.mm_q(&s.gate, x, xq)?;
-                let su = self.mm_q(&s.up, x, xq)?;
-                let sa = self.swiglu(&sg, &su)?;
-                let sd = self.mm(&s.down, &sa)?;
-                let logit = self.alloc(t_n, 1, "shared gate")?;
-                self.gpu
-                    .dot_rows(x.ptr, s.gate_inp.ptr(), t_n, e, logit.ptr)
-                    .map_err(cuda_err("dot_rows"))?;
-                (sd.ptr, logit.ptr)
-            }
-            None => (0, 0),
         };
         let out = self.alloc(t_n, e, "moe")?;
         self.gpu

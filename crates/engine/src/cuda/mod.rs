@@ -6,32 +6,68 @@
 //! with the numbers and the remedy (DESIGN.md invariant 5).
 
 mod backend;
+mod tiered;
 mod weights;
 
+use backend::SegRun;
 pub use backend::{CudaBackend, CudaState, DBuf};
 
 use crate::exec::{Executor, SeqStep, StepOut, Want};
+use crate::experts::{plan, ExpertIndex, ExpertStore, PlanRequest, RoutingProfile, TierStats};
 use crate::{Device, DeviceReport, EngineError};
 use cuda::{Gpu, Graph};
 use model::{ExecError, Logits, ModelConfig, ModelWeights};
+use tiered::Tiered;
 use weights::cuda_err;
 
-/// Tokens per step the scratch arena is sized for (a prompt is fed in chunks
-/// of at most this many; the engine's chunk is 512).
+/// Tokens per step the scratch arena is sized for with every expert resident (a
+/// prompt is fed in chunks of at most this many).
 const MAX_STEP_TOKENS: usize = 512;
+/// With tiered experts a prompt chunk streams every expert it routes to through the
+/// slots once, so longer chunks read fewer bytes per token: the longest of these
+/// whose scratch takes at most a quarter of what the budget leaves after the dense
+/// weights and the state.
+const TIERED_CHUNKS: [usize; 4] = [4096, 2048, 1024, MAX_STEP_TOKENS];
+/// VRAM the CUDA context, the loaded kernels and allocation rounding take beyond
+/// what scoria allocates (measured with nvidia-smi on an H200: about 0.9 GiB with
+/// the executor's own 16 GiB). An explicit --vram-budget covers it.
+pub const CONTEXT_VRAM: u64 = (1 << 30) + (64 << 20);
 /// Positions whose logits one step may return at once (Logits::All is split
 /// into pieces of this many tokens).
 const MAX_LOGIT_ROWS: usize = 64;
 /// VRAM left free for the driver and the CUDA context's own needs.
 const RESERVE: u64 = 512 << 20;
 
+/// RAM left to the system when the pinned expert copy's size is chosen for the user.
+const RAM_HEADROOM: u64 = 8 << 30;
+
 /// Where the executor's VRAM went, for the startup account.
 #[derive(Debug, Clone, Copy)]
 pub struct VramAccount {
+    /// Everything uploaded from the file (with tiered experts: the dense part).
     pub weights: u64,
+    /// VRAM slots of the tiered expert store (0 when every expert is resident).
+    pub expert_slots: u64,
     pub state: u64,
     pub scratch: u64,
     pub total: u64,
+}
+
+/// Budgets of the tiered expert store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Budgets<'a> {
+    /// VRAM this executor may use in all (None: the free VRAM minus a reserve).
+    /// When the whole model fits, every expert is resident; otherwise the dense
+    /// weights, state and scratch come first and the rest becomes expert slots.
+    pub vram: Option<u64>,
+    /// Pinned RAM for the copy of the experts (None: what fits in MemAvailable
+    /// minus 8 GiB, at most all of them).
+    pub ram: Option<u64>,
+    /// Seeds the slot division and the first slot contents.
+    pub profile: Option<&'a RoutingProfile>,
+    /// A fixed share of each decode step's RAM misses for the CPU (None: the
+    /// measured cost model splits them).
+    pub cpu_share: Option<f64>,
 }
 
 /// A captured decode step of one sequence: replaying it runs one token.
@@ -41,11 +77,19 @@ struct DecodeGraph {
     out: u64,
 }
 
+/// A tiered decode step of one sequence captured as segments (see `SegRun`).
+struct DecodeSegments {
+    graphs: Vec<Graph>,
+    out: u64,
+}
+
 pub struct CudaExecutor {
     be: CudaBackend,
     states: Vec<CudaState>,
     /// Per sequence: the captured step returning logits [0] or a token [1].
     graphs: Vec<[Option<DecodeGraph>; 2]>,
+    /// The same for tiered steps, as segments.
+    segments: Vec<[Option<DecodeSegments>; 2]>,
     argmax_out: cuda::DevBuf<i32>,
     use_graphs: bool,
     ordinal: usize,
@@ -62,6 +106,31 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
+/// The scratch arena for steps of up to `max_step` tokens, and with the RoPE table
+/// the scratch VRAM in all.
+fn scratch_for(gpu: &Gpu, cfg: &ModelConfig, n_ctx: usize, max_step: usize) -> (usize, u64) {
+    // attn_core's key-split partials: the split count depends on the step's token
+    // count, so take the largest any step may ask for.
+    let attn_split = (1..=max_step)
+        .map(|t| gpu.attn_scratch_bytes(t, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx))
+        .max()
+        .unwrap_or(0) as usize;
+    let arena = backend::scratch_bytes(cfg, max_step, MAX_LOGIT_ROWS, attn_split);
+    (arena, arena as u64 + (n_ctx * cfg.n_rot * 4) as u64)
+}
+
+fn upload_bar(bytes: u64, ordinal: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(bytes);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "loading weights for {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("cuda:{ordinal}"));
+    bar
+}
+
 impl CudaExecutor {
     /// Opens GPU `ordinal`, checks the VRAM the model needs, uploads the weights
     /// and allocates `n_seq` sequences of `n_ctx` positions.
@@ -71,6 +140,7 @@ impl CudaExecutor {
         weights: &ModelWeights,
         n_ctx: usize,
         n_seq: usize,
+        budgets: Budgets,
     ) -> Result<CudaExecutor, EngineError> {
         let dev = |e: cuda::CudaError| EngineError::Device(e.to_string());
         let gpu = Gpu::open(ordinal).map_err(dev)?;
@@ -79,14 +149,30 @@ impl CudaExecutor {
         let w_bytes = weights::upload_bytes(weights);
         let state_one = crate::cpu::state_bytes(cfg, n_ctx) as u64;
         let state = state_one * n_seq as u64;
-        // attn_core's key-split partials: the split count depends on the step's
-        // token count, so take the largest any step may ask for.
-        let attn_split = (1..=MAX_STEP_TOKENS)
-            .map(|t| gpu.attn_scratch_bytes(t, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx))
-            .max()
-            .unwrap_or(0) as usize;
-        let arena = backend::scratch_bytes(cfg, MAX_STEP_TOKENS, MAX_LOGIT_ROWS, attn_split);
-        let scratch = arena as u64 + (n_ctx * cfg.n_rot * 4) as u64;
+        let (arena, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
+        let budget = match budgets.vram {
+            Some(b) if b <= CONTEXT_VRAM => {
+                return Err(EngineError::Memory(format!(
+                    "--vram-budget {:.2} GiB is too small: the CUDA context and kernels alone take about {:.2} GiB of it",
+                    gib(b),
+                    gib(CONTEXT_VRAM)
+                )))
+            }
+            Some(b) if b.saturating_add(RESERVE) > free => {
+                return Err(EngineError::Memory(format!(
+                    "--vram-budget {:.2} GiB is more than cuda:{ordinal} ({name}) has free ({:.2} GiB of {:.2} GiB, {:.2} GiB kept in reserve): lower --vram-budget",
+                    gib(b),
+                    gib(free),
+                    gib(total),
+                    gib(RESERVE)
+                )))
+            }
+            Some(b) => b - CONTEXT_VRAM,
+            None => free.saturating_sub(RESERVE),
+        };
+        if w_bytes + state + scratch > budget {
+            return Self::open_tiered(gpu, cfg, weights, n_ctx, n_seq, budgets, budget, state);
+        }
         let need = w_bytes + state + scratch + RESERVE;
         if need > free {
             return Err(EngineError::Memory(format!(
@@ -102,17 +188,135 @@ impl CudaExecutor {
                 gib(RESERVE),
             )));
         }
-        let bar = indicatif::ProgressBar::new(w_bytes);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "uploading weights to {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar.set_message(format!("cuda:{ordinal}"));
-        let w = weights::upload(&gpu, cfg, weights, &|done| bar.set_position(done))?;
+        let bar = upload_bar(w_bytes, ordinal);
+        let w = weights::upload(&gpu, cfg, weights, None, &|done| bar.set_position(done))?;
         bar.finish_and_clear();
-        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, MAX_STEP_TOKENS)?;
+        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, MAX_STEP_TOKENS, None)?;
+        let vram = VramAccount {
+            weights: w_bytes,
+            expert_slots: 0,
+            state,
+            scratch: be.arena_bytes() + be.rope_bytes(),
+            total,
+        };
+        Self::finish(be, n_ctx, n_seq, ordinal, name, vram)
+    }
+
+    /// The dense weights, state and scratch in VRAM, the routed experts in slots
+    /// (the rest of `budget`), a pinned RAM copy and the file.
+    #[allow(clippy::too_many_arguments)]
+    fn open_tiered(
+        gpu: Gpu,
+        cfg: &ModelConfig,
+        weights: &ModelWeights,
+        n_ctx: usize,
+        n_seq: usize,
+        budgets: Budgets,
+        budget: u64,
+        state: u64,
+    ) -> Result<CudaExecutor, EngineError> {
+        let ordinal = gpu.ordinal();
+        let name = gpu.name();
+        let (_, total) = gpu
+            .mem_info()
+            .map_err(|e| EngineError::Device(e.to_string()))?;
+        let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights);
+        let left = budget.saturating_sub(dense + state);
+        let (chunk, (arena, scratch)) = TIERED_CHUNKS
+            .iter()
+            .map(|&c| (c, scratch_for(&gpu, cfg, n_ctx, c)))
+            .find(|&(c, (_, s))| c == MAX_STEP_TOKENS || s <= left / 4)
+            .unwrap_or((
+                MAX_STEP_TOKENS,
+                scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS),
+            ));
+        let fixed = dense + state + scratch;
+        let mem = |m: String| EngineError::Memory(m);
+        if fixed >= budget {
+            return Err(mem(format!(
+                "the VRAM budget is {:.2} GiB, but the dense weights ({:.2} GiB), KV/state for --max-context {n_ctx} ({:.2} GiB) and scratch ({:.2} GiB) alone need {:.2} GiB, with nothing left for expert slots: \
+                 raise --vram-budget, lower --max-context, or run on the CPU (--device cpu)",
+                gib(budget),
+                gib(dense),
+                gib(state),
+                gib(scratch),
+                gib(fixed)
+            )));
+        }
+        let file = weights.token_embd.file();
+        let index = ExpertIndex::build(file, cfg).map_err(|e| mem(e.to_string()))?;
+        let routed: u64 = (0..index.n_layer())
+            .filter_map(|l| index.block_bytes(l))
+            .sum();
+        let ram = budgets.ram.unwrap_or_else(|| match crate::mem_available() {
+            Some(a) => routed.min(a.saturating_sub(RAM_HEADROOM)),
+            None => 0,
+        });
+        let req = PlanRequest::for_index(&index, cfg.n_expert_used, budget - fixed, ram);
+        let plan = plan(&req, budgets.profile).map_err(|e| mem(e.to_string()))?;
+        let context = budgets.vram.map_or(0, |_| CONTEXT_VRAM);
+        tracing::info!(
+            "cuda:{ordinal} {name}: VRAM budget {:.2} GiB: CUDA context {:.2} GiB, dense weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB for prompt chunks of {chunk} tokens, expert slots {:.2} GiB\n{plan}",
+            gib(budget + context),
+            gib(context),
+            gib(dense),
+            gib(state),
+            gib(scratch),
+            gib(plan.vram_used)
+        );
+        let slots: Vec<usize> = plan.layers.iter().map(|l| l.slots).collect();
+        let bar = upload_bar(dense + plan.ram_used, ordinal);
+        let w = weights::upload(&gpu, cfg, weights, Some(&slots), &|done| {
+            bar.set_position(done)
+        })?;
+        let warm = budgets.profile.map(|_| plan.resident_order.clone());
+        let store = ExpertStore::new(index, plan);
+        // The largest slot buffer, still empty, for measuring copies into VRAM.
+        let probe = w
+            .layers
+            .iter()
+            .map(|l| (l.moe.gate_exps.buf.ptr(), l.moe.gate_exps.buf.len()))
+            .max_by_key(|p| p.1)
+            .unwrap_or((0, 0));
+        let t = Tiered::new(&gpu, store, weights, budgets.cpu_share, probe, &|done| {
+            bar.set_position(dense + done)
+        })?;
+        bar.finish_and_clear();
+        // With a routing profile, the slots start with the most used experts.
+        if let Some(order) = warm {
+            let fetches = t.store.borrow_mut().warm(&order);
+            for (l, f) in fetches {
+                if let Err(e) = t.fetch(&gpu, l, &w.layers[l].moe, &[f]) {
+                    t.store.borrow_mut().forget(l, &[f]);
+                    return Err(e.into());
+                }
+            }
+        }
+        tracing::info!(
+            "pinned RAM: {:.2} GiB expert copy + {:.3} GiB staging for file reads",
+            gib(t.ram_bytes()),
+            gib(t.staging_bytes())
+        );
+        let slot_bytes = t.store.borrow().plan().vram_used;
+        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, chunk, Some(t))?;
+        let vram = VramAccount {
+            weights: dense,
+            expert_slots: slot_bytes,
+            state,
+            scratch: be.arena_bytes() + be.rope_bytes(),
+            total,
+        };
+        Self::finish(be, n_ctx, n_seq, ordinal, name, vram)
+    }
+
+    fn finish(
+        be: CudaBackend,
+        n_ctx: usize,
+        n_seq: usize,
+        ordinal: usize,
+        name: String,
+        vram: VramAccount,
+    ) -> Result<CudaExecutor, EngineError> {
         let states = (0..n_seq)
             .map(|_| be.new_state_for(n_ctx))
             .collect::<Result<Vec<_>, _>>()?;
@@ -120,23 +324,20 @@ impl CudaExecutor {
             .gpu
             .alloc::<i32>(1, "argmax")
             .map_err(cuda_err("allocate"))?;
+        // A tiered step waits for the host at every MoE layer: graph segments.
         let use_graphs = std::env::var_os("SCORIA_NO_GRAPH").is_none();
-        let vram = VramAccount {
-            weights: w_bytes,
-            state,
-            scratch: be.arena_bytes() + be.rope_bytes(),
-            total,
-        };
         tracing::info!(
-            "cuda:{ordinal} {name}: weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB, of {:.2} GiB",
+            "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB, of {:.2} GiB",
             gib(vram.weights),
+            gib(vram.expert_slots),
             gib(vram.state),
             gib(vram.scratch),
-            gib(total)
+            gib(vram.total)
         );
         Ok(CudaExecutor {
             be,
             graphs: (0..n_seq).map(|_| [None, None]).collect(),
+            segments: (0..n_seq).map(|_| [None, None]).collect(),
             states,
             argmax_out,
             use_graphs,
@@ -210,6 +411,61 @@ impl CudaExecutor {
         Ok(g.out)
     }
 
+    /// One tiered decode token of sequence `seq`: its device work between the MoE
+    /// layers' host parts replayed from graph segments (captured the first time).
+    fn decode_segments(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
+        let slot = usize::from(s.want == Want::Greedy);
+        let cached = self.segments[s.seq][slot].take();
+        let record = cached.is_none();
+        let (graphs, recorded_out) = cached.map_or((Vec::new(), None), |c| (c.graphs, Some(c.out)));
+        *self.be.seg.borrow_mut() = Some(SegRun {
+            record,
+            graphs,
+            next: 0,
+        });
+        let gpu = &self.be.gpu;
+        let begin = if record {
+            gpu.begin_capture()
+                .map_err(cuda_err("capture a step segment"))
+        } else {
+            gpu.set_skip(true);
+            Ok(())
+        };
+        let out = begin
+            .and_then(|()| self.launch_step(s.seq, s.tokens, s.pos0, s.want))
+            .and_then(|out| self.be.seg_break().map(|()| out));
+        let run = self.be.seg.borrow_mut().take();
+        let gpu = &self.be.gpu;
+        gpu.set_skip(false);
+        if gpu.is_capturing() {
+            // A failure mid-capture: close it so the stream is usable again.
+            let _ = gpu.end_capture();
+        }
+        let out = out?;
+        let run = run.ok_or_else(|| ExecError::new("decode", "segment state missing"))?;
+        if recorded_out.is_some_and(|o| o != out) {
+            return Err(ExecError::new(
+                "decode",
+                "the replayed step's output is not where the captured one wrote it",
+            ));
+        }
+        if !record && run.next != run.graphs.len() {
+            return Err(ExecError::new(
+                "decode",
+                format!(
+                    "the step ran {} of its {} captured segments",
+                    run.next,
+                    run.graphs.len()
+                ),
+            ));
+        }
+        self.segments[s.seq][slot] = Some(DecodeSegments {
+            graphs: run.graphs,
+            out,
+        });
+        Ok(out)
+    }
+
     fn read_out(&self, out: u64, want: Want, rows: usize) -> Result<StepOut, ExecError> {
         Ok(match want {
             Want::Greedy => {
@@ -235,9 +491,19 @@ impl Executor for CudaExecutor {
         DeviceReport {
             device: Device::Cuda(self.ordinal),
             name: self.name.clone(),
-            vram_used: Some(self.vram.weights + self.vram.state + self.vram.scratch),
+            vram_used: Some(
+                self.vram.weights + self.vram.expert_slots + self.vram.state + self.vram.scratch,
+            ),
             vram_total: Some(self.vram.total),
         }
+    }
+
+    fn prompt_chunk(&self) -> usize {
+        self.be.max_tokens
+    }
+
+    fn expert_stats(&self) -> Option<TierStats> {
+        self.be.tiered.as_ref().map(Tiered::stats)
     }
 
     fn clear(&mut self, seq: usize) -> Result<(), ExecError> {
@@ -259,7 +525,9 @@ impl Executor for CudaExecutor {
             }
             if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) {
                 self.load_inputs(s.tokens, s.pos0)?;
-                let out = if self.use_graphs {
+                let out = if self.use_graphs && self.be.tiered.is_some() {
+                    self.decode_segments(s)?
+                } else if self.use_graphs {
                     self.decode_graph(s)?
                 } else {
                     self.launch_step(s.seq, s.tokens, s.pos0, s.want)?
@@ -272,7 +540,7 @@ impl Executor for CudaExecutor {
             let piece = if s.want == Want::Logits(Logits::All) {
                 MAX_LOGIT_ROWS
             } else {
-                MAX_STEP_TOKENS
+                self.be.max_tokens
             };
             let out =
                 crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {

@@ -143,6 +143,17 @@ pub(crate) fn upload_bytes(w: &ModelWeights) -> u64 {
     n
 }
 
+/// Bytes of the routed experts' tensors (what tiers instead of uploading).
+pub(crate) fn routed_expert_bytes(w: &ModelWeights) -> u64 {
+    w.layers
+        .iter()
+        .map(|l| {
+            let m = &l.moe;
+            (m.gate_exps.bytes().len() + m.up_exps.bytes().len() + m.down_exps.bytes().len()) as u64
+        })
+        .sum()
+}
+
 struct Uploader<'a> {
     gpu: &'a Gpu,
     done: u64,
@@ -170,6 +181,25 @@ impl Uploader<'_> {
         })
     }
 
+    /// Room for `n` matrices of the expert tensor `w` (VRAM slots), not filled.
+    fn slots(&mut self, w: &Weight, n: usize) -> Result<DevWeight, ExecError> {
+        let n_rows = w.n_rows();
+        let row_bytes = w.row_bytes();
+        let matrix_bytes = (n_rows * row_bytes) as u64;
+        let buf = self
+            .gpu
+            .alloc::<u8>(n * matrix_bytes as usize, &w.name)
+            .map_err(cuda_err("allocate expert slots"))?;
+        Ok(DevWeight {
+            buf,
+            ty: w.ty,
+            row_bytes: row_bytes as u64,
+            n_rows,
+            n_cols: w.row_len(),
+            matrix_bytes,
+        })
+    }
+
     fn f32s(&mut self, v: &[f32], what: &str) -> Result<DevBuf<f32>, ExecError> {
         self.done += v.len() as u64 * 4;
         self.gpu.upload(v, what).map_err(cuda_err("upload weights"))
@@ -181,10 +211,13 @@ impl Uploader<'_> {
 }
 
 /// Uploads every tensor of `w`; `progress` is called with the bytes done so far.
+/// With `slots`, layer `l`'s routed expert tensors are not uploaded: room for
+/// `slots[l]` experts is allocated in their place (the tiered store fills it).
 pub(crate) fn upload(
     gpu: &Gpu,
     cfg: &ModelConfig,
     w: &ModelWeights,
+    slots: Option<&[usize]>,
     progress: &dyn Fn(u64),
 ) -> Result<WeightsDev, ExecError> {
     let mut up = Uploader {
@@ -285,12 +318,21 @@ pub(crate) fn upload(
             attn_norm: up.f32s(&l.attn_norm, "attn_norm")?,
             ffn_norm: up.f32s(&l.ffn_norm, "ffn_norm")?,
             mixer,
-            moe: MoeDev {
-                router: up.weight(&m.router)?,
-                gate_exps: up.weight(&m.gate_exps)?,
-                up_exps: up.weight(&m.up_exps)?,
-                down_exps: up.weight(&m.down_exps)?,
-                shared,
+            moe: match slots.and_then(|s| s.get(i)) {
+                Some(&n) => MoeDev {
+                    router: up.weight(&m.router)?,
+                    gate_exps: up.slots(&m.gate_exps, n)?,
+                    up_exps: up.slots(&m.up_exps, n)?,
+                    down_exps: up.slots(&m.down_exps, n)?,
+                    shared,
+                },
+                None => MoeDev {
+                    router: up.weight(&m.router)?,
+                    gate_exps: up.weight(&m.gate_exps)?,
+                    up_exps: up.weight(&m.up_exps)?,
+                    down_exps: up.weight(&m.down_exps)?,
+                    shared,
+                },
             },
         });
     }

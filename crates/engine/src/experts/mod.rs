@@ -9,19 +9,23 @@
 //!   [`record_profile`] (`record.rs`) runs the CPU executor to record one;
 //! - [`plan()`] (`plan.rs`): VRAM slots per layer by measured demand, the pinned RAM
 //!   copy most used first, and the account of where every GiB goes; budgets are
-//!   granted or refused, never trimmed.
+//!   granted or refused, never trimmed;
+//! - [`ExpertStore`] (`store.rs`): where each expert lives now (VRAM slot, pinned RAM,
+//!   file), and each step's slot assignments and fetches, for the executor to carry out.
 
 mod index;
 pub mod io;
 mod plan;
 mod profile;
 mod record;
+mod store;
 
 pub use index::{ExpertIndex, IndexError, MatrixLoc, MATRICES};
 pub use io::{AlignedBuf, DirectReader, ReadError, ReadRequest, ReaderOptions};
 pub use plan::{plan, LayerPlan, Plan, PlanError, PlanRequest, SlotRule};
 pub use profile::{ProfileError, RoutingCounts, RoutingProfile};
 pub use record::{record_profile, ProfileInput, Recorded};
+pub use store::{Batch, ExpertStore, Fetch, Home, TierStats, FREQ_WEIGHT, HALF_LIFE};
 
 /// MemAvailable from /proc/meminfo, in bytes (`None` where it cannot be read).
 pub fn mem_available() -> Option<u64> {

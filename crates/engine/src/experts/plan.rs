@@ -36,8 +36,13 @@ use std::fmt;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// A size in GiB, or in MiB below 0.1 GiB (small models' budgets stay readable).
 fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / GIB)
+    if (b as f64) < GIB / 10.0 {
+        format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.2} GiB", b as f64 / GIB)
+    }
 }
 
 /// What to place and within which budgets.

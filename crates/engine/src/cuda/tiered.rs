@@ -1,0 +1,405 @@
+//! Tiered experts on the GPU: each layer's routed experts live in a few VRAM slots
+//! (a cache), in a pinned RAM copy, or only in the model file; the
+//! [`ExpertStore`](crate::experts::ExpertStore) decides which expert goes to which slot
+//! and this module moves the bytes.
+//!
+//! The slot buffers stand where the whole expert tensors stand in the resident
+//! executor (`MoeDev::{gate,up,down}_exps`, one matrix per slot instead of per expert),
+//! so the expert kernels are the very same launches with the tile's `expert` field
+//! naming a slot: an expert computes the same bits wherever its bytes came from
+//! (DESIGN.md invariant 1).
+//!
+//! A miss in the RAM copy is one asynchronous copy per matrix from pinned memory. A miss
+//! that is only in the file is read with `O_DIRECT` (io_uring) into pinned staging, then
+//! copied; the staging is reused only after the stream has drained the copies reading
+//! it. A failed read ends the step with an error naming the file and offset: no slot is
+//! ever computed with bytes that did not arrive.
+
+use super::weights::{cuda_err, DevWeight, MoeDev};
+use crate::experts::io::{DirectReader, ReadRequest, ALIGN};
+use crate::experts::{ExpertStore, Fetch, Home, TierStats};
+use cuda::{Gpu, PinnedBuf};
+use model::weights::Weight;
+use model::{ExecError, ModelWeights};
+use std::cell::RefCell;
+use std::time::Instant;
+
+/// Pinned staging for file reads: room for this many experts at once (more misses
+/// from the file in one batch are read in rounds).
+const STAGING_EXPERTS: usize = 16;
+
+/// How long moving an expert's bytes takes each way, measured at load: over PCIe
+/// from the pinned copy into a slot, or through the CPU kernels computing it.
+#[derive(Debug, Clone, Copy)]
+pub struct CostModel {
+    /// Host→device bytes per second from pinned memory.
+    pub pcie_bps: f64,
+    /// CPU: seconds for a call computing experts, and seconds per expert byte.
+    pub cpu_fixed_s: f64,
+    pub cpu_s_per_byte: f64,
+}
+
+impl CostModel {
+    /// Of `m` misses of `bytes` each, how many the CPU should compute so that the
+    /// CPU and the copies of the rest (which run at once) finish soonest.
+    pub fn split(&self, m: usize, bytes: u64) -> usize {
+        let b = bytes as f64;
+        let cost = |c: usize| {
+            let cpu = if c == 0 {
+                0.0
+            } else {
+                self.cpu_fixed_s + c as f64 * b * self.cpu_s_per_byte
+            };
+            let pcie = (m - c) as f64 * b / self.pcie_bps;
+            cpu.max(pcie)
+        };
+        (0..=m)
+            .min_by(|&a, &c| cost(a).total_cmp(&cost(c)))
+            .unwrap_or(0)
+    }
+}
+
+pub(crate) struct Tiered {
+    pub store: RefCell<ExpertStore>,
+    pub cost: CostModel,
+    /// A fixed share of each decode step's RAM misses for the CPU instead of the
+    /// cost model's split (tests and experiments).
+    pub cpu_share: Option<f64>,
+    /// Per trunk layer: the pinned RAM copy (`ExpertStore::ram_layout`).
+    ram: Vec<PinnedBuf>,
+    /// Per trunk layer: the expert tensors as the file maps them (gate, up, down).
+    mapped: Vec<[Weight; 3]>,
+    /// Whether the CPU reads experts from the mapped file rather than the pinned
+    /// copy (whichever measured faster; the bytes are the same).
+    cpu_from_map: bool,
+    /// Per shard, opened at the first read from it.
+    readers: RefCell<Vec<Option<DirectReader>>>,
+    staging: RefCell<PinnedBuf>,
+}
+
+/// Bytes of one expert's three matrices as the file stores them.
+fn matrices(m: &MoeDev) -> [&DevWeight; 3] {
+    [&m.gate_exps, &m.up_exps, &m.down_exps]
+}
+
+impl Tiered {
+    /// Allocates and fills the pinned RAM copy the store's plan asks for (from the
+    /// memory-mapped file), and the staging for file reads.
+    pub fn new(
+        gpu: &Gpu,
+        store: ExpertStore,
+        weights: &ModelWeights,
+        cpu_share: Option<f64>,
+        probe: (u64, usize),
+        progress: &dyn Fn(u64),
+    ) -> Result<Tiered, ExecError> {
+        let mut ram = Vec::with_capacity(store.n_layer());
+        let mut done = 0u64;
+        for l in 0..store.n_layer() {
+            let mut buf = gpu
+                .alloc_pinned(store.ram_bytes(l))
+                .map_err(cuda_err("pinned RAM copy of the experts"))?;
+            let lw = &weights.layers[l].moe;
+            let src = [&lw.gate_exps, &lw.up_exps, &lw.down_exps];
+            let dst = buf.as_mut_slice();
+            for (e, off) in store.ram_layout(l) {
+                let mut at = off;
+                for w in src {
+                    let len = w.n_rows() * w.row_bytes();
+                    let from = e as usize * len;
+                    let bytes = w.bytes().get(from..from + len).ok_or_else(|| {
+                        ExecError::new(
+                            "pinned RAM copy of the experts",
+                            format!("{}: expert {e} is past the tensor's bytes", w.name),
+                        )
+                    })?;
+                    dst[at..at + len].copy_from_slice(bytes);
+                    at += len;
+                }
+                done += (at - off) as u64;
+                progress(done);
+            }
+            ram.push(buf);
+        }
+        // The most any expert's three covering spans can take (a span starts at the
+        // matrix's offset rounded down and ends rounded up: one extra block at most).
+        let span = (0..store.n_layer())
+            .filter_map(|l| store.index().expert(l, 0))
+            .map(|ms| {
+                ms.iter()
+                    .map(|m| (m.len as usize).next_multiple_of(ALIGN) + ALIGN)
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0);
+        let staging = gpu
+            .alloc_pinned(span * STAGING_EXPERTS)
+            .map_err(cuda_err("pinned staging for expert reads"))?;
+        let n_shards = store.index().shard_paths().len();
+        let mut t = Tiered {
+            store: RefCell::new(store),
+            cost: CostModel {
+                pcie_bps: 25e9,
+                cpu_fixed_s: 50e-6,
+                cpu_s_per_byte: 1.0 / 30e9,
+            },
+            cpu_share,
+            ram,
+            mapped: weights
+                .layers
+                .iter()
+                .map(|l| {
+                    let m = &l.moe;
+                    [m.gate_exps.clone(), m.up_exps.clone(), m.down_exps.clone()]
+                })
+                .collect(),
+            cpu_from_map: false,
+            readers: RefCell::new((0..n_shards).map(|_| None).collect()),
+            staging: RefCell::new(staging),
+        };
+        t.measure(gpu, probe)?;
+        Ok(t)
+    }
+
+    /// Measures the cost model on this machine: a pinned copy of experts into
+    /// `probe` (device address and bytes: empty slots, so no VRAM beyond the
+    /// budget), and the CPU computing 1 and 8 experts of one layer.
+    fn measure(&mut self, gpu: &Gpu, probe: (u64, usize)) -> Result<(), ExecError> {
+        let Some(l) = (0..self.ram.len()).max_by_key(|&l| self.ram[l].len()) else {
+            return Ok(());
+        };
+        let src = &self.ram[l];
+        let n = src.len().min(probe.1).min(256 << 20);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            gpu.copy_pinned_to_device(src, 0, n, probe.0)
+                .map_err(cuda_err("measure PCIe"))?;
+            gpu.sync().map_err(cuda_err("measure PCIe"))?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        self.cost.pcie_bps = n as f64 / best.max(1e-9);
+        let store = self.store.borrow();
+        let resident: Vec<(u32, usize)> = store.ram_layout(l).take(8).collect();
+        let bytes = store.plan().layers[l].expert_bytes as f64;
+        drop(store);
+        let x: Vec<f32> = (0..self.n_embd(l))
+            .map(|i| ((i % 7) as f32 - 3.0) * 0.01)
+            .collect();
+        // (seconds per call, seconds per byte) of the CPU reading one source.
+        let time = |t: &Tiered, k: usize| {
+            let mut best = f64::MAX;
+            for _ in 0..3 {
+                let t0 = Instant::now();
+                std::hint::black_box(t.cpu_experts(l, &resident[..k], &x));
+                best = best.min(t0.elapsed().as_secs_f64());
+            }
+            best
+        };
+        let fit = |t: &Tiered| {
+            let k = resident.len();
+            let (t1, tk) = (time(t, 1), time(t, k));
+            let slope = ((tk - t1) / (k - 1) as f64).max(1e-12);
+            ((t1 - slope).max(0.0), slope / bytes)
+        };
+        if resident.len() >= 2 {
+            let pinned = fit(self);
+            self.cpu_from_map = true;
+            let mapped = fit(self);
+            let best = if mapped.1 < pinned.1 { mapped } else { pinned };
+            self.cpu_from_map = mapped.1 < pinned.1;
+            (self.cost.cpu_fixed_s, self.cost.cpu_s_per_byte) = best;
+            tracing::info!(
+                "CPU expert reads: {:.1} GB/s from the pinned copy, {:.1} GB/s from the mapped file; using the {}",
+                1e-9 / pinned.1,
+                1e-9 / mapped.1,
+                if self.cpu_from_map { "mapped file" } else { "pinned copy" }
+            );
+        }
+        tracing::info!(
+            "expert miss costs (measured): PCIe {:.1} GB/s from pinned RAM; CPU {:.1} GB/s + {:.0} µs per call",
+            self.cost.pcie_bps / 1e9,
+            1e-9 / self.cost.cpu_s_per_byte,
+            self.cost.cpu_fixed_s * 1e6
+        );
+        Ok(())
+    }
+
+    /// Layer `l`'s shapes: (n_embd, n_ff) and each matrix's type and bytes, from the
+    /// index (the file's layout of one expert).
+    fn shapes(&self, l: usize) -> [(quant::GgmlType, usize); 3] {
+        let store = self.store.borrow();
+        let locs = store.index().expert(l, 0);
+        std::array::from_fn(|j| {
+            locs.map_or((quant::GgmlType::F32, 0), |m| (m[j].ty, m[j].len as usize))
+        })
+    }
+
+    fn n_embd(&self, l: usize) -> usize {
+        self.store
+            .borrow()
+            .index()
+            .expert(l, 0)
+            .map_or(0, |m| m[0].cols)
+    }
+
+    /// How many of a decode step's `misses` (held in RAM, `bytes` each) the CPU
+    /// computes.
+    pub fn to_cpu(&self, misses: usize, bytes: u64) -> usize {
+        if let Some(f) = self.cpu_share {
+            return ((misses as f64 * f).round() as usize).min(misses);
+        }
+        self.cost.split(misses, bytes)
+    }
+
+    /// The outputs of the experts `cpu` ((expert, RAM offset)) of layer `layer` for
+    /// one token `x`, computed by the CPU kernels from the pinned copy.
+    pub fn cpu_experts(&self, layer: usize, cpu: &[(u32, usize)], x: &[f32]) -> Vec<Vec<f32>> {
+        let shapes = self.shapes(layer);
+        let ram = self.ram[layer].as_slice();
+        let mapped = &self.mapped[layer];
+        let mats: Vec<[(quant::GgmlType, &[u8]); 3]> = cpu
+            .iter()
+            .map(|&(e, off)| {
+                let mut at = off;
+                std::array::from_fn(|j| {
+                    let (ty, len) = shapes[j];
+                    let bytes = if self.cpu_from_map {
+                        mapped[j].matrix_bytes(e as usize)
+                    } else {
+                        &ram[at..at + len]
+                    };
+                    at += len;
+                    (ty, bytes)
+                })
+            })
+            .collect();
+        let n_ff = {
+            let store = self.store.borrow();
+            store.index().expert(layer, 0).map_or(0, |m| m[0].rows)
+        };
+        crate::cpu::one_token_experts(x, &mats, n_ff)
+    }
+
+    pub fn ram_bytes(&self) -> u64 {
+        self.ram.iter().map(|b| b.len() as u64).sum()
+    }
+
+    pub fn staging_bytes(&self) -> u64 {
+        self.staging.borrow().len() as u64
+    }
+
+    pub fn stats(&self) -> TierStats {
+        self.store.borrow().stats()
+    }
+
+    /// Copies the experts of `fetch` into their slots of layer `layer` (whose slot
+    /// buffers are `m`), ordered on the stream before anything issued after.
+    pub fn fetch(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        m: &MoeDev,
+        fetch: &[Fetch],
+    ) -> Result<(), ExecError> {
+        let mats = matrices(m);
+        let mut from_file = Vec::new();
+        for f in fetch {
+            match f.from {
+                Home::Ram(off) => {
+                    let mut at = off;
+                    for w in mats {
+                        let len = w.matrix_bytes as usize;
+                        gpu.copy_pinned_to_device(
+                            &self.ram[layer],
+                            at,
+                            len,
+                            w.buf.ptr() + f.slot as u64 * w.matrix_bytes,
+                        )
+                        .map_err(cuda_err("copy expert from RAM"))?;
+                        at += len;
+                    }
+                }
+                _ => from_file.push(*f),
+            }
+        }
+        if from_file.is_empty() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let store = self.store.borrow();
+        let index = store.index();
+        let mut staging = self.staging.borrow_mut();
+        let mut readers = self.readers.borrow_mut();
+        for round in from_file.chunks(STAGING_EXPERTS) {
+            // The staging may still be read by the previous round's copies.
+            gpu.sync().map_err(cuda_err("wait for staging"))?;
+            let mut ranges = Vec::new();
+            let mut shard = None;
+            for f in round {
+                let locs = index.expert(layer, f.expert as usize).ok_or_else(|| {
+                    ExecError::new(
+                        "read expert",
+                        format!("layer {layer} expert {} is not in the index", f.expert),
+                    )
+                })?;
+                for loc in locs {
+                    if *shard.get_or_insert(loc.shard) != loc.shard {
+                        return Err(ExecError::new(
+                            "read expert",
+                            format!("layer {layer}: expert tensors span several shards"),
+                        ));
+                    }
+                    ranges.push((loc.offset, loc.len as usize));
+                }
+            }
+            let shard = shard.unwrap_or(0);
+            let reader = match &mut readers[shard] {
+                Some(r) => r,
+                slot => {
+                    let path = index.shard_path(shard).ok_or_else(|| {
+                        ExecError::new("read expert", format!("no shard {shard}"))
+                    })?;
+                    slot.insert(
+                        DirectReader::open(path).map_err(|e| ExecError::new("read expert", e))?,
+                    )
+                }
+            };
+            let base = staging.as_slice().as_ptr() as usize;
+            let mut reqs =
+                ReadRequest::carve(staging.as_mut_slice(), &ranges).ok_or_else(|| {
+                    ExecError::new(
+                        "read expert",
+                        "the staging buffer is too small or unaligned",
+                    )
+                })?;
+            reader
+                .read_batch(&mut reqs)
+                .map_err(|e| ExecError::new("read expert", e))?;
+            // Where each matrix's bytes sit in the staging.
+            let offs: Vec<usize> = reqs
+                .iter()
+                .map(|r| r.data().as_ptr() as usize - base)
+                .collect();
+            drop(reqs);
+            for (i, f) in round.iter().enumerate() {
+                for (j, w) in mats.iter().enumerate() {
+                    gpu.copy_pinned_to_device(
+                        &staging,
+                        offs[3 * i + j],
+                        w.matrix_bytes as usize,
+                        w.buf.ptr() + f.slot as u64 * w.matrix_bytes,
+                    )
+                    .map_err(cuda_err("copy expert from staging"))?;
+                }
+            }
+        }
+        drop(store);
+        let ns = t0.elapsed().as_nanos() as u64;
+        self.store.borrow_mut().add_disk_time(ns);
+        Ok(())
+    }
+}

@@ -1,0 +1,486 @@
+//! [`ExpertStore`]: the one place that answers where a routed expert lives now (a VRAM
+//! slot, the pinned RAM copy, or only the model file) and turns a step's routing into
+//! the slot assignments and fetches an executor carries out.
+//!
+//! The store is host bookkeeping only: the executor owns the memory (VRAM slot buffers,
+//! the pinned RAM copy, staging) and does the copies; the store says which expert goes
+//! to which slot and where its bytes come from. Keeping this free of CUDA makes the
+//! policy testable on any machine.
+//!
+//! # Slots
+//!
+//! Each layer has the [`Plan`]'s number of slots of one expert each. A step's distinct
+//! experts of a layer are split into *batches* of at most that many; each batch's experts
+//! all sit in slots while the batch is computed (a decode step is always one batch:
+//! every layer has at least `top_k` slots). Within a step, experts already in a slot
+//! come first, so a prompt uses what is cached before it evicts anything.
+//!
+//! # Replacement
+//!
+//! A miss takes a free slot, else evicts the slot with the lowest score among those not
+//! holding an expert of the current batch. The score is recency plus frequency: the step
+//! of last use plus [`FREQ_WEIGHT`] × a use count that halves every [`HALF_LIFE`] steps
+//! of the layer. Routing reuse is mostly short-term (recency dominates), while an expert
+//! a layer keeps returning to survives a burst of one-off misses.
+
+use super::plan::Plan;
+use super::ExpertIndex;
+
+/// Steps of recency one unit of (decayed) use count is worth when choosing a victim.
+pub const FREQ_WEIGHT: f64 = 4.0;
+/// Layer steps after which a slot's use count has halved.
+pub const HALF_LIFE: u64 = 64;
+
+/// Where an expert's bytes are now (the fastest copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Home {
+    /// In VRAM slot `n` of its layer.
+    Slot(u32),
+    /// In the pinned RAM copy, at this byte offset of its layer's buffer
+    /// ([`ExpertStore::ram_layout`]).
+    Ram(usize),
+    /// Only in the model file ([`ExpertStore::index`] says where).
+    File,
+}
+
+/// One expert brought into a slot for a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fetch {
+    pub expert: u32,
+    pub slot: u32,
+    /// Where its bytes come from: [`Home::Ram`] or [`Home::File`].
+    pub from: Home,
+}
+
+/// Experts computed together: every one of them is in `slot_of` while the batch runs,
+/// except those left to the CPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// (expert, slot) for each expert of the batch computed in a slot.
+    pub slot_of: Vec<(u32, u32)>,
+    /// The misses among them, to copy in before the batch is computed.
+    pub fetch: Vec<Fetch>,
+    /// Misses computed by the CPU from the RAM copy instead: (expert, offset in the
+    /// layer's RAM buffer). They take no slot.
+    pub cpu: Vec<(u32, usize)>,
+}
+
+impl Batch {
+    pub fn slot(&self, expert: u32) -> Option<u32> {
+        self.slot_of
+            .iter()
+            .find(|&&(e, _)| e == expert)
+            .map(|&(_, s)| s)
+    }
+}
+
+/// Counters of where the experts of computed routes came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TierStats {
+    /// Expert uses served by a VRAM slot already holding the expert.
+    pub hits: u64,
+    /// Misses copied from the pinned RAM copy, and their bytes.
+    pub ram_misses: u64,
+    pub ram_bytes: u64,
+    /// Misses read from the model file, and their bytes.
+    pub disk_misses: u64,
+    pub disk_bytes: u64,
+    /// Misses computed by the CPU from the RAM copy (no copy to VRAM), and their bytes.
+    pub cpu_misses: u64,
+    pub cpu_bytes: u64,
+    /// Nanoseconds the host spent reading misses from the file.
+    pub disk_ns: u64,
+}
+
+impl TierStats {
+    pub fn uses(&self) -> u64 {
+        self.hits + self.ram_misses + self.disk_misses + self.cpu_misses
+    }
+    /// Share of expert uses that were already in VRAM.
+    pub fn hit_rate(&self) -> f64 {
+        match self.uses() {
+            0 => 0.0,
+            n => self.hits as f64 / n as f64,
+        }
+    }
+    pub fn minus(&self, before: &TierStats) -> TierStats {
+        TierStats {
+            hits: self.hits - before.hits,
+            ram_misses: self.ram_misses - before.ram_misses,
+            ram_bytes: self.ram_bytes - before.ram_bytes,
+            disk_misses: self.disk_misses - before.disk_misses,
+            disk_bytes: self.disk_bytes - before.disk_bytes,
+            cpu_misses: self.cpu_misses - before.cpu_misses,
+            cpu_bytes: self.cpu_bytes - before.cpu_bytes,
+            disk_ns: self.disk_ns - before.disk_ns,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SlotUse {
+    /// The expert held, or `u32::MAX` when free.
+    expert: u32,
+    last: u64,
+    count: f64,
+    /// Layer step at which `count` was last decayed.
+    at: u64,
+}
+
+const FREE: u32 = u32::MAX;
+
+/// One layer's slots.
+#[derive(Debug, Clone)]
+struct LayerSlots {
+    slots: Vec<SlotUse>,
+    /// expert → slot, or -1.
+    slot_of: Vec<i32>,
+    /// expert → the layer step it was last routed to (0: never), slot or not.
+    seen: Vec<u64>,
+    step: u64,
+}
+
+impl LayerSlots {
+    fn new(n_slots: usize, n_expert: usize) -> LayerSlots {
+        LayerSlots {
+            slots: vec![
+                SlotUse {
+                    expert: FREE,
+                    last: 0,
+                    count: 0.0,
+                    at: 0,
+                };
+                n_slots
+            ],
+            slot_of: vec![-1; n_expert],
+            seen: vec![0; n_expert],
+            step: 0,
+        }
+    }
+
+    fn decayed(&self, s: &SlotUse) -> f64 {
+        let age = self.step.saturating_sub(s.at) as f64;
+        s.count * (-(age / HALF_LIFE as f64) * std::f64::consts::LN_2).exp()
+    }
+
+    fn touch(&mut self, slot: usize) {
+        let c = self.decayed(&self.slots[slot]);
+        let s = &mut self.slots[slot];
+        s.count = c + 1.0;
+        s.at = self.step;
+        s.last = self.step;
+    }
+
+    /// The slot to reuse for a miss: a free one (lowest index), else the lowest score
+    /// among slots not in `busy`.
+    fn victim(&self, busy: &[bool]) -> Option<usize> {
+        if let Some(i) = self.slots.iter().position(|s| s.expert == FREE) {
+            return Some(i);
+        }
+        let score =
+            |i: usize| self.slots[i].last as f64 + FREQ_WEIGHT * self.decayed(&self.slots[i]);
+        (0..self.slots.len())
+            .filter(|&i| !busy[i])
+            .min_by(|&a, &b| score(a).total_cmp(&score(b)).then(a.cmp(&b)))
+    }
+}
+
+/// Residency of every routed expert of the trunk layers (see the module docs).
+#[derive(Debug, Clone)]
+pub struct ExpertStore {
+    index: ExpertIndex,
+    plan: Plan,
+    /// Per layer: expert → offset in the layer's RAM buffer.
+    ram_off: Vec<Vec<Option<usize>>>,
+    ram_bytes: Vec<usize>,
+    layers: Vec<LayerSlots>,
+    stats: TierStats,
+}
+
+impl ExpertStore {
+    /// A store with empty slots; the RAM copy holds what `plan` makes resident, each
+    /// expert's gate, up and down bytes back to back, in expert order per layer.
+    pub fn new(index: ExpertIndex, plan: Plan) -> ExpertStore {
+        let mut ram_off = Vec::with_capacity(plan.layers.len());
+        let mut ram_bytes = Vec::with_capacity(plan.layers.len());
+        for (l, lp) in plan.layers.iter().enumerate() {
+            let mut off = 0usize;
+            let row: Vec<Option<usize>> = lp
+                .resident
+                .iter()
+                .map(|&r| {
+                    r.then(|| {
+                        let o = off;
+                        off += lp.expert_bytes as usize;
+                        o
+                    })
+                })
+                .collect();
+            debug_assert_eq!(Some(lp.expert_bytes), index.expert_bytes(l));
+            ram_off.push(row);
+            ram_bytes.push(off);
+        }
+        let layers = plan
+            .layers
+            .iter()
+            .map(|lp| LayerSlots::new(lp.slots, plan.n_expert))
+            .collect();
+        ExpertStore {
+            index,
+            plan,
+            ram_off,
+            ram_bytes,
+            layers,
+            stats: TierStats::default(),
+        }
+    }
+
+    pub fn index(&self) -> &ExpertIndex {
+        &self.index
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn n_slots(&self, layer: usize) -> usize {
+        self.layers[layer].slots.len()
+    }
+
+    /// Bytes of layer `layer`'s RAM buffer.
+    pub fn ram_bytes(&self, layer: usize) -> usize {
+        self.ram_bytes[layer]
+    }
+
+    /// The experts of layer `layer` in its RAM buffer, with their offsets.
+    pub fn ram_layout(&self, layer: usize) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.ram_off[layer]
+            .iter()
+            .enumerate()
+            .filter_map(|(e, o)| o.map(|o| (e as u32, o)))
+    }
+
+    /// Where expert `expert` of layer `layer` is now.
+    pub fn home(&self, layer: usize, expert: u32) -> Home {
+        let l = &self.layers[layer];
+        match l.slot_of.get(expert as usize) {
+            Some(&s) if s >= 0 => Home::Slot(s as u32),
+            _ => match self.ram_off[layer].get(expert as usize) {
+                Some(Some(o)) => Home::Ram(*o),
+                _ => Home::File,
+            },
+        }
+    }
+
+    /// Which expert slot `slot` of `layer` holds.
+    pub fn slot_expert(&self, layer: usize, slot: u32) -> Option<u32> {
+        let e = self.layers[layer].slots.get(slot as usize)?.expert;
+        (e != FREE).then_some(e)
+    }
+
+    pub fn stats(&self) -> TierStats {
+        self.stats
+    }
+
+    /// Adds the time reading misses from the file took.
+    pub fn add_disk_time(&mut self, ns: u64) {
+        self.stats.disk_ns += ns;
+    }
+
+    /// One step of layer `layer` routed to `routes` (the experts of every token, in
+    /// any order, repeats allowed): the batches to compute, in order, with their slot
+    /// assignments and fetches. The store's slot table is updated as if the batches
+    /// run in order; the caller must issue each batch's copies after the previous
+    /// batch's computation (one stream does that by itself). Experts outside the
+    /// layer's range are an error (they would index past the slot table).
+    ///
+    /// `to_cpu(m)` is asked, when the step is one batch, how many of its `m` misses
+    /// that are in the RAM copy the CPU should compute instead of copying them to
+    /// slots (the executor's cost model); those are the ones routed to least
+    /// recently, so an expert that returns is promoted to a slot on its next miss.
+    pub fn step(
+        &mut self,
+        layer: usize,
+        routes: &[u32],
+        to_cpu: &dyn Fn(usize) -> usize,
+    ) -> Result<Vec<Batch>, String> {
+        let n_expert = self.plan.n_expert;
+        if let Some(&bad) = routes.iter().find(|&&e| e as usize >= n_expert) {
+            return Err(format!(
+                "layer {layer} routed to expert {bad}, but the model has {n_expert}"
+            ));
+        }
+        let mut uses = vec![0u32; n_expert];
+        for &e in routes {
+            uses[e as usize] += 1;
+        }
+        let slots_now = &self.layers[layer].slot_of;
+        let mut distinct: Vec<u32> = (0..n_expert as u32)
+            .filter(|&e| uses[e as usize] > 0)
+            .collect();
+        // Cached experts first, then expert order.
+        distinct.sort_by_key(|&e| (slots_now[e as usize] < 0, e));
+        let cap = self.n_slots(layer).max(1);
+        let mut out = Vec::new();
+        let bytes = self.plan.layers[layer].expert_bytes;
+        // One batch: the CPU may take some of the misses held in RAM.
+        let mut cpu = Vec::new();
+        if distinct.len() <= cap {
+            let ls = &self.layers[layer];
+            let mut ram_misses: Vec<u32> = distinct
+                .iter()
+                .copied()
+                .filter(|&e| {
+                    ls.slot_of[e as usize] < 0 && self.ram_off[layer][e as usize].is_some()
+                })
+                .collect();
+            let n = to_cpu(ram_misses.len()).min(ram_misses.len());
+            ram_misses.sort_by_key(|&e| (ls.seen[e as usize], e));
+            cpu = ram_misses[..n].to_vec();
+        }
+        distinct.retain(|e| !cpu.contains(e));
+        let ls = &mut self.layers[layer];
+        ls.step += 1;
+        let mut cpu_batch = Vec::with_capacity(cpu.len());
+        for &e in &cpu {
+            ls.seen[e as usize] = ls.step;
+            self.stats.cpu_misses += 1;
+            self.stats.cpu_bytes += bytes;
+            self.stats.hits += uses[e as usize] as u64 - 1;
+            if let Some(o) = self.ram_off[layer][e as usize] {
+                cpu_batch.push((e, o));
+            }
+        }
+        if distinct.is_empty() {
+            out.push(Batch {
+                cpu: cpu_batch,
+                ..Batch::default()
+            });
+            return Ok(out);
+        }
+        for (ci, chunk) in distinct.chunks(cap).enumerate() {
+            let ls = &mut self.layers[layer];
+            if ci > 0 {
+                ls.step += 1;
+            }
+            let mut busy = vec![false; ls.slots.len()];
+            for &e in chunk {
+                if let Ok(s) = usize::try_from(ls.slot_of[e as usize]) {
+                    busy[s] = true;
+                }
+            }
+            let mut batch = Batch::default();
+            for &e in chunk {
+                let n = uses[e as usize] as u64;
+                let slot = match usize::try_from(ls.slot_of[e as usize]) {
+                    Ok(s) => {
+                        self.stats.hits += n;
+                        s
+                    }
+                    Err(_) => {
+                        let s = ls.victim(&busy).ok_or_else(|| {
+                            format!("layer {layer}: no slot free for a batch of {}", chunk.len())
+                        })?;
+                        let old = ls.slots[s].expert;
+                        if old != FREE {
+                            ls.slot_of[old as usize] = -1;
+                        }
+                        ls.slots[s] = SlotUse {
+                            expert: e,
+                            last: ls.step,
+                            count: 0.0,
+                            at: ls.step,
+                        };
+                        ls.slot_of[e as usize] = s as i32;
+                        busy[s] = true;
+                        let from = match self.ram_off[layer][e as usize] {
+                            Some(o) => Home::Ram(o),
+                            None => Home::File,
+                        };
+                        // The first use fetches; the batch's other uses of it hit.
+                        match from {
+                            Home::Ram(_) => {
+                                self.stats.ram_misses += 1;
+                                self.stats.ram_bytes += bytes;
+                            }
+                            _ => {
+                                self.stats.disk_misses += 1;
+                                self.stats.disk_bytes += bytes;
+                            }
+                        }
+                        self.stats.hits += n - 1;
+                        batch.fetch.push(Fetch {
+                            expert: e,
+                            slot: s as u32,
+                            from,
+                        });
+                        s
+                    }
+                };
+                ls.touch(slot);
+                ls.seen[e as usize] = ls.step;
+                batch.slot_of.push((e, slot as u32));
+            }
+            if ci == 0 {
+                batch.cpu = std::mem::take(&mut cpu_batch);
+            }
+            out.push(batch);
+        }
+        Ok(out)
+    }
+
+    /// Frees the slots `fetch` was filling (a copy or read failed): their bytes never
+    /// arrived, so they must not be taken for hits later.
+    pub fn forget(&mut self, layer: usize, fetch: &[Fetch]) {
+        let ls = &mut self.layers[layer];
+        for f in fetch {
+            let Some(s) = ls.slots.get_mut(f.slot as usize) else {
+                continue;
+            };
+            if s.expert == f.expert {
+                s.expert = FREE;
+                s.count = 0.0;
+                ls.slot_of[f.expert as usize] = -1;
+            }
+        }
+    }
+
+    /// Puts experts into empty slots before the first step (in `order`: a routing
+    /// profile's most used first), returning the fetches to carry out; an expert whose
+    /// layer has no free slot left is skipped. These count as neither hits nor misses.
+    pub fn warm(&mut self, order: &[(u32, u32)]) -> Vec<(usize, Fetch)> {
+        let mut out = Vec::new();
+        for &(l, e) in order {
+            let (l, ei) = (l as usize, e as usize);
+            if l >= self.layers.len() || ei >= self.plan.n_expert {
+                continue;
+            }
+            let ls = &mut self.layers[l];
+            if ls.slot_of[ei] >= 0 {
+                continue;
+            }
+            let Some(s) = ls.slots.iter().position(|s| s.expert == FREE) else {
+                continue;
+            };
+            ls.slots[s].expert = e;
+            ls.slot_of[ei] = s as i32;
+            let from = match self.ram_off[l][ei] {
+                Some(o) => Home::Ram(o),
+                None => Home::File,
+            };
+            out.push((
+                l,
+                Fetch {
+                    expert: e,
+                    slot: s as u32,
+                    from,
+                },
+            ));
+        }
+        out
+    }
+}

@@ -1,0 +1,230 @@
+//! The expert store's slot policy (`engine::experts::ExpertStore`), on the index of a
+//! synthetic model: what a step hits, fetches and evicts, how a prompt that needs more
+//! experts than a layer has slots is split into batches, where each expert's bytes come
+//! from, and the counters. The GPU test `tiered_experts_give_the_resident_bits` checks
+//! that the executor carrying these answers out gives the resident executor's bits.
+
+use engine::experts::{plan, Batch, ExpertIndex, ExpertStore, Home, PlanRequest};
+use gguf::GgufFile;
+use model::geometry::Geometry;
+use model::synth::{synthesize, Preset, SynthOptions};
+use model::{Arch, ModelConfig};
+use std::collections::HashSet;
+
+/// A store for tiny-qwen35moe with `extra` slots per layer above top-k and the even
+/// experts of every layer in RAM.
+fn store(extra: u64) -> (ExpertStore, usize, usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let g = Geometry::by_name(Some(Arch::Qwen35Moe), "tiny").expect("geometry");
+    let path = dir.path().join("m.gguf");
+    synthesize(
+        &path,
+        &g,
+        &SynthOptions {
+            preset: Preset::Q4KM,
+            seed: 5,
+            sync: false,
+        },
+        &|_, _| {},
+    )
+    .expect("synthesize");
+    let file = GgufFile::open(&path).expect("open");
+    let cfg = ModelConfig::from_gguf(&file).expect("config");
+    let index = ExpertIndex::build(&file, &cfg).expect("index");
+    let k = cfg.n_expert_used;
+    let bytes = index.trunk_expert_bytes();
+    let vram: u64 = bytes.iter().map(|b| b * (k as u64 + extra)).sum();
+    let req = PlanRequest {
+        expert_bytes: bytes.clone(),
+        n_expert: cfg.n_expert,
+        top_k: k,
+        vram_budget: vram,
+        ram_budget: bytes.iter().sum::<u64>() * cfg.n_expert as u64 / 2,
+        mem_available: None,
+    };
+    let mut p = plan(&req, None).expect("plan");
+    // RAM: the even experts of every layer, whatever the planner's order.
+    for l in &mut p.layers {
+        for (e, r) in l.resident.iter_mut().enumerate() {
+            *r = e % 2 == 0;
+        }
+    }
+    (ExpertStore::new(index, p), k, cfg.n_expert)
+}
+
+/// Every expert of the batch is where the batch says, and the store agrees.
+fn check_batch(s: &ExpertStore, layer: usize, b: &Batch) {
+    let slots: HashSet<u32> = b.slot_of.iter().map(|&(_, s)| s).collect();
+    assert_eq!(slots.len(), b.slot_of.len(), "two experts share a slot");
+    for &(e, slot) in &b.slot_of {
+        assert_eq!(s.home(layer, e), Home::Slot(slot));
+        assert_eq!(s.slot_expert(layer, slot), Some(e));
+    }
+    for f in &b.fetch {
+        assert_eq!(b.slot(f.expert), Some(f.slot));
+        let want = if f.expert % 2 == 0 {
+            matches!(f.from, Home::Ram(_))
+        } else {
+            f.from == Home::File
+        };
+        assert!(want, "expert {} fetched from {:?}", f.expert, f.from);
+    }
+}
+
+#[test]
+fn a_step_hits_what_is_cached_and_evicts_only_outside_its_batch() {
+    let (mut s, k, n) = store(2);
+    assert_eq!(s.n_slots(0), k + 2);
+    let first: Vec<u32> = (0..k as u32).collect();
+    let b = s.step(0, &first, &|_| 0).expect("step");
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].fetch.len(), k, "a cold step fetches every expert");
+    check_batch(&s, 0, &b[0]);
+    assert_eq!(s.stats().hits, 0);
+    let again = s.step(0, &first, &|_| 0).expect("step");
+    assert!(again[0].fetch.is_empty(), "the same routing hits");
+    assert_eq!(s.stats().hits, k as u64);
+    // Half new experts: the kept half hits, the new half misses and may not evict it.
+    let mixed: Vec<u32> = (k as u32 / 2..k as u32 / 2 + k as u32)
+        .map(|e| e % n as u32)
+        .collect();
+    let b = s.step(0, &mixed, &|_| 0).expect("step");
+    check_batch(&s, 0, &b[0]);
+    let fetched: HashSet<u32> = b[0].fetch.iter().map(|f| f.expert).collect();
+    for e in &mixed {
+        assert_eq!(fetched.contains(e), !first.contains(e), "expert {e}");
+    }
+    // Other layers are untouched.
+    assert_eq!(s.home(1, 0), Home::Ram(0));
+    assert_eq!(s.home(1, 1), Home::File);
+}
+
+#[test]
+fn the_least_recently_used_expert_is_evicted_first() {
+    let (mut s, k, _) = store(1);
+    // k + 1 slots: fill them with experts 0..=k (the step of 0..k, then k).
+    s.step(0, &(0..k as u32).collect::<Vec<_>>(), &|_| 0)
+        .expect("step");
+    s.step(0, &(1..=k as u32).collect::<Vec<_>>(), &|_| 0)
+        .expect("step");
+    // 0 was used once, long ago; 1..=k just now: a new expert takes 0's slot.
+    let slot0 = match s.home(0, 0) {
+        Home::Slot(x) => x,
+        h => panic!("expert 0 not cached: {h:?}"),
+    };
+    let b = s.step(0, &[k as u32 + 1], &|_| 0).expect("step");
+    assert_eq!(b[0].fetch.len(), 1);
+    assert_eq!(b[0].fetch[0].slot, slot0);
+    assert!(!matches!(s.home(0, 0), Home::Slot(_)));
+}
+
+#[test]
+fn a_prompt_needing_more_experts_than_slots_runs_in_batches() {
+    let (mut s, k, n) = store(0);
+    s.step(0, &[3], &|_| 0).expect("step");
+    // Every expert, several times over (a prompt of n tokens with k routes each).
+    let routes: Vec<u32> = (0..n * k).map(|i| ((i * 7) % n) as u32).collect();
+    let before = s.stats();
+    let batches = s.step(0, &routes, &|_| 0).expect("step");
+    assert_eq!(batches.len(), n.div_ceil(k));
+    // The cached expert comes first, so it is used before anything evicts it.
+    assert!(batches[0].slot(3).is_some() && batches[0].fetch.iter().all(|f| f.expert != 3));
+    let mut seen = HashSet::new();
+    for b in &batches {
+        assert!(b.slot_of.len() <= k);
+        for &(e, _) in &b.slot_of {
+            assert!(seen.insert(e), "expert {e} in two batches");
+        }
+    }
+    assert_eq!(seen.len(), n);
+    let d = s.stats().minus(&before);
+    assert_eq!(d.uses(), routes.len() as u64, "every route is counted once");
+    assert_eq!(d.ram_misses + d.disk_misses, n as u64 - 1);
+    // Expert 3 (odd: a file expert) hit; the n/2 even ones came from RAM.
+    assert_eq!(d.ram_misses, n as u64 / 2);
+    assert_eq!(d.disk_misses, n as u64 / 2 - 1);
+    let eb = s.plan().layers[0].expert_bytes;
+    assert_eq!(d.ram_bytes, d.ram_misses * eb);
+    assert_eq!(d.disk_bytes, d.disk_misses * eb);
+}
+
+#[test]
+fn a_routed_expert_out_of_range_is_an_error() {
+    let (mut s, _, n) = store(0);
+    let e = s.step(2, &[0, n as u32], &|_| 0).unwrap_err();
+    assert!(
+        e.contains(&format!("expert {n}")) && e.contains("layer 2"),
+        "{e}"
+    );
+}
+
+#[test]
+fn warming_fills_free_slots_only() {
+    let (mut s, k, n) = store(1);
+    let order: Vec<(u32, u32)> = (0..n as u32).map(|e| (0, e)).collect();
+    let f = s.warm(&order);
+    assert_eq!(f.len(), k + 1, "layer 0 has k + 1 slots");
+    assert!(f.iter().all(|(l, _)| *l == 0));
+    for (e, (_, fe)) in f.iter().enumerate() {
+        assert_eq!(fe.expert, e as u32);
+        assert_eq!(s.home(0, e as u32), Home::Slot(fe.slot));
+    }
+    assert_eq!(s.stats().uses(), 0, "warming is neither a hit nor a miss");
+    let b = s.step(0, &[0], &|_| 0).expect("step");
+    assert!(b[0].fetch.is_empty());
+}
+
+#[test]
+fn the_cpu_takes_ram_misses_seen_least_recently_and_no_slot() {
+    let (mut s, k, _) = store(0);
+    // Expert 2 was routed to before (and evicted since); 4 and 6 never were.
+    s.step(0, &[2], &|_| 0).expect("step");
+    let others: Vec<u32> = (10..10 + k as u32).collect();
+    s.step(0, &others, &|_| 0).expect("step");
+    assert!(!matches!(s.home(0, 2), Home::Slot(_)));
+    let before = s.stats();
+    // 2, 4, 6 are in RAM (even), 7 only in the file; the CPU may take two.
+    let b = s.step(0, &[2, 4, 6, 7], &|m| {
+        assert_eq!(m, 3, "three misses are in RAM");
+        2
+    });
+    let b = b.expect("step");
+    assert_eq!(b.len(), 1);
+    let cpu: Vec<u32> = b[0].cpu.iter().map(|&(e, _)| e).collect();
+    assert_eq!(cpu, vec![4, 6], "the never-seen experts go to the CPU");
+    for &(e, off) in &b[0].cpu {
+        assert_eq!(s.home(0, e), Home::Ram(off), "a CPU expert takes no slot");
+    }
+    let fetched: Vec<u32> = b[0].fetch.iter().map(|f| f.expert).collect();
+    assert_eq!(fetched, vec![2, 7]);
+    check_batch(&s, 0, &b[0]);
+    let d = s.stats().minus(&before);
+    assert_eq!((d.cpu_misses, d.ram_misses, d.disk_misses), (2, 1, 1));
+    assert_eq!(d.cpu_bytes, 2 * s.plan().layers[0].expert_bytes);
+    // Seen now: on its next miss 4 goes to a slot before a never-seen expert.
+    s.step(0, &others, &|_| 0).expect("step");
+    let b = s.step(0, &[4, 8], &|_| 1).expect("step");
+    assert_eq!(
+        b[0].cpu.iter().map(|&(e, _)| e).collect::<Vec<_>>(),
+        vec![8]
+    );
+}
+
+#[test]
+fn a_failed_fetch_leaves_no_slot_behind() {
+    let (mut s, k, _) = store(0);
+    let b = s
+        .step(0, &(0..k as u32).collect::<Vec<_>>(), &|_| 0)
+        .expect("step");
+    // The copies of the first two failed: those experts must miss again.
+    s.forget(0, &b[0].fetch[..2]);
+    for f in &b[0].fetch[..2] {
+        assert!(!matches!(s.home(0, f.expert), Home::Slot(_)));
+        assert_eq!(s.slot_expert(0, f.slot), None);
+    }
+    let again = s
+        .step(0, &(0..k as u32).collect::<Vec<_>>(), &|_| 0)
+        .expect("step");
+    let refetched: Vec<u32> = again[0].fetch.iter().map(|f| f.expert).collect();
+    assert_eq!(refetched, vec![b[0].fetch[0].expert, b[0].fetch[1].expert]);
+}
