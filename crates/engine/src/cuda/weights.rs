@@ -154,6 +154,23 @@ pub(crate) fn routed_expert_bytes(w: &ModelWeights) -> u64 {
         .sum()
 }
 
+/// The GPU kernels read rows in 32-value groups (the activation's quantization
+/// blocks): a row of another width is refused at load by tensor name, before anything
+/// runs (the CPU executor runs it).
+fn check_width(w: &Weight) -> Result<(), ExecError> {
+    let n = w.row_len();
+    if n == 0 || !n.is_multiple_of(32) {
+        return Err(ExecError::new(
+            "upload weights",
+            format!(
+                "{}: rows of {n} values are not a multiple of 32, which the CUDA kernels need; run this model on the CPU (--device cpu)",
+                w.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
 struct Uploader<'a> {
     gpu: &'a Gpu,
     done: u64,
@@ -162,6 +179,7 @@ struct Uploader<'a> {
 
 impl Uploader<'_> {
     fn weight(&mut self, w: &Weight) -> Result<DevWeight, ExecError> {
+        check_width(w)?;
         let bytes = w.bytes();
         let buf = self
             .gpu
@@ -183,6 +201,7 @@ impl Uploader<'_> {
 
     /// Room for `n` matrices of the expert tensor `w` (VRAM slots), not filled.
     fn slots(&mut self, w: &Weight, n: usize) -> Result<DevWeight, ExecError> {
+        check_width(w)?;
         let n_rows = w.n_rows();
         let row_bytes = w.row_bytes();
         let matrix_bytes = (n_rows * row_bytes) as u64;
