@@ -22,6 +22,21 @@ pub(crate) struct DevWeight {
     pub matrix_bytes: u64,
 }
 
+impl DevWeight {
+    /// `w`'s shape and type over `buf` (its bytes, or slots of its matrices).
+    fn new(w: &Weight, buf: DevBuf<u8>) -> DevWeight {
+        let (n_rows, row_bytes) = (w.n_rows(), w.row_bytes());
+        DevWeight {
+            buf,
+            ty: w.ty,
+            row_bytes: row_bytes as u64,
+            n_rows,
+            n_cols: w.row_len(),
+            matrix_bytes: (n_rows * row_bytes) as u64,
+        }
+    }
+}
+
 pub(crate) struct AttnDev {
     pub q: DevWeight,
     pub k: DevWeight,
@@ -187,36 +202,17 @@ impl Uploader<'_> {
             .map_err(cuda_err("upload weights"))?;
         self.done += bytes.len() as u64;
         (self.progress)(self.done);
-        let n_rows = w.n_rows();
-        let row_bytes = w.row_bytes();
-        Ok(DevWeight {
-            buf,
-            ty: w.ty,
-            row_bytes: row_bytes as u64,
-            n_rows,
-            n_cols: w.row_len(),
-            matrix_bytes: (n_rows * row_bytes) as u64,
-        })
+        Ok(DevWeight::new(w, buf))
     }
 
     /// Room for `n` matrices of the expert tensor `w` (VRAM slots), not filled.
     fn slots(&mut self, w: &Weight, n: usize) -> Result<DevWeight, ExecError> {
         check_width(w)?;
-        let n_rows = w.n_rows();
-        let row_bytes = w.row_bytes();
-        let matrix_bytes = (n_rows * row_bytes) as u64;
         let buf = self
             .gpu
-            .alloc::<u8>(n * matrix_bytes as usize, &w.name)
+            .alloc::<u8>(n * w.n_rows() * w.row_bytes(), &w.name)
             .map_err(cuda_err("allocate expert slots"))?;
-        Ok(DevWeight {
-            buf,
-            ty: w.ty,
-            row_bytes: row_bytes as u64,
-            n_rows,
-            n_cols: w.row_len(),
-            matrix_bytes,
-        })
+        Ok(DevWeight::new(w, buf))
     }
 
     fn f32s(&mut self, v: &[f32], what: &str) -> Result<DevBuf<f32>, ExecError> {
