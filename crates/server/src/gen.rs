@@ -1,11 +1,15 @@
 //! What every generation route shares: rendering the prompt, submitting the job,
 //! reading its output back as structured pieces, the `usage`/`timings` objects, and
-//! the SSE plumbing (a task that writes frames into the response body; when the client
-//! leaves, the body is dropped, the task ends, and the worker stops the request).
+//! the SSE plumbing: a task writes frames into the response body, and a keep-alive
+//! (Anthropic `ping` event, SSE comment on OpenAI routes) goes out whenever nothing
+//! else has for [`Core::keepalive`] — while the request waits in the queue or its
+//! prompt is read, which takes minutes for an agent's prompt on a CPU. A client that
+//! left makes a write fail, hyper drops the body, the task is dropped with it, and the
+//! worker stops the request at its next prompt piece or token.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
@@ -14,6 +18,7 @@ use engine::{GenerateRequest, Timings};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use crate::access::RequestLog;
 use crate::error::ApiError;
 use crate::output::{OutputParser, Piece};
 use crate::params::{GenParams, Thinking};
@@ -33,7 +38,14 @@ pub struct Core {
     pub close_tokens: Vec<u32>,
     /// Just `</think>` and a blank line: for budgets too small for the sentence.
     pub close_short: Vec<u32>,
+    /// A stream that has sent nothing for this long gets a keep-alive.
+    pub keepalive: Duration,
 }
+
+/// How long a stream may stay silent before a keep-alive: well inside the idle
+/// watchdogs of agent clients (Claude Code's is 300 s or more), and short enough that
+/// a client that left is noticed within seconds (the write fails).
+pub const KEEPALIVE: Duration = Duration::from_secs(5);
 
 pub fn now_unix() -> u64 {
     SystemTime::now()
@@ -72,15 +84,19 @@ pub fn render_chat(
     if let Some(e) = &thinking.effort {
         extra.entry("reasoning_effort").or_insert_with(|| json!(e));
     }
-    let text = core
-        .renderer
-        .render(
-            &conv.messages,
-            conv.tools.as_ref(),
-            thinking.enabled,
-            &extra,
-        )
-        .map_err(|e| ApiError::field(field, format!("{field}: the chat template failed: {e}")))?;
+    let render = |messages: &[Value]| {
+        core.renderer
+            .render(messages, conv.tools.as_ref(), thinking.enabled, &extra)
+    };
+    // A system turn after the first message stays in place where the template renders
+    // it (Qwen3, ChatML); a template that refuses it (Qwen3.5 accepts a system message
+    // only first) gets it folded into the leading system message.
+    let text = match render(&conv.messages) {
+        Ok(t) => Ok(t),
+        Err(_) if conv.has_later_system() => render(&conv.folded()),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| ApiError::field(field, format!("{field}: the chat template failed: {e}")))?;
     // What the template did decides, not what was asked: a template that ignores
     // `enable_thinking` still leaves the model inside its think block.
     let open = ends_in_open_think(&text);
@@ -98,6 +114,8 @@ pub struct Generation {
     parser: Option<OutputParser>,
     pending: std::collections::VecDeque<Step>,
     done: bool,
+    /// The request's log record: told of the first output, the end, a failure.
+    log: RequestLog,
 }
 
 /// What a route gets from [`Generation::next`].
@@ -118,24 +136,32 @@ impl Generation {
                 return None;
             }
             match self.rx.recv().await {
-                Some(Event::Text(t)) => match &mut self.parser {
-                    Some(p) => self.pending.extend(p.push(&t).into_iter().map(Step::Piece)),
-                    None => self.pending.push_back(Step::Piece(Piece::Content(t))),
-                },
+                Some(Event::Text(t)) => {
+                    if self.pending.is_empty() {
+                        self.log.output_started();
+                    }
+                    match &mut self.parser {
+                        Some(p) => self.pending.extend(p.push(&t).into_iter().map(Step::Piece)),
+                        None => self.pending.push_back(Step::Piece(Piece::Content(t))),
+                    }
+                }
                 Some(Event::Done(f)) => {
                     if let Some(p) = &mut self.parser {
                         self.pending.extend(p.finish().into_iter().map(Step::Piece));
                     }
+                    self.log.finished(&f);
                     self.pending.push_back(Step::Done(f));
                     self.done = true;
                 }
                 Some(Event::Failed(e)) => {
+                    self.log.failed(&e);
                     self.pending.push_back(Step::Failed(e));
                     self.done = true;
                 }
                 None => {
-                    self.pending
-                        .push_back(Step::Failed("the engine worker stopped".into()));
+                    let e = "the engine worker stopped";
+                    self.log.failed(e);
+                    self.pending.push_back(Step::Failed(e.into()));
                     self.done = true;
                 }
             }
@@ -156,6 +182,7 @@ pub struct OutputMode<'a> {
 pub fn start(
     state: &AppState,
     route: &str,
+    log: &RequestLog,
     prompt: Vec<u32>,
     params: &GenParams,
     mode: OutputMode<'_>,
@@ -201,6 +228,7 @@ pub fn start(
         ThinkPlan::default()
     };
     let id = state.next_request_id();
+    log.queued(prompt.len());
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         id,
@@ -229,6 +257,7 @@ pub fn start(
         parser,
         pending: Default::default(),
         done: false,
+        log: log.clone(),
     })
 }
 
@@ -308,15 +337,65 @@ impl Sink {
     }
 }
 
-/// An SSE response whose frames come from `task`.
-pub fn sse_response<F, Fut>(task: F) -> Response
+/// What a silent stream sends, and after how long.
+#[derive(Clone)]
+pub struct KeepAlive {
+    pub every: Duration,
+    pub frame: Bytes,
+}
+
+impl KeepAlive {
+    /// Anthropic's `ping` event (clients read it anywhere in a stream).
+    pub fn anthropic(state: &AppState) -> KeepAlive {
+        KeepAlive {
+            every: keepalive_every(state),
+            frame: Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
+        }
+    }
+
+    /// An SSE comment, which every SSE parser skips (OpenAI routes).
+    pub fn openai(state: &AppState) -> KeepAlive {
+        KeepAlive {
+            every: keepalive_every(state),
+            frame: Bytes::from_static(b": keep-alive\n\n"),
+        }
+    }
+}
+
+fn keepalive_every(state: &AppState) -> Duration {
+    state
+        .core
+        .as_ref()
+        .map(|c| c.keepalive)
+        .unwrap_or(KEEPALIVE)
+}
+
+/// An SSE response whose frames come from `task`, with `keepalive` frames whenever
+/// the task has sent nothing for a while. The task is dropped as soon as the client
+/// has gone (hyper dropped the body), even while it waits for the engine: that drops
+/// its `Generation`, and the worker stops the request.
+pub fn sse_response<F, Fut>(keepalive: KeepAlive, task: F) -> Response
 where
     F: FnOnce(Sink) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
-    tokio::spawn(task(Sink(tx)));
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let watch = tx.clone();
+    let task = task(Sink(tx));
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = task => {}
+            _ = watch.closed() => {}
+        }
+    });
+    let frames = futures::stream::unfold((rx, keepalive), |(mut rx, ka)| async move {
+        match tokio::time::timeout(ka.every, rx.recv()).await {
+            Ok(Some(frame)) => Some((frame, (rx, ka))),
+            Ok(None) => None,
+            Err(_) => Some((Ok(ka.frame.clone()), (rx, ka))),
+        }
+    });
+    let body = Body::from_stream(frames);
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")

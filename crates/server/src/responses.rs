@@ -16,10 +16,11 @@ use axum::Json;
 use engine::FinishReason;
 use serde_json::{json, Map, Value};
 
+use crate::access::RequestLog;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
     collect, core, event_frame, json_body, now_unix, render_chat, sse_response, start,
-    timings_json, unique_suffix, OutputMode, Sink, Step,
+    timings_json, unique_suffix, KeepAlive, OutputMode, Sink, Step,
 };
 use crate::output::Piece;
 use crate::params::{self, GenParams};
@@ -182,14 +183,18 @@ fn parse(
     ))
 }
 
-pub async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    match inner(state, &body).await {
+pub async fn responses(
+    State(state): State<Arc<AppState>>,
+    log: RequestLog,
+    body: Bytes,
+) -> Response {
+    match inner(state, log, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, RouteError> {
+async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Response, RouteError> {
     let body = json_body(body).map_err(oa)?;
     let (conv, p, summary) = parse(&state, &body).map_err(oa)?;
     let (tokens, open) =
@@ -197,6 +202,7 @@ async fn inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, RouteError
     let gen = start(
         &state,
         "/v1/responses",
+        &log,
         tokens,
         &p,
         OutputMode {
@@ -254,19 +260,22 @@ async fn inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, RouteError
         }
         return Ok(Json(env.response(status, output, Some(&f))).into_response());
     }
-    Ok(sse_response(move |sink| async move {
-        let mut s = Streamer {
-            sink,
-            seq: 0,
-            env,
-            suffix,
-            with_summary,
-            output: Vec::new(),
-            open: None,
-            text: String::new(),
-        };
-        let _ = s.run(gen).await;
-    }))
+    Ok(sse_response(
+        KeepAlive::openai(&state),
+        move |sink| async move {
+            let mut s = Streamer {
+                sink,
+                seq: 0,
+                env,
+                suffix,
+                with_summary,
+                output: Vec::new(),
+                open: None,
+                text: String::new(),
+            };
+            let _ = s.run(gen).await;
+        },
+    ))
 }
 
 /// The item being streamed.
