@@ -143,30 +143,33 @@ def sse(event, data):
 
 
 def canned_anthropic(body, name, args):
+    """(content type, head, tail) of an answer calling `name`: a stream's head goes out
+    at once, its tail after the server's own answer ended (keep-alives in between)."""
     model = body.get("model", "model")
     msg_id, call_id = "msg_canned1", "toolu_canned1"
     usage = {"input_tokens": 1, "output_tokens": 1}
     if not body.get("stream"):
-        return "application/json", json.dumps({
+        return "application/json", b"", json.dumps({
             "id": msg_id, "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "tool_use", "id": call_id, "name": name, "input": args}],
             "stop_reason": "tool_use", "stop_sequence": None, "usage": usage,
         }).encode()
-    out = sse("message_start", {"type": "message_start", "message": {
+    head = sse("message_start", {"type": "message_start", "message": {
         "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": usage}})
-    out += sse("content_block_start", {"type": "content_block_start", "index": 0,
+    tail = sse("content_block_start", {"type": "content_block_start", "index": 0,
                "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}}})
-    out += sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-               "delta": {"type": "input_json_delta", "partial_json": json.dumps(args)}})
-    out += sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-    out += sse("message_delta", {"type": "message_delta",
-               "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": usage})
-    out += sse("message_stop", {"type": "message_stop"})
-    return "text/event-stream", out
+    tail += sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": json.dumps(args)}})
+    tail += sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+    tail += sse("message_delta", {"type": "message_delta",
+                "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": usage})
+    tail += sse("message_stop", {"type": "message_stop"})
+    return "text/event-stream", head, tail
 
 
 def canned_responses(body, name, args):
+    """As `canned_anthropic`, for the Responses API."""
     item = {"type": "function_call", "id": "fc_canned1", "call_id": "call_canned1",
             "name": name, "arguments": json.dumps(args), "status": "completed"}
     usage = {"input_tokens": 1, "input_tokens_details": {"cached_tokens": 0},
@@ -176,21 +179,27 @@ def canned_responses(body, name, args):
             "status": "completed", "model": body.get("model", "model"), "output": [item],
             "usage": usage, "error": None, "incomplete_details": None}
     if not body.get("stream"):
-        return "application/json", json.dumps(resp).encode()
+        return "application/json", b"", json.dumps(resp).encode()
     seq = iter(range(100))
 
     def ev(kind, data):
         return sse(kind, dict(data, type=kind, sequence_number=next(seq)))
 
     started = dict(resp, status="in_progress", output=[], usage=None)
-    out = ev("response.created", {"response": started})
-    out += ev("response.in_progress", {"response": started})
-    out += ev("response.output_item.added", {"output_index": 0, "item": dict(item, arguments="", status="in_progress")})
-    out += ev("response.function_call_arguments.delta", {"item_id": item["id"], "output_index": 0, "delta": item["arguments"]})
-    out += ev("response.function_call_arguments.done", {"item_id": item["id"], "output_index": 0, "arguments": item["arguments"]})
-    out += ev("response.output_item.done", {"output_index": 0, "item": item})
-    out += ev("response.completed", {"response": resp})
-    return "text/event-stream", out
+    head = ev("response.created", {"response": started})
+    head += ev("response.in_progress", {"response": started})
+    tail = ev("response.output_item.added", {"output_index": 0, "item": dict(item, arguments="", status="in_progress")})
+    tail += ev("response.function_call_arguments.delta", {"item_id": item["id"], "output_index": 0, "delta": item["arguments"]})
+    tail += ev("response.function_call_arguments.done", {"item_id": item["id"], "output_index": 0, "arguments": item["arguments"]})
+    tail += ev("response.output_item.done", {"output_index": 0, "item": item})
+    tail += ev("response.completed", {"response": resp})
+    return "text/event-stream", head, tail
+
+
+# What the client is sent while the server's own answer to a canned turn runs: the
+# client's idle watchdog must see the stream alive, as it would without the proxy.
+KEEPALIVE = {"/v1/messages": b'event: ping\ndata: {"type": "ping"}\n\n'}
+KEEPALIVE_DEFAULT = b": keep-alive\n\n"
 
 
 CACHE_N = re.compile(rb'"cache_n":\s*(\d+)')
@@ -276,6 +285,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             rec["status"] = resp.status
             if canned is not None:
                 # The server answers this turn as any other; the client gets the call.
+                rec["status"] = resp.status
+                if rec["stream"] and resp.status // 100 == 2:
+                    self.canned_stream(resp, rec, path, body, canned)
+                    return
                 upstream = resp.read()
                 note_timings(rec, upstream)
                 rec["upstream_ended"] = (not rec["stream"]) or stream_ended(path, upstream)
@@ -286,9 +299,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     self.reply(resp.status, resp.getheader("content-type", "application/json"), upstream)
                 else:
                     shape = canned_anthropic if path == "/v1/messages" else canned_responses
-                    ctype, data = shape(body, *canned)
+                    ctype, head, tail = shape(body, *canned)
                     rec["canned_call"] = {"name": canned[0], "arguments": canned[1]}
-                    self.reply(200, ctype, data)
+                    self.reply(200, ctype, head + tail)
             else:
                 self.pipe(resp, rec, path)
         except (BrokenPipeError, ConnectionResetError):
@@ -297,6 +310,34 @@ class Handler(http.server.BaseHTTPRequestHandler):
             conn.close()
             rec["seconds"] = round(time.time() - started, 3)
             p.record(rec)
+
+    def chunk(self, data):
+        """One piece of a chunked body (empty: the end)."""
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def canned_stream(self, resp, rec, path, body, canned):
+        """Streams the canned call: its head at once, a keep-alive for every piece of
+        the server's answer while that runs, then its tail."""
+        shape = canned_anthropic if path == "/v1/messages" else canned_responses
+        ctype, head, tail = shape(body, *canned)
+        rec["canned_call"] = {"name": canned[0], "arguments": canned[1]}
+        self.send_response(200)
+        self.send_header("content-type", ctype)
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        self.chunk(head)
+        seen = bytearray()
+        while True:
+            piece = resp.read1(65536)
+            if not piece:
+                break
+            seen.extend(piece)
+            self.chunk(KEEPALIVE.get(path, KEEPALIVE_DEFAULT))
+        note_timings(rec, bytes(seen))
+        rec["upstream_ended"] = stream_ended(path, bytes(seen))
+        self.chunk(tail)
+        self.chunk(b"")
 
     def reply(self, status, ctype, data):
         self.send_response(status)
@@ -325,10 +366,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 break
             if len(seen) < (8 << 20):
                 seen.extend(chunk)
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            self.wfile.flush()
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+            self.chunk(chunk)
+        self.chunk(b"")
         note_timings(rec, bytes(seen))
         if rec.get("stream"):
             rec["upstream_ended"] = stream_ended(path, bytes(seen))

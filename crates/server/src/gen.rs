@@ -116,6 +116,7 @@ pub struct Generation {
     done: bool,
     /// The request's log record: told of the first output, the end, a failure.
     log: RequestLog,
+    output_started: bool,
 }
 
 /// What a route gets from [`Generation::next`].
@@ -137,7 +138,8 @@ impl Generation {
             }
             match self.rx.recv().await {
                 Some(Event::Text(t)) => {
-                    if self.pending.is_empty() {
+                    if !self.output_started {
+                        self.output_started = true;
                         self.log.output_started();
                     }
                     match &mut self.parser {
@@ -258,6 +260,7 @@ pub fn start(
         pending: Default::default(),
         done: false,
         log: log.clone(),
+        output_started: false,
     })
 }
 
