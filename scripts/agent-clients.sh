@@ -176,7 +176,8 @@ if [ -z "$ONLY" ] || [ "$ONLY" = codex ]; then
         -c model_provider=scoria -c model_providers.scoria.name=scoria
         -c "model_providers.scoria.base_url=$PROXY_URL/v1"
         -c model_providers.scoria.env_key=SCORIA_API_KEY
-        -c model_providers.scoria.wire_api=responses)
+        -c model_providers.scoria.wire_api=responses
+        -c analytics.enabled=false -c check_for_update_on_startup=false)
   [ "$FULL" = 1 ] || args+=(-c "model_instructions_file=$D/instructions.md" -c web_search=disabled
         --disable multi_agent --disable goals --disable skill_search --disable apps
         --disable image_generation)

@@ -26,12 +26,30 @@ use crate::worker::Finished;
 use crate::AppState;
 
 /// Where finished log lines go: `tracing` (target `scoria::access`) in the server,
-/// a collector in tests.
-pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
+/// a collector in tests. The flag marks a routine poll (see [`is_poll`]).
+pub type LogSink = Arc<dyn Fn(&str, bool) + Send + Sync>;
 
-/// The default sink: an `info` event on target `scoria::access` (stderr in `scoria serve`).
+/// The default sink: an `info` event on target `scoria::access` (stderr in `scoria
+/// serve`); routine polls at `debug`, so a stats page or a health probe polling every
+/// second does not bury the requests (`SCORIA_LOG=scoria::access=debug` shows them).
 pub fn tracing_sink() -> LogSink {
-    Arc::new(|line: &str| tracing::info!(target: "scoria::access", "{line}"))
+    Arc::new(|line: &str, poll: bool| {
+        if poll {
+            tracing::debug!(target: "scoria::access", "{line}");
+        } else {
+            tracing::info!(target: "scoria::access", "{line}");
+        }
+    })
+}
+
+/// A successful read of an operations endpoint that monitors poll.
+fn is_poll(method: &Method, path: &str, status: Option<StatusCode>) -> bool {
+    (method == Method::GET || method == Method::HEAD)
+        && status.is_some_and(|s| s.is_success())
+        && matches!(
+            path,
+            "/" | "/health" | "/metrics" | "/stats.json" | "/slots" | "/props"
+        )
 }
 
 /// What a route learned about its request; shared with the request's [`Line`].
@@ -155,7 +173,7 @@ impl Line {
 impl Drop for Line {
     fn drop(&mut self) {
         let line = self.text();
-        (self.sink)(&line);
+        (self.sink)(&line, is_poll(&self.method, &self.path, self.status));
     }
 }
 

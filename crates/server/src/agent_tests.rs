@@ -123,8 +123,9 @@ async fn start_server(
             "test-model".into(),
         )
         .with_core(core)
-        .with_access_log(Arc::new(move |l: &str| {
-            sink_lines.lock().unwrap().push(l.to_string())
+        .with_access_log(Arc::new(move |l: &str, poll: bool| {
+            let tag = if poll { "[poll] " } else { "" };
+            sink_lines.lock().unwrap().push(format!("{tag}{l}"))
         })),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -610,8 +611,11 @@ async fn every_request_is_logged_once_and_errors_are_counted() {
         Some(1.0),
         "{text}"
     );
-    // One line per request: the five above (and the /metrics call, once its body ended).
+    // One line per request: the five above, and the /metrics call, marked as a poll.
+    let l = s.line_with(&["GET /metrics 200"]).await;
+    assert!(l.starts_with("[poll] "), "{l}");
     let lines = s.lines.lock().unwrap().clone();
     let api: Vec<&String> = lines.iter().filter(|l| !l.contains("/metrics")).collect();
     assert_eq!(api.len(), 5, "{lines:#?}");
+    assert!(api.iter().all(|l| !l.starts_with("[poll]")), "{api:#?}");
 }
