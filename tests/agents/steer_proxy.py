@@ -142,64 +142,94 @@ def sse(event, data):
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def canned_anthropic(body, name, args):
-    """(content type, head, tail) of an answer calling `name`: a stream's head goes out
-    at once, its tail after the server's own answer ended (keep-alives in between)."""
-    model = body.get("model", "model")
-    msg_id, call_id = "msg_canned1", "toolu_canned1"
-    usage = {"input_tokens": 1, "output_tokens": 1}
-    if not body.get("stream"):
-        return "application/json", b"", json.dumps({
-            "id": msg_id, "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "tool_use", "id": call_id, "name": name, "input": args}],
-            "stop_reason": "tool_use", "stop_sequence": None, "usage": usage,
-        }).encode()
-    head = sse("message_start", {"type": "message_start", "message": {
-        "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": usage}})
-    tail = sse("content_block_start", {"type": "content_block_start", "index": 0,
-               "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}}})
-    tail += sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                "delta": {"type": "input_json_delta", "partial_json": json.dumps(args)}})
-    tail += sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-    tail += sse("message_delta", {"type": "message_delta",
-                "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": usage})
-    tail += sse("message_stop", {"type": "message_stop"})
-    return "text/event-stream", head, tail
+class Canned:
+    """An answer calling tool `name` with `args`, in the route's own shape. A stream is
+    sent as head (at once), keep-alives (one per piece of the server's own answer, while
+    that runs), and tail: the client's idle watchdog counts events its SDK yields, so a
+    keep-alive is an empty text delta (Anthropic) or `response.in_progress` (Responses),
+    as the server itself sends."""
 
+    def __init__(self, path, body, name, args):
+        self.anthropic = path == "/v1/messages"
+        self.stream = bool(body.get("stream"))
+        self.model = body.get("model", "model")
+        self.name, self.args = name, args
+        self.seq = 0
 
-def canned_responses(body, name, args):
-    """As `canned_anthropic`, for the Responses API."""
-    item = {"type": "function_call", "id": "fc_canned1", "call_id": "call_canned1",
-            "name": name, "arguments": json.dumps(args), "status": "completed"}
-    usage = {"input_tokens": 1, "input_tokens_details": {"cached_tokens": 0},
-             "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0},
-             "total_tokens": 2}
-    resp = {"id": "resp_canned1", "object": "response", "created_at": int(time.time()),
-            "status": "completed", "model": body.get("model", "model"), "output": [item],
-            "usage": usage, "error": None, "incomplete_details": None}
-    if not body.get("stream"):
-        return "application/json", b"", json.dumps(resp).encode()
-    seq = iter(range(100))
+    def ctype(self):
+        return "text/event-stream" if self.stream else "application/json"
 
-    def ev(kind, data):
-        return sse(kind, dict(data, type=kind, sequence_number=next(seq)))
+    def ev(self, kind, data):
+        if not self.anthropic:
+            data = dict(data, type=kind, sequence_number=self.seq)
+            self.seq += 1
+        return sse(kind, data)
 
-    started = dict(resp, status="in_progress", output=[], usage=None)
-    head = ev("response.created", {"response": started})
-    head += ev("response.in_progress", {"response": started})
-    tail = ev("response.output_item.added", {"output_index": 0, "item": dict(item, arguments="", status="in_progress")})
-    tail += ev("response.function_call_arguments.delta", {"item_id": item["id"], "output_index": 0, "delta": item["arguments"]})
-    tail += ev("response.function_call_arguments.done", {"item_id": item["id"], "output_index": 0, "arguments": item["arguments"]})
-    tail += ev("response.output_item.done", {"output_index": 0, "item": item})
-    tail += ev("response.completed", {"response": resp})
-    return "text/event-stream", head, tail
+    # ---- Anthropic: an empty text block (the keep-alives' home), then the tool_use.
+    def _message(self, content, stop_reason):
+        return {"id": "msg_canned1", "type": "message", "role": "assistant", "model": self.model,
+                "content": content, "stop_reason": stop_reason, "stop_sequence": None,
+                "usage": {"input_tokens": 1, "output_tokens": 1}}
 
+    def _tool_use(self, input_):
+        return {"type": "tool_use", "id": "toolu_canned1", "name": self.name, "input": input_}
 
-# What the client is sent while the server's own answer to a canned turn runs: the
-# client's idle watchdog must see the stream alive, as it would without the proxy.
-KEEPALIVE = {"/v1/messages": b'event: ping\ndata: {"type": "ping"}\n\n'}
-KEEPALIVE_DEFAULT = b": keep-alive\n\n"
+    # ---- Responses: one function_call item.
+    def _item(self, **over):
+        return dict({"type": "function_call", "id": "fc_canned1", "call_id": "call_canned1",
+                     "name": self.name, "arguments": json.dumps(self.args), "status": "completed"},
+                    **over)
+
+    def _response(self, status, output):
+        usage = {"input_tokens": 1, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": 2} if status == "completed" else None
+        return {"id": "resp_canned1", "object": "response", "created_at": int(time.time()),
+                "status": status, "model": self.model, "output": output, "usage": usage,
+                "error": None, "incomplete_details": None}
+
+    def whole(self):
+        """The non-streamed answer."""
+        if self.anthropic:
+            return json.dumps(self._message([self._tool_use(self.args)], "tool_use")).encode()
+        return json.dumps(self._response("completed", [self._item()])).encode()
+
+    def head(self):
+        if self.anthropic:
+            out = self.ev("message_start", {"type": "message_start", "message": self._message([], None)})
+            return out + self.ev("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}})
+        started = self._response("in_progress", [])
+        return (self.ev("response.created", {"response": started})
+                + self.ev("response.in_progress", {"response": started}))
+
+    def keepalive(self):
+        if self.anthropic:
+            return self.ev("content_block_delta", {"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "text_delta", "text": ""}})
+        return self.ev("response.in_progress", {"response": self._response("in_progress", [])})
+
+    def tail(self):
+        if self.anthropic:
+            out = self.ev("content_block_stop", {"type": "content_block_stop", "index": 0})
+            out += self.ev("content_block_start", {"type": "content_block_start", "index": 1,
+                           "content_block": self._tool_use({})})
+            out += self.ev("content_block_delta", {"type": "content_block_delta", "index": 1,
+                           "delta": {"type": "input_json_delta", "partial_json": json.dumps(self.args)}})
+            out += self.ev("content_block_stop", {"type": "content_block_stop", "index": 1})
+            out += self.ev("message_delta", {"type": "message_delta",
+                           "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                           "usage": {"input_tokens": 1, "output_tokens": 1}})
+            return out + self.ev("message_stop", {"type": "message_stop"})
+        item = self._item()
+        out = self.ev("response.output_item.added", {"output_index": 0,
+                      "item": self._item(arguments="", status="in_progress")})
+        out += self.ev("response.function_call_arguments.delta",
+                       {"item_id": item["id"], "output_index": 0, "delta": item["arguments"]})
+        out += self.ev("response.function_call_arguments.done",
+                       {"item_id": item["id"], "output_index": 0, "arguments": item["arguments"]})
+        out += self.ev("response.output_item.done", {"output_index": 0, "item": item})
+        return out + self.ev("response.completed", {"response": self._response("completed", [item])})
 
 
 CACHE_N = re.compile(rb'"cache_n":\s*(\d+)')
@@ -298,10 +328,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         p.canned = False  # the next request gets the call instead
                     self.reply(resp.status, resp.getheader("content-type", "application/json"), upstream)
                 else:
-                    shape = canned_anthropic if path == "/v1/messages" else canned_responses
-                    ctype, head, tail = shape(body, *canned)
                     rec["canned_call"] = {"name": canned[0], "arguments": canned[1]}
-                    self.reply(200, ctype, head + tail)
+                    self.reply(200, "application/json", Canned(path, body, *canned).whole())
             else:
                 self.pipe(resp, rec, path)
         except (BrokenPipeError, ConnectionResetError):
@@ -318,25 +346,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def canned_stream(self, resp, rec, path, body, canned):
         """Streams the canned call: its head at once, a keep-alive for every piece of
-        the server's answer while that runs, then its tail."""
-        shape = canned_anthropic if path == "/v1/messages" else canned_responses
-        ctype, head, tail = shape(body, *canned)
+        the server's own answer while that runs, then its tail."""
+        c = Canned(path, body, *canned)
         rec["canned_call"] = {"name": canned[0], "arguments": canned[1]}
         self.send_response(200)
-        self.send_header("content-type", ctype)
+        self.send_header("content-type", c.ctype())
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
-        self.chunk(head)
+        self.chunk(c.head())
         seen = bytearray()
         while True:
             piece = resp.read1(65536)
             if not piece:
                 break
             seen.extend(piece)
-            self.chunk(KEEPALIVE.get(path, KEEPALIVE_DEFAULT))
+            self.chunk(c.keepalive())
         note_timings(rec, bytes(seen))
         rec["upstream_ended"] = stream_ended(path, bytes(seen))
-        self.chunk(tail)
+        self.chunk(c.tail())
         self.chunk(b"")
 
     def reply(self, status, ctype, data):

@@ -275,44 +275,99 @@ fn slow(pieces: usize, delay: Duration) -> (Box<dyn Backend>, Arc<AtomicUsize>) 
     (Box::new(b), read)
 }
 
+/// (event, data) of every frame of an Anthropic stream.
+fn anthropic_events(body: &str) -> Vec<(String, Value)> {
+    crate::test_http::Reply {
+        status: 200,
+        headers: String::new(),
+        body: body.to_string(),
+    }
+    .frames()
+    .into_iter()
+    .map(|(e, d)| (e.unwrap_or_default(), serde_json::from_str(&d).unwrap()))
+    .collect()
+}
+
 #[tokio::test]
-async fn streams_send_keepalives_while_the_prompt_is_read() {
+async fn streams_send_keepalives_their_clients_count_while_the_prompt_is_read() {
     let (b, _) = slow(10, Duration::from_millis(60));
     let s = start_server(b, qwen35(), None, Duration::from_millis(100)).await;
-    // Anthropic: ping events between message_start and the first content block.
+    // Anthropic, thinking on: empty thinking deltas in the block the reasoning then
+    // continues (Claude Code's watchdog ignores `ping`, which its SDK drops).
     let r = post(s.addr, "/v1/messages", &claude_code_body(true), "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ev = anthropic_events(&r.body);
+    let starts: Vec<&Value> = ev
+        .iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(starts.len(), 1, "one block: {ev:?}");
+    assert_eq!(starts[0]["content_block"]["type"], "thinking");
+    let deltas: Vec<&str> = ev
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .map(|(_, d)| d["delta"]["thinking"].as_str().unwrap())
+        .collect();
+    let empty = deltas.iter().take_while(|t| t.is_empty()).count();
+    assert!(empty >= 3, "keep-alives before the reasoning: {deltas:?}");
+    assert_eq!(deltas[empty..].concat(), "ok");
+    // No extra message_delta: Claude Code adds each one's usage to its totals.
+    assert_eq!(ev.iter().filter(|(n, _)| n == "message_delta").count(), 1);
+    assert_eq!(ev.last().unwrap().0, "message_stop");
+    // Thinking off: the keep-alives open the text block the answer continues.
+    let mut body = claude_code_body(true);
+    body["thinking"] = json!({"type": "disabled"});
+    let r = post(s.addr, "/v1/messages", &body, "").await;
+    let ev = anthropic_events(&r.body);
+    let kinds: Vec<&Value> = ev
+        .iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, d)| &d["content_block"]["type"])
+        .collect();
+    assert_eq!(kinds, vec!["text"], "{ev:?}");
+    let text: Vec<&str> = ev
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .map(|(_, d)| d["delta"]["text"].as_str().unwrap())
+        .collect();
+    assert!(
+        text.iter().take_while(|t| t.is_empty()).count() >= 3,
+        "{text:?}"
+    );
+    assert_eq!(text.concat(), "ok");
+
+    // Responses: `response.in_progress` again (Codex's parser drops SSE comments).
+    let r = post(
+        s.addr,
+        "/v1/responses",
+        &json!({"input": "hi", "stream": true}),
+        "",
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let names: Vec<String> = r
         .frames()
         .into_iter()
         .map(|f| f.0.unwrap_or_default())
         .collect();
-    let first_block = names
+    let first_item = names
         .iter()
-        .position(|n| n == "content_block_start")
-        .expect("a content block");
-    let pings = names[..first_block].iter().filter(|n| *n == "ping").count();
-    assert!(pings >= 3, "pings before the answer: {names:?}");
-    assert_eq!(names.last().map(String::as_str), Some("message_stop"));
-    // OpenAI routes: SSE comments, which every SSE parser skips.
+        .position(|n| n == "response.output_item.added")
+        .expect("an item");
+    let progress = names[..first_item]
+        .iter()
+        .filter(|n| *n == "response.in_progress")
+        .count();
+    assert!(progress >= 4, "{names:?}");
+    assert_eq!(names.last().map(String::as_str), Some("response.completed"));
+    // Chat completions: SSE comments before the answer.
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true});
-    for (path, body) in [
-        ("/v1/chat/completions", chat),
-        ("/v1/responses", json!({"input": "hi", "stream": true})),
-    ] {
-        let r = post(s.addr, path, &body, "").await;
-        assert_eq!(r.status, 200, "{}", r.body);
-        let comments = r.body.matches(": keep-alive\n\n").count();
-        assert!(comments >= 3, "{path}: {}", r.body);
-        // The route's opening frames go out at once, the answer after the prompt.
-        let answer = match path {
-            "/v1/chat/completions" => "\"ok\"",
-            _ => "response.output_item.added",
-        };
-        let first_answer = r.body.find(answer).expect("the answer");
-        let first_comment = r.body.find(": keep-alive").unwrap();
-        assert!(first_comment < first_answer, "{path}: {}", r.body);
-    }
+    let r = post(s.addr, "/v1/chat/completions", &chat, "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let first_answer = r.body.find("\"ok\"").expect("the answer");
+    let comments = r.body[..first_answer].matches(": keep-alive\n\n").count();
+    assert!(comments >= 3, "{}", r.body);
 }
 
 /// Sends `body` to `path` on a raw connection, reads until `until` is seen, waits

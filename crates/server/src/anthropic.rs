@@ -18,7 +18,7 @@ use crate::access::RequestLog;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
     collect, core, event_frame, json_body, render_chat, sse_response, start, timings_json,
-    unique_suffix, KeepAlive, OutputMode, Step,
+    unique_suffix, OutputMode, Step,
 };
 use crate::output::Piece;
 use crate::params::{self, GenParams};
@@ -104,7 +104,7 @@ async fn messages_inner(
 ) -> Result<Response, RouteError> {
     let body = json_body(body).map_err(an)?;
     let (conv, p) = parse(&state, &body).map_err(an)?;
-    let (tokens, open) =
+    let (tokens, think_open) =
         render_chat(&state, &conv, &p.thinking, &Map::new(), "messages").map_err(an)?;
     let prompt_tokens = tokens.len();
     let gen = start(
@@ -115,7 +115,7 @@ async fn messages_inner(
         &p,
         OutputMode {
             structured: true,
-            think_open: open,
+            think_open,
             tools: conv.tools.as_ref(),
         },
         "messages",
@@ -158,137 +158,169 @@ async fn messages_inner(
         }))
         .into_response());
     }
-    Ok(sse_response(
-        KeepAlive::anthropic(&state),
-        move |sink| async move {
-            let mut gen = gen;
-            let start_msg = json!({"type": "message_start", "message": {
-                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
-            }});
-            if sink
-                .send(event_frame("message_start", &start_msg))
-                .await
-                .is_err()
-            {
-                return;
+    Ok(sse_response(move |sink| async move {
+        let mut gen = gen;
+        let start_msg = json!({"type": "message_start", "message": {
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+        }});
+        if sink
+            .send(event_frame("message_start", &start_msg))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        if sink
+            .send(event_frame("ping", &json!({"type": "ping"})))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        // The open block: its index and kind ("thinking", "text", "tool_use").
+        let mut open: Option<(usize, &'static str)> = None;
+        let mut next_index = 0usize;
+        let mut had_calls = false;
+        let mut frames: Vec<(String, Value)> = Vec::new();
+        let close = |open: &mut Option<(usize, &'static str)>,
+                     frames: &mut Vec<(String, Value)>| {
+            if let Some((i, _)) = open.take() {
+                frames.push((
+                    "content_block_stop".into(),
+                    json!({"type": "content_block_stop", "index": i}),
+                ));
             }
-            if sink
-                .send(event_frame("ping", &json!({"type": "ping"})))
-                .await
-                .is_err()
-            {
-                return;
-            }
-            // The open block: its index and kind ("thinking", "text", "tool_use").
-            let mut open: Option<(usize, &'static str)> = None;
-            let mut next_index = 0usize;
-            let mut had_calls = false;
-            let mut frames: Vec<(String, Value)> = Vec::new();
-            let close = |open: &mut Option<(usize, &'static str)>,
-                         frames: &mut Vec<(String, Value)>| {
-                if let Some((i, _)) = open.take() {
+        };
+        while let Some(step) = gen.next().await {
+            frames.clear();
+            let mut ensure = |kind: &'static str,
+                              block: Value,
+                              open: &mut Option<(usize, &'static str)>,
+                              frames: &mut Vec<(String, Value)>|
+             -> usize {
+                if let Some((i, k)) = open {
+                    if *k == kind && kind != "tool_use" {
+                        return *i;
+                    }
+                }
+                close(open, frames);
+                let i = next_index;
+                next_index += 1;
+                frames.push((
+                    "content_block_start".into(),
+                    json!({"type": "content_block_start", "index": i, "content_block": block}),
+                ));
+                *open = Some((i, kind));
+                i
+            };
+            match step {
+                Step::Piece(Piece::Reasoning(t)) => {
+                    let i = ensure(
+                        "thinking",
+                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        &mut open,
+                        &mut frames,
+                    );
                     frames.push((
-                        "content_block_stop".into(),
-                        json!({"type": "content_block_stop", "index": i}),
+                        "content_block_delta".into(),
+                        json!({"type": "content_block_delta", "index": i,
+                        "delta": {"type": "thinking_delta", "thinking": t}}),
                     ));
                 }
-            };
-            while let Some(step) = gen.next().await {
-                frames.clear();
-                let mut ensure = |kind: &'static str,
-                                  block: Value,
-                                  open: &mut Option<(usize, &'static str)>,
-                                  frames: &mut Vec<(String, Value)>|
-                 -> usize {
-                    if let Some((i, k)) = open {
-                        if *k == kind && kind != "tool_use" {
-                            return *i;
-                        }
-                    }
-                    close(open, frames);
-                    let i = next_index;
-                    next_index += 1;
+                Step::Piece(Piece::Content(t)) => {
+                    let i = ensure(
+                        "text",
+                        json!({"type": "text", "text": ""}),
+                        &mut open,
+                        &mut frames,
+                    );
                     frames.push((
-                        "content_block_start".into(),
-                        json!({"type": "content_block_start", "index": i, "content_block": block}),
-                    ));
-                    *open = Some((i, kind));
-                    i
-                };
-                match step {
-                    Step::Piece(Piece::Reasoning(t)) => {
-                        let i = ensure(
-                            "thinking",
-                            json!({"type": "thinking", "thinking": "", "signature": ""}),
-                            &mut open,
-                            &mut frames,
-                        );
-                        frames.push((
-                            "content_block_delta".into(),
-                            json!({"type": "content_block_delta", "index": i,
-                        "delta": {"type": "thinking_delta", "thinking": t}}),
-                        ));
-                    }
-                    Step::Piece(Piece::Content(t)) => {
-                        let i = ensure(
-                            "text",
-                            json!({"type": "text", "text": ""}),
-                            &mut open,
-                            &mut frames,
-                        );
-                        frames.push((
-                            "content_block_delta".into(),
-                            json!({"type": "content_block_delta", "index": i,
+                        "content_block_delta".into(),
+                        json!({"type": "content_block_delta", "index": i,
                         "delta": {"type": "text_delta", "text": t}}),
+                    ));
+                }
+                Step::Piece(Piece::ToolStart { index, name }) => {
+                    had_calls = true;
+                    ensure(
+                        "tool_use",
+                        json!({"type": "tool_use", "id": tool_id(gen.id, index), "name": name, "input": {}}),
+                        &mut open,
+                        &mut frames,
+                    );
+                }
+                Step::Piece(Piece::ToolArgs { delta, .. }) => {
+                    if let Some((i, "tool_use")) = open {
+                        frames.push((
+                            "content_block_delta".into(),
+                            json!({"type": "content_block_delta", "index": i,
+                            "delta": {"type": "input_json_delta", "partial_json": delta}}),
                         ));
                     }
-                    Step::Piece(Piece::ToolStart { index, name }) => {
-                        had_calls = true;
-                        ensure(
-                            "tool_use",
-                            json!({"type": "tool_use", "id": tool_id(gen.id, index), "name": name, "input": {}}),
-                            &mut open,
-                            &mut frames,
-                        );
-                    }
-                    Step::Piece(Piece::ToolArgs { delta, .. }) => {
-                        if let Some((i, "tool_use")) = open {
-                            frames.push((
-                                "content_block_delta".into(),
-                                json!({"type": "content_block_delta", "index": i,
-                            "delta": {"type": "input_json_delta", "partial_json": delta}}),
-                            ));
-                        }
-                    }
-                    Step::Piece(Piece::ToolEnd { .. }) => close(&mut open, &mut frames),
-                    Step::Done(f) => {
-                        close(&mut open, &mut frames);
-                        frames.push(("message_delta".into(), json!({
+                }
+                Step::Piece(Piece::ToolEnd { .. }) => close(&mut open, &mut frames),
+                // Keep-alive. Claude Code's idle watchdog (300 s, then it retries without
+                // streaming while the first request runs on) counts the events its SDK
+                // yields, and the SDK drops `ping`; a `message_delta` would be counted
+                // again in its usage totals. An empty delta in the block the answer
+                // starts with (thinking when the prompt left the model thinking) is what
+                // it counts and changes nothing.
+                Step::Idle => {
+                    let kind = match open {
+                        Some((_, k)) => k,
+                        None if think_open => "thinking",
+                        None => "text",
+                    };
+                    let (block, delta) = match kind {
+                        "thinking" => (
+                            json!({"type": "thinking", "thinking": "", "signature": ""}),
+                            json!({"type": "thinking_delta", "thinking": ""}),
+                        ),
+                        "tool_use" => (
+                            Value::Null,
+                            json!({"type": "input_json_delta", "partial_json": ""}),
+                        ),
+                        _ => (
+                            json!({"type": "text", "text": ""}),
+                            json!({"type": "text_delta", "text": ""}),
+                        ),
+                    };
+                    let i = match open {
+                        Some((i, _)) => i,
+                        None => ensure(kind, block, &mut open, &mut frames),
+                    };
+                    frames.push((
+                        "content_block_delta".into(),
+                        json!({"type": "content_block_delta", "index": i, "delta": delta}),
+                    ));
+                }
+                Step::Done(f) => {
+                    close(&mut open, &mut frames);
+                    frames.push(("message_delta".into(), json!({
                         "type": "message_delta",
                         "delta": {"stop_reason": stop_reason(&f, had_calls), "stop_sequence": f.stop_hit},
                         "usage": {"input_tokens": f.prompt_tokens, "output_tokens": f.completion_tokens},
                         "timings": timings_json(&f.timings),
                     })));
-                        frames.push(("message_stop".into(), json!({"type": "message_stop"})));
-                    }
-                    Step::Failed(e) => {
-                        let err = ApiError::internal(format!("generation failed: {e}"));
-                        let _ = sink
-                            .send(Bytes::from(err.sse_frame(Flavor::Anthropic)))
-                            .await;
-                        return;
-                    }
+                    frames.push(("message_stop".into(), json!({"type": "message_stop"})));
                 }
-                for (name, v) in &frames {
-                    if sink.send(event_frame(name, v)).await.is_err() {
-                        return;
-                    }
+                Step::Failed(e) => {
+                    let err = ApiError::internal(format!("generation failed: {e}"));
+                    let _ = sink
+                        .send(Bytes::from(err.sse_frame(Flavor::Anthropic)))
+                        .await;
+                    return;
                 }
             }
-        },
-    ))
+            for (name, v) in &frames {
+                if sink.send(event_frame(name, v)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }))
 }
 
 pub async fn count_tokens(State(state): State<Arc<AppState>>, body: Bytes) -> Response {

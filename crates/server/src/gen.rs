@@ -1,11 +1,14 @@
 //! What every generation route shares: rendering the prompt, submitting the job,
 //! reading its output back as structured pieces, the `usage`/`timings` objects, and
-//! the SSE plumbing: a task writes frames into the response body, and a keep-alive
-//! (Anthropic `ping` event, SSE comment on OpenAI routes) goes out whenever nothing
-//! else has for [`Core::keepalive`] — while the request waits in the queue or its
-//! prompt is read, which takes minutes for an agent's prompt on a CPU. A client that
-//! left makes a write fail, hyper drops the body, the task is dropped with it, and the
-//! worker stops the request at its next prompt piece or token.
+//! the SSE plumbing: a task writes frames into the response body.
+//!
+//! Keep-alives: a generation that has produced nothing for [`Core::keepalive`] yields
+//! [`Step::Idle`] — while the request waits in the queue or its prompt is read, which
+//! takes minutes for an agent's prompt on a CPU — and each streaming route answers
+//! with something its clients' idle watchdogs count (see the routes: a `ping` event or
+//! an SSE comment is dropped below those watchdogs). A client that left makes the
+//! write fail, hyper drops the body, the task is dropped with it, and the worker stops
+//! the request at its next prompt piece or token.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -43,9 +46,12 @@ pub struct Core {
 }
 
 /// How long a stream may stay silent before a keep-alive: well inside the idle
-/// watchdogs of agent clients (Claude Code's is 300 s or more), and short enough that
-/// a client that left is noticed within seconds (the write fails).
+/// watchdogs of agent clients (Claude Code's and Codex's are 300 s), and short enough
+/// that a client that left is noticed within seconds (the write fails).
 pub const KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// The SSE comment line the chat and completions routes keep a stream alive with.
+pub const SSE_COMMENT: &[u8] = b": keep-alive\n\n";
 
 pub fn now_unix() -> u64 {
     SystemTime::now()
@@ -117,6 +123,7 @@ pub struct Generation {
     /// The request's log record: told of the first output, the end, a failure.
     log: RequestLog,
     output_started: bool,
+    keepalive: Duration,
 }
 
 /// What a route gets from [`Generation::next`].
@@ -125,6 +132,8 @@ pub enum Step {
     Piece(Piece),
     Done(Finished),
     Failed(String),
+    /// Nothing for [`Core::keepalive`]: a streaming route sends a keep-alive.
+    Idle,
 }
 
 impl Generation {
@@ -136,7 +145,10 @@ impl Generation {
             if self.done {
                 return None;
             }
-            match self.rx.recv().await {
+            let Ok(event) = tokio::time::timeout(self.keepalive, self.rx.recv()).await else {
+                return Some(Step::Idle);
+            };
+            match event {
                 Some(Event::Text(t)) => {
                     if !self.output_started {
                         self.output_started = true;
@@ -261,6 +273,7 @@ pub fn start(
         done: false,
         log: log.clone(),
         output_started: false,
+        keepalive: core.keepalive,
     })
 }
 
@@ -289,6 +302,7 @@ pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
             Step::Piece(Piece::ToolEnd { .. }) => {}
             Step::Done(f) => c.finished = Some(f),
             Step::Failed(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+            Step::Idle => {}
         }
     }
     Ok(c)
@@ -340,44 +354,10 @@ impl Sink {
     }
 }
 
-/// What a silent stream sends, and after how long.
-#[derive(Clone)]
-pub struct KeepAlive {
-    pub every: Duration,
-    pub frame: Bytes,
-}
-
-impl KeepAlive {
-    /// Anthropic's `ping` event (clients read it anywhere in a stream).
-    pub fn anthropic(state: &AppState) -> KeepAlive {
-        KeepAlive {
-            every: keepalive_every(state),
-            frame: Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
-        }
-    }
-
-    /// An SSE comment, which every SSE parser skips (OpenAI routes).
-    pub fn openai(state: &AppState) -> KeepAlive {
-        KeepAlive {
-            every: keepalive_every(state),
-            frame: Bytes::from_static(b": keep-alive\n\n"),
-        }
-    }
-}
-
-fn keepalive_every(state: &AppState) -> Duration {
-    state
-        .core
-        .as_ref()
-        .map(|c| c.keepalive)
-        .unwrap_or(KEEPALIVE)
-}
-
-/// An SSE response whose frames come from `task`, with `keepalive` frames whenever
-/// the task has sent nothing for a while. The task is dropped as soon as the client
-/// has gone (hyper dropped the body), even while it waits for the engine: that drops
-/// its `Generation`, and the worker stops the request.
-pub fn sse_response<F, Fut>(keepalive: KeepAlive, task: F) -> Response
+/// An SSE response whose frames come from `task`. The task is dropped as soon as the
+/// client has gone (hyper dropped the body), even while it waits for the engine: that
+/// drops its `Generation`, and the worker stops the request.
+pub fn sse_response<F, Fut>(task: F) -> Response
 where
     F: FnOnce(Sink) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -391,14 +371,7 @@ where
             _ = watch.closed() => {}
         }
     });
-    let frames = futures::stream::unfold((rx, keepalive), |(mut rx, ka)| async move {
-        match tokio::time::timeout(ka.every, rx.recv()).await {
-            Ok(Some(frame)) => Some((frame, (rx, ka))),
-            Ok(None) => None,
-            Err(_) => Some((Ok(ka.frame.clone()), (rx, ka))),
-        }
-    });
-    let body = Body::from_stream(frames);
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")

@@ -19,7 +19,7 @@ use crate::access::RequestLog;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
     collect, core, data_frame, json_body, now_unix, openai_usage, render_chat, sse_response, start,
-    timings_json, unique_suffix, KeepAlive, OutputMode, Step,
+    timings_json, unique_suffix, OutputMode, Step, SSE_COMMENT,
 };
 use crate::output::Piece;
 use crate::params::{self, GenParams, Thinking};
@@ -159,75 +159,78 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
         return Ok(Json(body).into_response());
     }
     let include_usage = p.include_usage;
-    Ok(sse_response(
-        KeepAlive::openai(&state),
-        move |sink| async move {
-            let chunk = |delta: Value, finish: Value| {
-                json!({
-                    "id": id, "object": "chat.completion.chunk", "created": created,
-                    "model": model, "system_fingerprint": "scoria",
-                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-                })
-            };
-            let mut gen = gen;
-            if sink
-                .send(data_frame(&chunk(
-                    json!({"role": "assistant", "content": ""}),
+    Ok(sse_response(move |sink| async move {
+        let chunk = |delta: Value, finish: Value| {
+            json!({
+                "id": id, "object": "chat.completion.chunk", "created": created,
+                "model": model, "system_fingerprint": "scoria",
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            })
+        };
+        let mut gen = gen;
+        if sink
+            .send(data_frame(&chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            )))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut had_calls = false;
+        while let Some(step) = gen.next().await {
+            let frame = match step {
+                Step::Piece(Piece::Reasoning(t)) => {
+                    chunk(json!({"reasoning_content": t}), Value::Null)
+                }
+                Step::Piece(Piece::Content(t)) => chunk(json!({"content": t}), Value::Null),
+                Step::Piece(Piece::ToolStart { index, name }) => {
+                    had_calls = true;
+                    chunk(
+                        json!({"tool_calls": [{"index": index, "id": call_id(gen.id, index), "type": "function",
+                                               "function": {"name": name, "arguments": ""}}]}),
+                        Value::Null,
+                    )
+                }
+                Step::Piece(Piece::ToolArgs { index, delta }) => chunk(
+                    json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
                     Value::Null,
-                )))
-                .await
-                .is_err()
-            {
+                ),
+                Step::Piece(Piece::ToolEnd { .. }) => continue,
+                Step::Idle => {
+                    if sink.send(Bytes::from_static(SSE_COMMENT)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Step::Done(f) => {
+                    let mut last = chunk(json!({}), json!(finish_reason(&f, had_calls)));
+                    last["timings"] = timings_json(&f.timings);
+                    if sink.send(data_frame(&last)).await.is_err() {
+                        return;
+                    }
+                    if include_usage
+                        && sink
+                            .send(data_frame(&usage_chunk(chunk(json!({}), Value::Null), &f)))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                    break;
+                }
+                Step::Failed(e) => {
+                    let _ = sink.send(failure_frame(&e)).await;
+                    break;
+                }
+            };
+            if sink.send(data_frame(&frame)).await.is_err() {
                 return;
             }
-            let mut had_calls = false;
-            while let Some(step) = gen.next().await {
-                let frame = match step {
-                    Step::Piece(Piece::Reasoning(t)) => {
-                        chunk(json!({"reasoning_content": t}), Value::Null)
-                    }
-                    Step::Piece(Piece::Content(t)) => chunk(json!({"content": t}), Value::Null),
-                    Step::Piece(Piece::ToolStart { index, name }) => {
-                        had_calls = true;
-                        chunk(
-                            json!({"tool_calls": [{"index": index, "id": call_id(gen.id, index), "type": "function",
-                                               "function": {"name": name, "arguments": ""}}]}),
-                            Value::Null,
-                        )
-                    }
-                    Step::Piece(Piece::ToolArgs { index, delta }) => chunk(
-                        json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
-                        Value::Null,
-                    ),
-                    Step::Piece(Piece::ToolEnd { .. }) => continue,
-                    Step::Done(f) => {
-                        let mut last = chunk(json!({}), json!(finish_reason(&f, had_calls)));
-                        last["timings"] = timings_json(&f.timings);
-                        if sink.send(data_frame(&last)).await.is_err() {
-                            return;
-                        }
-                        if include_usage
-                            && sink
-                                .send(data_frame(&usage_chunk(chunk(json!({}), Value::Null), &f)))
-                                .await
-                                .is_err()
-                        {
-                            return;
-                        }
-                        break;
-                    }
-                    Step::Failed(e) => {
-                        let _ = sink.send(failure_frame(&e)).await;
-                        break;
-                    }
-                };
-                if sink.send(data_frame(&frame)).await.is_err() {
-                    return;
-                }
-            }
-            let _ = sink.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
-        },
-    ))
+        }
+        let _ = sink.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    }))
 }
 
 /// `/v1/completions` prompt: a string, a one-element list of strings, token ids, or a
@@ -343,49 +346,52 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
         .into_response());
     }
     let include_usage = p.include_usage;
-    Ok(sse_response(
-        KeepAlive::openai(&state),
-        move |sink| async move {
-            let chunk = |text: &str, finish: Value| {
-                json!({
-                    "id": id, "object": "text_completion", "created": created, "model": model,
-                    "system_fingerprint": "scoria",
-                    "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
-                })
-            };
-            let mut gen = gen;
-            while let Some(step) = gen.next().await {
-                let frame = match step {
-                    Step::Piece(Piece::Content(t)) => chunk(&t, Value::Null),
-                    Step::Piece(_) => continue,
-                    Step::Done(f) => {
-                        let mut last = chunk("", json!(finish_reason(&f, false)));
-                        last["timings"] = timings_json(&f.timings);
-                        if sink.send(data_frame(&last)).await.is_err() {
-                            return;
-                        }
-                        if include_usage
-                            && sink
-                                .send(data_frame(&usage_chunk(chunk("", Value::Null), &f)))
-                                .await
-                                .is_err()
-                        {
-                            return;
-                        }
-                        break;
+    Ok(sse_response(move |sink| async move {
+        let chunk = |text: &str, finish: Value| {
+            json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "system_fingerprint": "scoria",
+                "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
+            })
+        };
+        let mut gen = gen;
+        while let Some(step) = gen.next().await {
+            let frame = match step {
+                Step::Piece(Piece::Content(t)) => chunk(&t, Value::Null),
+                Step::Piece(_) => continue,
+                Step::Idle => {
+                    if sink.send(Bytes::from_static(SSE_COMMENT)).await.is_err() {
+                        return;
                     }
-                    Step::Failed(e) => {
-                        let _ = sink.send(failure_frame(&e)).await;
-                        break;
-                    }
-                };
-                if sink.send(data_frame(&frame)).await.is_err() {
-                    return;
+                    continue;
                 }
+                Step::Done(f) => {
+                    let mut last = chunk("", json!(finish_reason(&f, false)));
+                    last["timings"] = timings_json(&f.timings);
+                    if sink.send(data_frame(&last)).await.is_err() {
+                        return;
+                    }
+                    if include_usage
+                        && sink
+                            .send(data_frame(&usage_chunk(chunk("", Value::Null), &f)))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                    break;
+                }
+                Step::Failed(e) => {
+                    let _ = sink.send(failure_frame(&e)).await;
+                    break;
+                }
+            };
+            if sink.send(data_frame(&frame)).await.is_err() {
+                return;
             }
-            let _ = sink.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
-        },
-    ))
+        }
+        let _ = sink.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    }))
 }
 
 /// The model entry /v1/models lists.

@@ -20,7 +20,7 @@ use crate::access::RequestLog;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
     collect, core, event_frame, json_body, now_unix, render_chat, sse_response, start,
-    timings_json, unique_suffix, KeepAlive, OutputMode, Sink, Step,
+    timings_json, unique_suffix, OutputMode, Sink, Step,
 };
 use crate::output::Piece;
 use crate::params::{self, GenParams};
@@ -260,22 +260,19 @@ async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Res
         }
         return Ok(Json(env.response(status, output, Some(&f))).into_response());
     }
-    Ok(sse_response(
-        KeepAlive::openai(&state),
-        move |sink| async move {
-            let mut s = Streamer {
-                sink,
-                seq: 0,
-                env,
-                suffix,
-                with_summary,
-                output: Vec::new(),
-                open: None,
-                text: String::new(),
-            };
-            let _ = s.run(gen).await;
-        },
-    ))
+    Ok(sse_response(move |sink| async move {
+        let mut s = Streamer {
+            sink,
+            seq: 0,
+            env,
+            suffix,
+            with_summary,
+            output: Vec::new(),
+            open: None,
+            text: String::new(),
+        };
+        let _ = s.run(gen).await;
+    }))
 }
 
 /// The item being streamed.
@@ -514,6 +511,13 @@ impl Streamer {
                         "response.incomplete"
                     };
                     self.emit(kind, json!({"response": r})).await?;
+                }
+                // Keep-alive: Codex's idle timeout (300 s) counts events, not bytes, and
+                // its SSE parser drops comments; `response.in_progress` again is a no-op.
+                Step::Idle => {
+                    let r = self.env.response("in_progress", self.output.clone(), None);
+                    self.emit("response.in_progress", json!({"response": r}))
+                        .await?;
                 }
                 Step::Failed(e) => {
                     let mut r = self.env.response("failed", self.output.clone(), None);
