@@ -15,6 +15,9 @@
 #                   keeps CI fast and changes nothing in the protocol.
 #   --install-only  install the clients and stop
 #
+# SCORIA_AGENT_SERVE_ARGS adds arguments to `scoria serve` (e.g. "--threads 1", so a
+# --full prompt takes longer than the clients' 300 s stream watchdogs).
+#
 # Checks, per client: exit status 0, every request answered 2xx, streams ended properly,
 # the tool round trip reached the server and was accepted. Prints each client's
 # version and the prompt-cache reuse of each follow-up turn (SCORIA_AGENT_EXPECT_CACHE=1
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY="$2"; shift 2 ;;
     --full) FULL=1; shift ;;
     --install-only) INSTALL_ONLY=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -89,7 +92,9 @@ URL="http://127.0.0.1:$PORT"
 CTX=8192
 [ "$FULL" = 1 ] && CTX=65536
 LOG="$OUT/server.log"
-"$BIN" serve --host 127.0.0.1 --port "$PORT" --api-key "$KEY" --max-context "$CTX" >"$LOG" 2>&1 &
+# shellcheck disable=SC2086 # word splitting of the extra arguments is intended
+"$BIN" serve --host 127.0.0.1 --port "$PORT" --api-key "$KEY" --max-context "$CTX" \
+  ${SCORIA_AGENT_SERVE_ARGS:-} >"$LOG" 2>&1 &
 SERVER_PID=$!
 PROXY_PID=""
 cleanup() {
