@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the server test suite needs on a fresh Debian machine:
 #   - Debian's Chromium (the browser check drives /usr/bin/chromium; no browser download),
+#   - Debian's nodejs and npm, when `node` is missing,
 #   - the Python packages in tests/server/requirements.txt (openai, anthropic, pytest, requests),
-#   - playwright-core from npm, under target/server-tests/node (outside the source tree).
+#   - playwright-core from npm, under target/server-tests/node (outside the source tree),
+#   - the agent clients Claude Code and Codex CLI from npm at pinned versions, under
+#     target/agent-clients (scripts/agent-clients.sh --install-only).
 # Safe to run twice; each step is skipped when already satisfied.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +21,13 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 chromium --version || true
 
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "== installing nodejs and npm (Debian packages)"
+  timeout 600 $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive timeout 900 $SUDO apt-get install -y -qq nodejs npm
+fi
+node --version
+
 echo "== python packages"
 timeout 600 python3 -m pip install -q -r "$ROOT/tests/server/requirements.txt"
 
@@ -28,4 +38,6 @@ if [ ! -d "$NODE_DIR/node_modules/playwright-core" ]; then
   # playwright-core never downloads a browser; the check uses Debian's chromium.
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 timeout 600 npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent playwright-core@1
 fi
+echo "== agent clients (npm)"
+"$ROOT/scripts/agent-clients.sh" --install-only
 echo "test dependencies ready"

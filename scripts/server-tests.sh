@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Starts `scoria serve` on a tiny model on a free loopback port (with an API key),
 # waits for /health, runs the Python SDK suite (tests/server) and the headless
-# Chromium check of the stats page, saves the screenshot, and stops the server.
+# Chromium check of the stats page, saves the screenshot, and stops the server; then
+# runs the real coding agents, Claude Code and Codex CLI, against a demo server of
+# their own (scripts/agent-clients.sh).
 #
 #   scripts/server-tests.sh [--model FILE | --synth] [--bin PATH] [--screenshot PATH]
-#                           [--install] [--no-browser] [--no-pytest] [-- PYTEST_ARGS...]
+#                           [--install] [--no-browser] [--no-pytest] [--no-agents]
+#                           [-- PYTEST_ARGS...]
 #
 #   (default)     the embedded demo model (`scoria serve` with no --model)
 #   --synth       write a tiny qwen35moe with `scoria synth` and serve that
@@ -12,6 +15,7 @@
 #   --screenshot  where the stats page screenshot goes
 #                 (default target/server-tests/stats-page.png)
 #   --install     run scripts/install-test-deps.sh first (CI on a fresh machine)
+#   --no-agents   skip the real agent clients
 #
 # Every step has a time limit; the server is always stopped on exit.
 set -euo pipefail
@@ -26,6 +30,7 @@ SHOT="$OUT/stats-page.png"
 INSTALL=0
 BROWSER=1
 PYTEST=1
+AGENTS=1
 PYTEST_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,8 +41,9 @@ while [ $# -gt 0 ]; do
     --install) INSTALL=1; shift ;;
     --no-browser) BROWSER=0; shift ;;
     --no-pytest) PYTEST=0; shift ;;
+    --no-agents) AGENTS=0; shift ;;
     --) shift; PYTEST_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -133,6 +139,14 @@ if ! kill -0 "$SERVER_PID" 2>/dev/null; then
   echo "the server died during the tests; log tail:" >&2
   tail -n 50 "$LOG" >&2
   status=1
+fi
+stop_server
+
+if [ "$AGENTS" = 1 ]; then
+  echo "== real agent clients (Claude Code, Codex CLI)"
+  if ! timeout "${SCORIA_AGENTS_TIMEOUT:-1800}" "$ROOT/scripts/agent-clients.sh" --bin "$BIN"; then
+    status=1
+  fi
 fi
 [ "$status" = 0 ] && echo "== server tests passed" || echo "== server tests FAILED (server log: $LOG)"
 exit "$status"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it on a fresh machine:
-#   1. installs what the server suite needs (Debian chromium, the openai/anthropic
-#      SDKs and pytest, playwright-core) — skipped when already present;
+#   1. installs what the server suite needs (Debian chromium and nodejs, the
+#      openai/anthropic SDKs and pytest, playwright-core, the agent clients) —
+#      skipped when already present;
 #   2. cargo test: kernels against their scalar reference, GGUF reader/writer,
 #      tokenizer and chat templates, parity with transformers for the three
 #      archs, the engine's byte-level invariants;
 #   3. bench/compare.py on llama-bench- and scoria-shaped files (bench/test_compare.py);
-#   4. the server driven by the official SDKs, and the stats page in headless
-#      Chromium (scripts/server-tests.sh).
+#   4. the server driven by the official SDKs, the stats page in headless
+#      Chromium, and the real agent clients Claude Code and Codex CLI
+#      (scripts/server-tests.sh, which runs scripts/agent-clients.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh

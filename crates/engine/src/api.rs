@@ -175,6 +175,17 @@ pub struct TokenEvent {
     pub eog: bool,
 }
 
+/// How far the prompt of a request has been read (`Engine::generate_with_progress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptProgress {
+    /// Prompt tokens whose effect is in the state: the cached ones and those evaluated.
+    pub done: usize,
+    /// Tokens in the prompt.
+    pub total: usize,
+    /// Of `done`, those reused from the previous request's state.
+    pub cached: usize,
+}
+
 /// What the callback wants after a token.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Flow {

@@ -367,7 +367,20 @@ impl Engine {
         req: &GenerateRequest,
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
     ) -> Result<Completion, EngineError> {
-        self.generate_inner(req, on_token, None)
+        self.generate_inner(req, &mut |_| Flow::Continue, on_token, None)
+    }
+
+    /// As `generate`, also calling `on_prompt` after each piece of the prompt is
+    /// evaluated (a long prompt takes minutes on a CPU). `Flow::Stop` there ends the
+    /// request before its first token (finish `Stopped`, no tokens); the pieces already
+    /// evaluated stay in the prompt cache. `Flow::Force` is read as `Continue`.
+    pub fn generate_with_progress(
+        &mut self,
+        req: &GenerateRequest,
+        on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+    ) -> Result<Completion, EngineError> {
+        self.generate_inner(req, on_prompt, on_token, None)
     }
 
     /// As `generate`, also handing to `on_logits` every set of logits a token was
@@ -379,12 +392,13 @@ impl Engine {
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
         on_logits: &mut dyn FnMut(&[f32]),
     ) -> Result<Completion, EngineError> {
-        self.generate_inner(req, on_token, Some(on_logits))
+        self.generate_inner(req, &mut |_| Flow::Continue, on_token, Some(on_logits))
     }
 
     fn generate_inner(
         &mut self,
         req: &GenerateRequest,
+        on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
         mut on_logits: Option<LogitsSink>,
     ) -> Result<Completion, EngineError> {
@@ -430,11 +444,39 @@ impl Engine {
         timings.cache_n = self.history.len();
         let t0 = Instant::now();
         let new = req.prompt[self.history.len()..].to_vec();
+        timings.prompt_n = new.len();
         let mut next = match self.last_logits.take() {
             Some(l) if new.is_empty() => StepOut::Logits(l),
-            _ => self.feed(&new, want)?,
+            // Piece by piece (the pieces `feed` would cut, so the bits are the same),
+            // reporting after each one.
+            _ => {
+                let n = new.len().div_ceil(PROMPT_CHUNK);
+                let mut out = StepOut::Logits(Vec::new());
+                for (i, piece) in new.chunks(PROMPT_CHUNK).enumerate() {
+                    let last = i + 1 == n;
+                    out = self.feed(piece, if last { want } else { Want::Greedy })?;
+                    let progress = PromptProgress {
+                        done: self.history.len(),
+                        total: req.prompt.len(),
+                        cached: timings.cache_n,
+                    };
+                    if on_prompt(&progress) == Flow::Stop {
+                        timings.prompt_n = self.history.len() - timings.cache_n;
+                        timings.prompt_ms = ms(t0.elapsed());
+                        if let (true, StepOut::Logits(l)) = (last, out) {
+                            self.last_logits = Some(l);
+                        }
+                        return Ok(Completion {
+                            tokens: Vec::new(),
+                            finish: FinishReason::Stopped,
+                            timings,
+                            seed,
+                        });
+                    }
+                }
+                out
+            }
         };
-        timings.prompt_n = new.len();
         timings.prompt_ms = ms(t0.elapsed());
         if let (Some(f), StepOut::Logits(l)) = (on_logits.as_mut(), &next) {
             f(l);

@@ -243,3 +243,74 @@ fn forced_tokens_and_stop() {
     };
     assert!(eng.generate(&bad, &mut |_| Flow::Continue).is_err());
 }
+
+#[test]
+fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
+    // 1300 tokens: pieces of 512, 512 and 276.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth(dir.path(), "tiny-qwen3moe", Preset::Q8_0, 7);
+    let open = || {
+        Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(1400),
+                device: Some(test_device()),
+                ..Default::default()
+            },
+        )
+        .expect("load")
+    };
+    let prompt: Vec<u32> = (0..1300u32).map(|i| (i * 7919 + 13) % 5000).collect();
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: 4,
+        sampling: SamplingParams::default(),
+        stop_at_eog: false,
+    };
+    let mut cold = open();
+    let want = cold
+        .generate(&req, &mut |_| Flow::Continue)
+        .expect("generate");
+
+    // Reported after each piece; reading in reported pieces changes no bit.
+    let mut eng = open();
+    let mut seen = Vec::new();
+    let c = eng
+        .generate_with_progress(
+            &req,
+            &mut |p| {
+                seen.push((p.done, p.total, p.cached));
+                Flow::Continue
+            },
+            &mut |_| Flow::Continue,
+        )
+        .expect("generate");
+    assert_eq!(seen, vec![(512, 1300, 0), (1024, 1300, 0), (1300, 1300, 0)]);
+    assert_eq!(c.tokens, want.tokens);
+
+    // Stopped after the first piece: no token, and the piece stays cached.
+    let mut eng = open();
+    let c = eng
+        .generate_with_progress(&req, &mut |_| Flow::Stop, &mut |_| Flow::Continue)
+        .expect("generate");
+    assert_eq!(c.finish, engine::FinishReason::Stopped);
+    assert!(c.tokens.is_empty());
+    assert_eq!(c.timings.prompt_n, 512);
+    let mut pieces = Vec::new();
+    let c = eng
+        .generate_with_progress(
+            &req,
+            &mut |p| {
+                pieces.push(p.done);
+                Flow::Continue
+            },
+            &mut |_| Flow::Continue,
+        )
+        .expect("generate");
+    assert_eq!((c.timings.cache_n, c.timings.prompt_n), (512, 788));
+    assert_eq!(pieces, vec![1024, 1300]);
+    assert_eq!(
+        c.tokens, want.tokens,
+        "a resumed prompt gives the cold tokens"
+    );
+}

@@ -14,6 +14,7 @@ use axum::Json;
 use engine::FinishReason;
 use serde_json::{json, Map, Value};
 
+use crate::access::RequestLog;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
     collect, core, event_frame, json_body, render_chat, sse_response, start, timings_json,
@@ -85,27 +86,36 @@ fn parse(
     ))
 }
 
-pub async fn messages(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    match messages_inner(state, &body).await {
+pub async fn messages(
+    State(state): State<Arc<AppState>>,
+    log: RequestLog,
+    body: Bytes,
+) -> Response {
+    match messages_inner(state, log, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn messages_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, RouteError> {
+async fn messages_inner(
+    state: Arc<AppState>,
+    log: RequestLog,
+    body: &[u8],
+) -> Result<Response, RouteError> {
     let body = json_body(body).map_err(an)?;
     let (conv, p) = parse(&state, &body).map_err(an)?;
-    let (tokens, open) =
+    let (tokens, think_open) =
         render_chat(&state, &conv, &p.thinking, &Map::new(), "messages").map_err(an)?;
     let prompt_tokens = tokens.len();
     let gen = start(
         &state,
         "/v1/messages",
+        &log,
         tokens,
         &p,
         OutputMode {
             structured: true,
-            think_open: open,
+            think_open,
             tools: conv.tools.as_ref(),
         },
         "messages",
@@ -251,6 +261,41 @@ async fn messages_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, R
                     }
                 }
                 Step::Piece(Piece::ToolEnd { .. }) => close(&mut open, &mut frames),
+                // Keep-alive. Claude Code's idle watchdog (300 s, then it retries without
+                // streaming while the first request runs on) counts the events its SDK
+                // yields, and the SDK drops `ping`; a `message_delta` would be counted
+                // again in its usage totals. An empty delta in the block the answer
+                // starts with (thinking when the prompt left the model thinking) is what
+                // it counts and changes nothing.
+                Step::Idle => {
+                    let kind = match open {
+                        Some((_, k)) => k,
+                        None if think_open => "thinking",
+                        None => "text",
+                    };
+                    let (block, delta) = match kind {
+                        "thinking" => (
+                            json!({"type": "thinking", "thinking": "", "signature": ""}),
+                            json!({"type": "thinking_delta", "thinking": ""}),
+                        ),
+                        "tool_use" => (
+                            Value::Null,
+                            json!({"type": "input_json_delta", "partial_json": ""}),
+                        ),
+                        _ => (
+                            json!({"type": "text", "text": ""}),
+                            json!({"type": "text_delta", "text": ""}),
+                        ),
+                    };
+                    let i = match open {
+                        Some((i, _)) => i,
+                        None => ensure(kind, block, &mut open, &mut frames),
+                    };
+                    frames.push((
+                        "content_block_delta".into(),
+                        json!({"type": "content_block_delta", "index": i, "delta": delta}),
+                    ));
+                }
                 Step::Done(f) => {
                     close(&mut open, &mut frames);
                     frames.push(("message_delta".into(), json!({

@@ -15,7 +15,7 @@ use crate::worker::testing::Scripted;
 use crate::worker::{Worker, BUDGET_CLOSE_TEXT};
 use crate::AppState;
 
-fn tokenizer() -> Arc<model::tokenizer::Tokenizer> {
+pub(crate) fn tokenizer() -> Arc<model::tokenizer::Tokenizer> {
     static TOK: OnceLock<Arc<model::tokenizer::Tokenizer>> = OnceLock::new();
     TOK.get_or_init(|| {
         let parts = model::vocab::load(model::vocab::QwenVocab::Qwen35).expect("embedded vocab");
@@ -24,7 +24,7 @@ fn tokenizer() -> Arc<model::tokenizer::Tokenizer> {
     .clone()
 }
 
-fn info() -> engine::ModelInfo {
+pub(crate) fn info() -> engine::ModelInfo {
     engine::ModelInfo {
         arch: "qwen35moe".into(),
         name: "tiny".into(),
@@ -67,6 +67,7 @@ async fn server_with(
         think_close_id: tok.token_id("</think>"),
         close_tokens: tok.encode(BUDGET_CLOSE_TEXT, true).expect("encode"),
         close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
+        keepalive: crate::gen::KEEPALIVE,
     };
     let state = Arc::new(
         AppState::new(
@@ -90,14 +91,14 @@ async fn server_with(
     addr
 }
 
-fn greedy() -> RequestDefaults {
+pub(crate) fn greedy() -> RequestDefaults {
     RequestDefaults {
         temperature: 0.0,
         ..RequestDefaults::default()
     }
 }
 
-async fn post(addr: SocketAddr, path: &str, body: &Value, headers: &str) -> Reply {
+pub(crate) async fn post(addr: SocketAddr, path: &str, body: &Value, headers: &str) -> Reply {
     request(addr, "POST", path, headers, Some(&body.to_string())).await
 }
 
@@ -448,7 +449,7 @@ async fn bad_input_is_400_in_the_routes_shape() {
         ),
         (json!({"messages": "hi"}), "messages"),
         (
-            json!({"messages": msgs, "reasoning_effort": "max"}),
+            json!({"messages": msgs, "reasoning_effort": "maximal"}),
             "reasoning_effort",
         ),
     ] {
@@ -534,7 +535,7 @@ async fn api_key_guards_all_but_health() {
     assert_eq!(request(addr, "GET", "/health", "", None).await.status, 200);
 }
 
-fn qwen35() -> Arc<dyn PromptRender> {
+pub(crate) fn qwen35() -> Arc<dyn PromptRender> {
     let t = model::chat::ChatTemplate::new(model::chat::QWEN35_TEMPLATE).expect("template");
     Arc::new(TemplateRenderer(Arc::new(t)))
 }
@@ -583,7 +584,7 @@ async fn qwen35_template_round_trip() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
-fn qwen3() -> Arc<dyn PromptRender> {
+pub(crate) fn qwen3() -> Arc<dyn PromptRender> {
     let t = model::chat::ChatTemplate::new(model::chat::QWEN3_TEMPLATE).expect("template");
     Arc::new(TemplateRenderer(Arc::new(t)))
 }

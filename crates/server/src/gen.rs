@@ -1,11 +1,18 @@
 //! What every generation route shares: rendering the prompt, submitting the job,
 //! reading its output back as structured pieces, the `usage`/`timings` objects, and
-//! the SSE plumbing (a task that writes frames into the response body; when the client
-//! leaves, the body is dropped, the task ends, and the worker stops the request).
+//! the SSE plumbing: a task writes frames into the response body.
+//!
+//! Keep-alives: a generation that has produced nothing for [`Core::keepalive`] yields
+//! [`Step::Idle`] — while the request waits in the queue or its prompt is read, which
+//! takes minutes for an agent's prompt on a CPU — and each streaming route answers
+//! with something its clients' idle watchdogs count (see the routes: a `ping` event or
+//! an SSE comment is dropped below those watchdogs). A client that left makes the
+//! write fail, hyper drops the body, the task is dropped with it, and the worker stops
+//! the request at its next prompt piece or token.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
@@ -14,6 +21,7 @@ use engine::{GenerateRequest, Timings};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use crate::access::RequestLog;
 use crate::error::ApiError;
 use crate::output::{OutputParser, Piece};
 use crate::params::{GenParams, Thinking};
@@ -33,7 +41,17 @@ pub struct Core {
     pub close_tokens: Vec<u32>,
     /// Just `</think>` and a blank line: for budgets too small for the sentence.
     pub close_short: Vec<u32>,
+    /// A stream that has sent nothing for this long gets a keep-alive.
+    pub keepalive: Duration,
 }
+
+/// How long a stream may stay silent before a keep-alive: well inside the idle
+/// watchdogs of agent clients (Claude Code's and Codex's are 300 s), and short enough
+/// that a client that left is noticed within seconds (the write fails).
+pub const KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// The SSE comment line the chat and completions routes keep a stream alive with.
+pub const SSE_COMMENT: &[u8] = b": keep-alive\n\n";
 
 pub fn now_unix() -> u64 {
     SystemTime::now()
@@ -72,15 +90,19 @@ pub fn render_chat(
     if let Some(e) = &thinking.effort {
         extra.entry("reasoning_effort").or_insert_with(|| json!(e));
     }
-    let text = core
-        .renderer
-        .render(
-            &conv.messages,
-            conv.tools.as_ref(),
-            thinking.enabled,
-            &extra,
-        )
-        .map_err(|e| ApiError::field(field, format!("{field}: the chat template failed: {e}")))?;
+    let render = |messages: &[Value]| {
+        core.renderer
+            .render(messages, conv.tools.as_ref(), thinking.enabled, &extra)
+    };
+    // A system turn after the first message stays in place where the template renders
+    // it (Qwen3, ChatML); a template that refuses it (Qwen3.5 accepts a system message
+    // only first) gets it folded into the leading system message.
+    let text = match render(&conv.messages) {
+        Ok(t) => Ok(t),
+        Err(_) if conv.has_later_system() => render(&conv.folded()),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| ApiError::field(field, format!("{field}: the chat template failed: {e}")))?;
     // What the template did decides, not what was asked: a template that ignores
     // `enable_thinking` still leaves the model inside its think block.
     let open = ends_in_open_think(&text);
@@ -98,6 +120,10 @@ pub struct Generation {
     parser: Option<OutputParser>,
     pending: std::collections::VecDeque<Step>,
     done: bool,
+    /// The request's log record: told of the first output, the end, a failure.
+    log: RequestLog,
+    output_started: bool,
+    keepalive: Duration,
 }
 
 /// What a route gets from [`Generation::next`].
@@ -106,6 +132,8 @@ pub enum Step {
     Piece(Piece),
     Done(Finished),
     Failed(String),
+    /// Nothing for [`Core::keepalive`]: a streaming route sends a keep-alive.
+    Idle,
 }
 
 impl Generation {
@@ -117,25 +145,37 @@ impl Generation {
             if self.done {
                 return None;
             }
-            match self.rx.recv().await {
-                Some(Event::Text(t)) => match &mut self.parser {
-                    Some(p) => self.pending.extend(p.push(&t).into_iter().map(Step::Piece)),
-                    None => self.pending.push_back(Step::Piece(Piece::Content(t))),
-                },
+            let Ok(event) = tokio::time::timeout(self.keepalive, self.rx.recv()).await else {
+                return Some(Step::Idle);
+            };
+            match event {
+                Some(Event::Text(t)) => {
+                    if !self.output_started {
+                        self.output_started = true;
+                        self.log.output_started();
+                    }
+                    match &mut self.parser {
+                        Some(p) => self.pending.extend(p.push(&t).into_iter().map(Step::Piece)),
+                        None => self.pending.push_back(Step::Piece(Piece::Content(t))),
+                    }
+                }
                 Some(Event::Done(f)) => {
                     if let Some(p) = &mut self.parser {
                         self.pending.extend(p.finish().into_iter().map(Step::Piece));
                     }
+                    self.log.finished(&f);
                     self.pending.push_back(Step::Done(f));
                     self.done = true;
                 }
                 Some(Event::Failed(e)) => {
+                    self.log.failed(&e);
                     self.pending.push_back(Step::Failed(e));
                     self.done = true;
                 }
                 None => {
-                    self.pending
-                        .push_back(Step::Failed("the engine worker stopped".into()));
+                    let e = "the engine worker stopped";
+                    self.log.failed(e);
+                    self.pending.push_back(Step::Failed(e.into()));
                     self.done = true;
                 }
             }
@@ -156,6 +196,7 @@ pub struct OutputMode<'a> {
 pub fn start(
     state: &AppState,
     route: &str,
+    log: &RequestLog,
     prompt: Vec<u32>,
     params: &GenParams,
     mode: OutputMode<'_>,
@@ -201,6 +242,7 @@ pub fn start(
         ThinkPlan::default()
     };
     let id = state.next_request_id();
+    log.queued(prompt.len());
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         id,
@@ -229,6 +271,9 @@ pub fn start(
         parser,
         pending: Default::default(),
         done: false,
+        log: log.clone(),
+        output_started: false,
+        keepalive: core.keepalive,
     })
 }
 
@@ -257,6 +302,7 @@ pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
             Step::Piece(Piece::ToolEnd { .. }) => {}
             Step::Done(f) => c.finished = Some(f),
             Step::Failed(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+            Step::Idle => {}
         }
     }
     Ok(c)
@@ -308,14 +354,23 @@ impl Sink {
     }
 }
 
-/// An SSE response whose frames come from `task`.
+/// An SSE response whose frames come from `task`. The task is dropped as soon as the
+/// client has gone (hyper dropped the body), even while it waits for the engine: that
+/// drops its `Generation`, and the worker stops the request.
 pub fn sse_response<F, Fut>(task: F) -> Response
 where
     F: FnOnce(Sink) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
-    tokio::spawn(task(Sink(tx)));
+    let watch = tx.clone();
+    let task = task(Sink(tx));
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = task => {}
+            _ = watch.closed() => {}
+        }
+    });
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Response::builder()
         .status(StatusCode::OK)

@@ -28,13 +28,14 @@
 //!   serving `/`, `/health`, `/props`, `/slots`, `/tokenize`, `/detokenize`,
 //!   `/apply-template`, `/metrics`, `/stats.json`. [`app`] merges it with the API
 //!   routes and applies the API-key middleware to every route except `/health` and
-//!   `GET /` (the stats page's static shell; its data comes from `/stats.json`).
+//!   `GET`/`HEAD /` (the stats page's static shell; its data comes from `/stats.json`).
 //! * Files owned by operations: `ops.rs`, `ops/`, `metrics.rs`, `stats_page.rs`,
 //!   `assets/`. Everything else in this crate belongs to the API core.
 
 pub mod metrics;
 pub mod ops;
 
+pub mod access;
 pub mod anthropic;
 pub mod device;
 pub mod error;
@@ -47,6 +48,8 @@ pub mod responses;
 pub mod settings;
 pub mod worker;
 
+#[cfg(test)]
+mod agent_tests;
 #[cfg(test)]
 mod api_tests;
 #[cfg(test)]
@@ -75,6 +78,8 @@ pub struct AppState {
     /// The generation side (engine worker, defaults, renderer); None in tests of the
     /// operations routes, where generation routes answer 503.
     pub core: Option<gen::Core>,
+    /// Where the one line per request goes (`access::tracing_sink` by default).
+    pub access_log: access::LogSink,
     next_id: AtomicU64,
 }
 
@@ -97,8 +102,15 @@ impl AppState {
             api_key,
             model_id,
             core: None,
+            access_log: access::tracing_sink(),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// Sends the request log lines to `sink` instead.
+    pub fn with_access_log(mut self, sink: access::LogSink) -> AppState {
+        self.access_log = sink;
+        self
     }
 
     /// Attaches the generation side.
@@ -134,6 +146,11 @@ pub fn app(state: Arc<AppState>) -> Router {
             state.clone(),
             require_api_key,
         ))
+        // Outermost: refused requests (401, 404) are logged and counted too.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            access::log_requests,
+        ))
         .with_state(state)
 }
 
@@ -164,8 +181,13 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
     };
     // /health is for probes; `GET /` is the stats page's static shell, which holds no
     // data (its script asks for the key and sends it with every /stats.json call).
+    // `HEAD /` is answered as GET is (Claude Code checks connectivity with it).
     let path = req.uri().path();
-    if path == "/health" || (path == "/" && req.method() == axum::http::Method::GET) {
+    let method = req.method();
+    if path == "/health"
+        || (path == "/"
+            && (method == axum::http::Method::GET || method == axum::http::Method::HEAD))
+    {
         return next.run(req).await;
     }
     let headers = req.headers();
@@ -261,6 +283,7 @@ pub fn core_for(
             think_close_id,
             close_tokens,
             close_short,
+            keepalive: gen::KEEPALIVE,
         },
         info,
         tokenizer,

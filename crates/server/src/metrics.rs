@@ -68,7 +68,10 @@ struct Current {
 #[derive(Default, Clone)]
 struct Totals {
     requests_by: BTreeMap<(String, String), u64>,
+    /// Requests that ended in an error: a generation failure, or a 4xx/5xx answer.
     errors: u64,
+    /// 4xx/5xx answers by (route, status).
+    http_errors: BTreeMap<(String, u16), u64>,
     prompt_tokens: u64,
     prompt_seconds: f64,
     cache_tokens: u64,
@@ -337,6 +340,20 @@ impl Stats {
             predicted_ms,
             n_ctx_used: prompt_n + predicted_n,
         });
+    }
+
+    /// A request on `route` was answered with error `status` (4xx/5xx). `new_error`:
+    /// count it in `errors_total` too (false when the worker already did, for a
+    /// generation that failed).
+    pub fn http_error(&self, route: &str, status: u16, new_error: bool) {
+        let mut g = self.lock();
+        *g.totals
+            .http_errors
+            .entry((route.to_string(), status))
+            .or_insert(0) += 1;
+        if new_error {
+            g.totals.errors += 1;
+        }
     }
 
     /// Speculative decoding: `proposed` draft tokens were checked, `accepted` kept.
@@ -611,6 +628,18 @@ impl Stats {
                 escape_label(finish)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP scoria:http_errors_total Requests answered with a 4xx/5xx status, by route and status."
+        );
+        let _ = writeln!(out, "# TYPE scoria:http_errors_total counter");
+        for ((route, status), n) in &t.http_errors {
+            let _ = writeln!(
+                out,
+                "scoria:http_errors_total{{route=\"{}\",status=\"{status}\"}} {n}",
+                escape_label(route)
+            );
+        }
         let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -619,7 +648,7 @@ impl Stats {
         metric(
             "scoria:errors_total",
             "counter",
-            "Requests that failed with an error.",
+            "Requests that ended in an error: answered with a 4xx/5xx status, or failed while streaming.",
             t.errors as f64,
         );
         metric(

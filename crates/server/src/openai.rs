@@ -15,10 +15,11 @@ use axum::Json;
 use engine::FinishReason;
 use serde_json::{json, Map, Value};
 
+use crate::access::RequestLog;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
     collect, core, data_frame, json_body, now_unix, openai_usage, render_chat, sse_response, start,
-    timings_json, unique_suffix, OutputMode, Step,
+    timings_json, unique_suffix, OutputMode, Step, SSE_COMMENT,
 };
 use crate::output::Piece;
 use crate::params::{self, GenParams, Thinking};
@@ -70,14 +71,18 @@ fn call_id(gen_id: u64, index: usize) -> String {
     format!("call_{}{}", unique_suffix(gen_id), index)
 }
 
-pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    match chat_inner(state, &body).await {
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    log: RequestLog,
+    body: Bytes,
+) -> Response {
+    match chat_inner(state, log, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn chat_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response> {
+async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Response> {
     let body = json_body(body).map_err(oa)?;
     let core = core(&state).map_err(oa)?;
     let conv = prompt::openai_chat(&body).map_err(oa)?;
@@ -97,6 +102,7 @@ async fn chat_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response> {
     let gen = start(
         &state,
         "/v1/chat/completions",
+        &log,
         tokens,
         &p,
         OutputMode {
@@ -192,6 +198,12 @@ async fn chat_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response> {
                     Value::Null,
                 ),
                 Step::Piece(Piece::ToolEnd { .. }) => continue,
+                Step::Idle => {
+                    if sink.send(Bytes::from_static(SSE_COMMENT)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 Step::Done(f) => {
                     let mut last = chunk(json!({}), json!(finish_reason(&f, had_calls)));
                     last["timings"] = timings_json(&f.timings);
@@ -272,14 +284,18 @@ fn completion_prompt(
     }
 }
 
-pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    match completions_inner(state, &body).await {
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    log: RequestLog,
+    body: Bytes,
+) -> Response {
+    match completions_inner(state, log, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn completions_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response> {
+async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Response> {
     let body = json_body(body).map_err(oa)?;
     let no_thinking = Thinking {
         enabled: false,
@@ -297,6 +313,7 @@ async fn completions_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response
     let gen = start(
         &state,
         "/v1/completions",
+        &log,
         tokens,
         &p,
         OutputMode {
@@ -342,6 +359,12 @@ async fn completions_inner(state: Arc<AppState>, body: &[u8]) -> Result<Response
             let frame = match step {
                 Step::Piece(Piece::Content(t)) => chunk(&t, Value::Null),
                 Step::Piece(_) => continue,
+                Step::Idle => {
+                    if sink.send(Bytes::from_static(SSE_COMMENT)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 Step::Done(f) => {
                     let mut last = chunk("", json!(finish_reason(&f, false)));
                     last["timings"] = timings_json(&f.timings);

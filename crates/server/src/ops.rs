@@ -152,9 +152,9 @@ fn capabilities(state: &AppState) -> Value {
             "controls": [
                 "reasoning_effort", "enable_thinking", "chat_template_kwargs.enable_thinking",
                 "max_thinking_tokens", "thinking_budget_tokens", "thinking_budget",
-                "reasoning", "thinking",
+                "reasoning", "thinking", "output_config.effort",
             ],
-            "reasoning_effort": ["none", "minimal", "low", "medium", "high", "xhigh"],
+            "reasoning_effort": crate::settings::EFFORTS,
             "split": "reasoning_content (chat), reasoning items (responses), thinking blocks (messages)",
             "default_effort": setting_or(state, "reasoning-effort", Value::Null),
             "default_enable_thinking": setting_or(state, "enable-thinking", Value::Null),

@@ -16,7 +16,10 @@ use crate::settings::{RequestDefaults, EFFORTS};
 pub type Obj = Map<String, Value>;
 
 /// Thinking budget (tokens) that each reasoning effort maps to. The Qwen templates
-/// know only "thinking on/off", so effort is expressed as a budget on the think block.
+/// know only "thinking on/off", so effort is expressed as a budget on the think block:
+/// `minimal` 256, `low` 1024, `medium` 4096; `high`, `xhigh`, `max` and `ultra` are
+/// unbounded (the request's token budget and the answer room still apply). `none`
+/// turns thinking off (handled by `parse_thinking`).
 pub fn effort_budget(effort: &str) -> Option<usize> {
     match effort {
         "minimal" => Some(256),
@@ -423,8 +426,9 @@ fn effort_value(name: &str, v: &str) -> Result<String, ApiError> {
 /// The thinking controls every route understands, under all the names clients use:
 /// `reasoning_effort`, `enable_thinking`, `chat_template_kwargs.{enable_thinking,
 /// reasoning_effort}`, `max_thinking_tokens` and its aliases, the `reasoning` object
-/// (`{"effort", "enabled", "max_tokens"}`) and the Anthropic `thinking` object
-/// (`{"type": "enabled"|"disabled"|"adaptive", "budget_tokens"}`). Names that disagree are a 400.
+/// (`{"effort", "enabled", "max_tokens"}`), the Anthropic `thinking` object
+/// (`{"type": "enabled"|"disabled"|"adaptive", "budget_tokens"}`) and Anthropic's
+/// `output_config.effort`. Names that disagree are a 400.
 pub fn parse_thinking(o: &Obj, d: &RequestDefaults) -> Result<Thinking, ApiError> {
     let mut enabled: Vec<(String, bool)> = Vec::new();
     let mut efforts: Vec<(String, String)> = Vec::new();
@@ -486,6 +490,16 @@ pub fn parse_thinking(o: &Obj, d: &RequestDefaults) -> Result<Thinking, ApiError
                     ))
                 }
             }
+        }
+    }
+    // Anthropic's effort control (Claude Code sends it); read on every route.
+    if let Some(oc) = opt_obj(o, "output_config")? {
+        if let Some(e) = oc.get("effort").filter(|v| !v.is_null()) {
+            let name = "output_config.effort";
+            let e = e.as_str().ok_or_else(|| {
+                ApiError::field(name, format!("{name} must be a string, got {e}"))
+            })?;
+            efforts.push((name.into(), effort_value(name, e)?));
         }
     }
     if let Some(t) = opt_obj(o, "thinking")? {
@@ -675,6 +689,42 @@ mod tests {
     }
 
     #[test]
+    fn every_effort_current_clients_send_is_accepted_on_every_name() {
+        let d = RequestDefaults::default();
+        // Codex offers max and ultra; Claude Code sends output_config.effort up to max.
+        for e in [
+            "none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra",
+        ] {
+            for body in [
+                json!({"reasoning_effort": e}),
+                json!({"reasoning": {"effort": e}}),
+                json!({"output_config": {"effort": e}}),
+                json!({"chat_template_kwargs": {"reasoning_effort": e}}),
+            ] {
+                let t = parse_thinking(&obj(body.clone()), &d)
+                    .unwrap_or_else(|err| panic!("{body}: {err}"));
+                assert_eq!(t.effort.as_deref(), Some(e), "{body}");
+                assert_eq!(t.enabled, e != "none", "{body}");
+                assert_eq!(t.budget, effort_budget(e), "{body}");
+            }
+        }
+        // The nearest budgets: the top efforts are unbounded, as high is.
+        for e in ["high", "xhigh", "max", "ultra"] {
+            assert_eq!(effort_budget(e), None);
+        }
+        assert_eq!(effort_budget("medium"), Some(4096));
+        // output_config.effort must agree with the other names, and be a known value.
+        let e = parse_thinking(
+            &obj(json!({"output_config": {"effort": "low"}, "reasoning_effort": "max"})),
+            &d,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("output_config.effort"), "{e}");
+        let e = parse_thinking(&obj(json!({"output_config": {"effort": "huge"}})), &d).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("output_config.effort"));
+    }
+
+    #[test]
     fn thinking_controls() {
         let d = RequestDefaults::default();
         let t = parse_thinking(&obj(json!({})), &d).unwrap();
@@ -701,7 +751,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.budget, Some(10));
-        assert!(parse_thinking(&obj(json!({"reasoning_effort": "max"})), &d).is_err());
+        assert!(parse_thinking(&obj(json!({"reasoning_effort": "maximal"})), &d).is_err());
         assert!(parse_thinking(
             &obj(
                 json!({"enable_thinking": true, "chat_template_kwargs": {"enable_thinking": false}})

@@ -3,9 +3,12 @@
 //! The template sees OpenAI chat messages: `{"role", "content": string}`, assistant
 //! turns with `reasoning_content` and `tool_calls` (arguments as objects, which the
 //! Qwen3.5 XML template iterates), and `{"role": "tool", "tool_call_id", "content"}`.
-//! System text from anywhere (system and developer turns, Responses `instructions`,
-//! Anthropic `system`) is folded into one leading system message, because the Qwen
-//! templates accept a system message only first.
+//! System text before the first turn (system and developer messages, Responses
+//! `instructions`, Anthropic `system`) becomes one leading system message. A system or
+//! developer message later in the conversation (Claude Code sends one as `messages[1]`)
+//! stays where it is, as a system turn; a template that accepts a system message only
+//! first (Qwen3.5 raises) gets it folded into the leading one instead
+//! ([`Conversation::folded`], chosen in `gen::render_chat`).
 
 use serde_json::{json, Map, Value};
 
@@ -53,6 +56,33 @@ pub struct Conversation {
     pub tools: Option<Value>,
 }
 
+impl Conversation {
+    /// Whether a system turn comes after the first message.
+    pub fn has_later_system(&self) -> bool {
+        self.messages.iter().skip(1).any(|m| m["role"] == "system")
+    }
+
+    /// The messages with every system turn merged, in order, into one leading system
+    /// message: for templates that accept a system message only first.
+    pub fn folded(&self) -> Vec<Value> {
+        let mut system: Vec<&str> = Vec::new();
+        let mut rest = Vec::with_capacity(self.messages.len());
+        for m in &self.messages {
+            if m["role"] == "system" {
+                system.push(m["content"].as_str().unwrap_or(""));
+            } else {
+                rest.push(m.clone());
+            }
+        }
+        let mut out = Vec::with_capacity(rest.len() + 1);
+        if !system.is_empty() {
+            out.push(json!({"role": "system", "content": system.join("\n\n")}));
+        }
+        out.extend(rest);
+        out
+    }
+}
+
 /// Collects system text and turns, then produces the final list.
 #[derive(Default)]
 struct Builder {
@@ -61,9 +91,14 @@ struct Builder {
 }
 
 impl Builder {
+    /// System text: part of the leading system message until the first turn, a
+    /// system turn in place after it.
     fn system(&mut self, text: String) {
-        if !text.is_empty() {
+        if text.is_empty() {
+        } else if self.turns.is_empty() {
             self.system.push(text);
+        } else {
+            self.turns.push(json!({"role": "system", "content": text}));
         }
     }
 
@@ -328,12 +363,25 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
     for (i, m) in msgs.iter().enumerate() {
         let field = format!("messages[{i}]");
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        // Claude Code's mid-conversation system message (a beta it turns on for model
+        // names it does not know): text only, kept in place.
+        if role == "system" {
+            let cf = format!("{field}.content");
+            b.system(content_text(
+                m.get("content").unwrap_or(&Value::Null),
+                &cf,
+                &["text"],
+            )?);
+            continue;
+        }
         if role != "user" && role != "assistant" {
             return Err(ApiError::field(
                 &format!("{field}.role"),
                 format!(
-                    "{field}.role must be \"user\" or \"assistant\", got {:?}",
+                    "{field}.role must be \"user\", \"assistant\" or \"system\", got {}",
                     m.get("role")
+                        .map(Value::to_string)
+                        .unwrap_or_else(|| "nothing".into())
                 ),
             ));
         }
@@ -732,19 +780,63 @@ mod tests {
     }
 
     #[test]
-    fn developer_and_system_folded_first() {
+    fn leading_system_text_joins_later_system_turns_stay_in_place() {
         let c = openai_chat(&obj(json!({"messages": [
             {"role": "system", "content": "S"},
+            {"role": "developer", "content": "D0"},
             {"role": "user", "content": [{"type": "text", "text": "hi"}]},
             {"role": "developer", "content": "D"},
         ]})))
         .unwrap();
         assert_eq!(
-            c.messages[0],
-            json!({"role": "system", "content": "S\n\nD"})
+            c.messages,
+            vec![
+                json!({"role": "system", "content": "S\n\nD0"}),
+                json!({"role": "user", "content": "hi"}),
+                json!({"role": "system", "content": "D"}),
+            ]
         );
-        assert_eq!(c.messages[1], json!({"role": "user", "content": "hi"}));
-        assert_eq!(c.messages.len(), 2);
+        assert!(c.has_later_system());
+        // Folded, for templates that take a system message only first.
+        assert_eq!(
+            c.folded(),
+            vec![
+                json!({"role": "system", "content": "S\n\nD0\n\nD"}),
+                json!({"role": "user", "content": "hi"}),
+            ]
+        );
+    }
+
+    #[test]
+    fn anthropic_accepts_a_system_message_inside_messages() {
+        // Claude Code's mid-conversation system message, as messages[1].
+        let c = anthropic(&obj(json!({
+            "system": "Base.",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "text", "text": "Agents: a, b"}]},
+                {"role": "user", "content": "go"},
+            ],
+        })))
+        .unwrap();
+        assert_eq!(
+            c.messages[2],
+            json!({"role": "system", "content": "Agents: a, b"})
+        );
+        assert_eq!(
+            c.folded()[0],
+            json!({"role": "system", "content": "Base.\n\nAgents: a, b"})
+        );
+        // Before any turn it simply joins the system prompt.
+        let c = anthropic(&obj(json!({"messages": [
+            {"role": "system", "content": "First."},
+            {"role": "user", "content": "hi"}]})))
+        .unwrap();
+        assert_eq!(
+            c.messages[0],
+            json!({"role": "system", "content": "First."})
+        );
+        assert!(!c.has_later_system());
     }
 
     #[test]

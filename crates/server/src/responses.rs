@@ -16,6 +16,7 @@ use axum::Json;
 use engine::FinishReason;
 use serde_json::{json, Map, Value};
 
+use crate::access::RequestLog;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
     collect, core, event_frame, json_body, now_unix, render_chat, sse_response, start,
@@ -182,14 +183,18 @@ fn parse(
     ))
 }
 
-pub async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    match inner(state, &body).await {
+pub async fn responses(
+    State(state): State<Arc<AppState>>,
+    log: RequestLog,
+    body: Bytes,
+) -> Response {
+    match inner(state, log, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, RouteError> {
+async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Response, RouteError> {
     let body = json_body(body).map_err(oa)?;
     let (conv, p, summary) = parse(&state, &body).map_err(oa)?;
     let (tokens, open) =
@@ -197,6 +202,7 @@ async fn inner(state: Arc<AppState>, body: &[u8]) -> Result<Response, RouteError
     let gen = start(
         &state,
         "/v1/responses",
+        &log,
         tokens,
         &p,
         OutputMode {
@@ -505,6 +511,13 @@ impl Streamer {
                         "response.incomplete"
                     };
                     self.emit(kind, json!({"response": r})).await?;
+                }
+                // Keep-alive: Codex's idle timeout (300 s) counts events, not bytes, and
+                // its SSE parser drops comments; `response.in_progress` again is a no-op.
+                Step::Idle => {
+                    let r = self.env.response("in_progress", self.output.clone(), None);
+                    self.emit("response.in_progress", json!({"response": r}))
+                        .await?;
                 }
                 Step::Failed(e) => {
                     let mut r = self.env.response("failed", self.output.clone(), None);

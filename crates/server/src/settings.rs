@@ -102,8 +102,12 @@ struct Spec {
     unset: &'static str,
 }
 
-/// Reasoning efforts a request or the server default may name.
-pub const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh"];
+/// Reasoning efforts a request or the server default may name: OpenAI's (`none` to
+/// `xhigh`), Codex's `max` and `ultra`, and Anthropic's `output_config.effort` values
+/// (`low` to `max`). `params::effort_budget` maps each to a thinking budget.
+pub const EFFORTS: &[&str] = &[
+    "none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra",
+];
 
 const SPECS: &[Spec] = &[
     Spec {
@@ -689,7 +693,7 @@ mod tests {
         o.set("top-p", Some(0.0));
         let e = Settings::resolve(&o).unwrap_err();
         assert!(e.to_string().contains("top-p"), "{e}");
-        let p = write("f.json", r#"{"engine": {"reasoning-effort": "max"}}"#);
+        let p = write("f.json", r#"{"engine": {"reasoning-effort": "extreme"}}"#);
         let e = Settings::resolve(&Overrides {
             config: Some(p),
             ..Default::default()

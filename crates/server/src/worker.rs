@@ -5,12 +5,16 @@
 //! synchronous with decoding: incremental detokenization, stop sequences (a match
 //! stops the engine at once), the thinking budget (forcing the close of the think
 //! block), and cancellation (a client that left: its receiver is closed, so the next
-//! token returns `Flow::Stop`). Text goes back to the route over a tokio channel.
+//! token returns `Flow::Stop`). The prompt callback, after each piece of the prompt,
+//! reports progress to the stats and stops a request whose client left while its
+//! prompt was read. Text goes back to the route over a tokio channel.
 
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use engine::{Completion, FinishReason, Flow, GenerateRequest, Timings, TokenEvent};
+use engine::{
+    Completion, FinishReason, Flow, GenerateRequest, PromptProgress, Timings, TokenEvent,
+};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Stats;
@@ -18,9 +22,12 @@ use crate::output::StopMatcher;
 
 /// What decodes. `engine::Engine` in the server; a scripted fake in tests.
 pub trait Backend: Send + 'static {
+    /// Decodes `req`: `on_prompt` after each piece of the prompt (`Flow::Stop` ends
+    /// the request before its first token), `on_token` after each token.
     fn generate(
         &mut self,
         req: &GenerateRequest,
+        on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
     ) -> Result<Completion, String>;
 
@@ -35,9 +42,11 @@ impl Backend for engine::Engine {
     fn generate(
         &mut self,
         req: &GenerateRequest,
+        on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
     ) -> Result<Completion, String> {
-        engine::Engine::generate(self, req, on_token).map_err(|e| e.to_string())
+        engine::Engine::generate_with_progress(self, req, on_prompt, on_token)
+            .map_err(|e| e.to_string())
     }
 
     fn device_report(&self) -> Option<engine::DeviceReport> {
@@ -203,7 +212,17 @@ pub fn run_job(backend: &mut dyn Backend, stats: &Stats, job: Job) {
     let mut stop_hit: Option<String> = None;
     let mut cancelled = false;
     let mut first = true;
+    // Set when the client left while the prompt was read: (tokens read, of).
+    let mut left_in_prompt: Option<(usize, usize)> = None;
 
+    let mut on_prompt = |p: &PromptProgress| -> Flow {
+        stats.prompt_progress(id, p.done);
+        if tx.is_closed() {
+            left_in_prompt = Some((p.done, p.total));
+            return Flow::Stop;
+        }
+        Flow::Continue
+    };
     let mut on_token = |ev: &TokenEvent| -> Flow {
         if first {
             stats.prompt_progress(id, prompt_tokens);
@@ -253,7 +272,16 @@ pub fn run_job(backend: &mut dyn Backend, stats: &Stats, job: Job) {
         }
         Flow::Continue
     };
-    let result = backend.generate(&req, &mut on_token);
+    let result = backend.generate(&req, &mut on_prompt, &mut on_token);
+    if let Some((done, total)) = left_in_prompt {
+        stats.request_failed(
+            id,
+            &format!(
+                "cancelled: the client left while the prompt was read ({done} of {total} tokens)"
+            ),
+        );
+        return;
+    }
     match result {
         Ok(c) => {
             if stop_hit.is_none() && !cancelled {
@@ -316,8 +344,22 @@ pub(crate) mod testing {
         fn generate(
             &mut self,
             req: &GenerateRequest,
+            on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
             on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
         ) -> Result<Completion, String> {
+            let progress = PromptProgress {
+                done: req.prompt.len(),
+                total: req.prompt.len(),
+                cached: 0,
+            };
+            if on_prompt(&progress) == Flow::Stop {
+                return Ok(Completion {
+                    tokens: Vec::new(),
+                    finish: FinishReason::Stopped,
+                    timings: Timings::default(),
+                    seed: 7,
+                });
+            }
             let mut tokens = Vec::new();
             let mut queue: std::collections::VecDeque<(u32, bool)> =
                 self.script.iter().map(|&t| (t, false)).collect();
@@ -364,6 +406,45 @@ pub(crate) mod testing {
                 },
                 seed: 7,
             })
+        }
+    }
+
+    /// Reads the prompt in `pieces` pieces, `delay` each (reporting after each, and
+    /// stopping when told to), then generates as `inner`. `pieces_read` counts them.
+    pub struct SlowPrompt {
+        pub inner: Scripted,
+        pub pieces: usize,
+        pub delay: std::time::Duration,
+        pub pieces_read: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Backend for SlowPrompt {
+        fn generate(
+            &mut self,
+            req: &GenerateRequest,
+            on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
+            on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+        ) -> Result<Completion, String> {
+            let total = req.prompt.len();
+            for i in 1..=self.pieces {
+                std::thread::sleep(self.delay);
+                self.pieces_read
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let progress = PromptProgress {
+                    done: total * i / self.pieces,
+                    total,
+                    cached: 0,
+                };
+                if on_prompt(&progress) == Flow::Stop {
+                    return Ok(Completion {
+                        tokens: Vec::new(),
+                        finish: FinishReason::Stopped,
+                        timings: Timings::default(),
+                        seed: 7,
+                    });
+                }
+            }
+            self.inner.generate(req, &mut |_| Flow::Continue, on_token)
         }
     }
 
@@ -504,10 +585,11 @@ mod tests {
         fn generate(
             &mut self,
             req: &GenerateRequest,
+            on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
             on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
         ) -> Result<Completion, String> {
             let (n, rx, generated) = (self.n, &mut self.rx, &mut self.generated);
-            let c = self.inner.generate(req, &mut |ev| {
+            let c = self.inner.generate(req, on_prompt, &mut |ev| {
                 if ev.index + 1 == n {
                     rx.take();
                 }
@@ -556,13 +638,14 @@ mod tests {
         fn generate(
             &mut self,
             req: &GenerateRequest,
+            on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
             on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
         ) -> Result<Completion, String> {
             if !self.0 {
                 self.0 = true;
                 panic!("boom");
             }
-            self.1.generate(req, on_token)
+            self.1.generate(req, on_prompt, on_token)
         }
     }
 
@@ -598,10 +681,11 @@ mod tests {
         fn generate(
             &mut self,
             req: &GenerateRequest,
+            on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
             on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
         ) -> Result<Completion, String> {
             self.1 += 1;
-            self.0.generate(req, on_token)
+            self.0.generate(req, on_prompt, on_token)
         }
         fn device_report(&self) -> Option<engine::DeviceReport> {
             Some(engine::DeviceReport {
