@@ -450,9 +450,10 @@ impl Engine {
             // Piece by piece (the pieces `feed` would cut, so the bits are the same),
             // reporting after each one.
             _ => {
-                let n = new.len().div_ceil(PROMPT_CHUNK);
+                let chunk = self.exec.prompt_chunk();
+                let n = new.len().div_ceil(chunk);
                 let mut out = StepOut::Logits(Vec::new());
-                for (i, piece) in new.chunks(PROMPT_CHUNK).enumerate() {
+                for (i, piece) in new.chunks(chunk).enumerate() {
                     let last = i + 1 == n;
                     out = self.feed(piece, if last { want } else { Want::Greedy })?;
                     let progress = PromptProgress {
