@@ -36,6 +36,18 @@ pub struct ServeArgs {
     /// chooses: the GPU when the build has CUDA and one is present, else the CPU].
     #[arg(long)]
     pub device: Option<String>,
+    /// GPU: VRAM to use in all, e.g. 16G [default: the free VRAM minus 512 MiB]. A
+    /// model that does not fit keeps its routed experts in VRAM slots, pinned RAM and
+    /// the file (same output).
+    #[arg(long)]
+    pub vram_budget: Option<String>,
+    /// GPU, tiered experts: pinned RAM for the experts' copy, e.g. 40G [default: what
+    /// is available minus 8 GiB].
+    #[arg(long)]
+    pub ram_budget: Option<String>,
+    /// GPU, tiered experts: a routing profile from `scoria profile` [default: none].
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
     /// CPU threads for the kernels [default: all cores].
     #[arg(long)]
     pub threads: Option<u64>,
@@ -100,6 +112,12 @@ impl ServeArgs {
         o.set("port", self.port);
         o.set("alias", self.alias.clone());
         o.set("device", self.device.clone());
+        o.set("vram-budget", self.vram_budget.clone());
+        o.set("ram-budget", self.ram_budget.clone());
+        o.set(
+            "profile",
+            self.profile.as_ref().map(|p| p.display().to_string()),
+        );
         o.set("threads", self.threads);
         o.set("max-context", self.max_context);
         o.set("temp", self.temp);

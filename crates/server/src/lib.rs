@@ -258,6 +258,9 @@ pub fn core_for(
     let tokenizer = engine.tokenizer_arc();
     let template = engine.chat_template_arc();
     stats.set_device(engine.device_report());
+    if let Some(t) = engine.expert_stats() {
+        stats.set_expert_stats(&t);
+    }
     let think_open_id = tokenizer.token_id("<think>");
     let think_close_id = tokenizer.token_id("</think>");
     let (close_tokens, close_short) = match think_close_id {
@@ -305,6 +308,9 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         threads: settings.threads,
         max_context: settings.max_context,
         device: settings.device,
+        vram_budget: settings.vram_budget,
+        ram_budget: settings.ram_budget,
+        expert_profile: settings.profile.clone(),
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -369,6 +369,29 @@ impl Stats {
         self.lock().expert_tiers = Some(tiers);
     }
 
+    /// The tiered expert store's counters (at load, then after every request): each
+    /// tier's share of expert uses (`hit_rate`, what the stats page shows), uses and
+    /// bytes moved. `vram`: slot hits; `ram`: misses copied from the pinned copy;
+    /// `cpu`: misses the CPU computed from RAM; `disk`: misses read from the file.
+    pub fn set_expert_stats(&self, t: &engine::experts::TierStats) {
+        let uses = t.uses().max(1) as f64;
+        let tier = |n: u64, bytes: Option<u64>| {
+            let mut v = json!({"hit_rate": n as f64 / uses, "uses": n});
+            if let Some(b) = bytes {
+                v["bytes"] = json!(b);
+            }
+            v
+        };
+        let mut disk = tier(t.disk_misses, Some(t.disk_bytes));
+        disk["read_ms"] = json!(t.disk_ns as f64 / 1e6);
+        self.set_expert_tiers(json!({
+            "vram": tier(t.hits, None),
+            "ram": tier(t.ram_misses, Some(t.ram_bytes)),
+            "cpu": tier(t.cpu_misses, Some(t.cpu_bytes)),
+            "disk": disk,
+        }));
+    }
+
     /// The engine's device report (at load, then after every request).
     pub fn set_device(&self, report: engine::DeviceReport) {
         self.lock().device = Some(report);
@@ -503,7 +526,7 @@ impl Stats {
     /// `n_ctx` is the allocated context. Resets the throughput window, as
     /// llama-server does on each scrape.
     pub fn render_prometheus(&self, n_ctx: usize) -> String {
-        let (t, bucket, busy, depth, ctx_used, live_tokens, device) = {
+        let (t, bucket, busy, depth, ctx_used, live_tokens, device, tiers) = {
             let mut g = self.lock();
             let bucket = std::mem::take(&mut g.bucket);
             let ctx_used = match &g.current {
@@ -519,6 +542,7 @@ impl Stats {
                 ctx_used,
                 live,
                 g.device.clone(),
+                g.expert_tiers.clone(),
             )
         };
         let mut out = String::with_capacity(4096);
@@ -730,6 +754,38 @@ impl Stats {
                 escape_label(&d.name)
             );
         }
+        if let Some(tiers) = tiers.as_ref().and_then(Value::as_object) {
+            for (name, help, field) in [
+                (
+                    "scoria:expert_uses_total",
+                    "Routed expert uses by where the expert came from (vram: a slot hit; ram: copied from the pinned RAM copy; cpu: computed by the CPU from RAM; disk: read from the model file).",
+                    "uses",
+                ),
+                (
+                    "scoria:expert_miss_bytes_total",
+                    "Bytes of expert weights moved for misses, by tier.",
+                    "bytes",
+                ),
+            ] {
+                let rows: Vec<(&String, f64)> = tiers
+                    .iter()
+                    .filter_map(|(tier, v)| Some((tier, v.get(field)?.as_f64()?)))
+                    .collect();
+                if rows.is_empty() {
+                    continue;
+                }
+                let _ = writeln!(out, "# HELP {name} {help}");
+                let _ = writeln!(out, "# TYPE {name} counter");
+                for (tier, v) in rows {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{tier=\"{}\"}} {}",
+                        escape_label(tier),
+                        fmt_value(v)
+                    );
+                }
+            }
+        }
         out
     }
 }
@@ -913,6 +969,46 @@ mod tests {
         let text = s.render_prometheus(10);
         assert!(text.contains("finish=\"cancelled\"} 1"));
         assert!(text.contains("finish=\"error\"} 1"));
+    }
+
+    #[test]
+    fn tiered_expert_counters_reach_metrics_and_the_snapshot() {
+        let s = Stats::new();
+        assert!(!s.render_prometheus(10).contains("scoria:expert"));
+        s.set_expert_stats(&engine::experts::TierStats {
+            hits: 60,
+            ram_misses: 20,
+            ram_bytes: 2000,
+            disk_misses: 5,
+            disk_bytes: 500,
+            cpu_misses: 15,
+            cpu_bytes: 1500,
+            disk_ns: 3_000_000,
+        });
+        let text = s.render_prometheus(10);
+        assert!(
+            text.contains("# TYPE scoria:expert_uses_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("scoria:expert_uses_total{tier=\"vram\"} 60\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("scoria:expert_uses_total{tier=\"cpu\"} 15\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("scoria:expert_miss_bytes_total{tier=\"disk\"} 500\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("expert_miss_bytes_total{tier=\"vram\"}"),
+            "{text}"
+        );
+        let snap = s.snapshot();
+        assert_eq!(snap["experts"]["tiers"]["vram"]["hit_rate"], 0.6);
+        assert_eq!(snap["experts"]["tiers"]["disk"]["read_ms"], 3.0);
     }
 
     #[test]

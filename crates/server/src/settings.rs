@@ -90,6 +90,8 @@ enum Kind {
     Effort,
     /// `cpu`, `cuda` or `cuda:N` (`engine::Device`).
     Device,
+    /// A memory size: bytes, or a string such as "16G" (`engine::parse_size`).
+    Size,
 }
 
 struct Spec {
@@ -151,6 +153,27 @@ const SPECS: &[Spec] = &[
         kind: Kind::Device,
         default: || Value::Null,
         unset: "engine's choice: the GPU when the build has CUDA and one is present, else the CPU",
+    },
+    Spec {
+        name: "vram-budget",
+        section: "engine",
+        kind: Kind::Size,
+        default: || Value::Null,
+        unset: "the free VRAM minus 512 MiB; a model that does not fit tiers its experts",
+    },
+    Spec {
+        name: "ram-budget",
+        section: "engine",
+        kind: Kind::Size,
+        default: || Value::Null,
+        unset: "tiered experts: what is available minus 8 GiB, at most every expert",
+    },
+    Spec {
+        name: "profile",
+        section: "engine",
+        kind: Kind::Path,
+        default: || Value::Null,
+        unset: "tiered experts: slots divided evenly, filled on use",
     },
     Spec {
         name: "max-context",
@@ -306,6 +329,10 @@ pub struct Settings {
     pub max_context: Option<usize>,
     /// Where model steps run (None: the engine chooses).
     pub device: Option<engine::Device>,
+    /// Tiered experts: VRAM and pinned-RAM budgets, routing profile.
+    pub vram_budget: Option<u64>,
+    pub ram_budget: Option<u64>,
+    pub profile: Option<PathBuf>,
     pub defaults: RequestDefaults,
     /// (name, value, source) in table order, for the startup line and /props.
     entries: Vec<(&'static str, &'static str, Value, Source)>,
@@ -400,6 +427,12 @@ fn check(spec: &Spec, v: &Value, source: Source) -> Result<Value, SettingsError>
                 EFFORTS.join(", ")
             ))),
         },
+        Kind::Size => match size(v) {
+            Some(_) => Ok(v.clone()),
+            None => Err(bad(format!(
+                "expected a size such as \"16G\", \"12.5GiB\" or a number of bytes, got {v}"
+            ))),
+        },
         Kind::Device => match v.as_str().map(str::parse::<engine::Device>) {
             Some(Ok(d)) => Ok(json!(d.to_string())),
             Some(Err(e)) => Err(bad(e)),
@@ -407,6 +440,15 @@ fn check(spec: &Spec, v: &Value, source: Source) -> Result<Value, SettingsError>
                 "expected \"cpu\", \"cuda\" or \"cuda:N\", got {v}"
             ))),
         },
+    }
+}
+
+/// A size setting's bytes: a JSON number of bytes or a size string.
+fn size(v: &Value) -> Option<u64> {
+    match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => engine::parse_size(s).ok(),
+        _ => None,
     }
 }
 
@@ -540,6 +582,10 @@ impl Settings {
             max_context: n("max-context"),
             // Checked (and normalised to `cpu` / `cuda:N`) by `check`.
             device: get("device").as_str().and_then(|d| d.parse().ok()),
+            // Checked by `check` (a number of bytes or a size string).
+            vram_budget: size(get("vram-budget")),
+            ram_budget: size(get("ram-budget")),
+            profile: s("profile").map(PathBuf::from),
             defaults,
             entries,
             config_path: over.config.clone(),
@@ -755,5 +801,26 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("belongs in the \"engine\""), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod size_settings_tests {
+    use super::*;
+
+    #[test]
+    fn vram_and_ram_budgets_take_sizes_and_refuse_nonsense() {
+        let mut o = Overrides::default();
+        o.set("vram-budget", Some("16G"));
+        o.set("ram-budget", Some(1u64 << 30));
+        o.set("profile", Some("routing.json"));
+        let s = Settings::resolve(&o).expect("resolve");
+        assert_eq!(s.vram_budget, Some(16 << 30));
+        assert_eq!(s.ram_budget, Some(1 << 30));
+        assert_eq!(s.profile, Some(PathBuf::from("routing.json")));
+        let mut o = Overrides::default();
+        o.set("vram-budget", Some("sixteen"));
+        let e = Settings::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("vram-budget") && e.contains("16G"), "{e}");
     }
 }

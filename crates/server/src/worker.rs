@@ -36,6 +36,11 @@ pub trait Backend: Send + 'static {
     fn device_report(&self) -> Option<engine::DeviceReport> {
         None
     }
+
+    /// Where the routed experts computed so far came from, when they are tiered.
+    fn expert_stats(&self) -> Option<engine::experts::TierStats> {
+        None
+    }
 }
 
 impl Backend for engine::Engine {
@@ -51,6 +56,10 @@ impl Backend for engine::Engine {
 
     fn device_report(&self) -> Option<engine::DeviceReport> {
         Some(engine::Engine::device_report(self))
+    }
+
+    fn expert_stats(&self) -> Option<engine::experts::TierStats> {
+        engine::Engine::expert_stats(self)
     }
 }
 
@@ -167,6 +176,9 @@ impl Worker {
                     // Device memory can change with a request (state, caches).
                     if let Some(report) = backend.device_report() {
                         stats.set_device(report);
+                    }
+                    if let Some(t) = backend.expert_stats() {
+                        stats.set_expert_stats(&t);
                     }
                 }
             })?;
