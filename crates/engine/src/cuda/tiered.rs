@@ -17,7 +17,7 @@
 
 use super::weights::{cuda_err, DevWeight, MoeDev};
 use crate::experts::io::{DirectReader, ReadRequest, ALIGN};
-use crate::experts::{ExpertStore, Fetch, Home, TierStats};
+use crate::experts::{CostModel, ExpertStore, Fetch, Home, TierStats};
 use cuda::{Gpu, PinnedBuf};
 use model::weights::Weight;
 use model::{ExecError, ModelWeights};
@@ -27,37 +27,6 @@ use std::time::Instant;
 /// Pinned staging for file reads: room for this many experts at once (more misses
 /// from the file in one batch are read in rounds).
 const STAGING_EXPERTS: usize = 16;
-
-/// How long moving an expert's bytes takes each way, measured at load: over PCIe
-/// from the pinned copy into a slot, or through the CPU kernels computing it.
-#[derive(Debug, Clone, Copy)]
-pub struct CostModel {
-    /// Host→device bytes per second from pinned memory.
-    pub pcie_bps: f64,
-    /// CPU: seconds for a call computing experts, and seconds per expert byte.
-    pub cpu_fixed_s: f64,
-    pub cpu_s_per_byte: f64,
-}
-
-impl CostModel {
-    /// Of `m` misses of `bytes` each, how many the CPU should compute so that the
-    /// CPU and the copies of the rest (which run at once) finish soonest.
-    pub fn split(&self, m: usize, bytes: u64) -> usize {
-        let b = bytes as f64;
-        let cost = |c: usize| {
-            let cpu = if c == 0 {
-                0.0
-            } else {
-                self.cpu_fixed_s + c as f64 * b * self.cpu_s_per_byte
-            };
-            let pcie = (m - c) as f64 * b / self.pcie_bps;
-            cpu.max(pcie)
-        };
-        (0..=m)
-            .min_by(|&a, &c| cost(a).total_cmp(&cost(c)))
-            .unwrap_or(0)
-    }
-}
 
 pub(crate) struct Tiered {
     pub store: RefCell<ExpertStore>,
@@ -77,7 +46,8 @@ pub(crate) struct Tiered {
     staging: RefCell<PinnedBuf>,
 }
 
-/// Bytes of one expert's three matrices as the file stores them.
+/// A layer's three slot buffers (gate, up, down), in the order of an expert's bytes
+/// in the RAM copy.
 fn matrices(m: &MoeDev) -> [&DevWeight; 3] {
     [&m.gate_exps, &m.up_exps, &m.down_exps]
 }

@@ -13,6 +13,7 @@
 //! - [`ExpertStore`] (`store.rs`): where each expert lives now (VRAM slot, pinned RAM,
 //!   file), and each step's slot assignments and fetches, for the executor to carry out.
 
+mod cost;
 mod index;
 pub mod io;
 mod plan;
@@ -20,6 +21,7 @@ mod profile;
 mod record;
 mod store;
 
+pub use cost::CostModel;
 pub use index::{ExpertIndex, IndexError, MatrixLoc, MATRICES};
 pub use io::{AlignedBuf, DirectReader, ReadError, ReadRequest, ReaderOptions};
 pub use plan::{plan, LayerPlan, Plan, PlanError, PlanRequest, SlotRule};
