@@ -192,13 +192,22 @@ fn moe_bench(budget: Duration) {
 
 /// Prompt processing: `matmul` of n tokens against one matrix, per type and kernel level.
 fn matmul_bench(budget: Duration) {
+    // `--isa NAME` runs only that kernel level.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--isa")
+        .and_then(|i| args.get(i + 1))
+        .map(|n| Isa::from_name(n).unwrap_or_else(|| panic!("--isa {n}: no such kernel level")));
     let cases: &[(T, usize, usize, usize)] = &[
         (T::Q4_K, 512, 2048, 16),
         (T::Q4_K, 8192, 2048, 64),
+        (T::Q4_K, 2048, 2048, 512),
         (T::Q6_K, 512, 2048, 16),
         (T::Q6_K, 2048, 2048, 64),
         (T::Q8_0, 512, 2048, 16),
         (T::Q8_0, 2048, 2048, 64),
+        (T::Q8_0, 2048, 2048, 512),
         (T::Q5_K, 2048, 2048, 64),
         (T::IQ4_XS, 2048, 2048, 64),
         (T::Q4_0, 2048, 2048, 64),
@@ -214,9 +223,9 @@ fn matmul_bench(budget: Duration) {
             .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
             .collect();
         let xqs: Vec<quant::ActQ8> = xs.chunks_exact(cols).map(quant::quantize_act).collect();
-        let mut out = vec![0f32; rows * n_tok];
+            let mut out = vec![0f32; rows * n_tok];
         for isa in Isa::ALL {
-            if !isa.is_available() || isa == Isa::Scalar {
+            if !isa.is_available() || isa == Isa::Scalar || only.is_some_and(|o| o != isa) {
                 continue;
             }
             let t = time_it(budget, || {
