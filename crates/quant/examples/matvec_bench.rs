@@ -200,11 +200,13 @@ fn matmul_bench(budget: Duration) {
         .and_then(|i| args.get(i + 1))
         .map(|n| Isa::from_name(n).unwrap_or_else(|| panic!("--isa {n}: no such kernel level")));
     let cases: &[(T, usize, usize, usize)] = &[
+        (T::Q4_K, 512, 2048, 8),
         (T::Q4_K, 512, 2048, 16),
         (T::Q4_K, 8192, 2048, 64),
         (T::Q4_K, 2048, 2048, 512),
         (T::Q6_K, 512, 2048, 16),
         (T::Q6_K, 2048, 2048, 64),
+        (T::Q8_0, 512, 2048, 8),
         (T::Q8_0, 512, 2048, 16),
         (T::Q8_0, 2048, 2048, 64),
         (T::Q8_0, 2048, 2048, 512),

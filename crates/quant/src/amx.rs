@@ -546,19 +546,19 @@ unsafe fn stripe_group<F: Format>(
             }
         }
         for l in l0..l1 {
-            let mut a = [_mm512_setzero_ps(); ROWS];
-            for (r, s) in (l..nsub).step_by(32).enumerate() {
-                let d = dots.add((r * CHUNK_L + l - l0) * tiles * DOT_VECS);
-                let da = _mm512_loadu_ps(acts.da.as_ptr().add((g * nsub + s) * TOKS));
-                let asum = _mm512_loadu_ps(acts.asum.as_ptr().add((g * nsub + s) * TOKS));
-                let p = &st.p[s * ROWS..(s + 1) * ROWS];
-                for m in 0..ROWS {
-                    let lo = *d.add(m);
-                    let hi = if F::HALVES { *d.add(DOT_VECS + m) } else { lo };
-                    a[m] = _mm512_add_ps(a[m], F::contrib(lo, hi, &p[m], da, asum));
+            for m in 0..ROWS {
+                // Accumulator l of row m for 16 tokens: sub-blocks l, l + 32, ... in order.
+                let mut a = _mm512_setzero_ps();
+                for (r, s) in (l..nsub).step_by(32).enumerate() {
+                    let d = dots.add((r * CHUNK_L + l - l0) * tiles * DOT_VECS + m);
+                    let lo = *d;
+                    let hi = if F::HALVES { *d.add(DOT_VECS) } else { lo };
+                    let da = _mm512_loadu_ps(acts.da.as_ptr().add((g * nsub + s) * TOKS));
+                    let asum = _mm512_loadu_ps(acts.asum.as_ptr().add((g * nsub + s) * TOKS));
+                    a = _mm512_add_ps(a, F::contrib(lo, hi, &st.p[s * ROWS + m], da, asum));
                 }
+                sc.acc[l * ROWS + m] = a;
             }
-            sc.acc[l * ROWS..(l + 1) * ROWS].copy_from_slice(&a);
         }
     }
     // The combine tree: acc[l] += acc[l + w] for w = 16, 8, 4, 2, 1.
