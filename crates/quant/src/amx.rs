@@ -58,8 +58,9 @@ trait Format {
     const SIGNED: bool;
     /// Two K = 16 products per sub-block (Q6_K's two scales).
     const HALVES: bool;
-    /// Writes sub-block j's 32 values to `q[j]` and its parameters to `p[j]`.
-    fn unpack(blk: &[u8], q: &mut [[u8; 32]; 8], p: &mut [[f32; 4]; 8]);
+    /// Writes sub-block j's 32 values to `q[j·512..j·512 + 32]` (its row of the
+    /// sub-block's A tile in the stripe) and its parameters to `p[j]`.
+    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]);
     /// The contribution `c` of one (row, sub-block) to 16 tokens: `lo` the int32
     /// dots (`hi` the second half's, for `HALVES`), `da` and `asum` the tokens'
     /// activation scale and integer sum (as f32).
@@ -83,8 +84,8 @@ impl Format for Q8_0 {
     const SIGNED: bool = true;
     const HALVES: bool = false;
     #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [[u8; 32]; 8], p: &mut [[f32; 4]; 8]) {
-        q[0].copy_from_slice(&blk[2..34]);
+    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
+        q[..32].copy_from_slice(&blk[2..34]);
         p[0] = [f16_at(blk, 0), 0.0, 0.0, 0.0];
     }
     #[target_feature(enable = "avx512f")]
@@ -101,11 +102,11 @@ impl Format for Q4_0 {
     const SIGNED: bool = true;
     const HALVES: bool = false;
     #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [[u8; 32]; 8], p: &mut [[f32; 4]; 8]) {
+    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         for j in 0..16 {
             let v = blk[2 + j];
-            q[0][j] = ((v & 0xF) as i8 - 8) as u8;
-            q[0][j + 16] = ((v >> 4) as i8 - 8) as u8;
+            q[j] = ((v & 0xF) as i8 - 8) as u8;
+            q[j + 16] = ((v >> 4) as i8 - 8) as u8;
         }
         p[0] = [f16_at(blk, 0), 0.0, 0.0, 0.0];
     }
@@ -144,13 +145,14 @@ impl Format for Q4K {
     const SIGNED: bool = false;
     const HALVES: bool = false;
     #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [[u8; 32]; 8], p: &mut [[f32; 4]; 8]) {
+    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         let qs = &blk[16..144];
         for c in 0..4 {
+            let (lo, hi) = q[2 * c * TILE..(2 * c + 1) * TILE + 32].split_at_mut(TILE);
             for l in 0..32 {
                 let v = qs[32 * c + l];
-                q[2 * c][l] = v & 0xF;
-                q[2 * c + 1][l] = v >> 4;
+                lo[l] = v & 0xF;
+                hi[l] = v >> 4;
             }
         }
         k_params(blk, p);
@@ -169,11 +171,11 @@ impl Format for Q5K {
     const SIGNED: bool = false;
     const HALVES: bool = false;
     #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [[u8; 32]; 8], p: &mut [[f32; 4]; 8]) {
+    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         let mut v = [0u8; QK_K];
         q5_k_values(blk, &mut v);
-        for (j, qj) in q.iter_mut().enumerate() {
-            qj.copy_from_slice(&v[SUB * j..SUB * j + SUB]);
+        for j in 0..8 {
+            q[j * TILE..j * TILE + 32].copy_from_slice(&v[SUB * j..SUB * j + SUB]);
         }
         k_params(blk, p);
     }
@@ -191,12 +193,12 @@ impl Format for Q6K {
     const SIGNED: bool = true;
     const HALVES: bool = true;
     #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [[u8; 32]; 8], p: &mut [[f32; 4]; 8]) {
+    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         let mut v = [0i8; QK_K];
         q6_k_values(blk, &mut v);
         let d = f16_at(blk, 208);
         for j in 0..8 {
-            for (o, &x) in q[j].iter_mut().zip(&v[SUB * j..SUB * j + SUB]) {
+            for (o, &x) in q[j * TILE..j * TILE + 32].iter_mut().zip(&v[SUB * j..SUB * j + SUB]) {
                 *o = x as u8;
             }
             let (lo, hi) = (blk[192 + 2 * j] as i8, blk[193 + 2 * j] as i8);
@@ -221,13 +223,13 @@ impl Format for Iq4Xs {
     const SIGNED: bool = true;
     const HALVES: bool = false;
     #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [[u8; 32]; 8], p: &mut [[f32; 4]; 8]) {
+    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         let d = f16_at(blk, 0);
         for j in 0..8 {
             let qs = &blk[8 + 16 * j..8 + 16 * j + 16];
             for l in 0..16 {
-                q[j][l] = KVALUES_IQ4NL[(qs[l] & 0xF) as usize] as u8;
-                q[j][l + 16] = KVALUES_IQ4NL[(qs[l] >> 4) as usize] as u8;
+                q[j * TILE + l] = KVALUES_IQ4NL[(qs[l] & 0xF) as usize] as u8;
+                q[j * TILE + l + 16] = KVALUES_IQ4NL[(qs[l] >> 4) as usize] as u8;
             }
             p[j] = [d, iq4_xs_scale(blk, j) as f32, 0.0, 0.0];
         }
@@ -294,15 +296,14 @@ impl Stripe {
             self.q.fill(0);
             self.p.fill([0.0; 4]);
         }
-        let mut q = [[0u8; 32]; 8];
         let mut p = [[0f32; 4]; 8];
         for (m, row) in rows.chunks_exact(rb).enumerate() {
             for (b, blk) in row.chunks_exact(F::BLOCK_BYTES).enumerate() {
-                F::unpack(blk, &mut q, &mut p);
+                let s0 = F::SUBS * b;
+                // Sub-block s0 + j of row m starts at (s0 + j)·512 + 32·m.
+                F::unpack(blk, &mut self.q[s0 * TILE + 32 * m..], &mut p);
                 for j in 0..F::SUBS {
-                    let s = F::SUBS * b + j;
-                    self.q[s * TILE + 32 * m..s * TILE + 32 * m + 32].copy_from_slice(&q[j]);
-                    self.p[s * ROWS + m] = p[j];
+                    self.p[(s0 + j) * ROWS + m] = p[j];
                 }
             }
         }
@@ -546,18 +547,22 @@ unsafe fn stripe_group<F: Format>(
             }
         }
         for l in l0..l1 {
-            for m in 0..ROWS {
-                // Accumulator l of row m for 16 tokens: sub-blocks l, l + 32, ... in order.
-                let mut a = _mm512_setzero_ps();
+            // Accumulator l of rows m..m + 4, 16 tokens each: sub-blocks l, l + 32, ...
+            // in increasing order (four rows at once share the activation loads).
+            for m in (0..ROWS).step_by(4) {
+                let mut a = [_mm512_setzero_ps(); 4];
                 for (r, s) in (l..nsub).step_by(32).enumerate() {
                     let d = dots.add((r * CHUNK_L + l - l0) * tiles * DOT_VECS + m);
-                    let lo = *d;
-                    let hi = if F::HALVES { *d.add(DOT_VECS) } else { lo };
                     let da = _mm512_loadu_ps(acts.da.as_ptr().add((g * nsub + s) * TOKS));
                     let asum = _mm512_loadu_ps(acts.asum.as_ptr().add((g * nsub + s) * TOKS));
-                    a = _mm512_add_ps(a, F::contrib(lo, hi, &st.p[s * ROWS + m], da, asum));
+                    let p = &st.p[s * ROWS + m..s * ROWS + m + 4];
+                    for i in 0..4 {
+                        let lo = *d.add(i);
+                        let hi = if F::HALVES { *d.add(DOT_VECS + i) } else { lo };
+                        a[i] = _mm512_add_ps(a[i], F::contrib(lo, hi, &p[i], da, asum));
+                    }
                 }
-                sc.acc[l * ROWS + m] = a;
+                sc.acc[l * ROWS + m..l * ROWS + m + 4].copy_from_slice(&a);
             }
         }
     }

@@ -470,10 +470,12 @@ pub fn matvec_many(jobs: &mut [MatvecJob<'_>]) {
 /// Tokens processed together against one chunk of rows (their activations stay in cache).
 const TOKEN_TILE: usize = 8;
 
-/// The fewest tokens for which a matmul at the AMX level uses the tile unit (it
-/// computes 16 tokens at a time and unpacks each weight stripe once per call; below
-/// this the AVX-512 many-token kernels are faster).
-const AMX_MIN_TOKENS: usize = 8;
+/// The fewest tokens for which a matmul at the AMX level runs a group of 16 tokens on
+/// the tile unit. A group costs the same however few of its 16 tokens are real; measured
+/// on the dev box (Q4_K and Q8_0, 512 × 2048), a full group is ~1.2× the AVX-512 kernels'
+/// speed and a half-full one ~0.6×, so a matmul's last few tokens (and a matmul of few
+/// tokens) go to the AVX-512 kernels instead.
+const AMX_MIN_TOKENS: usize = 12;
 
 /// Many tokens against one matrix: `xs` is n_tok × n_cols (row-major), `xqs` one
 /// `ActQ8` per token (may be empty for float types), `out` n_tok × n_rows (row-major).
@@ -533,9 +535,19 @@ pub fn try_matmul_with(
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Amx && !float && n_tok >= AMX_MIN_TOKENS && amx::supports(ty) {
-        amx::matmul(ty, w, rb, xqs, out, isa::amx_proof());
-        return Ok(());
+    if isa == Isa::Amx && !float && amx::supports(ty) {
+        // Whole groups of 16 tokens, and a last partial group unless it is small.
+        let rest = n_tok % 16;
+        let n_amx = if rest >= AMX_MIN_TOKENS { n_tok } else { n_tok - rest };
+        if n_amx > 0 {
+            let (head, tail) = out.split_at_mut(n_amx * n_rows);
+            amx::matmul(ty, w, rb, &xqs[..n_amx], head, isa::amx_proof());
+            if n_amx < n_tok {
+                let xs_tail = if xs.is_empty() { xs } else { &xs[n_amx * n_cols..] };
+                return try_matmul_with(Isa::Avx512, ty, w, n_cols, xs_tail, &xqs[n_amx..], tail);
+            }
+            return Ok(());
+        }
     }
     // Computed row-major by weight row (rows × tokens) so that tasks own disjoint
     // memory, then transposed into `out`.
