@@ -225,7 +225,7 @@ fn matmul_bench(budget: Duration) {
             .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
             .collect();
         let xqs: Vec<quant::ActQ8> = xs.chunks_exact(cols).map(quant::quantize_act).collect();
-            let mut out = vec![0f32; rows * n_tok];
+        let mut out = vec![0f32; rows * n_tok];
         for isa in Isa::ALL {
             if !isa.is_available() || isa == Isa::Scalar || only.is_some_and(|o| o != isa) {
                 continue;

@@ -198,7 +198,10 @@ impl Format for Q6K {
         q6_k_values(blk, &mut v);
         let d = f16_at(blk, 208);
         for j in 0..8 {
-            for (o, &x) in q[j * TILE..j * TILE + 32].iter_mut().zip(&v[SUB * j..SUB * j + SUB]) {
+            for (o, &x) in q[j * TILE..j * TILE + 32]
+                .iter_mut()
+                .zip(&v[SUB * j..SUB * j + SUB])
+            {
                 *o = x as u8;
             }
             let (lo, hi) = (blk[192 + 2 * j] as i8, blk[193 + 2 * j] as i8);
@@ -237,7 +240,11 @@ impl Format for Iq4Xs {
     #[target_feature(enable = "avx512f")]
     #[inline]
     unsafe fn contrib(lo: __m512i, _: __m512i, p: &[f32; 4], da: __m512, _: __m512) -> __m512 {
-        scaled(p[0], da, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(p[1])))
+        scaled(
+            p[0],
+            da,
+            _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(p[1])),
+        )
     }
 }
 
@@ -662,7 +669,14 @@ fn run<F: Format>(w: &[u8], rb: usize, xqs: &[ActQ8], out: &mut [f32], _proof: A
 /// `out[t·n_rows + r]` = row r of `w` (rows of `rb` bytes of `ty`) · token t, for
 /// `ty` with [`supports`]; bit-identical to the single-row dot. Shapes are checked by
 /// the caller (`try_matmul_with`).
-pub(crate) fn matmul(ty: GgmlType, w: &[u8], rb: usize, xqs: &[ActQ8], out: &mut [f32], proof: AmxProof) {
+pub(crate) fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    rb: usize,
+    xqs: &[ActQ8],
+    out: &mut [f32],
+    proof: AmxProof,
+) {
     use GgmlType as T;
     match ty {
         T::Q8_0 => run::<Q8_0>(w, rb, xqs, out, proof),

@@ -538,12 +538,20 @@ pub fn try_matmul_with(
     if isa == Isa::Amx && !float && amx::supports(ty) {
         // Whole groups of 16 tokens, and a last partial group unless it is small.
         let rest = n_tok % 16;
-        let n_amx = if rest >= AMX_MIN_TOKENS { n_tok } else { n_tok - rest };
+        let n_amx = if rest >= AMX_MIN_TOKENS {
+            n_tok
+        } else {
+            n_tok - rest
+        };
         if n_amx > 0 {
             let (head, tail) = out.split_at_mut(n_amx * n_rows);
             amx::matmul(ty, w, rb, &xqs[..n_amx], head, isa::amx_proof());
             if n_amx < n_tok {
-                let xs_tail = if xs.is_empty() { xs } else { &xs[n_amx * n_cols..] };
+                let xs_tail = if xs.is_empty() {
+                    xs
+                } else {
+                    &xs[n_amx * n_cols..]
+                };
                 return try_matmul_with(Isa::Avx512, ty, w, n_cols, xs_tail, &xqs[n_amx..], tail);
             }
             return Ok(());

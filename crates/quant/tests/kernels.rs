@@ -575,7 +575,14 @@ fn amx_matmul_is_bit_identical_to_the_scalar_dot() {
             &[256, 768, 2304, 8448]
         };
         for &n_cols in cols {
-            for (n_rows, n_tok) in [(1usize, 12usize), (15, 16), (16, 17), (17, 31), (33, 40), (50, 13)] {
+            for (n_rows, n_tok) in [
+                (1usize, 12usize),
+                (15, 16),
+                (16, 17),
+                (17, 31),
+                (33, 40),
+                (50, 13),
+            ] {
                 let rb = quant::row_bytes(ty, n_cols).unwrap();
                 let mut w = Vec::with_capacity(n_rows * rb);
                 for _ in 0..n_rows {
@@ -586,7 +593,9 @@ fn amx_matmul_is_bit_identical_to_the_scalar_dot() {
                 for t in 0..n_tok {
                     let x: Vec<f32> = if t % 3 == 0 {
                         // Every value ±1: each activation block quantizes to ±127.
-                        (0..n_cols).map(|_| if rng.random_bool(0.5) { 1.0 } else { -1.0 }).collect()
+                        (0..n_cols)
+                            .map(|_| if rng.random_bool(0.5) { 1.0 } else { -1.0 })
+                            .collect()
                     } else {
                         rand_floats(&mut rng, n_cols)
                     };

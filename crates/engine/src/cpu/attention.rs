@@ -256,7 +256,9 @@ fn wide_kernels() -> Wide {
             "amx" | "avx512" | "avx512bw" if std::arch::is_x86_feature_detected!("avx512f") => {
                 return Wide::Avx512
             }
-            "amx" | "avx512" | "avx512bw" | "avx2" if std::arch::is_x86_feature_detected!("avx2") => {
+            "amx" | "avx512" | "avx512bw" | "avx2"
+                if std::arch::is_x86_feature_detected!("avx2") =>
+            {
                 return Wide::Avx2
             }
             _ => {}
