@@ -296,7 +296,11 @@ impl Stripe {
     }
 
     /// Unpacks `rows` (whole rows of `rb` bytes, at most 16); the missing rows are zero.
-    fn fill<F: Format>(&mut self, rows: &[u8], rb: usize) {
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL must be available (the unpacking loops are compiled for it).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn fill<F: Format>(&mut self, rows: &[u8], rb: usize) {
         let n_rows = rows.len() / rb;
         if n_rows < ROWS {
             // Only the last stripe of a matrix is short; its missing rows compute zeros.
@@ -612,8 +616,11 @@ unsafe impl Sync for Out {}
 unsafe fn run_rows<F: Format>(w: &[u8], rb: usize, r0: usize, acts: &Acts, out: Out) {
     let cfg = TileConfig::new(F::HALVES);
     asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
-    let mut st = Stripe::new(acts.nsub);
-    let mut sc = Scratch::new(acts.nsub);
+    // This thread's buffers from an earlier call of the same width, else new ones.
+    let (mut st, mut sc) = BUFS
+        .with(|b| b.take())
+        .filter(|(st, _)| st.p.len() == acts.nsub * ROWS)
+        .unwrap_or_else(|| (Stripe::new(acts.nsub), Scratch::new(acts.nsub)));
     let mut res = [[0f32; TOKS]; ROWS];
     for (i, rows) in w.chunks(ROWS * rb).enumerate() {
         st.fill::<F>(rows, rb);
@@ -634,6 +641,14 @@ unsafe fn run_rows<F: Format>(w: &[u8], rb: usize, r0: usize, acts: &Acts, out: 
         }
     }
     asm!("tilerelease", options(nostack, nomem));
+    BUFS.with(|b| b.set(Some((st, sc))));
+}
+
+thread_local! {
+    /// The stripe and scratch buffers of this thread's last task (~50 KiB for 2,048
+    /// columns), kept so that a matmul of many small tasks does not allocate and zero
+    /// them per task. A width change replaces them.
+    static BUFS: std::cell::Cell<Option<(Stripe, Scratch)>> = const { std::cell::Cell::new(None) };
 }
 
 fn run<F: Format>(w: &[u8], rb: usize, xqs: &[ActQ8], out: &mut [f32], _proof: AmxProof) {
