@@ -117,13 +117,22 @@ impl Format for Q4_0 {
     }
 }
 
-/// Q4_K and Q5_K parameters of sub-block j: d, dmin, sc, m.
+/// Q4_K and Q5_K parameters of sub-block j: d, dmin, sc, m. The 6-bit scales and
+/// mins of `k_scale_min`, four sub-blocks per 32-bit word: bytes 0..4 of the scales
+/// hold sc (low 6 bits) of sub-blocks 0..4 and, in their top 2 bits, bits 4..6 of sc
+/// of sub-blocks 4..8; bytes 4..8 likewise for m; bytes 8..12 the low 4 bits of sc
+/// (low nibble) and m (high nibble) of sub-blocks 4..8.
 #[inline(always)]
 fn k_params(blk: &[u8], p: &mut [[f32; 4]; 8]) {
     let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+    let word = |o: usize| u32::from_le_bytes([blk[4 + o], blk[5 + o], blk[6 + o], blk[7 + o]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    let sc = (a & 0x3F3F_3F3F) as u64
+        | (((c & 0x0F0F_0F0F) | ((a >> 2) & 0x3030_3030)) as u64) << 32;
+    let m = (b & 0x3F3F_3F3F) as u64
+        | ((((c >> 4) & 0x0F0F_0F0F) | ((b >> 2) & 0x3030_3030)) as u64) << 32;
     for (j, pj) in p.iter_mut().enumerate() {
-        let (sc, m) = k_scale_min(&blk[4..16], j);
-        *pj = [d, dmin, sc as f32, m as f32];
+        *pj = [d, dmin, (sc >> (8 * j)) as u8 as f32, (m >> (8 * j)) as u8 as f32];
     }
 }
 
