@@ -18,7 +18,7 @@
 //! (and the Q6_K fma) is exact and equals the integer's conversion.
 //!
 //! Weights are unpacked per call, 16 rows at a time (a stripe: one byte per value plus
-//! four f32 parameters per sub-block and row, ~40 KiB for 2,048 columns), and reused
+//! four f32 parameters per sub-block and row, 48 KiB for 2,048 columns), and reused
 //! by every token group; nothing is repacked at load, so weights cost no extra memory.
 //! Activations are laid out once per call in the tile unit's B layout (16 tokens ×
 //! 4 consecutive bytes per 64-byte row). Missing rows and tokens of the last stripe
@@ -654,7 +654,7 @@ unsafe fn run_rows<F: Format>(w: &[u8], rb: usize, r0: usize, acts: &Acts, out: 
 }
 
 thread_local! {
-    /// The stripe and scratch buffers of this thread's last task (~50 KiB for 2,048
+    /// The stripe and scratch buffers of this thread's last task (~96 KiB for 2,048
     /// columns), kept so that a matmul of many small tasks does not allocate and zero
     /// them per task. A width change replaces them.
     static BUFS: std::cell::Cell<Option<(Stripe, Scratch)>> = const { std::cell::Cell::new(None) };
