@@ -199,6 +199,12 @@ fn matmul_bench(budget: Duration) {
         .position(|a| a == "--isa")
         .and_then(|i| args.get(i + 1))
         .map(|n| Isa::from_name(n).unwrap_or_else(|| panic!("--isa {n}: no such kernel level")));
+    // `--case TYPExROWSxCOLSxN` (e.g. q4_Kx512x2048x16) runs only that case.
+    let case = args
+        .iter()
+        .position(|a| a == "--case")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let cases: &[(T, usize, usize, usize)] = &[
         (T::Q4_K, 512, 2048, 8),
         (T::Q4_K, 512, 2048, 16),
@@ -219,6 +225,13 @@ fn matmul_bench(budget: Duration) {
         "type", "rows x cols x n", "isa", "Mdot/s", "GFLOP/s"
     );
     for &(ty, rows, cols, n_tok) in cases {
+        let name = format!("{}x{rows}x{cols}x{n_tok}", ty.name());
+        if case
+            .as_ref()
+            .is_some_and(|c| !c.eq_ignore_ascii_case(&name))
+        {
+            continue;
+        }
         let w = random_matrix(ty, rows, cols, 5);
         let mut s = 11u64;
         let xs: Vec<f32> = (0..cols * n_tok)

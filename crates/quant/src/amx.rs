@@ -60,7 +60,10 @@ trait Format {
     const HALVES: bool;
     /// Writes sub-block j's 32 values to `q[j·512..j·512 + 32]` (its row of the
     /// sub-block's A tile in the stripe) and its parameters to `p[j]`.
-    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]);
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL, AVX2, FMA and F16C must be available.
+    unsafe fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]);
     /// The contribution `c` of one (row, sub-block) to 16 tokens: `lo` the int32
     /// dots (`hi` the second half's, for `HALVES`), `da` and `asum` the tokens'
     /// activation scale and integer sum (as f32).
@@ -83,8 +86,9 @@ impl Format for Q8_0 {
     const SUBS: usize = 1;
     const SIGNED: bool = true;
     const HALVES: bool = false;
-    #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         q[..32].copy_from_slice(&blk[2..34]);
         p[0] = [f16_at(blk, 0), 0.0, 0.0, 0.0];
     }
@@ -101,8 +105,9 @@ impl Format for Q4_0 {
     const SUBS: usize = 1;
     const SIGNED: bool = true;
     const HALVES: bool = false;
-    #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         for j in 0..16 {
             let v = blk[2 + j];
             q[j] = ((v & 0xF) as i8 - 8) as u8;
@@ -122,17 +127,40 @@ impl Format for Q4_0 {
 /// hold sc (low 6 bits) of sub-blocks 0..4 and, in their top 2 bits, bits 4..6 of sc
 /// of sub-blocks 4..8; bytes 4..8 likewise for m; bytes 8..12 the low 4 bits of sc
 /// (low nibble) and m (high nibble) of sub-blocks 4..8.
-#[inline(always)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
 fn k_params(blk: &[u8], p: &mut [[f32; 4]; 8]) {
-    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-    let word = |o: usize| u32::from_le_bytes([blk[4 + o], blk[5 + o], blk[6 + o], blk[7 + o]]);
+    let head = &blk[..16];
+    // [d, dmin, 0, 0]: F16C converts exactly, as `f16_at` does.
+    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+        head[0], head[1], head[2], head[3],
+    ])));
+    let word = |o: usize| u32::from_le_bytes([head[4 + o], head[5 + o], head[6 + o], head[7 + o]]);
     let (a, b, c) = (word(0), word(4), word(8));
-    let sc = (a & 0x3F3F_3F3F) as u64
-        | (((c & 0x0F0F_0F0F) | ((a >> 2) & 0x3030_3030)) as u64) << 32;
+    let sc =
+        (a & 0x3F3F_3F3F) as u64 | (((c & 0x0F0F_0F0F) | ((a >> 2) & 0x3030_3030)) as u64) << 32;
     let m = (b & 0x3F3F_3F3F) as u64
         | ((((c >> 4) & 0x0F0F_0F0F) | ((b >> 2) & 0x3030_3030)) as u64) << 32;
-    for (j, pj) in p.iter_mut().enumerate() {
-        *pj = [d, dmin, (sc >> (8 * j)) as u8 as f32, (m >> (8 * j)) as u8 as f32];
+    let scv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
+    let mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)));
+    // (sc_j, m_j) pairs: lo = j 0, 1 | 4, 5; hi = j 2, 3 | 6, 7.
+    let lo = _mm256_unpacklo_ps(scv, mv);
+    let hi = _mm256_unpackhi_ps(scv, mv);
+    let pairs = [
+        _mm256_castps256_ps128(lo),
+        _mm256_castps256_ps128(hi),
+        _mm256_extractf128_ps::<1>(lo),
+        _mm256_extractf128_ps::<1>(hi),
+    ];
+    for (k, &pr) in pairs.iter().enumerate() {
+        // [d, dmin, sc, m] of sub-blocks 2k and 2k + 1.
+        let even = _mm_shuffle_ps::<0b01_00_01_00>(dd, pr);
+        let odd = _mm_shuffle_ps::<0b11_10_01_00>(dd, pr);
+        // SAFETY: each destination is a [f32; 4], 16 writable bytes.
+        unsafe {
+            _mm_storeu_ps(p[2 * k].as_mut_ptr(), even);
+            _mm_storeu_ps(p[2 * k + 1].as_mut_ptr(), odd);
+        }
     }
 }
 
@@ -153,8 +181,9 @@ impl Format for Q4K {
     const SUBS: usize = 8;
     const SIGNED: bool = false;
     const HALVES: bool = false;
-    #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         let qs = &blk[16..144];
         for c in 0..4 {
             let (lo, hi) = q[2 * c * TILE..(2 * c + 1) * TILE + 32].split_at_mut(TILE);
@@ -179,8 +208,9 @@ impl Format for Q5K {
     const SUBS: usize = 8;
     const SIGNED: bool = false;
     const HALVES: bool = false;
-    #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         let mut v = [0u8; QK_K];
         q5_k_values(blk, &mut v);
         for j in 0..8 {
@@ -201,8 +231,9 @@ impl Format for Q6K {
     const SUBS: usize = 8;
     const SIGNED: bool = true;
     const HALVES: bool = true;
-    #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         let mut v = [0i8; QK_K];
         q6_k_values(blk, &mut v);
         let d = f16_at(blk, 208);
@@ -234,8 +265,9 @@ impl Format for Iq4Xs {
     const SUBS: usize = 8;
     const SIGNED: bool = true;
     const HALVES: bool = false;
-    #[inline(always)]
-    fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn unpack(blk: &[u8], q: &mut [u8], p: &mut [[f32; 4]; 8]) {
         let d = f16_at(blk, 0);
         for j in 0..8 {
             let qs = &blk[8 + 16 * j..8 + 16 * j + 16];
@@ -321,6 +353,7 @@ impl Stripe {
             for (b, blk) in row.chunks_exact(F::BLOCK_BYTES).enumerate() {
                 let s0 = F::SUBS * b;
                 // Sub-block s0 + j of row m starts at (s0 + j)·512 + 32·m.
+                // SAFETY: this function's target features are the ones `unpack` needs.
                 F::unpack(blk, &mut self.q[s0 * TILE + 32 * m..], &mut p);
                 for j in 0..F::SUBS {
                     self.p[(s0 + j) * ROWS + m] = p[j];
