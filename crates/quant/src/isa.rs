@@ -180,9 +180,11 @@ pub(crate) fn avx512_proof() -> Avx512Proof {
 /// Proof that the AMX level (AVX-512 VNNI, AMX-TILE, AMX-INT8, the OS's tile
 /// permission) was detected (only made here).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct AmxProof(());
 
 /// Panics unless the AMX level is available; callers check `Isa::is_available` first.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn amx_proof() -> AmxProof {
     assert!(Isa::Amx.is_available());
     AmxProof(())

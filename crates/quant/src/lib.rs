@@ -475,6 +475,7 @@ const TOKEN_TILE: usize = 8;
 /// on the dev box (Q4_K and Q8_0, 512 × 2048), a full group is ~1.2× the AVX-512 kernels'
 /// speed and a half-full one ~0.6×, so a matmul's last few tokens (and a matmul of few
 /// tokens) go to the AVX-512 kernels instead.
+#[cfg(target_arch = "x86_64")]
 const AMX_MIN_TOKENS: usize = 12;
 
 /// Many tokens against one matrix: `xs` is n_tok × n_cols (row-major), `xqs` one
