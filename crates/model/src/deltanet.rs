@@ -11,67 +11,95 @@
 //! ggml `gated_delta_net`). Prompts run the same recurrence token by token, so a
 //! prompt and a decode produce the same state bit for bit.
 
-/// One token of one value head; writes the output into `o` (length dv).
-pub fn step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o: &mut [f32]) {
-    let dv = v.len();
-    let decay = crate::math::exp(g);
-    for x in s.iter_mut() {
-        *x *= decay;
-    }
-    let mut kv = vec![0.0f32; dv];
-    for (i, &ki) in k.iter().enumerate() {
-        let row = &s[i * dv..(i + 1) * dv];
-        for (acc, &sij) in kv.iter_mut().zip(row) {
-            *acc += sij * ki;
+use crate::simd::multiversion;
+
+multiversion! {
+    /// One token of one value head; writes the output into `o` (length dv). `q` and
+    /// `k` have length dk and `s` is dk × dv.
+    ///
+    /// The four steps above run as two passes over S, row by row: row i is decayed
+    /// and then added into kv (kv_j still adds rows in increasing i), and after δ,
+    /// row i is updated and then added into o. Every element sees the operations of
+    /// the four-pass formulation in the same order, so the bits are the same.
+    pub fn step / step_at(
+        s: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: f32,
+        beta: f32,
+        o: &mut [f32],
+    ) {
+        let dv = v.len();
+        assert_eq!(q.len(), k.len(), "deltanet::step: q and k lengths differ");
+        assert_eq!(s.len(), k.len() * dv, "deltanet::step: state is not dk × dv");
+        assert_eq!(o.len(), dv, "deltanet::step: output is not dv long");
+        let decay = crate::math::exp(g);
+        // kv, then δ in the same buffer.
+        let mut kv = vec![0.0f32; dv];
+        for (row, &ki) in s.chunks_exact_mut(dv).zip(k) {
+            for (acc, sij) in kv.iter_mut().zip(row.iter_mut()) {
+                *sij *= decay;
+                *acc += *sij * ki;
+            }
         }
-    }
-    let delta: Vec<f32> = v
-        .iter()
-        .zip(&kv)
-        .map(|(&vj, &kvj)| beta * (vj - kvj))
-        .collect();
-    for (i, &ki) in k.iter().enumerate() {
-        let row = &mut s[i * dv..(i + 1) * dv];
-        for (sij, &dj) in row.iter_mut().zip(&delta) {
-            *sij += ki * dj;
+        for (d, &vj) in kv.iter_mut().zip(v) {
+            *d = beta * (vj - *d);
         }
-    }
-    o.iter_mut().for_each(|x| *x = 0.0);
-    for (i, &qi) in q.iter().enumerate() {
-        let row = &s[i * dv..(i + 1) * dv];
-        for (acc, &sij) in o.iter_mut().zip(row) {
-            *acc += sij * qi;
+        let delta = kv;
+        o.iter_mut().for_each(|x| *x = 0.0);
+        for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
+            for ((sij, &dj), acc) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
+                *sij += ki * dj;
+                *acc += *sij * qi;
+            }
         }
     }
 }
 
-/// Causal depthwise conv of one token over `channels`: `state` holds the previous
-/// d_conv−1 inputs per channel (oldest first, channel-major), `w` holds d_conv taps
-/// per channel (tap d_conv−1 multiplies the current input). Writes silu(conv) to
-/// `out` and shifts the new input into the state.
-pub fn conv_step(state: &mut [f32], w: &[f32], x: &[f32], d_conv: usize, out: &mut [f32]) {
-    let hist = d_conv - 1;
-    for c in 0..x.len() {
-        let taps = &w[c * d_conv..(c + 1) * d_conv];
-        let st = &mut state[c * hist..(c + 1) * hist];
-        let mut acc = 0.0f32;
-        for j in 0..hist {
-            acc += st[j] * taps[j];
+multiversion! {
+    /// Causal depthwise conv of one token over `channels`: `state` holds the previous
+    /// d_conv−1 inputs per channel (oldest first, channel-major), `w` holds d_conv taps
+    /// per channel (tap d_conv−1 multiplies the current input). Writes silu(conv) to
+    /// `out` and shifts the new input into the state.
+    pub fn conv_step / conv_step_at(
+        state: &mut [f32],
+        w: &[f32],
+        x: &[f32],
+        d_conv: usize,
+        out: &mut [f32],
+    ) {
+        let hist = d_conv - 1;
+        for c in 0..x.len() {
+            let taps = &w[c * d_conv..(c + 1) * d_conv];
+            let st = &mut state[c * hist..(c + 1) * hist];
+            let mut acc = 0.0f32;
+            for j in 0..hist {
+                acc += st[j] * taps[j];
+            }
+            acc += x[c] * taps[hist];
+            out[c] = acc;
+            if hist > 0 {
+                st.copy_within(1.., 0);
+                st[hist - 1] = x[c];
+            }
         }
-        acc += x[c] * taps[hist];
-        out[c] = crate::math::silu(acc);
-        if hist > 0 {
-            st.copy_within(1.., 0);
-            st[hist - 1] = x[c];
+        // SiLU in its own pass over the channels (elementwise, so vectorisable).
+        for o in out[..x.len()].iter_mut() {
+            *o = crate::math::silu(*o);
         }
     }
 }
 
-/// Gated RMSNorm of one head's output: rmsnorm(o)·w ⊙ silu(z).
-pub fn gated_norm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
-    crate::math::rms_norm(o, w, eps);
-    for (x, &zz) in o.iter_mut().zip(z) {
-        *x *= crate::math::silu(zz);
+multiversion! {
+    /// Gated RMSNorm of one head's output: rmsnorm(o)·w ⊙ silu(z), i.e.
+    /// `o_i = ((o_i · scale) · w_i) · silu(z_i)` with [`crate::math::rms_norm`]'s scale.
+    pub fn gated_norm / gated_norm_at(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
+        use crate::math::{rms_scale, silu, sum_sq};
+        let scale = rms_scale(sum_sq(o), o.len(), eps);
+        for ((x, &ww), &zz) in o.iter_mut().zip(w).zip(z) {
+            *x = ((*x * scale) * ww) * silu(zz);
+        }
     }
 }
 

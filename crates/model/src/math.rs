@@ -43,6 +43,8 @@
 //! leaves some accumulators at 0.0. `sum`, `sum_sq` and `dot` implement this
 //! order; `rms_norm`, `l2_norm` and `softmax` use them.
 
+use crate::simd::multiversion;
+
 /// Number of accumulators (lanes) of the canonical reduction order.
 pub const LANES: usize = 32;
 
@@ -63,8 +65,17 @@ fn combine_lanes(mut acc: [f32; LANES]) -> f32 {
 #[inline]
 pub fn sum(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
-    for (i, &v) in x.iter().enumerate() {
-        acc[i % LANES] += v;
+    // Whole groups of 32 first, then the partial last group: accumulator l still
+    // takes elements l, l+32, ... in increasing order, and the compiler can keep the
+    // 32 accumulators in vector registers.
+    let mut groups = x.chunks_exact(LANES);
+    for g in &mut groups {
+        for l in 0..LANES {
+            acc[l] += g[l];
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(groups.remainder()) {
+        *a += v;
     }
     combine_lanes(acc)
 }
@@ -73,8 +84,14 @@ pub fn sum(x: &[f32]) -> f32 {
 #[inline]
 pub fn sum_sq(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
-    for (i, &v) in x.iter().enumerate() {
-        acc[i % LANES] += v * v;
+    let mut groups = x.chunks_exact(LANES);
+    for g in &mut groups {
+        for l in 0..LANES {
+            acc[l] += g[l] * g[l];
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(groups.remainder()) {
+        *a += v * v;
     }
     combine_lanes(acc)
 }
@@ -84,9 +101,17 @@ pub fn sum_sq(x: &[f32]) -> f32 {
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len(), "dot of slices of different lengths");
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f32; LANES];
-    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
-        acc[i % LANES] += x * y;
+    let (mut ga, mut gb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    for (x, y) in (&mut ga).zip(&mut gb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for ((a, &x), &y) in acc.iter_mut().zip(ga.remainder()).zip(gb.remainder()) {
+        *a += x * y;
     }
     combine_lanes(acc)
 }
@@ -130,7 +155,7 @@ fn pow2i(k: i32) -> f32 {
 /// `t = x*LOG2_E; kf = rint(t); r = fma(-kf, HI, x); r = fma(-kf, LO, r);`
 /// `p = C7; p = fma(p,r,C6) … fma(p,r,C2); p = fma(p,r,1); p = fma(p,r,1);`
 /// `n = (int)kf; n1 = n >> 1; n2 = n - n1; result = (p * 2^n1) * 2^n2`.
-#[inline]
+#[inline(always)]
 pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
         return x;
@@ -189,7 +214,7 @@ const TWO_24: f32 = 16_777_216.0;
 /// 1 + x, relative); split u's bits into k and m ∈ [√½, √2); `f = m - 1;
 /// hfsq = (0.5*f)*f; s = f/(2+f); z = s*s; R = fma(…fma(C5,z,C4)…,z,C1)*z;`
 /// `result = fma(k, HI, -(hfsq - fma(s, hfsq + R, fma(k, LO, c)) - f))`.
-#[inline]
+#[inline(always)]
 pub fn ln_1p(x: f32) -> f32 {
     if x.is_nan() {
         return x;
@@ -240,20 +265,20 @@ pub fn ln_1p(x: f32) -> f32 {
 }
 
 /// Logistic sigmoid, 1 / (1 + e^-x), with our `exp`.
-#[inline]
+#[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
 /// SiLU, x · sigmoid(x), computed as x / (1 + e^-x) with our `exp`.
-#[inline]
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
 /// softplus(x) = ln(1 + e^x), and x itself above 20 (where the two agree in f32),
 /// as torch and ggml define it; with our `exp` and `ln_1p`. ≤ 2 ulp (module doc).
-#[inline]
+#[inline(always)]
 pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
@@ -275,21 +300,35 @@ pub fn l2_scale(ss: f32, eps: f32) -> f32 {
     1.0 / (ss + eps).sqrt()
 }
 
-/// Root-mean-square normalisation of `x` in place: x · 1/sqrt(mean(x²) + eps) · w.
-/// The sum of squares runs in the canonical 32-lane order.
-pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
-    let scale = rms_scale(sum_sq(x), x.len(), eps);
-    for (v, w) in x.iter_mut().zip(w) {
-        *v = (*v * scale) * w;
+multiversion! {
+    /// Root-mean-square normalisation of `x` in place: x · 1/sqrt(mean(x²) + eps) · w.
+    /// The sum of squares runs in the canonical 32-lane order.
+    pub fn rms_norm / rms_norm_at(x: &mut [f32], w: &[f32], eps: f32) {
+        let scale = rms_scale(sum_sq(x), x.len(), eps);
+        for (v, w) in x.iter_mut().zip(w) {
+            *v = (*v * scale) * w;
+        }
     }
 }
 
-/// L2 normalisation as the reference gated-delta rule does it: x · 1/sqrt(Σx² + eps),
-/// Σx² in the canonical 32-lane order.
-pub fn l2_norm(x: &mut [f32], eps: f32) {
-    let scale = l2_scale(sum_sq(x), eps);
-    for v in x.iter_mut() {
-        *v *= scale;
+multiversion! {
+    /// L2 normalisation as the reference gated-delta rule does it: x · 1/sqrt(Σx² + eps),
+    /// Σx² in the canonical 32-lane order.
+    pub fn l2_norm / l2_norm_at(x: &mut [f32], eps: f32) {
+        let scale = l2_scale(sum_sq(x), eps);
+        for v in x.iter_mut() {
+            *v *= scale;
+        }
+    }
+}
+
+multiversion! {
+    /// SwiGLU in place: `g_i = silu(g_i) · u_i` (the slices have the same length).
+    pub fn silu_mul / silu_mul_at(g: &mut [f32], u: &[f32]) {
+        debug_assert_eq!(g.len(), u.len(), "silu_mul of slices of different lengths");
+        for (a, &b) in g.iter_mut().zip(u) {
+            *a = silu(*a) * b;
+        }
     }
 }
 

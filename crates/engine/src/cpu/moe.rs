@@ -4,7 +4,7 @@
 //! depend on which other tokens ran beside it (DESIGN.md invariants 1 and 3).
 
 use super::{Act, CpuBackend, Job};
-use model::math::{sigmoid, silu};
+use model::math::{sigmoid, silu_mul};
 use model::moe::route;
 use model::weights::MoeWeights;
 use model::ModelConfig;
@@ -161,9 +161,7 @@ fn shared_gate_logit(gate_inp: &[f32], x: &[f32]) -> f32 {
 
 fn swiglu(g: &Act, u: &Act) -> Act {
     let mut out = g.clone();
-    for (a, &b) in out.data.iter_mut().zip(&u.data) {
-        *a = silu(*a) * b;
-    }
+    silu_mul(&mut out.data, &u.data);
     out
 }
 
@@ -215,7 +213,11 @@ pub(crate) fn one_token_experts(
     drop(jobs);
     let acts: Vec<Vec<f32>> = gu
         .chunks(2)
-        .map(|p| p[0].iter().zip(&p[1]).map(|(&g, &u)| silu(g) * u).collect())
+        .map(|p| {
+            let mut a = p[0].clone();
+            silu_mul(&mut a, &p[1]);
+            a
+        })
         .collect();
     let aqs: Vec<quant::ActQ8> = acts.iter().map(|a| quant::quantize_act(a)).collect();
     let mut outs: Vec<Vec<f32>> = vec![vec![0.0; e]; experts.len()];
