@@ -97,6 +97,8 @@ macro_rules! multiversion {
         #[doc = concat!("[`", stringify!($name), "`] built for `level` (the same bits at every level).")]
         #[doc = ""]
         #[doc = "Panics if this CPU cannot run `level` ([`crate::simd::Level::is_available`])."]
+        // One argument more than the body's: the level.
+        #[allow(clippy::too_many_arguments)]
         $vis fn $at(level: $crate::simd::Level, $($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn body($($arg: $ty),*) $(-> $ret)? $body
