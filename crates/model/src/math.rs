@@ -25,6 +25,12 @@
 //! exactly `x` above 20); `sigmoid` 2.48 ulp and `silu` 2.39 ulp over
 //! [-87, 87] (the roundings of the prescribed formulas themselves).
 //!
+//! Builds: `rms_norm`, `l2_norm` and `silu_mul` (and the DeltaNet loops) are compiled
+//! once per CPU vector level and chosen at run time (`crate::simd`). Hardware FMA and
+//! SSE4.1 nearest-even rounding give the bits of libm's `fmaf`/`rintf`, which the
+//! baseline build calls, so every level computes the same bits; the other functions
+//! here are `#[inline(always)]` so that callers built for a level get them inline too.
+//!
 //! NaN inputs give NaN outputs, but the NaN's bits are not specified: x86
 //! propagates an input payload, NVIDIA GPUs produce the canonical 0x7fffffff.
 //!
