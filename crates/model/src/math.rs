@@ -25,7 +25,7 @@
 //! exactly `x` above 20); `sigmoid` 2.48 ulp and `silu` 2.39 ulp over
 //! [-87, 87] (the roundings of the prescribed formulas themselves).
 //!
-//! Builds: `rms_norm`, `l2_norm` and `silu_mul` (and the DeltaNet loops) are compiled
+//! Builds: `rms_norm`, `l2_norm` and `silu_mul` (and the DeltaNet loops and routing) are compiled
 //! once per CPU vector level and chosen at run time (`crate::simd`). Hardware FMA and
 //! SSE4.1 nearest-even rounding give the bits of libm's `fmaf`/`rintf`, which the
 //! baseline build calls, so every level computes the same bits; the other functions

@@ -227,3 +227,29 @@ fn fast_levels_exist_on_x86_with_fma() {
         assert!(fast_levels().contains(&Level::Avx2));
     }
 }
+
+#[test]
+fn routing_matches_plain() {
+    use model::moe::route_at;
+    for (n, k) in [(256usize, 8usize), (512, 10), (16, 4), (5, 5)] {
+        for seed in 0..8u64 {
+            let mut r = Rng(500 + seed * 31 + n as u64);
+            let logits: Vec<f32> = if seed % 2 == 0 {
+                (0..n).map(|_| r.unit() * 6.0).collect()
+            } else {
+                nasty(n, 600 + seed)
+            };
+            let want: Vec<(usize, u32)> = route_at(Level::Plain, &logits, k)
+                .into_iter()
+                .map(|(i, w)| (i, w.to_bits()))
+                .collect();
+            for level in fast_levels() {
+                let got: Vec<(usize, u32)> = route_at(level, &logits, k)
+                    .into_iter()
+                    .map(|(i, w)| (i, w.to_bits()))
+                    .collect();
+                assert_eq!(got, want, "route {level:?} n={n} seed={seed}");
+            }
+        }
+    }
+}
