@@ -21,6 +21,7 @@
 
 use super::{Act, CpuBackend, Job, KvCache};
 use model::math::{rms_norm, rope_neox, sigmoid};
+use model::simd::Level;
 use model::weights::AttentionWeights;
 use rayon::prelude::*;
 
@@ -109,7 +110,7 @@ pub(super) fn run(
     let tiles: Vec<(usize, usize)> = (0..nh)
         .flat_map(|h| (0..t_n).step_by(TOKENS_PER_TASK).map(move |t0| (h, t0)))
         .collect();
-    let wide = wide_kernels();
+    let wide = model::simd::level();
     let (k_cache, v_cache) = (&cache.k, &cache.v);
     let results: Vec<Vec<f32>> = tiles
         .par_iter()
@@ -170,14 +171,24 @@ struct Tile<'a> {
     v: &'a [f32],
 }
 
-fn attend_at(wide: Wide, g: &Sizes, t: &Tile) -> Vec<f32> {
+/// `attend` built for `wide`: the level the model crate's loops use (`model::simd`,
+/// which follows the quant kernels' level, so `SCORIA_ISA` lowers it too). Every build
+/// performs the same float operations.
+fn attend_at(wide: Level, g: &Sizes, t: &Tile) -> Vec<f32> {
     match wide {
-        Wide::Plain => attend(g, t),
-        // SAFETY: `wide_kernels` chose these only where the CPU has the features.
+        Level::Plain => attend(g, t),
         #[cfg(target_arch = "x86_64")]
-        Wide::Avx2 => unsafe { attend_avx2(g, t) },
+        Level::Avx2 => {
+            assert!(wide.is_available(), "this CPU lacks AVX2/FMA");
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            unsafe { attend_avx2(g, t) }
+        }
         #[cfg(target_arch = "x86_64")]
-        Wide::Avx512 => unsafe { attend_avx512(g, t) },
+        Level::Avx512 => {
+            assert!(wide.is_available(), "this CPU lacks AVX-512 F/AVX2/FMA");
+            // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (checked just above).
+            unsafe { attend_avx512(g, t) }
+        }
     }
 }
 
@@ -236,35 +247,6 @@ fn attend(g: &Sizes, t: &Tile) -> Vec<f32> {
         }
     }
     out
-}
-
-/// Which build of [`scores`] runs: the widest vector level the quant kernels use
-/// (so `SCORIA_ISA` lowers it too). Every build performs the same float operations.
-#[derive(Clone, Copy)]
-enum Wide {
-    Plain,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-fn wide_kernels() -> Wide {
-    #[cfg(target_arch = "x86_64")]
-    {
-        match quant::kernel_isa() {
-            "amx" | "avx512" | "avx512bw" if std::arch::is_x86_feature_detected!("avx512f") => {
-                return Wide::Avx512
-            }
-            "amx" | "avx512" | "avx512bw" | "avx2"
-                if std::arch::is_x86_feature_detected!("avx2") =>
-            {
-                return Wide::Avx2
-            }
-            _ => {}
-        }
-    }
-    Wide::Plain
 }
 
 /// `out[j] = (Σ_i q_i·k_i(p0 + j)) · scale` for j < out.len() ≤ LANES, where `kt` is
@@ -327,22 +309,6 @@ mod tests {
             }
         }
         o
-    }
-
-    fn builds() -> Vec<Wide> {
-        let mut b = vec![Wide::Plain];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                b.push(Wide::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                b.push(Wide::Avx512);
-            }
-        }
-        b
     }
 
     /// A tile's rows equal the one-query loop bit for bit, at every build, for
@@ -410,7 +376,7 @@ mod tests {
                 kt: &kt[kvh * hd * n_ctx..(kvh + 1) * hd * n_ctx],
                 v: &vc[kvh * hd..],
             };
-            for wide in builds() {
+            for wide in Level::available() {
                 let got: Vec<u32> = attend_at(wide, &geo, &tile)
                     .into_iter()
                     .map(f32::to_bits)
