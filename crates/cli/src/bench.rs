@@ -226,6 +226,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
             ..Default::default() // temperature 0: greedy, no penalties
         },
         stop_at_eog: false,
+        constraint: None,
     }
 }
 
