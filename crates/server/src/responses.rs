@@ -139,14 +139,6 @@ fn parse(
             "previous_response_id: responses are not stored; send the conversation in input",
         ));
     }
-    if let Some(fmt) = body.get("text").and_then(|t| t.get("format")) {
-        if fmt.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::field(
-                "text.format",
-                "text.format: structured output (json_object, json_schema) is not supported; only {\"type\": \"text\"}",
-            ));
-        }
-    }
     if body.get("background").and_then(Value::as_bool) == Some(true) {
         return Err(ApiError::field(
             "background",
@@ -169,6 +161,7 @@ fn parse(
     )?;
     let stop = params::parse_stop(body, "stop")?;
     let stream = params::opt_bool(body, "stream")?.unwrap_or(false);
+    let constraint = crate::structured::responses(body, conv.tools.as_ref())?;
     Ok((
         conv,
         GenParams {
@@ -178,6 +171,7 @@ fn parse(
             thinking,
             stream,
             include_usage: false,
+            constraint,
         },
         summary,
     ))
