@@ -54,6 +54,8 @@ mod agent_tests;
 #[cfg(test)]
 mod api_tests;
 #[cfg(test)]
+mod structured_tests;
+#[cfg(test)]
 mod test_http;
 
 use std::net::SocketAddr;

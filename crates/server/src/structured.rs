@@ -336,7 +336,21 @@ fn call_rules(tool: &Tool, name: &str, form: CallForm, rules: &mut Vec<String>) 
                 let is_text = pschema.get("type").and_then(Value::as_str) == Some("string")
                     && pschema.get("enum").is_none()
                     && pschema.get("const").is_none();
-                if is_text {
+                // Strings are written raw in this form, so an enum of strings (or a
+                // string const) is its words, unquoted.
+                let words: Option<Vec<&str>> = match (pschema.get("enum"), pschema.get("const")) {
+                    (Some(Value::Array(e)), _) => e.iter().map(Value::as_str).collect(),
+                    (None, Some(Value::String(c))) => Some(vec![c.as_str()]),
+                    _ => None,
+                };
+                if let Some(words) = words.filter(|w| !w.is_empty()) {
+                    let alts: Vec<String> = words.iter().map(|w| lit(w)).collect();
+                    rules.push(format!(
+                        "{rule}: {open} ({}) {}",
+                        alts.join(" | "),
+                        lit(close)
+                    ));
+                } else if is_text {
                     // Raw text up to the closing tag (the parser reads a string
                     // parameter's value as it stands), within maxLength.
                     let body = match pschema.get("maxLength").and_then(Value::as_u64) {
