@@ -63,10 +63,16 @@ fn schema() -> Value {
     })
 }
 
-fn request(eng: &Engine, constraint: Option<Constraint>, sampling: SamplingParams) -> GenerateRequest {
+fn request(
+    eng: &Engine,
+    constraint: Option<Constraint>,
+    sampling: SamplingParams,
+) -> GenerateRequest {
     let prompt = eng
         .tokenizer()
-        .encode_prompt("<|im_start|>user\nDescribe a shape as JSON.<|im_end|>\n<|im_start|>assistant\n")
+        .encode_prompt(
+            "<|im_start|>user\nDescribe a shape as JSON.<|im_end|>\n<|im_start|>assistant\n",
+        )
         .expect("encode");
     GenerateRequest {
         prompt,
@@ -82,7 +88,8 @@ fn reply_text(eng: &Engine, tokens: &[u32]) -> String {
 }
 
 fn validate(schema: &Value, text: &str) -> Value {
-    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    let v: Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
     let validator = jsonschema::validator_for(schema).expect("the schema compiles");
     let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{text} does not validate: {errors:?}");
@@ -99,7 +106,9 @@ fn schema_replies_validate_greedy_and_sampled() {
 
     // Unconstrained, the random model's reply is not JSON (the test means something).
     let free = eng
-        .generate(&request(&eng, None, SamplingParams::default()), &mut |_| Flow::Continue)
+        .generate(&request(&eng, None, SamplingParams::default()), &mut |_| {
+            Flow::Continue
+        })
         .expect("generate");
     assert!(serde_json::from_str::<Value>(&reply_text(&eng, &free.tokens)).is_err());
 
@@ -121,13 +130,22 @@ fn schema_replies_validate_greedy_and_sampled() {
     let mut replies = std::collections::HashSet::new();
     for sampling in runs {
         let req = request(&eng, Some(constraint.clone()), sampling.clone());
-        let out = eng.generate(&req, &mut |_| Flow::Continue).expect("generate");
-        assert_eq!(out.finish, FinishReason::Eog, "{sampling:?}: the grammar ends the reply");
+        let out = eng
+            .generate(&req, &mut |_| Flow::Continue)
+            .expect("generate");
+        assert_eq!(
+            out.finish,
+            FinishReason::Eog,
+            "{sampling:?}: the grammar ends the reply"
+        );
         let text = reply_text(&eng, &out.tokens);
         validate(&s, &text);
         replies.insert(text);
     }
-    assert!(replies.len() > 2, "sampling varies the replies: {replies:?}");
+    assert!(
+        replies.len() > 2,
+        "sampling varies the replies: {replies:?}"
+    );
 }
 
 #[test]
@@ -136,9 +154,14 @@ fn json_object_and_lark_grammars() {
     let c = compiler(&eng);
     // json_object with bounded parts: any object.
     let obj = json!({"type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"], "additionalProperties": false});
-    let g = c.compile(&Grammar::JsonSchema(obj.clone())).expect("compile");
+    let g = c
+        .compile(&Grammar::JsonSchema(obj.clone()))
+        .expect("compile");
     let out = eng
-        .generate(&request(&eng, Some(Constraint::new(g)), SamplingParams::default()), &mut |_| Flow::Continue)
+        .generate(
+            &request(&eng, Some(Constraint::new(g)), SamplingParams::default()),
+            &mut |_| Flow::Continue,
+        )
         .expect("generate");
     validate(&obj, &reply_text(&eng, &out.tokens));
 
@@ -150,9 +173,16 @@ fn json_object_and_lark_grammars() {
     let lark = format!("start: \"<tool_call>\\n\" %json {embedded} \"\\n</tool_call>\"");
     let g = c.compile(&Grammar::Lark(lark)).expect("compile lark");
     for seed in [1, 2, 3] {
-        let sampling = SamplingParams { temperature: 1.0, seed: Some(seed), ..Default::default() };
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            ..Default::default()
+        };
         let out = eng
-            .generate(&request(&eng, Some(Constraint::new(g.clone())), sampling), &mut |_| Flow::Continue)
+            .generate(
+                &request(&eng, Some(Constraint::new(g.clone())), sampling),
+                &mut |_| Flow::Continue,
+            )
             .expect("generate");
         let text = reply_text(&eng, &out.tokens);
         let body = text
@@ -171,7 +201,10 @@ fn unsupported_keywords_are_named() {
         .compile(&Grammar::JsonSchema(json!({"type": "object", "unevaluatedProperties": false, "properties": {"a": {"type": "string", "contentEncoding": "base64"}, "b": {"dependentSchemas": {}}}})))
         .err()
         .expect("refused");
-    assert!(e.0.contains("dependentSchemas") || e.0.contains("unevaluatedProperties"), "{e}");
+    assert!(
+        e.0.contains("dependentSchemas") || e.0.contains("unevaluatedProperties"),
+        "{e}"
+    );
 }
 
 /// Allows every token: the constrained path with nothing to constrain.
@@ -184,7 +217,9 @@ impl TokenConstraint for AllowAll {
     }
     fn allowed(&mut self) -> Result<Allowed, ConstraintError> {
         Ok(Allowed {
-            tokens: TokenMask { words: vec![u32::MAX; self.0.div_ceil(32)] },
+            tokens: TokenMask {
+                words: vec![u32::MAX; self.0.div_ceil(32)],
+            },
             may_end: true,
         })
     }
@@ -202,7 +237,12 @@ fn an_allow_all_constraint_decodes_the_free_bytes() {
     let n = eng.tokenizer().vocab_size();
     for sampling in [
         SamplingParams::default(),
-        SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(11), ..Default::default() },
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 0.95,
+            seed: Some(11),
+            ..Default::default()
+        },
     ] {
         let mut free = request(&eng, None, sampling.clone());
         free.max_tokens = 40;
@@ -211,7 +251,9 @@ fn an_allow_all_constraint_decodes_the_free_bytes() {
         eng.reset().expect("reset");
         let mut con = free.clone();
         con.constraint = Some(Constraint::new(Box::new(AllowAll(n))));
-        let b = eng.generate(&con, &mut |_| Flow::Continue).expect("constrained");
+        let b = eng
+            .generate(&con, &mut |_| Flow::Continue)
+            .expect("constrained");
         eng.reset().expect("reset");
         assert_eq!(a.tokens, b.tokens, "{sampling:?}");
         assert_eq!(
@@ -231,12 +273,21 @@ fn the_think_block_stays_free_and_the_grammar_follows_it() {
     let blank = tok.encode("\n\n", false).expect("encode");
     let s = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"], "additionalProperties": false});
     let g = c.compile(&Grammar::JsonSchema(s.clone())).expect("compile");
-    let constraint = Constraint::new(g).after_think(ThinkGate { open: Some(open), close, inside: true });
-    let mut req = request(&eng, Some(constraint), SamplingParams { temperature: 1.0, seed: Some(3), ..Default::default() });
-    let mut think = eng
-        .tokenizer()
-        .encode_prompt("<think>\n")
-        .expect("encode");
+    let constraint = Constraint::new(g).after_think(ThinkGate {
+        open: Some(open),
+        close,
+        inside: true,
+    });
+    let mut req = request(
+        &eng,
+        Some(constraint),
+        SamplingParams {
+            temperature: 1.0,
+            seed: Some(3),
+            ..Default::default()
+        },
+    );
+    let mut think = eng.tokenizer().encode_prompt("<think>\n").expect("encode");
     req.prompt.append(&mut think);
     // Close the block after 20 free tokens, as the server's thinking budget does:
     // `</think>` and a blank line, forced.
@@ -254,7 +305,10 @@ fn the_think_block_stays_free_and_the_grammar_follows_it() {
     let at = out.tokens.iter().position(|&t| t == close).expect("closed");
     assert_eq!(at, 20);
     let free = reply_text(&eng, &out.tokens[..at]);
-    assert!(serde_json::from_str::<Value>(&free).is_err(), "the thinking is free text: {free:?}");
+    assert!(
+        serde_json::from_str::<Value>(&free).is_err(),
+        "the thinking is free text: {free:?}"
+    );
     let after = reply_text(&eng, &out.tokens[at + 1 + blank.len()..]);
     validate(&s, &after);
 }

@@ -271,18 +271,19 @@ pub fn anthropic(
                 .and_then(|c| c.get("name"))
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
-                    ApiError::field("tool_choice.name", "tool_choice.name: a tool name is required")
+                    ApiError::field(
+                        "tool_choice.name",
+                        "tool_choice.name: a tool name is required",
+                    )
                 })?;
             (true, only_named(tools, name, "tool_choice.name")?)
         }
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice.type",
-                format!(
-                    "tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\", got \"{other}\""
-                ),
-            ))
-        }
+        Some(other) => return Err(ApiError::field(
+            "tool_choice.type",
+            format!(
+                "tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\", got \"{other}\""
+            ),
+        )),
     };
     Ok(finish(None, tools, force, single))
 }
@@ -306,7 +307,10 @@ fn embed(schema: &Value, root_defs: Option<&Value>) -> String {
 fn call_rules(tool: &Tool, name: &str, form: CallForm, rules: &mut Vec<String>) {
     match form {
         CallForm::Json => {
-            let head = format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", lit(&tool.name));
+            let head = format!(
+                "<tool_call>\n{{\"name\": {}, \"arguments\": ",
+                lit(&tool.name)
+            );
             rules.push(format!(
                 "{name}: {} %json {} {}",
                 lit(&head),
@@ -436,13 +440,11 @@ pub fn constraint(
     })?;
     let c = Constraint::new(compiled);
     Ok(match think.close_id {
-        Some(close) if think.open_at_start || think.open_id.is_some() => {
-            c.after_think(ThinkGate {
-                open: think.open_id,
-                close,
-                inside: think.open_at_start,
-            })
-        }
+        Some(close) if think.open_at_start || think.open_id.is_some() => c.after_think(ThinkGate {
+            open: think.open_id,
+            close,
+            inside: think.open_at_start,
+        }),
         _ => c,
     })
 }
@@ -461,15 +463,23 @@ mod tests {
 
     #[test]
     fn formats_are_read_where_each_api_puts_them() {
-        let chat = obj(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}));
+        let chat = obj(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}),
+        );
         let s = openai_chat(&chat, None).unwrap().unwrap();
         assert_eq!(s.json.unwrap().field, "response_format.json_schema.schema");
-        let r = obj(json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "array"}}}}));
+        let r = obj(
+            json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "array"}}}}),
+        );
         let s = responses(&r, None).unwrap().unwrap();
         assert_eq!(s.json.unwrap().schema, json!({"type": "array"}));
         let o = obj(json!({"response_format": {"type": "json_object"}}));
         assert!(openai_completion(&o).unwrap().is_some());
-        assert!(openai_completion(&obj(json!({"response_format": {"type": "text"}}))).unwrap().is_none());
+        assert!(
+            openai_completion(&obj(json!({"response_format": {"type": "text"}})))
+                .unwrap()
+                .is_none()
+        );
         let e = openai_chat(&obj(json!({"response_format": {"type": "yaml"}})), None).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("response_format.type"));
     }
@@ -480,7 +490,9 @@ mod tests {
             {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
             {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}}
         ]);
-        let s = openai_chat(&obj(json!({"tool_choice": "required"})), Some(&tools)).unwrap().unwrap();
+        let s = openai_chat(&obj(json!({"tool_choice": "required"})), Some(&tools))
+            .unwrap()
+            .unwrap();
         assert!(s.force_tools && s.tools.len() == 2 && !s.single_call);
         let s = openai_chat(
             &obj(json!({"tool_choice": {"type": "function", "function": {"name": "b"}}, "parallel_tool_calls": false})),
@@ -488,14 +500,35 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!((s.tools.len(), s.tools[0].name.as_str(), s.single_call), (1, "b", true));
-        let e = openai_chat(&obj(json!({"tool_choice": {"type": "function", "function": {"name": "zz"}}})), Some(&tools)).unwrap_err();
+        assert_eq!(
+            (s.tools.len(), s.tools[0].name.as_str(), s.single_call),
+            (1, "b", true)
+        );
+        let e = openai_chat(
+            &obj(json!({"tool_choice": {"type": "function", "function": {"name": "zz"}}})),
+            Some(&tools),
+        )
+        .unwrap_err();
         assert!(e.message.contains("zz"));
-        assert!(openai_chat(&obj(json!({"tool_choice": "auto"})), Some(&tools)).unwrap().is_none());
+        assert!(
+            openai_chat(&obj(json!({"tool_choice": "auto"})), Some(&tools))
+                .unwrap()
+                .is_none()
+        );
         let s = anthropic(&obj(json!({"tool_choice": {"type": "tool", "name": "a", "disable_parallel_tool_use": true}})), Some(&tools)).unwrap().unwrap();
         assert_eq!((s.tools[0].name.as_str(), s.single_call), ("a", true));
-        assert!(anthropic(&obj(json!({"tool_choice": {"type": "any"}})), Some(&tools)).unwrap().unwrap().force_tools);
-        let s = responses(&obj(json!({"tool_choice": {"type": "function", "name": "a"}})), Some(&tools)).unwrap().unwrap();
+        assert!(
+            anthropic(&obj(json!({"tool_choice": {"type": "any"}})), Some(&tools))
+                .unwrap()
+                .unwrap()
+                .force_tools
+        );
+        let s = responses(
+            &obj(json!({"tool_choice": {"type": "function", "name": "a"}})),
+            Some(&tools),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(s.tools[0].name, "a");
     }
 }

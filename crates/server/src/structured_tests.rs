@@ -129,7 +129,10 @@ async fn schemas_bind_every_route_greedy_and_sampled() {
     let s = schema();
     // Free, the demo model's answer is not JSON.
     let r = post(addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": no_think(), "max_tokens": 40}), "").await;
-    let free = r.json()["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+    let free = r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     assert!(serde_json::from_str::<Value>(&free).is_err(), "{free}");
 
     for run in sampling_runs() {
@@ -144,8 +147,17 @@ async fn schemas_bind_every_route_greedy_and_sampled() {
         let r = post(addr, "/v1/chat/completions", &chat, "").await;
         assert_eq!(r.status, 200, "{}", r.body);
         let v = r.json();
-        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{run}: {}", r.body);
-        validate(&s, v["choices"][0]["message"]["content"].as_str().expect("content"));
+        assert_eq!(
+            v["choices"][0]["finish_reason"], "stop",
+            "{run}: {}",
+            r.body
+        );
+        validate(
+            &s,
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .expect("content"),
+        );
 
         let resp = merged(
             json!({
@@ -198,7 +210,10 @@ async fn schemas_bind_every_route_greedy_and_sampled() {
     chat["max_tokens"] = json!(30);
     chat["response_format"] = json!({"type": "json_object"});
     let r = post(addr, "/v1/chat/completions", &chat, "").await;
-    let c = r.json()["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+    let c = r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     assert!(c.starts_with('{'), "{c:?}");
 }
 
@@ -241,7 +256,13 @@ async fn unenforceable_keywords_are_a_400_naming_them() {
     assert_eq!(r.status, 400, "{}", r.body);
     let e = &r.json()["error"];
     assert_eq!(e["param"], "response_format.json_schema.schema");
-    assert!(e["message"].as_str().unwrap_or("").contains("dependentSchemas"), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("dependentSchemas"),
+        "{e}"
+    );
     let r = post(
         addr,
         "/v1/responses",
@@ -307,7 +328,10 @@ fn check_chat_calls(v: &Value, want: Option<&str>, max: Option<usize>) -> usize 
         if let Some(w) = want {
             assert_eq!(name, w);
         }
-        validate(&schema_of(name), c["function"]["arguments"].as_str().expect("args"));
+        validate(
+            &schema_of(name),
+            c["function"]["arguments"].as_str().expect("args"),
+        );
     }
     calls.len()
 }
@@ -349,7 +373,10 @@ async fn tool_choice_forms(template: bool) {
         .and_then(|o| o.iter().find(|i| i["type"] == "function_call"))
         .unwrap_or_else(|| panic!("no function_call: {v}"));
     assert_eq!(call["name"], "get_weather");
-    validate(&schema_of("get_weather"), call["arguments"].as_str().expect("args"));
+    validate(
+        &schema_of("get_weather"),
+        call["arguments"].as_str().expect("args"),
+    );
     // Anthropic: any, and a named tool with parallel use off.
     let (w, t) = tools();
     let an_tools = json!([
@@ -358,7 +385,10 @@ async fn tool_choice_forms(template: bool) {
     ]);
     for (choice, want) in [
         (json!({"type": "any"}), None),
-        (json!({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": true}), Some("get_weather")),
+        (
+            json!({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": true}),
+            Some("get_weather"),
+        ),
     ] {
         for seed in [1, 2] {
             let r = post(

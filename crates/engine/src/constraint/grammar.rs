@@ -66,9 +66,7 @@ impl GrammarCompiler {
         let eos = tok
             .eos_id()
             .or_else(|| tok.eog_ids().first().copied())
-            .ok_or_else(|| {
-                GrammarError("the vocabulary has no end-of-generation token".into())
-            })?;
+            .ok_or_else(|| GrammarError("the vocabulary has no end-of-generation token".into()))?;
         let info = TokRxInfo::new(n as u32, eos);
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
