@@ -407,6 +407,14 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             )
             .with_core(core),
         );
+        // The grammar compiler walks the whole vocabulary once: do it now, off the
+        // runtime, rather than in the first structured-output request.
+        let warm = state.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = warm.grammar_compiler() {
+                tracing::warn!("structured output is unavailable: {e}");
+            }
+        });
         eprintln!(
             "scoria serve: model \"{model_id}\" ({} {}, context {} of {} trained, template: {}){label}, loaded in {:.1}s",
             info.arch,
