@@ -278,12 +278,14 @@ pub fn anthropic(
                 })?;
             (true, only_named(tools, name, "tool_choice.name")?)
         }
-        Some(other) => return Err(ApiError::field(
-            "tool_choice.type",
-            format!(
+        Some(other) => {
+            return Err(ApiError::field(
+                "tool_choice.type",
+                format!(
                 "tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\", got \"{other}\""
             ),
-        )),
+            ))
+        }
     };
     Ok(finish(None, tools, force, single))
 }

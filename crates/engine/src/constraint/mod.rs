@@ -254,3 +254,115 @@ impl ConstraintRun {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Allows only token 7, then records what it was given.
+    #[derive(Clone, Default)]
+    struct Seven(Vec<u32>);
+
+    impl TokenConstraint for Seven {
+        fn box_clone(&self) -> Box<dyn TokenConstraint> {
+            Box::new(self.clone())
+        }
+        fn allowed(&mut self) -> Result<Allowed, ConstraintError> {
+            let mut tokens = TokenMask::none(40);
+            tokens.allow(7);
+            Ok(Allowed {
+                tokens,
+                may_end: !self.0.is_empty(),
+            })
+        }
+        fn commit(&mut self, token: u32) -> Result<(), ConstraintError> {
+            if token != 7 {
+                return Err(ConstraintError(format!("{token} is not 7")));
+            }
+            self.0.push(token);
+            Ok(())
+        }
+    }
+
+    const EOG: u32 = 39;
+    const OPEN: u32 = 30;
+    const CLOSE: u32 = 31;
+
+    fn masked(run: &mut ConstraintRun) -> Vec<usize> {
+        let m = run.next_mask().unwrap();
+        let mut l = vec![0.5f32; 40];
+        run.apply(&m, &mut l);
+        (0..40).filter(|&i| l[i].is_finite()).collect()
+    }
+
+    #[test]
+    fn mask_words() {
+        let mut m = TokenMask::none(70);
+        assert_eq!(m.words.len(), 3);
+        m.allow(0);
+        m.allow(33);
+        m.allow(69);
+        m.allow(500);
+        assert!(m.allows(33) && m.allows(69) && !m.allows(34) && !m.allows(500));
+        assert_eq!(m.count(), 3);
+    }
+
+    #[test]
+    fn the_grammar_binds_from_the_start_without_a_think_block() {
+        let c = Constraint::new(Box::new(Seven::default()));
+        let mut run = c.start(&[EOG]);
+        assert_eq!(masked(&mut run), vec![7], "nothing else, not even the end");
+        run.on_token(7, false).unwrap();
+        assert_eq!(
+            masked(&mut run),
+            vec![7, EOG as usize],
+            "complete: the end is allowed"
+        );
+        assert!(run.on_token(8, false).is_err());
+        // The request keeps its initial state: a second run starts afresh.
+        let mut again = c.start(&[EOG]);
+        assert_eq!(masked(&mut again), vec![7]);
+    }
+
+    #[test]
+    fn the_think_block_is_free_and_forced_tokens_after_it_are_not_grammar() {
+        let gate = ThinkGate {
+            open: Some(OPEN),
+            close: CLOSE,
+            inside: true,
+        };
+        let mut run = Constraint::new(Box::new(Seven::default()))
+            .after_think(gate)
+            .start(&[EOG]);
+        let free = masked(&mut run);
+        assert_eq!(free.len(), 39, "all but the end: {free:?}");
+        run.on_token(3, false).unwrap();
+        run.on_token(CLOSE, true).unwrap();
+        // A forced blank line after the close is passed over.
+        run.on_token(12, true).unwrap();
+        assert_eq!(masked(&mut run), vec![7]);
+        run.on_token(7, false).unwrap();
+        // Now forced tokens are the grammar's too.
+        assert!(run.on_token(12, true).is_err());
+    }
+
+    #[test]
+    fn the_first_token_may_open_the_think_block() {
+        let gate = ThinkGate {
+            open: Some(OPEN),
+            close: CLOSE,
+            inside: false,
+        };
+        let c = Constraint::new(Box::new(Seven::default())).after_think(gate);
+        let mut run = c.start(&[EOG]);
+        assert_eq!(masked(&mut run), vec![7, OPEN as usize]);
+        run.on_token(OPEN, false).unwrap();
+        assert_eq!(masked(&mut run).len(), 39);
+        run.on_token(CLOSE, false).unwrap();
+        assert_eq!(masked(&mut run), vec![7]);
+        // Or the grammar starts at once.
+        let mut run = c.start(&[EOG]);
+        run.on_token(7, false).unwrap();
+        assert_eq!(masked(&mut run), vec![7, EOG as usize]);
+    }
+}
