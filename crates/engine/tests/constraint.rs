@@ -312,3 +312,56 @@ fn the_think_block_stays_free_and_the_grammar_follows_it() {
     let after = reply_text(&eng, &out.tokens[at + 1 + blank.len()..]);
     validate(&s, &after);
 }
+
+/// The mask's own cost per token on the demo model's 248k vocabulary, for
+/// bench/RESULTS.md (`cargo test --release -p scoria-engine --test constraint --
+/// --ignored --nocapture mask_cost`): the bench schema's masks, replayed over a
+/// constrained greedy reply, timed alone.
+#[test]
+#[ignore]
+fn mask_cost() {
+    let mut eng = engine();
+    let c = compiler(&eng);
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/structured-schema.json"
+    ))
+    .expect("bench schema");
+    let schema: Value = serde_json::from_str(&text).expect("json");
+    let g = c.compile(&Grammar::JsonSchema(schema)).expect("compile");
+    let mut req = request(
+        &eng,
+        Some(Constraint::new(g.clone())),
+        SamplingParams::default(),
+    );
+    req.max_tokens = 128;
+    req.stop_at_eog = false;
+    let out = eng
+        .generate(&req, &mut |_| Flow::Continue)
+        .expect("generate");
+    let mut m = g.clone();
+    let mut times = Vec::new();
+    let eog = eng.tokenizer().eog_ids().to_vec();
+    let text = reply_text(&eng, &out.tokens);
+    for &t in &out.tokens {
+        if eog.contains(&t) {
+            println!("the reply ended the grammar: {text:?}");
+            break;
+        }
+        let t0 = std::time::Instant::now();
+        let a = m.allowed().expect("mask");
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+        assert!(a.tokens.allows(t));
+        m.commit(t).expect("commit");
+    }
+    times.sort_by(f64::total_cmp);
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    println!(
+        "mask over {} tokens: mean {mean:.3} ms, median {:.3} ms, p90 {:.3} ms, max {:.3} ms; decode {:.2} ms/token",
+        times.len(),
+        times[times.len() / 2],
+        times[times.len() * 9 / 10],
+        times[times.len() - 1],
+        out.timings.predicted_ms / out.tokens.len() as f64
+    );
+}
