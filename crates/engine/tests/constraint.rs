@@ -365,3 +365,52 @@ fn mask_cost() {
         out.timings.predicted_ms / out.tokens.len() as f64
     );
 }
+
+/// Where a constrained request's time goes: free greedy decoding, the constrained
+/// path with nothing to constrain (logits to the host, the helper thread, masking),
+/// and the bench schema; alternated so the machine's load hits all three alike
+/// (`cargo test --release -p scoria-engine --test constraint -- --ignored
+/// --nocapture overhead`).
+#[test]
+#[ignore]
+fn overhead() {
+    let mut eng = engine();
+    let c = compiler(&eng);
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/structured-schema.json"
+    ))
+    .expect("bench schema");
+    let schema: Value = serde_json::from_str(&text).expect("json");
+    let g = c.compile(&Grammar::JsonSchema(schema)).expect("compile");
+    let n = eng.tokenizer().vocab_size();
+    let kinds: [(&str, Option<Constraint>); 3] = [
+        ("free", None),
+        ("allow-all", Some(Constraint::new(Box::new(AllowAll(n))))),
+        ("schema", Some(Constraint::new(g))),
+    ];
+    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    for round in 0..6 {
+        for (k, (_, con)) in kinds.iter().enumerate() {
+            eng.reset().expect("reset");
+            let mut req = request(&eng, con.clone(), SamplingParams::default());
+            req.max_tokens = 129;
+            req.stop_at_eog = false;
+            let out = eng
+                .generate(&req, &mut |_| Flow::Continue)
+                .expect("generate");
+            if round > 0 {
+                ms[k].push(out.timings.predicted_ms / 128.0);
+            }
+        }
+    }
+    for (k, (name, _)) in kinds.iter().enumerate() {
+        let mut v = ms[k].clone();
+        v.sort_by(f64::total_cmp);
+        println!(
+            "{name}: ms/token median {:.3}, min {:.3} ({v:.3?})",
+            v[v.len() / 2],
+            v[0]
+        );
+    }
+}

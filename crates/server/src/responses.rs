@@ -56,6 +56,8 @@ struct Envelope {
     tools: Value,
     tool_choice: Value,
     parallel_tool_calls: bool,
+    /// The request's `text` (its `format` is enforced while decoding), echoed.
+    text: Value,
 }
 
 impl Envelope {
@@ -82,7 +84,7 @@ impl Envelope {
             "reasoning": {"effort": self.effort, "summary": self.summary},
             "store": false,
             "temperature": self.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": self.text,
             "tool_choice": self.tool_choice,
             "tools": self.tools,
             "top_p": self.top_p,
@@ -224,6 +226,11 @@ async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Res
             .get("parallel_tool_calls")
             .and_then(Value::as_bool)
             .unwrap_or(true),
+        text: body
+            .get("text")
+            .filter(|t| t.get("format").is_some_and(|f| !f.is_null()))
+            .cloned()
+            .unwrap_or_else(|| json!({"format": {"type": "text"}})),
     };
     let with_summary = summary.is_some_and(|s| s != "none");
     if !p.stream {

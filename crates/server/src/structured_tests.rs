@@ -170,6 +170,7 @@ async fn schemas_bind_every_route_greedy_and_sampled() {
         let r = post(addr, "/v1/responses", &resp, "").await;
         assert_eq!(r.status, 200, "{}", r.body);
         let v = r.json();
+        assert_eq!(v["text"]["format"]["type"], "json_schema", "echoed");
         let text = v["output"]
             .as_array()
             .and_then(|o| o.iter().find(|i| i["type"] == "message"))
