@@ -423,6 +423,27 @@ async fn tool_choice_forms(template: bool) {
             }
         }
     }
+    // Tools left to the model (`auto`) with a schema: a valid answer or valid calls.
+    for seed in [1, 2, 3, 4] {
+        let mut b = base.clone();
+        b["temperature"] = json!(1.0);
+        b["seed"] = json!(seed);
+        b["response_format"] =
+            json!({"type": "json_schema", "json_schema": {"name": "t", "schema": schema()}});
+        let r = post(addr, "/v1/chat/completions", &b, "").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        if v["choices"][0]["message"]["tool_calls"].is_array() {
+            check_chat_calls(&v, None, None);
+        } else {
+            validate(
+                &schema(),
+                v["choices"][0]["message"]["content"]
+                    .as_str()
+                    .expect("content"),
+            );
+        }
+    }
     // A name that is not offered is a 400.
     let mut b = base.clone();
     b["tool_choice"] = json!({"type": "function", "function": {"name": "nope"}});
