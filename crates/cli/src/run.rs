@@ -169,6 +169,7 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
             ..Default::default()
         },
         stop_at_eog: !a.ignore_eos,
+        constraint: None,
     };
     let tok = eng.tokenizer_arc();
     let mut dec = tok.stream_decoder(false);

@@ -73,6 +73,7 @@ fn parse(
     let max_tokens = params::parse_max_tokens(body, &["max_tokens"], core.defaults.max_tokens)?;
     let stop = params::parse_stop(body, "stop_sequences")?;
     let stream = params::opt_bool(body, "stream")?.unwrap_or(false);
+    let constraint = crate::structured::anthropic(body, conv.tools.as_ref())?;
     Ok((
         conv,
         GenParams {
@@ -82,6 +83,7 @@ fn parse(
             thinking,
             stream,
             include_usage: false,
+            constraint,
         },
     ))
 }

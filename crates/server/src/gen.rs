@@ -241,6 +241,10 @@ pub fn start(
     } else {
         ThinkPlan::default()
     };
+    let constraint = match &params.constraint {
+        Some(spec) => Some(crate::structured::constraint(state, spec, &think)?),
+        None => None,
+    };
     let id = state.next_request_id();
     log.queued(prompt.len());
     let (tx, rx) = mpsc::unbounded_channel();
@@ -251,6 +255,7 @@ pub fn start(
             max_tokens: params.max_tokens,
             sampling: params.sampling.clone(),
             stop_at_eog: true,
+            constraint,
         },
         think,
         stops: params.stop.clone(),

@@ -46,12 +46,15 @@ pub mod params;
 pub mod prompt;
 pub mod responses;
 pub mod settings;
+pub mod structured;
 pub mod worker;
 
 #[cfg(test)]
 mod agent_tests;
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod structured_tests;
 #[cfg(test)]
 mod test_http;
 
@@ -81,6 +84,8 @@ pub struct AppState {
     /// Where the one line per request goes (`access::tracing_sink` by default).
     pub access_log: access::LogSink,
     next_id: AtomicU64,
+    /// Structured output's grammar compiler for `tokenizer`, built on first use.
+    grammars: std::sync::OnceLock<Result<engine::constraint::GrammarCompiler, String>>,
 }
 
 impl AppState {
@@ -104,7 +109,19 @@ impl AppState {
             core: None,
             access_log: access::tracing_sink(),
             next_id: AtomicU64::new(1),
+            grammars: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The grammar compiler for this tokenizer (built on first use: it walks the
+    /// vocabulary once).
+    pub fn grammar_compiler(&self) -> Result<&engine::constraint::GrammarCompiler, String> {
+        self.grammars
+            .get_or_init(|| {
+                engine::constraint::GrammarCompiler::new(&self.tokenizer).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Sends the request log lines to `sink` instead.
@@ -390,6 +407,14 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             )
             .with_core(core),
         );
+        // The grammar compiler walks the whole vocabulary once: do it now, off the
+        // runtime, rather than in the first structured-output request.
+        let warm = state.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = warm.grammar_compiler() {
+                tracing::warn!("structured output is unavailable: {e}");
+            }
+        });
         eprintln!(
             "scoria serve: model \"{model_id}\" ({} {}, context {} of {} trained, template: {}){label}, loaded in {:.1}s",
             info.arch,

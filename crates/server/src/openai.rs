@@ -64,6 +64,7 @@ fn gen_params(
         thinking,
         stream,
         include_usage,
+        constraint: None,
     })
 }
 
@@ -87,13 +88,14 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
     let core = core(&state).map_err(oa)?;
     let conv = prompt::openai_chat(&body).map_err(oa)?;
     let thinking = params::parse_thinking(&body, &core.defaults).map_err(oa)?;
-    let p = gen_params(
+    let mut p = gen_params(
         &state,
         &body,
         &["max_tokens", "max_completion_tokens", "max_output_tokens"],
         thinking,
     )
     .map_err(oa)?;
+    p.constraint = crate::structured::openai_chat(&body, conv.tools.as_ref()).map_err(oa)?;
     let extra = match body.get("chat_template_kwargs") {
         Some(Value::Object(m)) => m.clone(),
         _ => Map::new(),
@@ -302,13 +304,14 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
         budget: None,
         effort: None,
     };
-    let p = gen_params(
+    let mut p = gen_params(
         &state,
         &body,
         &["max_tokens", "max_completion_tokens", "max_output_tokens"],
         no_thinking,
     )
     .map_err(oa)?;
+    p.constraint = crate::structured::openai_completion(&body).map_err(oa)?;
     let tokens = completion_prompt(&state, &body).map_err(oa)?;
     let gen = start(
         &state,

@@ -196,19 +196,11 @@ fn check_tool_name(name: Option<&str>, field: &str) -> Result<String, ApiError> 
     }
 }
 
-/// OpenAI chat `tools` → the template's list; `tool_choice` "none" drops them,
-/// "required" or a named function is refused (it cannot be enforced).
+/// OpenAI chat `tools` → the template's list; `tool_choice` "none" drops them (the
+/// other choices are read and enforced by `structured`).
 pub fn openai_tools(body: &Map<String, Value>) -> Result<Option<Value>, ApiError> {
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" => {}
-        Some(Value::String(s)) if s == "none" => return Ok(None),
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("tool_choice: only \"auto\" and \"none\" are supported (a forced tool call cannot be enforced), got {other}"),
-            ))
-        }
+    if body.get("tool_choice").and_then(Value::as_str) == Some("none") {
+        return Ok(None);
     }
     let list = match body.get("tools") {
         None | Some(Value::Null) => return Ok(None),
@@ -484,15 +476,7 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
         .get("tool_choice")
         .and_then(|c| c.get("type"))
         .and_then(Value::as_str);
-    match choice {
-        None | Some("auto") | Some("none") => {}
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("tool_choice: only \"auto\" and \"none\" are supported (a forced tool call cannot be enforced), got \"{other}\""),
-            ))
-        }
-    }
+    // `any` and `tool` are read and enforced by `structured`.
     if let Some(list) = body.get("tools").filter(|v| !v.is_null()) {
         let Value::Array(list) = list else {
             return Err(ApiError::field("tools", "tools must be a list"));
@@ -649,16 +633,7 @@ pub fn responses(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
         }
     }
     let choice_none = body.get("tool_choice").and_then(Value::as_str) == Some("none");
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" || s == "none" => {}
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("tool_choice: only \"auto\" and \"none\" are supported, got {other}"),
-            ))
-        }
-    }
+    // Forced choices are read and enforced by `structured`.
     Ok(Conversation {
         messages: b.finish(),
         tools: if tools.is_empty() || choice_none {
@@ -871,11 +846,6 @@ mod tests {
             .unwrap_err()
             .message
             .contains("messages"));
-        let e = openai_chat(&obj(
-            json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
-        ))
-        .unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("tool_choice"));
     }
 
     #[test]

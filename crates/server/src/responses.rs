@@ -56,6 +56,8 @@ struct Envelope {
     tools: Value,
     tool_choice: Value,
     parallel_tool_calls: bool,
+    /// The request's `text` (its `format` is enforced while decoding), echoed.
+    text: Value,
 }
 
 impl Envelope {
@@ -82,7 +84,7 @@ impl Envelope {
             "reasoning": {"effort": self.effort, "summary": self.summary},
             "store": false,
             "temperature": self.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": self.text,
             "tool_choice": self.tool_choice,
             "tools": self.tools,
             "top_p": self.top_p,
@@ -139,14 +141,6 @@ fn parse(
             "previous_response_id: responses are not stored; send the conversation in input",
         ));
     }
-    if let Some(fmt) = body.get("text").and_then(|t| t.get("format")) {
-        if fmt.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::field(
-                "text.format",
-                "text.format: structured output (json_object, json_schema) is not supported; only {\"type\": \"text\"}",
-            ));
-        }
-    }
     if body.get("background").and_then(Value::as_bool) == Some(true) {
         return Err(ApiError::field(
             "background",
@@ -169,6 +163,7 @@ fn parse(
     )?;
     let stop = params::parse_stop(body, "stop")?;
     let stream = params::opt_bool(body, "stream")?.unwrap_or(false);
+    let constraint = crate::structured::responses(body, conv.tools.as_ref())?;
     Ok((
         conv,
         GenParams {
@@ -178,6 +173,7 @@ fn parse(
             thinking,
             stream,
             include_usage: false,
+            constraint,
         },
         summary,
     ))
@@ -230,6 +226,11 @@ async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Res
             .get("parallel_tool_calls")
             .and_then(Value::as_bool)
             .unwrap_or(true),
+        text: body
+            .get("text")
+            .filter(|t| t.get("format").is_some_and(|f| !f.is_null()))
+            .cloned()
+            .unwrap_or_else(|| json!({"format": {"type": "text"}})),
     };
     let with_summary = summary.is_some_and(|s| s != "none");
     if !p.stream {

@@ -80,6 +80,7 @@ pub fn record_profile(
         max_tokens: n_decode + 1,
         sampling: SamplingParams::default(),
         stop_at_eog: false,
+        constraint: None,
     };
     let done = engine.generate(&req, &mut |_| Flow::Continue)?;
     let mut generated = done.tokens;
