@@ -219,9 +219,13 @@ pub fn start(
             ),
         ));
     }
+    // The tokens this request may generate: what it asked for, but never more than the
+    // context has room for. The thinking budget and the answer room are taken from this,
+    // so a default request on a small context still leaves room to answer.
+    let budget = params.max_tokens.min(n_ctx - prompt.len());
     let think = if mode.structured && (params.thinking.enabled || mode.think_open) {
         // The budget sentence costs ~25 tokens: a small request closes with `</think>` alone.
-        let close = if params.max_tokens >= 8 * core.close_tokens.len() {
+        let close = if budget >= 8 * core.close_tokens.len() {
             &core.close_tokens
         } else {
             &core.close_short
@@ -229,7 +233,7 @@ pub fn start(
         ThinkPlan {
             open_at_start: mode.think_open,
             limit: thinking_limit(
-                params.max_tokens,
+                budget,
                 params.thinking.budget,
                 core.defaults.thinking_answer_room,
                 close.len(),
@@ -248,7 +252,7 @@ pub fn start(
         id,
         req: GenerateRequest {
             prompt,
-            max_tokens: params.max_tokens,
+            max_tokens: budget,
             sampling: params.sampling.clone(),
             stop_at_eog: true,
         },

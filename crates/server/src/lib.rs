@@ -53,6 +53,8 @@ mod agent_tests;
 #[cfg(test)]
 mod api_tests;
 #[cfg(test)]
+mod defect_tests;
+#[cfg(test)]
 mod test_http;
 
 use std::net::SocketAddr;
