@@ -122,3 +122,46 @@ async fn default_request_leaves_room_to_answer_in_a_small_context() {
         .unwrap();
     assert!(reasoning < completion, "{usage}");
 }
+
+// 5. /health says what the server does, and keeps the settings and the file's path
+// behind the key.
+#[tokio::test]
+async fn health_tells_the_truth_and_keeps_settings_behind_the_key() {
+    let mut setup = Setup::new("ok");
+    setup.api_key = Some("sekret".into());
+    setup.settings = json!({"engine": {"temp": {"value": 0.6, "source": "default"}},
+                            "server": {"model": {"value": "/secret/dir/m.gguf", "source": "command line"}}});
+    let addr = setup.serve().await;
+    let h = request(addr, "GET", "/health", "", None).await;
+    assert_eq!(h.status, 200);
+    assert!(!h.body.contains("/tmp/tiny.gguf"), "{}", h.body);
+    assert!(!h.body.contains("/secret/dir"), "{}", h.body);
+    let h = h.json();
+    assert!(h.get("settings").is_none(), "{h}");
+    let greedy = h["capabilities"]["greedy"].as_str().unwrap();
+    assert!(!greedy.contains("absent"), "{greedy}");
+    // Every tool_choice /health lists is accepted.
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]);
+    for choice in h["capabilities"]["tools"]["tool_choice"].as_array().unwrap() {
+        let choice = match choice.as_str().unwrap() {
+            "named" => json!({"type": "function", "function": {"name": "f"}}),
+            c => json!(c),
+        };
+        let r = post(
+            addr,
+            "/v1/chat/completions",
+            &json!({"messages": user("q"), "tools": tools, "tool_choice": choice}),
+            "Authorization: Bearer sekret\r\n",
+        )
+        .await;
+        assert_eq!(r.status, 200, "tool_choice {choice}: {}", r.body);
+    }
+    // Behind the key: the settings, the path and the defaults.
+    assert_eq!(request(addr, "GET", "/props", "", None).await.status, 401);
+    let p = request(addr, "GET", "/props", "Authorization: Bearer sekret\r\n", None)
+        .await
+        .json();
+    assert_eq!(p["model"]["path"], "/tmp/tiny.gguf");
+    assert_eq!(p["capabilities"]["default_temperature"], 0.6);
+    assert!(p["settings"]["server"]["model"].is_object());
+}
