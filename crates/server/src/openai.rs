@@ -427,6 +427,25 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [model_entry(&state)]})).into_response()
 }
 
+/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): the model, or a 404 naming it.
+pub async fn model(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id == state.model_id {
+        return Json(model_entry(&state)).into_response();
+    }
+    let mut e = ApiError::with_status(
+        axum::http::StatusCode::NOT_FOUND,
+        format!(
+            "the model \"{id}\" does not exist; this server serves \"{}\" (GET /v1/models lists it)",
+            state.model_id
+        ),
+    );
+    e.param = Some("model".into());
+    oa(e).into_response()
+}
+
 /// The `stream_options.include_usage` frame: the route's empty chunk with no
 /// choices, the usage and the timings.
 fn usage_chunk(mut empty: Value, f: &Finished) -> Value {

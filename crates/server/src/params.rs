@@ -519,10 +519,13 @@ pub fn parse_thinking(o: &Obj, d: &RequestDefaults) -> Result<Thinking, ApiError
                 }
             }
             Some("disabled") => enabled.push(("thinking.type".into(), false)),
-            other => {
+            _ => {
                 return Err(ApiError::field(
                     "thinking.type",
-                    format!("thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", got {other:?}"),
+                    format!(
+                        "thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", got {}",
+                        t.get("type").map(Value::to_string).unwrap_or_else(|| "nothing".into())
+                    ),
                 ))
             }
         }

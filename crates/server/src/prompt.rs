@@ -143,10 +143,12 @@ fn content_text(v: &Value, field: &str, allowed: &[&str]) -> Result<String, ApiE
                 }
                 let ty = p.get("type").and_then(Value::as_str).unwrap_or("");
                 if allowed.contains(&ty) {
+                    // A refusal part carries its text under `refusal`.
+                    let key = if ty == "refusal" { "refusal" } else { "text" };
                     let t = p
-                        .get("text")
+                        .get(key)
                         .and_then(Value::as_str)
-                        .ok_or_else(|| ApiError::field(&f, format!("{f}.text must be a string")))?;
+                        .ok_or_else(|| ApiError::field(&f, format!("{f}.{key} must be a string")))?;
                     out.push(t.to_string());
                 } else if ty.contains("image")
                     || ty.contains("audio")
@@ -173,16 +175,38 @@ fn content_text(v: &Value, field: &str, allowed: &[&str]) -> Result<String, ApiE
     }
 }
 
-/// Tool-call arguments as the template wants them: an object when the text parses.
-fn arguments_value(v: Option<&Value>) -> Value {
+/// Tool-call arguments as the templates want them: an object. Arguments that are not a
+/// JSON object are refused naming `field` (a template would fail on them with an error
+/// about its own source, which tells the client nothing).
+fn arguments_value(v: Option<&Value>, field: &str) -> Result<Value, ApiError> {
+    let not_object = |what: String| {
+        ApiError::field(
+            field,
+            format!("{field} must be a JSON object of the function's arguments, {what}"),
+        )
+    };
     match v {
+        None | Some(Value::Null) => Ok(json!({})),
+        Some(Value::String(s)) if s.trim().is_empty() => Ok(json!({})),
         Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
-            Ok(obj @ Value::Object(_)) => obj,
-            _ if s.trim().is_empty() => json!({}),
-            _ => Value::String(s.clone()),
+            Ok(obj @ Value::Object(_)) => Ok(obj),
+            Ok(other) => Err(not_object(format!("got {other}"))),
+            Err(e) => Err(not_object(format!(
+                "but it does not parse as JSON ({e}): {}",
+                excerpt(s)
+            ))),
         },
-        Some(obj @ Value::Object(_)) => obj.clone(),
-        _ => json!({}),
+        Some(obj @ Value::Object(_)) => Ok(obj.clone()),
+        Some(other) => Err(not_object(format!("got {}", excerpt(&other.to_string())))),
+    }
+}
+
+/// The start of a value for an error message.
+fn excerpt(s: &str) -> String {
+    const MAX: usize = 80;
+    match s.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_string(),
     }
 }
 
@@ -321,7 +345,7 @@ pub fn openai_chat(body: &Map<String, Value>) -> Result<Conversation, ApiError> 
                         out.push(json!({
                             "id": c.get("id").cloned().unwrap_or(Value::Null),
                             "type": "function",
-                            "function": {"name": name, "arguments": arguments_value(f.get("arguments"))},
+                            "function": {"name": name, "arguments": arguments_value(f.get("arguments"), &format!("{cf}.function.arguments"))?},
                         }));
                     }
                     turn["tool_calls"] = Value::Array(out);
@@ -391,7 +415,10 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
             other => {
                 return Err(ApiError::field(
                     &format!("{field}.content"),
-                    format!("{field}.content must be a string or a list of blocks, got {other:?}"),
+                    format!(
+                        "{field}.content must be a string or a list of blocks, got {}",
+                        other.map(Value::to_string).unwrap_or_else(|| "nothing".into())
+                    ),
                 ))
             }
         };
@@ -427,7 +454,7 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
                     calls.push(json!({
                         "id": blk.get("id").cloned().unwrap_or(Value::Null),
                         "type": "function",
-                        "function": {"name": name, "arguments": arguments_value(blk.get("input"))},
+                        "function": {"name": name, "arguments": arguments_value(blk.get("input"), &format!("{bf}.input"))?},
                     }));
                 }
                 ("user", "tool_result") => {
@@ -577,7 +604,7 @@ pub fn responses(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
                         b.assistant_tool_call(json!({
                             "id": item.get("call_id").cloned().unwrap_or(Value::Null),
                             "type": "function",
-                            "function": {"name": name, "arguments": arguments_value(item.get("arguments"))},
+                            "function": {"name": name, "arguments": arguments_value(item.get("arguments"), &format!("{field}.arguments"))?},
                         }));
                     }
                     "function_call_output" => {
