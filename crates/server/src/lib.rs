@@ -44,6 +44,7 @@ pub mod openai;
 pub mod output;
 pub mod params;
 pub mod prompt;
+pub mod protect;
 pub mod responses;
 pub mod settings;
 pub mod worker;

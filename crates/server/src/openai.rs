@@ -98,7 +98,9 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
         Some(Value::Object(m)) => m.clone(),
         _ => Map::new(),
     };
-    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &extra, "messages").map_err(oa)?;
+    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &extra, "messages")
+        .await
+        .map_err(oa)?;
     let gen = start(
         &state,
         "/v1/chat/completions",
@@ -113,6 +115,10 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
         "messages",
     )
     .map_err(oa)?;
+    let mut gen = gen;
+    if conv.continue_final {
+        gen.continue_message();
+    }
     let id = format!("chatcmpl-{}", unique_suffix(gen.id));
     let created = now_unix();
     let model = state.model_id.clone();

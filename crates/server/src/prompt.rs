@@ -24,10 +24,56 @@ pub trait PromptRender: Send + Sync {
         enable_thinking: bool,
         extra: &Map<String, Value>,
     ) -> Result<String, String>;
+
+    /// The conversation with its last turn left as the template renders it but no
+    /// generation prompt after it (`add_generation_prompt: false`), for continuing a
+    /// final assistant message ([`continue_final`] cuts the turn's closing off).
+    fn render_without_generation_prompt(
+        &self,
+        _messages: &[Value],
+        _tools: Option<&Value>,
+        _enable_thinking: bool,
+        _extra: &Map<String, Value>,
+    ) -> Result<String, String> {
+        Err("this prompt renderer cannot continue a final assistant message".into())
+    }
+}
+
+/// The prompt that continues the final assistant message `last` (as it appears in the
+/// rendered text) instead of closing it: `rendered` cut after the last occurrence of
+/// the message's text, trimmed as templates trim it (what HF transformers'
+/// `continue_final_message` does). None when the text is not in the rendering.
+pub fn continue_final(rendered: &str, last: &str) -> Option<String> {
+    let needle = last.trim();
+    if needle.is_empty() {
+        return None;
+    }
+    let at = rendered.rfind(needle)?;
+    Some(rendered[..at + needle.len()].to_string())
 }
 
 /// The model's own chat template (from the GGUF).
 pub struct TemplateRenderer(pub std::sync::Arc<model::chat::ChatTemplate>);
+
+impl TemplateRenderer {
+    fn render_with(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        enable_thinking: bool,
+        extra: &Map<String, Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let inputs = model::chat::ChatInputs {
+            messages: Value::Array(messages.to_vec()),
+            tools: tools.cloned(),
+            add_generation_prompt,
+            enable_thinking: Some(enable_thinking),
+            extra: extra.clone(),
+        };
+        self.0.render(&inputs).map_err(|e| e.to_string())
+    }
+}
 
 impl PromptRender for TemplateRenderer {
     fn render(
@@ -37,14 +83,17 @@ impl PromptRender for TemplateRenderer {
         enable_thinking: bool,
         extra: &Map<String, Value>,
     ) -> Result<String, String> {
-        let inputs = model::chat::ChatInputs {
-            messages: Value::Array(messages.to_vec()),
-            tools: tools.cloned(),
-            add_generation_prompt: true,
-            enable_thinking: Some(enable_thinking),
-            extra: extra.clone(),
-        };
-        self.0.render(&inputs).map_err(|e| e.to_string())
+        self.render_with(messages, tools, enable_thinking, extra, true)
+    }
+
+    fn render_without_generation_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        enable_thinking: bool,
+        extra: &Map<String, Value>,
+    ) -> Result<String, String> {
+        self.render_with(messages, tools, enable_thinking, extra, false)
     }
 }
 
@@ -54,6 +103,9 @@ pub struct Conversation {
     pub messages: Vec<Value>,
     /// OpenAI chat-shape tools, None when there are none (or tool_choice is "none").
     pub tools: Option<Value>,
+    /// The last message is an assistant message to continue (a prefill), not a turn
+    /// to close: Anthropic always, OpenAI chat with `continue_final_message: true`.
+    pub continue_final: bool,
 }
 
 impl Conversation {
@@ -145,10 +197,9 @@ fn content_text(v: &Value, field: &str, allowed: &[&str]) -> Result<String, ApiE
                 if allowed.contains(&ty) {
                     // A refusal part carries its text under `refusal`.
                     let key = if ty == "refusal" { "refusal" } else { "text" };
-                    let t = p
-                        .get(key)
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| ApiError::field(&f, format!("{f}.{key} must be a string")))?;
+                    let t = p.get(key).and_then(Value::as_str).ok_or_else(|| {
+                        ApiError::field(&f, format!("{f}.{key} must be a string"))
+                    })?;
                     out.push(t.to_string());
                 } else if ty.contains("image")
                     || ty.contains("audio")
@@ -371,9 +422,31 @@ pub fn openai_chat(body: &Map<String, Value>) -> Result<Conversation, ApiError> 
             }
         }
     }
+    let messages = b.finish();
+    // vLLM's and HF's `continue_final_message`: continue the last assistant message.
+    let continue_final = match body.get("continue_final_message") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => {
+            if messages.last().is_some_and(|m| m["role"] == "assistant") {
+                true
+            } else {
+                return Err(ApiError::field(
+                    "continue_final_message",
+                    "continue_final_message: the last message must be an assistant message to continue",
+                ));
+            }
+        }
+        Some(v) => {
+            return Err(ApiError::field(
+                "continue_final_message",
+                format!("continue_final_message must be true or false, got {v}"),
+            ))
+        }
+    };
     Ok(Conversation {
-        messages: b.finish(),
+        messages,
         tools: openai_tools(body)?,
+        continue_final,
     })
 }
 
@@ -417,7 +490,9 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
                     &format!("{field}.content"),
                     format!(
                         "{field}.content must be a string or a list of blocks, got {}",
-                        other.map(Value::to_string).unwrap_or_else(|| "nothing".into())
+                        other
+                            .map(Value::to_string)
+                            .unwrap_or_else(|| "nothing".into())
                     ),
                 ))
             }
@@ -545,9 +620,15 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
     } else {
         Some(Value::Array(tools))
     };
+    let messages = b.finish();
+    // A final assistant message is a prefill: the answer continues it.
+    let continue_final = messages
+        .last()
+        .is_some_and(|m| m["role"] == "assistant" && m.get("tool_calls").is_none());
     Ok(Conversation {
-        messages: b.finish(),
+        messages,
         tools,
+        continue_final,
     })
 }
 
@@ -693,6 +774,7 @@ pub fn responses(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
         } else {
             Some(Value::Array(tools))
         },
+        continue_final: false,
     })
 }
 
@@ -795,6 +877,26 @@ impl PromptRender for ChatMl {
             out.push_str("<think>\n\n</think>\n\n");
         }
         Ok(out)
+    }
+
+    fn render_without_generation_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        enable_thinking: bool,
+        extra: &Map<String, Value>,
+    ) -> Result<String, String> {
+        let out = self.render(messages, tools, enable_thinking, extra)?;
+        let prompt = "<|im_start|>assistant\n";
+        Ok(out
+            .strip_suffix(if enable_thinking {
+                "<think>\n"
+            } else {
+                "<think>\n\n</think>\n\n"
+            })
+            .and_then(|o| o.strip_suffix(prompt))
+            .unwrap_or(&out)
+            .to_string())
     }
 }
 

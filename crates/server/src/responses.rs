@@ -246,8 +246,9 @@ async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Res
     let body = json_body(body).map_err(oa)?;
     let metadata = store_and_metadata(&body).map_err(oa)?;
     let (conv, p, summary) = parse(&state, &body).map_err(oa)?;
-    let (tokens, open) =
-        render_chat(&state, &conv, &p.thinking, &Map::new(), "input").map_err(oa)?;
+    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &Map::new(), "input")
+        .await
+        .map_err(oa)?;
     let gen = start(
         &state,
         "/v1/responses",

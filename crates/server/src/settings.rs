@@ -148,6 +148,13 @@ const SPECS: &[Spec] = &[
         unset: "no CORS: browsers refuse pages of other origins",
     },
     Spec {
+        name: "content-special-tokens",
+        section: "server",
+        kind: Kind::Bool,
+        default: || json!(false),
+        unset: "",
+    },
+    Spec {
         name: "threads",
         section: "engine",
         kind: Kind::Count { min: 1 },
@@ -364,6 +371,9 @@ pub struct RequestDefaults {
     pub enable_thinking: bool,
     pub max_thinking_tokens: Option<usize>,
     pub thinking_answer_room: usize,
+    /// Control-token text inside messages (`<|im_end|>` typed by a user or returned by
+    /// a tool) becomes the control token, as before issue 9; off: it stays text.
+    pub content_special_tokens: bool,
 }
 
 impl Default for RequestDefaults {
@@ -385,6 +395,7 @@ impl Default for RequestDefaults {
                 enable_thinking: true,
                 max_thinking_tokens: None,
                 thinking_answer_room: 1024,
+                content_special_tokens: false,
             },
         }
     }
@@ -571,7 +582,9 @@ impl Settings {
         let f = |name: &str| get(name).as_f64().unwrap_or(0.0) as f32;
         let n = |name: &str| get(name).as_u64().map(|v| v as usize);
         let s = |name: &str| get(name).as_str().map(str::to_string);
-        let cors = s("cors-origin").map(|v| cors_origins(&v)).unwrap_or_default();
+        let cors = s("cors-origin")
+            .map(|v| cors_origins(&v))
+            .unwrap_or_default();
         if let Some(bad) = cors
             .iter()
             .find(|o| *o != "*" && !o.starts_with("http://") && !o.starts_with("https://"))
@@ -601,6 +614,7 @@ impl Settings {
             enable_thinking: get("enable-thinking").as_bool().unwrap_or(true),
             max_thinking_tokens: n("max-thinking-tokens"),
             thinking_answer_room: n("thinking-answer-room").unwrap_or(0),
+            content_special_tokens: get("content-special-tokens").as_bool().unwrap_or(false),
         };
         Ok(Settings {
             model: s("model").map(PathBuf::from),
