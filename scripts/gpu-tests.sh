@@ -11,7 +11,7 @@
 #
 # The tests are ordinary test targets built with `--features cuda`: the kernel
 # tests of crates/cuda (every kernel against the CPU reference, bit for bit where
-# DESIGN.md requires it) and the engine's parity and invariant tests run with
+# docs/design.md requires it) and the engine's parity and invariant tests run with
 # SCORIA_TEST_DEVICE=cuda. SCORIA_REQUIRE_GPU=1 makes a missing GPU a failure.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

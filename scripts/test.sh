@@ -7,7 +7,7 @@
 #      tokenizer and chat templates, parity with transformers for the three
 #      archs, the engine's byte-level invariants;
 #   3. bench/compare.py on llama-bench- and scoria-shaped files (bench/test_compare.py),
-#      and the scripts' own checks (scripts/test_scripts.py);
+#      and the repository's own checks (scripts/test_*.py: scripts, docs);
 #   4. the server driven by the official SDKs, the stats page in headless
 #      Chromium, and the real agent clients Claude Code and Codex CLI
 #      (scripts/server-tests.sh, which runs scripts/agent-clients.sh).
