@@ -351,19 +351,42 @@ pub enum ServeError {
     Settings(#[from] settings::SettingsError),
     #[error("cannot prepare the embedded demo model: {0}")]
     Demo(String),
-    #[error("cannot load {path}: {err}")]
+    #[error("{}", load_message(path, err))]
     Load {
         path: String,
         err: engine::EngineError,
     },
-    #[error(
-        "cannot listen on {addr}: {err} (is another server using the port? choose one with --port)"
-    )]
+    #[error("{}", bind_message(addr, err))]
     Bind { addr: String, err: std::io::Error },
     #[error("--host {0} is neither an IP address nor a name that resolves (use 127.0.0.1, 0.0.0.0, ::1, localhost, ...)")]
     Host(String),
     #[error("cannot start: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// "cannot load PATH: why", with the path once (errors from the file name it already).
+pub fn load_message(path: &str, err: &dyn std::fmt::Display) -> String {
+    let why = err.to_string();
+    match why.strip_prefix(path) {
+        Some(rest) if rest.starts_with(':') => format!("cannot load {path}{rest}"),
+        _ => format!("cannot load {path}: {why}"),
+    }
+}
+
+/// Why the address could not be bound, with the remedy that fits the cause.
+fn bind_message(addr: &str, err: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    let hint = match err.kind() {
+        ErrorKind::AddrInUse => "another program is using the port; choose another with --port",
+        ErrorKind::AddrNotAvailable => {
+            "the host is not an address of this machine; use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses"
+        }
+        ErrorKind::PermissionDenied => {
+            "ports below 1024 need privileges; choose a higher one with --port"
+        }
+        _ => "check --host and --port",
+    };
+    format!("cannot listen on {addr}: {err} ({hint})")
 }
 
 /// A loaded engine, split into what the routes share.
