@@ -97,7 +97,7 @@ pub async fn render_chat(
         extra.clone(),
         field.to_string(),
     );
-    tokio::task::spawn_blocking(move || render_chat_now(&state, &conv, &thinking, &extra, &field))
+    tokio::task::spawn_blocking(move || render_chat_now(&state, conv, &thinking, &extra, &field))
         .await
         .map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))?
 }
@@ -105,7 +105,7 @@ pub async fn render_chat(
 /// [`render_chat`] on the calling thread.
 fn render_chat_now(
     state: &AppState,
-    conv: &Conversation,
+    mut conv: Conversation,
     thinking: &Thinking,
     extra: &Map<String, Value>,
     field: &str,
@@ -119,7 +119,6 @@ fn render_chat_now(
     // is told to keep the old behaviour.
     let controls = state.tokenizer.control_texts();
     let protector = Protector::new(&controls);
-    let mut conv = conv.clone();
     let protected = !core.defaults.content_special_tokens && {
         let m = conv
             .messages
