@@ -760,3 +760,37 @@ async fn health_answers_while_prompts_render_and_huge_prompts_are_refused_early(
     assert!(m.contains("does not fit the context of 1024"), "{m}");
     assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
 }
+
+// 9. While the model loads, refusals are in the route family's shape too.
+#[tokio::test]
+async fn loading_refusals_are_in_the_routes_shape() {
+    let ready = Arc::new(std::sync::OnceLock::new());
+    let gate = crate::loading_gate(ready, std::time::Instant::now());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, gate).await;
+    });
+    let h = request(addr, "GET", "/health", "", None).await;
+    assert_eq!(h.status, 503);
+    assert_eq!(h.json()["status"], "loading");
+    let r = post(addr, "/v1/messages", &json!({"messages": user("q")}), "").await;
+    assert_eq!(r.status, 503);
+    let v = r.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "overloaded_error", "{v}");
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": user("q")}),
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 503);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("loading"));
+}

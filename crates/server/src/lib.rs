@@ -585,13 +585,15 @@ fn loading_gate(ready: Arc<std::sync::OnceLock<Router>>, started: std::time::Ins
                 };
             }
             let loading_for = started.elapsed().as_secs_f64();
-            let body = if req.uri().path() == "/health" {
-                serde_json::json!({"status": "loading", "loading_for_s": loading_for})
-            } else {
-                serde_json::json!({"error": {
-                    "message": format!("the model is still loading ({loading_for:.0} s so far); retry when GET /health answers 200"),
-                    "type": "unavailable", "param": null, "code": "loading"}})
-            };
+            let path = req.uri().path();
+            if path != "/health" {
+                // In the shape of the API the path belongs to (Anthropic's on /v1/messages).
+                return error::ApiError::unavailable(format!(
+                    "the model is still loading ({loading_for:.0} s so far); retry when GET /health answers 200"
+                ))
+                .into_response_as(error::Flavor::of_path(path));
+            }
+            let body = serde_json::json!({"status": "loading", "loading_for_s": loading_for});
             (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
         }
     })
