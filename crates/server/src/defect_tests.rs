@@ -758,7 +758,8 @@ async fn health_answers_while_prompts_render_and_huge_prompts_are_refused_early(
     assert_eq!(r.status, 400, "{}", &r.body[..r.body.len().min(300)]);
     let m = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(m.contains("does not fit the context of 1024"), "{m}");
-    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+    // Tokenizing it in full took 40-85 s (issue 9); refusing it by its length is seconds.
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
 }
 
 // 9. While the model loads, refusals are in the route family's shape too.
