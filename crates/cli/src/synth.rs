@@ -35,6 +35,10 @@ pub struct SynthArgs {
     /// List the geometries and exit.
     #[arg(long)]
     pub list: bool,
+    /// Keep only the first N trunk layers: the geometry's shapes in a file small enough
+    /// for a small machine's RAM (benchmarks of per-layer speed; not a real model's depth).
+    #[arg(long)]
+    pub layers: Option<u32>,
 }
 
 fn parse_arch(s: &str) -> anyhow::Result<Arch> {
@@ -81,7 +85,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     let Some(name) = args.geometry.as_deref() else {
         bail!("--geometry is required (see `scoria synth --list`)");
     };
-    let Some(geometry) = Geometry::by_name(arch, name) else {
+    let Some(mut geometry) = Geometry::by_name(arch, name) else {
         let known: Vec<&str> = Geometry::names().iter().map(|n| n.0).collect();
         match (arch, name.eq_ignore_ascii_case("tiny")) {
             (None, true) => {
@@ -93,6 +97,17 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
             _ => bail!("unknown geometry `{name}` (one of {})", known.join(", ")),
         }
     };
+    if let Some(n) = args.layers {
+        if n == 0 || n > geometry.n_layer {
+            bail!(
+                "--layers {n}: {} has {} trunk layers; pass 1 to {}",
+                geometry.name,
+                geometry.n_layer,
+                geometry.n_layer
+            );
+        }
+        geometry.n_layer = n;
+    }
     let preset: Preset = args.quant.parse().map_err(anyhow::Error::msg)?;
     let Some(output) = args.output else {
         bail!("-o/--output FILE is required");
@@ -114,9 +129,10 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         sync: !args.no_sync,
     };
     eprintln!(
-        "synthesizing {} ({}) {} seed {} -> {}",
+        "synthesizing {} ({}, {} trunk layers) {} seed {} -> {}",
         geometry.name,
         geometry.arch.name(),
+        geometry.n_layer,
         preset,
         opts.seed,
         output.display()

@@ -11,24 +11,39 @@
 #define SC_MAX_DCONV 8
 
 // ------------------------------------------------------------------------ dn_conv
-// One thread per channel c, sequential over the tokens (model::deltanet::conv_step):
-// acc = Σ_j state[j]·taps[j] (in j order, products rounded then added), then
-// acc += x·taps[d_conv-1]; out = silu(acc); the state shifts left and takes x.
-// state is [conv_dim][d_conv-1] (oldest first), taps [conv_dim][d_conv]. `out` may be
-// `qkv`.
+// One thread per channel c and run of `tpb` tokens (blockIdx.y), in token order
+// (model::deltanet::conv_step): acc = Σ_j hist[j]·taps[j] (in j order, products
+// rounded then added), then acc += x·taps[d_conv-1]; out = silu(acc); the history
+// shifts left and takes x. The history of a run is the previous tokens' inputs, or the
+// state for the first run: so every token gets the sequential loop's bits.
+// state is [conv_dim][d_conv-1] (oldest first), taps [conv_dim][d_conv]. The first
+// run also writes the new state (the last d_conv-1 inputs), after reading the old one.
+// `out` may be `qkv` only with one run (gridDim.y == 1): runs read their
+// predecessors' inputs.
 extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, float* __restrict__ state,
                                                           const float* __restrict__ taps, int n_tok,
-                                                          int conv_dim, int d_conv, float* out) {
+                                                          int conv_dim, int d_conv, int tpb, float* out) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
   const int hist = d_conv - 1;
+  const int t0 = blockIdx.y * tpb, t1 = min(n_tok, t0 + tpb);
   float st[SC_MAX_DCONV], w[SC_MAX_DCONV];
 #pragma unroll
   for (int j = 0; j < SC_MAX_DCONV; j++) {
-    st[j] = j < hist ? state[(size_t)c * hist + j] : 0.0f;
+    // Entry j of the history before token t0 is input t0 - hist + j.
+    const int src = t0 - hist + j;
+    st[j] = j >= hist ? 0.0f : src >= 0 ? qkv[(size_t)src * conv_dim + c] : state[(size_t)c * hist + j];
     w[j] = j < d_conv ? taps[(size_t)c * d_conv + j] : 0.0f;
   }
-  for (int t = 0; t < n_tok; t++) {
+  float tail[SC_MAX_DCONV];  // the first run: the new state when n_tok >= hist
+  if (blockIdx.y == 0) {
+#pragma unroll
+    for (int j = 0; j < SC_MAX_DCONV; j++) {
+      const int src = n_tok - hist + j;
+      tail[j] = j < hist && src >= 0 ? qkv[(size_t)src * conv_dim + c] : 0.0f;
+    }
+  }
+  for (int t = t0; t < t1; t++) {
     const float x = qkv[(size_t)t * conv_dim + c];
     float acc = 0.0f;
     float wl = 0.0f;
@@ -46,9 +61,13 @@ extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, floa
     for (int j = 0; j < SC_MAX_DCONV; j++)
       if (j == hist - 1) st[j] = x;
   }
+  if (blockIdx.y == 0) {
+    // With one run `st` is the new state; with several, n_tok >= tpb >= hist and
+    // `tail` is.
 #pragma unroll
-  for (int j = 0; j < SC_MAX_DCONV; j++)
-    if (j < hist) state[(size_t)c * hist + j] = st[j];
+    for (int j = 0; j < SC_MAX_DCONV; j++)
+      if (j < hist) state[(size_t)c * hist + j] = gridDim.y == 1 ? st[j] : tail[j];
+  }
 }
 
 // --------------------------------------------------------------------- dn_qk_norm

@@ -50,6 +50,33 @@ SC_HD void sc_k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int j, int& sc,
   }
 }
 
+// ------------------------------------------------------- the float sequences
+// A sub-block's contribution from its exact integer parts: the float operations of
+// the canonical order, written once here and used by the matvec (dp4a) and the
+// prompt GEMM (tensor cores) alike.
+//
+// Q8_0, Q4_0, Q6_K, IQ4_XS: c = (d * da) * isum
+SC_HD float sc_finish_d(float d, float da, int isum) { return sc_mul(sc_mul(d, da), sc_i2f(isum)); }
+// int -> f32 for |v| <= 2^22, exactly, with two full-rate operations instead of the
+// quarter-rate conversion: the bits of 1.5·2^23 plus v are the float 1.5·2^23 + v
+// (its ulp is 1 and the mantissa stays in range), and subtracting 1.5·2^23 is exact.
+SC_HD float sc_i2f_small(int v) {
+#ifdef SC_DEVICE_CODE
+  return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
+#else
+  return (float)v;
+#endif
+}
+// Q4_K, Q5_K: is = sc·dot, im = m·asum; c = (d * da) * is; c = fma(-(dmin * da), im, c)
+// `four_bit` (Q4_K: |is| <= 63·32·15·127 < 2^22, |im| <= 63·32·127) converts with
+// sc_i2f_small; Q5_K's is may reach 63·32·31·127 and takes sc_i2f. Both are exact.
+SC_HD float sc_finish_k(float d, float dmin, int sc, int m, float da, int asum, int dot, bool four_bit) {
+  const int is = sc * dot;
+  const int im = m * asum;
+  const float c = sc_mul(sc_mul(d, da), four_bit ? sc_i2f_small(is) : sc_i2f(is));
+  return sc_fma(-sc_mul(dmin, da), sc_i2f_small(im), c);
+}
+
 // ------------------------------------------------------------------------ Q8_0
 // Block of 34 bytes: d (f16), 32 int8. One block is one sub-block.
 struct WQ8_0 {
@@ -67,7 +94,7 @@ SC_HD float sc_contrib_q8_0(const WQ8_0& w, const uint32_t* a, float da, int asu
   int isum = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) isum = sc_dp4a(w.q[i], a[i], isum);
-  return sc_mul(sc_mul(w.d, da), sc_i2f(isum));
+  return sc_finish_d(w.d, da, isum);
 }
 
 // ------------------------------------------------------------------------ Q4_0
@@ -90,8 +117,7 @@ SC_HD float sc_contrib_q4_0(const WQ4_0& w, const uint32_t* a, float da, int asu
     raw = sc_dp4a(w.q[i] & 0x0f0f0f0fu, a[i], raw);
     raw = sc_dp4a((w.q[i] >> 4) & 0x0f0f0f0fu, a[4 + i], raw);
   }
-  const int isum = raw - 8 * asum;
-  return sc_mul(sc_mul(w.d, da), sc_i2f(isum));
+  return sc_finish_d(w.d, da, raw - 8 * asum);
 }
 
 // ------------------------------------------------------------------ Q4_K, Q5_K
@@ -103,8 +129,10 @@ struct WK {
   float d, dmin;
   int sc, m;
   uint32_t q[8];  // values 0..15 / 0..31
+  bool four_bit;  // Q4_K (a constant once inlined)
 };
 SC_HD void sc_load_q4_k(const uint8_t* row, int s, WK& w) {
+  w.four_bit = true;
   const int j = s & 7;
   const uint8_t* blk = row + 144 * (size_t)(s >> 3);
   uint32_t h[4];
@@ -121,6 +149,7 @@ SC_HD void sc_load_q4_k(const uint8_t* row, int s, WK& w) {
   for (int i = 0; i < 8; i++) w.q[i] = (raw[i] >> sh) & 0x0f0f0f0fu;
 }
 SC_HD void sc_load_q5_k(const uint8_t* row, int s, WK& w) {
+  w.four_bit = false;
   const int j = s & 7;
   const uint8_t* blk = row + 176 * (size_t)(s >> 3);
   uint32_t h[4];
@@ -145,10 +174,7 @@ SC_HD float sc_contrib_k(const WK& w, const uint32_t* a, float da, int asum) {
   int isum = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) isum = sc_dp4a(w.q[i], a[i], isum);
-  const int is = w.sc * isum;
-  const int im = w.m * asum;
-  float c = sc_mul(sc_mul(w.d, da), sc_i2f(is));
-  return sc_fma(-sc_mul(w.dmin, da), sc_i2f(im), c);
+  return sc_finish_k(w.d, w.dmin, w.sc, w.m, da, asum, isum, w.four_bit);
 }
 
 // ------------------------------------------------------------------------ Q6_K
@@ -187,8 +213,7 @@ SC_HD float sc_contrib_q6_k(const WQ6_K& w, const uint32_t* a, float da, int asu
     lo = sc_dp4a(w.q[i], a[i], lo);
     hi = sc_dp4a(w.q[4 + i], a[4 + i], hi);
   }
-  const int isum = w.sc_lo * lo + w.sc_hi * hi;
-  return sc_mul(sc_mul(w.d, da), sc_i2f(isum));
+  return sc_finish_d(w.d, da, w.sc_lo * lo + w.sc_hi * hi);
 }
 
 // ---------------------------------------------------------------------- IQ4_XS
@@ -239,8 +264,7 @@ SC_HD float sc_contrib_iq4_xs(const WIQ4& w, const uint32_t* a, float da, int as
   int raw = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) raw = sc_dp4a(w.q[i], a[i], raw);
-  const int isum = w.scale * raw;
-  return sc_mul(sc_mul(w.d, da), sc_i2f(isum));
+  return sc_finish_d(w.d, da, w.scale * raw);
 }
 
 // ------------------------------------------------------------------ float rows

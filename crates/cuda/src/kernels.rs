@@ -43,6 +43,12 @@ kernels! {
     MatvecQ6KT1 = "matvec_q6_k_t1",
     MatvecIq4Xs = "matvec_iq4_xs",
     MatvecIq4XsT1 = "matvec_iq4_xs_t1",
+    MmqQ8_0 = "mmq_q8_0",
+    MmqQ4_0 = "mmq_q4_0",
+    MmqQ4K = "mmq_q4_k",
+    MmqQ5K = "mmq_q5_k",
+    MmqQ6K = "mmq_q6_k",
+    MmqIq4Xs = "mmq_iq4_xs",
     Embed = "embed",
     RmsNorm = "rms_norm",
     AddRmsNorm = "add_rms_norm",
@@ -114,10 +120,11 @@ impl Functions {
             f,
             smem_optin: smem_optin.max(0) as u32,
         };
-        // Kernels whose dynamic shared memory may exceed the default 48 KiB opt in to
-        // what they need (when the device has it; otherwise their launch reports it).
+        // Kernels whose shared memory (static + dynamic) may exceed the default
+        // 48 KiB opt in to the dynamic part they need (when the device has it;
+        // otherwise their launch reports it).
         for (k, need) in crate::ops::dynamic_smem_needs() {
-            if need > 48 * 1024 && need <= fns.smem_optin {
+            if need <= fns.smem_optin {
                 // SAFETY: a function of a loaded module.
                 unsafe {
                     result::function::set_function_attribute(

@@ -270,6 +270,12 @@ impl Engine {
         self.routing.as_deref()
     }
 
+    /// The most prompt tokens the executor reads in one step (a longer prompt is
+    /// read in pieces of this many).
+    pub fn prompt_chunk(&self) -> usize {
+        self.exec.prompt_chunk()
+    }
+
     /// Where steps run and what device memory they hold.
     pub fn device_report(&self) -> DeviceReport {
         self.exec.report()

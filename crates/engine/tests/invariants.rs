@@ -285,7 +285,20 @@ fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
             &mut |_| Flow::Continue,
         )
         .expect("generate");
-    assert_eq!(seen, vec![(512, 1300, 0), (1024, 1300, 0), (1300, 1300, 0)]);
+    // The executor's prompt chunk (512 on the CPU, up to the context on the GPU).
+    let chunk = eng.prompt_chunk();
+    assert!(chunk < 1300, "the test needs a prompt of several pieces");
+    // Where each piece ends, reading from `from`.
+    let ends = |from: usize| -> Vec<usize> {
+        let (mut v, mut e) = (Vec::new(), from);
+        while e < 1300 {
+            e = (e + chunk).min(1300);
+            v.push(e);
+        }
+        v
+    };
+    let want_seen: Vec<_> = ends(0).into_iter().map(|e| (e, 1300, 0)).collect();
+    assert_eq!(seen, want_seen);
     assert_eq!(c.tokens, want.tokens);
 
     // Stopped after the first piece: no token, and the piece stays cached.
@@ -295,7 +308,7 @@ fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
         .expect("generate");
     assert_eq!(c.finish, engine::FinishReason::Stopped);
     assert!(c.tokens.is_empty());
-    assert_eq!(c.timings.prompt_n, 512);
+    assert_eq!(c.timings.prompt_n, chunk);
     let mut pieces = Vec::new();
     let c = eng
         .generate_with_progress(
@@ -307,8 +320,11 @@ fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
             &mut |_| Flow::Continue,
         )
         .expect("generate");
-    assert_eq!((c.timings.cache_n, c.timings.prompt_n), (512, 788));
-    assert_eq!(pieces, vec![1024, 1300]);
+    assert_eq!(
+        (c.timings.cache_n, c.timings.prompt_n),
+        (chunk, 1300 - chunk)
+    );
+    assert_eq!(pieces, ends(chunk));
     assert_eq!(
         c.tokens, want.tokens,
         "a resumed prompt gives the cold tokens"

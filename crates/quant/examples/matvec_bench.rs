@@ -192,13 +192,30 @@ fn moe_bench(budget: Duration) {
 
 /// Prompt processing: `matmul` of n tokens against one matrix, per type and kernel level.
 fn matmul_bench(budget: Duration) {
+    // `--isa NAME` runs only that kernel level.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--isa")
+        .and_then(|i| args.get(i + 1))
+        .map(|n| Isa::from_name(n).unwrap_or_else(|| panic!("--isa {n}: no such kernel level")));
+    // `--case TYPExROWSxCOLSxN` (e.g. q4_Kx512x2048x16) runs only that case.
+    let case = args
+        .iter()
+        .position(|a| a == "--case")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let cases: &[(T, usize, usize, usize)] = &[
+        (T::Q4_K, 512, 2048, 8),
         (T::Q4_K, 512, 2048, 16),
         (T::Q4_K, 8192, 2048, 64),
+        (T::Q4_K, 2048, 2048, 512),
         (T::Q6_K, 512, 2048, 16),
         (T::Q6_K, 2048, 2048, 64),
+        (T::Q8_0, 512, 2048, 8),
         (T::Q8_0, 512, 2048, 16),
         (T::Q8_0, 2048, 2048, 64),
+        (T::Q8_0, 2048, 2048, 512),
         (T::Q5_K, 2048, 2048, 64),
         (T::IQ4_XS, 2048, 2048, 64),
         (T::Q4_0, 2048, 2048, 64),
@@ -208,6 +225,13 @@ fn matmul_bench(budget: Duration) {
         "type", "rows x cols x n", "isa", "Mdot/s", "GFLOP/s"
     );
     for &(ty, rows, cols, n_tok) in cases {
+        let name = format!("{}x{rows}x{cols}x{n_tok}", ty.name());
+        if case
+            .as_ref()
+            .is_some_and(|c| !c.eq_ignore_ascii_case(&name))
+        {
+            continue;
+        }
         let w = random_matrix(ty, rows, cols, 5);
         let mut s = 11u64;
         let xs: Vec<f32> = (0..cols * n_tok)
@@ -216,7 +240,7 @@ fn matmul_bench(budget: Duration) {
         let xqs: Vec<quant::ActQ8> = xs.chunks_exact(cols).map(quant::quantize_act).collect();
         let mut out = vec![0f32; rows * n_tok];
         for isa in Isa::ALL {
-            if !isa.is_available() || isa == Isa::Scalar {
+            if !isa.is_available() || isa == Isa::Scalar || only.is_some_and(|o| o != isa) {
                 continue;
             }
             let t = time_it(budget, || {

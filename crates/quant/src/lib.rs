@@ -62,8 +62,10 @@
 //! # Kernels
 //!
 //! One scalar reference, AVX2 (+FMA, F16C), AVX-512 without VNNI (F, BW, VL) and
-//! AVX-512 with VNNI kernels, chosen once at run time ([`kernel_isa`]);
-//! `SCORIA_ISA=scalar|avx2|avx512bw|avx512` forces a lower level. Tests check every
+//! AVX-512 with VNNI kernels, chosen once at run time ([`kernel_isa`]), and above
+//! them AMX-INT8 for prompt matmuls (`amx.rs`: the tile unit computes the exact
+//! integer dots of 16 rows × 16 tokens, AVX-512 the float sequence);
+//! `SCORIA_ISA=scalar|avx2|avx512bw|avx512|amx` forces a lower level. Tests check every
 //! level the CPU has against the scalar kernels bit for bit.
 //!
 //! **Many tokens** ([`matmul`], prompt processing). The quantized AVX2 and AVX-512
@@ -121,6 +123,8 @@ macro_rules! multi_wrap {
 }
 
 mod act;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod avx2;
 mod avx512;
 mod formats;
@@ -264,7 +268,8 @@ impl Kernel {
 
 fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
     match isa {
-        Isa::Avx512 => avx512::vnni_kernel(ty, isa::avx512_proof()),
+        // AMX differs from AVX-512 only in prompt matmuls (`try_matmul_with`).
+        Isa::Avx512 | Isa::Amx => avx512::vnni_kernel(ty, isa::avx512_proof()),
         Isa::Avx512Bw => avx512::bw_kernel(ty, isa::avx512bw_proof()),
         Isa::Avx2 => avx2::kernel(ty, isa::avx2_proof()),
         Isa::Scalar => scalar_kernel(ty),
@@ -275,7 +280,7 @@ fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
 /// single-row kernel per token).
 fn multi_kernel(isa: Isa, ty: GgmlType) -> Option<Multi> {
     match isa {
-        Isa::Avx512 => avx512::vnni_multi(ty, isa::avx512_proof()),
+        Isa::Avx512 | Isa::Amx => avx512::vnni_multi(ty, isa::avx512_proof()),
         Isa::Avx512Bw => avx512::bw_multi(ty, isa::avx512bw_proof()),
         Isa::Avx2 => avx2::multi(ty, isa::avx2_proof()),
         Isa::Scalar => None,
@@ -465,6 +470,14 @@ pub fn matvec_many(jobs: &mut [MatvecJob<'_>]) {
 /// Tokens processed together against one chunk of rows (their activations stay in cache).
 const TOKEN_TILE: usize = 8;
 
+/// The fewest tokens for which a matmul at the AMX level runs a group of 16 tokens on
+/// the tile unit. A group costs the same however few of its 16 tokens are real; measured
+/// on the dev box (Q4_K and Q8_0, 512 × 2048), a full group is ~1.2× the AVX-512 kernels'
+/// speed and a half-full one ~0.6×, so a matmul's last few tokens (and a matmul of few
+/// tokens) go to the AVX-512 kernels instead.
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_TOKENS: usize = 12;
+
 /// Many tokens against one matrix: `xs` is n_tok × n_cols (row-major), `xqs` one
 /// `ActQ8` per token (may be empty for float types), `out` n_tok × n_rows (row-major).
 /// Every (row, token) value is bit-identical to [`matvec`] of that token.
@@ -522,6 +535,32 @@ pub fn try_matmul_with(
             check_act(ty, n_cols, &[], xq)?;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && !float && amx::supports(ty) {
+        // Whole groups of 16 tokens, and a last partial group unless it is small.
+        let rest = n_tok % 16;
+        let n_amx = if rest >= AMX_MIN_TOKENS {
+            n_tok
+        } else {
+            n_tok - rest
+        };
+        if n_amx > 0 {
+            let (head, tail) = out.split_at_mut(n_amx * n_rows);
+            amx::matmul(ty, w, rb, &xqs[..n_amx], head, isa::amx_proof());
+            if n_amx < n_tok {
+                let xs_tail = if xs.is_empty() {
+                    xs
+                } else {
+                    &xs[n_amx * n_cols..]
+                };
+                return try_matmul_with(Isa::Avx512, ty, w, n_cols, xs_tail, &xqs[n_amx..], tail);
+            }
+            return Ok(());
+        }
+    }
+    // Computed row-major by weight row (rows × tokens) so that tasks own disjoint
+    // memory, then transposed into `out`.
+    let mut tmp = vec![0f32; n_rows * n_tok];
     let k = kernel(isa, ty);
     let empty = ActQ8::default();
     let x_of = |t: usize| -> &[f32] {
@@ -538,9 +577,6 @@ pub fn try_matmul_with(
             &xqs[t]
         }
     };
-    // Computed row-major by weight row (rows × tokens) so that tasks own disjoint
-    // memory, then transposed into `out`.
-    let mut tmp = vec![0f32; n_rows * n_tok];
     let per = rows_per_task(n_rows, rb * n_tok.min(TOKEN_TILE));
     let multi = if float { None } else { multi_kernel(isa, ty) };
     // The layout some many-token kernels read, built once per token for every row.

@@ -226,7 +226,7 @@ fn supported_types_are_exactly_the_kernel_types() {
         let expect = QUANT.contains(&ty) || FLOAT.contains(&ty);
         assert_eq!(quant::is_supported(ty), expect, "{ty}");
     }
-    assert!(["scalar", "avx2", "avx512"].contains(&quant::kernel_isa()));
+    assert!(Isa::from_name(quant::kernel_isa()).is_some_and(|i| i.is_available()));
 }
 
 #[test]
@@ -547,6 +547,77 @@ fn matvec_and_matmul_equal_the_single_row_dot_bitwise() {
                             out[t * n_rows + r].to_bits(),
                             want[t][r].to_bits(),
                             "matmul {ty} {isa} {n_rows}x{n_cols}x{n_tok} t={t} r={r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The AMX matmul (16 rows × 16 tokens per tile, one sub-block per tile product) against
+/// the scalar dot, bit for bit: row and token counts around and across the tiles of
+/// 16 (a last group of 12 or more tokens runs padded on the tile unit, fewer go to the
+/// AVX-512 kernels: both occur here), column counts below, at and above 32 sub-blocks (one
+/// and several sub-blocks per accumulator, partial chunks of 4 accumulators), and
+/// activations at the int8 extremes (every activation ±127) beside ordinary ones.
+#[test]
+fn amx_matmul_is_bit_identical_to_the_scalar_dot() {
+    if !Isa::Amx.is_available() {
+        eprintln!("note: skipping the AMX matmul test: AMX is not available on this CPU");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(12);
+    for ty in QUANT {
+        let cols: &[usize] = if ty.block_size() == 32 {
+            &[32, 160, 800, 1056, 2080]
+        } else {
+            &[256, 768, 2304, 8448]
+        };
+        for &n_cols in cols {
+            for (n_rows, n_tok) in [
+                (1usize, 12usize),
+                (15, 16),
+                (16, 17),
+                (17, 31),
+                (33, 40),
+                (50, 13),
+            ] {
+                let rb = quant::row_bytes(ty, n_cols).unwrap();
+                let mut w = Vec::with_capacity(n_rows * rb);
+                for _ in 0..n_rows {
+                    w.extend(random_row(&mut rng, ty, n_cols));
+                }
+                let mut xs = Vec::new();
+                let mut xqs = Vec::new();
+                for t in 0..n_tok {
+                    let x: Vec<f32> = if t % 3 == 0 {
+                        // Every value ±1: each activation block quantizes to ±127.
+                        (0..n_cols)
+                            .map(|_| if rng.random_bool(0.5) { 1.0 } else { -1.0 })
+                            .collect()
+                    } else {
+                        rand_floats(&mut rng, n_cols)
+                    };
+                    xqs.push(quant::quantize_act_with(Isa::Scalar, &x));
+                    xs.extend(x);
+                }
+                let mut out = vec![f32::NAN; n_rows * n_tok];
+                quant::matmul_with(Isa::Amx, ty, &w, n_cols, &xs, &xqs, &mut out);
+                for t in 0..n_tok {
+                    for r in 0..n_rows {
+                        let want = quant::dot_with(
+                            Isa::Scalar,
+                            ty,
+                            &w[r * rb..(r + 1) * rb],
+                            &xs[t * n_cols..(t + 1) * n_cols],
+                            &xqs[t],
+                        );
+                        assert_eq!(
+                            out[t * n_rows + r].to_bits(),
+                            want.to_bits(),
+                            "amx matmul {ty} {n_rows}x{n_cols}x{n_tok} t={t} r={r}: {} vs {want}",
+                            out[t * n_rows + r]
                         );
                     }
                 }

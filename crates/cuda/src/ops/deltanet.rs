@@ -8,6 +8,8 @@ use crate::kernels::K;
 
 /// The most conv taps dn_conv takes (kernels/deltanet.cu SC_MAX_DCONV).
 pub const MAX_D_CONV: usize = 8;
+/// Tokens per run of dn_conv (runs go in parallel).
+const DN_CONV_RUN: usize = 32;
 
 impl Gpu {
     /// The causal depthwise conv of `n_tok` tokens, per channel in token order, as
@@ -35,6 +37,17 @@ impl Gpu {
         if n_tok == 0 || conv_dim == 0 {
             return Ok(());
         }
+        // Runs of tokens in parallel, each starting from its predecessors' inputs;
+        // in place, one run (a run would read inputs another has overwritten). A run
+        // is at least d_conv - 1 tokens (the kernel's new-state rule), and the runs
+        // fit the grid.
+        let tpb = if out == qkv {
+            n_tok
+        } else {
+            DN_CONV_RUN
+                .max(d_conv)
+                .max(n_tok.div_ceil(super::MAX_GRID_YZ))
+        };
         let args = [
             Arg::P(addr(KN, "qkv", qkv, 4)?),
             Arg::P(if d_conv > 1 {
@@ -46,9 +59,17 @@ impl Gpu {
             Arg::I32(int(KN, "n_tok", n_tok)?),
             Arg::I32(int(KN, "conv_dim", conv_dim)?),
             Arg::I32(int(KN, "d_conv", d_conv)?),
+            Arg::I32(int(KN, "tokens per run", tpb)?),
             Arg::P(addr(KN, "out", out, 4)?),
         ];
-        self.launch(K::DnConv, [blocks(conv_dim, 128)?, 1, 1], 128, 0, &args)
+        let runs = n_tok.div_ceil(tpb);
+        self.launch(
+            K::DnConv,
+            [blocks(conv_dim, 128)?, runs as u32, 1],
+            128,
+            0,
+            &args,
+        )
     }
 
     /// In place on the conv output [n_tok][conv_dim] (rows [q | k | v], n_k_heads

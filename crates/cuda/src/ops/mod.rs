@@ -13,7 +13,7 @@ mod quant;
 
 pub use deltanet::MAX_D_CONV;
 pub use moe::{MAX_EXPERTS, MAX_TOP_K};
-pub use quant::{QAct, Tile, TILE_TOKENS};
+pub use quant::{QAct, Tile, TILE_GROUP, TILE_TOKENS};
 
 use crate::kernels::K;
 
@@ -25,6 +25,12 @@ pub(crate) fn dynamic_smem_needs() -> Vec<(K, u32)> {
         (K::AttnCoreHd64, attention::core_smem(64)),
         (K::AttnCoreHd128, attention::core_smem(128)),
         (K::AttnCoreHd256, attention::core_smem(256)),
+        (K::MmqQ8_0, quant::MMQ_DYN_SMEM),
+        (K::MmqQ4_0, quant::MMQ_DYN_SMEM),
+        (K::MmqQ4K, quant::MMQ_DYN_SMEM),
+        (K::MmqQ5K, quant::MMQ_DYN_SMEM),
+        (K::MmqQ6K, quant::MMQ_DYN_SMEM),
+        (K::MmqIq4Xs, quant::MMQ_DYN_SMEM),
     ]
 }
 

@@ -59,6 +59,9 @@ struct TypeInfo {
     k: K,
     /// The same kernel for one token per tile (decode).
     k1: K,
+    /// The tensor-core GEMM for many tokens (kernels/mmq.cu), same bits; quantized
+    /// types only.
+    mmq: Option<K>,
     code: i32,
     block: usize,
     align: u64,
@@ -67,21 +70,58 @@ struct TypeInfo {
 
 fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     use GgmlType as T;
-    let ((k, k1), code, block, align, float) = match ty {
-        T::F32 => ((K::MatvecF32, K::MatvecF32T1), 0, 1, 4, true),
-        T::F16 => ((K::MatvecF16, K::MatvecF16T1), 1, 1, 2, true),
-        T::BF16 => ((K::MatvecBf16, K::MatvecBf16T1), 2, 1, 2, true),
-        T::Q8_0 => ((K::MatvecQ8_0, K::MatvecQ8_0T1), 3, 32, 2, false),
-        T::Q4_0 => ((K::MatvecQ4_0, K::MatvecQ4_0T1), 4, 32, 2, false),
-        T::Q4_K => ((K::MatvecQ4K, K::MatvecQ4KT1), 5, 256, 16, false),
-        T::Q5_K => ((K::MatvecQ5K, K::MatvecQ5KT1), 6, 256, 16, false),
-        T::Q6_K => ((K::MatvecQ6K, K::MatvecQ6KT1), 7, 256, 2, false),
-        T::IQ4_XS => ((K::MatvecIq4Xs, K::MatvecIq4XsT1), 8, 256, 8, false),
+    let ((k, k1, mmq), code, block, align, float) = match ty {
+        T::F32 => ((K::MatvecF32, K::MatvecF32T1, None), 0, 1, 4, true),
+        T::F16 => ((K::MatvecF16, K::MatvecF16T1, None), 1, 1, 2, true),
+        T::BF16 => ((K::MatvecBf16, K::MatvecBf16T1, None), 2, 1, 2, true),
+        T::Q8_0 => (
+            (K::MatvecQ8_0, K::MatvecQ8_0T1, Some(K::MmqQ8_0)),
+            3,
+            32,
+            2,
+            false,
+        ),
+        T::Q4_0 => (
+            (K::MatvecQ4_0, K::MatvecQ4_0T1, Some(K::MmqQ4_0)),
+            4,
+            32,
+            2,
+            false,
+        ),
+        T::Q4_K => (
+            (K::MatvecQ4K, K::MatvecQ4KT1, Some(K::MmqQ4K)),
+            5,
+            256,
+            16,
+            false,
+        ),
+        T::Q5_K => (
+            (K::MatvecQ5K, K::MatvecQ5KT1, Some(K::MmqQ5K)),
+            6,
+            256,
+            16,
+            false,
+        ),
+        T::Q6_K => (
+            (K::MatvecQ6K, K::MatvecQ6KT1, Some(K::MmqQ6K)),
+            7,
+            256,
+            2,
+            false,
+        ),
+        T::IQ4_XS => (
+            (K::MatvecIq4Xs, K::MatvecIq4XsT1, Some(K::MmqIq4Xs)),
+            8,
+            256,
+            8,
+            false,
+        ),
         _ => return None,
     };
     Some(TypeInfo {
         k,
         k1,
+        mmq,
         code,
         block,
         align,
@@ -135,8 +175,30 @@ fn act_args(kernel: &'static str, float: bool, x: u64, xq: QAct) -> Result<[Arg;
     }
 }
 
+/// What the caller knows of a tile array.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tiles {
+    Any,
+    /// Every tile holds one token.
+    Single,
+    /// Groups of [`TILE_GROUP`] consecutive tiles share an expert.
+    Grouped,
+}
+
 /// Warps (rows) per matvec block.
 const MV_ROWS_PER_BLOCK: usize = 4;
+
+/// The tensor-core GEMM's block: weight rows × tokens (kernels/mmq.cu), and the most
+/// 32-value sub-blocks a row may have there.
+const MMQ_ROWS: usize = 64;
+const MMQ_TOKENS: usize = 32;
+const MMQ_MAX_SUB: usize = 512;
+/// The GEMM's dynamic shared memory: 4 stack levels × 16 outputs × 128 threads of f32.
+pub(crate) const MMQ_DYN_SMEM: u32 = 4 * 16 * 128 * 4;
+
+/// Tiles the GEMM reads as one unit: [`Gpu::matmul_tiles`] wants every group of this
+/// many consecutive tiles to share an expert.
+pub const TILE_GROUP: usize = MMQ_TOKENS / TILE_TOKENS;
 
 impl Gpu {
     /// `q` = quantize_act of each of `rows` rows of `cols` values at `x` (f32).
@@ -180,7 +242,20 @@ impl Gpu {
         out: u64,
     ) -> Result<(), CudaError> {
         self.matvec_launch(
-            "matvec", ty, w, 0, row_bytes, n_rows, n_cols, x, xq, n_tok, 0, 0, false, out,
+            "matvec",
+            ty,
+            w,
+            0,
+            row_bytes,
+            n_rows,
+            n_cols,
+            x,
+            xq,
+            n_tok,
+            0,
+            0,
+            Tiles::Any,
+            out,
         )
     }
 
@@ -204,7 +279,7 @@ impl Gpu {
         n_tiles: usize,
         out: u64,
     ) -> Result<(), CudaError> {
-        let t = (tiles, n_tiles, false);
+        let t = (tiles, n_tiles, Tiles::Any);
         self.tiles_launch(
             ty,
             w_base,
@@ -237,7 +312,7 @@ impl Gpu {
         n_tiles: usize,
         out: u64,
     ) -> Result<(), CudaError> {
-        let t = (tiles, n_tiles, true);
+        let t = (tiles, n_tiles, Tiles::Single);
         self.tiles_launch(
             ty,
             w_base,
@@ -252,7 +327,41 @@ impl Gpu {
         )
     }
 
-    /// `tiles`: the device array, its length, and whether every tile holds one token.
+    /// [`Gpu::matvec_tiles`] for tiles grouped by [`TILE_GROUP`]: tiles
+    /// `TILE_GROUP·u .. TILE_GROUP·(u+1)` share one expert (pad a group with empty
+    /// tiles of that expert), so a prompt's routed experts run on the tensor-core GEMM
+    /// for quantized types. Same bits as [`Gpu::matvec_tiles`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_tiles(
+        &self,
+        ty: GgmlType,
+        w_base: u64,
+        expert_bytes: u64,
+        row_bytes: u64,
+        n_rows: usize,
+        n_cols: usize,
+        x: u64,
+        xq: QAct,
+        tiles: u64,
+        n_tiles: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let t = (tiles, n_tiles, Tiles::Grouped);
+        self.tiles_launch(
+            ty,
+            w_base,
+            expert_bytes,
+            row_bytes,
+            n_rows,
+            n_cols,
+            x,
+            xq,
+            t,
+            out,
+        )
+    }
+
+    /// `tiles`: the device array, its length, and what is known of its tiles.
     #[allow(clippy::too_many_arguments)]
     fn tiles_launch(
         &self,
@@ -264,7 +373,7 @@ impl Gpu {
         n_cols: usize,
         x: u64,
         xq: QAct,
-        (tiles, n_tiles, single): (u64, usize, bool),
+        (tiles, n_tiles, shape): (u64, usize, Tiles),
         out: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "matvec_tiles";
@@ -282,7 +391,7 @@ impl Gpu {
             0,
             tiles,
             n_tiles,
-            single,
+            shape,
             out,
         )
     }
@@ -302,7 +411,7 @@ impl Gpu {
         n_tok: usize,
         tiles: u64,
         n_tiles: usize,
-        single: bool,
+        shape: Tiles,
         out: u64,
     ) -> Result<(), CudaError> {
         let ti = check_weights(kn, ty, row_bytes, n_cols)?;
@@ -325,6 +434,40 @@ impl Gpu {
             return Ok(());
         }
         let [ax, aq, ad, asum] = act_args(kn, ti.float, x, xq)?;
+        // Many tokens of a dense product, or grouped tiles: the tensor-core GEMM when
+        // the type and the device have one (same bits per (row, token)).
+        let gemm = ti.mmq.filter(|_| {
+            self.compute_capability().0 >= 8
+                && n_cols / 32 <= MMQ_MAX_SUB
+                && if tiles == 0 {
+                    n_tok > TILE_TOKENS
+                } else {
+                    shape == Tiles::Grouped
+                }
+        });
+        if let Some(k) = gemm {
+            let units = if tiles == 0 {
+                n_tok.div_ceil(MMQ_TOKENS)
+            } else {
+                n_tiles.div_ceil(TILE_GROUP)
+            };
+            let args = [
+                Arg::P(w),
+                Arg::U64(expert_bytes),
+                Arg::U64(row_bytes),
+                Arg::I32(int(kn, "n_rows", n_rows)?),
+                Arg::I32(int(kn, "n_cols", n_cols)?),
+                aq,
+                ad,
+                asum,
+                Arg::I32(int(kn, "n_tok", n_tok)?),
+                Arg::P(tiles),
+                Arg::I32(int(kn, "n_tiles", n_tiles)?),
+                Arg::P(addr(kn, "out", out, 4)?),
+            ];
+            let grid = [blocks(n_rows, MMQ_ROWS)?, units.min(MAX_GRID_YZ) as u32, 1];
+            return self.launch(k, grid, 128, MMQ_DYN_SMEM, &args);
+        }
         let args = [
             Arg::P(w),
             Arg::U64(expert_bytes),
@@ -347,7 +490,7 @@ impl Gpu {
         ];
         // One token per tile (decode): the kernel that keeps one accumulator per
         // lane runs more warps at once; same bits per (row, token).
-        let k = if (tiles == 0 && n_tok == 1) || (tiles != 0 && single) {
+        let k = if (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == Tiles::Single) {
             ti.k1
         } else {
             ti.k

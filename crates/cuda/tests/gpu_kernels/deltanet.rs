@@ -62,6 +62,15 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
             tiled: true,
             fused: true,
         },
+        // dn_conv in several parallel runs of tokens, the last one partial.
+        Case {
+            n_k_heads: 1,
+            n_v_heads: 2,
+            d: 32,
+            n_tok: 97,
+            tiled: false,
+            fused: false,
+        },
     ];
     let (d_conv, eps) = (4usize, 1e-6f32);
     for c in cases {

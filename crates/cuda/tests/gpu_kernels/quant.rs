@@ -323,6 +323,113 @@ fn matvec_tiles_gathers_and_scatters_by_expert() {
 }
 
 #[test]
+fn gemm_matches_the_cpu_for_every_type_and_shape() {
+    // More than 8 tokens of a dense product run on the tensor-core GEMM (mmq.cu),
+    // which must give every (row, token) the canonical bits: rows that are not a
+    // multiple of the block's 64, token counts that are not a multiple of 32, rows of
+    // fewer than 32 sub-blocks (empty accumulators, also a count that is not a power
+    // of two), of more (two and more per accumulator, unequal counts).
+    let Some(g) = gpu("gemm") else { return };
+    let mut rng = Rng::new(7);
+    for ty in TYPES.into_iter().filter(|&t| !is_float(t)) {
+        let b = block(ty);
+        let shapes = [
+            (7, b, 100),
+            (65, 768, 40),
+            (130, 2048, 77),
+            (33, 1280, 9),
+            (64, 4096 + b, 33),
+        ];
+        for &(n_rows, n_cols, n_tok) in &shapes {
+            for raw in [false, true] {
+                let w = weights(ty, n_rows, n_cols, raw, &mut rng);
+                let x = activations(n_tok, n_cols, &mut rng);
+                let got = gpu_matvec(&g, ty, &w, n_rows, n_cols, &x, n_tok);
+                let want = cpu_matmul(ty, &w, n_rows, n_cols, &x, n_tok);
+                assert_bits(
+                    &got,
+                    &want,
+                    &format!("gemm {ty} {n_rows}×{n_cols}, {n_tok} tokens, raw={raw}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_tiles_groups_of_tiles_share_an_expert() {
+    // A prompt's routed experts: groups of TILE_GROUP tiles of one expert (the last
+    // tiles of a group may be empty), tokens gathered from any input row and
+    // scattered to any output row.
+    let Some(g) = gpu("matmul_tiles") else {
+        return;
+    };
+    let mut rng = Rng::new(8);
+    for ty in TYPES {
+        let (n_exp, n_rows, n_cols, n_in) = (6, 80, 512, 50);
+        let w = weights(ty, n_exp * n_rows, n_cols, false, &mut rng);
+        let rb = w.len() / (n_exp * n_rows);
+        let x = activations(n_in, n_cols, &mut rng);
+        let mut tiles = Vec::new();
+        let mut next_out = 0i32;
+        // Tokens per expert: more than one group, exactly one, a partial one, none.
+        for (e, count) in [(3usize, 70usize), (0, 32), (5, 9), (1, 1), (2, 0), (4, 40)] {
+            let mut left = count;
+            let groups = count.div_ceil(cuda::TILE_TOKENS * cuda::TILE_GROUP).max(1);
+            for _ in 0..groups * cuda::TILE_GROUP {
+                let n = left.min(cuda::TILE_TOKENS);
+                let mut t = Tile {
+                    expert: e as i32,
+                    n: n as i32,
+                    ..Default::default()
+                };
+                for j in 0..n {
+                    t.in_row[j] = rng.below(n_in) as i32;
+                    t.out_row[j] = next_out;
+                    next_out += 1;
+                }
+                left -= n;
+                tiles.push(t);
+            }
+        }
+        let n_out = next_out as usize + 3;
+        let dw = up(&g, &w);
+        let dx = up(&g, &x);
+        let xq: Vec<quant::ActQ8> = x.chunks_exact(n_cols).map(quant::quantize_act).collect();
+        let dq = DevQAct::upload(&g, &xq);
+        let dt = up(&g, &tiles);
+        let out = poisoned(&g, n_out * n_rows);
+        g.matmul_tiles(
+            ty,
+            dw.ptr(),
+            (n_rows * rb) as u64,
+            rb as u64,
+            n_rows,
+            n_cols,
+            dx.ptr(),
+            dq.q(),
+            dt.ptr(),
+            tiles.len(),
+            out.ptr(),
+        )
+        .unwrap();
+        let got = down(&g, &out);
+        let mut want = vec![f32::from_bits(u32::MAX); n_out * n_rows];
+        for t in &tiles {
+            let e = t.expert as usize;
+            let wm = &w[e * n_rows * rb..(e + 1) * n_rows * rb];
+            for j in 0..t.n as usize {
+                let xi = &x[t.in_row[j] as usize * n_cols..(t.in_row[j] as usize + 1) * n_cols];
+                let o = cpu_matmul(ty, wm, n_rows, n_cols, xi, 1);
+                let r0 = t.out_row[j] as usize * n_rows;
+                want[r0..r0 + n_rows].copy_from_slice(&o);
+            }
+        }
+        assert_bits(&got, &want, &format!("{ty} grouped tiles"));
+    }
+}
+
+#[test]
 fn embed_matches_dequantize_row() {
     let Some(g) = gpu("embed") else { return };
     let mut rng = Rng::new(6);

@@ -253,10 +253,12 @@ fn wide_kernels() -> Wide {
     #[cfg(target_arch = "x86_64")]
     {
         match quant::kernel_isa() {
-            "avx512" | "avx512bw" if std::arch::is_x86_feature_detected!("avx512f") => {
+            "amx" | "avx512" | "avx512bw" if std::arch::is_x86_feature_detected!("avx512f") => {
                 return Wide::Avx512
             }
-            "avx512" | "avx512bw" | "avx2" if std::arch::is_x86_feature_detected!("avx2") => {
+            "amx" | "avx512" | "avx512bw" | "avx2"
+                if std::arch::is_x86_feature_detected!("avx2") =>
+            {
                 return Wide::Avx2
             }
             _ => {}

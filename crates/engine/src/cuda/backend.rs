@@ -17,7 +17,7 @@
 
 use super::tiered::Tiered;
 use super::weights::{cuda_err, DevWeight, MixerDev, MoeDev, WeightsDev};
-use cuda::{DevBuf, Gpu, Graph, QAct, Tile};
+use cuda::{DevBuf, Gpu, Graph, QAct, Tile, TILE_GROUP, TILE_TOKENS};
 use model::{Backend, ExecError, ModelConfig, Norm};
 use quant::GgmlType;
 use std::cell::{Cell, RefCell};
@@ -369,7 +369,8 @@ impl CudaBackend {
         self.mm_q(w, x, xq)
     }
 
-    /// Routed expert products over `tiles` (device array of `n_tiles`).
+    /// Routed expert products over `tiles` (device array of `n_tiles`; `grouped`:
+    /// built by [`Self::prompt_tiles`] in groups of [`TILE_GROUP`] of one expert).
     #[allow(clippy::too_many_arguments)]
     fn mm_tiles(
         &self,
@@ -378,14 +379,16 @@ impl CudaBackend {
         xq: QAct,
         tiles: u64,
         n_tiles: usize,
+        grouped: bool,
         out_rows: usize,
     ) -> Result<DBuf, ExecError> {
         let out = self.alloc(out_rows, w.n_rows, "expert products")?;
-        self.mm_tiles_into(w, x, xq, tiles, n_tiles, &out)?;
+        self.mm_tiles_into(w, x, xq, tiles, n_tiles, grouped, &out)?;
         Ok(out)
     }
 
     /// [`Self::mm_tiles`] into `out` (rows: every route; the tiles write theirs).
+    #[allow(clippy::too_many_arguments)]
     fn mm_tiles_into(
         &self,
         w: &DevWeight,
@@ -393,11 +396,15 @@ impl CudaBackend {
         xq: QAct,
         tiles: u64,
         n_tiles: usize,
+        grouped: bool,
         out: &DBuf,
     ) -> Result<(), ExecError> {
         // The tiles partition the routes: as many tiles as routes means one token
-        // each (always so in a decode step, whose tiles route_topk writes).
-        let f = if n_tiles == out.rows {
+        // each (always so in a decode step, whose tiles route_topk writes). Every
+        // kernel gives the same bits; only the speed differs.
+        let f = if grouped {
+            Gpu::matmul_tiles
+        } else if n_tiles == out.rows {
             Gpu::matvec_tiles_single
         } else {
             Gpu::matvec_tiles
@@ -482,27 +489,28 @@ impl CudaBackend {
         self.gpu
             .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, a, b)
             .map_err(cuda_err("route_topk"))?;
-        let (tiles_gu, tiles_down, n_tiles) = match device_tiles {
-            Some((a, b)) => (a, b, k),
+        let (tiles_gu, tiles_down, n_tiles, grouped) = match device_tiles {
+            Some((a, b)) => (a, b, k, false),
             None => {
                 // A prompt: group its routes by expert on the host.
                 let host: Vec<i32> = self
                     .gpu
                     .download(ids, t_n * k)
                     .map_err(cuda_err("download routes"))?;
-                let (gu, down) = self.prompt_tiles(&host, k);
+                let (gu, down, grouped) = self.prompt_tiles(&host, k);
                 let a = self.alloc_bytes(gu.len() * tile_bytes, "route")?;
                 let b = self.alloc_bytes(down.len() * tile_bytes, "route")?;
                 self.put_tiles(&gu, a)?;
                 self.put_tiles(&down, b)?;
-                (a, b, gu.len())
+                (a, b, gu.len(), grouped)
             }
         };
-        let g = self.mm_tiles(&m.gate_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
-        let u = self.mm_tiles(&m.up_exps, x, xq, tiles_gu, n_tiles, t_n * k)?;
+        let rows = t_n * k;
+        let g = self.mm_tiles(&m.gate_exps, x, xq, tiles_gu, n_tiles, grouped, rows)?;
+        let u = self.mm_tiles(&m.up_exps, x, xq, tiles_gu, n_tiles, grouped, rows)?;
         let act = self.swiglu(&g, &u)?;
         let aq = self.prepare(&[&m.down_exps], &act)?;
-        self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, t_n * k)
+        self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, grouped, rows)
     }
 
     /// The routed experts of a tiered layer: the host reads the step's routing, the
@@ -566,7 +574,9 @@ impl CudaBackend {
             self.alloc_qact(rows, act.cols)?
         };
         let tile_bytes = std::mem::size_of::<Tile>();
-        let max_tiles = rows + cfg.n_expert;
+        // prompt_tiles makes at most ⌈n/8⌉ tiles of an expert with n routes, or in
+        // groups, TILE_GROUP·⌈n/32⌉ ≤ TILE_GROUP·(⌈n/8⌉) (n ≥ 1).
+        let max_tiles = TILE_GROUP * (rows.div_ceil(TILE_TOKENS) + cfg.n_expert);
         let ta = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let mut shared = None;
@@ -581,12 +591,12 @@ impl CudaBackend {
                 .iter()
                 .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
                 .collect();
-            let (gu, dn) = self.prompt_tiles(&by_slot, k);
+            let (gu, dn, grouped) = self.prompt_tiles(&by_slot, k);
             if !gu.is_empty() {
                 self.put_tiles(&gu, ta)?;
                 self.put_tiles(&dn, tb)?;
-                self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), &g)?;
-                self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), &u)?;
+                self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), grouped, &g)?;
+                self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), grouped, &u)?;
                 // Rows of other batches are recomputed alike (element- and row-wise ops).
                 self.swiglu_into(&g, &u, &act)?;
                 if !is_float(m.down_exps.ty) {
@@ -594,7 +604,7 @@ impl CudaBackend {
                         .quantize_act(act.ptr, act.rows, act.cols, aq)
                         .map_err(cuda_err("quantize_act"))?;
                 }
-                self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), &down)?;
+                self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), grouped, &down)?;
             }
             if shared.is_none() {
                 shared = Some(self.shared_expert(m, x, xq)?);
@@ -658,17 +668,33 @@ impl CudaBackend {
     }
 
     /// Groups a prompt's (token, rank) routes by expert into tiles of up to 8
-    /// tokens: (gate/up tiles reading token rows, down tiles reading route rows).
-    fn prompt_tiles(&self, ids: &[i32], k: usize) -> (Vec<Tile>, Vec<Tile>) {
+    /// tokens: (gate/up tiles reading token rows, down tiles reading route rows,
+    /// grouped). When the experts average at least a tile of tokens, each expert's
+    /// tiles are padded with empty ones to whole groups of [`TILE_GROUP`], which the
+    /// tensor-core GEMM reads as one unit (`grouped`); sparser prompts (and tiered
+    /// decode steps) keep one tile per 8 routes for the matvec kernels.
+    fn prompt_tiles(&self, ids: &[i32], k: usize) -> (Vec<Tile>, Vec<Tile>, bool) {
         let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); self.cfg.n_expert];
         for (r, &e) in ids.iter().enumerate() {
             if let Some(v) = by_expert.get_mut(e as usize) {
                 v.push(r);
             }
         }
+        let active = by_expert.iter().filter(|v| !v.is_empty()).count();
+        let routed: usize = by_expert.iter().map(Vec::len).sum();
+        let grouped = active > 0 && routed >= TILE_TOKENS * active;
         let (mut gu, mut down) = (Vec::new(), Vec::new());
         for (e, routes) in by_expert.iter().enumerate() {
-            for chunk in routes.chunks(8) {
+            let n_tiles = routes.len().div_ceil(TILE_TOKENS);
+            let padded = if grouped {
+                n_tiles.next_multiple_of(TILE_GROUP)
+            } else {
+                n_tiles
+            };
+            for i in 0..padded {
+                // Past the expert's routes: an empty tile padding its group.
+                let lo = (i * TILE_TOKENS).min(routes.len());
+                let chunk = &routes[lo..(lo + TILE_TOKENS).min(routes.len())];
                 let mut a = Tile {
                     expert: e as i32,
                     n: chunk.len() as i32,
@@ -686,7 +712,7 @@ impl CudaBackend {
                 down.push(b);
             }
         }
-        (gu, down)
+        (gu, down, grouped)
     }
 }
 

@@ -23,11 +23,32 @@ use weights::cuda_err;
 /// Tokens per step the scratch arena is sized for with every expert resident (a
 /// prompt is fed in chunks of at most this many).
 const MAX_STEP_TOKENS: usize = 512;
-/// With tiered experts a prompt chunk streams every expert it routes to through the
-/// slots once, so longer chunks read fewer bytes per token: the longest of these
-/// whose scratch takes at most a quarter of what the budget leaves after the dense
-/// weights and the state.
-const TIERED_CHUNKS: [usize; 4] = [4096, 2048, 1024, MAX_STEP_TOKENS];
+/// Longer prompt chunks give each expert more tokens per weight read (the prompt
+/// GEMM's units are 32 tokens of one expert) and, with tiered experts, stream every
+/// expert a chunk routes to through the slots once: the executor takes the longest
+/// of these whose scratch takes at most a quarter of what the budget leaves after
+/// the weights (dense weights when tiered) and the state.
+const PROMPT_CHUNKS: [usize; 4] = [4096, 2048, 1024, MAX_STEP_TOKENS];
+
+/// The longest of [`PROMPT_CHUNKS`] that is no longer than the context and whose
+/// scratch is at most `left / 4`, with its (arena, scratch) sizes; the shortest when
+/// none is.
+fn prompt_chunk_for(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    n_ctx: usize,
+    left: u64,
+) -> (usize, (usize, u64)) {
+    PROMPT_CHUNKS
+        .iter()
+        .filter(|&&c| c <= n_ctx.max(MAX_STEP_TOKENS))
+        .map(|&c| (c, scratch_for(gpu, cfg, n_ctx, c)))
+        .find(|&(c, (_, s))| c == MAX_STEP_TOKENS || s <= left / 4)
+        .unwrap_or((
+            MAX_STEP_TOKENS,
+            scratch_for(gpu, cfg, n_ctx, MAX_STEP_TOKENS),
+        ))
+}
 /// VRAM the CUDA context, the loaded kernels and allocation rounding take beyond
 /// what scoria allocates (measured with nvidia-smi on an H200: about 0.9 GiB with
 /// the executor's own 16 GiB). An explicit --vram-budget covers it.
@@ -149,7 +170,7 @@ impl CudaExecutor {
         let w_bytes = weights::upload_bytes(weights);
         let state_one = crate::cpu::state_bytes(cfg, n_ctx) as u64;
         let state = state_one * n_seq as u64;
-        let (arena, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
+        let (_, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let budget = match budgets.vram {
             Some(b) if b <= CONTEXT_VRAM => {
                 return Err(EngineError::Memory(format!(
@@ -173,6 +194,8 @@ impl CudaExecutor {
         if w_bytes + state + scratch > budget {
             return Self::open_tiered(gpu, cfg, weights, n_ctx, n_seq, budgets, budget, state);
         }
+        let (chunk, (arena, scratch)) =
+            prompt_chunk_for(&gpu, cfg, n_ctx, budget - (w_bytes + state));
         let need = w_bytes + state + scratch + RESERVE;
         if need > free {
             return Err(EngineError::Memory(format!(
@@ -191,7 +214,7 @@ impl CudaExecutor {
         let bar = upload_bar(w_bytes, ordinal);
         let w = weights::upload(&gpu, cfg, weights, None, &|done| bar.set_position(done))?;
         bar.finish_and_clear();
-        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, MAX_STEP_TOKENS, None)?;
+        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, chunk, None)?;
         let vram = VramAccount {
             weights: w_bytes,
             expert_slots: 0,
@@ -222,14 +245,7 @@ impl CudaExecutor {
             .map_err(|e| EngineError::Device(e.to_string()))?;
         let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights);
         let left = budget.saturating_sub(dense + state);
-        let (chunk, (arena, scratch)) = TIERED_CHUNKS
-            .iter()
-            .map(|&c| (c, scratch_for(&gpu, cfg, n_ctx, c)))
-            .find(|&(c, (_, s))| c == MAX_STEP_TOKENS || s <= left / 4)
-            .unwrap_or((
-                MAX_STEP_TOKENS,
-                scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS),
-            ));
+        let (chunk, (arena, scratch)) = prompt_chunk_for(&gpu, cfg, n_ctx, left);
         let fixed = dense + state + scratch;
         let mem = |m: String| EngineError::Memory(m);
         if fixed >= budget {
@@ -327,11 +343,12 @@ impl CudaExecutor {
         // A tiered step waits for the host at every MoE layer: graph segments.
         let use_graphs = std::env::var_os("SCORIA_NO_GRAPH").is_none();
         tracing::info!(
-            "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB, of {:.2} GiB",
+            "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB (prompt chunks of {} tokens), of {:.2} GiB",
             gib(vram.weights),
             gib(vram.expert_slots),
             gib(vram.state),
             gib(vram.scratch),
+            be.max_tokens,
             gib(vram.total)
         );
         Ok(CudaExecutor {
