@@ -26,7 +26,7 @@
 //!
 //! Before each test's repetitions, one warm-up run of that same test (own inputs) is
 //! made and not reported. Each test reports every sample, mean ± sample standard
-//! deviation (llama-bench's `t/s` column) and the median (what `BENCH.md` compares).
+//! deviation (llama-bench's `t/s` column) and the median (what `docs/benchmarks.md` compares).
 
 mod report;
 

@@ -507,17 +507,24 @@ pub fn parse_thinking(o: &Obj, d: &RequestDefaults) -> Result<Thinking, ApiError
                         _ => {
                             return Err(ApiError::field(
                                 "thinking.budget_tokens",
-                                format!("thinking.budget_tokens must be a whole number >= 1, got {n}"),
+                                format!(
+                                    "thinking.budget_tokens must be a whole number >= 1, got {n}"
+                                ),
                             ))
                         }
                     }
                 }
             }
             Some("disabled") => enabled.push(("thinking.type".into(), false)),
-            other => {
+            _ => {
                 return Err(ApiError::field(
                     "thinking.type",
-                    format!("thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", got {other:?}"),
+                    format!(
+                        "thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", got {}",
+                        t.get("type")
+                            .map(Value::to_string)
+                            .unwrap_or_else(|| "nothing".into())
+                    ),
                 ))
             }
         }

@@ -1,6 +1,6 @@
 //! Recording a routing profile: an [`Engine`] on the CPU with its routing recorder
 //! (`EngineConfig::record_routing`) runs some tokens, and the counts become a
-//! [`RoutingProfile`]. A profile is a CPU run of the model's own routing (DESIGN.md
+//! [`RoutingProfile`]. A profile is a CPU run of the model's own routing (docs/design.md
 //! invariant 4: the same `model::moe::route` every executor uses), so it is the same
 //! whichever device will serve.
 
