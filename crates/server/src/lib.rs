@@ -55,9 +55,9 @@ mod agent_tests;
 #[cfg(test)]
 mod api_tests;
 #[cfg(test)]
-mod structured_tests;
-#[cfg(test)]
 mod defect_tests;
+#[cfg(test)]
+mod structured_tests;
 #[cfg(test)]
 mod test_http;
 
