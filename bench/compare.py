@@ -9,7 +9,7 @@
 Tests are matched on (n_prompt, n_gen, n_depth). For each match it prints scoria's median,
 the peer's median and the ratio (scoria / peer), and appends one JSON object per test to each
 --results file (default: bench/results.jsonl beside this script) in the shape
-shared/BENCH.md asks for:
+docs/benchmarks.md asks for:
 
     {"date", "commit", "machine", "profile", "model", "test", "scoria_tps", "peer",
      "peer_commit", "peer_tps", "ratio", "bound_tps", "command"}
@@ -69,7 +69,7 @@ def _loads_lenient(text):
 
 
 def test_name(n_prompt, n_gen, n_depth):
-    """BENCH.md's compact test name: pp512, tg128, tg128@d4096."""
+    """docs/benchmarks.md's compact test name: pp512, tg128, tg128@d4096."""
     if n_gen == 0:
         name = f"pp{n_prompt}"
     elif n_prompt == 0:
@@ -130,7 +130,7 @@ def load(path):
 
 
 def parse_bounds(values):
-    """--bound-tps VALUE (every test) or TEST=VALUE (one test, BENCH.md's name)."""
+    """--bound-tps VALUE (every test) or TEST=VALUE (one test, docs/benchmarks.md's name)."""
     every, per = None, {}
     for v in values or []:
         if "=" in v:
@@ -178,7 +178,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scoria_file", metavar="SCORIA", help="scoria bench -o json (or jsonl) output")
     ap.add_argument("peer_file", metavar="PEER", help="llama-bench -o json (or jsonl) output")
-    ap.add_argument("--profile", help="FULL, W24, W16, W12-R16 or CPU-16T (BENCH.md)")
+    ap.add_argument("--profile", help="FULL, W24, W16, W12-R16 or CPU-16T (docs/benchmarks.md)")
     ap.add_argument("--model", help='e.g. "Q35 synthetic, random routing" (first word N80, Q35 or M30)')
     ap.add_argument("--machine", help="where it ran, e.g. the GPU and CPU")
     ap.add_argument("--commit", help="scoria's commit (default: the JSON's build_commit, $SCORIA_COMMIT)")

@@ -16,7 +16,7 @@
 #   PROFILE (FULL), MODEL_LABEL ("Q35 ..." for results.jsonl; default: the file name),
 #   MACHINE (default: GPU, CPU, cores and RAM as this machine reports them),
 #   THREADS (16), PP (512,4096), TG (128), DEPTHS (0,4096), REPS (3), DEVICE (cuda),
-#   PEER_EXTRA ("-mmp 0 -ub 4096 -b 4096": the flags BENCH.md's recorded peer runs used),
+#   PEER_EXTRA ("-mmp 0 -ub 4096 -b 4096": the flags docs/benchmarks.md's recorded peer runs used),
 #   BOUND_TPS (space-separated TEST=TPS for compare.py, e.g. "tg128=252"),
 #   DEADLINE (unix time after which remaining steps are skipped; default now + 570 s).
 #

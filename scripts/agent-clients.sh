@@ -7,7 +7,7 @@
 #
 #   scripts/agent-clients.sh [--bin PATH] [--only claude|codex] [--full] [--install-only]
 #
-#   --bin PATH      the scoria binary (default: target/release/scoria, built if missing)
+#   --bin PATH      the scoria binary (default: release/scoria in cargo's target dir, built if missing)
 #   --only NAME     run one client
 #   --full          the clients' default prompts (Claude Code ~19k tokens, Codex ~9k) and
 #                   a 64k context: minutes per turn on a small CPU. Without it each client
@@ -24,6 +24,12 @@
 # makes no reuse a failure). Outputs: target/agent-tests/<client>/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config
+# says otherwise, so ask cargo rather than assume.
+cargo_target_dir() {
+  (cd "$ROOT" && cargo metadata --format-version 1 --no-deps) |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
+}
 OUT="$ROOT/target/agent-tests"
 CLIENTS="${SCORIA_AGENT_CLIENTS_DIR:-$ROOT/target/agent-clients}"
 CLAUDE_VERSION=2.1.197
@@ -76,7 +82,7 @@ echo "   $(timeout 60 "$CODEX" --version 2>/dev/null | tail -n 1)"
 [ "$INSTALL_ONLY" = 1 ] && exit 0
 
 if [ -z "$BIN" ]; then
-  BIN="$ROOT/target/release/scoria"
+  BIN="$(cargo_target_dir)/release/scoria"
   if [ ! -x "$BIN" ]; then
     echo "== building scoria (release)"
     (cd "$ROOT" && timeout 3600 cargo build --release -p scoria-cli)

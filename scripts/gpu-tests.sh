@@ -11,10 +11,16 @@
 #
 # The tests are ordinary test targets built with `--features cuda`: the kernel
 # tests of crates/cuda (every kernel against the CPU reference, bit for bit where
-# DESIGN.md requires it) and the engine's parity and invariant tests run with
+# docs/design.md requires it) and the engine's parity and invariant tests run with
 # SCORIA_TEST_DEVICE=cuda. SCORIA_REQUIRE_GPU=1 makes a missing GPU a failure.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config
+# says otherwise, so ask cargo rather than assume.
+cargo_target_dir() {
+  (cd "$ROOT" && cargo metadata --format-version 1 --no-deps) |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
+}
 MODE="${1:-}"
 DIR="${2:-$ROOT/.carry/gpu}"
 
@@ -28,7 +34,7 @@ build)
   rm -f "$DIR"/test-*
   cd "$ROOT"
   cargo build --release --features cuda -p scoria-cli
-  cp target/release/scoria "$DIR/scoria"
+  cp "$(cargo_target_dir)/release/scoria" "$DIR/scoria"
   # Test executables: one per test target; names come from cargo's JSON messages.
   cargo test --release --features cuda -p scoria-cuda -p scoria-engine --no-run
   cargo test --release --features cuda -p scoria-cuda -p scoria-engine --no-run \

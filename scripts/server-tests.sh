@@ -11,7 +11,7 @@
 #
 #   (default)     the embedded demo model (`scoria serve` with no --model)
 #   --synth       write a tiny qwen35moe with `scoria synth` and serve that
-#   --bin PATH    the scoria binary (default: build target/release/scoria)
+#   --bin PATH    the scoria binary (default: build release/scoria in cargo's target dir)
 #   --screenshot  where the stats page screenshot goes
 #                 (default target/server-tests/stats-page.png)
 #   --install     run scripts/install-test-deps.sh first (CI on a fresh machine)
@@ -20,6 +20,12 @@
 # Every step has a time limit; the server is always stopped on exit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config
+# says otherwise, so ask cargo rather than assume.
+cargo_target_dir() {
+  (cd "$ROOT" && cargo metadata --format-version 1 --no-deps) |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
+}
 OUT="$ROOT/target/server-tests"
 mkdir -p "$OUT"
 
@@ -59,7 +65,7 @@ fi
 if [ -z "$BIN" ]; then
   echo "== building scoria (release)"
   (cd "$ROOT" && timeout 3600 cargo build --release -p scoria-cli)
-  BIN="$ROOT/target/release/scoria"
+  BIN="$(cargo_target_dir)/release/scoria"
 fi
 [ -x "$BIN" ] || { echo "no scoria binary at $BIN" >&2; exit 2; }
 

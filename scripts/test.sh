@@ -6,7 +6,8 @@
 #   2. cargo test: kernels against their scalar reference, GGUF reader/writer,
 #      tokenizer and chat templates, parity with transformers for the three
 #      archs, the engine's byte-level invariants;
-#   3. bench/compare.py on llama-bench- and scoria-shaped files (bench/test_compare.py);
+#   3. bench/compare.py on llama-bench- and scoria-shaped files (bench/test_compare.py),
+#      and the repository's own checks (scripts/test_*.py: scripts, docs);
 #   4. the server driven by the official SDKs, the stats page in headless
 #      Chromium, and the real agent clients Claude Code and Codex CLI
 #      (scripts/server-tests.sh, which runs scripts/agent-clients.sh).
@@ -15,4 +16,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 cargo test --workspace --locked
 python3 -B -m unittest discover -s bench -p 'test_*.py'
+python3 -B -m unittest discover -s scripts -p 'test_*.py'
 bash scripts/server-tests.sh

@@ -6,7 +6,7 @@
 //! the module is loaded. The fat binaries are embedded with `include_bytes!` from
 //! `OUT_DIR/kernels.rs`.
 //!
-//! The flags keep every float operation exactly as written (DESIGN.md invariant 1): no
+//! The flags keep every float operation exactly as written (docs/design.md invariant 1): no
 //! contraction into FMAs (`--fmad=false`), IEEE division and square root, no
 //! flush-to-zero, and no fast-math intrinsics.
 //!

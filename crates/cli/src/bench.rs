@@ -26,7 +26,7 @@
 //!
 //! Before each test's repetitions, one warm-up run of that same test (own inputs) is
 //! made and not reported. Each test reports every sample, mean ± sample standard
-//! deviation (llama-bench's `t/s` column) and the median (what `BENCH.md` compares).
+//! deviation (llama-bench's `t/s` column) and the median (what `docs/benchmarks.md` compares).
 
 mod report;
 
@@ -97,6 +97,12 @@ pub struct BenchArgs {
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Generation tests decode under this JSON schema (a file), as a request with
+    /// structured output does: each token is chosen from what the schema allows, the
+    /// mask computed beside each step. Compare with a run without it to see the cost;
+    /// use a schema the output cannot finish within the test (an unbounded array).
+    #[arg(long = "json-schema", value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
     #[command(flatten)]
     pub tiers: crate::tiers::TierArgs,
 }
@@ -226,12 +232,19 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
             ..Default::default() // temperature 0: greedy, no penalties
         },
         stop_at_eog: false,
+        constraint: None,
     }
 }
 
 /// Runs `t` once on `ids` (its prefix and its new tokens); see the module docs for
 /// what is timed.
-fn run_once(eng: &mut Engine, t: &TestSpec, ids: &[u32], seed: u64) -> Result<Sample> {
+fn run_once(
+    eng: &mut Engine,
+    t: &TestSpec,
+    ids: &[u32],
+    seed: u64,
+    constraint: Option<&engine::constraint::Constraint>,
+) -> Result<Sample> {
     eng.reset()?;
     let mut keep_going = |_: &engine::TokenEvent| Flow::Continue;
     if t.n_gen == 0 {
@@ -252,7 +265,9 @@ fn run_once(eng: &mut Engine, t: &TestSpec, ids: &[u32], seed: u64) -> Result<Sa
         }
         Sample::from_ms(t.n_prompt, tm.prompt_ms)
     } else {
-        let c = eng.generate(&request(ids.to_vec(), t.n_gen + 1, seed), &mut keep_going)?;
+        let mut req = request(ids.to_vec(), t.n_gen + 1, seed);
+        req.constraint = constraint.cloned();
+        let c = eng.generate(&req, &mut keep_going)?;
         if c.timings.predicted_n != t.n_gen + 1 || c.finish != FinishReason::Length {
             bail!(
                 "{}: the engine generated {} tokens (finish {:?}); expected {} ending at the length limit",
@@ -337,6 +352,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
     })
     .with_context(|| format!("loading {}", a.model.display()))?;
     let model = ModelDesc::read(&a.model, eng.info().clone(), eng.memory().weights_mapped)?;
+    let constraint = match &a.json_schema {
+        None => None,
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not JSON", p.display()))?;
+            let compiler = engine::constraint::GrammarCompiler::new(eng.tokenizer())?;
+            let g = compiler
+                .compile(&engine::constraint::Grammar::JsonSchema(schema))
+                .with_context(|| format!("--json-schema {}", p.display()))?;
+            eprintln!(
+                "scoria bench: generation tests decode under the schema in {}",
+                p.display()
+            );
+            Some(engine::constraint::Constraint::new(g))
+        }
+    };
     let device = eng.device_report();
     let threads = rayon::current_num_threads();
     eprintln!(
@@ -378,7 +411,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 format!("{label} run {run}/{reps}")
             });
             let ids = random_ids(a.seed, i, run, len, n_vocab);
-            let s = run_once(&mut eng, t, &ids, a.seed ^ run)
+            let s = run_once(&mut eng, t, &ids, a.seed ^ run, constraint.as_ref())
                 .with_context(|| format!("test {label}, run {run}"))?;
             if run > 0 {
                 samples.push(s);

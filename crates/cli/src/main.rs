@@ -24,7 +24,8 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve the OpenAI and Anthropic APIs (an embedded demo model when no --model is given).
-    Serve(serve::ServeArgs),
+    // Boxed: its many flags make it far larger than the other variants.
+    Serve(Box<serve::ServeArgs>),
     /// Generate from a prompt on the terminal.
     Run(run::RunArgs),
     /// Write a synthetic GGUF (random weights) of a named geometry.
@@ -47,7 +48,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Run(a) => run::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Inspect(a) => inspect::run(a),

@@ -23,19 +23,26 @@ pub struct RunArgs {
     #[arg(long)]
     pub chat: bool,
     /// With --chat: turn thinking off (Qwen templates' enable_thinking=false).
-    #[arg(long)]
+    #[arg(long, requires = "chat")]
     pub no_think: bool,
-    /// Sampling temperature (0 = greedy).
+    /// Sampling temperature, 0 to 2 as on the server (0 = greedy).
     #[arg(long = "temp", default_value_t = 0.0)]
     pub temperature: f32,
+    /// Sample from the k most likely tokens only (0 = off).
     #[arg(long = "top-k", default_value_t = 0)]
     pub top_k: usize,
+    /// Sample from the smallest set of tokens whose probabilities sum to p, in (0, 1]
+    /// (1 = off).
     #[arg(long = "top-p", default_value_t = 1.0)]
     pub top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely one, in [0, 1] (0 = off).
     #[arg(long = "min-p", default_value_t = 0.0)]
     pub min_p: f32,
+    /// Penalize tokens among the last 64: positive logits divided by it, negative ones
+    /// multiplied (llama.cpp style; 1 = off).
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Sampling seed (default: a random one).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Keep generating past end-of-generation tokens.
@@ -69,7 +76,8 @@ fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    check_range("temp", a.temperature, 0.0, 100.0)?;
+    // The server's range (settings `temp`): one meaning for --temp everywhere.
+    check_range("temp", a.temperature, 0.0, 2.0)?;
     check_range("top-p", a.top_p, 0.0, 1.0)?;
     check_range("min-p", a.min_p, 0.0, 1.0)?;
     check_range("repeat-penalty", a.repeat_penalty, 0.0, 100.0)?;
@@ -106,7 +114,7 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
         a.tiers.apply(&mut c);
         c
     })
-    .with_context(|| format!("loading {}", a.model.display()))?;
+    .map_err(|e| anyhow::anyhow!(server::load_message(&a.model.display().to_string(), &e)))?;
     let info = eng.info().clone();
     eprintln!(
         "scoria: {} ({}, {} layers, {} experts top-{}), {:.2} GiB file, context {}, kernels {}, loaded in {:.2}s",
@@ -169,6 +177,7 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
             ..Default::default()
         },
         stop_at_eog: !a.ignore_eos,
+        constraint: None,
     };
     let tok = eng.tokenizer_arc();
     let mut dec = tok.stream_decoder(false);

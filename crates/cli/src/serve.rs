@@ -27,6 +27,17 @@ pub struct ServeArgs {
     /// /health. Command line only: a config file may not set it.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Let browser pages from this origin call the API (CORS), e.g.
+    /// https://app.example.com; repeat the flag or separate with commas; `*` allows any
+    /// origin. Preflight requests are answered before the API key is checked
+    /// [default: none, CORS off].
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
+    /// Let control-token text inside messages (`<|im_end|>` typed by a user or
+    /// returned by a tool) act as the control token, as before; unsafe: such text can
+    /// forge turns [default: false, message text is text].
+    #[arg(long, value_name = "BOOL")]
+    pub content_special_tokens: Option<bool>,
     /// JSON config file with "server" and "engine" sections (names = these flags
     /// without dashes). The command line wins over it.
     #[arg(long)]
@@ -111,6 +122,11 @@ impl ServeArgs {
         o.set("host", self.host.clone());
         o.set("port", self.port);
         o.set("alias", self.alias.clone());
+        o.set("content-special-tokens", self.content_special_tokens);
+        o.set(
+            "cors-origin",
+            (!self.cors_origin.is_empty()).then(|| self.cors_origin.join(",")),
+        );
         o.set("device", self.device.clone());
         o.set("vram-budget", self.vram_budget.clone());
         o.set("ram-budget", self.ram_budget.clone());

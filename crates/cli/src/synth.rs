@@ -112,6 +112,14 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     let Some(output) = args.output else {
         bail!("-o/--output FILE is required");
     };
+    // A directory is never replaced, --force or not: say what to give instead.
+    if output.is_dir() {
+        bail!(
+            "-o {} is a directory; give the file to write, e.g. -o {}",
+            output.display(),
+            output.join(format!("{}.gguf", geometry.name)).display()
+        );
+    }
     if output.exists() && !args.force {
         bail!("{} exists; pass --force to replace it", output.display());
     }

@@ -5,7 +5,7 @@
 // compiler. Device code uses the intrinsics; host code a portable transcription.
 //
 // Float operations are spelled out (sc_mul, sc_add, sc_fma) so that the canonical
-// order of DESIGN.md is visible in the source and never depends on contraction
+// order of docs/design.md is visible in the source and never depends on contraction
 // (build.rs also passes --fmad=false).
 #pragma once
 

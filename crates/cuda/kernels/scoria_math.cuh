@@ -2,7 +2,7 @@
 //
 // Every function here performs exactly the float operations of its Rust
 // twin, in the same order, so CPU and GPU results are bit-identical
-// (DESIGN.md invariant 1). Rules that keep it so:
+// (docs/design.md invariant 1). Rules that keep it so:
 //   - every fused multiply-add of the Rust side (`f32::mul_add`) is a
 //     `__fmaf_rn` here, at the same place, with the same operand order;
 //   - every other operation is spelled `__fmul_rn` / `__fadd_rn` / `__fsub_rn`

@@ -1,5 +1,5 @@
 //! Every CUDA kernel against its CPU reference (the quant and model crates), on random
-//! data (seeded, fresh per case, never all zeros). Where DESIGN.md demands identity the
+//! data (seeded, fresh per case, never all zeros). Where docs/design.md demands identity the
 //! comparison is of bits (`to_bits`); attention is compared within a tolerance.
 //! Outputs are poisoned (NaN / impossible values) before each launch, so an element
 //! that a kernel fails to write shows up as a mismatch.

@@ -161,6 +161,9 @@ pub struct GenerateRequest {
     /// Stop when the model emits an end-of-generation token (the token is reported,
     /// then generation ends). False only for tests and benchmarks.
     pub stop_at_eog: bool,
+    /// Structured output: only tokens this grammar allows are sampled (None: free).
+    /// The engine decodes with a copy; the request keeps the initial state.
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 /// A token as it is produced.

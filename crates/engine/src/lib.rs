@@ -2,6 +2,7 @@
 //! state), samples, and runs model steps on an executor (CPU now; CUDA later).
 
 mod api;
+pub mod constraint;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -47,6 +48,8 @@ pub enum EngineError {
     Settings(String),
     #[error("executor: {0}")]
     Exec(#[from] ExecError),
+    #[error(transparent)]
+    Constraint(#[from] constraint::ConstraintError),
 }
 
 /// Where the memory of a loaded model goes (printed at startup).
@@ -442,7 +445,11 @@ impl Engine {
         }
         // With plain greedy sampling and nobody asking for logits, the device
         // picks the token and only its id comes back.
-        let want = if on_logits.is_none() && sampler.is_plain_greedy() {
+        let mut constraint = req
+            .constraint
+            .as_ref()
+            .map(|c| c.start(self.tokenizer.eog_ids()));
+        let want = if on_logits.is_none() && sampler.is_plain_greedy() && constraint.is_none() {
             Want::Greedy
         } else {
             Want::Logits(Logits::Last)
@@ -492,6 +499,10 @@ impl Engine {
         let t1 = Instant::now();
         let mut out = Vec::new();
         let mut forced: std::collections::VecDeque<u32> = Default::default();
+        // The constraint's mask for the position whose logits are in `next`.
+        let mut mask = constraint.as_mut().map(|c| c.next_mask()).transpose()?;
+        // `next` was edited by a mask (so it is not kept for the prompt cache).
+        let mut masked = false;
         let finish = loop {
             if out.len() >= req.max_tokens {
                 break FinishReason::Length;
@@ -501,11 +512,20 @@ impl Engine {
             }
             let (token, was_forced) = match forced.pop_front() {
                 Some(t) => (t, true),
-                None => match &next {
-                    StepOut::Logits(l) => (sampler.sample(l), false),
+                None => match &mut next {
+                    StepOut::Logits(l) => {
+                        if let (Some(c), Some(m)) = (constraint.as_ref(), mask.as_ref()) {
+                            c.apply(m, l);
+                            masked = true;
+                        }
+                        (sampler.sample(l), false)
+                    }
                     StepOut::Token(t) => (*t, false),
                 },
             };
+            if let Some(c) = constraint.as_mut() {
+                c.on_token(token, was_forced)?;
+            }
             sampler.accept(token);
             out.push(token);
             let eog = self.tokenizer.eog_ids().contains(&token);
@@ -529,7 +549,26 @@ impl Engine {
             if out.len() >= req.max_tokens {
                 break FinishReason::Length;
             }
-            next = self.feed(&[token], want)?;
+            // The next position's mask is computed while the step that produces its
+            // logits runs (not needed when the next token is forced).
+            match constraint.as_mut().filter(|_| forced.is_empty()) {
+                None => {
+                    next = self.feed(&[token], want)?;
+                    mask = None;
+                }
+                Some(c) => {
+                    let (stepped, m) = std::thread::scope(|s| {
+                        let helper = s.spawn(|| c.next_mask());
+                        let stepped = self.feed(&[token], want);
+                        (stepped, helper.join())
+                    });
+                    next = stepped?;
+                    mask = Some(m.map_err(|_| {
+                        constraint::ConstraintError("the grammar failed (panic)".into())
+                    })??);
+                }
+            }
+            masked = false;
             if let (Some(f), StepOut::Logits(l)) = (on_logits.as_mut(), &next) {
                 f(l);
             }
@@ -537,8 +576,8 @@ impl Engine {
         // `next` belongs to the end of the history (the last token emitted was
         // not fed), so a request repeating this history can start from its logits.
         self.last_logits = match next {
-            StepOut::Logits(l) => Some(l),
-            StepOut::Token(_) => None,
+            StepOut::Logits(l) if !masked => Some(l),
+            _ => None,
         };
         timings.predicted_n = out.len();
         timings.predicted_ms = ms(t1.elapsed());

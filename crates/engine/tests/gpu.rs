@@ -420,6 +420,7 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
         max_tokens: 12,
         sampling: SamplingParams::default(),
         stop_at_eog: false,
+        constraint: None,
     };
     let c = graphed
         .generate(&req, &mut |_| Flow::Continue)

@@ -91,6 +91,7 @@ fn check_model(path: &std::path::Path, geometry: &str, preset: Preset) {
         max_tokens: 6,
         sampling: SamplingParams::default(),
         stop_at_eog: false,
+        constraint: None,
     };
     let c = eng
         .generate(&req, &mut |_| Flow::Continue)
@@ -221,6 +222,7 @@ fn forced_tokens_and_stop() {
         max_tokens: 10,
         sampling: SamplingParams::default(),
         stop_at_eog: false,
+        constraint: None,
     };
     let mut seen = Vec::new();
     let c = eng
@@ -266,6 +268,7 @@ fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
         max_tokens: 4,
         sampling: SamplingParams::default(),
         stop_at_eog: false,
+        constraint: None,
     };
     let mut cold = open();
     let want = cold

@@ -124,6 +124,7 @@ fn check_f32(arch: &str) {
         max_tokens: r.greedy.len(),
         sampling: SamplingParams::default(),
         stop_at_eog: false,
+        constraint: None,
     };
     let mut rows: Vec<f32> = Vec::new();
     let c = eng

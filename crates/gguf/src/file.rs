@@ -67,7 +67,14 @@ fn map_file(path: &Path) -> Result<Option<Mmap>, Error> {
         cause,
     };
     let file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
+    let meta = file.metadata().map_err(io)?;
+    // Mapping a directory fails with "No such device", which tells nobody anything.
+    if meta.is_dir() {
+        return Err(io(std::io::Error::other(
+            "is a directory, not a GGUF file (give the model's .gguf file; for a split model, its first shard)",
+        )));
+    }
+    let len = meta.len();
     if len == 0 {
         return Ok(None);
     }

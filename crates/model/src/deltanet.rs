@@ -107,7 +107,7 @@ multiversion! {
 /// one value head: the form tensor-core prefill kernels use. Mathematically equal
 /// to calling [`step`] per token; in floating point it differs by rounding only
 /// (tested below), so executors that must match the decode path bit for bit
-/// (DESIGN.md invariant 1) use [`step`] instead.
+/// (docs/design.md invariant 1) use [`step`] instead.
 ///
 /// Inputs are per token: `q`, `k` (T × dk, q already scaled), `v` (T × dv), `g`,
 /// `beta` (T). `s` is the dk × dv state, advanced in place; the output is T × dv.

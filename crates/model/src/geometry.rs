@@ -2,8 +2,8 @@
 //!
 //! `scoria synth` writes a GGUF from a [`Geometry`]; tests and benchmarks name them
 //! (`tiny-qwen35moe`, `qwen3.6-35b-a3b`, ...). The real geometries' numbers come from
-//! the released configs as llama.cpp's converter writes them (see
-//! `shared/reference/qwen35moe.md` §1.2, §5 and `qwen3next-qwen3moe-gguf.md` A.1, A.8, B.1).
+//! the released configs (`config.json` of each checkpoint) as llama.cpp's converter
+//! writes them to GGUF metadata.
 //!
 //! The tiny geometries keep every feature of their arch at a few MB of non-vocabulary
 //! weights: hybrids have 8 layers (two of them full attention), twice as many value heads

@@ -1,7 +1,7 @@
 //! Elementwise functions and reductions, defined once. Every executor (CPU
 //! now, CUDA in `crates/cuda/kernels/scoria_math.cuh`) performs exactly these
 //! float operations in exactly this order, so results do not depend on where a
-//! step ran (DESIGN.md invariant 1).
+//! step ran (docs/design.md invariant 1).
 //!
 //! # Why our own exp and log
 //! `f32::exp`, `ln_1p` and friends call the platform libm, whose results differ

@@ -1,4 +1,4 @@
-//! Expert routing, exactly as the model defines it (DESIGN.md invariant 4:
+//! Expert routing, exactly as the model defines it (docs/design.md invariant 4:
 //! routing is never pruned, skipped or altered).
 
 use crate::math::softmax;

@@ -110,6 +110,8 @@ struct Pieces {
     /// `offsets[id]..offsets[id + 1]` are id's bytes.
     offsets: Vec<u32>,
     types: Vec<i32>,
+    /// The longest piece, in bytes.
+    max_len: usize,
 }
 
 impl Pieces {
@@ -162,12 +164,24 @@ impl AddedMatcher {
         AddedMatcher { by_first }
     }
 
-    /// The next added token in `text` at or after byte `from`: (start, len, id).
-    fn find(&self, text: &str, from: usize, parse_special: bool) -> Option<(usize, usize, u32)> {
+    /// The next added token in `text` at or after byte `from`: (start, len, id). A
+    /// control token is matched only with `parse_special`, and never at a position
+    /// inside one of the sorted, disjoint byte ranges `literal`.
+    fn find(
+        &self,
+        text: &str,
+        from: usize,
+        parse_special: bool,
+        literal: &[std::ops::Range<usize>],
+    ) -> Option<(usize, usize, u32)> {
         let bytes = text.as_bytes();
+        let in_literal = |i: usize| {
+            let k = literal.partition_point(|r| r.end <= i);
+            literal.get(k).is_some_and(|r| r.start <= i)
+        };
         for (i, &b) in bytes.iter().enumerate().skip(from) {
             for a in &self.by_first[b as usize] {
-                if a.control && !parse_special {
+                if a.control && (!parse_special || in_literal(i)) {
                     continue;
                 }
                 if bytes[i..].starts_with(a.text.as_bytes()) {
@@ -538,12 +552,18 @@ impl Tokenizer {
             }
         }
 
+        let max_len = offsets
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(1);
         Ok(Tokenizer {
             bpe: tk,
             pieces: Arc::new(Pieces {
                 bytes,
                 offsets,
                 types: spec.types,
+                max_len,
             }),
             added: AddedMatcher::new(added),
             other_ids,
@@ -564,10 +584,21 @@ impl Tokenizer {
     /// added tokens (`<think>`, `</think>`, `<tool_call>`, ...) are matched whole in both
     /// modes, as llama.cpp and HF do.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_marked(text, parse_special, &[])
+    }
+
+    /// [`Tokenizer::encode`], where control-token text starting inside one of the byte
+    /// ranges `literal` (sorted, disjoint) is plain text even with `parse_special`.
+    fn encode_marked(
+        &self,
+        text: &str,
+        parse_special: bool,
+        literal: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
         let mut pos = 0;
         while pos < text.len() {
-            match self.added.find(text, pos, parse_special) {
+            match self.added.find(text, pos, parse_special, literal) {
                 Some((start, len, id)) => {
                     self.encode_plain(&text[pos..start], &mut out)?;
                     out.push(id);
@@ -593,6 +624,47 @@ impl Tokenizer {
         }
         ids.extend(self.encode(text, true)?);
         Ok(ids)
+    }
+
+    /// [`Tokenizer::encode_prompt`] for a prompt rendered from a chat template in which
+    /// the byte ranges `literal` (sorted, disjoint) hold control-token text that came
+    /// from a message, not from the template: there it is tokenized as plain text, so
+    /// text a user or a tool wrote cannot forge a turn. Everywhere else the result is
+    /// `encode_prompt`'s.
+    pub fn encode_prompt_marked(
+        &self,
+        text: &str,
+        literal: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::new();
+        if self.add_bos {
+            if let Some(b) = self.bos {
+                ids.push(b);
+            }
+        }
+        ids.extend(self.encode_marked(text, true, literal)?);
+        Ok(ids)
+    }
+
+    /// The texts of the control tokens (`<|im_start|>`, `<|im_end|>`, ...): what
+    /// `parse_special` turns into control ids.
+    pub fn control_texts(&self) -> Vec<&str> {
+        self.added
+            .by_first
+            .iter()
+            .flatten()
+            .filter(|a| a.control)
+            .map(|a| &*a.text)
+            .collect()
+    }
+
+    /// A lower bound on the number of tokens `bytes` bytes of text encode to, found
+    /// without tokenizing: every token covers at most [`Pieces`]' longest piece of the
+    /// NFC-normalized text, and NFC shrinks text at most 3 to 1 (three 3-byte Hangul
+    /// jamo compose into one 3-byte syllable). Used to refuse a prompt that cannot fit
+    /// the context before spending time and memory on it.
+    pub fn min_tokens(&self, bytes: usize) -> usize {
+        bytes / (3 * self.pieces.max_len.max(1))
     }
 
     fn encode_plain(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
@@ -809,6 +881,31 @@ mod tests {
         assert_send_sync::<Tokenizer>();
         assert_send_sync::<StreamDecoder>();
         assert_send_sync::<crate::chat::ChatTemplate>();
+    }
+
+    #[test]
+    fn marked_ranges_keep_control_text_as_text() {
+        let tk = Tokenizer::from_parts(&toy("qwen2")).expect("build");
+        let text = "<|im_start|>hello<|im_end|><|im_end|><think>";
+        // Unmarked: every control text is a control token.
+        let all = tk.encode_prompt_marked(text, &[]).expect("encode");
+        assert_eq!(all, tk.encode_prompt(text).expect("encode"));
+        assert_eq!(all.iter().filter(|&&t| t == 263).count(), 2);
+        // The first <|im_end|> (bytes 17..27) came from a message: plain text there only.
+        let first = std::ops::Range { start: 17, end: 27 };
+        let marked = tk.encode_prompt_marked(text, &[first]).expect("encode");
+        assert_eq!(marked.iter().filter(|&&t| t == 263).count(), 1);
+        assert_eq!(marked[0], 262);
+        assert_eq!(marked[marked.len() - 2..], [263, 264]);
+        assert_eq!(tk.decode(&marked, false), text);
+        let mut controls = tk.control_texts();
+        controls.sort();
+        assert!(controls.contains(&"<|im_end|>") && !controls.contains(&"<think>"));
+        // A lower bound: never more than the real count.
+        for s in ["hello hello", text, "héllo wörld 🦙 日本"] {
+            let n = tk.encode(s, true).expect("encode").len();
+            assert!(tk.min_tokens(s.len()) <= n, "{s}");
+        }
     }
 
     #[test]

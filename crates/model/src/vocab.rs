@@ -7,7 +7,8 @@
 //!
 //! [`load`] turns the ranks into what llama.cpp's converter writes to GGUF
 //! (`tokenizer.ggml.tokens`, `token_type`, `merges`, the special ids), exactly as it would
-//! for tokenizer files made from the same ranks by `shared/tools/qwen_tokenizer.py`:
+//! for HF tokenizer files made from the same ranks (merges derived from the ranks the way
+//! tiktoken applies them):
 //!
 //! * tokens: every rank's bytes in GPT-2's byte-to-unicode encoding, then the added tokens
 //!   (`<|endoftext|>`, `<|im_start|>`, ...) as plain text, then `[PAD{id}]` up to the

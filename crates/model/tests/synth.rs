@@ -444,7 +444,7 @@ fn generated_values_have_the_target_statistics() {
 
 #[test]
 fn real_geometry_layouts() {
-    // Sizes of the benchmark models at Q4_K_M (BENCH.md: N80 ~46 GB, Q35 ~21 GB, M30 ~18 GB).
+    // Sizes of the benchmark models at Q4_K_M (docs/benchmarks.md: N80 ~46 GB, Q35 ~21 GB, M30 ~18 GB).
     let gb = |name: &str| {
         let g = Geometry::by_name(None, name).unwrap();
         synth::file_size(&g, &opts(Preset::Q4KM, 1)).unwrap() as f64 / 1e9

@@ -73,6 +73,7 @@ fn parse(
     let max_tokens = params::parse_max_tokens(body, &["max_tokens"], core.defaults.max_tokens)?;
     let stop = params::parse_stop(body, "stop_sequences")?;
     let stream = params::opt_bool(body, "stream")?.unwrap_or(false);
+    let constraint = crate::structured::anthropic(body, conv.tools.as_ref())?;
     Ok((
         conv,
         GenParams {
@@ -82,6 +83,7 @@ fn parse(
             thinking,
             stream,
             include_usage: false,
+            constraint,
         },
     ))
 }
@@ -104,8 +106,9 @@ async fn messages_inner(
 ) -> Result<Response, RouteError> {
     let body = json_body(body).map_err(an)?;
     let (conv, p) = parse(&state, &body).map_err(an)?;
-    let (tokens, think_open) =
-        render_chat(&state, &conv, &p.thinking, &Map::new(), "messages").map_err(an)?;
+    let (tokens, think_open) = render_chat(&state, &conv, &p.thinking, &Map::new(), "messages")
+        .await
+        .map_err(an)?;
     let prompt_tokens = tokens.len();
     let gen = start(
         &state,
@@ -121,6 +124,10 @@ async fn messages_inner(
         "messages",
     )
     .map_err(an)?;
+    let mut gen = gen;
+    if conv.continue_final {
+        gen.continue_message();
+    }
     let id = format!("msg_{}", unique_suffix(gen.id));
     let model = state.model_id.clone();
     if !p.stream {
@@ -324,14 +331,15 @@ async fn messages_inner(
 }
 
 pub async fn count_tokens(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let r = (|| -> Result<Value, ApiError> {
+    let r = async {
         let body = json_body(&body)?;
         let core = core(&state)?;
         let conv = prompt::anthropic(&body)?;
         let thinking = params::parse_thinking(&body, &core.defaults)?;
-        let (tokens, _) = render_chat(&state, &conv, &thinking, &Map::new(), "messages")?;
-        Ok(json!({"input_tokens": tokens.len()}))
-    })();
+        let (tokens, _) = render_chat(&state, &conv, &thinking, &Map::new(), "messages").await?;
+        Ok::<Value, ApiError>(json!({"input_tokens": tokens.len()}))
+    }
+    .await;
     match r {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response_as(Flavor::Anthropic),

@@ -17,6 +17,18 @@ pub enum Flavor {
     Anthropic,
 }
 
+impl Flavor {
+    /// The family of the route at `path`: Anthropic's under `/v1/messages`, OpenAI's
+    /// shape everywhere else (the operations routes use it too).
+    pub fn of_path(path: &str) -> Flavor {
+        if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+            Flavor::Anthropic
+        } else {
+            Flavor::OpenAi
+        }
+    }
+}
+
 /// A request that cannot be served, with the HTTP status it maps to.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
@@ -55,6 +67,15 @@ impl ApiError {
         }
     }
 
+    /// Any status (401, 404, 405, 413, ...) with a message for people.
+    pub fn with_status(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
     /// A 503: the server cannot take the request now.
     pub fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError {
@@ -66,14 +87,33 @@ impl ApiError {
 
     fn openai_type(&self) -> &'static str {
         match self.status.as_u16() {
+            401 => "authentication_error",
             400..=499 => "invalid_request_error",
             503 => "server_unavailable",
             _ => "server_error",
         }
     }
 
+    /// OpenAI's `code` for a client error.
+    fn openai_code(&self) -> Option<&'static str> {
+        Some(match self.status.as_u16() {
+            401 => "invalid_api_key",
+            404 if self.param.as_deref() == Some("model") => "model_not_found",
+            404 => "not_found",
+            405 => "method_not_allowed",
+            413 => "request_too_large",
+            400..=499 => "invalid_value",
+            _ => return None,
+        })
+    }
+
     fn anthropic_type(&self) -> &'static str {
         match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             503 => "overloaded_error",
             _ => "api_error",
@@ -87,7 +127,7 @@ impl ApiError {
                 "message": self.message,
                 "type": self.openai_type(),
                 "param": self.param,
-                "code": if self.status.is_client_error() { json!("invalid_value") } else { json!(null) },
+                "code": self.openai_code(),
             }}),
             Flavor::Anthropic => json!({
                 "type": "error",

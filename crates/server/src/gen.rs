@@ -25,7 +25,8 @@ use crate::access::RequestLog;
 use crate::error::ApiError;
 use crate::output::{OutputParser, Piece};
 use crate::params::{GenParams, Thinking};
-use crate::prompt::{ends_in_open_think, Conversation, PromptRender};
+use crate::prompt::{continue_final, ends_in_open_think, Conversation, PromptRender};
+use crate::protect::Protector;
 use crate::settings::RequestDefaults;
 use crate::worker::{thinking_limit, Event, Finished, Job, ThinkPlan, Worker};
 use crate::AppState;
@@ -78,9 +79,33 @@ pub fn core(state: &AppState) -> Result<&Core, ApiError> {
 
 /// Renders a conversation with the model's template and tokenizes it. Returns the
 /// tokens and whether the prompt leaves the model inside an open think block.
-pub fn render_chat(
-    state: &AppState,
+///
+/// The work runs on the blocking pool, not on the async runtime's threads: a large
+/// conversation takes seconds to render and tokenize, and `/health` and every other
+/// request must keep answering meanwhile.
+pub async fn render_chat(
+    state: &Arc<AppState>,
     conv: &Conversation,
+    thinking: &Thinking,
+    extra: &Map<String, Value>,
+    field: &str,
+) -> Result<(Vec<u32>, bool), ApiError> {
+    let (state, conv, thinking, extra, field) = (
+        state.clone(),
+        conv.clone(),
+        thinking.clone(),
+        extra.clone(),
+        field.to_string(),
+    );
+    tokio::task::spawn_blocking(move || render_chat_now(&state, conv, &thinking, &extra, &field))
+        .await
+        .map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))?
+}
+
+/// [`render_chat`] on the calling thread.
+fn render_chat_now(
+    state: &AppState,
+    mut conv: Conversation,
     thinking: &Thinking,
     extra: &Map<String, Value>,
     field: &str,
@@ -90,27 +115,84 @@ pub fn render_chat(
     if let Some(e) = &thinking.effort {
         extra.entry("reasoning_effort").or_insert_with(|| json!(e));
     }
-    let render = |messages: &[Value]| {
-        core.renderer
-            .render(messages, conv.tools.as_ref(), thinking.enabled, &extra)
+    // Control-token text in the messages stays text (see `protect`), unless the server
+    // is told to keep the old behaviour.
+    let controls = state.tokenizer.control_texts();
+    let protector = Protector::new(&controls);
+    let protected = !core.defaults.content_special_tokens && {
+        let m = conv
+            .messages
+            .iter_mut()
+            .fold(false, |acc, m| protector.protect(m) | acc);
+        let t = conv.tools.as_mut().is_some_and(|t| protector.protect(t));
+        m | t
+    };
+    // A final assistant message to continue: its text, as it stands in the rendering.
+    let last_text = conv
+        .continue_final
+        .then(|| conv.messages.last())
+        .flatten()
+        .and_then(|m| m["content"].as_str())
+        .map(str::to_string)
+        .filter(|t| !t.trim().is_empty());
+    let render = |messages: &[Value]| match &last_text {
+        Some(_) => core.renderer.render_without_generation_prompt(
+            messages,
+            conv.tools.as_ref(),
+            thinking.enabled,
+            &extra,
+        ),
+        None => core
+            .renderer
+            .render(messages, conv.tools.as_ref(), thinking.enabled, &extra),
     };
     // A system turn after the first message stays in place where the template renders
     // it (Qwen3, ChatML); a template that refuses it (Qwen3.5 accepts a system message
     // only first) gets it folded into the leading system message.
-    let text = match render(&conv.messages) {
+    let mut text = match render(&conv.messages) {
         Ok(t) => Ok(t),
         Err(_) if conv.has_later_system() => render(&conv.folded()),
         Err(e) => Err(e),
     }
     .map_err(|e| ApiError::field(field, format!("{field}: the chat template failed: {e}")))?;
+    if let Some(last) = &last_text {
+        text = continue_final(&text, last).ok_or_else(|| {
+            ApiError::field(
+                field,
+                format!("{field}: the final assistant message cannot be continued: the chat template does not render its text"),
+            )
+        })?;
+    }
     // What the template did decides, not what was asked: a template that ignores
     // `enable_thinking` still leaves the model inside its think block.
     let open = ends_in_open_think(&text);
+    let (text, literal) = if protected {
+        protector.restore(&text)
+    } else {
+        (text, Vec::new())
+    };
+    // A prompt that cannot fit is refused before it is tokenized: tokenizing tens of
+    // megabytes takes a minute and gigabytes of memory.
+    let n_ctx = state.engine_info.n_ctx;
+    let at_least = state.tokenizer.min_tokens(text.len());
+    if at_least >= n_ctx {
+        return Err(too_long(field, &format!("at least {at_least}"), n_ctx));
+    }
     let tokens = state
         .tokenizer
-        .encode_prompt(&text)
+        .encode_prompt_marked(&text, &literal)
         .map_err(|e| ApiError::field(field, format!("{field}: cannot tokenize the prompt: {e}")))?;
     Ok((tokens, open))
+}
+
+/// The 400 for a prompt of `n` tokens that does not fit a context of `n_ctx`.
+fn too_long(field: &str, n: &str, n_ctx: usize) -> ApiError {
+    ApiError::field(
+        field,
+        format!(
+            "{field}: the prompt is {n} tokens, which does not fit the context of {n_ctx} tokens (shorten it, or start the server with a larger --max-context)"
+        ),
+    )
 }
 
 /// A running generation, read as structured pieces.
@@ -137,6 +219,14 @@ pub enum Step {
 }
 
 impl Generation {
+    /// The output continues the final assistant message of the prompt (a prefill):
+    /// its leading whitespace is kept.
+    pub fn continue_message(&mut self) {
+        if let Some(p) = &mut self.parser {
+            p.continue_message();
+        }
+    }
+
     pub async fn next(&mut self) -> Option<Step> {
         loop {
             if let Some(s) = self.pending.pop_front() {
@@ -211,17 +301,15 @@ pub fn start(
         ));
     }
     if prompt.len() >= n_ctx {
-        return Err(ApiError::field(
-            prompt_field,
-            format!(
-                "{prompt_field}: the prompt is {} tokens, which does not fit the context of {n_ctx} tokens (shorten it, or start the server with a larger --max-context)",
-                prompt.len()
-            ),
-        ));
+        return Err(too_long(prompt_field, &prompt.len().to_string(), n_ctx));
     }
+    // The tokens this request may generate: what it asked for, but never more than the
+    // context has room for. The thinking budget and the answer room are taken from this,
+    // so a default request on a small context still leaves room to answer.
+    let budget = params.max_tokens.min(n_ctx - prompt.len());
     let think = if mode.structured && (params.thinking.enabled || mode.think_open) {
         // The budget sentence costs ~25 tokens: a small request closes with `</think>` alone.
-        let close = if params.max_tokens >= 8 * core.close_tokens.len() {
+        let close = if budget >= 8 * core.close_tokens.len() {
             &core.close_tokens
         } else {
             &core.close_short
@@ -229,7 +317,7 @@ pub fn start(
         ThinkPlan {
             open_at_start: mode.think_open,
             limit: thinking_limit(
-                params.max_tokens,
+                budget,
                 params.thinking.budget,
                 core.defaults.thinking_answer_room,
                 close.len(),
@@ -241,6 +329,10 @@ pub fn start(
     } else {
         ThinkPlan::default()
     };
+    let constraint = match &params.constraint {
+        Some(spec) => Some(crate::structured::constraint(state, spec, &think)?),
+        None => None,
+    };
     let id = state.next_request_id();
     log.queued(prompt.len());
     let (tx, rx) = mpsc::unbounded_channel();
@@ -248,9 +340,10 @@ pub fn start(
         id,
         req: GenerateRequest {
             prompt,
-            max_tokens: params.max_tokens,
+            max_tokens: budget,
             sampling: params.sampling.clone(),
             stop_at_eog: true,
+            constraint,
         },
         think,
         stops: params.stop.clone(),

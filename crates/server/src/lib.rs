@@ -44,14 +44,20 @@ pub mod openai;
 pub mod output;
 pub mod params;
 pub mod prompt;
+pub mod protect;
 pub mod responses;
 pub mod settings;
+pub mod structured;
 pub mod worker;
 
 #[cfg(test)]
 mod agent_tests;
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod defect_tests;
+#[cfg(test)]
+mod structured_tests;
 #[cfg(test)]
 mod test_http;
 
@@ -80,7 +86,11 @@ pub struct AppState {
     pub core: Option<gen::Core>,
     /// Where the one line per request goes (`access::tracing_sink` by default).
     pub access_log: access::LogSink,
+    /// Origins browser pages may call from (`--cors-origin`); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
     next_id: AtomicU64,
+    /// Structured output's grammar compiler for `tokenizer`, built on first use.
+    grammars: std::sync::OnceLock<Result<engine::constraint::GrammarCompiler, String>>,
 }
 
 impl AppState {
@@ -103,13 +113,32 @@ impl AppState {
             model_id,
             core: None,
             access_log: access::tracing_sink(),
+            cors_origins: Vec::new(),
             next_id: AtomicU64::new(1),
+            grammars: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The grammar compiler for this tokenizer (built on first use: it walks the
+    /// vocabulary once).
+    pub fn grammar_compiler(&self) -> Result<&engine::constraint::GrammarCompiler, String> {
+        self.grammars
+            .get_or_init(|| {
+                engine::constraint::GrammarCompiler::new(&self.tokenizer).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Sends the request log lines to `sink` instead.
     pub fn with_access_log(mut self, sink: access::LogSink) -> AppState {
         self.access_log = sink;
+        self
+    }
+
+    /// Answers browsers from `origins` (`*`: any) with CORS headers.
+    pub fn with_cors(mut self, origins: Vec<String>) -> AppState {
+        self.cors_origins = origins;
         self
     }
 
@@ -127,7 +156,7 @@ impl AppState {
 
 /// The whole application: API routes + operations routes, behind the API key.
 pub fn app(state: Arc<AppState>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
@@ -136,22 +165,63 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/responses", post(responses::responses))
         .route("/v1/models", get(openai::models))
         .route("/models", get(openai::models))
+        .route("/v1/models/{*id}", get(openai::model))
+        .route("/models/{*id}", get(openai::model))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .merge(ops::router())
         .fallback(not_found)
-        // Agent conversations are large; the default 2 MB limit would cut them off.
-        .layer(DefaultBodyLimit::max(256 << 20))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
-        ))
-        // Outermost: refused requests (401, 404) are logged and counted too.
+        ));
+    // Outside the key check: a browser's preflight carries no key.
+    let router = match cors_layer(&state.cors_origins) {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    let routes = router
+        // Refused requests (401, 404) are logged and counted too.
         .layer(middleware::from_fn_with_state(
             state.clone(),
             access::log_requests,
         ))
-        .with_state(state)
+        .with_state(state);
+    // Around the whole router: a route's 405 gets its `Allow` header inside it.
+    Router::new()
+        .fallback_service(routes)
+        .layer(middleware::from_fn(json_errors))
+}
+
+/// CORS for browser clients, when origins are configured: preflights are answered
+/// here (before the API key is asked for), and every answer, errors included, carries
+/// the headers a browser needs to read it.
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{HeaderValue, Method};
+    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer, ExposeHeaders};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| HeaderValue::from_str(o).ok())
+                .collect::<Vec<_>>(),
+        )
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::HEAD, Method::OPTIONS])
+            // The SDKs send their own headers (x-stainless-*, anthropic-version, ...).
+            .allow_headers(AllowHeaders::mirror_request())
+            .expose_headers(ExposeHeaders::any())
+            .max_age(std::time::Duration::from_secs(600)),
+    )
 }
 
 /// Compares a presented key with the configured one in time independent of where
@@ -165,12 +235,84 @@ fn same_secret(given: &str, key: &str) -> bool {
             == 0
 }
 
-/// Unknown paths answer 404 with a JSON body (OpenAI's error shape).
+/// Unknown paths answer 404 with a JSON body in the shape of the API the path belongs to.
 async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    let body = serde_json::json!({"error": {
-        "message": format!("no route for {method} {}", uri.path()),
-        "type": "invalid_request_error", "param": null, "code": "not_found"}});
-    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+    error::ApiError::with_status(
+        StatusCode::NOT_FOUND,
+        format!("no route for {method} {}", uri.path()),
+    )
+    .into_response_as(error::Flavor::of_path(uri.path()))
+}
+
+/// The request body limit (agent conversations are large; the default 2 MB would cut
+/// them off).
+pub const BODY_LIMIT: usize = 256 << 20;
+
+/// Every error is JSON in the route's own shape: a refusal made below the handlers
+/// (axum's 405 for a wrong method, the body limit's 413, an extractor's rejection)
+/// comes as plain text or an empty body; this rewrites it, keeping the status and the
+/// headers (`Allow` on a 405).
+async fn json_errors(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    // A body announced larger than the limit is refused before a byte of it is read.
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let res = match announced {
+        Some(n) if n > BODY_LIMIT as u64 => StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+        _ => next.run(req).await,
+    };
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    let message = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allowed = parts
+                .headers
+                .get(header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .map(|v| format!(" (use {v})"))
+                .unwrap_or_default();
+            format!("{method} is not allowed on {path}{allowed}")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => format!(
+            "the request body is larger than this server accepts ({} MiB)",
+            BODY_LIMIT >> 20
+        ),
+        _ => {
+            // An extractor's own text says what was wrong; keep it when it is short.
+            let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+            let text = String::from_utf8_lossy(&text).trim().to_string();
+            if text.is_empty() {
+                format!(
+                    "{method} {path}: {}",
+                    status.canonical_reason().unwrap_or("error")
+                )
+            } else {
+                text
+            }
+        }
+    };
+    let fresh = error::ApiError::with_status(status, message)
+        .into_response_as(error::Flavor::of_path(&path));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    let (_, body) = fresh.into_parts();
+    Response::from_parts(parts, body)
 }
 
 /// Refuses every route but `/health` and the stats page shell without the configured key
@@ -206,10 +348,11 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
     if ok(bearer) || ok(x_api_key) {
         return next.run(req).await;
     }
-    let body = serde_json::json!({"error": {
-        "message": "invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)",
-        "type": "authentication_error", "param": null, "code": "invalid_api_key"}});
-    (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
+    error::ApiError::with_status(
+        StatusCode::UNAUTHORIZED,
+        "invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)",
+    )
+    .into_response_as(error::Flavor::of_path(path))
 }
 
 /// Serves `state` on `addr` until the process is stopped.
@@ -225,19 +368,42 @@ pub enum ServeError {
     Settings(#[from] settings::SettingsError),
     #[error("cannot prepare the embedded demo model: {0}")]
     Demo(String),
-    #[error("cannot load {path}: {err}")]
+    #[error("{}", load_message(path, err))]
     Load {
         path: String,
         err: engine::EngineError,
     },
-    #[error(
-        "cannot listen on {addr}: {err} (is another server using the port? choose one with --port)"
-    )]
+    #[error("{}", bind_message(addr, err))]
     Bind { addr: String, err: std::io::Error },
     #[error("--host {0} is neither an IP address nor a name that resolves (use 127.0.0.1, 0.0.0.0, ::1, localhost, ...)")]
     Host(String),
     #[error("cannot start: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// "cannot load PATH: why", with the path once (errors from the file name it already).
+pub fn load_message(path: &str, err: &dyn std::fmt::Display) -> String {
+    let why = err.to_string();
+    match why.strip_prefix(path) {
+        Some(rest) if rest.starts_with(':') => format!("cannot load {path}{rest}"),
+        _ => format!("cannot load {path}: {why}"),
+    }
+}
+
+/// Why the address could not be bound, with the remedy that fits the cause.
+fn bind_message(addr: &str, err: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    let hint = match err.kind() {
+        ErrorKind::AddrInUse => "another program is using the port; choose another with --port",
+        ErrorKind::AddrNotAvailable => {
+            "the host is not an address of this machine; use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses"
+        }
+        ErrorKind::PermissionDenied => {
+            "ports below 1024 need privileges; choose a higher one with --port"
+        }
+        _ => "check --host and --port",
+    };
+    format!("cannot listen on {addr}: {err} ({hint})")
 }
 
 /// A loaded engine, split into what the routes share.
@@ -388,8 +554,17 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
                 settings.api_key.clone(),
                 model_id.clone(),
             )
+            .with_cors(settings.cors_origins.clone())
             .with_core(core),
         );
+        // The grammar compiler walks the whole vocabulary once: do it now, off the
+        // runtime, rather than in the first structured-output request.
+        let warm = state.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = warm.grammar_compiler() {
+                tracing::warn!("structured output is unavailable: {e}");
+            }
+        });
         eprintln!(
             "scoria serve: model \"{model_id}\" ({} {}, context {} of {} trained, template: {}){label}, loaded in {:.1}s",
             info.arch,
@@ -435,13 +610,15 @@ fn loading_gate(ready: Arc<std::sync::OnceLock<Router>>, started: std::time::Ins
                 };
             }
             let loading_for = started.elapsed().as_secs_f64();
-            let body = if req.uri().path() == "/health" {
-                serde_json::json!({"status": "loading", "loading_for_s": loading_for})
-            } else {
-                serde_json::json!({"error": {
-                    "message": format!("the model is still loading ({loading_for:.0} s so far); retry when GET /health answers 200"),
-                    "type": "unavailable", "param": null, "code": "loading"}})
-            };
+            let path = req.uri().path();
+            if path != "/health" {
+                // In the shape of the API the path belongs to (Anthropic's on /v1/messages).
+                return error::ApiError::unavailable(format!(
+                    "the model is still loading ({loading_for:.0} s so far); retry when GET /health answers 200"
+                ))
+                .into_response_as(error::Flavor::of_path(path));
+            }
+            let body = serde_json::json!({"status": "loading", "loading_for_s": loading_for});
             (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
         }
     })

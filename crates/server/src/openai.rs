@@ -64,6 +64,7 @@ fn gen_params(
         thinking,
         stream,
         include_usage,
+        constraint: None,
     })
 }
 
@@ -87,18 +88,21 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
     let core = core(&state).map_err(oa)?;
     let conv = prompt::openai_chat(&body).map_err(oa)?;
     let thinking = params::parse_thinking(&body, &core.defaults).map_err(oa)?;
-    let p = gen_params(
+    let mut p = gen_params(
         &state,
         &body,
         &["max_tokens", "max_completion_tokens", "max_output_tokens"],
         thinking,
     )
     .map_err(oa)?;
+    p.constraint = crate::structured::openai_chat(&body, conv.tools.as_ref()).map_err(oa)?;
     let extra = match body.get("chat_template_kwargs") {
         Some(Value::Object(m)) => m.clone(),
         _ => Map::new(),
     };
-    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &extra, "messages").map_err(oa)?;
+    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &extra, "messages")
+        .await
+        .map_err(oa)?;
     let gen = start(
         &state,
         "/v1/chat/completions",
@@ -113,6 +117,10 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
         "messages",
     )
     .map_err(oa)?;
+    let mut gen = gen;
+    if conv.continue_final {
+        gen.continue_message();
+    }
     let id = format!("chatcmpl-{}", unique_suffix(gen.id));
     let created = now_unix();
     let model = state.model_id.clone();
@@ -302,13 +310,14 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
         budget: None,
         effort: None,
     };
-    let p = gen_params(
+    let mut p = gen_params(
         &state,
         &body,
         &["max_tokens", "max_completion_tokens", "max_output_tokens"],
         no_thinking,
     )
     .map_err(oa)?;
+    p.constraint = crate::structured::openai_completion(&body).map_err(oa)?;
     let tokens = completion_prompt(&state, &body).map_err(oa)?;
     let gen = start(
         &state,
@@ -425,6 +434,25 @@ pub fn model_entry(state: &AppState) -> Value {
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [model_entry(&state)]})).into_response()
+}
+
+/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): the model, or a 404 naming it.
+pub async fn model(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id == state.model_id {
+        return Json(model_entry(&state)).into_response();
+    }
+    let mut e = ApiError::with_status(
+        axum::http::StatusCode::NOT_FOUND,
+        format!(
+            "the model \"{id}\" does not exist; this server serves \"{}\" (GET /v1/models lists it)",
+            state.model_id
+        ),
+    );
+    e.param = Some("model".into());
+    oa(e).into_response()
 }
 
 /// The `stream_options.include_usage` frame: the route's empty chunk with no

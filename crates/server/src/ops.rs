@@ -105,13 +105,20 @@ fn setting_or(state: &AppState, name: &str, default: Value) -> Value {
     setting(state, name).cloned().unwrap_or(default)
 }
 
+/// The model as `/props` shows it (behind the key): with the file's path.
 fn model_json(state: &AppState) -> Value {
+    let mut m = public_model_json(state);
+    m["path"] = json!(state.engine_info.path);
+    m
+}
+
+/// The model as the unauthenticated `/health` shows it: what it is, not where it lives.
+fn public_model_json(state: &AppState) -> Value {
     let info = &state.engine_info;
     json!({
         "id": state.model_id,
         "name": info.name,
         "arch": info.arch,
-        "path": info.path,
         "file_bytes": info.file_bytes,
         "n_ctx": info.n_ctx,
         "n_ctx_train": info.n_ctx_train,
@@ -124,11 +131,17 @@ fn model_json(state: &AppState) -> Value {
     })
 }
 
+/// The `tool_choice` values the chat routes honour (each is tested to be accepted:
+/// `defect_tests::health_tells_the_truth_and_keeps_settings_behind_the_key`).
+pub(crate) const TOOL_CHOICES: &[&str] = &["auto", "none", "required", "named"];
+
 /// What the running build accepts: the sampling fields, the token budget
 /// names, the thinking controls, and the tool-call format of the template.
-fn capabilities(state: &AppState) -> Value {
+/// `with_settings` adds the server's defaults (for `/props`, behind the key; the
+/// unauthenticated `/health` does not show the settings).
+fn capabilities(state: &AppState, with_settings: bool) -> Value {
     let tmpl = template::describe(state.template.as_deref());
-    json!({
+    let mut caps = json!({
         "routes": [
             "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
             "/v1/messages/count_tokens", "/v1/models",
@@ -139,14 +152,13 @@ fn capabilities(state: &AppState) -> Value {
             "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
             "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "stop",
         ],
-        "greedy": "temperature absent or 0 decodes greedy (argmax, lowest id wins a tie)",
+        "greedy": "temperature 0 decodes greedy (argmax, lowest id wins a tie); a request without temperature samples at the server's default temperature (greedy only when that default is 0)",
         "not_supported": {
             "n": "only n = 1",
             "logprobs": "not implemented",
             "top_logprobs": "not implemented",
         },
         "token_budget_aliases": ["max_tokens", "max_completion_tokens", "max_output_tokens"],
-        "max_tokens_default": setting_or(state, "max-tokens-default", Value::Null),
         "reasoning": {
             "template_thinks": tmpl["thinks"],
             "controls": [
@@ -156,21 +168,27 @@ fn capabilities(state: &AppState) -> Value {
             ],
             "reasoning_effort": crate::settings::EFFORTS,
             "split": "reasoning_content (chat), reasoning items (responses), thinking blocks (messages)",
-            "default_effort": setting_or(state, "reasoning-effort", Value::Null),
-            "default_enable_thinking": setting_or(state, "enable-thinking", Value::Null),
-            "max_thinking_tokens_default": setting_or(state, "max-thinking-tokens", Value::Null),
-            "thinking_answer_room": setting_or(state, "thinking-answer-room", Value::Null),
         },
         "tools": {
             "accepted": true,
             "tool_call_format": tmpl["tool_call_format"],
-            "tool_choice": ["auto", "none", "required", "named"],
+            "tool_choice": TOOL_CHOICES,
         },
         "streaming": true,
         "images": false,
         "cancellation": "a client that disconnects is cancelled within one decode step",
         "queue": "one request decodes at a time; others wait in arrival order",
-    })
+    });
+    if with_settings {
+        caps["default_temperature"] = setting_or(state, "temp", Value::Null);
+        caps["max_tokens_default"] = setting_or(state, "max-tokens-default", Value::Null);
+        let r = &mut caps["reasoning"];
+        r["default_effort"] = setting_or(state, "reasoning-effort", Value::Null);
+        r["default_enable_thinking"] = setting_or(state, "enable-thinking", Value::Null);
+        r["max_thinking_tokens_default"] = setting_or(state, "max-thinking-tokens", Value::Null);
+        r["thinking_answer_room"] = setting_or(state, "thinking-answer-room", Value::Null);
+    }
+    caps
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -181,7 +199,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         "status": "ok",
         "loading": false,
         "version": VERSION,
-        "model": model_json(&state),
+        "model": public_model_json(&state),
         "busy": busy,
         "busy_for_s": if busy {
             Value::from(current["elapsed_ms"].as_f64().unwrap_or(0.0) / 1000.0)
@@ -191,8 +209,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         "in_flight": usize::from(busy),
         "queue_depth": snap["queue"]["depth"],
         "uptime_s": snap["uptime_s"],
-        "capabilities": capabilities(&state),
-        "settings": state.settings,
+        "capabilities": capabilities(&state, false),
     });
     Json(body).into_response()
 }
@@ -240,6 +257,7 @@ async fn props(State(state): State<Arc<AppState>>) -> Response {
             "thinks": tmpl["thinks"],
             "tool_call_format": tmpl["tool_call_format"],
         },
+        "capabilities": capabilities(&state, true),
         "settings": state.settings,
     });
     Json(body).into_response()

@@ -92,6 +92,12 @@ impl OutputParser {
     /// (Qwen3.5's generation prompt does). `tools`: the request's tools in OpenAI
     /// chat shape (`[{"type":"function","function":{"name","parameters"}}]`), or None
     /// to leave `<tool_call>` text as content.
+    /// The output continues a message already under way (a prefill): its leading
+    /// whitespace is part of the text, not formatting after a turn or a think block.
+    pub fn continue_message(&mut self) {
+        self.content_started = true;
+    }
+
     pub fn new(in_reasoning: bool, tools: Option<&Value>) -> OutputParser {
         let mut param_types = std::collections::HashMap::new();
         if let Some(Value::Array(list)) = tools {

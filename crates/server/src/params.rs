@@ -49,6 +49,8 @@ pub struct GenParams {
     pub thinking: Thinking,
     pub stream: bool,
     pub include_usage: bool,
+    /// Structured output (a schema, forced tool calls), enforced while decoding.
+    pub constraint: Option<crate::structured::Spec>,
 }
 
 /// A number field within `[lo, hi]`; absent or null is None.
@@ -171,14 +173,7 @@ pub fn refuse_unsupported(o: &Obj) -> Result<(), ApiError> {
     {
         return refuse("suffix", "suffix (fill-in-the-middle) is not supported");
     }
-    if let Some(rf) = o.get("response_format").filter(|v| !v.is_null()) {
-        if rf.get("type").and_then(Value::as_str) != Some("text") {
-            return refuse(
-                "response_format",
-                "structured output (json_object, json_schema) is not supported; only {\"type\": \"text\"}",
-            );
-        }
-    }
+    // `response_format` is read by `structured` (json_schema, json_object are enforced).
     if o.get("functions").is_some_and(|v| !v.is_null()) {
         return refuse(
             "functions",
@@ -512,17 +507,24 @@ pub fn parse_thinking(o: &Obj, d: &RequestDefaults) -> Result<Thinking, ApiError
                         _ => {
                             return Err(ApiError::field(
                                 "thinking.budget_tokens",
-                                format!("thinking.budget_tokens must be a whole number >= 1, got {n}"),
+                                format!(
+                                    "thinking.budget_tokens must be a whole number >= 1, got {n}"
+                                ),
                             ))
                         }
                     }
                 }
             }
             Some("disabled") => enabled.push(("thinking.type".into(), false)),
-            other => {
+            _ => {
                 return Err(ApiError::field(
                     "thinking.type",
-                    format!("thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", got {other:?}"),
+                    format!(
+                        "thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", got {}",
+                        t.get("type")
+                            .map(Value::to_string)
+                            .unwrap_or_else(|| "nothing".into())
+                    ),
                 ))
             }
         }
@@ -660,7 +662,6 @@ mod tests {
             json!({"n": 2}),
             json!({"logprobs": true}),
             json!({"top_logprobs": 3}),
-            json!({"response_format": {"type": "json_object"}}),
             json!({"best_of": 3}),
             json!({"echo": true}),
         ] {

@@ -24,10 +24,56 @@ pub trait PromptRender: Send + Sync {
         enable_thinking: bool,
         extra: &Map<String, Value>,
     ) -> Result<String, String>;
+
+    /// The conversation with its last turn left as the template renders it but no
+    /// generation prompt after it (`add_generation_prompt: false`), for continuing a
+    /// final assistant message ([`continue_final`] cuts the turn's closing off).
+    fn render_without_generation_prompt(
+        &self,
+        _messages: &[Value],
+        _tools: Option<&Value>,
+        _enable_thinking: bool,
+        _extra: &Map<String, Value>,
+    ) -> Result<String, String> {
+        Err("this prompt renderer cannot continue a final assistant message".into())
+    }
+}
+
+/// The prompt that continues the final assistant message `last` (as it appears in the
+/// rendered text) instead of closing it: `rendered` cut after the last occurrence of
+/// the message's text, trimmed as templates trim it (what HF transformers'
+/// `continue_final_message` does). None when the text is not in the rendering.
+pub fn continue_final(rendered: &str, last: &str) -> Option<String> {
+    let needle = last.trim();
+    if needle.is_empty() {
+        return None;
+    }
+    let at = rendered.rfind(needle)?;
+    Some(rendered[..at + needle.len()].to_string())
 }
 
 /// The model's own chat template (from the GGUF).
 pub struct TemplateRenderer(pub std::sync::Arc<model::chat::ChatTemplate>);
+
+impl TemplateRenderer {
+    fn render_with(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        enable_thinking: bool,
+        extra: &Map<String, Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let inputs = model::chat::ChatInputs {
+            messages: Value::Array(messages.to_vec()),
+            tools: tools.cloned(),
+            add_generation_prompt,
+            enable_thinking: Some(enable_thinking),
+            extra: extra.clone(),
+        };
+        self.0.render(&inputs).map_err(|e| e.to_string())
+    }
+}
 
 impl PromptRender for TemplateRenderer {
     fn render(
@@ -37,14 +83,17 @@ impl PromptRender for TemplateRenderer {
         enable_thinking: bool,
         extra: &Map<String, Value>,
     ) -> Result<String, String> {
-        let inputs = model::chat::ChatInputs {
-            messages: Value::Array(messages.to_vec()),
-            tools: tools.cloned(),
-            add_generation_prompt: true,
-            enable_thinking: Some(enable_thinking),
-            extra: extra.clone(),
-        };
-        self.0.render(&inputs).map_err(|e| e.to_string())
+        self.render_with(messages, tools, enable_thinking, extra, true)
+    }
+
+    fn render_without_generation_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        enable_thinking: bool,
+        extra: &Map<String, Value>,
+    ) -> Result<String, String> {
+        self.render_with(messages, tools, enable_thinking, extra, false)
     }
 }
 
@@ -54,6 +103,9 @@ pub struct Conversation {
     pub messages: Vec<Value>,
     /// OpenAI chat-shape tools, None when there are none (or tool_choice is "none").
     pub tools: Option<Value>,
+    /// The last message is an assistant message to continue (a prefill), not a turn
+    /// to close: Anthropic always, OpenAI chat with `continue_final_message: true`.
+    pub continue_final: bool,
 }
 
 impl Conversation {
@@ -143,10 +195,11 @@ fn content_text(v: &Value, field: &str, allowed: &[&str]) -> Result<String, ApiE
                 }
                 let ty = p.get("type").and_then(Value::as_str).unwrap_or("");
                 if allowed.contains(&ty) {
-                    let t = p
-                        .get("text")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| ApiError::field(&f, format!("{f}.text must be a string")))?;
+                    // A refusal part carries its text under `refusal`.
+                    let key = if ty == "refusal" { "refusal" } else { "text" };
+                    let t = p.get(key).and_then(Value::as_str).ok_or_else(|| {
+                        ApiError::field(&f, format!("{f}.{key} must be a string"))
+                    })?;
                     out.push(t.to_string());
                 } else if ty.contains("image")
                     || ty.contains("audio")
@@ -173,16 +226,38 @@ fn content_text(v: &Value, field: &str, allowed: &[&str]) -> Result<String, ApiE
     }
 }
 
-/// Tool-call arguments as the template wants them: an object when the text parses.
-fn arguments_value(v: Option<&Value>) -> Value {
+/// Tool-call arguments as the templates want them: an object. Arguments that are not a
+/// JSON object are refused naming `field` (a template would fail on them with an error
+/// about its own source, which tells the client nothing).
+fn arguments_value(v: Option<&Value>, field: &str) -> Result<Value, ApiError> {
+    let not_object = |what: String| {
+        ApiError::field(
+            field,
+            format!("{field} must be a JSON object of the function's arguments, {what}"),
+        )
+    };
     match v {
+        None | Some(Value::Null) => Ok(json!({})),
+        Some(Value::String(s)) if s.trim().is_empty() => Ok(json!({})),
         Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
-            Ok(obj @ Value::Object(_)) => obj,
-            _ if s.trim().is_empty() => json!({}),
-            _ => Value::String(s.clone()),
+            Ok(obj @ Value::Object(_)) => Ok(obj),
+            Ok(other) => Err(not_object(format!("got {other}"))),
+            Err(e) => Err(not_object(format!(
+                "but it does not parse as JSON ({e}): {}",
+                excerpt(s)
+            ))),
         },
-        Some(obj @ Value::Object(_)) => obj.clone(),
-        _ => json!({}),
+        Some(obj @ Value::Object(_)) => Ok(obj.clone()),
+        Some(other) => Err(not_object(format!("got {}", excerpt(&other.to_string())))),
+    }
+}
+
+/// The start of a value for an error message.
+fn excerpt(s: &str) -> String {
+    const MAX: usize = 80;
+    match s.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_string(),
     }
 }
 
@@ -196,19 +271,11 @@ fn check_tool_name(name: Option<&str>, field: &str) -> Result<String, ApiError> 
     }
 }
 
-/// OpenAI chat `tools` → the template's list; `tool_choice` "none" drops them,
-/// "required" or a named function is refused (it cannot be enforced).
+/// OpenAI chat `tools` → the template's list; `tool_choice` "none" drops them (the
+/// other choices are read and enforced by `structured`).
 pub fn openai_tools(body: &Map<String, Value>) -> Result<Option<Value>, ApiError> {
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" => {}
-        Some(Value::String(s)) if s == "none" => return Ok(None),
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("tool_choice: only \"auto\" and \"none\" are supported (a forced tool call cannot be enforced), got {other}"),
-            ))
-        }
+    if body.get("tool_choice").and_then(Value::as_str) == Some("none") {
+        return Ok(None);
     }
     let list = match body.get("tools") {
         None | Some(Value::Null) => return Ok(None),
@@ -321,7 +388,7 @@ pub fn openai_chat(body: &Map<String, Value>) -> Result<Conversation, ApiError> 
                         out.push(json!({
                             "id": c.get("id").cloned().unwrap_or(Value::Null),
                             "type": "function",
-                            "function": {"name": name, "arguments": arguments_value(f.get("arguments"))},
+                            "function": {"name": name, "arguments": arguments_value(f.get("arguments"), &format!("{cf}.function.arguments"))?},
                         }));
                     }
                     turn["tool_calls"] = Value::Array(out);
@@ -347,9 +414,31 @@ pub fn openai_chat(body: &Map<String, Value>) -> Result<Conversation, ApiError> 
             }
         }
     }
+    let messages = b.finish();
+    // vLLM's and HF's `continue_final_message`: continue the last assistant message.
+    let continue_final = match body.get("continue_final_message") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => {
+            if messages.last().is_some_and(|m| m["role"] == "assistant") {
+                true
+            } else {
+                return Err(ApiError::field(
+                    "continue_final_message",
+                    "continue_final_message: the last message must be an assistant message to continue",
+                ));
+            }
+        }
+        Some(v) => {
+            return Err(ApiError::field(
+                "continue_final_message",
+                format!("continue_final_message must be true or false, got {v}"),
+            ))
+        }
+    };
     Ok(Conversation {
-        messages: b.finish(),
+        messages,
         tools: openai_tools(body)?,
+        continue_final,
     })
 }
 
@@ -391,7 +480,12 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
             other => {
                 return Err(ApiError::field(
                     &format!("{field}.content"),
-                    format!("{field}.content must be a string or a list of blocks, got {other:?}"),
+                    format!(
+                        "{field}.content must be a string or a list of blocks, got {}",
+                        other
+                            .map(Value::to_string)
+                            .unwrap_or_else(|| "nothing".into())
+                    ),
                 ))
             }
         };
@@ -427,7 +521,7 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
                     calls.push(json!({
                         "id": blk.get("id").cloned().unwrap_or(Value::Null),
                         "type": "function",
-                        "function": {"name": name, "arguments": arguments_value(blk.get("input"))},
+                        "function": {"name": name, "arguments": arguments_value(blk.get("input"), &format!("{bf}.input"))?},
                     }));
                 }
                 ("user", "tool_result") => {
@@ -484,15 +578,7 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
         .get("tool_choice")
         .and_then(|c| c.get("type"))
         .and_then(Value::as_str);
-    match choice {
-        None | Some("auto") | Some("none") => {}
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("tool_choice: only \"auto\" and \"none\" are supported (a forced tool call cannot be enforced), got \"{other}\""),
-            ))
-        }
-    }
+    // `any` and `tool` are read and enforced by `structured`.
     if let Some(list) = body.get("tools").filter(|v| !v.is_null()) {
         let Value::Array(list) = list else {
             return Err(ApiError::field("tools", "tools must be a list"));
@@ -518,9 +604,15 @@ pub fn anthropic(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
     } else {
         Some(Value::Array(tools))
     };
+    let messages = b.finish();
+    // A final assistant message is a prefill: the answer continues it.
+    let continue_final = messages
+        .last()
+        .is_some_and(|m| m["role"] == "assistant" && m.get("tool_calls").is_none());
     Ok(Conversation {
-        messages: b.finish(),
+        messages,
         tools,
+        continue_final,
     })
 }
 
@@ -577,7 +669,7 @@ pub fn responses(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
                         b.assistant_tool_call(json!({
                             "id": item.get("call_id").cloned().unwrap_or(Value::Null),
                             "type": "function",
-                            "function": {"name": name, "arguments": arguments_value(item.get("arguments"))},
+                            "function": {"name": name, "arguments": arguments_value(item.get("arguments"), &format!("{field}.arguments"))?},
                         }));
                     }
                     "function_call_output" => {
@@ -649,16 +741,7 @@ pub fn responses(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
         }
     }
     let choice_none = body.get("tool_choice").and_then(Value::as_str) == Some("none");
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" || s == "none" => {}
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("tool_choice: only \"auto\" and \"none\" are supported, got {other}"),
-            ))
-        }
-    }
+    // Forced choices are read and enforced by `structured`.
     Ok(Conversation {
         messages: b.finish(),
         tools: if tools.is_empty() || choice_none {
@@ -666,6 +749,7 @@ pub fn responses(body: &Map<String, Value>) -> Result<Conversation, ApiError> {
         } else {
             Some(Value::Array(tools))
         },
+        continue_final: false,
     })
 }
 
@@ -769,6 +853,26 @@ impl PromptRender for ChatMl {
         }
         Ok(out)
     }
+
+    fn render_without_generation_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        enable_thinking: bool,
+        extra: &Map<String, Value>,
+    ) -> Result<String, String> {
+        let out = self.render(messages, tools, enable_thinking, extra)?;
+        let prompt = "<|im_start|>assistant\n";
+        Ok(out
+            .strip_suffix(if enable_thinking {
+                "<think>\n"
+            } else {
+                "<think>\n\n</think>\n\n"
+            })
+            .and_then(|o| o.strip_suffix(prompt))
+            .unwrap_or(&out)
+            .to_string())
+    }
 }
 
 #[cfg(test)]
@@ -871,11 +975,6 @@ mod tests {
             .unwrap_err()
             .message
             .contains("messages"));
-        let e = openai_chat(&obj(
-            json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
-        ))
-        .unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("tool_choice"));
     }
 
     #[test]

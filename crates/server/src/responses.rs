@@ -4,8 +4,8 @@
 //! content part, and again as `summary_text` when the request asks for a summary —
 //! there is no separate summarizer), a `message` item with the answer, and one
 //! `function_call` item per tool call. There is no response store: a
-//! `previous_response_id` is refused; clients send the history each turn, and a
-//! reasoning item they echo back is dropped.
+//! `previous_response_id` and `store: true` are refused; clients send the history each
+//! turn, and a reasoning item they echo back is dropped. `metadata` is echoed.
 
 use std::sync::Arc;
 
@@ -56,6 +56,10 @@ struct Envelope {
     tools: Value,
     tool_choice: Value,
     parallel_tool_calls: bool,
+    /// The request's `text` (its `format` is enforced while decoding), echoed.
+    text: Value,
+    /// The request's `metadata`, echoed.
+    metadata: Value,
 }
 
 impl Envelope {
@@ -82,12 +86,12 @@ impl Envelope {
             "reasoning": {"effort": self.effort, "summary": self.summary},
             "store": false,
             "temperature": self.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": self.text,
             "tool_choice": self.tool_choice,
             "tools": self.tools,
             "top_p": self.top_p,
             "truncation": "disabled",
-            "metadata": {},
+            "metadata": self.metadata,
             "usage": null,
         });
         if let Some(f) = f {
@@ -103,6 +107,52 @@ fn status_of(f: &Finished) -> &'static str {
         FinishReason::Length | FinishReason::ContextFull => "incomplete",
         _ => "completed",
     }
+}
+
+/// `store` and `metadata`: nothing is stored, so `store: true` is refused rather than
+/// answered with `store: false`; `metadata` (at most 16 string values, keys up to 64
+/// characters, values up to 512, as OpenAI checks it) is echoed on the response.
+fn store_and_metadata(body: &Map<String, Value>) -> Result<Value, ApiError> {
+    if params::opt_bool(body, "store")? == Some(true) {
+        return Err(ApiError::field(
+            "store",
+            "store: responses are not stored on this server; send store: false (or omit it) and send the conversation in input each turn",
+        ));
+    }
+    let Some(m) = params::opt_obj(body, "metadata")? else {
+        return Ok(json!({}));
+    };
+    if m.len() > 16 {
+        return Err(ApiError::field(
+            "metadata",
+            format!("metadata: at most 16 keys, got {}", m.len()),
+        ));
+    }
+    for (k, v) in m {
+        let field = format!("metadata.{k}");
+        if k.chars().count() > 64 {
+            return Err(ApiError::field(
+                &field,
+                format!("{field}: keys are at most 64 characters"),
+            ));
+        }
+        match v.as_str() {
+            Some(s) if s.chars().count() <= 512 => {}
+            Some(_) => {
+                return Err(ApiError::field(
+                    &field,
+                    format!("{field}: values are at most 512 characters"),
+                ))
+            }
+            None => {
+                return Err(ApiError::field(
+                    &field,
+                    format!("{field} must be a string, got {v}"),
+                ))
+            }
+        }
+    }
+    Ok(Value::Object(m.clone()))
 }
 
 fn reasoning_item(id: &str, text: &str, with_summary: bool) -> Value {
@@ -139,14 +189,6 @@ fn parse(
             "previous_response_id: responses are not stored; send the conversation in input",
         ));
     }
-    if let Some(fmt) = body.get("text").and_then(|t| t.get("format")) {
-        if fmt.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::field(
-                "text.format",
-                "text.format: structured output (json_object, json_schema) is not supported; only {\"type\": \"text\"}",
-            ));
-        }
-    }
     if body.get("background").and_then(Value::as_bool) == Some(true) {
         return Err(ApiError::field(
             "background",
@@ -169,6 +211,7 @@ fn parse(
     )?;
     let stop = params::parse_stop(body, "stop")?;
     let stream = params::opt_bool(body, "stream")?.unwrap_or(false);
+    let constraint = crate::structured::responses(body, conv.tools.as_ref())?;
     Ok((
         conv,
         GenParams {
@@ -178,6 +221,7 @@ fn parse(
             thinking,
             stream,
             include_usage: false,
+            constraint,
         },
         summary,
     ))
@@ -196,9 +240,11 @@ pub async fn responses(
 
 async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Response, RouteError> {
     let body = json_body(body).map_err(oa)?;
+    let metadata = store_and_metadata(&body).map_err(oa)?;
     let (conv, p, summary) = parse(&state, &body).map_err(oa)?;
-    let (tokens, open) =
-        render_chat(&state, &conv, &p.thinking, &Map::new(), "input").map_err(oa)?;
+    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &Map::new(), "input")
+        .await
+        .map_err(oa)?;
     let gen = start(
         &state,
         "/v1/responses",
@@ -230,6 +276,12 @@ async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Res
             .get("parallel_tool_calls")
             .and_then(Value::as_bool)
             .unwrap_or(true),
+        text: body
+            .get("text")
+            .filter(|t| t.get("format").is_some_and(|f| !f.is_null()))
+            .cloned()
+            .unwrap_or_else(|| json!({"format": {"type": "text"}})),
+        metadata,
     };
     let with_summary = summary.is_some_and(|s| s != "none");
     if !p.stream {
@@ -270,6 +322,7 @@ async fn inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Res
             output: Vec::new(),
             open: None,
             text: String::new(),
+            item_status: "completed",
         };
         let _ = s.run(gen).await;
     }))
@@ -294,6 +347,9 @@ struct Streamer {
     open: Option<(Open, usize, String, String, String)>, // kind, output_index, item id, name, call_id
     /// Text of the open item.
     text: String,
+    /// The status a message or call item closes with: `incomplete` when the response
+    /// ends incomplete (the budget ran out inside it).
+    item_status: &'static str,
 }
 
 impl Streamer {
@@ -444,7 +500,7 @@ impl Streamer {
                     "content_index": 0,
                     "part": {"type": "output_text", "text": text, "annotations": [], "logprobs": []}}))
                     .await?;
-                message_item(&id, &text, "completed")
+                message_item(&id, &text, self.item_status)
             }
             Open::Call => {
                 self.emit(
@@ -453,7 +509,7 @@ impl Streamer {
                     "output_index": idx, "name": name, "arguments": text}),
                 )
                 .await?;
-                call_item(&id, &call_id, &name, &text, "completed")
+                call_item(&id, &call_id, &name, &text, self.item_status)
             }
         };
         self.emit(
@@ -499,11 +555,14 @@ impl Streamer {
                     // A response always has a message or a call.
                     let has_answer = self.output.iter().any(|i| i["type"] != "reasoning")
                         || self.open.as_ref().is_some_and(|o| o.0 != Open::Reasoning);
+                    let status = status_of(&f);
                     if !has_answer {
                         self.open_item(Open::Message, "").await?;
                     }
+                    if status == "incomplete" {
+                        self.item_status = "incomplete";
+                    }
                     self.close_item().await?;
-                    let status = status_of(&f);
                     let r = self.env.response(status, self.output.clone(), Some(&f));
                     let kind = if status == "completed" {
                         "response.completed"

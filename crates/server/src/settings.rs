@@ -141,6 +141,20 @@ const SPECS: &[Spec] = &[
         unset: "model name",
     },
     Spec {
+        name: "cors-origin",
+        section: "server",
+        kind: Kind::Str,
+        default: || Value::Null,
+        unset: "no CORS: browsers refuse pages of other origins",
+    },
+    Spec {
+        name: "content-special-tokens",
+        section: "server",
+        kind: Kind::Bool,
+        default: || json!(false),
+        unset: "",
+    },
+    Spec {
         name: "threads",
         section: "engine",
         kind: Kind::Count { min: 1 },
@@ -325,6 +339,8 @@ pub struct Settings {
     pub port: u16,
     pub alias: Option<String>,
     pub api_key: Option<String>,
+    /// Origins a browser page may call from (CORS); `*` is any; empty: CORS off.
+    pub cors_origins: Vec<String>,
     pub threads: Option<usize>,
     pub max_context: Option<usize>,
     /// Where model steps run (None: the engine chooses).
@@ -355,6 +371,9 @@ pub struct RequestDefaults {
     pub enable_thinking: bool,
     pub max_thinking_tokens: Option<usize>,
     pub thinking_answer_room: usize,
+    /// Control-token text inside messages (`<|im_end|>` typed by a user or returned by
+    /// a tool) becomes the control token, as before issue 9; off: it stays text.
+    pub content_special_tokens: bool,
 }
 
 impl Default for RequestDefaults {
@@ -376,6 +395,7 @@ impl Default for RequestDefaults {
                 enable_thinking: true,
                 max_thinking_tokens: None,
                 thinking_answer_room: 1024,
+                content_special_tokens: false,
             },
         }
     }
@@ -441,6 +461,14 @@ fn check(spec: &Spec, v: &Value, source: Source) -> Result<Value, SettingsError>
             ))),
         },
     }
+}
+
+/// `cors-origin`: origins separated by commas (or `*`), trimmed, empties dropped.
+fn cors_origins(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(|o| o.trim().trim_end_matches('/').to_string())
+        .filter(|o| !o.is_empty())
+        .collect()
 }
 
 /// A size setting's bytes: a JSON number of bytes or a size string.
@@ -554,6 +582,24 @@ impl Settings {
         let f = |name: &str| get(name).as_f64().unwrap_or(0.0) as f32;
         let n = |name: &str| get(name).as_u64().map(|v| v as usize);
         let s = |name: &str| get(name).as_str().map(str::to_string);
+        let cors = s("cors-origin")
+            .map(|v| cors_origins(&v))
+            .unwrap_or_default();
+        if let Some(bad) = cors
+            .iter()
+            .find(|o| *o != "*" && !o.starts_with("http://") && !o.starts_with("https://"))
+        {
+            let source = entries
+                .iter()
+                .find(|e| e.0 == "cors-origin")
+                .map(|e| e.3)
+                .unwrap_or(Source::Default);
+            return Err(SettingsError::BadValue {
+                name: "cors-origin".into(),
+                origin: source.as_str(),
+                msg: format!("\"{bad}\" is not an origin: give scheme and host, such as https://app.example.com (or * for any)"),
+            });
+        }
         let defaults = RequestDefaults {
             temperature: f("temp"),
             top_k: n("top-k").unwrap_or(0),
@@ -568,6 +614,7 @@ impl Settings {
             enable_thinking: get("enable-thinking").as_bool().unwrap_or(true),
             max_thinking_tokens: n("max-thinking-tokens"),
             thinking_answer_room: n("thinking-answer-room").unwrap_or(0),
+            content_special_tokens: get("content-special-tokens").as_bool().unwrap_or(false),
         };
         Ok(Settings {
             model: s("model").map(PathBuf::from),
@@ -578,6 +625,7 @@ impl Settings {
                 .unwrap_or(8080),
             alias: s("alias"),
             api_key: over.api_key.clone().filter(|k| !k.is_empty()),
+            cors_origins: cors,
             threads: n("threads"),
             max_context: n("max-context"),
             // Checked (and normalised to `cpu` / `cuda:N`) by `check`.

@@ -494,6 +494,7 @@ mod tests {
                 max_tokens: script_max,
                 sampling: Default::default(),
                 stop_at_eog: true,
+                constraint: None,
             },
             think,
             stops,

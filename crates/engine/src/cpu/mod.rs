@@ -112,7 +112,7 @@ pub fn state_bytes(cfg: &ModelConfig, n_ctx: usize) -> usize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
     /// The canonical kernels: activations quantized to 32-value int8 blocks for
-    /// quantized weights (DESIGN.md's reduction order). What serving uses.
+    /// quantized weights (docs/design.md's reduction order). What serving uses.
     #[default]
     Canonical,
     /// Weights dequantized and multiplied with f32 activations. Slow; for checking

@@ -1,7 +1,7 @@
 //! Routed experts on the CPU. Tokens are grouped by expert so a prompt reads
 //! each expert's weights once; each (token, rank) output is kept apart and the
 //! k outputs are combined in top-k rank order, so a token's result does not
-//! depend on which other tokens ran beside it (DESIGN.md invariants 1 and 3).
+//! depend on which other tokens ran beside it (docs/design.md invariants 1 and 3).
 
 use super::{Act, CpuBackend, Job};
 use model::math::{sigmoid, silu_mul};

@@ -3,7 +3,7 @@
 //!
 //! Loading checks the VRAM the weights, the sequences' state and the scratch
 //! arena need against the free memory before allocating anything, and refuses
-//! with the numbers and the remedy (DESIGN.md invariant 5).
+//! with the numbers and the remedy (docs/design.md invariant 5).
 
 mod backend;
 mod tiered;

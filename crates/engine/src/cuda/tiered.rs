@@ -7,7 +7,7 @@
 //! executor (`MoeDev::{gate,up,down}_exps`, one matrix per slot instead of per expert),
 //! so the expert kernels are the very same launches with the tile's `expert` field
 //! naming a slot: an expert computes the same bits wherever its bytes came from
-//! (DESIGN.md invariant 1).
+//! (docs/design.md invariant 1).
 //!
 //! A miss in the RAM copy is one asynchronous copy per matrix from pinned memory. A miss
 //! that is only in the file is read with `O_DIRECT` (io_uring) into pinned staging, then

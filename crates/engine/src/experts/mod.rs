@@ -1,4 +1,4 @@
-//! Foundations of the tiered expert store (DESIGN.md, "The expert store"), the parts
+//! Foundations of the tiered expert store (docs/design.md, "The expert store"), the parts
 //! that need no GPU:
 //! - [`ExpertIndex`] (`index.rs`): where every routed expert matrix lives in the model
 //!   file(s): shard, absolute offset, length, type, shape;

@@ -26,7 +26,7 @@
 //! layers) may still fit. The RAM copy is a tier of its own, independent of the slots,
 //! which are a cache in front of both RAM and disk.
 //!
-//! **Budgets** (DESIGN.md invariant 5: nothing silently shrinks) are granted or refused,
+//! **Budgets** (docs/design.md invariant 5: nothing silently shrinks) are granted or refused,
 //! never trimmed: too little VRAM for `top_k` slots per layer, or a RAM budget above
 //! MemAvailable, is a [`PlanError`] with the numbers and the remedy. A budget larger
 //! than the experts need is granted and the unused part shown in the account.

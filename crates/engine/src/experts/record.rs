@@ -1,6 +1,6 @@
 //! Recording a routing profile: an [`Engine`] on the CPU with its routing recorder
 //! (`EngineConfig::record_routing`) runs some tokens, and the counts become a
-//! [`RoutingProfile`]. A profile is a CPU run of the model's own routing (DESIGN.md
+//! [`RoutingProfile`]. A profile is a CPU run of the model's own routing (docs/design.md
 //! invariant 4: the same `model::moe::route` every executor uses), so it is the same
 //! whichever device will serve.
 
@@ -80,6 +80,7 @@ pub fn record_profile(
         max_tokens: n_decode + 1,
         sampling: SamplingParams::default(),
         stop_at_eog: false,
+        constraint: None,
     };
     let done = engine.generate(&req, &mut |_| Flow::Continue)?;
     let mut generated = done.tokens;

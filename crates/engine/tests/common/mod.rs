@@ -57,6 +57,7 @@ pub fn decode(eng: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<
         max_tokens: n,
         sampling: SamplingParams::default(),
         stop_at_eog: false,
+        constraint: None,
     };
     let mut logits = Vec::new();
     let c = eng

@@ -70,7 +70,13 @@ async fn health_reports_model_and_capabilities() {
     assert_eq!(v["model"]["id"], "tiny-test");
     assert_eq!(v["model"]["n_ctx"], 1024);
     assert_eq!(v["busy"], false);
-    assert_eq!(v["capabilities"]["max_tokens_default"], 512);
+    // The settings and the file's path are behind the key, in /props.
+    assert!(v.get("settings").is_none(), "{v}");
+    assert!(v["model"].get("path").is_none(), "{v}");
+    assert!(v["capabilities"].get("max_tokens_default").is_none(), "{v}");
+    let p = call(addr, "GET", "/props", None).await.json();
+    assert_eq!(p["capabilities"]["max_tokens_default"], 512);
+    assert_eq!(p["model"]["path"], "/tmp/tiny.gguf");
     let aliases = v["capabilities"]["token_budget_aliases"].to_string();
     assert!(aliases.contains("max_completion_tokens"));
     assert!(v["version"].is_string());
