@@ -13,7 +13,7 @@ mod quant;
 
 pub use deltanet::MAX_D_CONV;
 pub use moe::{MAX_EXPERTS, MAX_TOP_K};
-pub use quant::{QAct, Tile, TILE_GROUP, TILE_TOKENS};
+pub use quant::{QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 
 use crate::kernels::K;
 

@@ -175,13 +175,15 @@ fn act_args(kernel: &'static str, float: bool, x: u64, xq: QAct) -> Result<[Arg;
     }
 }
 
-/// What the caller knows of a tile array.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Tiles {
+/// What the caller knows of a tile array ([`Gpu::matvec_tiles_as`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileShape {
+    /// Any tiles.
     Any,
     /// Every tile holds one token.
     Single,
-    /// Groups of [`TILE_GROUP`] consecutive tiles share an expert.
+    /// Tiles `TILE_GROUP·u .. TILE_GROUP·(u+1)` share one expert (empty tiles of that
+    /// expert pad a group).
     Grouped,
 }
 
@@ -196,8 +198,8 @@ const MMQ_MAX_SUB: usize = 512;
 /// The GEMM's dynamic shared memory: 4 stack levels × 16 outputs × 128 threads of f32.
 pub(crate) const MMQ_DYN_SMEM: u32 = 4 * 16 * 128 * 4;
 
-/// Tiles the GEMM reads as one unit: [`Gpu::matmul_tiles`] wants every group of this
-/// many consecutive tiles to share an expert.
+/// Tiles the GEMM reads as one unit: [`TileShape::Grouped`] tiles share an expert in
+/// groups of this many.
 pub const TILE_GROUP: usize = MMQ_TOKENS / TILE_TOKENS;
 
 impl Gpu {
@@ -254,7 +256,7 @@ impl Gpu {
             n_tok,
             0,
             0,
-            Tiles::Any,
+            TileShape::Any,
             out,
         )
     }
@@ -263,7 +265,8 @@ impl Gpu {
     /// the weight matrix of expert `tile.expert` (at `w_base + expert·expert_bytes`)
     /// with its tokens' input rows and writes `out[out_row[j]·n_rows + r]`. The grid
     /// depends only on `n_tiles`, so the tiles may be written on the device (the
-    /// router) inside a captured graph.
+    /// router) inside a captured graph. [`Gpu::matvec_tiles_as`] says more of the tiles
+    /// when the caller knows it.
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_tiles(
         &self,
@@ -279,8 +282,8 @@ impl Gpu {
         n_tiles: usize,
         out: u64,
     ) -> Result<(), CudaError> {
-        let t = (tiles, n_tiles, Tiles::Any);
-        self.tiles_launch(
+        self.matvec_tiles_as(
+            TileShape::Any,
             ty,
             w_base,
             expert_bytes,
@@ -289,17 +292,20 @@ impl Gpu {
             n_cols,
             x,
             xq,
-            t,
+            tiles,
+            n_tiles,
             out,
         )
     }
 
-    /// [`Gpu::matvec_tiles`] for tiles that each hold one token (a decode step's
-    /// routed experts): the one-accumulator kernels, same bits. A tile with more
-    /// tokens is still computed correctly, token by token.
+    /// [`Gpu::matvec_tiles`] for tiles of a known `shape`, which picks the fastest
+    /// kernel: one token per tile (a decode step's routed experts) the one-accumulator
+    /// kernels; tiles grouped by [`TILE_GROUP`] (a prompt's) the tensor-core GEMM for
+    /// quantized types. Every kernel gives the same bits.
     #[allow(clippy::too_many_arguments)]
-    pub fn matvec_tiles_single(
+    pub fn matvec_tiles_as(
         &self,
+        shape: TileShape,
         ty: GgmlType,
         w_base: u64,
         expert_bytes: u64,
@@ -310,70 +316,6 @@ impl Gpu {
         xq: QAct,
         tiles: u64,
         n_tiles: usize,
-        out: u64,
-    ) -> Result<(), CudaError> {
-        let t = (tiles, n_tiles, Tiles::Single);
-        self.tiles_launch(
-            ty,
-            w_base,
-            expert_bytes,
-            row_bytes,
-            n_rows,
-            n_cols,
-            x,
-            xq,
-            t,
-            out,
-        )
-    }
-
-    /// [`Gpu::matvec_tiles`] for tiles grouped by [`TILE_GROUP`]: tiles
-    /// `TILE_GROUP·u .. TILE_GROUP·(u+1)` share one expert (pad a group with empty
-    /// tiles of that expert), so a prompt's routed experts run on the tensor-core GEMM
-    /// for quantized types. Same bits as [`Gpu::matvec_tiles`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul_tiles(
-        &self,
-        ty: GgmlType,
-        w_base: u64,
-        expert_bytes: u64,
-        row_bytes: u64,
-        n_rows: usize,
-        n_cols: usize,
-        x: u64,
-        xq: QAct,
-        tiles: u64,
-        n_tiles: usize,
-        out: u64,
-    ) -> Result<(), CudaError> {
-        let t = (tiles, n_tiles, Tiles::Grouped);
-        self.tiles_launch(
-            ty,
-            w_base,
-            expert_bytes,
-            row_bytes,
-            n_rows,
-            n_cols,
-            x,
-            xq,
-            t,
-            out,
-        )
-    }
-
-    /// `tiles`: the device array, its length, and what is known of its tiles.
-    #[allow(clippy::too_many_arguments)]
-    fn tiles_launch(
-        &self,
-        ty: GgmlType,
-        w_base: u64,
-        expert_bytes: u64,
-        row_bytes: u64,
-        n_rows: usize,
-        n_cols: usize,
-        x: u64,
-        xq: QAct,
-        (tiles, n_tiles, shape): (u64, usize, Tiles),
         out: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "matvec_tiles";
@@ -411,7 +353,7 @@ impl Gpu {
         n_tok: usize,
         tiles: u64,
         n_tiles: usize,
-        shape: Tiles,
+        shape: TileShape,
         out: u64,
     ) -> Result<(), CudaError> {
         let ti = check_weights(kn, ty, row_bytes, n_cols)?;
@@ -442,7 +384,7 @@ impl Gpu {
                 && if tiles == 0 {
                     n_tok > TILE_TOKENS
                 } else {
-                    shape == Tiles::Grouped
+                    shape == TileShape::Grouped
                 }
         });
         if let Some(k) = gemm {
@@ -490,7 +432,7 @@ impl Gpu {
         ];
         // One token per tile (decode): the kernel that keeps one accumulator per
         // lane runs more warps at once; same bits per (row, token).
-        let k = if (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == Tiles::Single) {
+        let k = if (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == TileShape::Single) {
             ti.k1
         } else {
             ti.k

@@ -1,7 +1,7 @@
 //! quantize_act, matvec, matvec_tiles and embed against the quant crate, bit for bit.
 
 use crate::{assert_bits, down, filled, gpu, poisoned, up, DevQAct, Rng};
-use cuda::{GgmlType, QAct, Tile};
+use cuda::{GgmlType, QAct, Tile, TileShape};
 
 const TYPES: [GgmlType; 9] = [
     GgmlType::F32,
@@ -150,6 +150,32 @@ fn cpu_matmul(
         quant::matmul(ty, w, n_cols, x, &xqs, &mut out);
     }
     out
+}
+
+/// The CPU's output of expert tiles over `n_out` output rows of `n_rows` (rows no tile
+/// writes stay poisoned: NaN bits u32::MAX).
+fn cpu_tiles(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    tiles: &[Tile],
+    n_out: usize,
+) -> Vec<f32> {
+    let rb = quant::row_bytes(ty, n_cols).expect("supported shape");
+    let mut want = vec![f32::from_bits(u32::MAX); n_out * n_rows];
+    for t in tiles {
+        let e = t.expert as usize;
+        let wm = &w[e * n_rows * rb..(e + 1) * n_rows * rb];
+        for j in 0..t.n as usize {
+            let xi = &x[t.in_row[j] as usize * n_cols..(t.in_row[j] as usize + 1) * n_cols];
+            let o = cpu_matmul(ty, wm, n_rows, n_cols, xi, 1);
+            let r0 = t.out_row[j] as usize * n_rows;
+            want[r0..r0 + n_rows].copy_from_slice(&o);
+        }
+    }
+    want
 }
 
 /// One matvec on the GPU (CPU-quantized activations, so only the matvec is tested).
@@ -306,17 +332,7 @@ fn matvec_tiles_gathers_and_scatters_by_expert() {
         )
         .unwrap();
         let got = down(&g, &out);
-        let mut want = vec![f32::from_bits(u32::MAX); n_out * n_rows];
-        for t in &tiles {
-            let e = t.expert as usize;
-            let wm = &w[e * n_rows * rb..(e + 1) * n_rows * rb];
-            for j in 0..t.n as usize {
-                let xi = &x[t.in_row[j] as usize * n_cols..(t.in_row[j] as usize + 1) * n_cols];
-                let o = cpu_matmul(ty, wm, n_rows, n_cols, xi, 1);
-                let r0 = t.out_row[j] as usize * n_rows;
-                want[r0..r0 + n_rows].copy_from_slice(&o);
-            }
-        }
+        let want = cpu_tiles(ty, &w, n_rows, n_cols, &x, &tiles, n_out);
         assert_bits(&got, &want, &format!("{ty} tiles"));
         assert!(next_out < n_out, "some output rows stay unwritten");
     }
@@ -357,11 +373,11 @@ fn gemm_matches_the_cpu_for_every_type_and_shape() {
 }
 
 #[test]
-fn matmul_tiles_groups_of_tiles_share_an_expert() {
+fn grouped_tiles_share_an_expert() {
     // A prompt's routed experts: groups of TILE_GROUP tiles of one expert (the last
     // tiles of a group may be empty), tokens gathered from any input row and
     // scattered to any output row.
-    let Some(g) = gpu("matmul_tiles") else {
+    let Some(g) = gpu("grouped tiles") else {
         return;
     };
     let mut rng = Rng::new(8);
@@ -399,7 +415,8 @@ fn matmul_tiles_groups_of_tiles_share_an_expert() {
         let dq = DevQAct::upload(&g, &xq);
         let dt = up(&g, &tiles);
         let out = poisoned(&g, n_out * n_rows);
-        g.matmul_tiles(
+        g.matvec_tiles_as(
+            TileShape::Grouped,
             ty,
             dw.ptr(),
             (n_rows * rb) as u64,
@@ -414,17 +431,7 @@ fn matmul_tiles_groups_of_tiles_share_an_expert() {
         )
         .unwrap();
         let got = down(&g, &out);
-        let mut want = vec![f32::from_bits(u32::MAX); n_out * n_rows];
-        for t in &tiles {
-            let e = t.expert as usize;
-            let wm = &w[e * n_rows * rb..(e + 1) * n_rows * rb];
-            for j in 0..t.n as usize {
-                let xi = &x[t.in_row[j] as usize * n_cols..(t.in_row[j] as usize + 1) * n_cols];
-                let o = cpu_matmul(ty, wm, n_rows, n_cols, xi, 1);
-                let r0 = t.out_row[j] as usize * n_rows;
-                want[r0..r0 + n_rows].copy_from_slice(&o);
-            }
-        }
+        let want = cpu_tiles(ty, &w, n_rows, n_cols, &x, &tiles, n_out);
         assert_bits(&got, &want, &format!("{ty} grouped tiles"));
     }
 }

@@ -17,7 +17,7 @@
 
 use super::tiered::Tiered;
 use super::weights::{cuda_err, DevWeight, MixerDev, MoeDev, WeightsDev};
-use cuda::{DevBuf, Gpu, Graph, QAct, Tile, TILE_GROUP, TILE_TOKENS};
+use cuda::{DevBuf, Gpu, Graph, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 use model::{Backend, ExecError, ModelConfig, Norm};
 use quant::GgmlType;
 use std::cell::{Cell, RefCell};
@@ -402,28 +402,29 @@ impl CudaBackend {
         // The tiles partition the routes: as many tiles as routes means one token
         // each (always so in a decode step, whose tiles route_topk writes). Every
         // kernel gives the same bits; only the speed differs.
-        let f = if grouped {
-            Gpu::matmul_tiles
+        let shape = if grouped {
+            TileShape::Grouped
         } else if n_tiles == out.rows {
-            Gpu::matvec_tiles_single
+            TileShape::Single
         } else {
-            Gpu::matvec_tiles
+            TileShape::Any
         };
-        f(
-            &self.gpu,
-            w.ty,
-            w.buf.ptr(),
-            w.matrix_bytes,
-            w.row_bytes,
-            w.n_rows,
-            w.n_cols,
-            x.ptr,
-            xq,
-            tiles,
-            n_tiles,
-            out.ptr,
-        )
-        .map_err(cuda_err("matvec_tiles"))
+        self.gpu
+            .matvec_tiles_as(
+                shape,
+                w.ty,
+                w.buf.ptr(),
+                w.matrix_bytes,
+                w.row_bytes,
+                w.n_rows,
+                w.n_cols,
+                x.ptr,
+                xq,
+                tiles,
+                n_tiles,
+                out.ptr,
+            )
+            .map_err(cuda_err("matvec_tiles"))
     }
 
     fn swiglu(&self, g: &DBuf, u: &DBuf) -> Result<DBuf, ExecError> {
