@@ -236,8 +236,7 @@ impl PromptCache {
         }
         let mut total = self.bytes();
         while total + bytes > self.budget {
-            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used)
-            else {
+            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used) else {
                 break;
             };
             total -= self.entries.swap_remove(oldest).bytes;
@@ -279,8 +278,8 @@ impl PromptCache {
             if path.exists() {
                 continue;
             }
-            let res = write_file(&tmp, model, &e.tokens, &e.snap)
-                .and_then(|()| fs::rename(&tmp, &path));
+            let res =
+                write_file(&tmp, model, &e.tokens, &e.snap).and_then(|()| fs::rename(&tmp, &path));
             if let Err(err) = res {
                 // Best effort: the temporary file is garbage either way.
                 let _ = fs::remove_file(&tmp);
@@ -330,9 +329,8 @@ impl PromptCache {
             let read = fs::read(&path)
                 .map_err(|e| format!("cannot read it: {e}"))
                 .and_then(|bytes| parse_file(&bytes, model));
-            let stored = read.and_then(|(tokens, snap)| {
-                self.insert(tokens, snap).map_err(|e| e.to_string())
-            });
+            let stored = read
+                .and_then(|(tokens, snap)| self.insert(tokens, snap).map_err(|e| e.to_string()));
             match stored {
                 Ok(_) => report.loaded += 1,
                 Err(why) => {
@@ -580,8 +578,14 @@ mod tests {
     #[test]
     fn longest_prefix_attention_only() {
         let mut c = PromptCache::new(1 << 20);
-        let a = c.insert(vec![1, 2, 3, 4], snap(4, 2, false, 0.0)).unwrap().unwrap();
-        let b = c.insert(vec![1, 2, 9, 9, 9], snap(5, 2, false, 1.0)).unwrap().unwrap();
+        let a = c
+            .insert(vec![1, 2, 3, 4], snap(4, 2, false, 0.0))
+            .unwrap()
+            .unwrap();
+        let b = c
+            .insert(vec![1, 2, 9, 9, 9], snap(5, 2, false, 1.0))
+            .unwrap()
+            .unwrap();
         // Common prefix with a: 3; with b: 2.
         let h = c.lookup(&[1, 2, 3, 7, 7]).unwrap();
         assert_eq!((h.id, h.matched), (a, 3));
@@ -602,8 +606,14 @@ mod tests {
     #[test]
     fn recurrent_entries_match_only_whole() {
         let mut c = PromptCache::new(1 << 20);
-        let short = c.insert(vec![1, 2], snap(2, 2, true, 0.0)).unwrap().unwrap();
-        let long = c.insert(vec![1, 2, 3, 4], snap(4, 2, true, 1.0)).unwrap().unwrap();
+        let short = c
+            .insert(vec![1, 2], snap(2, 2, true, 0.0))
+            .unwrap()
+            .unwrap();
+        let long = c
+            .insert(vec![1, 2, 3, 4], snap(4, 2, true, 1.0))
+            .unwrap()
+            .unwrap();
         // `long` shares 3 tokens but cannot be rewound to 3: `short` it is.
         let h = c.lookup(&[1, 2, 3, 5, 6]).unwrap();
         assert_eq!((h.id, h.matched), (short, 2));
@@ -619,13 +629,25 @@ mod tests {
     fn lru_and_budget() {
         let one = entry_bytes(4, 2, false);
         let mut c = PromptCache::new(3 * one);
-        let a = c.insert(vec![1, 0, 0, 0], snap(4, 2, false, 0.0)).unwrap().unwrap();
-        let b = c.insert(vec![2, 0, 0, 0], snap(4, 2, false, 0.0)).unwrap().unwrap();
-        let d = c.insert(vec![3, 0, 0, 0], snap(4, 2, false, 0.0)).unwrap().unwrap();
+        let a = c
+            .insert(vec![1, 0, 0, 0], snap(4, 2, false, 0.0))
+            .unwrap()
+            .unwrap();
+        let b = c
+            .insert(vec![2, 0, 0, 0], snap(4, 2, false, 0.0))
+            .unwrap()
+            .unwrap();
+        let d = c
+            .insert(vec![3, 0, 0, 0], snap(4, 2, false, 0.0))
+            .unwrap()
+            .unwrap();
         assert_eq!(c.len(), 3);
         // Touch a: b is now the least recently used.
         assert_eq!(c.lookup(&[1, 0, 5]).unwrap().id, a);
-        let e = c.insert(vec![4, 0, 0, 0], snap(4, 2, false, 0.0)).unwrap().unwrap();
+        let e = c
+            .insert(vec![4, 0, 0, 0], snap(4, 2, false, 0.0))
+            .unwrap()
+            .unwrap();
         assert!(c.get(b).is_none(), "b was least recently used");
         for id in [a, d, e] {
             assert!(c.get(id).is_some());
@@ -633,11 +655,17 @@ mod tests {
         assert_eq!(c.stats().evictions, 1);
         assert!(c.bytes() <= c.budget());
         // Same tokens again: replaced, not duplicated.
-        let e2 = c.insert(vec![4, 0, 0, 0], snap(4, 2, false, 9.0)).unwrap().unwrap();
+        let e2 = c
+            .insert(vec![4, 0, 0, 0], snap(4, 2, false, 9.0))
+            .unwrap()
+            .unwrap();
         assert_eq!(c.len(), 3);
         assert!(c.get(e).is_none() && c.get(e2).is_some());
         // Larger than the whole budget: not kept, nothing evicted for it.
-        assert_eq!(c.insert(vec![7; 20], snap(20, 2, false, 0.0)).unwrap(), None);
+        assert_eq!(
+            c.insert(vec![7; 20], snap(20, 2, false, 0.0)).unwrap(),
+            None
+        );
         assert_eq!(c.len(), 3);
         // A snapshot that is not of its tokens is refused.
         assert!(c.insert(vec![1, 2], snap(3, 2, false, 0.0)).is_err());
@@ -658,7 +686,13 @@ mod tests {
 
         let mut back = PromptCache::new(1 << 20);
         let r = back.load_dir(dir.path(), "model-a").unwrap();
-        assert_eq!(r, LoadReport { loaded: 2, skipped: 0 });
+        assert_eq!(
+            r,
+            LoadReport {
+                loaded: 2,
+                skipped: 0
+            }
+        );
         let h = back.lookup(&[1, 2, 3, 4, 5, 6]).unwrap();
         assert_eq!(h.matched, 5);
         assert_eq!(*h.snapshot, s2);
@@ -668,7 +702,13 @@ mod tests {
         // Another model's view of the directory: both files are foreign.
         let mut other = PromptCache::new(1 << 20);
         let r = other.load_dir(dir.path(), "model-b").unwrap();
-        assert_eq!(r, LoadReport { loaded: 0, skipped: 2 });
+        assert_eq!(
+            r,
+            LoadReport {
+                loaded: 0,
+                skipped: 2
+            }
+        );
 
         // Corrupt one file (one flipped bit in an array), truncate the other, add junk.
         let mut files: Vec<_> = fs::read_dir(dir.path())
@@ -685,7 +725,13 @@ mod tests {
         fs::write(dir.path().join("junk.pcache"), b"not an entry").unwrap();
         let mut hurt = PromptCache::new(1 << 20);
         let r = hurt.load_dir(dir.path(), "model-a").unwrap();
-        assert_eq!(r, LoadReport { loaded: 0, skipped: 3 });
+        assert_eq!(
+            r,
+            LoadReport {
+                loaded: 0,
+                skipped: 3
+            }
+        );
         assert!(hurt.is_empty());
 
         // The directory mirrors the store: a dropped entry's file goes.

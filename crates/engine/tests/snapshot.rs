@@ -109,12 +109,20 @@ fn check_restores(arch: Arch) {
     );
     step(&mut ex, 0, &other, 20, Want::Greedy);
     ex.restore(0, &snap, 20).expect("restore");
-    assert_eq!(step(&mut ex, 0, &t[20..], 20, ALL), want20, "{arch:?}: restore into the same sequence");
+    assert_eq!(
+        step(&mut ex, 0, &t[20..], 20, ALL),
+        want20,
+        "{arch:?}: restore into the same sequence"
+    );
 
     // Into another sequence, which held something else.
     step(&mut ex, 1, &other, 0, Want::Greedy);
     ex.restore(1, &snap, 20).expect("restore elsewhere");
-    assert_eq!(step(&mut ex, 1, &t[20..], 20, ALL), want20, "{arch:?}: restore into another sequence");
+    assert_eq!(
+        step(&mut ex, 1, &t[20..], 20, ALL),
+        want20,
+        "{arch:?}: restore into another sequence"
+    );
 
     // Recurrent state only, over the sequence's own K/V.
     ex.clear(0).unwrap();
@@ -124,7 +132,11 @@ fn check_restores(arch: Arch) {
     assert_eq!(rec.bytes(), recurrent_bytes(&cfg));
     step(&mut ex, 0, &other, 20, Want::Greedy);
     ex.restore_recurrent(0, &rec).expect("restore recurrent");
-    assert_eq!(step(&mut ex, 0, &t[20..], 20, ALL), want20, "{arch:?}: recurrent-only restore");
+    assert_eq!(
+        step(&mut ex, 0, &t[20..], 20, ALL),
+        want20,
+        "{arch:?}: recurrent-only restore"
+    );
     // ...which needs K/V in place: a cleared sequence refuses it.
     ex.clear(0).unwrap();
     assert!(ex.restore_recurrent(0, &rec).is_err());
@@ -138,7 +150,11 @@ fn check_restores(arch: Arch) {
         assert!(err.to_string().contains("cannot be rewound"), "{err}");
     } else {
         prefix.expect("prefix restore");
-        assert_eq!(step(&mut ex, 0, &t[12..], 12, ALL), want12, "{arch:?}: prefix restore");
+        assert_eq!(
+            step(&mut ex, 0, &t[12..], 12, ALL),
+            want12,
+            "{arch:?}: prefix restore"
+        );
     }
     assert!(ex.restore(0, &snap, 21).is_err(), "beyond the snapshot");
     // A sequence cannot be snapshotted beyond what it was fed.
@@ -155,14 +171,23 @@ fn check_restores(arch: Arch) {
     let cache_dir = tempfile::tempdir().expect("tempdir");
     let mut store = PromptCache::new(1 << 30);
     store.insert(t[..20].to_vec(), snap).expect("insert");
-    store.save_dir(cache_dir.path(), "synth-model").expect("save");
+    store
+        .save_dir(cache_dir.path(), "synth-model")
+        .expect("save");
     let mut warm = PromptCache::new(1 << 30);
-    let r = warm.load_dir(cache_dir.path(), "synth-model").expect("load");
+    let r = warm
+        .load_dir(cache_dir.path(), "synth-model")
+        .expect("load");
     assert_eq!(r.loaded, 1);
     let hit = warm.lookup(&t).expect("hit");
     assert_eq!(hit.matched, 20);
-    ex.restore(0, &hit.snapshot, hit.matched).expect("restore hit");
-    assert_eq!(step(&mut ex, 0, &t[20..], 20, ALL), want20, "{arch:?}: prompt-cache hit");
+    ex.restore(0, &hit.snapshot, hit.matched)
+        .expect("restore hit");
+    assert_eq!(
+        step(&mut ex, 0, &t[20..], 20, ALL),
+        want20,
+        "{arch:?}: prompt-cache hit"
+    );
 }
 
 #[test]
@@ -207,7 +232,10 @@ fn growing_cache_matches_preallocated() {
             let f = step(&mut ex, full, &t[a..b], a, want);
             assert_eq!(g, f, "{arch:?}: positions {a}..{b}");
             let cap = ex.capacity(grow).unwrap();
-            assert!(cap >= b && cap <= N_CTX, "{arch:?}: capacity {cap} after {b}");
+            assert!(
+                cap >= b && cap <= N_CTX,
+                "{arch:?}: capacity {cap} after {b}"
+            );
         }
         // 256 → 512 (at 256) → 768 (at 513, a quarter or a page more).
         assert_eq!(ex.capacity(grow), Some(768), "{arch:?}");

@@ -86,7 +86,9 @@ fn check_recurrent(op: &str, st: &CpuState, snap: &SeqSnapshot) -> Result<(), Ex
         if r.conv.len() != d.conv.len() || r.ssm.len() != d.ssm.len() {
             return Err(ExecError::new(
                 op,
-                format!("DeltaNet layer state {i} of the snapshot has another shape than this model's"),
+                format!(
+                    "DeltaNet layer state {i} of the snapshot has another shape than this model's"
+                ),
             ));
         }
     }
