@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod exec;
 pub mod experts;
 pub mod npy;
+pub mod prompt_cache;
 pub mod sampler;
 pub mod sched;
 
