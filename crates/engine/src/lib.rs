@@ -93,6 +93,17 @@ pub struct Engine {
     running: Vec<(Active, Box<dyn Sink + Send>)>,
     /// Admissions so far (orders the slots' last use).
     tick: u64,
+    /// Conversations no slot holds any more (None: off, or the executor cannot
+    /// snapshot its sequences).
+    store: Option<prompt_cache::PromptCache>,
+    /// Where the prompt cache persists (None: memory only).
+    store_dir: Option<std::path::PathBuf>,
+    /// Names this model in the prompt cache's files.
+    model_id: String,
+    /// The token that starts a chat message (`<|im_start|>`), where a later prompt
+    /// may diverge from this one.
+    boundary: Option<u32>,
+    counters: CacheCounters,
     memory: MemoryAccount,
 }
 
@@ -245,6 +256,12 @@ impl Engine {
             n_expert_used: mcfg.n_expert_used,
             synthetic,
         };
+        let model_id = format!(
+            "{}:{}:{}:{}",
+            info.arch, info.name, info.file_bytes, info.n_vocab
+        );
+        let boundary = tokenizer.token_id("<|im_start|>");
+        let store = open_prompt_cache(cfg, exec.as_ref(), &model_id, available)?;
         Ok(Engine {
             info,
             cfg: mcfg,
@@ -256,6 +273,11 @@ impl Engine {
             queue: VecDeque::new(),
             running: Vec::new(),
             tick: 0,
+            store,
+            store_dir: cfg.prompt_cache_dir.clone(),
+            model_id,
+            boundary,
+            counters: CacheCounters::default(),
             memory: MemoryAccount {
                 weights_mapped: tensor_bytes,
                 expert_bytes,
@@ -337,6 +359,7 @@ impl Engine {
         let c = &mut self.seqs[seq];
         c.history.clear();
         c.last_logits = None;
+        c.marks.clear();
         self.exec.clear(seq)?;
         Ok(())
     }
@@ -371,6 +394,14 @@ impl Engine {
                 }
             })
             .collect()
+    }
+
+    /// How prompts were served from cached state so far.
+    pub fn cache_report(&self) -> CacheReport {
+        CacheReport {
+            counters: self.counters,
+            store: self.store.as_ref().map(|s| s.stats()),
+        }
     }
 
     /// Requests waiting for a slot.
@@ -456,24 +487,28 @@ impl Engine {
     /// A free slot, when there is one and a request waits.
     fn free_seq(&self) -> Option<usize> {
         let (req, _) = self.queue.front()?;
+        self.pick_seq(&req.prompt)
+    }
+
+    /// The free slot that keeps the most of `prompt`; else the least recently used.
+    fn pick_seq(&self, prompt: &[u32]) -> Option<usize> {
         let recurrent = self.cfg.ssm.is_some();
-        // The free slot that keeps the most of the prompt; else the least
-        // recently used.
         self.seqs
             .iter()
             .enumerate()
             .filter(|(_, c)| !c.busy)
             .max_by_key(|(_, c)| {
                 (
-                    sched::reusable(c, &req.prompt, recurrent),
+                    sched::reusable(c, prompt, recurrent).keep,
                     std::cmp::Reverse(c.last_used),
                 )
             })
             .map(|(i, _)| i)
     }
 
-    /// Checks `req`, prepares slot `seq` for it (keeping what its cache can
-    /// give), and starts it; `None` when it ended at once (the sink was told).
+    /// Checks `req`, prepares slot `seq` for it (keeping what its cache or the
+    /// prompt cache can give), and starts it; `None` when it ended at once (the
+    /// sink was told).
     fn admit(
         &mut self,
         seq: usize,
@@ -482,29 +517,145 @@ impl Engine {
         sink: &mut dyn Sink,
     ) -> Result<Option<Active>, EngineError> {
         self.limits().validate(&req)?;
-        let keep = sched::reusable(&self.seqs[seq], &req.prompt, self.cfg.ssm.is_some());
-        if keep == 0 {
-            self.clear_seq(seq)?;
-        } else if keep < self.seqs[seq].history.len() {
-            self.seqs[seq].history.truncate(keep);
-            self.seqs[seq].last_logits = None;
-        }
+        let keep = self.prepare_seq(seq, &req.prompt)?;
         self.tick += 1;
-        let c = &mut self.seqs[seq];
-        c.last_used = self.tick;
+        self.seqs[seq].last_used = self.tick;
         sink.admitted(seq, keep);
-        let mut act = Active::new(seq, req, keep, &self.limits(), logits);
+        let marks = if self.cfg.ssm.is_some() && self.exec.snapshots() {
+            sched::mark_positions(&req.prompt, self.boundary)
+        } else {
+            Vec::new()
+        };
         let lim = Limits {
             n_ctx: self.info.n_ctx,
             n_vocab: self.cfg.n_vocab,
             eog: self.tokenizer.eog_ids(),
         };
+        let mut act = Active::new(seq, req, keep, &lim, logits, marks);
         let c = &mut self.seqs[seq];
         if sched::start_cached(&mut act, c, &lim, sink) {
             return Ok(None);
         }
         c.busy = true;
         Ok(Some(act))
+    }
+
+    /// Makes slot `seq`'s state a prefix of `prompt`, as long as its own cache or
+    /// the prompt cache allows; returns how many prompt tokens it holds. A
+    /// conversation the slot held and now loses goes to the prompt cache.
+    fn prepare_seq(&mut self, seq: usize, prompt: &[u32]) -> Result<usize, EngineError> {
+        let recurrent = self.cfg.ssm.is_some();
+        let own = sched::reusable(&self.seqs[seq], prompt, recurrent);
+        let stored = match self.store.as_mut() {
+            Some(st) => st.peek(prompt),
+            None => 0,
+        };
+        if stored > own.keep {
+            self.stash_seq(seq);
+            let hit = self.store.as_mut().and_then(|st| st.lookup(prompt));
+            if let Some(hit) = hit {
+                let c = &mut self.seqs[seq];
+                c.history.clear();
+                c.last_logits = None;
+                c.marks.clear();
+                match self.exec.restore(seq, &hit.snapshot, hit.matched) {
+                    Ok(()) => {
+                        self.seqs[seq].history = prompt[..hit.matched].to_vec();
+                        self.counters.store_hits += 1;
+                        self.counters.tokens_reused += hit.matched as u64;
+                        return Ok(hit.matched);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "prompt cache: restoring {} tokens failed: {e}",
+                            hit.matched
+                        );
+                        self.clear_seq(seq)?;
+                        self.counters.misses += 1;
+                        return Ok(0);
+                    }
+                }
+            }
+        }
+        if own.keep < self.seqs[seq].history.len() {
+            self.stash_seq(seq);
+        }
+        if own.keep == 0 {
+            self.clear_seq(seq)?;
+            self.counters.misses += 1;
+            return Ok(0);
+        }
+        if let Some(i) = own.mark {
+            let snap = self.seqs[seq].marks[i].snap.clone();
+            if let Err(e) = self.exec.restore_recurrent(seq, &snap) {
+                tracing::warn!("slot {seq}: going back to position {}: {e}", own.keep);
+                self.clear_seq(seq)?;
+                self.counters.misses += 1;
+                return Ok(0);
+            }
+        }
+        let c = &mut self.seqs[seq];
+        if own.keep < c.history.len() {
+            c.history.truncate(own.keep);
+            c.last_logits = None;
+        }
+        c.marks.retain(|m| m.pos <= own.keep);
+        self.counters.slot_hits += 1;
+        self.counters.tokens_reused += own.keep as u64;
+        Ok(own.keep)
+    }
+
+    /// Puts the conversation slot `seq` holds into the prompt cache before the
+    /// slot is given to another: its state at the last message start it marked
+    /// (or its whole history, for attention-only models).
+    fn stash_seq(&mut self, seq: usize) {
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        let c = &self.seqs[seq];
+        let (pos, recurrent) = if self.cfg.ssm.is_some() {
+            let best = c
+                .marks
+                .iter()
+                .filter(|m| m.boundary && m.pos <= c.history.len())
+                .max_by_key(|m| m.pos)
+                .or_else(|| {
+                    c.marks
+                        .iter()
+                        .filter(|m| m.pos <= c.history.len())
+                        .max_by_key(|m| m.pos)
+                });
+            match best {
+                Some(m) => (m.pos, Some(m.snap.clone())),
+                None => return,
+            }
+        } else {
+            (c.history.len(), None)
+        };
+        if pos == 0 {
+            return;
+        }
+        let mut snap = match self.exec.snapshot(seq, pos) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("prompt cache: no snapshot of slot {seq}: {e}");
+                return;
+            }
+        };
+        if let Some(r) = recurrent {
+            snap.recurrent = r.recurrent.clone();
+        }
+        let tokens = c.history[..pos].to_vec();
+        match store.insert(tokens, snap) {
+            Ok(_) => {
+                if let Some(dir) = &self.store_dir {
+                    if let Err(e) = store.save_dir(dir, &self.model_id) {
+                        tracing::warn!("prompt cache: writing {}: {e}", dir.display());
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("prompt cache: {e}"),
+        }
     }
 
     /// Feeds `tokens` after slot 0's history, in prompt chunks; returns the
@@ -614,16 +765,7 @@ impl Engine {
             on_logits,
             result: None,
         };
-        let recurrent = self.cfg.ssm.is_some();
-        let seq = (0..self.seqs.len())
-            .max_by_key(|&i| {
-                let c = &self.seqs[i];
-                (
-                    sched::reusable(c, &req.prompt, recurrent),
-                    std::cmp::Reverse(c.last_used),
-                )
-            })
-            .unwrap_or(0);
+        let seq = self.pick_seq(&req.prompt).unwrap_or(0);
         let logits = sink.wants_logits();
         if let Some(mut act) = self.admit(seq, req.clone(), logits, &mut sink)? {
             loop {
@@ -644,6 +786,80 @@ impl Engine {
             .take()
             .unwrap_or_else(|| Err(ExecError::new("generate", "the request did not end").into()))
     }
+}
+
+/// Prompt-cache budget when none is set: at most this, and at most a quarter of
+/// the memory available at load.
+pub const DEFAULT_PROMPT_CACHE: u64 = 8 << 30;
+
+/// The prompt cache `cfg` asks for, loaded from its directory when it has one.
+fn open_prompt_cache(
+    cfg: &EngineConfig,
+    exec: &dyn Executor,
+    model_id: &str,
+    available: Option<u64>,
+) -> Result<Option<prompt_cache::PromptCache>, EngineError> {
+    let budget = cfg.prompt_cache.unwrap_or_else(|| {
+        DEFAULT_PROMPT_CACHE.min(available.map_or(DEFAULT_PROMPT_CACHE, |a| a / 4))
+    });
+    if budget == 0 {
+        return Ok(None);
+    }
+    if !exec.snapshots() {
+        tracing::info!(
+            "prompt cache: off on this executor (it cannot snapshot sequences); each slot still reuses its own last conversation"
+        );
+        return Ok(None);
+    }
+    if let Some(avail) = available {
+        if budget > avail {
+            return Err(EngineError::Memory(format!(
+                "--prompt-cache {:.2} GiB is more than the {:.2} GiB of RAM available; lower it (0 turns it off)",
+                budget as f64 / GIB,
+                avail as f64 / GIB
+            )));
+        }
+    }
+    let mut store = prompt_cache::PromptCache::new(usize::try_from(budget).unwrap_or(usize::MAX));
+    if let Some(dir) = &cfg.prompt_cache_dir {
+        match store.load_dir(dir, model_id) {
+            Ok(r) => tracing::info!(
+                "prompt cache: {} conversation(s) loaded from {} ({} file(s) skipped)",
+                r.loaded,
+                dir.display(),
+                r.skipped
+            ),
+            Err(e) => {
+                return Err(EngineError::Settings(format!(
+                    "--prompt-cache-dir {}: {e}",
+                    dir.display()
+                )))
+            }
+        }
+    }
+    Ok(Some(store))
+}
+
+/// How requests' prompts were served from cached state.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct CacheCounters {
+    /// Requests that kept part of their slot's state.
+    pub slot_hits: u64,
+    /// Requests that restored a conversation from the prompt cache.
+    pub store_hits: u64,
+    /// Requests that started from an empty state.
+    pub misses: u64,
+    /// Prompt tokens not evaluated thanks to either.
+    pub tokens_reused: u64,
+}
+
+/// The prompt cache's state, for `/metrics` and the stats page.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CacheReport {
+    pub counters: CacheCounters,
+    /// Conversations stored, their bytes, the budget, and evictions so far
+    /// (None: the prompt cache is off).
+    pub store: Option<prompt_cache::CacheStats>,
 }
 
 /// The most slots `--parallel` may ask for.

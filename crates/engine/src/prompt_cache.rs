@@ -72,7 +72,7 @@ pub struct Hit {
 }
 
 /// Counters for /metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CacheStats {
     /// Lookups that found a usable prefix.
     pub hits: u64,
@@ -166,6 +166,16 @@ impl PromptCache {
         } else {
             0
         }
+    }
+
+    /// How many tokens of `prompt` the best entry covers (0: none), without
+    /// counting a use.
+    pub fn peek(&self, prompt: &[u32]) -> usize {
+        self.entries
+            .iter()
+            .map(|e| Self::usable(e, prompt))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The entry covering the longest usable prefix of `prompt` (the most recently

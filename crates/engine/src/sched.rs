@@ -12,12 +12,13 @@
 //! next request goes to the free slot whose state it can reuse the most of.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use model::{ExecError, Logits};
 
 use crate::constraint::{ConstraintRun, LogitMask};
-use crate::exec::{SeqStep, StepOut, Want};
+use crate::exec::{SeqSnapshot, SeqStep, StepOut, Want};
 use crate::sampler::Sampler;
 use crate::{
     ms, Completion, EngineError, FinishReason, Flow, GenerateRequest, PromptProgress, Timings,
@@ -66,26 +67,89 @@ pub(crate) struct SeqCache {
     pub last_used: u64,
     /// A request is decoding here.
     pub busy: bool,
+    /// Snapshots of the recurrent state at positions of `history` where a later
+    /// prompt may diverge (message starts, prompt ends), oldest first: the slot
+    /// can go back to any of them, its own K/V below being still in place.
+    pub marks: Vec<Mark>,
 }
 
-/// How much of `prompt` the slot `c` can keep, and whether it keeps all of its
-/// history (else it is cut to that length). `recurrent`: the model has state that
-/// cannot be rewound (DeltaNet), so only the whole history can be kept.
-pub(crate) fn reusable(c: &SeqCache, prompt: &[u32], recurrent: bool) -> usize {
+/// The recurrent state after `pos` tokens of a slot's history.
+#[derive(Debug, Clone)]
+pub(crate) struct Mark {
+    pub pos: usize,
+    pub snap: Arc<SeqSnapshot>,
+    /// At a message start (not a prompt end).
+    pub boundary: bool,
+}
+
+/// Marks a slot keeps (each holds one copy of the recurrent state).
+pub(crate) const MAX_MARKS: usize = 4;
+
+/// How a slot serves a prompt: keep `keep` tokens of its history, going back to
+/// mark `mark` first when one is named.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Reuse {
+    pub keep: usize,
+    pub mark: Option<usize>,
+}
+
+/// How much of `prompt` the slot `c` can serve from its state. `recurrent`: the
+/// model has state that cannot be rewound (DeltaNet), so the slot keeps its whole
+/// history or goes back to one of its marks.
+pub(crate) fn reusable(c: &SeqCache, prompt: &[u32], recurrent: bool) -> Reuse {
     let h = &c.history;
     if h.is_empty() {
-        return 0;
+        return Reuse::default();
     }
     if prompt.starts_with(h) && (h.len() < prompt.len() || c.last_logits.is_some()) {
-        return h.len();
+        return Reuse {
+            keep: h.len(),
+            mark: None,
+        };
     }
-    if recurrent {
-        return 0;
+    // At least one prompt token is evaluated, to get logits.
+    let common = h
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(prompt.len() - 1);
+    if !recurrent {
+        // Attention only: K/V past a position are never read.
+        return Reuse {
+            keep: common,
+            mark: None,
+        };
     }
-    // Attention only: K/V past a position are never read, so any common prefix
-    // is kept; at least one prompt token is evaluated to get logits.
-    let common = h.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-    common.min(prompt.len() - 1)
+    c.marks
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.pos <= common && m.pos > 0)
+        .max_by_key(|(_, m)| m.pos)
+        .map(|(i, m)| Reuse {
+            keep: m.pos,
+            mark: Some(i),
+        })
+        .unwrap_or_default()
+}
+
+/// Where a request's prompt should leave marks: before each of the last two
+/// message starts (`boundary`, e.g. `<|im_start|>`) and at its end. Only models
+/// with recurrent state need them.
+pub(crate) fn mark_positions(prompt: &[u32], boundary: Option<u32>) -> Vec<(usize, bool)> {
+    let mut at: Vec<(usize, bool)> = match boundary {
+        Some(b) => prompt
+            .iter()
+            .enumerate()
+            .filter(|&(i, &t)| t == b && i > 0)
+            .map(|(i, _)| (i, true))
+            .collect(),
+        None => Vec::new(),
+    };
+    let n = at.len();
+    at.drain(..n.saturating_sub(2));
+    at.push((prompt.len(), false));
+    at
 }
 
 /// One request being decoded in a slot.
@@ -111,6 +175,9 @@ pub(crate) struct Active {
     need_mask: bool,
     /// The token the next step feeds.
     pending: Option<u32>,
+    /// Prompt positions still to mark (ascending, past `fed`), and whether each is
+    /// a message start.
+    marks: Vec<(usize, bool)>,
 }
 
 /// What a step gave one request.
@@ -164,6 +231,7 @@ impl Active {
         cached: usize,
         lim: &Limits,
         logits: bool,
+        marks: Vec<(usize, bool)>,
     ) -> Active {
         let seed = req.sampling.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -202,6 +270,7 @@ impl Active {
             mask: None,
             need_mask: false,
             pending: None,
+            marks: marks.into_iter().filter(|&(p, _)| p > cached).collect(),
         }
     }
 
@@ -363,7 +432,9 @@ pub(crate) fn step(
         } else if !prompt_taken {
             prompt_taken = true;
             let p = &act.req.prompt;
-            let end = (act.fed + chunk).min(p.len());
+            // Pieces end at marks, so the state there can be kept.
+            let mark = act.marks.first().map_or(p.len(), |m| m.0);
+            let end = (act.fed + chunk).min(p.len()).min(mark);
             entries.push(Entry {
                 item: i,
                 tokens: p[act.fed..end].to_vec(),
@@ -464,6 +535,10 @@ pub(crate) fn step(
         }
         let outcome = if e.prompt {
             act.fed += e.tokens.len();
+            if let Some(&(pos, boundary)) = act.marks.first().filter(|m| m.0 == act.fed) {
+                act.marks.remove(0);
+                keep_mark(exec, act.seq, cache, pos, boundary);
+            }
             let progress = PromptProgress {
                 done: act.fed,
                 total: act.req.prompt.len(),
@@ -497,6 +572,34 @@ pub(crate) fn step(
         }
     }
     ended
+}
+
+/// Keeps a snapshot of slot `seq`'s recurrent state at `pos` (its history's
+/// length) as a mark; the oldest marks go beyond `MAX_MARKS`.
+fn keep_mark(
+    exec: &mut dyn crate::exec::Executor,
+    seq: usize,
+    cache: &mut SeqCache,
+    pos: usize,
+    boundary: bool,
+) {
+    if !exec.snapshots() {
+        return;
+    }
+    match exec.snapshot_recurrent(seq, pos) {
+        Ok(snap) => {
+            cache.marks.retain(|m| m.pos != pos);
+            cache.marks.push(Mark {
+                pos,
+                snap: Arc::new(snap),
+                boundary,
+            });
+            cache.marks.sort_by_key(|m| m.pos);
+            let n = cache.marks.len();
+            cache.marks.drain(..n.saturating_sub(MAX_MARKS));
+        }
+        Err(e) => tracing::warn!("slot {seq}: no snapshot at position {pos}: {e}"),
+    }
 }
 
 /// Starts `act` at once when its prompt is entirely cached and the logits at its
