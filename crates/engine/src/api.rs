@@ -14,6 +14,8 @@ pub struct EngineConfig {
     pub threads: Option<usize>,
     /// Context length to allocate per sequence (None: min(model's trained context, 8192)).
     pub max_context: Option<usize>,
+    /// Slots: requests decoded at once, each in its own sequence (None: 1).
+    pub parallel: Option<usize>,
     /// How the CPU kernels treat activations (tests use `ReferenceF32`).
     pub precision: crate::cpu::Precision,
     /// Where model steps run (None: the GPU when the build has CUDA and one is
