@@ -497,6 +497,39 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn rows(&self, x: &Act, start: usize, n: usize) -> Result<Act, ExecError> {
+        let end = start
+            .checked_add(n)
+            .filter(|&end| end <= x.rows)
+            .ok_or_else(|| {
+                ExecError::new(
+                    "rows",
+                    format!("rows {start}..{start}+{n} of a {}-row buffer", x.rows),
+                )
+            })?;
+        Ok(Act {
+            rows: n,
+            cols: x.cols,
+            data: x.data[start * x.cols..end * x.cols].to_vec(),
+        })
+    }
+
+    fn concat_rows(&self, parts: &[Act]) -> Result<Act, ExecError> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        if let Some(p) = parts.iter().find(|p| p.cols != cols) {
+            return Err(ExecError::new(
+                "concat_rows",
+                format!("a part has {} columns, the first {cols}", p.cols),
+            ));
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let mut data = Vec::with_capacity(rows * cols);
+        for p in parts {
+            data.extend_from_slice(&p.data);
+        }
+        Ok(Act { rows, cols, data })
+    }
+
     fn attention(
         &self,
         layer: usize,
@@ -624,19 +657,54 @@ impl Executor for CpuExecutor {
         Some(self.states.iter().map(CpuState::bytes).sum())
     }
 
+    /// The whole batch is one `model::forward_batch`: each weight is read once per
+    /// step for all its rows, and each entry gets the bits it would get alone.
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError> {
-        let mut outs = Vec::with_capacity(batch.len());
+        // A mutable borrow of each named state; a sequence named twice is refused
+        // (its two entries would race for one state).
+        let mut slots: Vec<Option<&mut CpuState>> = self.states.iter_mut().map(Some).collect();
+        let n_seq = slots.len();
+        let mut segs = Vec::with_capacity(batch.len());
         for s in batch {
-            let state = self
-                .states
+            let state = slots
                 .get_mut(s.seq)
-                .ok_or_else(|| ExecError::new("step", format!("no sequence {}", s.seq)))?;
-            let logits = model::forward(&self.backend, s.tokens, s.pos0, state, s.want.logits())?;
-            outs.push(match s.want {
-                Want::Logits(_) => StepOut::Logits(logits.data),
-                Want::Greedy => StepOut::Token(crate::sampler::argmax(&logits.data)),
+                .ok_or_else(|| {
+                    ExecError::new(
+                        "step",
+                        format!("no sequence {} (this executor holds {n_seq})", s.seq),
+                    )
+                })?
+                .take()
+                .ok_or_else(|| {
+                    ExecError::new(
+                        "step",
+                        format!(
+                            "sequence {} appears twice in one batch; each entry must name a distinct sequence",
+                            s.seq
+                        ),
+                    )
+                })?;
+            if s.tokens.is_empty() {
+                return Err(ExecError::new(
+                    "step",
+                    format!("the entry for sequence {} has no tokens", s.seq),
+                ));
+            }
+            segs.push(model::Segment {
+                tokens: s.tokens,
+                pos0: s.pos0,
+                state,
+                logits: s.want.logits(),
             });
         }
-        Ok(outs)
+        let logits = model::forward_batch(&self.backend, &mut segs)?;
+        Ok(batch
+            .iter()
+            .zip(logits)
+            .map(|(s, l)| match s.want {
+                Want::Logits(_) => StepOut::Logits(l.data),
+                Want::Greedy => StepOut::Token(crate::sampler::argmax(&l.data)),
+            })
+            .collect())
     }
 }
