@@ -21,7 +21,7 @@ use model::chat::ChatTemplate;
 use model::tokenizer::Tokenizer;
 use model::{ExecError, Logits, ModelConfig, ModelWeights};
 pub use sched::Sink;
-use sched::{Active, Callbacks, Limits, SeqCache};
+use sched::{Active, Callbacks, Limits, LogitsSink, SeqCache};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
@@ -905,8 +905,6 @@ pub fn check_threads(n: usize) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Where `generate_with_logits` hands each set of logits.
-type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
 
 /// The routing profile `cfg.expert_profile` names, checked against the model.
 #[cfg(feature = "cuda")]

@@ -626,11 +626,14 @@ pub(crate) fn start_cached(
     }
 }
 
+/// Where `Engine::generate_with_logits` hands each set of logits.
+pub(crate) type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
+
 /// A sink over the borrowed callbacks of `Engine::generate*`; keeps the result.
 pub(crate) struct Callbacks<'a> {
     pub on_prompt: &'a mut dyn FnMut(&PromptProgress) -> Flow,
     pub on_token: &'a mut dyn FnMut(&TokenEvent) -> Flow,
-    pub on_logits: Option<&'a mut dyn FnMut(&[f32])>,
+    pub on_logits: Option<LogitsSink<'a>>,
     pub result: Option<Result<Completion, EngineError>>,
 }
 
