@@ -20,8 +20,8 @@
 #
 # Checks, per client: exit status 0, every request answered 2xx, streams ended properly,
 # the tool round trip reached the server and was accepted. Prints each client's
-# version and the prompt-cache reuse of each follow-up turn (SCORIA_AGENT_EXPECT_CACHE=1
-# makes no reuse a failure). Outputs: target/agent-tests/<client>/.
+# version and the prompt-cache reuse of each follow-up turn; no reuse is a failure
+# (SCORIA_AGENT_EXPECT_CACHE=0 only reports it). Outputs: target/agent-tests/<client>/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config
@@ -147,7 +147,7 @@ client_env=(env -i "PATH=$NODE_BIN:/usr/local/bin:/usr/bin:/bin" "LANG=C.UTF-8" 
 status=0
 report() { # client, dir, rc
   local expect=()
-  [ "${SCORIA_AGENT_EXPECT_CACHE:-0}" = 1 ] && expect=(--expect-cache)
+  [ "${SCORIA_AGENT_EXPECT_CACHE:-1}" = 1 ] && expect=(--expect-cache)
   echo "   exit status $3 (output: $2)"
   if [ "$3" != 0 ]; then
     echo "   FAILED: $1 exited with $3; its stderr:"; tail -n 20 "$2/stderr" | sed 's/^/     /'

@@ -65,6 +65,15 @@ pub struct ServeArgs {
     /// Context length to allocate [default: the engine's, min(trained, 4096)].
     #[arg(long)]
     pub max_context: Option<u64>,
+    /// RAM for the prompt cache: conversations no slot holds any more, reused when
+    /// they come back, e.g. 4G; 0 turns it off [default: the smaller of 8 GiB and a
+    /// quarter of the available RAM].
+    #[arg(long)]
+    pub prompt_cache: Option<String>,
+    /// Directory where the prompt cache persists, so a restart resumes warm
+    /// [default: memory only].
+    #[arg(long)]
+    pub prompt_cache_dir: Option<PathBuf>,
     /// Requests decoded at once, each in its own slot; more wait in arrival order
     /// [default: 4].
     #[arg(long)]
@@ -141,6 +150,13 @@ impl ServeArgs {
         o.set("threads", self.threads);
         o.set("max-context", self.max_context);
         o.set("parallel", self.parallel);
+        o.set("prompt-cache", self.prompt_cache.clone());
+        o.set(
+            "prompt-cache-dir",
+            self.prompt_cache_dir
+                .as_ref()
+                .map(|p| p.display().to_string()),
+        );
         o.set("temp", self.temp);
         o.set("top-k", self.top_k);
         o.set("top-p", self.top_p);

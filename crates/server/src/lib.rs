@@ -474,6 +474,8 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         threads: settings.threads,
         max_context: settings.max_context,
         parallel: Some(settings.parallel),
+        prompt_cache: settings.prompt_cache,
+        prompt_cache_dir: settings.prompt_cache_dir.clone(),
         device: settings.device,
         vram_budget: settings.vram_budget,
         ram_budget: settings.ram_budget,

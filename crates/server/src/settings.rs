@@ -200,6 +200,20 @@ const SPECS: &[Spec] = &[
         unset: "engine default: min(trained, 4096)",
     },
     Spec {
+        name: "prompt-cache",
+        section: "engine",
+        kind: Kind::Size,
+        default: || Value::Null,
+        unset: "the smaller of 8 GiB and a quarter of the available RAM; 0 turns it off",
+    },
+    Spec {
+        name: "prompt-cache-dir",
+        section: "engine",
+        kind: Kind::Path,
+        default: || Value::Null,
+        unset: "memory only",
+    },
+    Spec {
         name: "parallel",
         section: "engine",
         kind: Kind::Count { min: 1 },
@@ -355,6 +369,10 @@ pub struct Settings {
     pub max_context: Option<usize>,
     /// Slots: requests decoded at once.
     pub parallel: usize,
+    /// RAM for conversations no slot holds (None: the engine's default; 0: off),
+    /// and where they persist.
+    pub prompt_cache: Option<u64>,
+    pub prompt_cache_dir: Option<PathBuf>,
     /// Where model steps run (None: the engine chooses).
     pub device: Option<engine::Device>,
     /// Tiered experts: VRAM and pinned-RAM budgets, routing profile.
@@ -641,6 +659,8 @@ impl Settings {
             threads: n("threads"),
             max_context: n("max-context"),
             parallel: n("parallel").unwrap_or(DEFAULT_PARALLEL),
+            prompt_cache: size(get("prompt-cache")),
+            prompt_cache_dir: s("prompt-cache-dir").map(PathBuf::from),
             // Checked (and normalised to `cpu` / `cuda:N`) by `check`.
             device: get("device").as_str().and_then(|d| d.parse().ok()),
             // Checked by `check` (a number of bytes or a size string).
