@@ -94,6 +94,13 @@ pub struct BenchArgs {
     /// Write the output to this file instead of stdout.
     #[arg(long = "output")]
     pub output: Option<PathBuf>,
+    /// Generation tests decode this many streams at once (each its own random
+    /// prompt, in its own slot, one batched step for all), reported as `tgN xS`:
+    /// t/s counts every stream's tokens. The warm-up run checks that each stream's
+    /// tokens are those it gets alone.
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=engine::MAX_PARALLEL as i64))]
+    pub parallel: u32,
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -123,6 +130,8 @@ pub struct TestSpec {
     pub n_prompt: usize,
     pub n_gen: usize,
     pub n_depth: usize,
+    /// Generation tests: streams decoded at once, each in its own slot (1: alone).
+    pub n_streams: usize,
 }
 
 impl TestSpec {
@@ -136,12 +145,15 @@ impl TestSpec {
         if self.n_depth > 0 {
             s.push_str(&format!(" @ d{}", self.n_depth));
         }
+        if self.n_streams > 1 {
+            s.push_str(&format!(" x{}", self.n_streams));
+        }
         s
     }
 
-    /// Tokens the rate is computed over.
+    /// Tokens the rate is computed over (every stream's).
     pub fn timed_tokens(&self) -> usize {
-        self.n_prompt + self.n_gen
+        (self.n_prompt + self.n_gen) * self.n_streams
     }
 
     /// Tokens in the state before the timed part begins.
@@ -166,7 +178,12 @@ impl TestSpec {
 
 /// The tests in llama-bench's order: for each depth, the prompt sizes, then the
 /// generation sizes; zeros are skipped.
-pub fn plan(n_prompt: &[usize], n_gen: &[usize], n_depth: &[usize]) -> Vec<TestSpec> {
+pub fn plan(
+    n_prompt: &[usize],
+    n_gen: &[usize],
+    n_depth: &[usize],
+    streams: usize,
+) -> Vec<TestSpec> {
     let mut out = Vec::new();
     for &d in n_depth {
         for &p in n_prompt.iter().filter(|&&p| p > 0) {
@@ -174,6 +191,7 @@ pub fn plan(n_prompt: &[usize], n_gen: &[usize], n_depth: &[usize]) -> Vec<TestS
                 n_prompt: p,
                 n_gen: 0,
                 n_depth: d,
+                n_streams: 1,
             });
         }
         for &n in n_gen.iter().filter(|&&n| n > 0) {
@@ -181,6 +199,7 @@ pub fn plan(n_prompt: &[usize], n_gen: &[usize], n_depth: &[usize]) -> Vec<TestS
                 n_prompt: 0,
                 n_gen: n,
                 n_depth: d,
+                n_streams: streams,
             });
         }
     }
@@ -281,6 +300,110 @@ fn run_once(
     }
 }
 
+/// What one stream of `run_streams` produced.
+#[derive(Default)]
+struct StreamOut {
+    tokens: Vec<u32>,
+    done: Option<std::result::Result<engine::Completion, String>>,
+}
+
+/// Collects a stream's tokens for `run_streams`.
+struct Collect(std::sync::Arc<std::sync::Mutex<StreamOut>>);
+
+impl engine::Sink for Collect {
+    fn token(&mut self, ev: &engine::TokenEvent) -> Flow {
+        if let Ok(mut o) = self.0.lock() {
+            o.tokens.push(ev.token);
+        }
+        Flow::Continue
+    }
+    fn done(&mut self, r: std::result::Result<engine::Completion, engine::EngineError>) {
+        if let Ok(mut o) = self.0.lock() {
+            o.done = Some(r.map_err(|e| e.to_string()));
+        }
+    }
+}
+
+/// Runs generation test `t` as `streams.len()` streams at once: each stream's
+/// prompt (all but its last token) is evaluated alone first, untimed, into its own
+/// slot; then every stream is submitted and the engine stepped until all end. The
+/// time is the wall clock of that part (each stream's last prompt token, read as a
+/// one-token piece, and its `n_gen + 1` picks); t/s counts every stream's `n_gen`.
+/// With `check`, each stream is then run alone and its tokens compared.
+fn run_streams(
+    eng: &mut Engine,
+    t: &TestSpec,
+    streams: &[Vec<u32>],
+    seed: u64,
+    check: bool,
+) -> Result<Sample> {
+    eng.reset()?;
+    let mut keep_going = |_: &engine::TokenEvent| Flow::Continue;
+    for ids in streams {
+        if ids.len() > 1 {
+            eng.generate(
+                &request(ids[..ids.len() - 1].to_vec(), 0, seed),
+                &mut keep_going,
+            )?;
+        }
+    }
+    let outs: Vec<_> = streams
+        .iter()
+        .map(|_| std::sync::Arc::new(std::sync::Mutex::new(StreamOut::default())))
+        .collect();
+    let t0 = std::time::Instant::now();
+    for (ids, out) in streams.iter().zip(&outs) {
+        eng.submit(
+            request(ids.clone(), t.n_gen + 1, seed),
+            Box::new(Collect(out.clone())),
+        );
+    }
+    while eng.step() {}
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let mut got = Vec::with_capacity(streams.len());
+    for (k, out) in outs.iter().enumerate() {
+        let mut o = out
+            .lock()
+            .map_err(|_| anyhow::anyhow!("stream {k}: its collector failed"))?;
+        match o.done.take() {
+            Some(Ok(c)) if c.finish == FinishReason::Length && c.tokens.len() == t.n_gen + 1 => {}
+            Some(Ok(c)) => bail!(
+                "stream {k}: {} tokens, finish {:?}; expected {} ending at the length limit",
+                c.tokens.len(),
+                c.finish,
+                t.n_gen + 1
+            ),
+            Some(Err(e)) => bail!("stream {k}: {e}"),
+            None => bail!("stream {k} did not end"),
+        }
+        got.push(std::mem::take(&mut o.tokens));
+    }
+    if check {
+        for (k, ids) in streams.iter().enumerate() {
+            eng.reset()?;
+            let alone = eng.generate(&request(ids.clone(), t.n_gen + 1, seed), &mut keep_going)?;
+            if alone.tokens != got[k] {
+                let at = alone
+                    .tokens
+                    .iter()
+                    .zip(&got[k])
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                bail!(
+                    "stream {k} decoded beside {} others differs from its run alone at token {at}: batching changed the output",
+                    streams.len() - 1
+                );
+            }
+        }
+        eprintln!(
+            "scoria bench: {}: each of the {} streams gave the tokens it gives alone",
+            t.label(),
+            streams.len()
+        );
+    }
+    Sample::from_ms(t.n_gen * streams.len(), ms)
+}
+
 /// Where the output goes; opened before the run so a bad path fails at once.
 enum Sink {
     Stdout,
@@ -310,7 +433,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(n) = a.threads {
         engine::check_threads(n)?;
     }
-    let tests = plan(&a.n_prompt, &a.n_gen, &a.n_depth);
+    let tests = plan(&a.n_prompt, &a.n_gen, &a.n_depth, a.parallel as usize);
     if tests.is_empty() {
         bail!("nothing to run: every -p and -n size is 0");
     }
@@ -342,7 +465,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut eng = Engine::load(&a.model, &{
         let mut c = EngineConfig {
             threads: a.threads,
-            max_context: Some(a.max_context.unwrap_or(needed.max(16))),
+            max_context: Some(
+                a.max_context
+                    .unwrap_or(needed.max(16) * a.parallel as usize),
+            ),
+            parallel: Some(a.parallel as usize),
             precision: Default::default(),
             device: a.device,
             ..Default::default()
@@ -410,9 +537,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
             } else {
                 format!("{label} run {run}/{reps}")
             });
-            let ids = random_ids(a.seed, i, run, len, n_vocab);
-            let s = run_once(&mut eng, t, &ids, a.seed ^ run, constraint.as_ref())
-                .with_context(|| format!("test {label}, run {run}"))?;
+            let s = if t.n_streams > 1 {
+                let streams: Vec<Vec<u32>> = (0..t.n_streams)
+                    .map(|k| random_ids(a.seed ^ ((k as u64) << 32), i, run, len, n_vocab))
+                    .collect();
+                run_streams(&mut eng, t, &streams, a.seed ^ run, run == 0)
+            } else {
+                let ids = random_ids(a.seed, i, run, len, n_vocab);
+                run_once(&mut eng, t, &ids, a.seed ^ run, constraint.as_ref())
+            }
+            .with_context(|| format!("test {label}, run {run}"))?;
             if run > 0 {
                 samples.push(s);
             }

@@ -133,6 +133,7 @@ impl TestResult {
             "n_prompt": self.spec.n_prompt,
             "n_gen": self.spec.n_gen,
             "n_depth": self.spec.n_depth,
+            "n_streams": self.spec.n_streams,
             "timed_tokens": self.spec.timed_tokens(),
             "samples_ns": self.samples.iter().map(|s| s.ns).collect::<Vec<_>>(),
             "samples_ts": ts,

@@ -74,7 +74,13 @@ fn labels_match_llama_bench() {
         n_prompt: p,
         n_gen: n,
         n_depth: d,
+        n_streams: 1,
     };
+    let x4 = TestSpec {
+        n_streams: 4,
+        ..t(0, 128, 0)
+    };
+    assert_eq!(x4.label(), "tg128 x4");
     assert_eq!(t(512, 0, 0).label(), "pp512");
     assert_eq!(t(0, 128, 0).label(), "tg128");
     assert_eq!(t(512, 0, 4096).label(), "pp512 @ d4096");
@@ -84,7 +90,7 @@ fn labels_match_llama_bench() {
 
 #[test]
 fn plan_order_skips_zeros_and_sizes_the_context() {
-    let p = plan(&[512, 4096], &[128], &[0, 4096]);
+    let p = plan(&[512, 4096], &[128], &[0, 4096], 1);
     let labels: Vec<String> = p.iter().map(TestSpec::label).collect();
     assert_eq!(
         labels,
@@ -97,8 +103,8 @@ fn plan_order_skips_zeros_and_sizes_the_context() {
             "tg128 @ d4096"
         ]
     );
-    assert_eq!(plan(&[0], &[64], &[0]).len(), 1);
-    assert!(plan(&[0], &[0], &[0, 8]).is_empty());
+    assert_eq!(plan(&[0], &[64], &[0], 1).len(), 1);
+    assert!(plan(&[0], &[0], &[0, 8], 1).is_empty());
     // A prompt must be shorter than the context; each decode step needs a position.
     assert_eq!(p[1].n_ctx_needed(), 4097);
     assert_eq!(p[4].n_ctx_needed(), 8193);
@@ -212,6 +218,7 @@ fn sample_report(device: engine::Device) -> Report {
                     n_prompt: 512,
                     n_gen: 0,
                     n_depth: 0,
+                    n_streams: 1,
                 },
                 &[5000.0, 5100.0, 5300.0],
             ),
@@ -220,6 +227,7 @@ fn sample_report(device: engine::Device) -> Report {
                     n_prompt: 0,
                     n_gen: 128,
                     n_depth: 4096,
+                    n_streams: 1,
                 },
                 &[250.0, 252.0, 260.0],
             ),
