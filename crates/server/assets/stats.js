@@ -108,15 +108,16 @@
     box.className = "current table-wrap";
     const t = el("table", { class: "live-table", id: "live" });
     const head = el("tr");
-    for (const [h, cls] of [["slot"], ["#"], ["route"], ["state"], ["prompt", "n"], ["generated", "n"], ["tok/s", "n"], ["elapsed", "n"]]) {
+    for (const [h, cls] of [["slot"], ["#"], ["state"], ["prompt", "n"], ["generated", "n"], ["tok/s", "n"], ["elapsed", "n"]]) {
       head.append(el("th", cls ? { class: cls } : null, h));
     }
     t.append(el("thead")); t.tHead.append(head);
     const tb = el("tbody");
     for (const r of live) {
       const tr = el("tr");
+      tr.title = r.route + (r.queue_ms > 1 ? " · queued " + fmtMs(r.queue_ms) : "");
       const cells = [
-        [r.slot == null ? "–" : r.slot], [r.id], [r.route], [r.state],
+        [r.slot == null ? "–" : r.slot], [r.id], [r.state],
         [fmtInt(r.prompt_done) + " / " + fmtInt(r.prompt_tokens), "n"], [fmtInt(r.predicted_n), "n"],
         [fmtRate(r.state === "prompt" ? r.prompt_per_second : r.predicted_per_second), "n"],
         [fmtMs(r.elapsed_ms), "n"],
