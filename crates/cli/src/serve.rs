@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// Context length to allocate [default: the engine's, min(trained, 4096)].
     #[arg(long)]
     pub max_context: Option<u64>,
+    /// Requests decoded at once, each in its own slot; more wait in arrival order
+    /// [default: 4].
+    #[arg(long)]
+    pub parallel: Option<u64>,
     /// Default temperature for requests that send none (0 = greedy) [default: 0.6].
     #[arg(long)]
     pub temp: Option<f64>,
@@ -136,6 +140,7 @@ impl ServeArgs {
         );
         o.set("threads", self.threads);
         o.set("max-context", self.max_context);
+        o.set("parallel", self.parallel);
         o.set("temp", self.temp);
         o.set("top-k", self.top_k);
         o.set("top-p", self.top_p);

@@ -14,6 +14,13 @@ pub struct EngineConfig {
     pub threads: Option<usize>,
     /// Context length to allocate per sequence (None: min(model's trained context, 8192)).
     pub max_context: Option<usize>,
+    /// Slots: requests decoded at once, each in its own sequence (None: 1).
+    pub parallel: Option<usize>,
+    /// Bytes of RAM for conversations no slot holds any more (None: the smaller of
+    /// 8 GiB and a quarter of the available memory; 0: off).
+    pub prompt_cache: Option<u64>,
+    /// Where the prompt cache persists, so a restart resumes warm (None: memory only).
+    pub prompt_cache_dir: Option<std::path::PathBuf>,
     /// How the CPU kernels treat activations (tests use `ReferenceF32`).
     pub precision: crate::cpu::Precision,
     /// Where model steps run (None: the GPU when the build has CUDA and one is

@@ -48,6 +48,69 @@ pub enum StepOut {
     Token(u32),
 }
 
+/// A host copy of one sequence's state at position `pos` (tokens `0..pos` fed):
+/// what a prompt cache keeps, and what [`Executor::restore`] loads into any
+/// sequence of an executor of the same model.
+///
+/// K and V are both position-major here, whatever a device keeps, so a prefix of
+/// positions is a prefix of each array and the format does not depend on the device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqSnapshot {
+    /// The position the snapshot was taken at: tokens `0..pos` went in.
+    pub pos: usize,
+    /// Positions of K/V held: `pos` for a full snapshot, 0 for one of only the
+    /// recurrent state ([`Executor::snapshot_recurrent`]).
+    pub kv_pos: usize,
+    /// Per attention layer, in layer order: K and V of positions `0..kv_pos`.
+    pub kv: Vec<LayerKv>,
+    /// Per DeltaNet layer, in layer order: the state after token `pos − 1`; empty
+    /// for archs without DeltaNet layers.
+    pub recurrent: Vec<RecurrentState>,
+}
+
+/// K and V of one attention layer: `[position][kv head][head_dim]` each, f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerKv {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// One DeltaNet layer's state: conv history (conv_dim × (d_conv − 1), channel-major,
+/// oldest first) and recurrent state (Hv × dk × dv).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecurrentState {
+    pub conv: Vec<f32>,
+    pub ssm: Vec<f32>,
+}
+
+impl SeqSnapshot {
+    /// Bytes of its arrays.
+    pub fn bytes(&self) -> usize {
+        let kv: usize = self.kv.iter().map(|l| l.k.len() + l.v.len()).sum();
+        let rec: usize = self
+            .recurrent
+            .iter()
+            .map(|r| r.conv.len() + r.ssm.len())
+            .sum();
+        (kv + rec) * 4
+    }
+
+    /// Whether any prefix of its positions can be restored: true when it holds no
+    /// recurrent state (attention-only archs), whose state at an earlier position
+    /// cannot be recovered from a later one.
+    pub fn rewindable(&self) -> bool {
+        self.recurrent.is_empty()
+    }
+}
+
+/// The error of an executor without snapshots.
+fn no_snapshots(op: &str) -> ExecError {
+    ExecError::new(
+        op,
+        "sequence snapshots are not built for this executor (the CPU executor has them)",
+    )
+}
+
 /// A device that runs model steps.
 pub trait Executor: Send {
     /// Where steps run and what device memory they hold.
@@ -66,6 +129,44 @@ pub trait Executor: Send {
     /// pieces of this many; the pieces do not change the results).
     fn prompt_chunk(&self) -> usize {
         512
+    }
+    /// Whether `snapshot`, `snapshot_recurrent`, `restore` and `restore_recurrent`
+    /// are built (else they return an error).
+    fn snapshots(&self) -> bool {
+        false
+    }
+    /// A host copy of sequence `seq`'s state, which has been fed tokens `0..pos`:
+    /// K/V of positions `0..pos` and the recurrent state.
+    fn snapshot(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
+        let _ = (seq, pos);
+        Err(no_snapshots("snapshot"))
+    }
+    /// Like `snapshot` but without K/V (`kv_pos` 0): enough to bring `seq` itself
+    /// back to `pos` with [`Executor::restore_recurrent`] while its K/V of `0..pos`
+    /// are still in place (a step never writes positions below its `pos0`).
+    fn snapshot_recurrent(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
+        let _ = (seq, pos);
+        Err(no_snapshots("snapshot_recurrent"))
+    }
+    /// Loads positions `0..upto` of `snap` into sequence `seq` (its previous state is
+    /// dropped); the next step continues at `pos0 = upto`. With DeltaNet layers
+    /// `upto` must be `snap.pos` (their state cannot be rewound); attention-only
+    /// archs may restore any prefix `upto ≤ snap.kv_pos`.
+    fn restore(&mut self, seq: usize, snap: &SeqSnapshot, upto: usize) -> Result<(), ExecError> {
+        let _ = (seq, snap, upto);
+        Err(no_snapshots("restore"))
+    }
+    /// Loads only `snap`'s recurrent state into `seq`, keeping its K/V: brings `seq`
+    /// back to `snap.pos` when its K/V of `0..snap.pos` are the snapshot's sequence's
+    /// (the caller's promise; a sequence that never reached `snap.pos` is refused).
+    fn restore_recurrent(&mut self, seq: usize, snap: &SeqSnapshot) -> Result<(), ExecError> {
+        let _ = (seq, snap);
+        Err(no_snapshots("restore_recurrent"))
+    }
+    /// Bytes the sequences' state holds now (K/V allocated so far and recurrent
+    /// state), where the executor counts it.
+    fn state_bytes_held(&self) -> Option<usize> {
+        None
     }
 }
 

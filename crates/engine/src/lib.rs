@@ -9,7 +9,9 @@ pub mod cuda;
 pub mod exec;
 pub mod experts;
 pub mod npy;
+pub mod prompt_cache;
 pub mod sampler;
+pub mod sched;
 
 pub use api::*;
 
@@ -18,9 +20,11 @@ use exec::{Executor, SeqStep, StepOut, Want};
 use model::chat::ChatTemplate;
 use model::tokenizer::Tokenizer;
 use model::{ExecError, Logits, ModelConfig, ModelWeights};
+pub use sched::Sink;
+use sched::{Active, Callbacks, Limits, SeqCache};
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Errors a caller can act on; each names what is wrong and the remedy.
 #[derive(Debug, thiserror::Error)]
@@ -65,22 +69,41 @@ pub struct MemoryAccount {
     pub available: Option<u64>,
 }
 
-/// One loaded model, decoding one request at a time.
+/// A request waiting for a slot.
+type Queued = (GenerateRequest, Box<dyn Sink + Send>);
+
+/// One loaded model and its slots: `submit` queues requests, `step` decodes one
+/// token for each running request (`sched`); `generate*` runs one request to its
+/// end when nothing else is queued.
 pub struct Engine {
     info: ModelInfo,
     cfg: ModelConfig,
     tokenizer: Arc<Tokenizer>,
     template: Option<Arc<ChatTemplate>>,
     /// Runs the model steps (CPU or CUDA); holds the weights and the state of
-    /// sequence 0, the one this engine decodes.
+    /// every slot's sequence.
     exec: Box<dyn Executor>,
     /// The routing recorder, with `EngineConfig::record_routing`.
     routing: Option<Arc<experts::RoutingCounts>>,
-    /// Tokens whose effect is in `state`, in order (the prompt cache).
-    history: Vec<u32>,
-    /// The logits at the end of `history`, when known (after a request or
-    /// `logits_all`), so a prompt equal to the history needs no evaluation.
-    last_logits: Option<Vec<f32>>,
+    /// What each slot's sequence holds (its prompt cache).
+    seqs: Vec<SeqCache>,
+    /// Requests waiting for a slot, in arrival order.
+    queue: VecDeque<Queued>,
+    /// Requests decoding, in admission order.
+    running: Vec<(Active, Box<dyn Sink + Send>)>,
+    /// Admissions so far (orders the slots' last use).
+    tick: u64,
+    /// Conversations no slot holds any more (None: off, or the executor cannot
+    /// snapshot its sequences).
+    store: Option<prompt_cache::PromptCache>,
+    /// Where the prompt cache persists (None: memory only).
+    store_dir: Option<std::path::PathBuf>,
+    /// Names this model in the prompt cache's files.
+    model_id: String,
+    /// The token that starts a chat message (`<|im_start|>`), where a later prompt
+    /// may diverge from this one.
+    boundary: Option<u32>,
+    counters: CacheCounters,
     memory: MemoryAccount,
 }
 
@@ -168,7 +191,13 @@ impl Engine {
             }
             None => mcfg.n_ctx_train.min(4096),
         };
-        let state_bytes = cpu::state_bytes(&mcfg, n_ctx);
+        let parallel = cfg.parallel.unwrap_or(1);
+        if parallel == 0 || parallel > MAX_PARALLEL {
+            return Err(EngineError::Settings(format!(
+                "--parallel {parallel}: the number of slots must be 1 to {MAX_PARALLEL}"
+            )));
+        }
+        let state_bytes = cpu::state_bytes(&mcfg, n_ctx).saturating_mul(parallel);
         if state_bytes > isize::MAX as usize {
             // No allocation can be this large (the count saturated or nearly so).
             return Err(EngineError::Memory(format!(
@@ -183,7 +212,7 @@ impl Engine {
         if let Some(avail) = available {
             if state_bytes > avail {
                 return Err(EngineError::Memory(format!(
-                    "the KV cache and recurrent state for --max-context {n_ctx} need {:.2} GiB, but only {:.2} GiB of RAM is available; lower --max-context",
+                    "the KV cache and recurrent state of {parallel} slot(s) at --max-context {n_ctx} need {:.2} GiB, but only {:.2} GiB of RAM is available; lower --max-context or --parallel",
                     state_bytes as f64 / GIB,
                     avail as f64 / GIB
                 )));
@@ -199,7 +228,7 @@ impl Engine {
         let routing = cfg
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
-        let exec = open_executor(cfg, &mcfg, weights, n_ctx, routing.clone())?;
+        let exec = open_executor(cfg, &mcfg, weights, n_ctx, parallel, routing.clone())?;
         let name = file
             .get("general.name")
             .and_then(|v| v.as_str())
@@ -227,6 +256,12 @@ impl Engine {
             n_expert_used: mcfg.n_expert_used,
             synthetic,
         };
+        let model_id = format!(
+            "{}:{}:{}:{}",
+            info.arch, info.name, info.file_bytes, info.n_vocab
+        );
+        let boundary = tokenizer.token_id("<|im_start|>");
+        let store = open_prompt_cache(cfg, exec.as_ref(), &model_id, available)?;
         Ok(Engine {
             info,
             cfg: mcfg,
@@ -234,8 +269,15 @@ impl Engine {
             template,
             exec,
             routing,
-            history: Vec::new(),
-            last_logits: None,
+            seqs: (0..parallel).map(|_| SeqCache::default()).collect(),
+            queue: VecDeque::new(),
+            running: Vec::new(),
+            tick: 0,
+            store,
+            store_dir: cfg.prompt_cache_dir.clone(),
+            model_id,
+            boundary,
+            counters: CacheCounters::default(),
             memory: MemoryAccount {
                 weights_mapped: tensor_bytes,
                 expert_bytes,
@@ -295,32 +337,334 @@ impl Engine {
         quant::kernel_isa()
     }
 
-    fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
-        for &id in tokens {
-            if id as usize >= self.cfg.n_vocab {
-                return Err(EngineError::BadToken {
-                    id,
-                    n_vocab: self.cfg.n_vocab,
-                });
-            }
+    /// The limits every request is checked against.
+    fn limits(&self) -> Limits<'_> {
+        Limits {
+            n_ctx: self.info.n_ctx,
+            n_vocab: self.cfg.n_vocab,
+            eog: self.tokenizer.eog_ids(),
+        }
+    }
+
+    /// Forgets every slot's cached sequence (no request may be running).
+    pub fn reset(&mut self) -> Result<(), EngineError> {
+        self.check_idle()?;
+        for seq in 0..self.seqs.len() {
+            self.clear_seq(seq)?;
         }
         Ok(())
     }
 
-    /// Forgets the cached sequence.
-    pub fn reset(&mut self) -> Result<(), EngineError> {
-        self.history.clear();
-        self.last_logits = None;
-        self.exec.clear(0)?;
+    fn clear_seq(&mut self, seq: usize) -> Result<(), EngineError> {
+        let c = &mut self.seqs[seq];
+        c.history.clear();
+        c.last_logits = None;
+        c.marks.clear();
+        self.exec.clear(seq)?;
         Ok(())
     }
 
-    /// Feeds `tokens` after the current history, in prompt chunks; returns the
+    fn check_idle(&self) -> Result<(), EngineError> {
+        if self.running.is_empty() && self.queue.is_empty() {
+            Ok(())
+        } else {
+            Err(EngineError::Settings(
+                "the engine is decoding submitted requests: step it until they end first".into(),
+            ))
+        }
+    }
+
+    /// The slots: how many there are.
+    pub fn parallel(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// What each slot holds now.
+    pub fn slots(&self) -> Vec<SlotInfo> {
+        self.seqs
+            .iter()
+            .enumerate()
+            .map(|(id, c)| {
+                let act = self.running.iter().find(|(a, _)| a.seq == id);
+                SlotInfo {
+                    id,
+                    busy: c.busy,
+                    cached_tokens: c.history.len(),
+                    prompt_tokens: act.map(|(a, _)| a.req.prompt.len()),
+                }
+            })
+            .collect()
+    }
+
+    /// How prompts were served from cached state so far.
+    pub fn cache_report(&self) -> CacheReport {
+        CacheReport {
+            counters: self.counters,
+            store: self.store.as_ref().map(|s| s.stats()),
+        }
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// True while requests are queued or running.
+    pub fn busy(&self) -> bool {
+        !self.running.is_empty() || !self.queue.is_empty()
+    }
+
+    /// Queues `req`; `step` admits it to a slot in arrival order and reports to
+    /// `sink` until it ends (`Sink::done`, exactly once).
+    pub fn submit(&mut self, req: GenerateRequest, sink: Box<dyn Sink + Send>) {
+        self.queue.push_back((req, sink));
+    }
+
+    /// Admits what fits, then decodes one token of every running request (and one
+    /// piece of the first waiting prompt) in one executor step. True while work
+    /// remains.
+    pub fn step(&mut self) -> bool {
+        if self.running.is_empty() {
+            // A slot still marked busy lost its request to a panic mid-step: its
+            // state may hold part of that step, so it starts over.
+            for seq in 0..self.seqs.len() {
+                if self.seqs[seq].busy {
+                    self.seqs[seq].busy = false;
+                    if let Err(e) = self.clear_seq(seq) {
+                        tracing::warn!("slot {seq}: clearing after a failed step: {e}");
+                    }
+                }
+            }
+        }
+        while let Some(seq) = self.free_seq() {
+            let Some((req, mut sink)) = self.queue.pop_front() else {
+                break;
+            };
+            if sink.cancelled() {
+                sink.done(Ok(Completion {
+                    tokens: Vec::new(),
+                    finish: FinishReason::Stopped,
+                    timings: Timings::default(),
+                    seed: req.sampling.seed.unwrap_or(0),
+                }));
+                continue;
+            }
+            let logits = sink.wants_logits();
+            match self.admit(seq, req, logits, sink.as_mut()) {
+                Ok(Some(act)) => self.running.push((act, sink)),
+                Ok(None) => {}
+                Err(e) => sink.done(Err(e)),
+            }
+        }
+        if self.running.is_empty() {
+            return !self.queue.is_empty();
+        }
+        let mut running = std::mem::take(&mut self.running);
+        let mut items: Vec<(&mut Active, &mut dyn Sink)> = running
+            .iter_mut()
+            .map(|(a, s)| (a, s.as_mut() as &mut dyn Sink))
+            .collect();
+        let lim = Limits {
+            n_ctx: self.info.n_ctx,
+            n_vocab: self.cfg.n_vocab,
+            eog: self.tokenizer.eog_ids(),
+        };
+        let ended = sched::step(self.exec.as_mut(), &mut self.seqs, &lim, &mut items);
+        drop(items);
+        let mut i = 0;
+        running.retain(|(a, _)| {
+            let keep = !ended[i];
+            i += 1;
+            if !keep {
+                self.seqs[a.seq].busy = false;
+            }
+            keep
+        });
+        self.running = running;
+        self.busy()
+    }
+
+    /// A free slot, when there is one and a request waits.
+    fn free_seq(&self) -> Option<usize> {
+        let (req, _) = self.queue.front()?;
+        self.pick_seq(&req.prompt)
+    }
+
+    /// The free slot that keeps the most of `prompt`; else the least recently used.
+    fn pick_seq(&self, prompt: &[u32]) -> Option<usize> {
+        let recurrent = self.cfg.ssm.is_some();
+        self.seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.busy)
+            .max_by_key(|(_, c)| {
+                (
+                    sched::reusable(c, prompt, recurrent).keep,
+                    std::cmp::Reverse(c.last_used),
+                )
+            })
+            .map(|(i, _)| i)
+    }
+
+    /// Checks `req`, prepares slot `seq` for it (keeping what its cache or the
+    /// prompt cache can give), and starts it; `None` when it ended at once (the
+    /// sink was told).
+    fn admit(
+        &mut self,
+        seq: usize,
+        req: GenerateRequest,
+        logits: bool,
+        sink: &mut dyn Sink,
+    ) -> Result<Option<Active>, EngineError> {
+        self.limits().validate(&req)?;
+        let keep = self.prepare_seq(seq, &req.prompt)?;
+        self.tick += 1;
+        self.seqs[seq].last_used = self.tick;
+        sink.admitted(seq, keep);
+        let marks = if self.cfg.ssm.is_some() && self.exec.snapshots() {
+            sched::mark_positions(&req.prompt, self.boundary)
+        } else {
+            Vec::new()
+        };
+        let lim = Limits {
+            n_ctx: self.info.n_ctx,
+            n_vocab: self.cfg.n_vocab,
+            eog: self.tokenizer.eog_ids(),
+        };
+        let mut act = Active::new(seq, req, keep, &lim, logits, marks);
+        let c = &mut self.seqs[seq];
+        if sched::start_cached(&mut act, c, &lim, sink) {
+            return Ok(None);
+        }
+        c.busy = true;
+        Ok(Some(act))
+    }
+
+    /// Makes slot `seq`'s state a prefix of `prompt`, as long as its own cache or
+    /// the prompt cache allows; returns how many prompt tokens it holds. A
+    /// conversation the slot held and now loses goes to the prompt cache.
+    fn prepare_seq(&mut self, seq: usize, prompt: &[u32]) -> Result<usize, EngineError> {
+        let recurrent = self.cfg.ssm.is_some();
+        let own = sched::reusable(&self.seqs[seq], prompt, recurrent);
+        let stored = match self.store.as_mut() {
+            Some(st) => st.peek(prompt),
+            None => 0,
+        };
+        if stored > own.keep {
+            self.stash_seq(seq);
+            let hit = self.store.as_mut().and_then(|st| st.lookup(prompt));
+            if let Some(hit) = hit {
+                let c = &mut self.seqs[seq];
+                c.history.clear();
+                c.last_logits = None;
+                c.marks.clear();
+                match self.exec.restore(seq, &hit.snapshot, hit.matched) {
+                    Ok(()) => {
+                        self.seqs[seq].history = prompt[..hit.matched].to_vec();
+                        self.counters.store_hits += 1;
+                        self.counters.tokens_reused += hit.matched as u64;
+                        return Ok(hit.matched);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "prompt cache: restoring {} tokens failed: {e}",
+                            hit.matched
+                        );
+                        self.clear_seq(seq)?;
+                        self.counters.misses += 1;
+                        return Ok(0);
+                    }
+                }
+            }
+        }
+        if own.keep < self.seqs[seq].history.len() {
+            self.stash_seq(seq);
+        }
+        if own.keep == 0 {
+            self.clear_seq(seq)?;
+            self.counters.misses += 1;
+            return Ok(0);
+        }
+        if let Some(i) = own.mark {
+            let snap = self.seqs[seq].marks[i].snap.clone();
+            if let Err(e) = self.exec.restore_recurrent(seq, &snap) {
+                tracing::warn!("slot {seq}: going back to position {}: {e}", own.keep);
+                self.clear_seq(seq)?;
+                self.counters.misses += 1;
+                return Ok(0);
+            }
+        }
+        let c = &mut self.seqs[seq];
+        if own.keep < c.history.len() {
+            c.history.truncate(own.keep);
+            c.last_logits = None;
+        }
+        c.marks.retain(|m| m.pos <= own.keep);
+        self.counters.slot_hits += 1;
+        self.counters.tokens_reused += own.keep as u64;
+        Ok(own.keep)
+    }
+
+    /// Puts the conversation slot `seq` holds into the prompt cache before the
+    /// slot is given to another: its state at the last message start it marked
+    /// (or its whole history, for attention-only models).
+    fn stash_seq(&mut self, seq: usize) {
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        let c = &self.seqs[seq];
+        let (pos, recurrent) = if self.cfg.ssm.is_some() {
+            let best = c
+                .marks
+                .iter()
+                .filter(|m| m.boundary && m.pos <= c.history.len())
+                .max_by_key(|m| m.pos)
+                .or_else(|| {
+                    c.marks
+                        .iter()
+                        .filter(|m| m.pos <= c.history.len())
+                        .max_by_key(|m| m.pos)
+                });
+            match best {
+                Some(m) => (m.pos, Some(m.snap.clone())),
+                None => return,
+            }
+        } else {
+            (c.history.len(), None)
+        };
+        if pos == 0 {
+            return;
+        }
+        let mut snap = match self.exec.snapshot(seq, pos) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("prompt cache: no snapshot of slot {seq}: {e}");
+                return;
+            }
+        };
+        if let Some(r) = recurrent {
+            snap.recurrent = r.recurrent.clone();
+        }
+        let tokens = c.history[..pos].to_vec();
+        match store.insert(tokens, snap) {
+            Ok(_) => {
+                if let Some(dir) = &self.store_dir {
+                    if let Err(e) = store.save_dir(dir, &self.model_id) {
+                        tracing::warn!("prompt cache: writing {}: {e}", dir.display());
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("prompt cache: {e}"),
+        }
+    }
+
+    /// Feeds `tokens` after slot 0's history, in prompt chunks; returns the
     /// logits of the last position (or of all positions with `Logits::All`), or
     /// the greedy token.
     fn feed(&mut self, tokens: &[u32], want: Want) -> Result<StepOut, EngineError> {
-        self.last_logits = None;
-        let pos0 = self.history.len();
+        let c = &mut self.seqs[0];
+        c.last_logits = None;
+        let pos0 = c.history.len();
         let exec = &mut self.exec;
         let out = exec::in_pieces(
             tokens,
@@ -340,12 +684,12 @@ impl Engine {
         );
         match out {
             Ok(o) => {
-                self.history.extend_from_slice(tokens);
+                self.seqs[0].history.extend_from_slice(tokens);
                 Ok(o)
             }
             Err(e) => {
                 // The state may hold part of this feed: start over next time.
-                let _ = self.reset();
+                let _ = self.clear_seq(0);
                 Err(e.into())
             }
         }
@@ -354,19 +698,20 @@ impl Engine {
     /// Evaluates `tokens` from an empty state and returns the logits of every
     /// position (n_vocab each), for parity tests and `--dump-logits`.
     pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.check_tokens(tokens)?;
+        self.check_idle()?;
+        self.limits().check(tokens)?;
         if tokens.len() > self.info.n_ctx {
             return Err(EngineError::PromptTooLong {
                 prompt: tokens.len(),
                 n_ctx: self.info.n_ctx,
             });
         }
-        self.reset()?;
+        self.clear_seq(0)?;
         let StepOut::Logits(all) = self.feed(tokens, Want::Logits(Logits::All))? else {
             return Err(ExecError::new("logits_all", "the executor returned a token").into());
         };
         let n_vocab = self.cfg.n_vocab;
-        self.last_logits = Some(all[all.len() - n_vocab..].to_vec());
+        self.seqs[0].last_logits = Some(all[all.len() - n_vocab..].to_vec());
         Ok(all)
     }
 
@@ -404,190 +749,133 @@ impl Engine {
         self.generate_inner(req, &mut |_| Flow::Continue, on_token, Some(on_logits))
     }
 
-    fn generate_inner(
+    /// Runs one request to its end on this thread, through the scheduler's step
+    /// (a batch of one); nothing else may be queued or running.
+    fn generate_inner<'a>(
         &mut self,
         req: &GenerateRequest,
-        on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
-        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
-        mut on_logits: Option<LogitsSink>,
+        on_prompt: &'a mut dyn FnMut(&PromptProgress) -> Flow,
+        on_token: &'a mut dyn FnMut(&TokenEvent) -> Flow,
+        on_logits: Option<LogitsSink<'a>>,
     ) -> Result<Completion, EngineError> {
-        if req.prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        self.check_tokens(&req.prompt)?;
-        let n_ctx = self.info.n_ctx;
-        if req.prompt.len() >= n_ctx {
-            return Err(EngineError::PromptTooLong {
-                prompt: req.prompt.len(),
-                n_ctx,
-            });
-        }
-        for &(id, _) in &req.sampling.logit_bias {
-            self.check_tokens(&[id])?;
-        }
-        let seed = req.sampling.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        });
-        let mut sampler = sampler::Sampler::new(&req.sampling, seed, &req.prompt);
-        let mut timings = Timings::default();
-
-        // Prompt cache: keep the state when it holds a prefix of this prompt (the
-        // whole prompt too, when the logits at its end are known). Recurrent state
-        // cannot be rewound, so anything else starts over.
-        let reuse = !self.history.is_empty()
-            && req.prompt.starts_with(&self.history)
-            && (self.history.len() < req.prompt.len() || self.last_logits.is_some());
-        if !reuse {
-            self.reset()?;
-        }
-        // With plain greedy sampling and nobody asking for logits, the device
-        // picks the token and only its id comes back.
-        let mut constraint = req
-            .constraint
-            .as_ref()
-            .map(|c| c.start(self.tokenizer.eog_ids()));
-        let want = if on_logits.is_none() && sampler.is_plain_greedy() && constraint.is_none() {
-            Want::Greedy
-        } else {
-            Want::Logits(Logits::Last)
+        self.check_idle()?;
+        let mut sink = Callbacks {
+            on_prompt,
+            on_token,
+            on_logits,
+            result: None,
         };
-        timings.cache_n = self.history.len();
-        let t0 = Instant::now();
-        let new = req.prompt[self.history.len()..].to_vec();
-        timings.prompt_n = new.len();
-        let mut next = match self.last_logits.take() {
-            Some(l) if new.is_empty() => StepOut::Logits(l),
-            // Piece by piece (the pieces `feed` would cut, so the bits are the same),
-            // reporting after each one.
-            _ => {
-                let chunk = self.exec.prompt_chunk();
-                let n = new.len().div_ceil(chunk);
-                let mut out = StepOut::Logits(Vec::new());
-                for (i, piece) in new.chunks(chunk).enumerate() {
-                    let last = i + 1 == n;
-                    out = self.feed(piece, if last { want } else { Want::Greedy })?;
-                    let progress = PromptProgress {
-                        done: self.history.len(),
-                        total: req.prompt.len(),
-                        cached: timings.cache_n,
-                    };
-                    if on_prompt(&progress) == Flow::Stop {
-                        timings.prompt_n = self.history.len() - timings.cache_n;
-                        timings.prompt_ms = ms(t0.elapsed());
-                        if let (true, StepOut::Logits(l)) = (last, out) {
-                            self.last_logits = Some(l);
-                        }
-                        return Ok(Completion {
-                            tokens: Vec::new(),
-                            finish: FinishReason::Stopped,
-                            timings,
-                            seed,
-                        });
-                    }
-                }
-                out
-            }
-        };
-        timings.prompt_ms = ms(t0.elapsed());
-        if let (Some(f), StepOut::Logits(l)) = (on_logits.as_mut(), &next) {
-            f(l);
-        }
-
-        let t1 = Instant::now();
-        let mut out = Vec::new();
-        let mut forced: std::collections::VecDeque<u32> = Default::default();
-        // The constraint's mask for the position whose logits are in `next`.
-        let mut mask = constraint.as_mut().map(|c| c.next_mask()).transpose()?;
-        // `next` was edited by a mask (so it is not kept for the prompt cache).
-        let mut masked = false;
-        let finish = loop {
-            if out.len() >= req.max_tokens {
-                break FinishReason::Length;
-            }
-            if self.history.len() >= n_ctx {
-                break FinishReason::ContextFull;
-            }
-            let (token, was_forced) = match forced.pop_front() {
-                Some(t) => (t, true),
-                None => match &mut next {
-                    StepOut::Logits(l) => {
-                        if let (Some(c), Some(m)) = (constraint.as_ref(), mask.as_ref()) {
-                            c.apply(m, l);
-                            masked = true;
-                        }
-                        (sampler.sample(l), false)
-                    }
-                    StepOut::Token(t) => (*t, false),
-                },
-            };
-            if let Some(c) = constraint.as_mut() {
-                c.on_token(token, was_forced)?;
-            }
-            sampler.accept(token);
-            out.push(token);
-            let eog = self.tokenizer.eog_ids().contains(&token);
-            let ev = TokenEvent {
-                token,
-                index: out.len() - 1,
-                forced: was_forced,
-                eog,
-            };
-            match on_token(&ev) {
-                Flow::Continue => {}
-                Flow::Stop => break FinishReason::Stopped,
-                Flow::Force(ts) => {
-                    self.check_tokens(&ts)?;
-                    forced.extend(ts);
+        let seq = self.pick_seq(&req.prompt).unwrap_or(0);
+        let logits = sink.wants_logits();
+        if let Some(mut act) = self.admit(seq, req.clone(), logits, &mut sink)? {
+            loop {
+                let lim = Limits {
+                    n_ctx: self.info.n_ctx,
+                    n_vocab: self.cfg.n_vocab,
+                    eog: self.tokenizer.eog_ids(),
+                };
+                let mut items: [(&mut Active, &mut dyn Sink); 1] = [(&mut act, &mut sink)];
+                let ended = sched::step(self.exec.as_mut(), &mut self.seqs, &lim, &mut items);
+                if ended[0] {
+                    break;
                 }
             }
-            if eog && req.stop_at_eog && forced.is_empty() {
-                break FinishReason::Eog;
-            }
-            if out.len() >= req.max_tokens {
-                break FinishReason::Length;
-            }
-            // The next position's mask is computed while the step that produces its
-            // logits runs (not needed when the next token is forced).
-            match constraint.as_mut().filter(|_| forced.is_empty()) {
-                None => {
-                    next = self.feed(&[token], want)?;
-                    mask = None;
-                }
-                Some(c) => {
-                    let (stepped, m) = std::thread::scope(|s| {
-                        let helper = s.spawn(|| c.next_mask());
-                        let stepped = self.feed(&[token], want);
-                        (stepped, helper.join())
-                    });
-                    next = stepped?;
-                    mask = Some(m.map_err(|_| {
-                        constraint::ConstraintError("the grammar failed (panic)".into())
-                    })??);
-                }
-            }
-            masked = false;
-            if let (Some(f), StepOut::Logits(l)) = (on_logits.as_mut(), &next) {
-                f(l);
-            }
-        };
-        // `next` belongs to the end of the history (the last token emitted was
-        // not fed), so a request repeating this history can start from its logits.
-        self.last_logits = match next {
-            StepOut::Logits(l) if !masked => Some(l),
-            _ => None,
-        };
-        timings.predicted_n = out.len();
-        timings.predicted_ms = ms(t1.elapsed());
-        Ok(Completion {
-            tokens: out,
-            finish,
-            timings,
-            seed,
-        })
+            self.seqs[seq].busy = false;
+        }
+        sink.result
+            .take()
+            .unwrap_or_else(|| Err(ExecError::new("generate", "the request did not end").into()))
     }
+}
+
+/// Prompt-cache budget when none is set: at most this, and at most a quarter of
+/// the memory available at load.
+pub const DEFAULT_PROMPT_CACHE: u64 = 8 << 30;
+
+/// The prompt cache `cfg` asks for, loaded from its directory when it has one.
+fn open_prompt_cache(
+    cfg: &EngineConfig,
+    exec: &dyn Executor,
+    model_id: &str,
+    available: Option<u64>,
+) -> Result<Option<prompt_cache::PromptCache>, EngineError> {
+    let budget = cfg.prompt_cache.unwrap_or_else(|| {
+        DEFAULT_PROMPT_CACHE.min(available.map_or(DEFAULT_PROMPT_CACHE, |a| a / 4))
+    });
+    if budget == 0 {
+        return Ok(None);
+    }
+    if !exec.snapshots() {
+        tracing::info!(
+            "prompt cache: off on this executor (it cannot snapshot sequences); each slot still reuses its own last conversation"
+        );
+        return Ok(None);
+    }
+    if let Some(avail) = available {
+        if budget > avail {
+            return Err(EngineError::Memory(format!(
+                "--prompt-cache {:.2} GiB is more than the {:.2} GiB of RAM available; lower it (0 turns it off)",
+                budget as f64 / GIB,
+                avail as f64 / GIB
+            )));
+        }
+    }
+    let mut store = prompt_cache::PromptCache::new(usize::try_from(budget).unwrap_or(usize::MAX));
+    if let Some(dir) = &cfg.prompt_cache_dir {
+        match store.load_dir(dir, model_id) {
+            Ok(r) => tracing::info!(
+                "prompt cache: {} conversation(s) loaded from {} ({} file(s) skipped)",
+                r.loaded,
+                dir.display(),
+                r.skipped
+            ),
+            Err(e) => {
+                return Err(EngineError::Settings(format!(
+                    "--prompt-cache-dir {}: {e}",
+                    dir.display()
+                )))
+            }
+        }
+    }
+    Ok(Some(store))
+}
+
+/// How requests' prompts were served from cached state.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct CacheCounters {
+    /// Requests that kept part of their slot's state.
+    pub slot_hits: u64,
+    /// Requests that restored a conversation from the prompt cache.
+    pub store_hits: u64,
+    /// Requests that started from an empty state.
+    pub misses: u64,
+    /// Prompt tokens not evaluated thanks to either.
+    pub tokens_reused: u64,
+}
+
+/// The prompt cache's state, for `/metrics` and the stats page.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CacheReport {
+    pub counters: CacheCounters,
+    /// Conversations stored, their bytes, the budget, and evictions so far
+    /// (None: the prompt cache is off).
+    pub store: Option<prompt_cache::CacheStats>,
+}
+
+/// The most slots `--parallel` may ask for.
+pub const MAX_PARALLEL: usize = 64;
+
+/// One slot, for `/slots` and the stats page.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SlotInfo {
+    pub id: usize,
+    /// A request is decoding here.
+    pub busy: bool,
+    /// Tokens in the slot's state (the cached conversation, or the request's
+    /// prompt and output so far).
+    pub cached_tokens: usize,
+    /// The running request's prompt length.
+    pub prompt_tokens: Option<usize>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -655,6 +943,7 @@ fn open_executor(
     mcfg: &ModelConfig,
     weights: ModelWeights,
     n_ctx: usize,
+    n_seq: usize,
     routing: Option<Arc<experts::RoutingCounts>>,
 ) -> Result<Box<dyn Executor>, EngineError> {
     let recording = routing.is_some();
@@ -665,7 +954,7 @@ fn open_executor(
             precision: cfg.precision,
             routing,
         };
-        Ok(Box::new(CpuExecutor::new(backend, n_ctx, 1)?))
+        Ok(Box::new(CpuExecutor::new(backend, n_ctx, n_seq)?))
     };
     match cfg.device {
         Some(Device::Cpu) => cpu(weights),
@@ -677,7 +966,7 @@ fn open_executor(
             let profile = load_profile(cfg, mcfg)?;
             let budgets = cuda_budgets(cfg, profile.as_ref());
             Ok(Box::new(cuda::CudaExecutor::open(
-                n, mcfg, &weights, n_ctx, 1, budgets,
+                n, mcfg, &weights, n_ctx, n_seq, budgets,
             )?))
         }
         #[cfg(not(feature = "cuda"))]
@@ -691,7 +980,7 @@ fn open_executor(
             if cfg.precision == cpu::Precision::Canonical && !recording {
                 let profile = load_profile(cfg, mcfg)?;
                 let budgets = cuda_budgets(cfg, profile.as_ref());
-                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, 1, budgets) {
+                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, n_seq, budgets) {
                     Ok(e) => return Ok(Box::new(e)),
                     Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),
                 }

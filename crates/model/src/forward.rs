@@ -77,6 +77,27 @@ pub trait Backend {
     }
     /// Keeps only the last row.
     fn last_row(&self, x: Self::Buf) -> Result<Self::Buf, ExecError>;
+    /// Rows `start..start + n` of `x` as a buffer of their own (a copy or a view):
+    /// [`forward_batch`] hands each sequence's rows to its mixer, and picks the
+    /// rows whose logits were asked for. Only passes over several sequences use
+    /// it; a backend that runs one sequence per pass may leave the default, which
+    /// refuses.
+    fn rows(&self, x: &Self::Buf, start: usize, n: usize) -> Result<Self::Buf, ExecError> {
+        let _ = (x, start, n);
+        Err(ExecError::new(
+            "rows",
+            "this backend runs one sequence per forward pass (no row split); step the sequences one by one",
+        ))
+    }
+    /// The rows of `parts`, in order, as one buffer (the inverse of [`Backend::rows`]).
+    /// Same default as `rows`.
+    fn concat_rows(&self, parts: &[Self::Buf]) -> Result<Self::Buf, ExecError> {
+        let _ = parts;
+        Err(ExecError::new(
+            "concat_rows",
+            "this backend runs one sequence per forward pass (no row concatenation); step the sequences one by one",
+        ))
+    }
     /// Attention of layer `layer` for tokens at positions pos0.. (writes their
     /// K/V into the state's cache for attention layer number `slot`).
     fn attention(
@@ -102,8 +123,18 @@ pub trait Backend {
     fn lm_head(&self, x: &Self::Buf) -> Result<Self::Buf, ExecError>;
 }
 
+/// One sequence's part of a [`forward_batch`]: `tokens` at positions `pos0..`,
+/// advancing `state`, returning the logits `logits` names.
+pub struct Segment<'a, S> {
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+    pub state: &'a mut S,
+    pub logits: Logits,
+}
+
 /// Runs `tokens` at positions pos0.. through the model, advancing `state`, and
 /// returns the logits buffer (n_vocab per returned position) on the backend.
+/// The same operations as [`forward_batch`] of this one segment.
 pub fn forward<B: Backend>(
     b: &B,
     tokens: &[u32],
@@ -111,21 +142,83 @@ pub fn forward<B: Backend>(
     state: &mut B::State,
     which: Logits,
 ) -> Result<B::Buf, ExecError> {
+    let seg = Segment {
+        tokens,
+        pos0,
+        state,
+        logits: which,
+    };
+    let mut out = forward_batch(b, &mut [seg])?;
+    out.pop()
+        .ok_or_else(|| ExecError::new("forward", "the pass returned no logits"))
+}
+
+/// Runs several sequences' segments through the model in one pass and returns each
+/// segment's logits (n_vocab per returned position), in segment order.
+///
+/// The segments' tokens form one activation matrix, so every token-wise operation
+/// (norms, residual adds, router, experts, shared expert, LM head) runs once over
+/// all rows and reads each weight once per pass; only the mixers, which read and
+/// advance a sequence's state, run per segment on that segment's rows. Every
+/// token-wise operation computes each row from that row alone (the kernels give a
+/// row the same bits whatever the other rows, and routing is per token), so each
+/// segment gets the bits and the state it would get alone (DESIGN.md invariant 3,
+/// "batching is invisible"). One segment runs no row split or concatenation: its
+/// operations are exactly those of a single-sequence pass.
+///
+/// The segments must advance distinct states (the borrow checker sees to that)
+/// and each must have at least one token.
+pub fn forward_batch<B: Backend>(
+    b: &B,
+    segs: &mut [Segment<'_, B::State>],
+) -> Result<Vec<B::Buf>, ExecError> {
+    if segs.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Some(i) = segs.iter().position(|s| s.tokens.is_empty()) {
+        return Err(ExecError::new(
+            "forward",
+            format!("segment {i} has no tokens (every segment needs at least one)"),
+        ));
+    }
     let cfg = b.config();
-    let mut x = b.embed(tokens)?;
+    let single = segs.len() == 1;
+    // Row offset of each segment in the batch's activation matrix.
+    let mut starts = Vec::with_capacity(segs.len());
+    let mut n_rows = 0;
+    for s in segs.iter() {
+        starts.push(n_rows);
+        n_rows += s.tokens.len();
+    }
+    let mut x = if single {
+        b.embed(segs[0].tokens)?
+    } else {
+        let all: Vec<u32> = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        b.embed(&all)?
+    };
     let (mut attn_slot, mut dn_slot) = (0, 0);
     let n_layer = cfg.layer_kinds.len();
     let mut h = b.rms_norm(&x, Norm::Attn(0))?;
     for (i, kind) in cfg.layer_kinds.iter().enumerate() {
-        let m = match kind {
-            LayerKind::Attention => {
-                attn_slot += 1;
-                b.attention(i, attn_slot - 1, &h, pos0, state)?
+        let slot = match kind {
+            LayerKind::Attention => &mut attn_slot,
+            LayerKind::DeltaNet => &mut dn_slot,
+        };
+        *slot += 1;
+        let slot = *slot - 1;
+        let mix = |b: &B, h: &B::Buf, s: &mut Segment<'_, B::State>| match kind {
+            LayerKind::Attention => b.attention(i, slot, h, s.pos0, s.state),
+            LayerKind::DeltaNet => b.delta_net(i, slot, h, s.state),
+        };
+        let m = if single {
+            mix(b, &h, &mut segs[0])?
+        } else {
+            let mut parts = Vec::with_capacity(segs.len());
+            for (s, &start) in segs.iter_mut().zip(&starts) {
+                let hs = b.rows(&h, start, s.tokens.len())?;
+                parts.push(mix(b, &hs, s)?);
             }
-            LayerKind::DeltaNet => {
-                dn_slot += 1;
-                b.delta_net(i, dn_slot - 1, &h, state)?
-            }
+            b.concat_rows(&parts)?
         };
         let hf = b.add_rms_norm(&mut x, &m, Norm::Ffn(i))?;
         let f = b.moe(i, &hf)?;
@@ -135,9 +228,36 @@ pub fn forward<B: Backend>(
             b.add_assign(&mut x, &f)?;
         }
     }
-    if which == Logits::Last {
-        x = b.last_row(x)?;
+    if single {
+        if segs[0].logits == Logits::Last {
+            x = b.last_row(x)?;
+        }
+        let x = b.rms_norm(&x, Norm::Output)?;
+        return Ok(vec![b.lm_head(&x)?]);
+    }
+    // Only the rows whose logits were asked for go through the output norm and
+    // the LM head; `picked[k]` is (first row, rows) of segment k among them.
+    let mut picked = Vec::with_capacity(segs.len());
+    let mut n_picked = 0;
+    for (s, &start) in segs.iter().zip(&starts) {
+        let (from, n) = match s.logits {
+            Logits::Last => (start + s.tokens.len() - 1, 1),
+            Logits::All => (start, s.tokens.len()),
+        };
+        picked.push((from, n_picked, n));
+        n_picked += n;
+    }
+    if n_picked < n_rows {
+        let parts = picked
+            .iter()
+            .map(|&(from, _, n)| b.rows(&x, from, n))
+            .collect::<Result<Vec<_>, _>>()?;
+        x = b.concat_rows(&parts)?;
     }
     let x = b.rms_norm(&x, Norm::Output)?;
-    b.lm_head(&x)
+    let logits = b.lm_head(&x)?;
+    picked
+        .iter()
+        .map(|&(_, at, n)| b.rows(&logits, at, n))
+        .collect()
 }

@@ -473,6 +473,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
     let cfg = engine::EngineConfig {
         threads: settings.threads,
         max_context: settings.max_context,
+        parallel: Some(settings.parallel),
         device: settings.device,
         vram_budget: settings.vram_budget,
         ram_budget: settings.ram_budget,

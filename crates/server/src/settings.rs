@@ -111,6 +111,9 @@ pub const EFFORTS: &[&str] = &[
     "none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra",
 ];
 
+/// Slots when neither the command line nor the config file sets `parallel`.
+pub const DEFAULT_PARALLEL: usize = 4;
+
 const SPECS: &[Spec] = &[
     Spec {
         name: "model",
@@ -195,6 +198,13 @@ const SPECS: &[Spec] = &[
         kind: Kind::Count { min: 64 },
         default: || Value::Null,
         unset: "engine default: min(trained, 4096)",
+    },
+    Spec {
+        name: "parallel",
+        section: "engine",
+        kind: Kind::Count { min: 1 },
+        default: || json!(DEFAULT_PARALLEL),
+        unset: "",
     },
     Spec {
         name: "temp",
@@ -343,6 +353,8 @@ pub struct Settings {
     pub cors_origins: Vec<String>,
     pub threads: Option<usize>,
     pub max_context: Option<usize>,
+    /// Slots: requests decoded at once.
+    pub parallel: usize,
     /// Where model steps run (None: the engine chooses).
     pub device: Option<engine::Device>,
     /// Tiered experts: VRAM and pinned-RAM budgets, routing profile.
@@ -628,6 +640,7 @@ impl Settings {
             cors_origins: cors,
             threads: n("threads"),
             max_context: n("max-context"),
+            parallel: n("parallel").unwrap_or(DEFAULT_PARALLEL),
             // Checked (and normalised to `cpu` / `cuda:N`) by `check`.
             device: get("device").as_str().and_then(|d| d.parse().ok()),
             // Checked by `check` (a number of bytes or a size string).

@@ -1,26 +1,32 @@
-//! The engine worker: one std thread that owns the engine and decodes one request at
-//! a time, taking jobs from a FIFO channel (so requests run in arrival order).
+//! The engine worker: one std thread that owns the engine. It takes jobs from a
+//! channel and submits them to the engine's scheduler, which admits them to its
+//! slots in arrival order and decodes one token of every running request per step
+//! (`engine::sched`); between steps it takes the jobs that arrived meanwhile.
 //!
-//! The per-token callback runs on this thread and does the work that must be
-//! synchronous with decoding: incremental detokenization, stop sequences (a match
-//! stops the engine at once), the thinking budget (forcing the close of the think
-//! block), and cancellation (a client that left: its receiver is closed, so the next
-//! token returns `Flow::Stop`). The prompt callback, after each piece of the prompt,
-//! reports progress to the stats and stops a request whose client left while its
-//! prompt was read. Text goes back to the route over a tokio channel.
+//! Each job's `JobSink` gets the engine's callbacks on this thread and does the
+//! work that must be synchronous with decoding: incremental detokenization, stop
+//! sequences (a match stops the request at once), the thinking budget (forcing the
+//! close of the think block), and cancellation (a client that left: its receiver
+//! is closed, so the next callback stops the request, while queued, between
+//! prompt pieces, or at the next token). Text goes back to the route over a tokio
+//! channel.
 
+use std::cell::RefCell;
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use engine::{
-    Completion, FinishReason, Flow, GenerateRequest, PromptProgress, Timings, TokenEvent,
+    Completion, EngineError, FinishReason, Flow, GenerateRequest, PromptProgress, Timings,
+    TokenEvent,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Stats;
 use crate::output::StopMatcher;
 
-/// What decodes. `engine::Engine` in the server; a scripted fake in tests.
+/// What decodes. `engine::Engine` in the server; scripted fakes in tests, which
+/// decode one request at a time through `generate`.
 pub trait Backend: Send + 'static {
     /// Decodes `req`: `on_prompt` after each piece of the prompt (`Flow::Stop` ends
     /// the request before its first token), `on_token` after each token.
@@ -31,8 +37,35 @@ pub trait Backend: Send + 'static {
         on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
     ) -> Result<Completion, String>;
 
-    /// Where steps run and the device memory held, re-read after every request
-    /// (None: nothing to report, as for the scripted test backends).
+    /// Takes a request; `step` decodes it. By default it runs to its end here,
+    /// through `generate`.
+    fn submit(&mut self, req: GenerateRequest, mut sink: Box<JobSink>) {
+        if sink.cancelled_now() {
+            sink.finish(Ok(stopped(req.sampling.seed.unwrap_or(0))));
+            return;
+        }
+        engine::Sink::admitted(sink.as_mut(), 0, 0);
+        let cell = RefCell::new(sink.as_mut());
+        let r = self.generate(
+            &req,
+            &mut |p| engine::Sink::prompt(&mut **cell.borrow_mut(), p),
+            &mut |t| engine::Sink::token(&mut **cell.borrow_mut(), t),
+        );
+        sink.finish(r);
+    }
+
+    /// One scheduler step; true while submitted requests remain.
+    fn step(&mut self) -> bool {
+        false
+    }
+
+    /// The slots and what each holds (None: one slot, nothing to report).
+    fn slots(&self) -> Option<Vec<engine::SlotInfo>> {
+        None
+    }
+
+    /// Where steps run and the device memory held (None: nothing to report, as
+    /// for the scripted test backends).
     fn device_report(&self) -> Option<engine::DeviceReport> {
         None
     }
@@ -54,12 +87,33 @@ impl Backend for engine::Engine {
             .map_err(|e| e.to_string())
     }
 
+    fn submit(&mut self, req: GenerateRequest, sink: Box<JobSink>) {
+        engine::Engine::submit(self, req, sink);
+    }
+
+    fn step(&mut self) -> bool {
+        engine::Engine::step(self)
+    }
+
+    fn slots(&self) -> Option<Vec<engine::SlotInfo>> {
+        Some(engine::Engine::slots(self))
+    }
+
     fn device_report(&self) -> Option<engine::DeviceReport> {
         Some(engine::Engine::device_report(self))
     }
 
     fn expert_stats(&self) -> Option<engine::experts::TierStats> {
         engine::Engine::expert_stats(self)
+    }
+}
+
+fn stopped(seed: u64) -> Completion {
+    Completion {
+        tokens: Vec::new(),
+        finish: FinishReason::Stopped,
+        timings: Timings::default(),
+        seed,
     }
 }
 
@@ -155,41 +209,63 @@ pub struct Worker {
     jobs: mpsc::Sender<Job>,
 }
 
+/// How often the device report and expert statistics are re-read while the
+/// engine is busy (and always when it goes idle).
+const REPORT_EVERY: Duration = Duration::from_millis(500);
+
 impl Worker {
-    /// Starts the worker thread; it owns `backend` from now on.
     pub fn spawn(backend: Box<dyn Backend>, stats: Arc<Stats>) -> std::io::Result<Worker> {
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("scoria-engine".into())
-            .spawn(move || {
-                let mut backend = backend;
-                while let Ok(job) = rx.recv() {
-                    let id = job.id;
-                    // A panic in one request must not take the server down: the
-                    // request fails (its channel closes) and the next one runs.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_job(backend.as_mut(), &stats, job)
-                    }));
-                    if r.is_err() {
-                        stats.request_failed(id, "the engine failed (panic) on this request");
-                    }
-                    // Device memory can change with a request (state, caches).
-                    if let Some(report) = backend.device_report() {
-                        stats.set_device(report);
-                    }
-                    if let Some(t) = backend.expert_stats() {
-                        stats.set_expert_stats(&t);
-                    }
-                }
-            })?;
+            .spawn(move || serve(backend, stats, rx))?;
         Ok(Worker { jobs })
     }
 
-    /// Queues a job (FIFO). Fails only when the worker thread is gone.
     pub fn submit(&self, job: Job) -> Result<(), String> {
         self.jobs
             .send(job)
             .map_err(|_| "the engine worker has stopped".to_string())
+    }
+}
+
+/// The worker thread: submit what arrived, step while there is work, wait for a
+/// job when there is none.
+fn serve(mut backend: Box<dyn Backend>, stats: Arc<Stats>, rx: mpsc::Receiver<Job>) {
+    let mut busy = false;
+    let mut reported = Instant::now();
+    loop {
+        let first = if busy {
+            rx.try_recv().ok()
+        } else {
+            match rx.recv() {
+                Ok(j) => Some(j),
+                Err(_) => return,
+            }
+        };
+        for job in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+        {
+            let (req, sink) = job.into_parts(&stats);
+            // A scripted backend runs the job here; a panic fails only that job.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                backend.submit(req, sink)
+            }));
+        }
+        // A panic drops the step's requests (their sinks report the failure) and
+        // the engine starts those slots over.
+        busy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backend.step()))
+            .unwrap_or(true);
+        if !busy || reported.elapsed() >= REPORT_EVERY {
+            reported = Instant::now();
+            if let Some(report) = backend.device_report() {
+                stats.set_device(report);
+            }
+            if let Some(t) = backend.expert_stats() {
+                stats.set_expert_stats(&t);
+            }
+        }
     }
 }
 
@@ -201,142 +277,238 @@ fn finish_str(f: FinishReason) -> &'static str {
     }
 }
 
-/// Decodes one job on the worker thread.
-pub fn run_job(backend: &mut dyn Backend, stats: &Stats, job: Job) {
-    let Job {
-        id,
-        req,
-        think,
-        stops,
-        mut detok,
-        tx,
-    } = job;
-    if tx.is_closed() {
-        stats.request_failed(id, "cancelled: the client left while queued");
-        return;
-    }
-    let prompt_tokens = req.prompt.len();
-    stats.request_started(id, prompt_tokens);
-    let mut stop = StopMatcher::new(stops);
-    let mut in_think = think.open_at_start;
-    let mut closed_by_budget = false;
-    let mut reasoning_tokens = 0usize;
-    let mut stop_hit: Option<String> = None;
-    let mut cancelled = false;
-    let mut first = true;
-    // Set when the client left while the prompt was read: (tokens read, of).
-    let mut left_in_prompt: Option<(usize, usize)> = None;
+/// Runs `job` on `backend` to its end (tests, and the scripted backends).
+pub fn run_job(backend: &mut dyn Backend, stats: &Arc<Stats>, job: Job) {
+    let (req, sink) = job.into_parts(stats);
+    backend.submit(req, sink);
+    while backend.step() {}
+}
 
-    let mut on_prompt = |p: &PromptProgress| -> Flow {
-        stats.prompt_progress(id, p.done);
-        if tx.is_closed() {
-            left_in_prompt = Some((p.done, p.total));
+impl Job {
+    fn into_parts(self, stats: &Arc<Stats>) -> (GenerateRequest, Box<JobSink>) {
+        let Job {
+            id,
+            req,
+            think,
+            stops,
+            detok,
+            tx,
+        } = self;
+        let sink = JobSink {
+            id,
+            stats: stats.clone(),
+            prompt_tokens: req.prompt.len(),
+            stop: StopMatcher::new(stops),
+            in_think: think.open_at_start,
+            think,
+            detok,
+            tx,
+            closed_by_budget: false,
+            reasoning_tokens: 0,
+            stop_hit: None,
+            cancelled: false,
+            started: false,
+            first: true,
+            left_in_prompt: None,
+            prompt_done: 0,
+            finished: false,
+        };
+        (req, Box::new(sink))
+    }
+}
+
+/// One job's side of decoding: text out, stops, the thinking budget,
+/// cancellation, and the statistics.
+pub struct JobSink {
+    id: u64,
+    stats: Arc<Stats>,
+    prompt_tokens: usize,
+    think: ThinkPlan,
+    stop: StopMatcher,
+    detok: Box<dyn Detokenizer>,
+    tx: UnboundedSender<Event>,
+    in_think: bool,
+    closed_by_budget: bool,
+    reasoning_tokens: usize,
+    stop_hit: Option<String>,
+    cancelled: bool,
+    started: bool,
+    first: bool,
+    left_in_prompt: Option<(usize, usize)>,
+    /// Prompt tokens in the state so far.
+    prompt_done: usize,
+    finished: bool,
+}
+
+impl JobSink {
+    fn cancelled_now(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// The request ended: the tail of the text, the statistics, and `Done` or
+    /// `Failed` to the route.
+    pub fn finish(&mut self, result: Result<Completion, String>) {
+        self.finished = true;
+        let id = self.id;
+        if !self.started {
+            let why = match &result {
+                Ok(_) => "cancelled: the client left while queued".to_string(),
+                Err(e) => e.clone(),
+            };
+            self.stats.request_failed(id, &why);
+            if result.is_err() {
+                let _ = self.tx.send(Event::Failed(why));
+            }
+            return;
+        }
+        let left_in_prompt = match (&result, self.left_in_prompt) {
+            (_, Some(p)) => Some(p),
+            // Stopped between prompt pieces because the client had gone.
+            (Ok(c), None) if c.tokens.is_empty() && self.first && self.tx.is_closed() => {
+                Some((self.prompt_done, self.prompt_tokens))
+            }
+            _ => None,
+        };
+        if let Some((done, total)) = left_in_prompt {
+            self.stats.request_failed(
+                id,
+                &format!(
+                    "cancelled: the client left while the prompt was read ({done} of {total} tokens)"
+                ),
+            );
+            return;
+        }
+        match result {
+            Ok(c) => {
+                if self.stop_hit.is_none() && !self.cancelled {
+                    let tail = self.detok.finish();
+                    let (mut emit, hit) = self.stop.push(&tail);
+                    if hit.is_some() {
+                        self.stop_hit = hit;
+                    } else {
+                        emit.push_str(&self.stop.finish());
+                    }
+                    if !emit.is_empty() {
+                        let _ = self.tx.send(Event::Text(emit));
+                    }
+                }
+                let finish = if self.stop_hit.is_some() {
+                    FinishReason::Stopped
+                } else {
+                    c.finish
+                };
+                if self.cancelled || (c.finish == FinishReason::Stopped && self.tx.is_closed()) {
+                    self.stats
+                        .request_failed(id, "cancelled: the client disconnected");
+                } else {
+                    self.stats.request_finished(
+                        id,
+                        &c.timings,
+                        finish_str(finish),
+                        self.prompt_tokens + c.tokens.len(),
+                    );
+                }
+                let _ = self.tx.send(Event::Done(Finished {
+                    finish,
+                    stop_hit: self.stop_hit.take(),
+                    prompt_tokens: self.prompt_tokens,
+                    completion_tokens: c.tokens.len(),
+                    reasoning_tokens: self.reasoning_tokens,
+                    timings: c.timings,
+                    seed: c.seed,
+                }));
+            }
+            Err(e) => {
+                self.stats.request_failed(id, &e);
+                let _ = self.tx.send(Event::Failed(e));
+            }
+        }
+    }
+}
+
+impl Drop for JobSink {
+    fn drop(&mut self) {
+        // Dropped unfinished: the engine failed (panicked) on its step.
+        if !self.finished {
+            self.stats
+                .request_failed(self.id, "the engine failed (panic) on this request");
+        }
+    }
+}
+
+impl engine::Sink for JobSink {
+    fn admitted(&mut self, _slot: usize, cached: usize) {
+        self.started = true;
+        self.prompt_done = cached;
+        self.stats.request_started(self.id, self.prompt_tokens);
+    }
+
+    fn prompt(&mut self, p: &PromptProgress) -> Flow {
+        self.prompt_done = p.done;
+        self.stats.prompt_progress(self.id, p.done);
+        if self.tx.is_closed() {
+            self.left_in_prompt = Some((p.done, p.total));
             return Flow::Stop;
         }
         Flow::Continue
-    };
-    let mut on_token = |ev: &TokenEvent| -> Flow {
-        if first {
-            stats.prompt_progress(id, prompt_tokens);
-            first = false;
+    }
+
+    fn token(&mut self, ev: &TokenEvent) -> Flow {
+        if self.first {
+            self.stats.prompt_progress(self.id, self.prompt_tokens);
+            self.first = false;
         }
-        stats.token_generated(id);
-        // Stop sequences bind the answer, not the thinking: text decoded inside the
-        // think block (its closing tag and forced tokens included) bypasses them.
-        let bypass_stops = in_think || ev.forced || Some(ev.token) == think.open_id;
-        if Some(ev.token) == think.open_id && !in_think {
-            in_think = true;
+        self.stats.token_generated(self.id);
+        let think = &self.think;
+        let bypass_stops = self.in_think || ev.forced || Some(ev.token) == think.open_id;
+        if Some(ev.token) == think.open_id && !self.in_think {
+            self.in_think = true;
         }
-        if in_think {
-            reasoning_tokens += 1;
+        if self.in_think {
+            self.reasoning_tokens += 1;
         }
         if Some(ev.token) == think.close_id {
-            in_think = false;
+            self.in_think = false;
         }
         if ev.eog {
             return Flow::Continue;
         }
-        let text = detok.push(ev.token);
+        let text = self.detok.push(ev.token);
         let (emit, hit) = if bypass_stops {
             (text, None)
         } else {
-            stop.push(&text)
+            self.stop.push(&text)
         };
-        if !emit.is_empty() && tx.send(Event::Text(emit)).is_err() {
-            cancelled = true;
+        if !emit.is_empty() && self.tx.send(Event::Text(emit)).is_err() {
+            self.cancelled = true;
             return Flow::Stop;
         }
         if let Some(s) = hit {
-            stop_hit = Some(s);
+            self.stop_hit = Some(s);
             return Flow::Stop;
         }
-        if tx.is_closed() {
-            cancelled = true;
+        if self.tx.is_closed() {
+            self.cancelled = true;
             return Flow::Stop;
         }
-        if in_think && !ev.forced && !closed_by_budget && !think.close_tokens.is_empty() {
+        let think = &self.think;
+        if self.in_think && !ev.forced && !self.closed_by_budget && !think.close_tokens.is_empty() {
             if let Some(limit) = think.limit {
                 if ev.index + 1 >= limit {
-                    closed_by_budget = true;
+                    self.closed_by_budget = true;
                     return Flow::Force(think.close_tokens.clone());
                 }
             }
         }
         Flow::Continue
-    };
-    let result = backend.generate(&req, &mut on_prompt, &mut on_token);
-    if let Some((done, total)) = left_in_prompt {
-        stats.request_failed(
-            id,
-            &format!(
-                "cancelled: the client left while the prompt was read ({done} of {total} tokens)"
-            ),
-        );
-        return;
     }
-    match result {
-        Ok(c) => {
-            if stop_hit.is_none() && !cancelled {
-                let tail = detok.finish();
-                let (mut emit, hit) = stop.push(&tail);
-                if hit.is_some() {
-                    stop_hit = hit;
-                } else {
-                    emit.push_str(&stop.finish());
-                }
-                if !emit.is_empty() {
-                    let _ = tx.send(Event::Text(emit));
-                }
-            }
-            let finish = if stop_hit.is_some() {
-                FinishReason::Stopped
-            } else {
-                c.finish
-            };
-            if cancelled {
-                stats.request_failed(id, "cancelled: the client disconnected");
-            } else {
-                stats.request_finished(
-                    id,
-                    &c.timings,
-                    finish_str(finish),
-                    prompt_tokens + c.tokens.len(),
-                );
-            }
-            let _ = tx.send(Event::Done(Finished {
-                finish,
-                stop_hit,
-                prompt_tokens,
-                completion_tokens: c.tokens.len(),
-                reasoning_tokens,
-                timings: c.timings,
-                seed: c.seed,
-            }));
-        }
-        Err(e) => {
-            stats.request_failed(id, &e);
-            let _ = tx.send(Event::Failed(e));
-        }
+
+    fn cancelled(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    fn done(&mut self, result: Result<Completion, EngineError>) {
+        self.finish(result.map_err(|e| e.to_string()));
     }
 }
 
@@ -530,7 +702,7 @@ mod tests {
             script: vec![2, 2, 2, 2, 2, 2, 3, 3, 5],
             eog: 5,
         };
-        run_job(&mut b, &Stats::new(), j);
+        run_job(&mut b, &Arc::new(Stats::new()), j);
         let (text, f) = collect(rx);
         // 3 reasoning tokens, the forced close, then the rest of the script as the answer.
         assert_eq!(text, "aaa\n</think>\naaabb");
@@ -545,7 +717,7 @@ mod tests {
             script: vec![2, 4, 7, 3, 3],
             eog: 5,
         };
-        run_job(&mut b, &Stats::new(), j);
+        run_job(&mut b, &Arc::new(Stats::new()), j);
         let (text, f) = collect(rx);
         assert_eq!(text, "a");
         assert_eq!(f.finish, FinishReason::Stopped);
@@ -567,7 +739,7 @@ mod tests {
             script: vec![2, 3, 1, 3, 2, 3],
             eog: 5,
         };
-        run_job(&mut b, &Stats::new(), j);
+        run_job(&mut b, &Arc::new(Stats::new()), j);
         let (text, f) = collect(rx);
         assert_eq!(text, "ab</think>b");
         assert_eq!(f.stop_hit.as_deref(), Some("a"));
@@ -580,7 +752,7 @@ mod tests {
             script: vec![2, 3, 4],
             eog: 5,
         };
-        run_job(&mut b, &Stats::new(), j);
+        run_job(&mut b, &Arc::new(Stats::new()), j);
         let (text, f) = collect(rx);
         assert_eq!(text, "abST");
         assert_eq!(f.finish, FinishReason::Length);
@@ -627,7 +799,7 @@ mod tests {
             n: 0,
             generated: 99,
         };
-        run_job(&mut b, &Stats::new(), j);
+        run_job(&mut b, &Arc::new(Stats::new()), j);
         assert_eq!(b.generated, 99, "a cancelled queued job must not decode");
         // Closed mid-stream: the engine stops on that very token.
         let (j, rx) = job(100, ThinkPlan::default(), vec![]);
@@ -640,7 +812,7 @@ mod tests {
             n: 3,
             generated: 0,
         };
-        run_job(&mut b, &Stats::new(), j);
+        run_job(&mut b, &Arc::new(Stats::new()), j);
         assert_eq!(b.generated, 3);
     }
 

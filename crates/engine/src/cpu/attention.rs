@@ -59,6 +59,11 @@ pub(super) fn run(
         outs.next().expect("v"),
     );
     let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
+    // The cache grows to hold this call's positions; K's row stride is its capacity.
+    cache.reserve(pos0 + t_n, n_ctx);
+    cache.wrote(pos0 + t_n);
+    let stride = cache.capacity();
+    let (k_cache, v_cache) = cache.k_v_mut();
 
     // Queries (normed, rotated) and gates, per token and head.
     let mut q = vec![0.0f32; t_n * nh * hd];
@@ -84,7 +89,7 @@ pub(super) fn run(
             }
         }
         // Keys (dim-major: key dim i of kv head h at position p is
-        // k[(h·hd + i)·n_ctx + p]) and values (position-major) into the cache.
+        // k[(h·hd + i)·stride + p]) and values (position-major) into the cache.
         let kvw = nkv * hd;
         let p = pos0 + t;
         for h in 0..nkv {
@@ -92,17 +97,17 @@ pub(super) fn run(
             rms_norm(&mut key, &w.k_norm, cfg.eps);
             rope_neox(&mut key, p, cfg.n_rot, cfg.rope_theta);
             for (i, &kv) in key.iter().enumerate() {
-                cache.k[(h * hd + i) * n_ctx + p] = kv;
+                k_cache[(h * hd + i) * stride + p] = kv;
             }
         }
-        cache.v[p * kvw..(p + 1) * kvw].copy_from_slice(vf.row(t));
+        v_cache[p * kvw..(p + 1) * kvw].copy_from_slice(vf.row(t));
     }
 
     // Tasks: (head, first token) tiles; each returns its queries' output rows.
     let geo = Sizes {
         hd,
         kvw: nkv * hd,
-        n_ctx,
+        stride,
         pos0,
         scale: 1.0 / (hd as f32).sqrt(),
     };
@@ -111,7 +116,7 @@ pub(super) fn run(
         .flat_map(|h| (0..t_n).step_by(TOKENS_PER_TASK).map(move |t0| (h, t0)))
         .collect();
     let wide = model::simd::level();
-    let (k_cache, v_cache) = (&cache.k, &cache.v);
+    let (k_cache, v_cache) = (&*k_cache, &*v_cache);
     let results: Vec<Vec<f32>> = tiles
         .par_iter()
         .map(|&(h, t0)| {
@@ -128,7 +133,7 @@ pub(super) fn run(
                 row_stride: nh * hd,
                 t0,
                 n: t1 - t0,
-                kt: &k_cache[kvh * hd * n_ctx..(kvh + 1) * hd * n_ctx],
+                kt: &k_cache[kvh * hd * stride..(kvh + 1) * hd * stride],
                 v: &v_cache[kvh * hd..],
             };
             attend_at(wide, &geo, &tile)
@@ -149,8 +154,8 @@ struct Sizes {
     hd: usize,
     /// Floats per position of the V cache (n_head_kv · hd).
     kvw: usize,
-    /// Stride of the dim-major K cache.
-    n_ctx: usize,
+    /// Stride of the dim-major K cache (its capacity in positions).
+    stride: usize,
     /// Position of token 0 of this call.
     pos0: usize,
     scale: f32,
@@ -165,7 +170,7 @@ struct Tile<'a> {
     row_stride: usize,
     t0: usize,
     n: usize,
-    /// The kv head's keys, dim-major: dim i of position p at `i · n_ctx + p`.
+    /// The kv head's keys, dim-major: dim i of position p at `i · stride + p`.
     kt: &'a [f32],
     /// The V cache from the kv head's first value: position p at `p · kvw`.
     v: &'a [f32],
@@ -219,7 +224,7 @@ fn attend(g: &Sizes, t: &Tile) -> Vec<f32> {
         for (i, row) in probs.iter_mut().enumerate() {
             let end = (p0 + LANES).min(row.len());
             if p0 < end {
-                scores(q_row(i), t.kt, g.n_ctx, p0, g.scale, &mut row[p0..end]);
+                scores(q_row(i), t.kt, g.stride, p0, g.scale, &mut row[p0..end]);
             }
         }
     }
@@ -363,7 +368,7 @@ mod tests {
             let geo = Sizes {
                 hd,
                 kvw: nkv * hd,
-                n_ctx,
+                stride: n_ctx,
                 pos0,
                 scale: 1.0 / (hd as f32).sqrt(),
             };

@@ -8,6 +8,7 @@
 mod attention;
 mod deltanet;
 mod moe;
+mod snapshot;
 
 #[cfg(feature = "cuda")]
 pub(crate) use moe::one_token_experts;
@@ -16,7 +17,7 @@ use model::weights::{Mixer, Weight};
 use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm};
 use rayon::prelude::*;
 
-use crate::exec::{Executor, SeqStep, StepOut, Want};
+use crate::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
 use crate::{Device, DeviceReport};
 
 /// Activations: `rows` tokens × `cols` features, row-major.
@@ -43,12 +44,125 @@ impl Act {
     }
 }
 
-/// K/V of one attention layer, f32: K dim-major, [kv head][head_dim][n_ctx] (so the
-/// scores of many positions run side by side, see `attention.rs`); V [position][kv
-/// head][head_dim].
+/// K/V of one attention layer, f32, for the positions allocated so far (`capacity`):
+/// K dim-major, [kv head][head_dim][capacity] (so the scores of many positions run
+/// side by side, see `attention.rs`); V [position][kv head][head_dim].
+///
+/// The cache starts empty and grows as positions are written (see [`KvCache::reserve`]),
+/// so a sequence holds memory for the positions it used, not for the whole context.
 pub struct KvCache {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Floats per position (n_head_kv · head_dim).
+    kvw: usize,
+    /// Positions allocated: K's row stride.
+    cap: usize,
+    /// One past the highest position written since the last clear.
+    len: usize,
+}
+
+/// Growth step of a K/V cache, in positions: capacities are multiples of this (or
+/// the context length).
+pub const KV_PAGE: usize = 256;
+
+impl KvCache {
+    /// An empty cache of `kvw` floats (n_head_kv · head_dim) per position.
+    pub fn new(kvw: usize) -> KvCache {
+        KvCache {
+            k: Vec::new(),
+            v: Vec::new(),
+            kvw,
+            cap: 0,
+            len: 0,
+        }
+    }
+
+    /// Positions allocated.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// One past the highest position written since the last clear.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Floats per position.
+    pub fn width(&self) -> usize {
+        self.kvw
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        (self.k.capacity() + self.v.capacity()) * 4
+    }
+
+    /// K, dim-major: dim `i` (of all kv heads, `h·head_dim + i`) of position `p` at
+    /// `i · capacity + p`.
+    pub fn k(&self) -> &[f32] {
+        &self.k
+    }
+
+    /// V, position-major: position `p` at `p · width`.
+    pub fn v(&self) -> &[f32] {
+        &self.v
+    }
+
+    /// Makes room for positions `0..end` (`end ≤ n_ctx`). Growth goes in steps of a
+    /// quarter of what is held (at least [`KV_PAGE`] positions, rounded up to a
+    /// page, at most `n_ctx`): the copies of a sequence that grows to `n` positions
+    /// total about 5n positions, and at most a quarter (or one page) stays unused.
+    /// K is re-laid out for its new stride; the values, and so every later result,
+    /// do not change.
+    pub fn reserve(&mut self, end: usize, n_ctx: usize) {
+        if end <= self.cap {
+            return;
+        }
+        let step = (self.cap / 4).max(KV_PAGE);
+        let want = end.max(self.cap + step).div_ceil(KV_PAGE) * KV_PAGE;
+        let new_cap = want.min(n_ctx).max(end);
+        self.grow_to(new_cap);
+    }
+
+    /// Sets the capacity to exactly `new_cap ≥ capacity` positions.
+    fn grow_to(&mut self, new_cap: usize) {
+        let (kvw, cap) = (self.kvw, self.cap);
+        let mut k = Vec::new();
+        k.reserve_exact(kvw * new_cap);
+        k.resize(kvw * new_cap, 0.0);
+        if cap > 0 {
+            for (dst, src) in k.chunks_exact_mut(new_cap).zip(self.k.chunks_exact(cap)) {
+                dst[..cap].copy_from_slice(src);
+            }
+        }
+        self.k = k;
+        // `reserve_exact` first: `resize` alone may double the allocation.
+        self.v.reserve_exact(kvw * new_cap - self.v.len());
+        self.v.resize(kvw * new_cap, 0.0);
+        self.cap = new_cap;
+    }
+
+    /// Records that positions `0..end` hold written values.
+    pub(crate) fn wrote(&mut self, end: usize) {
+        self.len = self.len.max(end);
+    }
+
+    /// Mutable K and V (for writing positions below `capacity`).
+    pub(crate) fn k_v_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        (&mut self.k, &mut self.v)
+    }
+
+    /// Gives the memory back: the cache is empty again.
+    pub fn free(&mut self) {
+        self.k = Vec::new();
+        self.v = Vec::new();
+        self.cap = 0;
+        self.len = 0;
+    }
 }
 
 /// Conv history and recurrent state of one DeltaNet layer.
@@ -67,32 +181,65 @@ pub struct CpuState {
 }
 
 impl CpuState {
-    /// Forgets everything (a new sequence).
+    /// Forgets everything (a new sequence): the K/V memory is given back (it grows
+    /// again as positions are written) and the recurrent state, which has no
+    /// positions and keeps its fixed size, is zeroed.
     pub fn clear(&mut self) {
-        // K/V beyond the current position are never read, so only the recurrent
-        // state (which has no positions) must be zeroed.
+        for c in &mut self.kv {
+            c.free();
+        }
         for d in &mut self.dn {
             d.conv.iter_mut().for_each(|x| *x = 0.0);
             d.ssm.iter_mut().for_each(|x| *x = 0.0);
         }
     }
+
+    /// Makes room for positions `0..end` in every attention layer now (a caller that
+    /// knows a request's length can allocate once instead of growing).
+    pub fn reserve(&mut self, end: usize) -> Result<(), ExecError> {
+        if end > self.n_ctx {
+            return Err(ExecError::new(
+                "reserve",
+                format!("{end} positions exceed the context of {}", self.n_ctx),
+            ));
+        }
+        for c in &mut self.kv {
+            c.reserve(end, self.n_ctx);
+        }
+        Ok(())
+    }
+
+    /// Positions allocated (the same in every attention layer).
+    pub fn capacity(&self) -> usize {
+        self.kv.first().map_or(0, KvCache::capacity)
+    }
+
+    /// Bytes held: the K/V allocated so far plus the fixed recurrent state.
+    pub fn bytes(&self) -> usize {
+        let kv: usize = self.kv.iter().map(KvCache::bytes).sum();
+        let dn: usize = self
+            .dn
+            .iter()
+            .map(|d| (d.conv.capacity() + d.ssm.capacity()) * 4)
+            .sum();
+        kv + dn
+    }
 }
 
-/// Bytes a sequence of `n_ctx` positions needs (for the startup memory accounts).
-/// Saturates at `usize::MAX` instead of wrapping: a context too large to count is
-/// too large to allocate, and the memory checks then refuse it (a wrapped product
-/// used to pass them and fail in the allocator).
-pub fn state_bytes(cfg: &ModelConfig, n_ctx: usize) -> usize {
+/// Bytes one position of one sequence takes: K and V (f32) of every attention layer.
+/// A sequence's K/V memory is this times its allocated positions.
+pub fn bytes_per_position(cfg: &ModelConfig) -> usize {
+    [cfg.n_attention_layers(), 2, cfg.n_head_kv, cfg.head_dim, 4]
+        .iter()
+        .fold(1usize, |acc, &x| acc.saturating_mul(x))
+}
+
+/// Bytes of one sequence's fixed recurrent state (f32 conv history and DeltaNet
+/// state of every DeltaNet layer), held whatever its length; 0 for archs without
+/// DeltaNet layers.
+pub fn recurrent_bytes(cfg: &ModelConfig) -> usize {
     let product = |xs: &[usize]| xs.iter().fold(1usize, |acc, &x| acc.saturating_mul(x));
-    let kv = product(&[
-        cfg.n_attention_layers(),
-        2,
-        n_ctx,
-        cfg.n_head_kv,
-        cfg.head_dim,
-        4,
-    ]);
-    let dn = match &cfg.ssm {
+    match &cfg.ssm {
         Some(s) => {
             let n = cfg
                 .layer_kinds
@@ -104,8 +251,18 @@ pub fn state_bytes(cfg: &ModelConfig, n_ctx: usize) -> usize {
             product(&[n, per_layer, 4])
         }
         None => 0,
-    };
-    kv.saturating_add(dn)
+    }
+}
+
+/// Bytes a sequence of `n_ctx` positions needs at most (for the startup memory
+/// accounts): every position allocated plus the recurrent state. Saturates at
+/// `usize::MAX` instead of wrapping: a context too large to count is too large to
+/// allocate, and the memory checks then refuse it (a wrapped product used to pass
+/// them and fail in the allocator).
+pub fn state_bytes(cfg: &ModelConfig, n_ctx: usize) -> usize {
+    bytes_per_position(cfg)
+        .saturating_mul(n_ctx)
+        .saturating_add(recurrent_bytes(cfg))
 }
 
 /// How matrix products treat activations.
@@ -275,12 +432,9 @@ impl Backend for CpuBackend {
 
     fn new_state(&self, n_ctx: usize) -> Result<CpuState, ExecError> {
         let cfg = &self.cfg;
-        let kv_len = n_ctx * cfg.n_head_kv * cfg.head_dim;
+        // K/V start empty and grow with the positions written (KvCache::reserve).
         let kv = (0..cfg.n_attention_layers())
-            .map(|_| KvCache {
-                k: vec![0.0; kv_len],
-                v: vec![0.0; kv_len],
-            })
+            .map(|_| KvCache::new(cfg.n_head_kv * cfg.head_dim))
             .collect();
         let dn = match &cfg.ssm {
             Some(s) => cfg
@@ -341,6 +495,39 @@ impl Backend for CpuBackend {
             cols: x.cols,
             data: x.row(r).to_vec(),
         })
+    }
+
+    fn rows(&self, x: &Act, start: usize, n: usize) -> Result<Act, ExecError> {
+        let end = start
+            .checked_add(n)
+            .filter(|&end| end <= x.rows)
+            .ok_or_else(|| {
+                ExecError::new(
+                    "rows",
+                    format!("rows {start}..{start}+{n} of a {}-row buffer", x.rows),
+                )
+            })?;
+        Ok(Act {
+            rows: n,
+            cols: x.cols,
+            data: x.data[start * x.cols..end * x.cols].to_vec(),
+        })
+    }
+
+    fn concat_rows(&self, parts: &[Act]) -> Result<Act, ExecError> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        if let Some(p) = parts.iter().find(|p| p.cols != cols) {
+            return Err(ExecError::new(
+                "concat_rows",
+                format!("a part has {} columns, the first {cols}", p.cols),
+            ));
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let mut data = Vec::with_capacity(rows * cols);
+        for p in parts {
+            data.extend_from_slice(&p.data);
+        }
+        Ok(Act { rows, cols, data })
     }
 
     fn attention(
@@ -405,6 +592,30 @@ impl CpuExecutor {
             .collect::<Result<_, _>>()?;
         Ok(CpuExecutor { backend, states })
     }
+
+    /// Sequence `seq`'s state, or an error naming `op`.
+    fn state_mut(&mut self, op: &str, seq: usize) -> Result<&mut CpuState, ExecError> {
+        let n = self.states.len();
+        self.states
+            .get_mut(seq)
+            .ok_or_else(|| ExecError::new(op, format!("no sequence {seq} (there are {n})")))
+    }
+
+    /// Allocates K/V for positions `0..end` of sequence `seq` now instead of as the
+    /// steps reach them.
+    pub fn reserve(&mut self, seq: usize, end: usize) -> Result<(), ExecError> {
+        self.state_mut("reserve", seq)?.reserve(end)
+    }
+
+    /// Positions of K/V allocated for sequence `seq`.
+    pub fn capacity(&self, seq: usize) -> Option<usize> {
+        self.states.get(seq).map(CpuState::capacity)
+    }
+
+    /// Bytes sequence `seq`'s state holds now.
+    pub fn seq_bytes(&self, seq: usize) -> Option<usize> {
+        self.states.get(seq).map(CpuState::bytes)
+    }
 }
 
 impl Executor for CpuExecutor {
@@ -418,26 +629,82 @@ impl Executor for CpuExecutor {
     }
 
     fn clear(&mut self, seq: usize) -> Result<(), ExecError> {
-        self.states
-            .get_mut(seq)
-            .ok_or_else(|| ExecError::new("clear", format!("no sequence {seq}")))?
-            .clear();
+        self.state_mut("clear", seq)?.clear();
         Ok(())
     }
 
+    fn snapshots(&self) -> bool {
+        true
+    }
+
+    fn snapshot(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
+        snapshot::take(self.state_mut("snapshot", seq)?, pos, true)
+    }
+
+    fn snapshot_recurrent(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
+        snapshot::take(self.state_mut("snapshot_recurrent", seq)?, pos, false)
+    }
+
+    fn restore(&mut self, seq: usize, snap: &SeqSnapshot, upto: usize) -> Result<(), ExecError> {
+        snapshot::restore(self.state_mut("restore", seq)?, snap, upto)
+    }
+
+    fn restore_recurrent(&mut self, seq: usize, snap: &SeqSnapshot) -> Result<(), ExecError> {
+        snapshot::restore_recurrent(self.state_mut("restore_recurrent", seq)?, snap)
+    }
+
+    fn state_bytes_held(&self) -> Option<usize> {
+        Some(self.states.iter().map(CpuState::bytes).sum())
+    }
+
+    /// The whole batch is one `model::forward_batch`: each weight is read once per
+    /// step for all its rows, and each entry gets the bits it would get alone.
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError> {
-        let mut outs = Vec::with_capacity(batch.len());
+        // A mutable borrow of each named state; a sequence named twice is refused
+        // (its two entries would race for one state).
+        let mut slots: Vec<Option<&mut CpuState>> = self.states.iter_mut().map(Some).collect();
+        let n_seq = slots.len();
+        let mut segs = Vec::with_capacity(batch.len());
         for s in batch {
-            let state = self
-                .states
+            let state = slots
                 .get_mut(s.seq)
-                .ok_or_else(|| ExecError::new("step", format!("no sequence {}", s.seq)))?;
-            let logits = model::forward(&self.backend, s.tokens, s.pos0, state, s.want.logits())?;
-            outs.push(match s.want {
-                Want::Logits(_) => StepOut::Logits(logits.data),
-                Want::Greedy => StepOut::Token(crate::sampler::argmax(&logits.data)),
+                .ok_or_else(|| {
+                    ExecError::new(
+                        "step",
+                        format!("no sequence {} (this executor holds {n_seq})", s.seq),
+                    )
+                })?
+                .take()
+                .ok_or_else(|| {
+                    ExecError::new(
+                        "step",
+                        format!(
+                            "sequence {} appears twice in one batch; each entry must name a distinct sequence",
+                            s.seq
+                        ),
+                    )
+                })?;
+            if s.tokens.is_empty() {
+                return Err(ExecError::new(
+                    "step",
+                    format!("the entry for sequence {} has no tokens", s.seq),
+                ));
+            }
+            segs.push(model::Segment {
+                tokens: s.tokens,
+                pos0: s.pos0,
+                state,
+                logits: s.want.logits(),
             });
         }
-        Ok(outs)
+        let logits = model::forward_batch(&self.backend, &mut segs)?;
+        Ok(batch
+            .iter()
+            .zip(logits)
+            .map(|(s, l)| match s.want {
+                Want::Logits(_) => StepOut::Logits(l.data),
+                Want::Greedy => StepOut::Token(crate::sampler::argmax(&l.data)),
+            })
+            .collect())
     }
 }

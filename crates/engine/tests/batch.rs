@@ -1,0 +1,258 @@
+//! Batching is invisible (DESIGN.md invariant 3) on the CPU executor: a step that
+//! runs several sequences in one pass gives every entry the logits (compared bit
+//! for bit) and the state (checked through the later steps' logits) that it gets
+//! stepped alone, on synthetic models of every arch; a batch that names a sequence
+//! twice is refused and changes nothing.
+
+use engine::cpu::{CpuBackend, CpuExecutor};
+use engine::exec::{Executor, SeqStep, StepOut, Want};
+use gguf::GgufFile;
+use model::geometry::Geometry;
+use model::synth::{synthesize, Preset, SynthOptions};
+use model::{Logits, ModelConfig, ModelWeights};
+use std::path::Path;
+use std::sync::Arc;
+
+const N_CTX: usize = 64;
+const N_SEQ: usize = 4;
+
+fn synth(dir: &Path, geometry: &str, preset: Preset) -> std::path::PathBuf {
+    let g = Geometry::all()
+        .into_iter()
+        .find(|g| g.name == geometry)
+        .unwrap_or_else(|| panic!("no geometry {geometry}"));
+    let path = dir.join(format!("{}-{preset}.gguf", g.name));
+    synthesize(
+        &path,
+        &g,
+        &SynthOptions {
+            preset,
+            seed: 11,
+            sync: false,
+        },
+        &|_, _| {},
+    )
+    .expect("synthesize");
+    path
+}
+
+fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig, n_seq: usize) -> CpuExecutor {
+    let weights = ModelWeights::load(file, cfg).expect("weights");
+    let backend = CpuBackend {
+        cfg: cfg.clone(),
+        weights,
+        precision: Default::default(),
+        routing: None,
+    };
+    CpuExecutor::new(backend, N_CTX, n_seq).expect("executor")
+}
+
+/// One entry of a test step: sequence, token count, want. Positions follow
+/// each sequence's history; tokens are drawn from a running counter.
+type Entry = (usize, usize, Want);
+
+struct Harness {
+    n_vocab: usize,
+    batched: CpuExecutor,
+    /// One executor per sequence, stepped with that sequence's entries alone.
+    solo: Vec<CpuExecutor>,
+    pos: [usize; N_SEQ],
+    next_token: usize,
+}
+
+impl Harness {
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                self.next_token += 1;
+                ((self.next_token * 7919 + 13) % self.n_vocab) as u32
+            })
+            .collect()
+    }
+
+    /// Runs `entries` as one batch and each alone; asserts identical outputs.
+    fn step(&mut self, label: &str, entries: &[Entry]) {
+        let toks: Vec<Vec<u32>> = entries.iter().map(|&(_, n, _)| self.tokens(n)).collect();
+        let batch: Vec<SeqStep> = entries
+            .iter()
+            .zip(&toks)
+            .map(|(&(seq, _, want), t)| SeqStep {
+                seq,
+                tokens: t,
+                pos0: self.pos[seq],
+                want,
+            })
+            .collect();
+        let got = self.batched.step(&batch).expect("batched step");
+        assert_eq!(got.len(), batch.len(), "{label}: one output per entry");
+        for (k, s) in batch.iter().enumerate() {
+            let alone = self.solo[s.seq]
+                .step(&[SeqStep { seq: 0, ..*s }])
+                .expect("solo step")
+                .remove(0);
+            match (&got[k], &alone) {
+                (StepOut::Logits(a), StepOut::Logits(b)) => {
+                    let rows = match s.want {
+                        Want::Logits(Logits::All) => s.tokens.len(),
+                        _ => 1,
+                    };
+                    assert_eq!(a.len(), rows * self.n_vocab, "{label}: entry {k} length");
+                    assert!(a.iter().all(|x| x.is_finite()), "{label}: entry {k}");
+                    let differ = a
+                        .iter()
+                        .zip(b)
+                        .position(|(x, y)| x.to_bits() != y.to_bits());
+                    assert_eq!(
+                        differ, None,
+                        "{label}: entry {k} (seq {}) logits differ from the solo run at index {differ:?}",
+                        s.seq
+                    );
+                    assert_eq!(a.len(), b.len());
+                }
+                (StepOut::Token(a), StepOut::Token(b)) => {
+                    assert_eq!(a, b, "{label}: entry {k} (seq {}) token", s.seq)
+                }
+                (a, b) => panic!("{label}: entry {k}: output kinds differ: {a:?} vs {b:?}"),
+            }
+        }
+        for s in &batch {
+            self.pos[s.seq] += s.tokens.len();
+        }
+    }
+
+    fn clear(&mut self, seq: usize) {
+        self.batched.clear(seq).expect("clear");
+        self.solo[seq].clear(0).expect("clear");
+        self.pos[seq] = 0;
+    }
+}
+
+fn check(geometry: &str, preset: Preset) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth(dir.path(), geometry, preset);
+    let file = Arc::new(GgufFile::open(&path).expect("open"));
+    let cfg = ModelConfig::from_gguf(&file).expect("config");
+    let mut h = Harness {
+        n_vocab: cfg.n_vocab,
+        batched: executor(&file, &cfg, N_SEQ),
+        solo: (0..N_SEQ).map(|_| executor(&file, &cfg, 1)).collect(),
+        pos: [0; N_SEQ],
+        next_token: 0,
+    };
+    let last = Want::Logits(Logits::Last);
+    let all = Want::Logits(Logits::All);
+    let label = |s: &str| format!("{geometry} {preset}: {s}");
+
+    // Prompts of different lengths, one asking for every position's logits.
+    h.step(
+        &label("prompts"),
+        &[(0, 5, Want::Greedy), (1, 3, all), (2, 1, last)],
+    );
+    // Decode entries at different positions beside a prompt piece of a new
+    // sequence and a multi-token piece of a running one.
+    h.step(
+        &label("decode + prompt"),
+        &[
+            (0, 1, last),
+            (1, 1, Want::Greedy),
+            (2, 7, all),
+            (3, 6, last),
+        ],
+    );
+    // Only decode entries, in an order unlike the sequences'.
+    h.step(
+        &label("decode"),
+        &[
+            (3, 1, last),
+            (0, 1, all),
+            (2, 1, Want::Greedy),
+            (1, 1, last),
+        ],
+    );
+    h.step(
+        &label("decode again"),
+        &[(1, 1, last), (3, 1, last), (0, 1, last), (2, 1, last)],
+    );
+    // A batch naming one sequence twice is refused, naming it, and runs nothing:
+    // the following steps still match the solo runs.
+    let t = [1u32, 2];
+    let err = h
+        .batched
+        .step(&[
+            SeqStep {
+                seq: 2,
+                tokens: &t[..1],
+                pos0: h.pos[2],
+                want: last,
+            },
+            SeqStep {
+                seq: 0,
+                tokens: &t[..1],
+                pos0: h.pos[0],
+                want: last,
+            },
+            SeqStep {
+                seq: 2,
+                tokens: &t[1..],
+                pos0: h.pos[2] + 1,
+                want: last,
+            },
+        ])
+        .expect_err("a sequence named twice must be refused");
+    assert!(
+        err.to_string().contains("sequence 2 appears twice"),
+        "error names the sequence: {err}"
+    );
+    let err = h
+        .batched
+        .step(&[SeqStep {
+            seq: N_SEQ,
+            tokens: &t,
+            pos0: 0,
+            want: last,
+        }])
+        .expect_err("an unknown sequence must be refused");
+    assert!(
+        err.to_string().contains(&format!("no sequence {N_SEQ}")),
+        "{err}"
+    );
+    // Multi-token pieces of running sequences, all positions' logits.
+    h.step(&label("pieces"), &[(1, 4, all), (0, 1, last), (3, 2, all)]);
+    // A sequence cleared and started afresh in a batch beside running ones.
+    h.clear(2);
+    h.step(
+        &label("after clear"),
+        &[
+            (0, 1, last),
+            (2, 4, all),
+            (1, 1, Want::Greedy),
+            (3, 1, last),
+        ],
+    );
+    h.step(
+        &label("after clear, decode"),
+        &[(2, 1, last), (0, 1, last), (3, 3, all), (1, 1, last)],
+    );
+    // One entry: the single-sequence pass.
+    h.step(&label("one entry"), &[(2, 2, all)]);
+}
+
+#[test]
+fn qwen35moe_batch_equals_solo() {
+    check("tiny-qwen35moe", Preset::Q4KM);
+}
+
+#[test]
+fn qwen3next_batch_equals_solo() {
+    check("tiny-qwen3next", Preset::Q4KM);
+}
+
+#[test]
+fn qwen3moe_batch_equals_solo() {
+    check("tiny-qwen3moe", Preset::Q8_0);
+}
+
+#[test]
+fn qwen35moe_f32_batch_equals_solo() {
+    check("tiny-qwen35moe", Preset::F32);
+}

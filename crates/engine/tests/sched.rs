@@ -1,0 +1,298 @@
+//! The scheduler on tiny synthetic models of every arch: requests decoded side by
+//! side (mixed prompt lengths, a prompt read in pieces, greedy and seeded sampling,
+//! late arrivals, a cancellation, more requests than slots) get exactly the tokens
+//! and logits they get alone; a chat turn that diverges from the previous one at a
+//! message start reuses the state up to there, from its slot or from the prompt
+//! cache (in memory and on disk), with the bits of a cold run.
+
+mod common;
+
+use common::bits;
+use engine::{
+    Completion, Device, Engine, EngineConfig, EngineError, Flow, GenerateRequest, SamplingParams,
+    Sink, TokenEvent,
+};
+use model::geometry::{Geometry, ARCHS};
+use model::synth::{synthesize, Preset, SynthOptions};
+use model::Arch;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+fn synth(dir: &Path, arch: Arch) -> PathBuf {
+    let g = Geometry::by_name(Some(arch), "tiny").expect("tiny geometry");
+    let path = dir.join(format!("{}.gguf", g.name));
+    synthesize(
+        &path,
+        &g,
+        &SynthOptions {
+            preset: Preset::Q8_0,
+            seed: 5,
+            sync: false,
+        },
+        &|_, _| {},
+    )
+    .expect("synthesize");
+    path
+}
+
+fn engine(path: &Path, parallel: usize, cache: Option<u64>, dir: Option<&Path>) -> Engine {
+    Engine::load(
+        path,
+        &EngineConfig {
+            max_context: Some(1024),
+            parallel: Some(parallel),
+            device: Some(Device::Cpu),
+            prompt_cache: cache,
+            prompt_cache_dir: dir.map(Path::to_path_buf),
+            ..Default::default()
+        },
+    )
+    .expect("load")
+}
+
+fn tokens(n: usize, salt: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 13) % 5000) as u32 + 100)
+        .collect()
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling,
+        stop_at_eog: false,
+        constraint: None,
+    }
+}
+
+fn seeded(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    }
+}
+
+/// What a request produced: its tokens and the logits each was chosen from.
+#[derive(Default, Debug)]
+struct Seen {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<u32>>,
+    done: Option<Result<Completion, String>>,
+}
+
+/// Collects into a shared `Seen`; cancels itself after `cancel_after` tokens.
+struct Collect {
+    seen: Arc<Mutex<Seen>>,
+    cancel_after: Option<usize>,
+}
+
+impl Sink for Collect {
+    fn token(&mut self, ev: &TokenEvent) -> Flow {
+        self.seen.lock().unwrap().tokens.push(ev.token);
+        Flow::Continue
+    }
+    fn wants_logits(&self) -> bool {
+        true
+    }
+    fn logits(&mut self, l: &[f32]) {
+        self.seen.lock().unwrap().logits.push(bits(l));
+    }
+    fn cancelled(&self) -> bool {
+        self.cancel_after
+            .is_some_and(|n| self.seen.lock().unwrap().tokens.len() >= n)
+    }
+    fn done(&mut self, r: Result<Completion, EngineError>) {
+        self.seen.lock().unwrap().done = Some(r.map_err(|e| e.to_string()));
+    }
+}
+
+/// Runs `req` alone on `eng`: its tokens and logits bits.
+fn solo(eng: &mut Engine, req: &GenerateRequest) -> (Completion, Vec<Vec<u32>>) {
+    let mut logits = Vec::new();
+    let c = eng
+        .generate_with_logits(req, &mut |_| Flow::Continue, &mut |l| logits.push(bits(l)))
+        .expect("generate");
+    (c, logits)
+}
+
+#[test]
+fn requests_decoded_side_by_side_get_the_bits_they_get_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in ARCHS {
+        let path = synth(dir.path(), arch);
+        let reqs = [
+            request(tokens(40, 1), 12, SamplingParams::default()),
+            // More than one prompt piece (the CPU reads 512 tokens per step).
+            request(tokens(600, 2), 6, seeded(3)),
+            request(tokens(20, 3), 15, seeded(5)),
+            // These two arrive after a few steps; the last is cancelled.
+            request(tokens(30, 4), 10, SamplingParams::default()),
+            request(tokens(25, 5), 14, seeded(9)),
+        ];
+        let cancel_after = [None, None, None, None, Some(4)];
+        let mut alone = engine(&path, 1, Some(0), None);
+        let want: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                alone.reset().expect("reset");
+                solo(&mut alone, r)
+            })
+            .collect();
+
+        // Three slots for five requests: two wait for a slot.
+        let mut eng = engine(&path, 3, Some(0), None);
+        let seen: Vec<Arc<Mutex<Seen>>> = (0..reqs.len()).map(|_| Default::default()).collect();
+        let submit = |eng: &mut Engine, i: usize| {
+            eng.submit(
+                reqs[i].clone(),
+                Box::new(Collect {
+                    seen: seen[i].clone(),
+                    cancel_after: cancel_after[i],
+                }),
+            )
+        };
+        for i in 0..3 {
+            submit(&mut eng, i);
+        }
+        for _ in 0..3 {
+            assert!(eng.step());
+        }
+        submit(&mut eng, 3);
+        submit(&mut eng, 4);
+        let mut steps = 0;
+        while eng.step() {
+            steps += 1;
+            assert!(steps < 10_000, "{arch:?}: the scheduler does not finish");
+        }
+        for (i, s) in seen.iter().enumerate() {
+            let s = s.lock().unwrap();
+            let done = s
+                .done
+                .as_ref()
+                .expect("done called")
+                .as_ref()
+                .expect("no error");
+            let (c, logits) = &want[i];
+            if cancel_after[i].is_some() {
+                assert_eq!(done.finish, engine::FinishReason::Stopped);
+                assert_eq!(
+                    s.tokens[..],
+                    c.tokens[..s.tokens.len()],
+                    "{arch:?} request {i}"
+                );
+                continue;
+            }
+            assert_eq!(done.finish, c.finish, "{arch:?} request {i}");
+            assert_eq!(s.tokens, c.tokens, "{arch:?} request {i}: tokens");
+            assert_eq!(done.tokens, c.tokens, "{arch:?} request {i}: completion");
+            assert_eq!(s.logits.len(), logits.len(), "{arch:?} request {i}");
+            for (k, (a, b)) in s.logits.iter().zip(logits).enumerate() {
+                assert!(a == b, "{arch:?} request {i}: logits of token {k} differ");
+            }
+        }
+        assert!(!eng.busy());
+        assert!(eng.slots().iter().all(|s| !s.busy));
+    }
+}
+
+/// The marker of a chat message start in these prompts.
+fn im_start(eng: &Engine) -> u32 {
+    eng.tokenizer()
+        .token_id("<|im_start|>")
+        .expect("<|im_start|>")
+}
+
+/// Turn 1 of a chat, and turn 2, which keeps turn 1 up to its last message start
+/// and then differs (as when a template re-renders the previous answer); and how
+/// much of turn 1 the cache can give turn 2: up to the message start where the
+/// model has recurrent state (a mark), one token more (the common prefix) where it
+/// has only attention.
+fn turns(eng: &Engine, salt: usize) -> (Vec<u32>, Vec<u32>, usize) {
+    let s = im_start(eng);
+    let mut t1 = vec![s];
+    t1.extend(tokens(30, salt));
+    let boundary = t1.len();
+    t1.push(s);
+    t1.extend(tokens(10, salt + 1));
+    let mut t2 = t1[..boundary].to_vec();
+    t2.push(s);
+    t2.extend(tokens(15, salt + 2));
+    t2.push(s);
+    t2.extend(tokens(5, salt + 3));
+    let reused = if eng.info().arch == "qwen3moe" {
+        boundary + 1
+    } else {
+        boundary
+    };
+    (t1, t2, reused)
+}
+
+#[test]
+fn a_chat_turn_reuses_the_state_up_to_where_it_diverges_with_the_bits_of_a_cold_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in ARCHS {
+        let path = synth(dir.path(), arch);
+        let mut cold = engine(&path, 1, Some(0), None);
+        let (t1, t2, boundary) = turns(&cold, 7);
+        let r1 = request(t1, 8, SamplingParams::default());
+        let r2 = request(t2, 8, seeded(4));
+        let (want, want_logits) = solo(&mut cold, &r2);
+        assert_eq!(want.timings.cache_n, 0);
+
+        // Its slot goes back to the message start.
+        let mut eng = engine(&path, 2, Some(0), None);
+        solo(&mut eng, &r1);
+        let (got, logits) = solo(&mut eng, &r2);
+        assert_eq!(
+            got.timings.cache_n, boundary,
+            "{arch:?}: reused from the slot"
+        );
+        assert_eq!(got.tokens, want.tokens, "{arch:?}");
+        assert!(logits == want_logits, "{arch:?}: logits differ");
+    }
+}
+
+#[test]
+fn a_conversation_a_slot_lost_comes_back_from_the_prompt_cache_and_its_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in ARCHS {
+        let path = synth(dir.path(), arch);
+        let cache_dir = dir.path().join(format!("cache-{arch:?}"));
+        let mut cold = engine(&path, 1, Some(0), None);
+        let (a1, a2, boundary) = turns(&cold, 11);
+        let (b1, _, _) = turns(&cold, 23);
+        let r2 = request(a2.clone(), 8, SamplingParams::default());
+        let (want, want_logits) = solo(&mut cold, &r2);
+
+        // One slot: conversation B takes it from A, which goes to the cache.
+        let mut eng = engine(&path, 1, Some(64 << 20), Some(&cache_dir));
+        solo(&mut eng, &request(a1, 6, SamplingParams::default()));
+        solo(&mut eng, &request(b1, 6, SamplingParams::default()));
+        let (got, logits) = solo(&mut eng, &r2);
+        assert_eq!(got.timings.cache_n, boundary, "{arch:?}: from the cache");
+        assert_eq!(got.tokens, want.tokens, "{arch:?}");
+        assert!(logits == want_logits, "{arch:?}: logits differ");
+        let report = eng.cache_report();
+        assert_eq!(report.counters.store_hits, 1, "{arch:?}: {report:?}");
+        let files = std::fs::read_dir(&cache_dir).expect("cache dir").count();
+        assert!(
+            files >= 1,
+            "{arch:?}: nothing written to {}",
+            cache_dir.display()
+        );
+
+        // A restarted engine finds it on disk.
+        let mut again = engine(&path, 1, Some(64 << 20), Some(&cache_dir));
+        let (got, logits) = solo(&mut again, &r2);
+        assert_eq!(got.timings.cache_n, boundary, "{arch:?}: from the files");
+        assert_eq!(got.tokens, want.tokens, "{arch:?}");
+        assert!(
+            logits == want_logits,
+            "{arch:?}: logits differ after a restart"
+        );
+    }
+}
