@@ -424,6 +424,8 @@ pub fn core_for(
     let tokenizer = engine.tokenizer_arc();
     let template = engine.chat_template_arc();
     stats.set_device(engine.device_report());
+    // `--parallel` slots of `n_ctx` positions each: `/props`, `/slots`, the KV usage.
+    stats.set_pool(info.n_ctx, engine.parallel());
     if let Some(t) = engine.expert_stats() {
         stats.set_expert_stats(&t);
     }

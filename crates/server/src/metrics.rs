@@ -89,6 +89,8 @@ struct Live {
     route: String,
     /// When it arrived (queued), for arrival order.
     arrived: Instant,
+    /// The slot the engine gave it (`request_slot`).
+    slot: Option<usize>,
     queued_at_unix_ms: u64,
     queue_ms: f64,
     started: Instant,
@@ -288,6 +290,7 @@ impl Stats {
                 id,
                 route,
                 arrived,
+                slot: None,
                 queued_at_unix_ms,
                 queue_ms,
                 started: now,
@@ -299,6 +302,15 @@ impl Stats {
                 last_token: None,
             },
         );
+    }
+
+    /// Request `id` took slot `slot` (the engine's `Sink::admitted`). A busy
+    /// slot in `set_slots` without a request id is linked to the live request
+    /// that took it; without a slot list, requests show in their own slots.
+    pub fn request_slot(&self, id: u64, slot: usize) {
+        if let Some(c) = self.lock().live_mut(id) {
+            c.slot = Some(slot);
+        }
     }
 
     /// `done` prompt tokens of request `id` have been evaluated so far.
@@ -585,7 +597,12 @@ impl Stats {
         let now = Instant::now();
         let g = self.lock();
         let rows = g.slot_rows();
-        let slot_of = |i: usize| rows.iter().find(|r| r.live == Some(i)).map(|r| r.id);
+        let slot_of = |i: usize| {
+            rows.iter()
+                .find(|r| r.live == Some(i))
+                .map(|r| r.id)
+                .or(g.live[i].slot)
+        };
         let live: Vec<Value> = g
             .live
             .iter()
@@ -1005,18 +1022,21 @@ impl Inner {
     }
 
     /// The slots as the readers show them. With the engine's list: its slots,
-    /// each linked to its live request. Without: one slot per `set_pool`
-    /// slot (or one), the live requests in arrival order in the first ones;
-    /// a lone idle slot keeps the last request's context (the state kept for
-    /// reuse), as the one-request server reported it.
+    /// each linked to its live request (by the id in the list, else by the
+    /// slot the request took). Without: one slot per `set_pool` slot (or
+    /// one), each live request in the slot it took (or, when none said, in
+    /// arrival order); a lone idle slot keeps the last request's context
+    /// (the state kept for reuse), as the one-request server reported it.
     fn slot_rows(&self) -> Vec<SlotRow> {
         if let Some(slots) = &self.slots {
             return slots
                 .iter()
                 .map(|s| {
-                    let live = s
-                        .request
-                        .and_then(|r| self.live.iter().position(|c| c.id == r));
+                    let live = match s.request {
+                        Some(r) => self.live.iter().position(|c| c.id == r),
+                        None if s.busy => self.live.iter().position(|c| c.slot == Some(s.id)),
+                        None => None,
+                    };
                     let held = live.map_or(0, |i| self.live[i].ctx_used());
                     SlotRow {
                         id: s.id,
@@ -1030,9 +1050,16 @@ impl Inner {
                 .collect();
         }
         let n = self.n_slots();
+        // Requests that said which slot they took sit there; else (a worker
+        // that never says) they fill the slots in arrival order.
+        let by_slot = self.live.iter().any(|c| c.slot.is_some());
         (0..n)
             .map(|i| {
-                let live = (i < self.live.len()).then_some(i);
+                let live = if by_slot {
+                    self.live.iter().position(|c| c.slot == Some(i))
+                } else {
+                    (i < self.live.len()).then_some(i)
+                };
                 let n_ctx_used = match live {
                     Some(i) => self.live[i].ctx_used(),
                     None if n == 1 => self.last_ctx_used,

@@ -401,3 +401,64 @@ fn a_pool_without_a_slot_list_fills_slots_in_arrival_order() {
     );
     assert_eq!(s.snapshot()["live"][1]["slot"], 1);
 }
+
+#[test]
+fn requests_sit_in_the_slot_they_took() {
+    let s = Stats::new();
+    s.set_pool(64, 4);
+    s.request_started(1, 4);
+    s.request_slot(1, 3);
+    s.request_started(2, 8);
+    s.request_slot(2, 1);
+    s.token_generated(1);
+    // No slot list yet: each in the slot it took.
+    let slots = s.slots_json(0);
+    assert_eq!(slots[3]["id_task"], 1, "{slots:?}");
+    assert_eq!(slots[1]["id_task"], 2);
+    assert_eq!(slots[0]["is_processing"], false);
+    assert_eq!(s.snapshot()["live"][0]["slot"], 3);
+    // The engine's list names no request: busy slots link by the slot taken,
+    // and the engine's count of the slot's tokens wins when larger.
+    s.set_slots(vec![
+        SlotView {
+            id: 0,
+            busy: false,
+            cached_tokens: 9,
+            request: None,
+        },
+        SlotView {
+            id: 1,
+            busy: true,
+            cached_tokens: 6,
+            request: None,
+        },
+        SlotView {
+            id: 2,
+            busy: false,
+            cached_tokens: 0,
+            request: None,
+        },
+        SlotView {
+            id: 3,
+            busy: true,
+            cached_tokens: 5,
+            request: None,
+        },
+    ]);
+    let slots = s.slots_json(0);
+    assert_eq!(slots[1]["id_task"], 2);
+    assert_eq!(slots[1]["state"], "prompt");
+    assert_eq!(slots[1]["n_ctx_used"], 6);
+    assert_eq!(slots[3]["id_task"], 1);
+    assert_eq!(slots[3]["n_decoded"], 1);
+    assert_eq!(slots[0]["n_ctx_used"], 9);
+    let snap = s.snapshot();
+    assert_eq!(snap["live"][1]["slot"], 1);
+    assert_eq!(snap["context"]["used"], 9 + 6 + 5);
+    // A busy slot whose request is not live (finished since the list came).
+    s.request_finished(2, &timings(8, 0), "stop", 8);
+    let slots = s.slots_json(0);
+    assert_eq!(slots[1]["is_processing"], true);
+    assert_eq!(slots[1]["id_task"], -1);
+    assert_eq!(slots[1]["state"], "processing");
+}
