@@ -129,19 +129,7 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
         t.elapsed().as_secs_f64()
     );
     eprintln!("{}", server::device::line(&eng.device_report()));
-    let m = eng.memory();
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    eprintln!(
-        "memory: weights {:.2} GiB memory-mapped ({:.2} GiB routed experts, {:.2} GiB dense), KV cache + recurrent state {:.3} GiB for {} tokens{}",
-        gib(m.weights_mapped),
-        gib(m.expert_bytes),
-        gib(m.weights_mapped - m.expert_bytes),
-        gib(m.state_bytes),
-        info.n_ctx,
-        m.available
-            .map(|a| format!(", {:.2} GiB RAM available", gib(a)))
-            .unwrap_or_default()
-    );
+    eprintln!("memory: {}", eng.memory().describe());
     let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) => {

@@ -21,7 +21,7 @@ use model::chat::ChatTemplate;
 use model::tokenizer::Tokenizer;
 use model::{ExecError, Logits, ModelConfig, ModelWeights};
 pub use sched::Sink;
-use sched::{Active, Callbacks, Limits, SeqCache};
+use sched::{Active, Callbacks, Limits, LogitsSink, SeqCache};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
@@ -63,10 +63,43 @@ pub struct MemoryAccount {
     pub weights_mapped: u64,
     /// Of which routed experts.
     pub expert_bytes: u64,
-    /// KV cache and recurrent state of one sequence at n_ctx.
+    /// KV cache and recurrent state at most: the context pool's positions (shared
+    /// by the slots) and every slot's recurrent state.
     pub state_bytes: u64,
+    /// Slots, and the positions of the context pool they share.
+    pub parallel: usize,
+    pub pool_positions: usize,
+    /// K/V bytes of one position, and recurrent-state bytes of one slot.
+    pub bytes_per_position: u64,
+    pub recurrent_bytes: u64,
+    /// RAM the prompt cache may hold (0: off).
+    pub prompt_cache: u64,
     /// MemAvailable when loading, if known.
     pub available: Option<u64>,
+}
+
+impl MemoryAccount {
+    /// One line for the startup log: where the memory goes.
+    pub fn describe(&self) -> String {
+        let gib = |b: u64| b as f64 / GIB;
+        format!(
+            "weights {:.2} GiB memory-mapped ({:.2} GiB routed experts, {:.2} GiB dense); \
+             KV + recurrent state up to {:.3} GiB ({} positions shared by {} slot(s) × {:.1} KiB, \
+             + {:.1} MiB recurrent per slot); prompt cache up to {:.2} GiB{}",
+            gib(self.weights_mapped),
+            gib(self.expert_bytes),
+            gib(self.weights_mapped.saturating_sub(self.expert_bytes)),
+            gib(self.state_bytes),
+            self.pool_positions,
+            self.parallel,
+            self.bytes_per_position as f64 / 1024.0,
+            self.recurrent_bytes as f64 / (1u64 << 20) as f64,
+            gib(self.prompt_cache),
+            self.available
+                .map(|a| format!("; {:.2} GiB RAM available", gib(a)))
+                .unwrap_or_default()
+        )
+    }
 }
 
 /// A request waiting for a slot.
@@ -197,7 +230,12 @@ impl Engine {
                 "--parallel {parallel}: the number of slots must be 1 to {MAX_PARALLEL}"
             )));
         }
-        let state_bytes = cpu::state_bytes(&mcfg, n_ctx).saturating_mul(parallel);
+        // Positions are one pool the slots share (the CPU's K/V grow with use);
+        // recurrent state is per slot.
+        let per_position = cpu::bytes_per_position(&mcfg);
+        let recurrent = cpu::recurrent_bytes(&mcfg);
+        let state_bytes =
+            cpu::state_bytes(&mcfg, n_ctx).saturating_add(recurrent.saturating_mul(parallel - 1));
         if state_bytes > isize::MAX as usize {
             // No allocation can be this large (the count saturated or nearly so).
             return Err(EngineError::Memory(format!(
@@ -212,7 +250,7 @@ impl Engine {
         if let Some(avail) = available {
             if state_bytes > avail {
                 return Err(EngineError::Memory(format!(
-                    "the KV cache and recurrent state of {parallel} slot(s) at --max-context {n_ctx} need {:.2} GiB, but only {:.2} GiB of RAM is available; lower --max-context or --parallel",
+                    "the KV cache and recurrent state of a {n_ctx}-position context (--max-context) shared by {parallel} slot(s) need {:.2} GiB, but only {:.2} GiB of RAM is available; lower --max-context or --parallel",
                     state_bytes as f64 / GIB,
                     avail as f64 / GIB
                 )));
@@ -262,6 +300,7 @@ impl Engine {
         );
         let boundary = tokenizer.token_id("<|im_start|>");
         let store = open_prompt_cache(cfg, exec.as_ref(), &model_id, available)?;
+        let prompt_cache = store.as_ref().map_or(0, |s| s.budget() as u64);
         Ok(Engine {
             info,
             cfg: mcfg,
@@ -282,6 +321,11 @@ impl Engine {
                 weights_mapped: tensor_bytes,
                 expert_bytes,
                 state_bytes,
+                parallel,
+                pool_positions: n_ctx,
+                bytes_per_position: per_position as u64,
+                recurrent_bytes: recurrent as u64,
+                prompt_cache,
                 available,
             },
         })
@@ -459,6 +503,7 @@ impl Engine {
         if self.running.is_empty() {
             return !self.queue.is_empty();
         }
+        self.make_room();
         let mut running = std::mem::take(&mut self.running);
         let mut items: Vec<(&mut Active, &mut dyn Sink)> = running
             .iter_mut()
@@ -469,7 +514,26 @@ impl Engine {
             n_vocab: self.cfg.n_vocab,
             eog: self.tokenizer.eog_ids(),
         };
-        let ended = sched::step(self.exec.as_mut(), &mut self.seqs, &lim, &mut items);
+        let room = self
+            .info
+            .n_ctx
+            .saturating_sub(self.seqs.iter().map(|c| c.history.len()).sum());
+        let mut done = sched::step(self.exec.as_mut(), &mut self.seqs, &lim, &mut items, room);
+        if done.ran == 0 && done.starved {
+            // Every running request waits for room that only they hold: the newest
+            // ends (finish `ContextFull`) so the others can go on.
+            if let Some(i) = (0..items.len()).rev().find(|&i| !done.ended[i]) {
+                let (act, sink) = &mut items[i];
+                tracing::warn!(
+                    "the context pool of {} positions is full: request in slot {} ends (raise --max-context or lower --parallel)",
+                    self.info.n_ctx,
+                    act.seq
+                );
+                sched::end(act, &mut **sink, FinishReason::ContextFull);
+                done.ended[i] = true;
+            }
+        }
+        let ended = done.ended;
         drop(items);
         let mut i = 0;
         running.retain(|(a, _)| {
@@ -482,6 +546,30 @@ impl Engine {
         });
         self.running = running;
         self.busy()
+    }
+
+    /// Frees the positions idle slots hold (least recently used first; their
+    /// conversations go to the prompt cache) until the pool has room for the next
+    /// step: a token per running request and a prompt piece.
+    fn make_room(&mut self) {
+        let want = self.running.len() + self.exec.prompt_chunk();
+        loop {
+            let used: usize = self.seqs.iter().map(|c| c.history.len()).sum();
+            if used + want <= self.info.n_ctx {
+                return;
+            }
+            let idle = (0..self.seqs.len())
+                .filter(|&i| !self.seqs[i].busy && !self.seqs[i].history.is_empty())
+                .min_by_key(|&i| self.seqs[i].last_used);
+            let Some(seq) = idle else {
+                return;
+            };
+            self.stash_seq(seq);
+            if let Err(e) = self.clear_seq(seq) {
+                tracing::warn!("slot {seq}: freeing its positions: {e}");
+                return;
+            }
+        }
     }
 
     /// A free slot, when there is one and a request waits.
@@ -775,8 +863,10 @@ impl Engine {
                     eog: self.tokenizer.eog_ids(),
                 };
                 let mut items: [(&mut Active, &mut dyn Sink); 1] = [(&mut act, &mut sink)];
-                let ended = sched::step(self.exec.as_mut(), &mut self.seqs, &lim, &mut items);
-                if ended[0] {
+                // Alone: the whole context is this request's.
+                let room = self.info.n_ctx.saturating_sub(self.seqs[seq].history.len());
+                let done = sched::step(self.exec.as_mut(), &mut self.seqs, &lim, &mut items, room);
+                if done.ended[0] {
                     break;
                 }
             }
@@ -904,9 +994,6 @@ pub fn check_threads(n: usize) -> Result<(), EngineError> {
     }
     Ok(())
 }
-
-/// Where `generate_with_logits` hands each set of logits.
-type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
 
 /// The routing profile `cfg.expert_profile` names, checked against the model.
 #[cfg(feature = "cuda")]

@@ -399,17 +399,29 @@ struct Entry {
     prompt: bool,
 }
 
+/// What one step did.
+pub(crate) struct Stepped {
+    /// For each item: it ended (its sink has been told).
+    pub ended: Vec<bool>,
+    /// Entries the executor ran.
+    pub ran: usize,
+    /// Some entry waited for room in the context pool.
+    pub starved: bool,
+}
+
 /// One scheduler step over `items` (requests in admission order): every decoding
 /// request feeds its pending token, and the first request still reading its prompt
-/// feeds its next piece, in one executor call. Returns, for each item, whether it
-/// ended (its sink has been told).
+/// feeds its next piece, in one executor call, as far as `room` (free positions
+/// of the shared context pool) allows; the others wait.
 pub(crate) fn step(
     exec: &mut dyn crate::exec::Executor,
     seqs: &mut [SeqCache],
     lim: &Limits,
     items: &mut [(&mut Active, &mut dyn Sink)],
-) -> Vec<bool> {
+    mut room: usize,
+) -> Stepped {
     let mut ended = vec![false; items.len()];
+    let mut starved = false;
     let chunk = exec.prompt_chunk().max(1);
     let mut entries = Vec::new();
     let mut prompt_taken = false;
@@ -422,6 +434,11 @@ pub(crate) fn step(
         }
         if act.decoding {
             if let Some(t) = act.pending {
+                if room == 0 {
+                    starved = true;
+                    continue;
+                }
+                room -= 1;
                 entries.push(Entry {
                     item: i,
                     tokens: vec![t],
@@ -435,6 +452,11 @@ pub(crate) fn step(
             // Pieces end at marks, so the state there can be kept.
             let mark = act.marks.first().map_or(p.len(), |m| m.0);
             let end = (act.fed + chunk).min(p.len()).min(mark);
+            if end - act.fed > room {
+                starved = true;
+                continue;
+            }
+            room -= end - act.fed;
             entries.push(Entry {
                 item: i,
                 tokens: p[act.fed..end].to_vec(),
@@ -449,8 +471,13 @@ pub(crate) fn step(
             });
         }
     }
+    let ran = entries.len();
     if entries.is_empty() {
-        return ended;
+        return Stepped {
+            ended,
+            ran,
+            starved,
+        };
     }
     let batch: Vec<SeqStep> = entries
         .iter()
@@ -522,7 +549,11 @@ pub(crate) fn step(
                     ended[e.item] = true;
                 }
             }
-            return ended;
+            return Stepped {
+                ended,
+                ran,
+                starved,
+            };
         }
     };
     for (e, out) in entries.into_iter().zip(outs) {
@@ -571,7 +602,17 @@ pub(crate) fn step(
             ended[e.item] = true;
         }
     }
-    ended
+    Stepped {
+        ended,
+        ran,
+        starved,
+    }
+}
+
+/// Ends `act` now with `finish` (the context pool cannot give it room).
+pub(crate) fn end(act: &mut Active, sink: &mut dyn Sink, finish: FinishReason) {
+    let c = act.completion(finish);
+    sink.done(Ok(c));
 }
 
 /// Keeps a snapshot of slot `seq`'s recurrent state at `pos` (its history's
@@ -626,11 +667,14 @@ pub(crate) fn start_cached(
     }
 }
 
+/// Where `Engine::generate_with_logits` hands each set of logits.
+pub(crate) type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
+
 /// A sink over the borrowed callbacks of `Engine::generate*`; keeps the result.
 pub(crate) struct Callbacks<'a> {
     pub on_prompt: &'a mut dyn FnMut(&PromptProgress) -> Flow,
     pub on_token: &'a mut dyn FnMut(&TokenEvent) -> Flow,
-    pub on_logits: Option<&'a mut dyn FnMut(&[f32])>,
+    pub on_logits: Option<LogitsSink<'a>>,
     pub result: Option<Result<Completion, EngineError>>,
 }
 

@@ -36,10 +36,20 @@ fn synth(dir: &Path, arch: Arch) -> PathBuf {
 }
 
 fn engine(path: &Path, parallel: usize, cache: Option<u64>, dir: Option<&Path>) -> Engine {
+    engine_ctx(path, 1024, parallel, cache, dir)
+}
+
+fn engine_ctx(
+    path: &Path,
+    n_ctx: usize,
+    parallel: usize,
+    cache: Option<u64>,
+    dir: Option<&Path>,
+) -> Engine {
     Engine::load(
         path,
         &EngineConfig {
-            max_context: Some(1024),
+            max_context: Some(n_ctx),
             parallel: Some(parallel),
             device: Some(Device::Cpu),
             prompt_cache: cache,
@@ -295,4 +305,50 @@ fn a_conversation_a_slot_lost_comes_back_from_the_prompt_cache_and_its_files() {
             "{arch:?}: logits differ after a restart"
         );
     }
+}
+
+#[test]
+fn slots_share_one_context_pool_and_the_newest_request_yields_when_it_is_full() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth(dir.path(), Arch::Qwen35Moe);
+    let reqs = [
+        request(tokens(100, 31), 120, SamplingParams::default()),
+        request(tokens(100, 32), 120, seeded(2)),
+    ];
+    let mut alone = engine_ctx(&path, 256, 1, Some(0), None);
+    let want: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            alone.reset().expect("reset");
+            solo(&mut alone, r)
+        })
+        .collect();
+    assert!(want.iter().all(|(c, _)| c.tokens.len() == 120));
+
+    // 256 positions for two requests that need 220 each: the second (newer)
+    // ends when neither can go on; the first then finishes with its solo bits.
+    let mut eng = engine_ctx(&path, 256, 2, Some(0), None);
+    let seen: Vec<Arc<Mutex<Seen>>> = (0..2).map(|_| Default::default()).collect();
+    for (r, s) in reqs.iter().zip(&seen) {
+        eng.submit(
+            r.clone(),
+            Box::new(Collect {
+                seen: s.clone(),
+                cancel_after: None,
+            }),
+        );
+    }
+    while eng.step() {}
+    let first = seen[0].lock().unwrap();
+    let c = first.done.as_ref().unwrap().as_ref().unwrap();
+    assert_eq!(c.finish, engine::FinishReason::Length);
+    assert_eq!(first.tokens, want[0].0.tokens);
+    assert!(first.logits == want[0].1);
+    let second = seen[1].lock().unwrap();
+    let c = second.done.as_ref().unwrap().as_ref().unwrap();
+    assert_eq!(c.finish, engine::FinishReason::ContextFull);
+    assert!(second.tokens.len() < 120);
+    assert_eq!(second.tokens[..], want[1].0.tokens[..second.tokens.len()]);
+    let held: usize = eng.slots().iter().map(|s| s.cached_tokens).sum();
+    assert!(held <= 256, "the slots hold {held} positions");
 }

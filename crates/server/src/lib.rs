@@ -528,6 +528,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         .await
         .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))??;
         eprintln!("scoria serve: {}", device::line(&engine.device_report()));
+        eprintln!("scoria serve: memory: {}", engine.memory().describe());
         let stats = Arc::new(metrics::Stats::new());
         let Loaded {
             core,
