@@ -40,11 +40,13 @@ pub struct SlotView {
     pub request: Option<u64>,
 }
 
-/// The slot pool's shape: context per slot, number of slots.
+/// The slot pool's shape: context per slot, number of slots, and the
+/// positions they share (the KV usage ratio's denominator).
 #[derive(Clone, Copy)]
 struct Pool {
     n_ctx_per_slot: usize,
     total_slots: usize,
+    positions: usize,
 }
 
 #[derive(Default)]
@@ -374,14 +376,23 @@ impl Stats {
         self.lock().slots = Some(slots);
     }
 
-    /// The pool's shape: `total_slots` slots of `n_ctx_per_slot` positions
-    /// each (at load). `/props` `total_slots`, the KV usage ratio and the
-    /// stats page's context total follow it.
-    pub fn set_pool(&self, n_ctx_per_slot: usize, total_slots: usize) {
+    /// The pool's shape (at load): `total_slots` slots, each up to
+    /// `n_ctx_per_slot` positions, sharing `positions` positions in all (the
+    /// engine's context pool; `total_slots × n_ctx_per_slot` where each slot
+    /// has its own). `/props` `total_slots`, the KV usage ratio and the stats
+    /// page's context total follow it.
+    pub fn set_pool(&self, n_ctx_per_slot: usize, total_slots: usize, positions: usize) {
         self.lock().pool = Some(Pool {
             n_ctx_per_slot,
             total_slots: total_slots.max(1),
+            positions,
         });
+    }
+
+    /// Positions all slots can hold together: `set_pool`'s, else slots × `n_ctx`.
+    pub fn ctx_total(&self, n_ctx: usize) -> usize {
+        let g = self.lock();
+        g.pool.map_or(g.n_slots() * n_ctx, |p| p.positions)
     }
 
     /// Slots in the pool: `set_pool`'s count, else the length of the last
@@ -670,6 +681,7 @@ impl Stats {
                 "slots": rows.len(),
                 "busy_slots": rows.iter().filter(|r| r.busy).count(),
                 "per_slot": n_ctx_per_slot,
+                "total": g.pool.map(|p| p.positions),
             },
             "queue": {
                 "depth": g.queue.len(),
@@ -728,13 +740,14 @@ impl Stats {
         let processing = g.live.len();
         let depth = g.queue.len();
         let live_tokens: usize = g.live.iter().map(|c| c.tokens).sum();
-        let n_ctx = g.pool.map_or(n_ctx, |p| p.n_ctx_per_slot);
+        let n_slots = g.n_slots();
+        let (n_ctx, ctx_total) = match g.pool {
+            Some(p) => (p.n_ctx_per_slot, p.positions),
+            None => (n_ctx, n_slots * n_ctx),
+        };
         drop(g);
         let ctx_used: usize = rows.iter().map(|r| r.n_ctx_used).sum();
         let busy_slots = rows.iter().filter(|r| r.busy).count();
-        let n_slots = rows.len();
-        // What all slots can hold: the KV usage ratio's denominator.
-        let ctx_total = n_slots * n_ctx;
         let mut out = String::with_capacity(4096);
         let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(out, "# HELP {name} {help}");

@@ -301,12 +301,12 @@ async fn stats_json(State(state): State<Arc<AppState>>) -> Response {
     if let Some(obj) = snap.as_object_mut() {
         obj.insert("version".into(), Value::from(VERSION));
         obj.insert("model".into(), model_json(&state));
-        // Context per slot: the pool's when the worker set it, else the model's.
+        // Context per slot and in all: the pool's when set, else the model's.
         let per_slot = state.stats.ctx_per_slot(state.engine_info.n_ctx);
+        let total = state.stats.ctx_total(state.engine_info.n_ctx);
         if let Some(ctx) = obj.get_mut("context").and_then(Value::as_object_mut) {
-            let n_slots = ctx.get("slots").and_then(Value::as_u64).unwrap_or(1) as usize;
             ctx.insert("per_slot".into(), Value::from(per_slot));
-            ctx.insert("total".into(), Value::from(per_slot * n_slots));
+            ctx.insert("total".into(), Value::from(total));
         }
         if let Some(slots) = obj.get_mut("slots").and_then(Value::as_array_mut) {
             for s in slots.iter_mut().filter(|s| s["n_ctx"].is_null()) {

@@ -318,7 +318,7 @@ fn slots_and_pool_drive_slots_metrics_and_the_snapshot() {
     assert_eq!(one[0]["id_task"], -1);
     assert_eq!(one[0]["state"], "idle");
 
-    s.set_pool(100, 4);
+    s.set_pool(100, 4, 400);
     assert_eq!(s.total_slots(), 4);
     assert_eq!(s.ctx_per_slot(1000), 100);
     s.request_queued(7, "chat");
@@ -384,7 +384,8 @@ fn slots_and_pool_drive_slots_metrics_and_the_snapshot() {
 #[test]
 fn a_pool_without_a_slot_list_fills_slots_in_arrival_order() {
     let s = Stats::new();
-    s.set_pool(50, 3);
+    // The slots share one pool of 50 positions.
+    s.set_pool(50, 3, 50);
     s.request_started(1, 4);
     s.request_started(2, 6);
     s.prompt_progress(2, 6);
@@ -396,16 +397,20 @@ fn a_pool_without_a_slot_list_fills_slots_in_arrival_order() {
     assert_eq!(slots[2]["is_processing"], false);
     let text = s.render_prometheus(0);
     assert!(
-        text.contains("llamacpp:kv_cache_usage_ratio 0.04\n"),
+        text.contains("llamacpp:kv_cache_usage_ratio 0.12\n"),
         "{text}"
     );
-    assert_eq!(s.snapshot()["live"][1]["slot"], 1);
+    let snap = s.snapshot();
+    assert_eq!(snap["live"][1]["slot"], 1);
+    assert_eq!(snap["context"]["total"], 50);
+    assert_eq!(snap["context"]["per_slot"], 50);
+    assert_eq!(s.ctx_total(0), 50);
 }
 
 #[test]
 fn requests_sit_in_the_slot_they_took() {
     let s = Stats::new();
-    s.set_pool(64, 4);
+    s.set_pool(64, 4, 64);
     s.request_started(1, 4);
     s.request_slot(1, 3);
     s.request_started(2, 8);

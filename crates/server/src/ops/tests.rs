@@ -262,7 +262,7 @@ async fn several_slots_reach_props_slots_health_and_stats_json() {
     use crate::metrics::SlotView;
     let st = state();
     let addr = serve(st.clone()).await;
-    st.stats.set_pool(256, 3);
+    st.stats.set_pool(256, 3, 256);
     for id in [1, 2, 3] {
         st.stats.request_queued(id, "chat");
     }
@@ -322,7 +322,7 @@ async fn several_slots_reach_props_slots_health_and_stats_json() {
     assert_eq!(v["current"]["slot"], 1);
     assert_eq!(v["live"][1]["id"], 2);
     assert_eq!(v["live"][1]["slot"], 0);
-    assert_eq!(v["context"]["total"], 768);
+    assert_eq!(v["context"]["total"], 256);
     assert_eq!(v["context"]["used"], 5 + 3 + 40);
     assert_eq!(v["slots"][2]["n_ctx"], 256);
 
@@ -334,7 +334,7 @@ async fn several_slots_reach_props_slots_health_and_stats_json() {
     );
     assert!(m.body.contains("\nllamacpp:requests_deferred 1\n"));
     assert!(m.body.contains("\nllamacpp:kv_cache_tokens 48\n"));
-    assert!(m.body.contains("\nllamacpp:kv_cache_usage_ratio 0.0625\n"));
+    assert!(m.body.contains("\nllamacpp:kv_cache_usage_ratio 0.1875\n"));
 }
 
 #[tokio::test]
