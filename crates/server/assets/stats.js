@@ -80,13 +80,63 @@
     g.fillStyle = "rgba(240,138,60,0.12)"; g.fill();
   }
 
-  function renderCurrent(cur) {
+  // The slot pool: one cell per slot, filled by the context it holds
+  // (green decoding, amber reading its prompt, grey kept for reuse).
+  let lastSlotsKey = "";
+  function renderSlots(slots) {
+    const key = JSON.stringify(slots.map((s) => [s.is_processing, s.state, s.n_ctx_used, s.n_ctx, s.id_task]));
+    if (key === lastSlotsKey) return;
+    lastSlotsKey = key;
+    const box = $("slots");
+    box.replaceChildren();
+    if (slots.length < 2) return; // one slot: the Now panel says it all
+    for (const s of slots) {
+      const cell = el("div", { class: "slot" + (s.is_processing ? " busy " + s.state : "") });
+      const fill = el("div");
+      fill.style.height = s.n_ctx ? Math.min(100, (100 * s.n_ctx_used) / s.n_ctx).toFixed(1) + "%" : "0";
+      cell.append(fill);
+      cell.title = "slot " + s.id + " · " + (s.is_processing ? "#" + s.id_task + " " + s.state : "idle") +
+        " · " + fmtInt(s.n_ctx_used) + " / " + fmtInt(s.n_ctx) + " positions";
+      box.append(cell);
+    }
+  }
+
+  // Several live requests: one row each.
+  function renderLive(live) {
+    const box = $("current");
+    box.replaceChildren();
+    box.className = "current table-wrap";
+    const t = el("table", { class: "live-table", id: "live" });
+    const head = el("tr");
+    for (const [h, cls] of [["slot"], ["#"], ["state"], ["prompt", "n"], ["generated", "n"], ["tok/s", "n"], ["elapsed", "n"]]) {
+      head.append(el("th", cls ? { class: cls } : null, h));
+    }
+    t.append(el("thead")); t.tHead.append(head);
+    const tb = el("tbody");
+    for (const r of live) {
+      const tr = el("tr");
+      tr.title = r.route + (r.queue_ms > 1 ? " · queued " + fmtMs(r.queue_ms) : "");
+      const cells = [
+        [r.slot == null ? "–" : r.slot], [r.id], [r.state],
+        [fmtInt(r.prompt_done) + " / " + fmtInt(r.prompt_tokens), "n"], [fmtInt(r.predicted_n), "n"],
+        [fmtRate(r.state === "prompt" ? r.prompt_per_second : r.predicted_per_second), "n"],
+        [fmtMs(r.elapsed_ms), "n"],
+      ];
+      for (const [v, cls] of cells) tr.append(el("td", cls ? { class: cls } : null, String(v)));
+      tb.append(tr);
+    }
+    t.append(tb);
+    box.append(t);
+  }
+
+  function renderCurrent(cur, live) {
+    if (live && live.length > 1) { renderLive(live); return; }
     const box = $("current");
     box.replaceChildren();
     if (!cur) { box.className = "current idle-text"; box.textContent = "idle"; return; }
     box.className = "current";
     const rows = [
-      ["request", "#" + cur.id + " · " + cur.route],
+      ["request", "#" + cur.id + " · " + cur.route + (cur.slot != null ? " · slot " + cur.slot : "")],
       ["state", cur.state],
       ["prompt", fmtInt(cur.prompt_done) + " / " + fmtInt(cur.prompt_tokens) + " tokens · " + fmtRate(cur.prompt_per_second) + " tok/s"],
       ["generated", fmtInt(cur.predicted_n) + " tokens · " + fmtRate(cur.predicted_per_second) + " tok/s"],
@@ -227,13 +277,19 @@
     setText("cached-total", fmtInt(t.cache_tokens));
     setText("requests-total", fmtInt(t.requests));
     setText("errors-total", fmtInt(t.errors));
-    setText("running", s.current ? "1" : "0");
+    const live = s.live || (s.current ? [s.current] : []);
+    setText("running", String(live.length));
+    const slots = s.slots || [];
+    setText("slots-total", fmtInt(ctx.slots || slots.length || 1));
+    setText("slots-busy", fmtInt(ctx.busy_slots != null ? ctx.busy_slots : live.length));
+    setText("live-note", live.length > 1 ? live.length + " requests decoding" : "");
 
     spark.push(sp.live ? sp.predicted_per_second || 0 : 0);
     while (spark.length > SPARK_POINTS) spark.shift();
     drawSpark();
 
-    renderCurrent(s.current);
+    renderSlots(slots);
+    renderCurrent(s.current, live);
     renderDevice(s.device);
     renderGpu(s.gpu);
     renderExtra(s);

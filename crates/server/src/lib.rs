@@ -424,6 +424,13 @@ pub fn core_for(
     let tokenizer = engine.tokenizer_arc();
     let template = engine.chat_template_arc();
     stats.set_device(engine.device_report());
+    // `--parallel` slots, each up to `n_ctx` positions, sharing the engine's
+    // context pool: `/props`, `/slots`, the KV usage ratio.
+    stats.set_pool(
+        info.n_ctx,
+        engine.parallel(),
+        engine.memory().pool_positions,
+    );
     if let Some(t) = engine.expert_stats() {
         stats.set_expert_stats(&t);
     }

@@ -1,6 +1,8 @@
 //! Live serving statistics: one `Stats` per server, fed by the request path
-//! (queued → started → prompt progress → tokens → finished/failed) and read by
-//! `/metrics` (Prometheus text), `/stats.json` and the stats page.
+//! (queued → started → prompt progress → tokens → finished/failed, for any
+//! number of requests at once, interleaved) and by the engine loop (one
+//! `engine_step` per decode call, `set_slots` with the slot pool), and read by
+//! `/metrics` (Prometheus text), `/slots`, `/stats.json` and the stats page.
 //!
 //! Every update takes one short mutex section with no allocation on the token
 //! path, so the decode loop never waits on a reader for long. Readers copy what
@@ -22,12 +24,45 @@ pub struct Stats {
     inner: Mutex<Inner>,
 }
 
+/// One engine slot as the statistics see it; the worker converts the engine's
+/// slot list to these after each step (or whenever the pool changes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotView {
+    /// The slot's index in the pool (0-based).
+    pub id: usize,
+    /// Whether a request is decoding in it.
+    pub busy: bool,
+    /// Positions the slot holds: the state kept for reuse when idle, the
+    /// reused prefix or the current fill when busy (the larger of this and the
+    /// live request's own count is shown).
+    pub cached_tokens: usize,
+    /// The live request in this slot (its id from `request_queued`).
+    pub request: Option<u64>,
+}
+
+/// The slot pool's shape: context per slot, number of slots, and the
+/// positions they share (the KV usage ratio's denominator).
+#[derive(Clone, Copy)]
+struct Pool {
+    n_ctx_per_slot: usize,
+    total_slots: usize,
+    positions: usize,
+}
+
 #[derive(Default)]
 struct Inner {
     /// Requests waiting for the engine, in arrival order.
     queue: VecDeque<Queued>,
-    /// The request being decoded, if any.
-    current: Option<Current>,
+    /// The requests being decoded, in arrival order (oldest first).
+    live: Vec<Live>,
+    /// The engine's slot list, once the worker reports it (`None`: one slot,
+    /// or `pool.total_slots` slots filled in arrival order).
+    slots: Option<Vec<SlotView>>,
+    pool: Option<Pool>,
+    /// Whether the worker reports decode calls itself (`engine_step`). Until it
+    /// does, each prompt chunk and each token counts as one decode call with
+    /// one busy slot, which is what a one-request-at-a-time worker does.
+    stepped: bool,
     totals: Totals,
     /// Since the last Prometheus scrape (llama-server resets its throughput
     /// gauges on each scrape: the gauges are averages over that window).
@@ -51,9 +86,13 @@ struct Queued {
     at_unix_ms: u64,
 }
 
-struct Current {
+struct Live {
     id: u64,
     route: String,
+    /// When it arrived (queued), for arrival order.
+    arrived: Instant,
+    /// The slot the engine gave it (`request_slot`).
+    slot: Option<usize>,
     queued_at_unix_ms: u64,
     queue_ms: f64,
     started: Instant,
@@ -63,6 +102,73 @@ struct Current {
     tokens: usize,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+}
+
+impl Live {
+    /// Context positions the request occupies so far.
+    fn ctx_used(&self) -> usize {
+        self.prompt_done + self.tokens
+    }
+
+    /// Prompt speed so far (or over the whole prompt once it is read).
+    fn prompt_tps(&self, now: Instant) -> f64 {
+        let end = self.prompt_finished.unwrap_or(now);
+        per_second(self.prompt_done as u64, ms_between(self.started, end))
+    }
+
+    /// Decode speed since the first token. The first token comes out of the
+    /// prompt pass; speed counts the rest.
+    fn decode_tps(&self, now: Instant) -> f64 {
+        match self.first_token {
+            Some(a) => per_second(self.tokens.saturating_sub(1) as u64, ms_between(a, now)),
+            None => 0.0,
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        if self.prompt_finished.is_some() {
+            "decoding"
+        } else {
+            "prompt"
+        }
+    }
+
+    fn to_json(&self, now: Instant, slot: Option<usize>) -> Value {
+        let prompt_end = self.prompt_finished.unwrap_or(now);
+        let decode_ms = match self.first_token {
+            Some(a) => ms_between(a, now),
+            None => 0.0,
+        };
+        json!({
+            "id": self.id,
+            "route": self.route,
+            "slot": slot,
+            "state": self.state(),
+            "queued_at_ms": self.queued_at_unix_ms,
+            "queue_ms": round2(self.queue_ms),
+            "elapsed_ms": round2(ms_between(self.started, now)),
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_done": self.prompt_done,
+            "prompt_ms": round2(ms_between(self.started, prompt_end)),
+            "prompt_per_second": round2(self.prompt_tps(now)),
+            "predicted_n": self.tokens,
+            "predicted_ms": round2(decode_ms),
+            "predicted_per_second": round2(self.decode_tps(now)),
+            "n_ctx_used": self.ctx_used(),
+        })
+    }
+}
+
+/// One slot as the readers show it (computed under the lock, no formatting).
+struct SlotRow {
+    id: usize,
+    busy: bool,
+    cached_tokens: usize,
+    /// Index into `Inner::live`.
+    live: Option<usize>,
+    /// The live request's id when the engine names one not (or no longer) live.
+    task: Option<u64>,
+    n_ctx_used: usize,
 }
 
 #[derive(Default, Clone)]
@@ -77,6 +183,7 @@ struct Totals {
     cache_tokens: u64,
     tokens_predicted: u64,
     tokens_predicted_seconds: f64,
+    /// Decode calls (engine steps), and the busy slots summed over them.
     n_decode: u64,
     n_busy_slots: u64,
     n_tokens_max: u64,
@@ -162,7 +269,8 @@ impl Stats {
         }
     }
 
-    /// The engine took request `id`; its prompt has `prompt_tokens` tokens.
+    /// The engine took request `id` (into a slot); its prompt has
+    /// `prompt_tokens` tokens. Any number of requests may be live at once.
     pub fn request_started(&self, id: u64, prompt_tokens: usize) {
         let now = Instant::now();
         let mut g = self.lock();
@@ -171,23 +279,40 @@ impl Stats {
             .iter()
             .position(|q| q.id == id)
             .and_then(|i| g.queue.remove(i));
-        let (route, queued_at_unix_ms, queue_ms) = match queued {
-            Some(q) => (q.route, q.at_unix_ms, ms_between(q.at, now)),
-            None => (String::from("?"), unix_ms(), 0.0),
+        let (route, arrived, queued_at_unix_ms, queue_ms) = match queued {
+            Some(q) => (q.route, q.at, q.at_unix_ms, ms_between(q.at, now)),
+            None => (String::from("?"), now, unix_ms(), 0.0),
         };
-        g.current = Some(Current {
-            id,
-            route,
-            queued_at_unix_ms,
-            queue_ms,
-            started: now,
-            prompt_tokens,
-            prompt_done: 0,
-            prompt_finished: None,
-            tokens: 0,
-            first_token: None,
-            last_token: None,
-        });
+        // Started twice: the second start wins (one entry per id).
+        g.live.retain(|c| c.id != id);
+        let at = g.live.partition_point(|c| c.arrived <= arrived);
+        g.live.insert(
+            at,
+            Live {
+                id,
+                route,
+                arrived,
+                slot: None,
+                queued_at_unix_ms,
+                queue_ms,
+                started: now,
+                prompt_tokens,
+                prompt_done: 0,
+                prompt_finished: None,
+                tokens: 0,
+                first_token: None,
+                last_token: None,
+            },
+        );
+    }
+
+    /// Request `id` took slot `slot` (the engine's `Sink::admitted`). A busy
+    /// slot in `set_slots` without a request id is linked to the live request
+    /// that took it; without a slot list, requests show in their own slots.
+    pub fn request_slot(&self, id: u64, slot: usize) {
+        if let Some(c) = self.lock().live_mut(id) {
+            c.slot = Some(slot);
+        }
     }
 
     /// `done` prompt tokens of request `id` have been evaluated so far.
@@ -195,7 +320,7 @@ impl Stats {
         let now = Instant::now();
         let mut g = self.lock();
         let mut decoded = false;
-        if let Some(c) = g.current.as_mut().filter(|c| c.id == id) {
+        if let Some(c) = g.live_mut(id) {
             if done > c.prompt_done {
                 c.prompt_done = done;
                 decoded = true;
@@ -204,7 +329,7 @@ impl Stats {
                 c.prompt_finished = Some(now);
             }
         }
-        if decoded {
+        if decoded && !g.stepped {
             g.totals.n_decode += 1;
             g.totals.n_busy_slots += 1;
         }
@@ -215,7 +340,7 @@ impl Stats {
         let now = Instant::now();
         let mut g = self.lock();
         let mut counted = false;
-        if let Some(c) = g.current.as_mut().filter(|c| c.id == id) {
+        if let Some(c) = g.live_mut(id) {
             if c.prompt_finished.is_none() {
                 c.prompt_done = c.prompt_tokens;
                 c.prompt_finished = Some(now);
@@ -227,10 +352,63 @@ impl Stats {
             c.last_token = Some(now);
             counted = true;
         }
-        if counted {
+        if counted && !g.stepped {
             g.totals.n_decode += 1;
             g.totals.n_busy_slots += 1;
         }
+    }
+
+    /// The engine made one decode call (one step) with `busy_slots` slots in
+    /// it: `n_decode` grows by 1 and `n_busy_slots` by `busy_slots`, as
+    /// llama-server counts them. Once called, prompt chunks and tokens no
+    /// longer count as decode calls of their own.
+    pub fn engine_step(&self, busy_slots: usize) {
+        let mut g = self.lock();
+        g.stepped = true;
+        g.totals.n_decode += 1;
+        g.totals.n_busy_slots += busy_slots as u64;
+    }
+
+    /// The engine's slots, in pool order (after each step, or when they
+    /// change). Before the first call the readers show one slot (or
+    /// `set_pool`'s count, filled by the live requests in arrival order).
+    pub fn set_slots(&self, slots: Vec<SlotView>) {
+        self.lock().slots = Some(slots);
+    }
+
+    /// The pool's shape (at load): `total_slots` slots, each up to
+    /// `n_ctx_per_slot` positions, sharing `positions` positions in all (the
+    /// engine's context pool; `total_slots × n_ctx_per_slot` where each slot
+    /// has its own). `/props` `total_slots`, the KV usage ratio and the stats
+    /// page's context total follow it.
+    pub fn set_pool(&self, n_ctx_per_slot: usize, total_slots: usize, positions: usize) {
+        self.lock().pool = Some(Pool {
+            n_ctx_per_slot,
+            total_slots: total_slots.max(1),
+            positions,
+        });
+    }
+
+    /// Positions all slots can hold together: `set_pool`'s, else slots × `n_ctx`.
+    pub fn ctx_total(&self, n_ctx: usize) -> usize {
+        let g = self.lock();
+        g.pool.map_or(g.n_slots() * n_ctx, |p| p.positions)
+    }
+
+    /// Slots in the pool: `set_pool`'s count, else the length of the last
+    /// slot list, else 1.
+    pub fn total_slots(&self) -> usize {
+        self.lock().n_slots()
+    }
+
+    /// Context positions per slot: `set_pool`'s, else `n_ctx` (the model's).
+    pub fn ctx_per_slot(&self, n_ctx: usize) -> usize {
+        self.lock().pool.map_or(n_ctx, |p| p.n_ctx_per_slot)
+    }
+
+    /// Requests being decoded now.
+    pub fn live_count(&self) -> usize {
+        self.lock().live.len()
     }
 
     /// Request `id` ended (normally, by a stop, by length, or cancelled:
@@ -291,7 +469,7 @@ impl Stats {
     pub fn request_failed(&self, id: u64, err: &str) {
         let now = Instant::now();
         let mut g = self.lock();
-        let live = g.current.as_ref().filter(|c| c.id == id).map(|c| {
+        let live = g.live.iter().find(|c| c.id == id).map(|c| {
             let prompt_end = c.prompt_finished.unwrap_or(now);
             (
                 c.prompt_done,
@@ -402,63 +580,74 @@ impl Stats {
         self.lock().device.clone()
     }
 
-    /// Requests waiting for the engine (not counting the one decoding).
+    /// Requests waiting for the engine (not counting those decoding).
     pub fn queue_depth(&self) -> usize {
         self.lock().queue.len()
     }
 
-    /// Whether a request is being decoded now.
+    /// Whether any request is being decoded now.
     pub fn busy(&self) -> bool {
-        self.lock().current.is_some()
+        !self.lock().live.is_empty()
+    }
+
+    /// The slots in llama-server's `/slots` shape (`id`, `n_ctx`,
+    /// `is_processing`, `id_task`, `state`, `n_prompt_tokens`,
+    /// `n_prompt_tokens_processed`, `n_decoded`, `n_ctx_used`) with scoria's
+    /// `cached_tokens`, `route` and `elapsed_ms` beside them. `n_ctx`: the
+    /// model's context, used per slot until `set_pool` says otherwise.
+    pub fn slots_json(&self, n_ctx: usize) -> Vec<Value> {
+        let now = Instant::now();
+        let g = self.lock();
+        g.slots_json(now, g.pool.map_or(n_ctx, |p| p.n_ctx_per_slot))
     }
 
     /// The live picture as JSON (what `/stats.json` serves; `ops` adds the
-    /// model's context size and the GPU panel).
+    /// model's context size and the GPU panel). `current` is the oldest live
+    /// request, `live` every live request (with its `slot`), `slots` the pool.
     pub fn snapshot(&self) -> Value {
         let now = Instant::now();
         let g = self.lock();
-        let current = g.current.as_ref().map(|c| {
-            let prompt_end = c.prompt_finished.unwrap_or(now);
-            let prompt_ms = ms_between(c.started, prompt_end);
-            let decode_ms = match c.first_token {
-                Some(a) => ms_between(a, now),
-                None => 0.0,
-            };
-            // The first token comes out of the prompt pass; speed counts the rest.
-            let decode_tps = per_second(c.tokens.saturating_sub(1) as u64, decode_ms);
-            json!({
-                "id": c.id,
-                "route": c.route,
-                "state": if c.prompt_finished.is_some() { "decoding" } else { "prompt" },
-                "queued_at_ms": c.queued_at_unix_ms,
-                "queue_ms": round2(c.queue_ms),
-                "elapsed_ms": round2(ms_between(c.started, now)),
-                "prompt_tokens": c.prompt_tokens,
-                "prompt_done": c.prompt_done,
-                "prompt_ms": round2(prompt_ms),
-                "prompt_per_second": round2(per_second(c.prompt_done as u64, prompt_ms)),
-                "predicted_n": c.tokens,
-                "predicted_ms": round2(decode_ms),
-                "predicted_per_second": round2(decode_tps),
-                "n_ctx_used": c.prompt_done + c.tokens,
-            })
-        });
-        let (prompt_tps, decode_tps, ctx_used, live_tokens, live_prompt) = match &current {
-            Some(c) => (
-                c["prompt_per_second"].as_f64().unwrap_or(0.0),
-                c["predicted_per_second"].as_f64().unwrap_or(0.0),
-                c["n_ctx_used"].as_u64().unwrap_or(0),
-                c["predicted_n"].as_u64().unwrap_or(0),
-                c["prompt_done"].as_u64().unwrap_or(0),
-            ),
-            None => (
-                g.last_prompt_tps,
-                g.last_decode_tps,
-                g.last_ctx_used as u64,
-                0,
-                0,
-            ),
+        let rows = g.slot_rows();
+        let slot_of = |i: usize| {
+            rows.iter()
+                .find(|r| r.live == Some(i))
+                .map(|r| r.id)
+                .or(g.live[i].slot)
         };
+        let live: Vec<Value> = g
+            .live
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.to_json(now, slot_of(i)))
+            .collect();
+        let current = live.first().cloned();
+        // Aggregate speeds over the live requests: decode is the sum of their
+        // rates (they decode side by side); prompt is the sum over those still
+        // reading their prompt, else the newest one's finished prompt pass.
+        let (prompt_tps, decode_tps) = if g.live.is_empty() {
+            (g.last_prompt_tps, g.last_decode_tps)
+        } else {
+            let reading: Vec<&Live> = g
+                .live
+                .iter()
+                .filter(|c| c.prompt_finished.is_none())
+                .collect();
+            let prompt = if reading.is_empty() {
+                g.live
+                    .iter()
+                    .max_by_key(|c| c.started)
+                    .map_or(0.0, |c| c.prompt_tps(now))
+            } else {
+                reading.iter().map(|c| c.prompt_tps(now)).sum::<f64>()
+            };
+            (
+                prompt,
+                g.live.iter().map(|c| c.decode_tps(now)).sum::<f64>(),
+            )
+        };
+        let live_tokens: usize = g.live.iter().map(|c| c.tokens).sum();
+        let live_prompt: usize = g.live.iter().map(|c| c.prompt_done).sum();
+        let ctx_used: usize = rows.iter().map(|r| r.n_ctx_used).sum();
         let t = &g.totals;
         let requests_total: u64 = t.requests_by.values().sum();
         let by_finish =
@@ -469,6 +658,7 @@ impl Stats {
                     m
                 });
         let log: Vec<Value> = g.log.iter().rev().map(LogEntry::to_json).collect();
+        let n_ctx_per_slot = g.pool.map(|p| p.n_ctx_per_slot);
         json!({
             "now_ms": unix_ms(),
             "uptime_s": round2(self.started_at.elapsed().as_secs_f64()),
@@ -477,12 +667,22 @@ impl Stats {
                 None => Value::from("idle"),
             },
             "current": current,
+            "live": live,
+            "slots": g.slots_json(now, n_ctx_per_slot),
             "speed": {
-                "live": g.current.is_some(),
+                "live": !g.live.is_empty(),
                 "prompt_per_second": round2(prompt_tps),
                 "predicted_per_second": round2(decode_tps),
             },
-            "context": { "used": ctx_used },
+            // `ops` adds `total` (slots × context per slot) and fills each slot's
+            // `n_ctx` when the pool's shape was never set.
+            "context": {
+                "used": ctx_used,
+                "slots": rows.len(),
+                "busy_slots": rows.iter().filter(|r| r.busy).count(),
+                "per_slot": n_ctx_per_slot,
+                "total": g.pool.map(|p| p.positions),
+            },
             "queue": {
                 "depth": g.queue.len(),
                 "max": t.queue_max,
@@ -496,12 +696,18 @@ impl Stats {
                 "requests": requests_total,
                 "by_finish": by_finish,
                 "errors": t.errors,
-                "prompt_tokens": t.prompt_tokens + live_prompt,
+                "prompt_tokens": t.prompt_tokens + live_prompt as u64,
                 "prompt_seconds": round2(t.prompt_seconds),
                 "cache_tokens": t.cache_tokens,
-                "tokens_predicted": t.tokens_predicted + live_tokens,
+                "tokens_predicted": t.tokens_predicted + live_tokens as u64,
                 "tokens_predicted_seconds": round2(t.tokens_predicted_seconds),
                 "n_decode": t.n_decode,
+                "n_busy_slots": t.n_busy_slots,
+                "busy_slots_per_decode": round2(if t.n_decode > 0 {
+                    t.n_busy_slots as f64 / t.n_decode as f64
+                } else {
+                    0.0
+                }),
             },
             "requests": log,
             "draft": if t.draft_proposed > 0 {
@@ -523,28 +729,25 @@ impl Stats {
 
     /// Prometheus text exposition: llama-server's `llamacpp:*` metrics with
     /// their names, HELP and TYPE lines, then scoria's own `scoria:*`.
-    /// `n_ctx` is the allocated context. Resets the throughput window, as
-    /// llama-server does on each scrape.
+    /// `n_ctx` is the context per slot (unless `set_pool` gave one). Resets
+    /// the throughput window, as llama-server does on each scrape.
     pub fn render_prometheus(&self, n_ctx: usize) -> String {
-        let (t, bucket, busy, depth, ctx_used, live_tokens, device, tiers) = {
-            let mut g = self.lock();
-            let bucket = std::mem::take(&mut g.bucket);
-            let ctx_used = match &g.current {
-                Some(c) => c.prompt_done + c.tokens,
-                None => g.last_ctx_used,
-            };
-            let live = g.current.as_ref().map(|c| c.tokens).unwrap_or(0);
-            (
-                g.totals.clone(),
-                bucket,
-                g.current.is_some(),
-                g.queue.len(),
-                ctx_used,
-                live,
-                g.device.clone(),
-                g.expert_tiers.clone(),
-            )
+        let mut g = self.lock();
+        let bucket = std::mem::take(&mut g.bucket);
+        let rows = g.slot_rows();
+        let t = g.totals.clone();
+        let (device, tiers) = (g.device.clone(), g.expert_tiers.clone());
+        let processing = g.live.len();
+        let depth = g.queue.len();
+        let live_tokens: usize = g.live.iter().map(|c| c.tokens).sum();
+        let n_slots = g.n_slots();
+        let (n_ctx, ctx_total) = match g.pool {
+            Some(p) => (p.n_ctx_per_slot, p.positions),
+            None => (n_ctx, n_slots * n_ctx),
         };
+        drop(g);
+        let ctx_used: usize = rows.iter().map(|r| r.n_ctx_used).sum();
+        let busy_slots = rows.iter().filter(|r| r.busy).count();
         let mut out = String::with_capacity(4096);
         let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -613,8 +816,8 @@ impl Stats {
             "llamacpp:kv_cache_usage_ratio",
             "gauge",
             "KV-cache usage. 1 means 100 percent usage.",
-            if n_ctx > 0 {
-                ctx_used as f64 / n_ctx as f64
+            if ctx_total > 0 {
+                ctx_used as f64 / ctx_total as f64
             } else {
                 0.0
             },
@@ -629,7 +832,7 @@ impl Stats {
             "llamacpp:requests_processing",
             "gauge",
             "Number of requests processing.",
-            if busy { 1.0 } else { 0.0 },
+            processing as f64,
         );
         metric(
             "llamacpp:requests_deferred",
@@ -708,14 +911,26 @@ impl Stats {
         metric(
             "scoria:tokens_generating",
             "gauge",
-            "Tokens generated so far by the request being decoded.",
+            "Tokens generated so far by the requests being decoded.",
             live_tokens as f64,
         );
         metric(
             "scoria:context_size",
             "gauge",
-            "Context length allocated per sequence, in tokens.",
+            "Context length allocated per sequence (per slot), in tokens.",
             n_ctx as f64,
+        );
+        metric(
+            "scoria:slots_total",
+            "gauge",
+            "Slots in the pool: requests that can decode at once.",
+            n_slots as f64,
+        );
+        metric(
+            "scoria:slots_busy",
+            "gauge",
+            "Slots decoding a request now.",
+            busy_slots as f64,
         );
         metric(
             "scoria:uptime_seconds",
@@ -791,14 +1006,13 @@ impl Stats {
 }
 
 impl Inner {
-    /// Removes request `id` from the queue or the current slot; returns its
+    /// Removes request `id` from the live requests or the queue; returns its
     /// route, arrival time and queue wait.
     fn take_request(&mut self, id: u64) -> (String, u64, f64) {
         let now = Instant::now();
-        if self.current.as_ref().is_some_and(|c| c.id == id) {
-            if let Some(c) = self.current.take() {
-                return (c.route, c.queued_at_unix_ms, c.queue_ms);
-            }
+        if let Some(i) = self.live.iter().position(|c| c.id == id) {
+            let c = self.live.remove(i);
+            return (c.route, c.queued_at_unix_ms, c.queue_ms);
         }
         if let Some(i) = self.queue.iter().position(|q| q.id == id) {
             if let Some(q) = self.queue.remove(i) {
@@ -806,6 +1020,108 @@ impl Inner {
             }
         }
         (String::from("?"), unix_ms(), 0.0)
+    }
+
+    fn live_mut(&mut self, id: u64) -> Option<&mut Live> {
+        self.live.iter_mut().find(|c| c.id == id)
+    }
+
+    fn n_slots(&self) -> usize {
+        match (&self.pool, &self.slots) {
+            (Some(p), _) => p.total_slots,
+            (None, Some(s)) => s.len().max(1),
+            (None, None) => 1,
+        }
+    }
+
+    /// The slots as the readers show them. With the engine's list: its slots,
+    /// each linked to its live request (by the id in the list, else by the
+    /// slot the request took). Without: one slot per `set_pool` slot (or
+    /// one), each live request in the slot it took (or, when none said, in
+    /// arrival order); a lone idle slot keeps the last request's context
+    /// (the state kept for reuse), as the one-request server reported it.
+    fn slot_rows(&self) -> Vec<SlotRow> {
+        if let Some(slots) = &self.slots {
+            return slots
+                .iter()
+                .map(|s| {
+                    let live = match s.request {
+                        Some(r) => self.live.iter().position(|c| c.id == r),
+                        None if s.busy => self.live.iter().position(|c| c.slot == Some(s.id)),
+                        None => None,
+                    };
+                    let held = live.map_or(0, |i| self.live[i].ctx_used());
+                    SlotRow {
+                        id: s.id,
+                        busy: s.busy || live.is_some(),
+                        cached_tokens: s.cached_tokens,
+                        live,
+                        task: s.request.filter(|_| s.busy),
+                        n_ctx_used: s.cached_tokens.max(held),
+                    }
+                })
+                .collect();
+        }
+        let n = self.n_slots();
+        // Requests that said which slot they took sit there; else (a worker
+        // that never says) they fill the slots in arrival order.
+        let by_slot = self.live.iter().any(|c| c.slot.is_some());
+        (0..n)
+            .map(|i| {
+                let live = if by_slot {
+                    self.live.iter().position(|c| c.slot == Some(i))
+                } else {
+                    (i < self.live.len()).then_some(i)
+                };
+                let n_ctx_used = match live {
+                    Some(i) => self.live[i].ctx_used(),
+                    None if n == 1 => self.last_ctx_used,
+                    None => 0,
+                };
+                SlotRow {
+                    id: i,
+                    busy: live.is_some(),
+                    cached_tokens: if live.is_none() { n_ctx_used } else { 0 },
+                    live,
+                    task: None,
+                    n_ctx_used,
+                }
+            })
+            .collect()
+    }
+
+    /// `/slots` objects (see [`Stats::slots_json`]); `n_ctx` null when unknown
+    /// here (`ops` fills it from the model).
+    fn slots_json(&self, now: Instant, n_ctx: impl Into<Value> + Copy) -> Vec<Value> {
+        self.slot_rows()
+            .iter()
+            .map(|r| {
+                let c = r.live.map(|i| &self.live[i]);
+                let id_task = match (c, r.task) {
+                    (Some(c), _) => Value::from(c.id),
+                    (None, Some(t)) => Value::from(t),
+                    (None, None) => Value::from(-1),
+                };
+                json!({
+                    "id": r.id,
+                    "n_ctx": n_ctx.into(),
+                    "is_processing": r.busy,
+                    "id_task": id_task,
+                    "state": match c {
+                        Some(c) => c.state(),
+                        None if r.busy => "processing",
+                        None => "idle",
+                    },
+                    "route": c.map(|c| c.route.as_str()),
+                    "n_prompt_tokens": c.map_or(0, |c| c.prompt_tokens),
+                    "n_prompt_tokens_processed": c.map_or(0, |c| c.prompt_done),
+                    "n_decoded": c.map_or(0, |c| c.tokens),
+                    "n_ctx_used": r.n_ctx_used,
+                    "cached_tokens": r.cached_tokens,
+                    "elapsed_ms": c.map(|c| round2(ms_between(c.started, now))),
+                })
+            })
+            .collect()
     }
 
     fn push_log(&mut self, e: LogEntry) {
@@ -867,190 +1183,4 @@ fn escape_label(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn timings(prompt_n: usize, predicted_n: usize) -> engine::Timings {
-        engine::Timings {
-            prompt_n,
-            prompt_ms: 100.0,
-            predicted_n,
-            predicted_ms: 200.0,
-            cache_n: 3,
-        }
-    }
-
-    #[test]
-    fn lifecycle_updates_queue_current_and_totals() {
-        let s = Stats::new();
-        s.request_queued(1, "chat");
-        s.request_queued(2, "messages");
-        assert_eq!(s.queue_depth(), 2);
-        s.request_started(1, 10);
-        assert_eq!(s.queue_depth(), 1);
-        s.prompt_progress(1, 10);
-        s.token_generated(1);
-        s.token_generated(1);
-        let snap = s.snapshot();
-        assert_eq!(snap["state"], "decoding");
-        assert_eq!(snap["current"]["predicted_n"], 2);
-        assert_eq!(snap["current"]["n_ctx_used"], 12);
-        assert_eq!(snap["totals"]["tokens_predicted"], 2);
-        assert_eq!(snap["queue"]["depth"], 1);
-        s.request_finished(1, &timings(10, 2), "stop", 12);
-        s.request_failed(2, "boom");
-        let snap = s.snapshot();
-        assert_eq!(snap["state"], "idle");
-        assert_eq!(snap["queue"]["depth"], 0);
-        assert_eq!(snap["totals"]["requests"], 2);
-        assert_eq!(snap["totals"]["errors"], 1);
-        assert_eq!(snap["totals"]["tokens_predicted"], 2);
-        assert_eq!(snap["requests"][0]["id"], 2);
-        assert_eq!(snap["requests"][0]["error"], "boom");
-        assert_eq!(snap["requests"][1]["route"], "chat");
-        assert_eq!(snap["requests"][1]["timings"]["predicted_per_second"], 10.0);
-    }
-
-    #[test]
-    fn prometheus_text_has_help_type_and_values() {
-        let s = Stats::new();
-        s.request_queued(7, "chat");
-        s.request_started(7, 4);
-        s.token_generated(7);
-        s.request_finished(7, &timings(4, 1), "length", 5);
-        let text = s.render_prometheus(100);
-        assert!(text.contains("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 4\n"));
-        assert!(text.contains("llamacpp:kv_cache_usage_ratio 0.05\n"));
-        assert!(text.contains("scoria:requests_total{route=\"chat\",finish=\"length\"} 1\n"));
-        assert!(text.contains("scoria:prompt_tokens_cached_total 3\n"));
-        assert!(text.contains("llamacpp:prompt_tokens_seconds 40\n"));
-        // The throughput window resets on each scrape.
-        let again = s.render_prometheus(100);
-        assert!(again.contains("llamacpp:prompt_tokens_seconds 0\n"));
-        // Every sample line belongs to a declared metric.
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let name = line.split(['{', ' ']).next().unwrap_or("");
-            assert!(text.contains(&format!("# TYPE {name} ")), "{line}");
-        }
-    }
-
-    #[test]
-    fn draft_and_expert_numbers_appear_when_reported() {
-        let s = Stats::new();
-        assert!(s.snapshot()["draft"].is_null());
-        s.draft_checked(1, 10, 7);
-        s.set_expert_tiers(json!({"vram": {"hit_rate": 0.5}}));
-        let snap = s.snapshot();
-        assert_eq!(snap["draft"]["accept_rate"], 0.7);
-        assert_eq!(snap["experts"]["tiers"]["vram"]["hit_rate"], 0.5);
-        assert!(s
-            .render_prometheus(10)
-            .contains("scoria:draft_tokens_accepted_total 7\n"));
-    }
-
-    #[test]
-    fn cancelled_requests_keep_their_work_and_are_not_errors() {
-        let s = Stats::new();
-        s.request_queued(3, "chat");
-        s.request_started(3, 5);
-        s.prompt_progress(3, 5);
-        s.token_generated(3);
-        s.token_generated(3);
-        s.request_failed(3, "cancelled: the client disconnected");
-        let snap = s.snapshot();
-        assert_eq!(snap["totals"]["errors"], 0);
-        assert_eq!(snap["totals"]["tokens_predicted"], 2);
-        assert_eq!(snap["totals"]["prompt_tokens"], 5);
-        assert_eq!(snap["requests"][0]["finish"], "cancelled");
-        assert_eq!(snap["requests"][0]["n_ctx_used"], 7);
-        s.request_queued(4, "chat");
-        s.request_failed(4, "prompt too long");
-        assert_eq!(s.snapshot()["totals"]["errors"], 1);
-        let text = s.render_prometheus(10);
-        assert!(text.contains("finish=\"cancelled\"} 1"));
-        assert!(text.contains("finish=\"error\"} 1"));
-    }
-
-    #[test]
-    fn tiered_expert_counters_reach_metrics_and_the_snapshot() {
-        let s = Stats::new();
-        assert!(!s.render_prometheus(10).contains("scoria:expert"));
-        s.set_expert_stats(&engine::experts::TierStats {
-            hits: 60,
-            ram_misses: 20,
-            ram_bytes: 2000,
-            disk_misses: 5,
-            disk_bytes: 500,
-            cpu_misses: 15,
-            cpu_bytes: 1500,
-            disk_ns: 3_000_000,
-        });
-        let text = s.render_prometheus(10);
-        assert!(
-            text.contains("# TYPE scoria:expert_uses_total counter\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("scoria:expert_uses_total{tier=\"vram\"} 60\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("scoria:expert_uses_total{tier=\"cpu\"} 15\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("scoria:expert_miss_bytes_total{tier=\"disk\"} 500\n"),
-            "{text}"
-        );
-        assert!(
-            !text.contains("expert_miss_bytes_total{tier=\"vram\"}"),
-            "{text}"
-        );
-        let snap = s.snapshot();
-        assert_eq!(snap["experts"]["tiers"]["vram"]["hit_rate"], 0.6);
-        assert_eq!(snap["experts"]["tiers"]["disk"]["read_ms"], 3.0);
-    }
-
-    #[test]
-    fn device_memory_is_exported_when_known() {
-        let s = Stats::new();
-        assert!(s.snapshot()["device"].is_null());
-        assert!(!s.render_prometheus(10).contains("scoria:device"));
-        s.set_device(engine::DeviceReport {
-            device: engine::Device::Cpu,
-            name: "cpu (avx2)".into(),
-            vram_used: None,
-            vram_total: None,
-        });
-        let text = s.render_prometheus(10);
-        assert!(!text.contains("scoria:device_memory"), "{text}");
-        assert!(text.contains("scoria:device_info{device=\"cpu\",name=\"cpu (avx2)\"} 1\n"));
-        s.set_device(engine::DeviceReport {
-            device: engine::Device::Cuda(0),
-            name: "NVIDIA \"H200\"".into(),
-            vram_used: Some(21_000_000_000),
-            vram_total: Some(150_000_000_000),
-        });
-        let text = s.render_prometheus(10);
-        assert!(text.contains("# TYPE scoria:device_memory_used_bytes gauge\nscoria:device_memory_used_bytes 21000000000\n"), "{text}");
-        assert!(text.contains("scoria:device_memory_total_bytes 150000000000\n"));
-        assert!(text.contains("name=\"NVIDIA \\\"H200\\\"\"} 1"), "{text}");
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let name = line.split(['{', ' ']).next().unwrap_or("");
-            assert!(text.contains(&format!("# TYPE {name} ")), "{line}");
-        }
-        let snap = s.snapshot();
-        assert_eq!(snap["device"]["device"], "cuda:0");
-        assert_eq!(snap["device"]["vram_used_bytes"], 21_000_000_000u64);
-        assert_eq!(s.device().map(|d| d.device), Some(engine::Device::Cuda(0)));
-    }
-
-    #[test]
-    fn unknown_ids_are_harmless() {
-        let s = Stats::new();
-        s.prompt_progress(9, 3);
-        s.token_generated(9);
-        s.request_finished(9, &timings(1, 1), "stop", 2);
-        assert_eq!(s.snapshot()["totals"]["requests"], 1);
-    }
-}
+mod tests;

@@ -177,7 +177,7 @@ fn capabilities(state: &AppState, with_settings: bool) -> Value {
         "streaming": true,
         "images": false,
         "cancellation": "a client that disconnects is cancelled within one decode step",
-        "queue": "one request decodes at a time; others wait in arrival order",
+        "queue": queue_note(state.stats.total_slots()),
     });
     if with_settings {
         caps["default_temperature"] = setting_or(state, "temp", Value::Null);
@@ -189,6 +189,17 @@ fn capabilities(state: &AppState, with_settings: bool) -> Value {
         r["thinking_answer_room"] = setting_or(state, "thinking-answer-room", Value::Null);
     }
     caps
+}
+
+/// How requests share the engine, for `capabilities.queue`.
+fn queue_note(slots: usize) -> String {
+    if slots > 1 {
+        format!(
+            "up to {slots} requests decode at once, one slot each; others wait in arrival order"
+        )
+    } else {
+        "one request decodes at a time; others wait in arrival order".to_string()
+    }
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -206,7 +217,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         } else {
             Value::Null
         },
-        "in_flight": usize::from(busy),
+        "in_flight": snap["live"].as_array().map_or(0, Vec::len),
         "queue_depth": snap["queue"]["depth"],
         "uptime_s": snap["uptime_s"],
         "capabilities": capabilities(&state, false),
@@ -224,7 +235,7 @@ async fn props(State(state): State<Arc<AppState>>) -> Response {
     let tmpl = template::describe(state.template.as_deref());
     let body = json!({
         "default_generation_settings": {
-            "n_ctx": info.n_ctx,
+            "n_ctx": state.stats.ctx_per_slot(info.n_ctx),
             "params": {
                 "temperature": setting_or(&state, "temp", Value::from(0.0)),
                 "top_k": setting_or(&state, "top-k", Value::from(0)),
@@ -237,7 +248,7 @@ async fn props(State(state): State<Arc<AppState>>) -> Response {
                 "n_predict": setting_or(&state, "max-tokens-default", Value::from(-1)),
             },
         },
-        "total_slots": 1,
+        "total_slots": state.stats.total_slots(),
         "model_alias": state.model_id,
         "model_path": info.path,
         "modalities": {"vision": false, "audio": false},
@@ -263,25 +274,15 @@ async fn props(State(state): State<Arc<AppState>>) -> Response {
     Json(body).into_response()
 }
 
+/// One object per slot in llama-server's shape (scoria adds `cached_tokens`,
+/// `route`, `elapsed_ms` and the queue depth, the same on every slot).
 async fn slots(State(state): State<Arc<AppState>>) -> Response {
-    let snap = state.stats.snapshot();
-    let c = &snap["current"];
-    let busy = !c.is_null();
-    let slot = json!({
-        "id": 0,
-        "n_ctx": state.engine_info.n_ctx,
-        "is_processing": busy,
-        "id_task": if busy { c["id"].clone() } else { Value::from(-1) },
-        "state": snap["state"],
-        "route": c.get("route").cloned().unwrap_or(Value::Null),
-        "n_prompt_tokens": c.get("prompt_tokens").cloned().unwrap_or(Value::from(0)),
-        "n_prompt_tokens_processed": c.get("prompt_done").cloned().unwrap_or(Value::from(0)),
-        "n_decoded": c.get("predicted_n").cloned().unwrap_or(Value::from(0)),
-        "n_ctx_used": snap["context"]["used"],
-        "elapsed_ms": c.get("elapsed_ms").cloned().unwrap_or(Value::Null),
-        "queue_depth": snap["queue"]["depth"],
-    });
-    Json(json!([slot])).into_response()
+    let depth = state.stats.queue_depth();
+    let mut slots = state.stats.slots_json(state.engine_info.n_ctx);
+    for s in &mut slots {
+        s["queue_depth"] = Value::from(depth);
+    }
+    Json(Value::Array(slots)).into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
@@ -300,8 +301,17 @@ async fn stats_json(State(state): State<Arc<AppState>>) -> Response {
     if let Some(obj) = snap.as_object_mut() {
         obj.insert("version".into(), Value::from(VERSION));
         obj.insert("model".into(), model_json(&state));
+        // Context per slot and in all: the pool's when set, else the model's.
+        let per_slot = state.stats.ctx_per_slot(state.engine_info.n_ctx);
+        let total = state.stats.ctx_total(state.engine_info.n_ctx);
         if let Some(ctx) = obj.get_mut("context").and_then(Value::as_object_mut) {
-            ctx.insert("total".into(), Value::from(state.engine_info.n_ctx));
+            ctx.insert("per_slot".into(), Value::from(per_slot));
+            ctx.insert("total".into(), Value::from(total));
+        }
+        if let Some(slots) = obj.get_mut("slots").and_then(Value::as_array_mut) {
+            for s in slots.iter_mut().filter(|s| s["n_ctx"].is_null()) {
+                s["n_ctx"] = Value::from(per_slot);
+            }
         }
         obj.insert("gpu".into(), gpu);
     }

@@ -1,6 +1,7 @@
 //! The stats page at `/`: one self-contained HTML document (style and script
 //! inlined from `assets/`, no build step) that polls `/stats.json` twice a
-//! second and shows live decode and prompt speed, context use, the queue,
+//! second and shows live decode and prompt speed, context use, the slot pool
+//! and every live request, the queue,
 //! totals, the engine's device (name and the memory it holds), the GPU panel
 //! (nvidia-smi) and the request log.
 //!
@@ -70,6 +71,9 @@ mod tests {
             "decode-tps",
             "prompt-tps",
             "ctx-used",
+            "slots",
+            "slots-busy",
+            "slots-total",
             "queue-depth",
             "tokens-total",
             "device",

@@ -258,6 +258,86 @@ async fn stats_json_and_page() {
 }
 
 #[tokio::test]
+async fn several_slots_reach_props_slots_health_and_stats_json() {
+    use crate::metrics::SlotView;
+    let st = state();
+    let addr = serve(st.clone()).await;
+    st.stats.set_pool(256, 3, 256);
+    for id in [1, 2, 3] {
+        st.stats.request_queued(id, "chat");
+    }
+    st.stats.request_started(1, 4);
+    st.stats.request_started(2, 8);
+    st.stats.token_generated(1);
+    st.stats.prompt_progress(2, 3);
+    st.stats.set_slots(vec![
+        SlotView {
+            id: 0,
+            busy: true,
+            cached_tokens: 0,
+            request: Some(2),
+        },
+        SlotView {
+            id: 1,
+            busy: true,
+            cached_tokens: 0,
+            request: Some(1),
+        },
+        SlotView {
+            id: 2,
+            busy: false,
+            cached_tokens: 40,
+            request: None,
+        },
+    ]);
+
+    let p = call(addr, "GET", "/props", None).await.json();
+    assert_eq!(p["total_slots"], 3);
+    assert_eq!(p["default_generation_settings"]["n_ctx"], 256);
+    assert!(p["capabilities"]["queue"]
+        .as_str()
+        .is_some_and(|q| q.contains("up to 3")));
+
+    let h = call(addr, "GET", "/health", None).await.json();
+    assert_eq!(h["in_flight"], 2);
+    assert_eq!(h["queue_depth"], 1);
+
+    let s = call(addr, "GET", "/slots", None).await.json();
+    let slots = s.as_array().cloned().unwrap_or_default();
+    assert_eq!(slots.len(), 3, "{s}");
+    assert_eq!(slots[0]["id_task"], 2);
+    assert_eq!(slots[0]["state"], "prompt");
+    assert_eq!(slots[0]["n_prompt_tokens_processed"], 3);
+    assert_eq!(slots[1]["id_task"], 1);
+    assert_eq!(slots[1]["n_decoded"], 1);
+    assert_eq!(slots[2]["is_processing"], false);
+    assert_eq!(slots[2]["cached_tokens"], 40);
+    for slot in &slots {
+        assert_eq!(slot["n_ctx"], 256);
+        assert_eq!(slot["queue_depth"], 1);
+    }
+
+    let v = call(addr, "GET", "/stats.json", None).await.json();
+    assert_eq!(v["current"]["id"], 1);
+    assert_eq!(v["current"]["slot"], 1);
+    assert_eq!(v["live"][1]["id"], 2);
+    assert_eq!(v["live"][1]["slot"], 0);
+    assert_eq!(v["context"]["total"], 256);
+    assert_eq!(v["context"]["used"], 5 + 3 + 40);
+    assert_eq!(v["slots"][2]["n_ctx"], 256);
+
+    let m = call(addr, "GET", "/metrics", None).await;
+    assert!(
+        m.body.contains("\nllamacpp:requests_processing 2\n"),
+        "{}",
+        m.body
+    );
+    assert!(m.body.contains("\nllamacpp:requests_deferred 1\n"));
+    assert!(m.body.contains("\nllamacpp:kv_cache_tokens 48\n"));
+    assert!(m.body.contains("\nllamacpp:kv_cache_usage_ratio 0.1875\n"));
+}
+
+#[tokio::test]
 async fn apply_template_renders_the_prompt() {
     let tmpl = model::chat::ChatTemplate::new(model::chat::QWEN35_TEMPLATE).expect("template");
     let st = Arc::new(AppState::new(
