@@ -137,6 +137,8 @@ pub struct Engine {
     /// may diverge from this one.
     boundary: Option<u32>,
     counters: CacheCounters,
+    /// Sequences the last `step` ran (0: it ran none).
+    last_ran: usize,
     memory: MemoryAccount,
 }
 
@@ -317,6 +319,7 @@ impl Engine {
             model_id,
             boundary,
             counters: CacheCounters::default(),
+            last_ran: 0,
             memory: MemoryAccount {
                 weights_mapped: tensor_bytes,
                 expert_bytes,
@@ -448,6 +451,11 @@ impl Engine {
         }
     }
 
+    /// Sequences the last `step` ran in its executor call (0: none).
+    pub fn last_step_size(&self) -> usize {
+        self.last_ran
+    }
+
     /// Requests waiting for a slot.
     pub fn queued(&self) -> usize {
         self.queue.len()
@@ -500,6 +508,7 @@ impl Engine {
                 Err(e) => sink.done(Err(e)),
             }
         }
+        self.last_ran = 0;
         if self.running.is_empty() {
             return !self.queue.is_empty();
         }
@@ -533,6 +542,7 @@ impl Engine {
                 done.ended[i] = true;
             }
         }
+        self.last_ran = done.ran;
         let ended = done.ended;
         drop(items);
         let mut i = 0;

@@ -75,6 +75,8 @@ struct Inner {
     last_decode_tps: f64,
     /// Latest expert-tier numbers (`{tier: {hit_rate, ...}}`), when the engine reports them.
     expert_tiers: Option<Value>,
+    /// How prompts were served from cached state (the engine's report).
+    cache: Option<engine::CacheReport>,
     /// Where the engine runs and the device memory it holds (re-read after each request).
     device: Option<engine::DeviceReport>,
 }
@@ -543,6 +545,11 @@ impl Stats {
 
     /// The expert store's per-tier numbers as the engine reports them, e.g.
     /// `{"vram": {"hit_rate": 0.91}, "ram": {"hit_rate": 0.08}}`.
+    /// The engine's prompt-cache report (slot reuse, the conversation store).
+    pub fn set_cache_report(&self, report: engine::CacheReport) {
+        self.lock().cache = Some(report);
+    }
+
     pub fn set_expert_tiers(&self, tiers: Value) {
         self.lock().expert_tiers = Some(tiers);
     }
@@ -723,6 +730,7 @@ impl Stats {
                 Some(tiers) => json!({ "tiers": tiers }),
                 None => Value::Null,
             },
+            "prompt_cache": g.cache.as_ref().map(|c| json!(c)),
             "device": g.device.as_ref().map(crate::device::to_json),
         })
     }
@@ -737,6 +745,7 @@ impl Stats {
         let rows = g.slot_rows();
         let t = g.totals.clone();
         let (device, tiers) = (g.device.clone(), g.expert_tiers.clone());
+        let cache = g.cache.clone();
         let processing = g.live.len();
         let depth = g.queue.len();
         let live_tokens: usize = g.live.iter().map(|c| c.tokens).sum();
@@ -896,6 +905,63 @@ impl Stats {
             "Prompt tokens reused from the kept state instead of evaluated.",
             t.cache_tokens as f64,
         );
+        if let Some(c) = &cache {
+            let k = &c.counters;
+            metric(
+                "scoria:prompt_cache_slot_hits_total",
+                "counter",
+                "Requests that reused part of their slot's state (the conversation it held).",
+                k.slot_hits as f64,
+            );
+            metric(
+                "scoria:prompt_cache_store_hits_total",
+                "counter",
+                "Requests that restored a conversation from the prompt cache.",
+                k.store_hits as f64,
+            );
+            metric(
+                "scoria:prompt_cache_misses_total",
+                "counter",
+                "Requests that started from an empty state.",
+                k.misses as f64,
+            );
+            let hit_rate = match k.slot_hits + k.store_hits + k.misses {
+                0 => 0.0,
+                n => (k.slot_hits + k.store_hits) as f64 / n as f64,
+            };
+            metric(
+                "scoria:prompt_cache_hit_ratio",
+                "gauge",
+                "Share of requests that reused cached state, since start.",
+                hit_rate,
+            );
+            if let Some(s) = &c.store {
+                metric(
+                    "scoria:prompt_cache_entries",
+                    "gauge",
+                    "Conversations in the prompt cache.",
+                    s.entries as f64,
+                );
+                metric(
+                    "scoria:prompt_cache_bytes",
+                    "gauge",
+                    "Bytes the prompt cache holds.",
+                    s.bytes as f64,
+                );
+                metric(
+                    "scoria:prompt_cache_budget_bytes",
+                    "gauge",
+                    "Bytes the prompt cache may hold (--prompt-cache).",
+                    s.budget as f64,
+                );
+                metric(
+                    "scoria:prompt_cache_evictions_total",
+                    "counter",
+                    "Conversations dropped from the prompt cache to stay within its budget.",
+                    s.evictions as f64,
+                );
+            }
+        }
         metric(
             "scoria:draft_tokens_total",
             "counter",

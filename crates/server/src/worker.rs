@@ -64,6 +64,16 @@ pub trait Backend: Send + 'static {
         None
     }
 
+    /// Sequences the last `step` decoded together (0: none, or not known).
+    fn last_step_size(&self) -> usize {
+        0
+    }
+
+    /// How prompts were served from cached state (None: not known).
+    fn cache_report(&self) -> Option<engine::CacheReport> {
+        None
+    }
+
     /// Where steps run and the device memory held (None: nothing to report, as
     /// for the scripted test backends).
     fn device_report(&self) -> Option<engine::DeviceReport> {
@@ -97,6 +107,14 @@ impl Backend for engine::Engine {
 
     fn slots(&self) -> Option<Vec<engine::SlotInfo>> {
         Some(engine::Engine::slots(self))
+    }
+
+    fn last_step_size(&self) -> usize {
+        engine::Engine::last_step_size(self)
+    }
+
+    fn cache_report(&self) -> Option<engine::CacheReport> {
+        Some(engine::Engine::cache_report(self))
     }
 
     fn device_report(&self) -> Option<engine::DeviceReport> {
@@ -257,6 +275,23 @@ fn serve(mut backend: Box<dyn Backend>, stats: Arc<Stats>, rx: mpsc::Receiver<Jo
         // the engine starts those slots over.
         busy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backend.step()))
             .unwrap_or(true);
+        let ran = backend.last_step_size();
+        if ran > 0 {
+            stats.engine_step(ran);
+        }
+        if let Some(slots) = backend.slots() {
+            stats.set_slots(
+                slots
+                    .into_iter()
+                    .map(|s| crate::metrics::SlotView {
+                        id: s.id,
+                        busy: s.busy,
+                        cached_tokens: s.cached_tokens,
+                        request: None,
+                    })
+                    .collect(),
+            );
+        }
         if !busy || reported.elapsed() >= REPORT_EVERY {
             reported = Instant::now();
             if let Some(report) = backend.device_report() {
@@ -264,6 +299,9 @@ fn serve(mut backend: Box<dyn Backend>, stats: Arc<Stats>, rx: mpsc::Receiver<Jo
             }
             if let Some(t) = backend.expert_stats() {
                 stats.set_expert_stats(&t);
+            }
+            if let Some(c) = backend.cache_report() {
+                stats.set_cache_report(c);
             }
         }
     }
@@ -437,10 +475,11 @@ impl Drop for JobSink {
 }
 
 impl engine::Sink for JobSink {
-    fn admitted(&mut self, _slot: usize, cached: usize) {
+    fn admitted(&mut self, slot: usize, cached: usize) {
         self.started = true;
         self.prompt_done = cached;
         self.stats.request_started(self.id, self.prompt_tokens);
+        self.stats.request_slot(self.id, slot);
     }
 
     fn prompt(&mut self, p: &PromptProgress) -> Flow {
