@@ -1,9 +1,10 @@
 //! The engine's public surface: what the server and the CLI call.
 //!
-//! One `Engine` owns one loaded model and decodes one request at a time (the
-//! server queues the rest). `generate` reports every token through a callback,
-//! which can stop the request or force tokens into it (the server uses that to
-//! close a thinking block when a budget runs out).
+//! One `Engine` owns one loaded model and its slots: `submit` queues requests and
+//! `step` decodes them side by side (`sched`); `generate` runs one request to its end.
+//! Every token is reported through a callback (a `Sink`), which can stop the request
+//! or force tokens into it (the server uses that to close a thinking block when a
+//! budget runs out).
 
 use std::time::Duration;
 
