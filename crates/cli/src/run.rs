@@ -107,6 +107,8 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
         let mut c = EngineConfig {
             threads: a.threads,
             max_context: a.max_context,
+            // One request: one slot.
+            parallel: Some(1),
             precision: Default::default(),
             device: a.device,
             ..Default::default()

@@ -75,7 +75,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub prompt_cache_dir: Option<PathBuf>,
     /// Requests decoded at once, each in its own slot; more wait in arrival order
-    /// [default: 4].
+    /// [default: 4 on the CPU, 1 on a GPU (its executor does not batch yet)].
     #[arg(long)]
     pub parallel: Option<u64>,
     /// Default temperature for requests that send none (0 = greedy) [default: 0.6].

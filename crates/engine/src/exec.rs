@@ -115,6 +115,8 @@ fn no_snapshots(op: &str) -> ExecError {
 pub trait Executor: Send {
     /// Where steps run and what device memory they hold.
     fn report(&self) -> DeviceReport;
+    /// The sequences it holds (the engine's slots).
+    fn sequences(&self) -> usize;
     /// Forgets sequence `seq` (a new conversation starts there).
     fn clear(&mut self, seq: usize) -> Result<(), ExecError>;
     /// Runs every entry of `batch` (each against its own sequence) and returns

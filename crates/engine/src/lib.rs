@@ -226,7 +226,9 @@ impl Engine {
             }
             None => mcfg.n_ctx_train.min(4096),
         };
-        let parallel = cfg.parallel.unwrap_or(1);
+        // The CPU's slots when none are asked for (the memory check below counts
+        // them; a GPU executor then takes one unless asked for more).
+        let parallel = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
         if parallel == 0 || parallel > MAX_PARALLEL {
             return Err(EngineError::Settings(format!(
                 "--parallel {parallel}: the number of slots must be 1 to {MAX_PARALLEL}"
@@ -268,7 +270,11 @@ impl Engine {
         let routing = cfg
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
-        let exec = open_executor(cfg, &mcfg, weights, n_ctx, parallel, routing.clone())?;
+        let exec = open_executor(cfg, &mcfg, weights, n_ctx, routing.clone())?;
+        // The executor's slots (a GPU takes one unless asked for more): the account
+        // counts those (no more than the check above did).
+        let parallel = exec.sequences();
+        let state_bytes = (cpu::state_bytes(&mcfg, n_ctx) + recurrent * (parallel - 1)) as u64;
         let name = file
             .get("general.name")
             .and_then(|v| v.as_str())
@@ -962,6 +968,9 @@ pub struct CacheReport {
     pub store: Option<prompt_cache::CacheStats>,
 }
 
+/// Slots on the CPU when `EngineConfig::parallel` is None.
+pub const DEFAULT_PARALLEL_CPU: usize = 4;
+
 /// The most slots `--parallel` may ask for.
 pub const MAX_PARALLEL: usize = 64;
 
@@ -1040,9 +1049,11 @@ fn open_executor(
     mcfg: &ModelConfig,
     weights: ModelWeights,
     n_ctx: usize,
-    n_seq: usize,
     routing: Option<Arc<experts::RoutingCounts>>,
 ) -> Result<Box<dyn Executor>, EngineError> {
+    let cpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
+    #[cfg(feature = "cuda")]
+    let gpu_seqs = cfg.parallel.unwrap_or(1);
     let recording = routing.is_some();
     let cpu = |weights| -> Result<Box<dyn Executor>, EngineError> {
         let backend = CpuBackend {
@@ -1051,7 +1062,7 @@ fn open_executor(
             precision: cfg.precision,
             routing,
         };
-        Ok(Box::new(CpuExecutor::new(backend, n_ctx, n_seq)?))
+        Ok(Box::new(CpuExecutor::new(backend, n_ctx, cpu_seqs)?))
     };
     match cfg.device {
         Some(Device::Cpu) => cpu(weights),
@@ -1063,7 +1074,7 @@ fn open_executor(
             let profile = load_profile(cfg, mcfg)?;
             let budgets = cuda_budgets(cfg, profile.as_ref());
             Ok(Box::new(cuda::CudaExecutor::open(
-                n, mcfg, &weights, n_ctx, n_seq, budgets,
+                n, mcfg, &weights, n_ctx, gpu_seqs, budgets,
             )?))
         }
         #[cfg(not(feature = "cuda"))]
@@ -1077,7 +1088,7 @@ fn open_executor(
             if cfg.precision == cpu::Precision::Canonical && !recording {
                 let profile = load_profile(cfg, mcfg)?;
                 let budgets = cuda_budgets(cfg, profile.as_ref());
-                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, n_seq, budgets) {
+                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, gpu_seqs, budgets) {
                     Ok(e) => return Ok(Box::new(e)),
                     Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),
                 }

@@ -480,7 +480,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
     let cfg = engine::EngineConfig {
         threads: settings.threads,
         max_context: settings.max_context,
-        parallel: Some(settings.parallel),
+        parallel: settings.parallel,
         prompt_cache: settings.prompt_cache,
         prompt_cache_dir: settings.prompt_cache_dir.clone(),
         device: settings.device,

@@ -111,9 +111,6 @@ pub const EFFORTS: &[&str] = &[
     "none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra",
 ];
 
-/// Slots when neither the command line nor the config file sets `parallel`.
-pub const DEFAULT_PARALLEL: usize = 4;
-
 const SPECS: &[Spec] = &[
     Spec {
         name: "model",
@@ -217,8 +214,8 @@ const SPECS: &[Spec] = &[
         name: "parallel",
         section: "engine",
         kind: Kind::Count { min: 1 },
-        default: || json!(DEFAULT_PARALLEL),
-        unset: "",
+        default: || Value::Null,
+        unset: "4 on the CPU; 1 on a GPU (its executor does not batch yet)",
     },
     Spec {
         name: "temp",
@@ -367,8 +364,8 @@ pub struct Settings {
     pub cors_origins: Vec<String>,
     pub threads: Option<usize>,
     pub max_context: Option<usize>,
-    /// Slots: requests decoded at once.
-    pub parallel: usize,
+    /// Slots: requests decoded at once (None: the engine's default for its device).
+    pub parallel: Option<usize>,
     /// RAM for conversations no slot holds (None: the engine's default; 0: off),
     /// and where they persist.
     pub prompt_cache: Option<u64>,
@@ -658,7 +655,7 @@ impl Settings {
             cors_origins: cors,
             threads: n("threads"),
             max_context: n("max-context"),
-            parallel: n("parallel").unwrap_or(DEFAULT_PARALLEL),
+            parallel: n("parallel"),
             prompt_cache: size(get("prompt-cache")),
             prompt_cache_dir: s("prompt-cache-dir").map(PathBuf::from),
             // Checked (and normalised to `cpu` / `cuda:N`) by `check`.

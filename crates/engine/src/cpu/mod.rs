@@ -619,6 +619,10 @@ impl CpuExecutor {
 }
 
 impl Executor for CpuExecutor {
+    fn sequences(&self) -> usize {
+        self.states.len()
+    }
+
     fn report(&self) -> DeviceReport {
         DeviceReport {
             device: Device::Cpu,

@@ -504,6 +504,10 @@ impl CudaExecutor {
 }
 
 impl Executor for CudaExecutor {
+    fn sequences(&self) -> usize {
+        self.states.len()
+    }
+
     fn report(&self) -> DeviceReport {
         DeviceReport {
             device: Device::Cuda(self.ordinal),
