@@ -129,10 +129,9 @@ pub struct Engine {
     /// Conversations no slot holds any more (None: off, or the executor cannot
     /// snapshot its sequences).
     store: Option<prompt_cache::PromptCache>,
-    /// Where the prompt cache persists (None: memory only).
-    store_dir: Option<std::path::PathBuf>,
-    /// Names this model in the prompt cache's files.
-    model_id: String,
+    /// Mirrors the prompt cache into `--prompt-cache-dir` on its own thread (None:
+    /// memory only).
+    store_writer: Option<prompt_cache::Writer>,
     /// The token that starts a chat message (`<|im_start|>`), where a later prompt
     /// may diverge from this one.
     boundary: Option<u32>,
@@ -309,6 +308,10 @@ impl Engine {
         let boundary = tokenizer.token_id("<|im_start|>");
         let store = open_prompt_cache(cfg, exec.as_ref(), &model_id, available)?;
         let prompt_cache = store.as_ref().map_or(0, |s| s.budget() as u64);
+        let store_writer = match (&store, &cfg.prompt_cache_dir) {
+            (Some(_), Some(dir)) => Some(prompt_cache::Writer::new(dir.clone(), model_id.clone())),
+            _ => None,
+        };
         Ok(Engine {
             info,
             cfg: mcfg,
@@ -321,8 +324,7 @@ impl Engine {
             running: Vec::new(),
             tick: 0,
             store,
-            store_dir: cfg.prompt_cache_dir.clone(),
-            model_id,
+            store_writer,
             boundary,
             counters: CacheCounters::default(),
             last_ran: 0,
@@ -447,6 +449,14 @@ impl Engine {
                 }
             })
             .collect()
+    }
+
+    /// Waits until the prompt cache's files mirror what it holds now (its writes
+    /// run on a thread of their own; dropping the engine also waits for them).
+    pub fn flush_prompt_cache(&self) {
+        if let Some(w) = &self.store_writer {
+            w.flush();
+        }
     }
 
     /// How prompts were served from cached state so far.
@@ -752,10 +762,8 @@ impl Engine {
         let tokens = c.history[..pos].to_vec();
         match store.insert(tokens, snap) {
             Ok(_) => {
-                if let Some(dir) = &self.store_dir {
-                    if let Err(e) = store.save_dir(dir, &self.model_id) {
-                        tracing::warn!("prompt cache: writing {}: {e}", dir.display());
-                    }
+                if let Some(w) = &self.store_writer {
+                    w.save(store.contents());
                 }
             }
             Err(e) => tracing::warn!("prompt cache: {e}"),

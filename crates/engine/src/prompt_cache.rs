@@ -53,7 +53,7 @@ pub enum PromptCacheError {
 /// One stored snapshot.
 struct Entry {
     id: u64,
-    tokens: Vec<u32>,
+    tokens: Arc<[u32]>,
     snap: Arc<SeqSnapshot>,
     /// Snapshot arrays plus tokens.
     bytes: usize,
@@ -239,7 +239,7 @@ impl PromptCache {
                 kv_pos: snap.kv_pos,
             });
         }
-        self.entries.retain(|e| e.tokens != tokens);
+        self.entries.retain(|e| *e.tokens != *tokens);
         let bytes = snap.bytes() + tokens.len() * 4;
         if bytes > self.budget {
             return Ok(None);
@@ -257,7 +257,7 @@ impl PromptCache {
         self.next_id += 1;
         self.entries.push(Entry {
             id,
-            tokens,
+            tokens: tokens.into(),
             snap,
             bytes,
             used: self.clock,
@@ -272,39 +272,18 @@ impl PromptCache {
     /// written to a temporary name and renamed, so a crash leaves no partial entry.
     /// Returns the number of files written.
     pub fn save_dir(&self, dir: &Path, model: &str) -> Result<usize, PromptCacheError> {
-        let io_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| PromptCacheError::Io { path, source }
-        };
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let prefix = model_prefix(model);
-        let mut keep = std::collections::HashSet::new();
-        let mut written = 0;
-        for e in &self.entries {
-            let name = file_name(model, &e.tokens);
-            let path = dir.join(&name);
-            let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-            keep.insert(name);
-            if path.exists() {
-                continue;
-            }
-            let res =
-                write_file(&tmp, model, &e.tokens, &e.snap).and_then(|()| fs::rename(&tmp, &path));
-            if let Err(err) = res {
-                // Best effort: the temporary file is garbage either way.
-                let _ = fs::remove_file(&tmp);
-                return Err(io_err(&path)(err));
-            }
-            written += 1;
-        }
-        for f in fs::read_dir(dir).map_err(io_err(dir))? {
-            let f = f.map_err(io_err(dir))?;
-            let name = f.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) && name.ends_with(EXT) && !keep.contains(&name) {
-                fs::remove_file(f.path()).map_err(io_err(&f.path()))?;
-            }
-        }
-        Ok(written)
+        save_entries(dir, model, &self.contents())
+    }
+
+    /// The entries' tokens and snapshots (shared, not copied): what [`save_dir`]
+    /// writes, for a [`Writer`] to write away from the caller's thread.
+    ///
+    /// [`save_dir`]: PromptCache::save_dir
+    pub fn contents(&self) -> Vec<(Arc<[u32]>, Arc<SeqSnapshot>)> {
+        self.entries
+            .iter()
+            .map(|e| (e.tokens.clone(), e.snap.clone()))
+            .collect()
     }
 
     /// Reads the entry files of `model` in `dir` into the store, oldest file first
@@ -354,6 +333,134 @@ impl PromptCache {
 }
 
 /// Entry file extension.
+/// [`PromptCache::save_dir`] over a store's [`PromptCache::contents`].
+fn save_entries(
+    dir: &Path,
+    model: &str,
+    entries: &[(Arc<[u32]>, Arc<SeqSnapshot>)],
+) -> Result<usize, PromptCacheError> {
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PromptCacheError::Io { path, source }
+    };
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let prefix = model_prefix(model);
+    let mut keep = std::collections::HashSet::new();
+    let mut written = 0;
+    for (tokens, snap) in entries {
+        let name = file_name(model, tokens);
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+        keep.insert(name);
+        if path.exists() {
+            continue;
+        }
+        let res = write_file(&tmp, model, tokens, snap).and_then(|()| fs::rename(&tmp, &path));
+        if let Err(err) = res {
+            // Best effort: the temporary file is garbage either way.
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err(&path)(err));
+        }
+        written += 1;
+    }
+    for f in fs::read_dir(dir).map_err(io_err(dir))? {
+        let f = f.map_err(io_err(dir))?;
+        let name = f.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with(EXT) && !keep.contains(&name) {
+            fs::remove_file(f.path()).map_err(io_err(&f.path()))?;
+        }
+    }
+    Ok(written)
+}
+
+enum WriterJob {
+    Save(Vec<(Arc<[u32]>, Arc<SeqSnapshot>)>),
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// Mirrors a store into its directory on a thread of its own, so a conversation
+/// put into the cache (up to gigabytes of K/V) does not hold up the slots that
+/// are decoding. Only the newest contents matter: a save still queued when a newer
+/// one arrives is skipped. Dropping the writer finishes the queued save.
+pub struct Writer {
+    tx: Option<std::sync::mpsc::Sender<WriterJob>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Starts the thread that writes `model`'s entries into `dir`.
+    pub fn new(dir: PathBuf, model: String) -> Writer {
+        let (tx, rx) = std::sync::mpsc::channel::<WriterJob>();
+        let thread = std::thread::Builder::new()
+            .name("prompt-cache-writer".into())
+            .spawn(move || {
+                while let Ok(mut job) = rx.recv() {
+                    // Skip to the newest save (acknowledging flushes on the way
+                    // only after it is written).
+                    let mut flushes = Vec::new();
+                    while let Ok(next) = rx.try_recv() {
+                        match next {
+                            WriterJob::Flush(ack) => flushes.push(ack),
+                            save => job = save,
+                        }
+                    }
+                    match job {
+                        WriterJob::Save(entries) => {
+                            let t0 = std::time::Instant::now();
+                            match save_entries(&dir, &model, &entries) {
+                                Ok(n) if n > 0 => tracing::debug!(
+                                    "prompt cache: wrote {n} file(s) to {} in {:.2} s",
+                                    dir.display(),
+                                    t0.elapsed().as_secs_f64()
+                                ),
+                                Ok(_) => {}
+                                Err(e) => tracing::warn!("prompt cache: {e}"),
+                            }
+                        }
+                        WriterJob::Flush(ack) => flushes.push(ack),
+                    }
+                    for ack in flushes {
+                        let _ = ack.send(());
+                    }
+                }
+            })
+            .ok();
+        if thread.is_none() {
+            tracing::warn!("prompt cache: no writer thread; the cache stays in memory");
+        }
+        Writer {
+            tx: thread.as_ref().map(|_| tx),
+            thread,
+        }
+    }
+
+    /// Queues writing `entries` (a store's [`PromptCache::contents`]).
+    pub fn save(&self, entries: Vec<(Arc<[u32]>, Arc<SeqSnapshot>)>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(WriterJob::Save(entries));
+        }
+    }
+
+    /// Waits until every save queued so far is on disk.
+    pub fn flush(&self) {
+        if let Some(tx) = &self.tx {
+            let (ack, done) = std::sync::mpsc::channel();
+            if tx.send(WriterJob::Flush(ack)).is_ok() {
+                let _ = done.recv();
+            }
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 const EXT: &str = ".pcache";
 /// First bytes of an entry file.
 const MAGIC: &[u8; 8] = b"SCORIAPC";
@@ -680,6 +787,50 @@ mod tests {
         // A snapshot that is not of its tokens is refused.
         assert!(c.insert(vec![1, 2], snap(3, 2, false, 0.0)).is_err());
         assert!(c.remove(a) && !c.remove(a));
+    }
+
+    #[test]
+    fn the_writer_mirrors_the_newest_contents_off_the_callers_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = || -> Vec<String> {
+            let mut v: Vec<_> = fs::read_dir(dir.path())
+                .unwrap()
+                .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let mut c = PromptCache::new(1 << 20);
+        let w = Writer::new(dir.path().to_path_buf(), "model-a".into());
+        c.insert(vec![1, 2, 3], snap(3, 4, true, 0.0)).unwrap();
+        w.save(c.contents());
+        c.insert(vec![4, 5], snap(2, 4, true, 1.0)).unwrap();
+        w.save(c.contents());
+        w.flush();
+        let two = files();
+        assert_eq!(two.len(), 2, "{two:?}");
+        assert!(two.iter().all(|f| f.ends_with(EXT)), "no temporary left: {two:?}");
+
+        // The directory holds what save_dir writes for the same store.
+        let same = tempfile::tempdir().unwrap();
+        c.save_dir(same.path(), "model-a").unwrap();
+        let mut want: Vec<_> = fs::read_dir(same.path())
+            .unwrap()
+            .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        want.sort();
+        assert_eq!(two, want);
+
+        // A removed entry's file goes; dropping the writer finishes its queue.
+        let mut smaller = PromptCache::new(1 << 20);
+        smaller.insert(vec![4, 5], snap(2, 4, true, 1.0)).unwrap();
+        w.save(smaller.contents());
+        drop(w);
+        let one = files();
+        assert_eq!(one.len(), 1, "{one:?}");
+        let mut back = PromptCache::new(1 << 20);
+        back.load_dir(dir.path(), "model-a").unwrap();
+        assert_eq!(back.lookup(&[4, 5, 6]).unwrap().matched, 2);
     }
 
     #[test]

@@ -288,6 +288,7 @@ fn a_conversation_a_slot_lost_comes_back_from_the_prompt_cache_and_its_files() {
         assert!(logits == want_logits, "{arch:?}: logits differ");
         let report = eng.cache_report();
         assert_eq!(report.counters.store_hits, 1, "{arch:?}: {report:?}");
+        eng.flush_prompt_cache();
         let files = std::fs::read_dir(&cache_dir).expect("cache dir").count();
         assert!(
             files >= 1,
