@@ -809,7 +809,10 @@ mod tests {
         w.flush();
         let two = files();
         assert_eq!(two.len(), 2, "{two:?}");
-        assert!(two.iter().all(|f| f.ends_with(EXT)), "no temporary left: {two:?}");
+        assert!(
+            two.iter().all(|f| f.ends_with(EXT)),
+            "no temporary left: {two:?}"
+        );
 
         // The directory holds what save_dir writes for the same store.
         let same = tempfile::tempdir().unwrap();

@@ -4,37 +4,17 @@
 //! stepped alone, on synthetic models of every arch; a batch that names a sequence
 //! twice is refused and changes nothing.
 
+mod common;
+
 use engine::cpu::{CpuBackend, CpuExecutor};
 use engine::exec::{Executor, SeqStep, StepOut, Want};
 use gguf::GgufFile;
-use model::geometry::Geometry;
-use model::synth::{synthesize, Preset, SynthOptions};
+use model::synth::Preset;
 use model::{Logits, ModelConfig, ModelWeights};
-use std::path::Path;
 use std::sync::Arc;
 
 const N_CTX: usize = 64;
 const N_SEQ: usize = 4;
-
-fn synth(dir: &Path, geometry: &str, preset: Preset) -> std::path::PathBuf {
-    let g = Geometry::all()
-        .into_iter()
-        .find(|g| g.name == geometry)
-        .unwrap_or_else(|| panic!("no geometry {geometry}"));
-    let path = dir.join(format!("{}-{preset}.gguf", g.name));
-    synthesize(
-        &path,
-        &g,
-        &SynthOptions {
-            preset,
-            seed: 11,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
-    path
-}
 
 fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig, n_seq: usize) -> CpuExecutor {
     let weights = ModelWeights::load(file, cfg).expect("weights");
@@ -129,7 +109,7 @@ impl Harness {
 
 fn check(geometry: &str, preset: Preset) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = synth(dir.path(), geometry, preset);
+    let path = common::synth(dir.path(), geometry, preset, 11);
     let file = Arc::new(GgufFile::open(&path).expect("open"));
     let cfg = ModelConfig::from_gguf(&file).expect("config");
     let mut h = Harness {

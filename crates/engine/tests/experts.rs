@@ -5,35 +5,20 @@
 //!   and refuse bad ranges with the file, offset and length;
 //! - a recorded routing profile counts every route of the prefill and decode paths.
 
+mod common;
+
 use engine::experts::{
     record_profile, AlignedBuf, DirectReader, ExpertIndex, ProfileInput, ReadError, ReadRequest,
     ReaderOptions, RoutingProfile, MATRICES,
 };
 use gguf::GgufFile;
-use model::geometry::{Geometry, ARCHS};
-use model::synth::{synthesize, Preset, SynthOptions};
+use model::geometry::ARCHS;
+use model::synth::Preset;
 use model::tensors::ExpertMatrix;
 use model::{Arch, ModelConfig, ModelWeights};
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-fn synth(dir: &Path, arch: Arch, preset: Preset) -> PathBuf {
-    let g = Geometry::by_name(Some(arch), "tiny").expect("tiny geometry");
-    let path = dir.join(format!("{}-{preset}.gguf", g.name));
-    synthesize(
-        &path,
-        &g,
-        &SynthOptions {
-            preset,
-            seed: 3,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
-    path
-}
 
 fn open(path: &Path) -> (Arc<GgufFile>, ModelConfig) {
     let file = Arc::new(GgufFile::open(path).expect("open"));
@@ -119,7 +104,7 @@ fn the_index_addresses_the_loaders_expert_bytes_in_every_arch() {
     let dir = tempfile::tempdir().expect("tempdir");
     for arch in ARCHS {
         // Q4_K_M mixes types: ffn_down is Q6_K on some layers, so layers differ in size.
-        let path = synth(dir.path(), arch, Preset::Q4KM);
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q4KM, 3);
         let (file, cfg) = open(&path);
         let index = ExpertIndex::build(&file, &cfg).expect("index");
         check_index_against_loader(&file, &cfg, &index);
@@ -174,7 +159,7 @@ fn split(path: &Path, dir: &Path, n: usize) -> PathBuf {
 #[test]
 fn the_index_of_a_split_model_names_each_shard_and_reads_back() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = synth(dir.path(), Arch::Qwen3Moe, Preset::Q8_0);
+    let path = common::synth_tiny(dir.path(), Arch::Qwen3Moe, Preset::Q8_0, 3);
     let first = split(&path, dir.path(), 4);
     let (file, cfg) = open(&first);
     assert!(file.paths().len() >= 3);
@@ -225,7 +210,7 @@ fn all_modes(depth: u32) -> Vec<ReaderOptions> {
 #[test]
 fn direct_reads_of_random_expert_ranges_match_the_map() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = synth(dir.path(), Arch::Qwen35Moe, Preset::Q4KM);
+    let path = common::synth_tiny(dir.path(), Arch::Qwen35Moe, Preset::Q4KM, 3);
     let (file, cfg) = open(&path);
     let index = ExpertIndex::build(&file, &cfg).expect("index");
     let map = file.shard_bytes(0).expect("map");
@@ -399,7 +384,7 @@ fn a_queue_depth_out_of_range_is_refused() {
 fn a_recorded_profile_counts_every_route_of_prefill_and_decode() {
     let dir = tempfile::tempdir().expect("tempdir");
     for arch in [Arch::Qwen3Moe, Arch::Qwen35Moe] {
-        let path = synth(dir.path(), arch, Preset::Q8_0);
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 3);
         let (_, cfg) = open(&path);
         let k = cfg.n_expert_used as u64;
         let input = ProfileInput::Random {

@@ -12,28 +12,11 @@ use engine::{
     Completion, Device, Engine, EngineConfig, EngineError, Flow, GenerateRequest, SamplingParams,
     Sink, TokenEvent,
 };
-use model::geometry::{Geometry, ARCHS};
-use model::synth::{synthesize, Preset, SynthOptions};
+use model::geometry::ARCHS;
+use model::synth::Preset;
 use model::Arch;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-
-fn synth(dir: &Path, arch: Arch) -> PathBuf {
-    let g = Geometry::by_name(Some(arch), "tiny").expect("tiny geometry");
-    let path = dir.join(format!("{}.gguf", g.name));
-    synthesize(
-        &path,
-        &g,
-        &SynthOptions {
-            preset: Preset::Q8_0,
-            seed: 5,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
-    path
-}
 
 fn engine(path: &Path, parallel: usize, cache: Option<u64>, dir: Option<&Path>) -> Engine {
     engine_ctx(path, 1024, parallel, cache, dir)
@@ -133,7 +116,7 @@ fn solo(eng: &mut Engine, req: &GenerateRequest) -> (Completion, Vec<Vec<u32>>) 
 fn requests_decoded_side_by_side_get_the_bits_they_get_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
     for arch in ARCHS {
-        let path = synth(dir.path(), arch);
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
         let reqs = [
             request(tokens(40, 1), 12, SamplingParams::default()),
             // More than one prompt piece (the CPU reads 512 tokens per step).
@@ -245,7 +228,7 @@ fn turns(eng: &Engine, salt: usize) -> (Vec<u32>, Vec<u32>, usize) {
 fn a_chat_turn_reuses_the_state_up_to_where_it_diverges_with_the_bits_of_a_cold_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     for arch in ARCHS {
-        let path = synth(dir.path(), arch);
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
         let mut cold = engine(&path, 1, Some(0), None);
         let (t1, t2, boundary) = turns(&cold, 7);
         let r1 = request(t1, 8, SamplingParams::default());
@@ -270,7 +253,7 @@ fn a_chat_turn_reuses_the_state_up_to_where_it_diverges_with_the_bits_of_a_cold_
 fn a_conversation_a_slot_lost_comes_back_from_the_prompt_cache_and_its_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     for arch in ARCHS {
-        let path = synth(dir.path(), arch);
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
         let cache_dir = dir.path().join(format!("cache-{arch:?}"));
         let mut cold = engine(&path, 1, Some(0), None);
         let (a1, a2, boundary) = turns(&cold, 11);
@@ -311,7 +294,7 @@ fn a_conversation_a_slot_lost_comes_back_from_the_prompt_cache_and_its_files() {
 #[test]
 fn slots_share_one_context_pool_and_the_newest_request_yields_when_it_is_full() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = synth(dir.path(), Arch::Qwen35Moe);
+    let path = common::synth_tiny(dir.path(), Arch::Qwen35Moe, Preset::Q8_0, 5);
     let reqs = [
         request(tokens(100, 31), 120, SamplingParams::default()),
         request(tokens(100, 32), 120, seeded(2)),

@@ -5,36 +5,21 @@
 //! boundaries gives the bits of one allocated for the whole context up front (the
 //! layout before growth existed); clear gives the memory back.
 
+mod common;
+
 use engine::cpu::{
     bytes_per_position, recurrent_bytes, state_bytes, CpuBackend, CpuExecutor, KV_PAGE,
 };
 use engine::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
 use engine::prompt_cache::PromptCache;
 use gguf::GgufFile;
-use model::geometry::{Geometry, ARCHS};
-use model::synth::{synthesize, Preset, SynthOptions};
+use model::geometry::ARCHS;
+use model::synth::Preset;
 use model::{Arch, Logits, ModelConfig, ModelWeights};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 const N_CTX: usize = 1024;
-
-fn synth(dir: &Path, arch: Arch) -> PathBuf {
-    let g = Geometry::by_name(Some(arch), "tiny").expect("tiny geometry");
-    let path = dir.join(format!("{}.gguf", g.name));
-    synthesize(
-        &path,
-        &g,
-        &SynthOptions {
-            preset: Preset::Q8_0,
-            seed: 11,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
-    path
-}
 
 /// A CPU executor of `n_seq` sequences of `N_CTX` positions, and the model's config.
 fn executor(path: &Path, n_seq: usize) -> (CpuExecutor, ModelConfig) {
@@ -87,7 +72,7 @@ fn cold(ex: &mut CpuExecutor, seq: usize, t: &[u32], at: usize) -> Vec<u32> {
 
 fn check_restores(arch: Arch) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = synth(dir.path(), arch);
+    let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 11);
     let (mut ex, cfg) = executor(&path, 3);
     let hybrid = cfg.ssm.is_some();
     let t = tokens(30, 0);
@@ -212,7 +197,7 @@ fn restores_give_cold_bits_qwen35moe() {
 fn growing_cache_matches_preallocated() {
     for arch in ARCHS {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = synth(dir.path(), arch);
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 11);
         let (mut ex, cfg) = executor(&path, 2);
         let (grow, full) = (0, 1);
         ex.reserve(full, N_CTX).expect("reserve");

@@ -16,6 +16,12 @@ pub fn synth(dir: &Path, geometry: &str, preset: Preset, seed: u64) -> PathBuf {
     synth_geometry(dir, &g, preset, seed)
 }
 
+/// Writes `arch`'s tiny geometry at `preset` with seeded random weights into `dir`.
+pub fn synth_tiny(dir: &Path, arch: model::Arch, preset: Preset, seed: u64) -> PathBuf {
+    let g = Geometry::by_name(Some(arch), "tiny").expect("tiny geometry");
+    synth_geometry(dir, &g, preset, seed)
+}
+
 /// Writes the geometry `g` (a named one or one a test made up) at `preset` with
 /// seeded random weights into `dir`.
 pub fn synth_geometry(dir: &Path, g: &Geometry, preset: Preset, seed: u64) -> PathBuf {
