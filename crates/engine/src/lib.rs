@@ -253,7 +253,7 @@ impl Engine {
         if let Some(avail) = available {
             if state_bytes > avail {
                 return Err(EngineError::Memory(format!(
-                    "the KV cache and recurrent state of a {n_ctx}-position context (--max-context) shared by {parallel} slot(s) need {:.2} GiB, but only {:.2} GiB of RAM is available; lower --max-context or --parallel",
+                    "the KV cache and recurrent state of a context of --max-context {n_ctx} positions shared by {parallel} slot(s) need {:.2} GiB, but only {:.2} GiB of RAM is available; lower --max-context or --parallel",
                     state_bytes as f64 / GIB,
                     avail as f64 / GIB
                 )));
