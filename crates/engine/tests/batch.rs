@@ -1,4 +1,4 @@
-//! Batching is invisible (DESIGN.md invariant 3) on the CPU executor: a step that
+//! Batching is invisible (invariant 3 of docs/design.md) on the CPU executor: a step that
 //! runs several sequences in one pass gives every entry the logits (compared bit
 //! for bit) and the state (checked through the later steps' logits) that it gets
 //! stepped alone, on synthetic models of every arch; a batch that names a sequence

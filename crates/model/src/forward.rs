@@ -162,7 +162,7 @@ pub fn forward<B: Backend>(
 /// advance a sequence's state, run per segment on that segment's rows. Every
 /// token-wise operation computes each row from that row alone (the kernels give a
 /// row the same bits whatever the other rows, and routing is per token), so each
-/// segment gets the bits and the state it would get alone (DESIGN.md invariant 3,
+/// segment gets the bits and the state it would get alone (invariant 3 of docs/design.md,
 /// "batching is invisible"). One segment runs no row split or concatenation: its
 /// operations are exactly those of a single-sequence pass.
 ///
