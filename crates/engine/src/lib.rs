@@ -136,6 +136,9 @@ pub struct Engine {
     /// may diverge from this one.
     boundary: Option<u32>,
     counters: CacheCounters,
+    /// The limits every request is checked against (context, vocabulary,
+    /// end-of-generation tokens).
+    limits: Limits,
     /// Sequences the last `step` ran (0: it ran none).
     last_ran: usize,
     memory: MemoryAccount,
@@ -306,6 +309,11 @@ impl Engine {
             info.arch, info.name, info.file_bytes, info.n_vocab
         );
         let boundary = tokenizer.token_id("<|im_start|>");
+        let limits = Limits {
+            n_ctx,
+            n_vocab: mcfg.n_vocab,
+            eog: tokenizer.eog_ids().to_vec(),
+        };
         let store = open_prompt_cache(cfg, exec.as_ref(), &model_id, available)?;
         let prompt_cache = store.as_ref().map_or(0, |s| s.budget() as u64);
         let store_writer = match (&store, &cfg.prompt_cache_dir) {
@@ -327,6 +335,7 @@ impl Engine {
             store_writer,
             boundary,
             counters: CacheCounters::default(),
+            limits,
             last_ran: 0,
             memory: MemoryAccount {
                 weights_mapped: tensor_bytes,
@@ -390,15 +399,6 @@ impl Engine {
     /// The ISA the CPU kernels use.
     pub fn kernel_isa(&self) -> &'static str {
         quant::kernel_isa()
-    }
-
-    /// The limits every request is checked against.
-    fn limits(&self) -> Limits<'_> {
-        Limits {
-            n_ctx: self.info.n_ctx,
-            n_vocab: self.cfg.n_vocab,
-            eog: self.tokenizer.eog_ids(),
-        }
     }
 
     /// Forgets every slot's cached sequence (no request may be running).
@@ -534,16 +534,17 @@ impl Engine {
             .iter_mut()
             .map(|(a, s)| (a, s.as_mut() as &mut dyn Sink))
             .collect();
-        let lim = Limits {
-            n_ctx: self.info.n_ctx,
-            n_vocab: self.cfg.n_vocab,
-            eog: self.tokenizer.eog_ids(),
-        };
         let room = self
             .info
             .n_ctx
             .saturating_sub(self.seqs.iter().map(|c| c.history.len()).sum());
-        let mut done = sched::step(self.exec.as_mut(), &mut self.seqs, &lim, &mut items, room);
+        let mut done = sched::step(
+            self.exec.as_mut(),
+            &mut self.seqs,
+            &self.limits,
+            &mut items,
+            room,
+        );
         if done.ran == 0 && done.starved {
             // Every running request waits for room that only they hold: the newest
             // ends (finish `ContextFull`) so the others can go on.
@@ -630,7 +631,7 @@ impl Engine {
         logits: bool,
         sink: &mut dyn Sink,
     ) -> Result<Option<Active>, EngineError> {
-        self.limits().validate(&req)?;
+        self.limits.validate(&req)?;
         let keep = self.prepare_seq(seq, &req.prompt)?;
         self.tick += 1;
         self.seqs[seq].last_used = self.tick;
@@ -640,14 +641,9 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let lim = Limits {
-            n_ctx: self.info.n_ctx,
-            n_vocab: self.cfg.n_vocab,
-            eog: self.tokenizer.eog_ids(),
-        };
-        let mut act = Active::new(seq, req, keep, &lim, logits, marks);
+        let mut act = Active::new(seq, req, keep, &self.limits, logits, marks);
         let c = &mut self.seqs[seq];
-        if sched::start_cached(&mut act, c, &lim, sink) {
+        if sched::start_cached(&mut act, c, &self.limits, sink) {
             return Ok(None);
         }
         c.busy = true;
@@ -811,7 +807,7 @@ impl Engine {
     /// position (n_vocab each), for parity tests and `--dump-logits`.
     pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         self.check_idle()?;
-        self.limits().check(tokens)?;
+        self.limits.check(tokens)?;
         if tokens.len() > self.info.n_ctx {
             return Err(EngineError::PromptTooLong {
                 prompt: tokens.len(),
@@ -881,15 +877,16 @@ impl Engine {
         let logits = sink.wants_logits();
         if let Some(mut act) = self.admit(seq, req.clone(), logits, &mut sink)? {
             loop {
-                let lim = Limits {
-                    n_ctx: self.info.n_ctx,
-                    n_vocab: self.cfg.n_vocab,
-                    eog: self.tokenizer.eog_ids(),
-                };
                 let mut items: [(&mut Active, &mut dyn Sink); 1] = [(&mut act, &mut sink)];
                 // Alone: the whole context is this request's.
                 let room = self.info.n_ctx.saturating_sub(self.seqs[seq].history.len());
-                let done = sched::step(self.exec.as_mut(), &mut self.seqs, &lim, &mut items, room);
+                let done = sched::step(
+                    self.exec.as_mut(),
+                    &mut self.seqs,
+                    &self.limits,
+                    &mut items,
+                    room,
+                );
                 if done.ended[0] {
                     break;
                 }

@@ -187,13 +187,14 @@ enum Outcome {
 }
 
 /// The facts about the model a step needs.
-pub(crate) struct Limits<'a> {
+pub(crate) struct Limits {
     pub n_ctx: usize,
     pub n_vocab: usize,
-    pub eog: &'a [u32],
+    /// End-of-generation tokens.
+    pub eog: Vec<u32>,
 }
 
-impl Limits<'_> {
+impl Limits {
     pub fn check(&self, tokens: &[u32]) -> Result<(), EngineError> {
         match tokens.iter().find(|&&id| id as usize >= self.n_vocab) {
             Some(&id) => Err(EngineError::BadToken {
@@ -240,7 +241,7 @@ impl Active {
                 .unwrap_or(0)
         });
         let sampler = Sampler::new(&req.sampling, seed, &req.prompt);
-        let constraint = req.constraint.as_ref().map(|c| c.start(lim.eog));
+        let constraint = req.constraint.as_ref().map(|c| c.start(&lim.eog));
         // With plain greedy sampling and nobody asking for logits, the device
         // picks the token and only its id comes back.
         let want = if !logits && sampler.is_plain_greedy() && constraint.is_none() {
