@@ -112,6 +112,16 @@ fn solo(eng: &mut Engine, req: &GenerateRequest) -> (Completion, Vec<Vec<u32>>) 
     (c, logits)
 }
 
+/// Each of `reqs` run alone from a cold engine.
+fn solos(eng: &mut Engine, reqs: &[GenerateRequest]) -> Vec<(Completion, Vec<Vec<u32>>)> {
+    reqs.iter()
+        .map(|r| {
+            eng.reset().expect("reset");
+            solo(eng, r)
+        })
+        .collect()
+}
+
 #[test]
 fn requests_decoded_side_by_side_get_the_bits_they_get_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -127,14 +137,7 @@ fn requests_decoded_side_by_side_get_the_bits_they_get_alone() {
             request(tokens(25, 5), 14, seeded(9)),
         ];
         let cancel_after = [None, None, None, None, Some(4)];
-        let mut alone = engine(&path, 1, Some(0), None);
-        let want: Vec<_> = reqs
-            .iter()
-            .map(|r| {
-                alone.reset().expect("reset");
-                solo(&mut alone, r)
-            })
-            .collect();
+        let want = solos(&mut engine(&path, 1, Some(0), None), &reqs);
 
         // Three slots for five requests: two wait for a slot.
         let mut eng = engine(&path, 3, Some(0), None);
@@ -299,14 +302,7 @@ fn slots_share_one_context_pool_and_the_newest_request_yields_when_it_is_full() 
         request(tokens(100, 31), 120, SamplingParams::default()),
         request(tokens(100, 32), 120, seeded(2)),
     ];
-    let mut alone = engine_ctx(&path, 256, 1, Some(0), None);
-    let want: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            alone.reset().expect("reset");
-            solo(&mut alone, r)
-        })
-        .collect();
+    let want = solos(&mut engine_ctx(&path, 256, 1, Some(0), None), &reqs);
     assert!(want.iter().all(|(c, _)| c.tokens.len() == 120));
 
     // 256 positions for two requests that need 220 each: the second (newer)
