@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # The GPU test suite in two halves, because the GPU machine has no cargo:
 #
-#   scripts/gpu-tests.sh build [DIR]   (here) builds the CUDA test executables and
-#                                      the release `scoria` binary into DIR
-#                                      (default .carry/gpu, ignored by git)
+#   scripts/gpu-tests.sh build [DIR]   (here) builds the test executables that use
+#                                      the GPU and the release `scoria` binary into
+#                                      DIR (default .carry/gpu, ignored by git) and
+#                                      packs them as DIR.tar.gz (what to carry: the
+#                                      machine takes a limited working tree)
 #   scripts/gpu-tests.sh run [DIR]     (on the GPU machine, from the repository
-#                                      root) runs every test executable in DIR
-#                                      against the GPU and prints one closing line
+#                                      root) unpacks DIR.tar.gz when DIR is absent,
+#                                      runs every test executable in DIR against the
+#                                      GPU and prints one closing line
 #                                      `N passed, N failed`
 #
 # The tests are ordinary test targets built with `--features cuda`: the kernel
 # tests of crates/cuda (every kernel against the CPU reference, bit for bit where
 # docs/design.md requires it) and the engine's parity and invariant tests run with
 # SCORIA_TEST_DEVICE=cuda. SCORIA_REQUIRE_GPU=1 makes a missing GPU a failure.
+# The other test targets run on the CPU alone and are left to the ordinary test run.
+GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config
@@ -49,15 +54,20 @@ for line in sys.stdin:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         pkg = m["package_id"].split("#")[-1].split("@")[0]
-        name = "test-" + pkg.removeprefix("scoria-") + "-" + m["target"]["name"]
-        shutil.copy(m["executable"], os.path.join(d, name))
-        print("built", name)
-' "$DIR"
+        target = pkg.removeprefix("scoria-") + "-" + m["target"]["name"]
+        if target in sys.argv[2].split():
+            shutil.copy(m["executable"], os.path.join(d, "test-" + target))
+            print("built", "test-" + target)
+' "$DIR" "$GPU_TARGETS"
   strip "$DIR"/scoria "$DIR"/test-*
-  du -sh "$DIR"
+  tar -C "$(dirname "$DIR")" -czf "$DIR.tar.gz" "$(basename "$DIR")"
+  du -sh "$DIR" "$DIR.tar.gz"
   ;;
 run)
   cd "$ROOT"
+  if [ ! -d "$DIR" ] && [ -f "$DIR.tar.gz" ]; then
+    tar -C "$(dirname "$DIR")" -xzf "$DIR.tar.gz"
+  fi
   export SCORIA_REQUIRE_GPU=1 SCORIA_TEST_DEVICE="${SCORIA_TEST_DEVICE:-cuda}" SCORIA_REPO_ROOT="$ROOT"
   pass=0; fail=0; status=0
   for t in "$DIR"/test-*; do

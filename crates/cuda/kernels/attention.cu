@@ -30,7 +30,7 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS)
               int n_tok, const int* __restrict__ pos0_dev, int n_head, int n_head_kv, int hd, int q_stride,
               const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
               const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
-              float* __restrict__ v_cache, float* __restrict__ q_out) {
+              float* __restrict__ v_cache, float* __restrict__ q_out) { sc_pdl_enter();
   __shared__ float sbuf[SC_PREP_WARPS][SC_MAX_HD];
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const long long item = (long long)blockIdx.x * SC_PREP_WARPS + wi;
@@ -265,7 +265,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
       const float* __restrict__ q, int n_tok, const int* __restrict__ pos0_dev, int n_head,        \
       int n_head_kv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,         \
       float scale, const float* __restrict__ gate, int q_stride, float* __restrict__ out,          \
-      float* __restrict__ scratch, int n_split) {                                                  \
+      float* __restrict__ scratch, int n_split) { sc_pdl_enter();                                                  \
     attn_core_body<HD>(q, n_tok, pos0_dev, n_head, n_head_kv, k_cache, v_cache, scale, gate,       \
                        q_stride, out, scratch, n_split);                                           \
   }
@@ -280,7 +280,7 @@ SC_ATTN_CORE(256)
 // (token, head), one thread per head dim.
 extern "C" __global__ void __launch_bounds__(SC_MAX_HD)
     attn_combine(const float* __restrict__ scratch, int n_split, int n_tok, int n_head, int hd,
-                 const float* __restrict__ gate, int q_stride, float* __restrict__ out) {
+                 const float* __restrict__ gate, int q_stride, float* __restrict__ out) { sc_pdl_enter();
   const size_t th = blockIdx.x;
   const int d = threadIdx.x;
   if (d >= hd) return;

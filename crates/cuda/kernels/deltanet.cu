@@ -22,7 +22,7 @@
 // predecessors' inputs.
 extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, float* __restrict__ state,
                                                           const float* __restrict__ taps, int n_tok,
-                                                          int conv_dim, int d_conv, int tpb, float* out) {
+                                                          int conv_dim, int d_conv, int tpb, float* out) { sc_pdl_enter();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
   const int hist = d_conv - 1;
@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, floa
 // conv row ([q | k | v]): x · 1/sqrt(Σx² + 1e-6) (model::math::l2_norm, canonical
 // order), then q heads · scale (a second rounding, as the CPU does).
 extern "C" __global__ void __launch_bounds__(128) dn_qk_norm(float* conv_out, int n_tok, int conv_dim,
-                                                             int n_k_heads, int d_state, float scale) {
+                                                             int n_k_heads, int d_state, float scale) { sc_pdl_enter();
   const int lane = threadIdx.x & 31;
   const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (item >= (long long)n_tok * 2 * n_k_heads) return;
@@ -164,7 +164,7 @@ __device__ __forceinline__ void dn_recurrence_body(
       int beta_stride, const int* __restrict__ beta_idx, const float* __restrict__ alpha_src,     \
       int alpha_stride, const int* __restrict__ alpha_idx, const float* __restrict__ a,           \
       const float* __restrict__ dt_bias, const int* __restrict__ k_head_of,                       \
-      float* __restrict__ state, int n_k_heads, int n_v_heads, float* __restrict__ out) {         \
+      float* __restrict__ state, int n_k_heads, int n_v_heads, float* __restrict__ out) { sc_pdl_enter();         \
     dn_recurrence_body<DK>(conv_out, n_tok, conv_dim, beta_src, beta_stride, beta_idx, alpha_src, \
                            alpha_stride, alpha_idx, a, dt_bias, k_head_of, state, n_k_heads,      \
                            n_v_heads, out);                                                       \
@@ -179,7 +179,7 @@ SC_DN_REC(128)
 // (model::deltanet::gated_norm): rms_norm(o)·w (canonical order), then · silu(z).
 extern "C" __global__ void __launch_bounds__(128) dn_gated_norm(float* o, const float* __restrict__ z,
                                                                 const float* __restrict__ norm_w, float eps,
-                                                                int n_tok, int n_v_heads, int d_state) {
+                                                                int n_tok, int n_v_heads, int d_state) { sc_pdl_enter();
   const int lane = threadIdx.x & 31;
   const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (item >= (long long)n_tok * n_v_heads) return;

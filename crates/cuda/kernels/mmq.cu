@@ -357,7 +357,7 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
       NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes, unsigned long long row_bytes, \
            int n_rows, int n_cols, const int8_t* __restrict__ xq, const float* __restrict__ xd,      \
            const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles, int n_tiles,       \
-           float* __restrict__ out) {                                                                \
+           float* __restrict__ out) { sc_pdl_enter();                                                                \
     mq_body<TY>(w, expert_bytes, row_bytes, n_rows, n_cols, xq, xd, xs, n_tok, tiles, n_tiles, out); \
   }
 

@@ -33,7 +33,7 @@ __device__ __forceinline__ void sc_better(float& bv, int& bi, float v, int i) {
 extern "C" __global__ void __launch_bounds__(32 * SC_ROUTE_WARPS)
     route_topk(const float* __restrict__ logits, int n_tok, int n_expert, int k,
                float* __restrict__ weights_out, int* __restrict__ ids_out, Tile* __restrict__ tiles_gu,
-               Tile* __restrict__ tiles_down) {
+               Tile* __restrict__ tiles_down) { sc_pdl_enter();
   __shared__ float sp[SC_ROUTE_WARPS][SC_MAX_EXPERT];
   __shared__ int sid[SC_ROUTE_WARPS][SC_MAX_K];
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
@@ -135,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(32 * SC_ROUTE_WARPS)
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ down, const float* __restrict__ weights, int n_tok, int k,
                 int e, const float* __restrict__ shared, const float* __restrict__ shared_logit,
-                float* __restrict__ out) {
+                float* __restrict__ out) { sc_pdl_enter();
   const long long n = (long long)n_tok * e;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {

@@ -30,9 +30,13 @@ __device__ __forceinline__ void sc_row_accumulate(const float* st, int n, float&
 // With ADD, x += y first (the residual step fused with the next norm: the same
 // operations as `add` followed by `rms_norm`; each thread reads back only the sums it
 // wrote itself, the index mapping being the same in both passes). `out` may be `x`.
+// With non-null `qs`, the output rows are also quantized into the canonical int8
+// blocks (qs, qd, qsum as quantize_act writes them; cols a multiple of 32): each warp
+// holds a whole 32-value block of every pass, since SC_ROW_THREADS is a multiple of 32.
 template <bool ADD>
 __device__ __forceinline__ void sc_row_norm(float* x, const float* y, int rows, int cols,
-                                            const float* __restrict__ w, float eps, float* out) {
+                                            const float* __restrict__ w, float eps, float* out,
+                                            int8_t* qs, float* qd, int* qsum) {
   __shared__ float st[SC_ROW_CHUNK];
   __shared__ float s_scale;
   const int r = blockIdx.x;
@@ -60,27 +64,36 @@ __device__ __forceinline__ void sc_row_norm(float* x, const float* y, int rows, 
   __syncthreads();
   const float scale = s_scale;
   float* orow = out + (size_t)r * cols;
-  for (int i = threadIdx.x; i < cols; i += SC_ROW_THREADS)
-    orow[i] = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+  for (int i = threadIdx.x; i < cols; i += SC_ROW_THREADS) {
+    const float v = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+    orow[i] = v;
+    if (qs) {
+      const size_t blk = ((size_t)r * cols + i) >> 5;
+      sc_quant_block(v, threadIdx.x & 31, qs + blk * 32, qd + blk, qsum + blk);
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
-    rms_norm(const float* x, int rows, int cols, const float* __restrict__ w, float eps, float* out) {
+    rms_norm(const float* x, int rows, int cols, const float* __restrict__ w, float eps, float* out,
+             int8_t* qs, float* qd, int* qsum) {
+  sc_pdl_enter();
   // x is only read on this path (ADD = false).
-  sc_row_norm<false>(const_cast<float*>(x), nullptr, rows, cols, w, eps, out);
+  sc_row_norm<false>(const_cast<float*>(x), nullptr, rows, cols, w, eps, out, qs, qd, qsum);
 }
 
 extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
     add_rms_norm(float* x, const float* y, int rows, int cols, const float* __restrict__ w, float eps,
-                 float* out) {
-  sc_row_norm<true>(x, y, rows, cols, w, eps, out);
+                 float* out, int8_t* qs, float* qd, int* qsum) {
+  sc_pdl_enter();
+  sc_row_norm<true>(x, y, rows, cols, w, eps, out, qs, qd, qsum);
 }
 
 // out[r] = Σ_i x[r][i] · v[i] in the canonical order (model::math::dot: each product
 // rounded, then added).
 extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
     dot_rows(const float* __restrict__ x, const float* __restrict__ v, int rows, int n_cols,
-             float* __restrict__ out) {
+             float* __restrict__ out) { sc_pdl_enter();
   __shared__ float st[SC_ROW_CHUNK];
   const int r = blockIdx.x;
   if (r >= rows) return;
@@ -100,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(SC_ROW_THREADS)
 }
 
 // x += y.
-extern "C" __global__ void __launch_bounds__(256) add(float* x, const float* y, long long n) {
+extern "C" __global__ void __launch_bounds__(256) add(float* x, const float* y, long long n) { sc_pdl_enter();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     x[i] = sc_add(x[i], y[i]);
@@ -109,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(256) add(float* x, const float* y, 
 
 // out = silu(g) · u (the CPU's swiglu). `out` may be `g` or `u`.
 extern "C" __global__ void __launch_bounds__(256) swiglu(const float* g, const float* u, long long n,
-                                                         float* out) {
+                                                         float* out) { sc_pdl_enter();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     out[i] = sc_mul(sc_silu(g[i]), u[i]);
@@ -127,7 +140,7 @@ __device__ __forceinline__ void sc_better(float& bv, int& bi, float v, int i) {
 }
 
 extern "C" __global__ void __launch_bounds__(1024) argmax(const float* __restrict__ x, int n,
-                                                          int* __restrict__ out_idx) {
+                                                          int* __restrict__ out_idx) { sc_pdl_enter();
   __shared__ float sv[32];
   __shared__ int si[32];
   float bv = -INFINITY;

@@ -2,11 +2,12 @@
 // that the tests can compare them with model::math bit for bit (including the pinned
 // tables model::math::PINNED and PINNED_LN_1P). Not used by the executor.
 
+#include "sc_common.cuh"
 #include "scoria_math.cuh"
 
 // out[f·n + i] = f(x[i]) for f = exp, sigmoid, silu, softplus, log1p.
 extern "C" __global__ void __launch_bounds__(256) math_probe(const float* __restrict__ x, int n,
-                                                            float* __restrict__ out) {
+                                                            float* __restrict__ out) { sc_pdl_enter();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float v = x[i];

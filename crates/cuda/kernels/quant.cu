@@ -8,33 +8,14 @@
 #define SC_FULL 0xffffffffu
 
 // ------------------------------------------------------------------ quantize_act
-// One warp per 32-value block, lane i = value i (quant::quantize_act_block):
-// amax = max |x_i|; d = amax / 127; id = d == 0 ? 0 : 1 / d;
-// q_i = clamp(round_half_even(x_i * id), -127, 127); sum = Σ q_i.
+// One warp per 32-value block, lane i = value i (sc_quant_block).
 extern "C" __global__ void __launch_bounds__(256) quantize_act(const float* __restrict__ x, long long n_blocks,
                                                                int8_t* __restrict__ qs, float* __restrict__ d_out,
                                                                int* __restrict__ sums) {
+  sc_pdl_enter();
   const long long blk = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
   if (blk >= n_blocks) return;  // whole warps only: blockDim is a multiple of 32
-  const float v = x[blk * 32 + lane];
-  // The CPU keeps amax from 0 and takes |x| only when greater: NaN never wins.
-  float a = fmaxf(0.0f, fabsf(v));
-#pragma unroll
-  for (int w = 16; w > 0; w >>= 1) a = fmaxf(a, __shfl_xor_sync(SC_FULL, a, w));
-  const float d = sc_div(a, 127.0f);
-  const float id = d == 0.0f ? 0.0f : sc_div(1.0f, d);
-  const float r = rintf(sc_mul(v, id));
-  // Rust's `NaN.clamp(..) as i8` is 0.
-  const int q = r != r ? 0 : (int)fminf(fmaxf(r, -127.0f), 127.0f);
-  int sum = q;
-#pragma unroll
-  for (int w = 16; w > 0; w >>= 1) sum += __shfl_xor_sync(SC_FULL, sum, w);
-  qs[blk * 32 + lane] = (int8_t)q;
-  if (lane == 0) {
-    d_out[blk] = d;
-    sums[blk] = sum;
-  }
+  sc_quant_block(x[blk * 32 + (threadIdx.x & 31)], threadIdx.x & 31, qs + blk * 32, d_out + blk, sums + blk);
 }
 
 // ------------------------------------------------------------------------ matvec
@@ -110,7 +91,7 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
            unsigned long long row_bytes, int n_rows, int n_cols, const float* __restrict__ x, \
            const int8_t* __restrict__ xq, const float* __restrict__ xd,                  \
            const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,        \
-           int n_tiles, float* __restrict__ out) {                                       \
+           int n_tiles, float* __restrict__ out) { sc_pdl_enter();                                       \
     constexpr int TL = TLV;                                                              \
     const int lane = threadIdx.x & 31;                                                   \
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
@@ -172,11 +153,203 @@ SC_MATVEC_KERNEL(matvec_iq4_xs, SC_QDOT(WIQ4, sc_load_iq4_xs, sc_contrib_iq4_xs)
 extern "C" __global__ void __launch_bounds__(256) embed(int ty, const uint8_t* __restrict__ table,
                                                         unsigned long long row_bytes, int cols,
                                                         const int* __restrict__ ids, int n_tok,
-                                                        float* __restrict__ out) {
+                                                        float* __restrict__ out) { sc_pdl_enter();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= cols) return;
   for (int t = blockIdx.y; t < n_tok; t += gridDim.y) {
     const uint8_t* row = table + (unsigned long long)ids[t] * row_bytes;
     out[(size_t)t * cols + i] = sc_dequant(ty, row, i);
+  }
+}
+
+// ------------------------------------------------------------- fused decode MoE
+// One token's routed and shared experts in two launches instead of a dozen: the same
+// per-row dot products as the _t1 matvec kernels above (lane l is accumulator l and
+// takes sub-blocks / elements l, l + 32, ... in increasing order, then sc_warp_sum),
+// the same SwiGLU, the same rank-order combination as moe_combine: the same bits.
+
+// Weight formats as types, for the dot products below.
+#define SC_QFMT(NAME, WT, LOAD, CONTRIB)                                                       \
+  struct NAME {                                                                                \
+    typedef WT W;                                                                              \
+    static __device__ __forceinline__ void load(const uint8_t* row, int s, W& w) { LOAD(row, s, w); } \
+    static __device__ __forceinline__ float contrib(const W& w, const uint32_t* a, float d, int sum) { \
+      return CONTRIB(w, a, d, sum);                                                            \
+    }                                                                                          \
+  };
+SC_QFMT(FmtQ8_0, WQ8_0, sc_load_q8_0, sc_contrib_q8_0)
+SC_QFMT(FmtQ4_0, WQ4_0, sc_load_q4_0, sc_contrib_q4_0)
+SC_QFMT(FmtQ4K, WK, sc_load_q4_k, sc_contrib_k)
+SC_QFMT(FmtQ5K, WK, sc_load_q5_k, sc_contrib_k)
+SC_QFMT(FmtQ6K, WQ6_K, sc_load_q6_k, sc_contrib_q6_k)
+SC_QFMT(FmtIq4Xs, WIQ4, sc_load_iq4_xs, sc_contrib_iq4_xs)
+#define SC_FFMT(NAME, GET)                                                                     \
+  struct NAME {                                                                                \
+    static __device__ __forceinline__ float get(const uint8_t* row, int i) { return GET(row, i); } \
+  };
+SC_FFMT(FmtF32, sc_get_f32)
+SC_FFMT(FmtF16, sc_get_f16)
+SC_FFMT(FmtBf16, sc_get_bf16)
+
+// The lane sums of NR rows (NR = 1 or 2, rows of one type) against one token's
+// quantized activations (`xq`, `xd`, `xs` at the token's first block): SC_QDOT with
+// one token per row.
+template <class F, int NR>
+__device__ __forceinline__ void sc_qdot_rows(const uint8_t* const* rows, int n_sub, const int8_t* xq,
+                                             const float* xd, const int* xs, int lane, float* acc) {
+#pragma unroll 2
+  for (int s = lane; s < n_sub; s += 32) {
+    typename F::W w[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) F::load(rows[i], s, w[i]);
+    uint32_t a[8];
+    sc_load_act(xq, s, a);
+    const float d = __ldg(xd + s);
+    const int sum = __ldg(xs + s);
+#pragma unroll
+    for (int i = 0; i < NR; i++) acc[i] = sc_add(acc[i], F::contrib(w[i], a, d, sum));
+  }
+}
+
+// The same for float rows against the token's float activations `x`: SC_FDOT with one
+// token per row.
+template <class F, int NR>
+__device__ __forceinline__ void sc_fdot_rows(const uint8_t* const* rows, int n_cols, const float* x,
+                                             int lane, float* acc) {
+  for (int i0 = lane; i0 < n_cols; i0 += 32 * 16) {
+    float wv[NR][16], xv[16];
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+#pragma unroll
+      for (int q = 0; q < 16; q++) {
+        const int c = i0 + 32 * q;
+        wv[i][q] = c < n_cols ? F::get(rows[i], c) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 16; q++) {
+      const int c = i0 + 32 * q;
+      xv[q] = c < n_cols ? __ldg(x + c) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+#pragma unroll
+      for (int q = 0; q < 16; q++) {
+        if (i0 + 32 * q < n_cols) acc[i] = sc_fma(wv[i][q], xv[q], acc[i]);
+      }
+    }
+  }
+}
+
+// Lane sums of NR rows of type `ty` (a type code of sc_formats.cuh) against one token.
+template <int NR>
+__device__ __forceinline__ void sc_dot_rows(int ty, const uint8_t* const* rows, int n_cols, const float* x,
+                                            const int8_t* xq, const float* xd, const int* xs, int lane,
+                                            float* acc) {
+  const int n_sub = n_cols >> 5;
+  switch (ty) {
+    case SC_T_F32: sc_fdot_rows<FmtF32, NR>(rows, n_cols, x, lane, acc); break;
+    case SC_T_F16: sc_fdot_rows<FmtF16, NR>(rows, n_cols, x, lane, acc); break;
+    case SC_T_BF16: sc_fdot_rows<FmtBf16, NR>(rows, n_cols, x, lane, acc); break;
+    case SC_T_Q8_0: sc_qdot_rows<FmtQ8_0, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
+    case SC_T_Q4_0: sc_qdot_rows<FmtQ4_0, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
+    case SC_T_Q4_K: sc_qdot_rows<FmtQ4K, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
+    case SC_T_Q5_K: sc_qdot_rows<FmtQ5K, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
+    case SC_T_Q6_K: sc_qdot_rows<FmtQ6K, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
+    case SC_T_IQ4_XS: sc_qdot_rows<FmtIq4Xs, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
+    default: break;
+  }
+}
+
+// act = silu(x·gateᵀ) · (x·upᵀ) for the k routed experts of one token (ids[0..k]) and,
+// as plane k when `sgate` is given, its shared expert: one warp per (row, plane), four
+// rows a block, blockIdx.y the plane. Routed plane r writes act[r·n_ff ..], the shared
+// plane act[k·n_ff ..] (n_sff values). With `gate_inp`, one more warp of the shared
+// plane writes the shared gate's logit x·gate_inp (dot_rows: products rounded, then
+// added) to *shared_logit. Gate and up share a type (`ty`, `sty`) and a row size.
+extern "C" __global__ void __launch_bounds__(128)
+    moe_gate_up(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
+                unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
+                const uint8_t* __restrict__ sgate, const uint8_t* __restrict__ sup, int sty,
+                unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids, int k, int n_cols,
+                const float* __restrict__ x, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                const int* __restrict__ xs, const float* __restrict__ gate_inp,
+                float* __restrict__ shared_logit, float* __restrict__ act) {
+  sc_pdl_enter();
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int plane = blockIdx.y;
+  const bool shared = plane == k;
+  const int n_rows = shared ? n_sff : n_ff;
+  if (shared && gate_inp && r == n_rows) {
+    float acc = 0.0f;
+    for (int i = lane; i < n_cols; i += 32) acc = sc_add(acc, sc_mul(x[i], __ldg(gate_inp + i)));
+    acc = sc_warp_sum(acc);
+    if (lane == 0) *shared_logit = acc;
+    return;
+  }
+  if (r >= n_rows) return;
+  const uint8_t* rows[2];
+  int t;
+  if (shared) {
+    rows[0] = sgate + (unsigned long long)r * srow_bytes;
+    rows[1] = sup + (unsigned long long)r * srow_bytes;
+    t = sty;
+  } else {
+    const unsigned long long off = (unsigned long long)ids[plane] * expert_bytes + (unsigned long long)r * row_bytes;
+    rows[0] = gate + off;
+    rows[1] = up + off;
+    t = ty;
+  }
+  float acc[2] = {0.0f, 0.0f};
+  sc_dot_rows<2>(t, rows, n_cols, x, xq, xd, xs, lane, acc);
+  const float g = sc_warp_sum(acc[0]);
+  const float u = sc_warp_sum(acc[1]);
+  if (lane == 0) act[(size_t)plane * n_ff + r] = sc_mul(sc_silu(g), u);
+}
+
+// out[c] = Σ_r wts[r] · (act_r · down_{ids[r]}[c]) in rank order from 0.0, then
+// + sigmoid(*shared_logit) · (act_k · sdown[c]) (+ the product alone without a logit)
+// when `sdown` is given: moe_combine over the down products. One block per output
+// row c, one warp per routed rank (and one for the shared expert); warp 0's lane 0
+// adds them up. act (and its quantized copy aq/ad/as, for quantized types) holds the
+// routed rows at stride n_ff, then the shared row (n_sff values).
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_down_combine(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
+                     unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
+                     unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
+                     const float* __restrict__ wts, int k, const float* __restrict__ act,
+                     const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
+                     const float* __restrict__ shared_logit, float* __restrict__ out) {
+  sc_pdl_enter();
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int c = blockIdx.x;
+  const bool shared = w == k;
+  const uint8_t* rows[1];
+  int t, n;
+  if (shared) {
+    rows[0] = sdown + (unsigned long long)c * srow_bytes;
+    t = sty;
+    n = n_sff;
+  } else {
+    rows[0] = down + (unsigned long long)ids[w] * expert_bytes + (unsigned long long)c * row_bytes;
+    t = ty;
+    n = n_ff;
+  }
+  const size_t a0 = (size_t)w * n_ff;  // the shared row starts at k·n_ff too
+  float acc[1] = {0.0f};
+  sc_dot_rows<1>(t, rows, n, act + a0, aq ? aq + a0 : nullptr, ad ? ad + a0 / 32 : nullptr,
+                 as ? as + a0 / 32 : nullptr, lane, acc);
+  const float v = sc_warp_sum(acc[0]);
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float o = 0.0f;
+    for (int i = 0; i < k; i++) o = sc_add(o, sc_mul(wts[i], part[i]));
+    if (sdown) {
+      o = shared_logit ? sc_add(o, sc_mul(sc_sigmoid(*shared_logit), part[k])) : sc_add(o, part[k]);
+    }
+    out[c] = o;
   }
 }

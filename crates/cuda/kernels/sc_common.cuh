@@ -247,3 +247,46 @@ SC_HD uint32_t sc_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   return r;
 #endif
 }
+
+#if defined(__CUDACC__)
+// ------------------------------------------------------- launch order, quantization
+
+// Every kernel starts here. Launched with programmatic stream serialization (the
+// executor does so on sm_90 and later, `Gpu::launch`), a kernel may be scheduled
+// while the one before it in the stream still runs; `griddepcontrol.wait` holds it
+// until that one has finished and its writes are visible, so nothing a kernel reads
+// or writes is touched early. It then lets the next kernel be scheduled, which hides
+// the launch latency between two kernels of a step. Without the attribute (or
+// before sm_90) both are no-ops. Call it before any other memory access.
+__device__ __forceinline__ void sc_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Lane `lane` of a full warp holding value v of a 32-value block: the canonical int8
+// block of quant::quantize_act_block, written to qs[0..32], *d_out and *sum_out.
+// amax = max |x_i|; d = amax / 127; id = d == 0 ? 0 : 1 / d;
+// q_i = clamp(round_half_even(x_i * id), -127, 127); sum = Σ q_i.
+__device__ __forceinline__ void sc_quant_block(float v, int lane, int8_t* qs, float* d_out,
+                                               int* sum_out) {
+  // The CPU keeps amax from 0 and takes |x| only when greater: NaN never wins.
+  float a = fmaxf(0.0f, fabsf(v));
+#pragma unroll
+  for (int w = 16; w > 0; w >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, w));
+  const float d = sc_div(a, 127.0f);
+  const float id = d == 0.0f ? 0.0f : sc_div(1.0f, d);
+  const float r = rintf(sc_mul(v, id));
+  // Rust's `NaN.clamp(..) as i8` is 0.
+  const int q = r != r ? 0 : (int)fminf(fmaxf(r, -127.0f), 127.0f);
+  int sum = q;
+#pragma unroll
+  for (int w = 16; w > 0; w >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, w);
+  qs[lane] = (int8_t)q;
+  if (lane == 0) {
+    *d_out = d;
+    *sum_out = sum;
+  }
+}
+#endif

@@ -86,6 +86,12 @@ pub struct Gpu {
     /// `SCORIA_CUDA_SYNC=1`: synchronise after every launch (outside capture) so that
     /// an asynchronous fault names the kernel that caused it. For debugging.
     debug_sync: bool,
+    /// Launch with programmatic stream serialization (sm_90 and later, unless
+    /// `SCORIA_NO_PDL=1`): the next kernel is scheduled while the one before it runs
+    /// and waits in `sc_pdl_enter` (kernels/sc_common.cuh) for it to finish, which
+    /// hides the gap between the kernels of a step. The order of every memory access
+    /// is unchanged.
+    pdl: bool,
 }
 
 // SAFETY: the stream, modules and functions are driver handles usable from any thread
@@ -160,6 +166,7 @@ impl Gpu {
             capturing: AtomicBool::new(false),
             skipping: AtomicBool::new(false),
             debug_sync: std::env::var("SCORIA_CUDA_SYNC").is_ok_and(|v| v == "1"),
+            pdl: cc.0 >= 9 && !std::env::var("SCORIA_NO_PDL").is_ok_and(|v| v == "1"),
         };
         for (stem, image) in crate::kernels::MODULES {
             // The driver reads the image in place; give it 8-byte alignment.
@@ -544,14 +551,41 @@ impl Gpu {
         // slots holding the parameters in the kernel's order and widths (each
         // wrapper in kernels/ matches its kernel's signature).
         unsafe {
-            result::launch_kernel(
-                self.funcs.get(k),
-                (grid[0], grid[1], grid[2]),
-                (block, 1, 1),
-                smem,
-                self.stream,
-                &mut ptrs[..args.len()],
-            )
+            if self.pdl {
+                // SAFETY (union): the attribute's value is the int field its id names.
+                let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+                attr.id =
+                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attr.value.programmaticStreamSerializationAllowed = 1;
+                let cfg = sys::CUlaunchConfig {
+                    gridDimX: grid[0],
+                    gridDimY: grid[1],
+                    gridDimZ: grid[2],
+                    blockDimX: block,
+                    blockDimY: 1,
+                    blockDimZ: 1,
+                    sharedMemBytes: smem,
+                    hStream: self.stream,
+                    attrs: &mut attr,
+                    numAttrs: 1,
+                };
+                sys::cuLaunchKernelEx(
+                    &cfg,
+                    self.funcs.get(k),
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+                .result()
+            } else {
+                result::launch_kernel(
+                    self.funcs.get(k),
+                    (grid[0], grid[1], grid[2]),
+                    (block, 1, 1),
+                    smem,
+                    self.stream,
+                    &mut ptrs[..args.len()],
+                )
+            }
         }
         .map_err(|e| CudaError::driver(format!("cuLaunchKernel({})", k.name()), e))?;
         if self.debug_sync && !self.is_capturing() {

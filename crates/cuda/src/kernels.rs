@@ -58,6 +58,8 @@ kernels! {
     Argmax = "argmax",
     RouteTopk = "route_topk",
     MoeCombine = "moe_combine",
+    MoeGateUp = "moe_gate_up",
+    MoeDownCombine = "moe_down_combine",
     AttnPrep = "attn_prep",
     AttnCoreHd32 = "attn_core_hd32",
     AttnCoreHd64 = "attn_core_hd64",

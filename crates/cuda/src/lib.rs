@@ -23,7 +23,9 @@ pub use gguf::GgmlType;
 #[cfg(feature = "cuda")]
 pub use gpu::{DevBuf, Gpu, Graph, PinnedBuf};
 #[cfg(feature = "cuda")]
-pub use ops::{QAct, Tile, TileShape, MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K, TILE_GROUP, TILE_TOKENS};
+pub use ops::{
+    Mat, QAct, Tile, TileShape, MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K, TILE_GROUP, TILE_TOKENS,
+};
 
 /// True when this build has the CUDA executor (feature `cuda`).
 pub fn compiled() -> bool {

@@ -12,7 +12,7 @@ mod norm;
 mod quant;
 
 pub use deltanet::MAX_D_CONV;
-pub use moe::{MAX_EXPERTS, MAX_TOP_K};
+pub use moe::{Mat, MAX_EXPERTS, MAX_TOP_K};
 pub use quant::{QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 
 use crate::kernels::K;

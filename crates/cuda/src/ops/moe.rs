@@ -1,17 +1,245 @@
 //! Routing and the combination of expert outputs, bit-identical to the CPU
 //! (`model::moe::route`, `engine/src/cpu/moe.rs`).
 
+use super::quant::{check_weights, QAct, TypeInfo};
 use super::{addr, blocks, int, opt_addr};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
+use gguf::GgmlType;
 
 /// The most experts `route_topk` takes (kernels/moe.cu SC_MAX_EXPERT).
 pub const MAX_EXPERTS: usize = 1024;
 /// The largest k `route_topk` takes (kernels/moe.cu SC_MAX_K).
 pub const MAX_TOP_K: usize = 32;
 
+/// A weight matrix on the device for the fused decode MoE kernels: `n_rows` rows of
+/// `n_cols` values of type `ty` at `ptr`, `row_bytes` apart; for a stack of experts,
+/// expert e's matrix starts `expert_bytes · e` after `ptr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mat {
+    pub ty: GgmlType,
+    pub ptr: u64,
+    pub expert_bytes: u64,
+    pub row_bytes: u64,
+    pub n_rows: usize,
+    pub n_cols: usize,
+}
+
+/// Checks one matrix of a fused kernel: its shape and type (as the matvec kernels
+/// do) and the alignment its rows' loads need.
+fn check_mat(kn: &'static str, what: &str, m: &Mat) -> Result<TypeInfo, CudaError> {
+    let ti = check_weights(kn, m.ty, m.row_bytes, m.n_cols)?;
+    addr(kn, what, m.ptr, ti.align)?;
+    if !m.expert_bytes.is_multiple_of(ti.align) {
+        return Err(CudaError::bad(
+            kn,
+            format!(
+                "{what}: expert_bytes {} is not a multiple of {}",
+                m.expert_bytes, ti.align
+            ),
+        ));
+    }
+    Ok(ti)
+}
+
+/// Gate and up of one expert set: the same type, row size and shape.
+fn check_pair(kn: &'static str, gate: &Mat, up: &Mat) -> Result<TypeInfo, CudaError> {
+    if (
+        gate.ty,
+        gate.row_bytes,
+        gate.expert_bytes,
+        gate.n_rows,
+        gate.n_cols,
+    ) != (up.ty, up.row_bytes, up.expert_bytes, up.n_rows, up.n_cols)
+    {
+        return Err(CudaError::bad(
+            kn,
+            format!(
+                "gate ({}, {}×{}) and up ({}, {}×{}) differ in type or shape",
+                gate.ty, gate.n_rows, gate.n_cols, up.ty, up.n_rows, up.n_cols
+            ),
+        ));
+    }
+    check_mat(kn, "up", up)?;
+    check_mat(kn, "gate", gate)
+}
+
+/// The quantized activations a type reads: required for quantized types.
+fn q_args(kn: &'static str, need: bool, q: QAct) -> Result<[Arg; 3], CudaError> {
+    if need {
+        Ok([
+            Arg::P(addr(kn, "qs", q.qs, 16)?),
+            Arg::P(addr(kn, "d", q.d, 4)?),
+            Arg::P(addr(kn, "sums", q.sums, 4)?),
+        ])
+    } else {
+        Ok([Arg::P(0), Arg::P(0), Arg::P(0)])
+    }
+}
+
 impl Gpu {
+    /// The routed experts' and the shared expert's SwiGLU for one token, in one launch:
+    /// `act[r·n_ff + i] = silu(x·gate_{ids[r]}[i]) · (x·up_{ids[r]}[i])` for the k ranks
+    /// (`ids`: i32 [k], from [`Gpu::route_topk`]) and, with `shared` = (gate, up),
+    /// `act[k·n_ff + i]` alike for the shared expert; with `gate_inp` (f32, x's width)
+    /// also `*shared_logit = x·gate_inp`. The bits of [`Gpu::matvec`] (one token),
+    /// [`Gpu::swiglu`] and [`Gpu::dot_rows`]. `x` is the token's f32 row, `xq` its
+    /// quantized copy (needed when a type is quantized).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gate_up(
+        &self,
+        gate: &Mat,
+        up: &Mat,
+        shared: Option<(&Mat, &Mat)>,
+        gate_inp: u64,
+        ids: u64,
+        k: usize,
+        x: u64,
+        xq: QAct,
+        shared_logit: u64,
+        act: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "moe_gate_up";
+        let ti = check_pair(KN, gate, up)?;
+        let mut need_q = !ti.float;
+        let (sg, su, s_code, s_rows) = match shared {
+            Some((sg, su)) => {
+                let si = check_pair(KN, sg, su)?;
+                need_q |= !si.float;
+                if sg.n_cols != gate.n_cols {
+                    return Err(CudaError::bad(
+                        KN,
+                        format!(
+                            "the shared expert reads {} values, the routed {}",
+                            sg.n_cols, gate.n_cols
+                        ),
+                    ));
+                }
+                (sg.ptr, su.ptr, si.code, sg.n_rows)
+            }
+            None => (0, 0, 0, 0),
+        };
+        if k == 0 || k > MAX_TOP_K {
+            return Err(CudaError::bad(KN, format!("top-{k} (1..={MAX_TOP_K})")));
+        }
+        if (gate_inp != 0) != (shared_logit != 0) || (gate_inp != 0 && shared.is_none()) {
+            return Err(CudaError::bad(
+                KN,
+                "gate_inp and shared_logit come together, with a shared expert",
+            ));
+        }
+        let [q0, q1, q2] = q_args(KN, need_q, xq)?;
+        let args = [
+            Arg::P(gate.ptr),
+            Arg::P(up.ptr),
+            Arg::I32(ti.code),
+            Arg::U64(gate.expert_bytes),
+            Arg::U64(gate.row_bytes),
+            Arg::I32(int(KN, "n_ff", gate.n_rows)?),
+            Arg::P(sg),
+            Arg::P(su),
+            Arg::I32(s_code),
+            Arg::U64(shared.map_or(0, |s| s.0.row_bytes)),
+            Arg::I32(int(KN, "n_sff", s_rows)?),
+            Arg::P(addr(KN, "ids", ids, 4)?),
+            Arg::I32(k as i32),
+            Arg::I32(int(KN, "n_cols", gate.n_cols)?),
+            Arg::P(addr(KN, "x", x, 4)?),
+            q0,
+            q1,
+            q2,
+            Arg::P(opt_addr(KN, "gate_inp", gate_inp, 4)?),
+            Arg::P(opt_addr(KN, "shared_logit", shared_logit, 4)?),
+            Arg::P(addr(KN, "act", act, 4)?),
+        ];
+        // Four rows a block; the shared plane has one more warp for the gate logit.
+        let rows = gate.n_rows.max(s_rows + usize::from(gate_inp != 0));
+        let planes = k + usize::from(shared.is_some());
+        self.launch(
+            K::MoeGateUp,
+            [blocks(rows, 4)?, planes as u32, 1],
+            128,
+            0,
+            &args,
+        )
+    }
+
+    /// The down products of [`Gpu::moe_gate_up`]'s `act` and their combination, for
+    /// one token, in one launch: `out[c] = Σ_r wts[r]·(act_r·down_{ids[r]}[c])` in rank
+    /// order, then `+ sigmoid(*shared_logit)·(act_k·sdown[c])` with a shared expert
+    /// (`+ act_k·sdown[c]` when `shared_logit` is 0). The bits of [`Gpu::matvec_tiles`]
+    /// and [`Gpu::moe_combine`]. `aq` is act's quantized copy (rows concatenated, as
+    /// [`Gpu::quantize_act`] writes one row of k·n_ff + n_sff values), needed when a
+    /// type is quantized.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_down_combine(
+        &self,
+        down: &Mat,
+        sdown: Option<&Mat>,
+        ids: u64,
+        wts: u64,
+        k: usize,
+        act: u64,
+        aq: QAct,
+        shared_logit: u64,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "moe_down_combine";
+        let ti = check_mat(KN, "down", down)?;
+        let mut need_q = !ti.float;
+        let (sp, s_code, s_bytes, s_cols) = match sdown {
+            Some(s) => {
+                let si = check_mat(KN, "shared down", s)?;
+                need_q |= !si.float;
+                if s.n_rows != down.n_rows {
+                    return Err(CudaError::bad(
+                        KN,
+                        format!(
+                            "the shared expert writes {} values, the routed {}",
+                            s.n_rows, down.n_rows
+                        ),
+                    ));
+                }
+                (s.ptr, si.code, s.row_bytes, s.n_cols)
+            }
+            None => (0, 0, 0, 0),
+        };
+        let warps = k + usize::from(sdown.is_some());
+        if k == 0 || warps > 32 {
+            return Err(CudaError::bad(
+                KN,
+                format!("top-{k} (at most 31 with a shared expert, 32 without)"),
+            ));
+        }
+        if shared_logit != 0 && sdown.is_none() {
+            return Err(CudaError::bad(KN, "shared_logit without a shared expert"));
+        }
+        let [q0, q1, q2] = q_args(KN, need_q, aq)?;
+        let args = [
+            Arg::P(down.ptr),
+            Arg::I32(ti.code),
+            Arg::U64(down.expert_bytes),
+            Arg::U64(down.row_bytes),
+            Arg::I32(int(KN, "n_ff", down.n_cols)?),
+            Arg::P(sp),
+            Arg::I32(s_code),
+            Arg::U64(s_bytes),
+            Arg::I32(int(KN, "n_sff", s_cols)?),
+            Arg::P(addr(KN, "ids", ids, 4)?),
+            Arg::P(addr(KN, "wts", wts, 4)?),
+            Arg::I32(k as i32),
+            Arg::P(addr(KN, "act", act, 4)?),
+            q0,
+            q1,
+            q2,
+            Arg::P(opt_addr(KN, "shared_logit", shared_logit, 4)?),
+            Arg::P(addr(KN, "out", out, 4)?),
+        ];
+        let grid = [blocks(down.n_rows, 1)?, 1, 1];
+        self.launch(K::MoeDownCombine, grid, 32 * warps as u32, 0, &args)
+    }
+
     /// `model::moe::route` of each of `n_tok` rows of `n_expert` router logits:
     /// `weights_out` (f32 [n_tok × k]) and `ids_out` (i32 [n_tok × k]) in rank order.
     /// With non-zero `tiles_gu` / `tiles_down` (only for n_tok == 1) it also writes k

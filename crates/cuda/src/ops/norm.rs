@@ -1,13 +1,34 @@
 //! Row reductions and elementwise steps: rms_norm, dot_rows, add, swiglu (bit-identical
 //! to `model::math`), argmax (the greedy choice of `engine::sampler::argmax`).
 
-use super::{addr, blocks, int};
+use super::{addr, blocks, int, opt_addr};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
+use crate::ops::quant::QAct;
 
 /// Threads of the one-block-per-row reductions (SC_ROW_THREADS in norm.cu).
 const ROW_THREADS: u32 = 256;
+
+/// The norm kernels' arguments followed by the quantized copy's (null for none).
+fn with_q(kn: &'static str, args: &[Arg], cols: usize, q: QAct) -> Result<Vec<Arg>, CudaError> {
+    if q != QAct::NONE && (q.qs == 0 || q.d == 0 || q.sums == 0) {
+        return Err(CudaError::bad(kn, "give all of qs, d and sums, or none"));
+    }
+    if q != QAct::NONE && !cols.is_multiple_of(32) {
+        return Err(CudaError::bad(
+            kn,
+            format!("a row of {cols} values is not whole 32-value blocks to quantize"),
+        ));
+    }
+    let mut v = args.to_vec();
+    v.extend([
+        Arg::P(opt_addr(kn, "qs", q.qs, 16)?),
+        Arg::P(opt_addr(kn, "d", q.d, 4)?),
+        Arg::P(opt_addr(kn, "sums", q.sums, 4)?),
+    ]);
+    Ok(v)
+}
 
 impl Gpu {
     /// Blocks for a grid-stride elementwise kernel over n items: enough to fill the
@@ -19,7 +40,9 @@ impl Gpu {
 
     /// `out[r] = model::math::rms_norm(x[r], w, eps)` for `rows` rows of `cols` f32,
     /// bit-identical (sum of squares in the canonical 32-lane order, scale =
-    /// 1/sqrt(ss/cols + eps), `(v·scale)·w`). `out` may be `x`.
+    /// 1/sqrt(ss/cols + eps), `(v·scale)·w`). `out` may be `x`. Unless `q` is
+    /// [`QAct::NONE`], the output is also quantized into `q` in the same launch, as
+    /// [`Gpu::quantize_act`] would (cols a multiple of 32).
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm(
         &self,
@@ -29,6 +52,7 @@ impl Gpu {
         w: u64,
         eps: f32,
         out: u64,
+        q: QAct,
     ) -> Result<(), CudaError> {
         const KN: &str = "rms_norm";
         if rows == 0 || cols == 0 {
@@ -42,6 +66,7 @@ impl Gpu {
             Arg::F32(eps),
             Arg::P(addr(KN, "out", out, 4)?),
         ];
+        let args = with_q(KN, &args, cols, q)?;
         let grid = [blocks(rows, 1)?, 1, 1];
         self.launch(K::RmsNorm, grid, ROW_THREADS, 0, &args)
     }
@@ -49,7 +74,7 @@ impl Gpu {
     /// The residual step and the next norm in one launch: `x += y`, then
     /// `out = rms_norm(x)·w` per row, bit-identical to [`Gpu::add`] followed by
     /// [`Gpu::rms_norm`]. `out` must not be `y`; it may be `x` only if the sum is not
-    /// needed afterwards.
+    /// needed afterwards. `q` as for [`Gpu::rms_norm`].
     #[allow(clippy::too_many_arguments)]
     pub fn add_rms_norm(
         &self,
@@ -60,6 +85,7 @@ impl Gpu {
         w: u64,
         eps: f32,
         out: u64,
+        q: QAct,
     ) -> Result<(), CudaError> {
         const KN: &str = "add_rms_norm";
         if rows == 0 || cols == 0 {
@@ -77,6 +103,7 @@ impl Gpu {
             Arg::F32(eps),
             Arg::P(addr(KN, "out", out, 4)?),
         ];
+        let args = with_q(KN, &args, cols, q)?;
         let grid = [blocks(rows, 1)?, 1, 1];
         self.launch(K::AddRmsNorm, grid, ROW_THREADS, 0, &args)
     }

@@ -55,17 +55,17 @@ unsafe impl ValidAsZeroBits for Tile {}
 
 /// What the kernels know of a weight type: its kernel, the type code of
 /// kernels/sc_formats.cuh, values per block and the alignment its loads need.
-struct TypeInfo {
+pub(crate) struct TypeInfo {
     k: K,
     /// The same kernel for one token per tile (decode).
     k1: K,
     /// The tensor-core GEMM for many tokens (kernels/mmq.cu), same bits; quantized
     /// types only.
     mmq: Option<K>,
-    code: i32,
+    pub(crate) code: i32,
     block: usize,
-    align: u64,
-    float: bool,
+    pub(crate) align: u64,
+    pub(crate) float: bool,
 }
 
 fn type_info(ty: GgmlType) -> Option<TypeInfo> {
@@ -131,7 +131,7 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
 
 /// Checks a weight matrix's shape: a supported type, whole blocks and 32-value
 /// sub-blocks per row, and `row_bytes` matching the type.
-fn check_weights(
+pub(crate) fn check_weights(
     kernel: &'static str,
     ty: GgmlType,
     row_bytes: u64,

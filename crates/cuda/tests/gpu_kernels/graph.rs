@@ -31,7 +31,7 @@ fn captured_graph_replays_with_new_inputs() {
     g.quantize_act(x.ptr(), 1, n_cols, q).unwrap();
     g.matvec(ty, dw.ptr(), rb, n_rows, n_cols, x.ptr(), q, 1, y.ptr())
         .unwrap();
-    g.rms_norm(y.ptr(), 1, n_rows, dnw.ptr(), 1e-6, y.ptr())
+    g.rms_norm(y.ptr(), 1, n_rows, dnw.ptr(), 1e-6, y.ptr(), QAct::NONE)
         .unwrap();
     g.argmax(y.ptr(), n_rows, best.ptr()).unwrap();
     let graph = g.end_capture().unwrap();

@@ -544,3 +544,200 @@ fn matvec_refuses_bad_shapes_by_name() {
         .to_string();
     assert!(e.contains("no CUDA kernel"), "{e}");
 }
+
+/// One token's MoE block through the fused decode kernels (moe_gate_up, then
+/// quantize_act over the activations, then moe_down_combine) against the CPU:
+/// each expert's matvecs, SwiGLU, the shared gate's dot and the rank-order
+/// combination, bit for bit, for every weight type as gate/up and as down of the
+/// routed and of the shared expert.
+#[test]
+fn fused_decode_moe_matches_the_cpu() {
+    let Some(g) = gpu("moe_gate_up, moe_down_combine") else {
+        return;
+    };
+    let mut rng = Rng::new(31);
+    let n = TYPES.len();
+    // (routed gate/up, routed down, shared gate/up, shared down, shared, logit,
+    //  n_embd, n_ff, n_sff, experts, k)
+    let mut cases = vec![
+        (
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            true,
+            true,
+            2048,
+            512,
+            512,
+            16,
+            8,
+        ),
+        (
+            GgmlType::Q4_K,
+            GgmlType::Q4_K,
+            GgmlType::Q4_K,
+            GgmlType::Q4_K,
+            false,
+            false,
+            1024,
+            256,
+            0,
+            12,
+            10,
+        ),
+    ];
+    for i in 0..n {
+        let shared = i % 3 != 2;
+        cases.push((
+            TYPES[i],
+            TYPES[(i + 3) % n],
+            TYPES[(i + 5) % n],
+            TYPES[(i + 7) % n],
+            shared,
+            shared && i % 3 == 0,
+            512,
+            256,
+            if shared { 512 } else { 0 },
+            6,
+            3,
+        ));
+    }
+    for (tgu, td, stgu, std_, shared, logit, e, fe, sh, n_exp, k) in cases {
+        let what = format!(
+            "gate/up {tgu}, down {td}, shared {}, {e}×{fe}, top-{k} of {n_exp}",
+            if shared {
+                format!("{stgu}/{std_} ({sh}) logit={logit}")
+            } else {
+                "none".into()
+            }
+        );
+        let gate = weights(tgu, n_exp * fe, e, false, &mut rng);
+        let upw = weights(tgu, n_exp * fe, e, false, &mut rng);
+        let dn = weights(td, n_exp * e, fe, false, &mut rng);
+        let (sg, su, sd) = if shared {
+            (
+                weights(stgu, sh, e, false, &mut rng),
+                weights(stgu, sh, e, false, &mut rng),
+                weights(std_, e, sh, false, &mut rng),
+            )
+        } else {
+            (Vec::new(), Vec::new(), Vec::new())
+        };
+        let x = activations(1, e, &mut rng);
+        let gate_inp = rng.vec(e, 0.2);
+        let mut ids: Vec<i32> = Vec::new();
+        while ids.len() < k {
+            let c = rng.below(n_exp) as i32;
+            if !ids.contains(&c) {
+                ids.push(c);
+            }
+        }
+        let wts: Vec<f32> = (0..k).map(|_| 0.5 * (rng.f() + 1.0)).collect();
+
+        // The CPU.
+        let (gu_rb, d_rb) = (gate.len() / (n_exp * fe), dn.len() / (n_exp * e));
+        let mut act = Vec::new();
+        for &id in &ids {
+            let ex = id as usize * fe * gu_rb..(id as usize + 1) * fe * gu_rb;
+            let gv = cpu_matmul(tgu, &gate[ex.clone()], fe, e, &x, 1);
+            let uv = cpu_matmul(tgu, &upw[ex], fe, e, &x, 1);
+            act.extend(gv.iter().zip(&uv).map(|(&a, &b)| model::math::silu(a) * b));
+        }
+        if shared {
+            let gv = cpu_matmul(stgu, &sg, sh, e, &x, 1);
+            let uv = cpu_matmul(stgu, &su, sh, e, &x, 1);
+            act.extend(gv.iter().zip(&uv).map(|(&a, &b)| model::math::silu(a) * b));
+        }
+        let lg = model::math::dot(&x, &gate_inp);
+        let mut want = vec![0f32; e];
+        for (r, &id) in ids.iter().enumerate() {
+            let ex = id as usize * e * d_rb..(id as usize + 1) * e * d_rb;
+            let d = cpu_matmul(td, &dn[ex], e, fe, &act[r * fe..(r + 1) * fe], 1);
+            for (o, v) in want.iter_mut().zip(&d) {
+                *o += wts[r] * v;
+            }
+        }
+        if shared {
+            let d = cpu_matmul(std_, &sd, e, sh, &act[k * fe..], 1);
+            let gt = model::math::sigmoid(lg);
+            for (o, v) in want.iter_mut().zip(&d) {
+                *o = if logit { *o + gt * v } else { *o + v };
+            }
+        }
+
+        // The GPU.
+        let mat = |ty: GgmlType, b: &cuda::DevBuf<u8>, rows: usize, cols: usize| {
+            let rb = quant::row_bytes(ty, cols).unwrap() as u64;
+            cuda::Mat {
+                ty,
+                ptr: b.ptr(),
+                expert_bytes: rb * rows as u64,
+                row_bytes: rb,
+                n_rows: rows,
+                n_cols: cols,
+            }
+        };
+        let (dgate, dup, ddn) = (up(&g, &gate), up(&g, &upw), up(&g, &dn));
+        let (dsg, dsu, dsd) = (up(&g, &sg), up(&g, &su), up(&g, &sd));
+        let (dx, dgi, dids, dwts) = (up(&g, &x), up(&g, &gate_inp), up(&g, &ids), up(&g, &wts));
+        let dq = DevQAct::upload(&g, &[quant::quantize_act(&x)]);
+        let n_act = k * fe + sh;
+        let dact = poisoned(&g, n_act);
+        let dlg = poisoned(&g, 1);
+        let (mg, mu, md) = (
+            mat(tgu, &dgate, fe, e),
+            mat(tgu, &dup, fe, e),
+            mat(td, &ddn, e, fe),
+        );
+        let (msg, msu, msd) = (
+            mat(stgu, &dsg, sh, e),
+            mat(stgu, &dsu, sh, e),
+            mat(std_, &dsd, e, sh),
+        );
+        g.moe_gate_up(
+            &mg,
+            &mu,
+            shared.then_some((&msg, &msu)),
+            if logit { dgi.ptr() } else { 0 },
+            dids.ptr(),
+            k,
+            dx.ptr(),
+            dq.q(),
+            if logit { dlg.ptr() } else { 0 },
+            dact.ptr(),
+        )
+        .unwrap();
+        assert_bits(&down(&g, &dact), &act, &format!("activations: {what}"));
+        if logit {
+            assert_bits(
+                &down(&g, &dlg),
+                &[lg],
+                &format!("shared gate logit: {what}"),
+            );
+        }
+        let qs = filled::<i8>(&g, n_act, 0x80);
+        let qd = poisoned(&g, n_act / 32);
+        let qsum = filled::<i32>(&g, n_act / 32, 0x80);
+        let aq = QAct {
+            qs: qs.ptr(),
+            d: qd.ptr(),
+            sums: qsum.ptr(),
+        };
+        g.quantize_act(dact.ptr(), 1, n_act, aq).unwrap();
+        let out = poisoned(&g, e);
+        g.moe_down_combine(
+            &md,
+            shared.then_some(&msd),
+            dids.ptr(),
+            dwts.ptr(),
+            k,
+            dact.ptr(),
+            aq,
+            if logit { dlg.ptr() } else { 0 },
+            out.ptr(),
+        )
+        .unwrap();
+        assert_bits(&down(&g, &out), &want, &format!("output: {what}"));
+    }
+}

@@ -2,7 +2,7 @@
 //! CPU (model::math, model::moe, the engine's MoE combination), bit for bit.
 
 use crate::{assert_bits, down, filled, gpu, poisoned, up, Rng};
-use cuda::Tile;
+use cuda::{QAct, Tile};
 
 #[test]
 fn rms_norm_matches_model_math() {
@@ -17,11 +17,11 @@ fn rms_norm_matches_model_math() {
         }
         let (dx, dw) = (up(&g, &x), up(&g, &w));
         let out = poisoned(&g, rows * cols);
-        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr())
+        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr(), QAct::NONE)
             .unwrap();
         assert_bits(&down(&g, &out), &want, &format!("rms_norm {rows}×{cols}"));
         // In place.
-        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, dx.ptr())
+        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, dx.ptr(), QAct::NONE)
             .unwrap();
         assert_bits(
             &down(&g, &dx),
@@ -45,8 +45,17 @@ fn add_rms_norm_equals_add_then_rms_norm() {
         }
         let (dx, dy, dw) = (up(&g, &x), up(&g, &y), up(&g, &w));
         let out = poisoned(&g, rows * cols);
-        g.add_rms_norm(dx.ptr(), dy.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr())
-            .unwrap();
+        g.add_rms_norm(
+            dx.ptr(),
+            dy.ptr(),
+            rows,
+            cols,
+            dw.ptr(),
+            1e-6,
+            out.ptr(),
+            QAct::NONE,
+        )
+        .unwrap();
         assert_bits(
             &down(&g, &dx),
             &sum,
@@ -58,6 +67,90 @@ fn add_rms_norm_equals_add_then_rms_norm() {
             &format!("add_rms_norm {rows}×{cols}"),
         );
     }
+}
+
+/// A norm that also writes its output's quantized copy gives quantize_act's blocks
+/// of the CPU's norm output, and the same output as without it.
+#[test]
+fn norms_quantize_their_output_like_quantize_act() {
+    let Some(g) = gpu("rms_norm with quantized copy") else {
+        return;
+    };
+    let mut rng = Rng::new(17);
+    for (rows, cols, add) in [
+        (1, 2048, false),
+        (1, 2048, true),
+        (5, 4096 + 32, true),
+        (3, 96, false),
+    ] {
+        let (x, y) = (rng.vec(rows * cols, 3.0), rng.vec(rows * cols, 3.0));
+        let w = rng.vec(cols, 2.0);
+        let mut want = if add {
+            x.iter().zip(&y).map(|(a, b)| a + b).collect()
+        } else {
+            x.clone()
+        };
+        for r in want.chunks_exact_mut(cols) {
+            model::math::rms_norm(r, &w, 1e-6);
+        }
+        let (dx, dy, dw) = (up(&g, &x), up(&g, &y), up(&g, &w));
+        let out = poisoned(&g, rows * cols);
+        let qs = filled::<i8>(&g, rows * cols, 0x80);
+        let d = poisoned(&g, rows * cols / 32);
+        let sums = filled::<i32>(&g, rows * cols / 32, 0x80);
+        let q = QAct {
+            qs: qs.ptr(),
+            d: d.ptr(),
+            sums: sums.ptr(),
+        };
+        if add {
+            g.add_rms_norm(dx.ptr(), dy.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr(), q)
+                .unwrap();
+        } else {
+            g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr(), q)
+                .unwrap();
+        }
+        let what = format!("norm add={add} {rows}×{cols}");
+        assert_bits(&down(&g, &out), &want, &what);
+        let (gq, gd, gs) = (down(&g, &qs), down(&g, &d), down(&g, &sums));
+        let nb = cols / 32;
+        for r in 0..rows {
+            let wq = quant::quantize_act(&want[r * cols..(r + 1) * cols]);
+            assert_eq!(
+                &gq[r * cols..(r + 1) * cols],
+                &wq.qs[..],
+                "qs of row {r}: {what}"
+            );
+            assert_bits(
+                &gd[r * nb..(r + 1) * nb],
+                &wq.d,
+                &format!("d of row {r}: {what}"),
+            );
+            assert_eq!(
+                &gs[r * nb..(r + 1) * nb],
+                &wq.sums[..],
+                "sums of row {r}: {what}"
+            );
+        }
+    }
+    // A row that is not whole blocks cannot be quantized: refused by name.
+    let b = poisoned(&g, 100);
+    let e = g
+        .rms_norm(
+            b.ptr(),
+            1,
+            100,
+            b.ptr(),
+            1e-6,
+            b.ptr(),
+            QAct {
+                qs: b.ptr(),
+                d: b.ptr(),
+                sums: b.ptr(),
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("rms_norm"), "{e}");
 }
 
 #[test]

@@ -71,6 +71,12 @@ pub struct CudaBackend {
     pub(crate) tiered: Option<Tiered>,
     /// A tiered decode step being recorded or replayed as segments.
     pub(crate) seg: RefCell<Option<SegRun>>,
+    /// The last norm's output (address, rows) and the quantized copy the norm
+    /// kernel wrote beside it, which `prepare` hands out instead of quantizing again.
+    normed_q: Cell<Option<(u64, usize, QAct)>>,
+    /// The quantized copy of `h_fixed`, in the persistent part (a norm into
+    /// `h_fixed` still reads the released per-layer part, so its copy cannot go there).
+    h_fixed_q: Cell<QAct>,
 }
 
 /// A tiered decode step cut into graph segments where the host takes part (each
@@ -128,8 +134,8 @@ pub(crate) fn scratch_bytes(
         + 3 * t * e * f;
     let norm = t * e * f;
     let layer = norm + attn.max(dn) + norm + moe;
-    // x and the fixed norm output, the logits.
-    let persist = 2 * t * e * f + logit_rows * cfg.n_vocab * f;
+    // x, the fixed norm output and its quantized copy, the logits.
+    let persist = 2 * t * e * f + q(t, e) + logit_rows * cfg.n_vocab * f;
     // Alignment slack: about 60 allocations per layer.
     layer + persist + 64 * ALIGN * 2
 }
@@ -184,6 +190,8 @@ impl CudaBackend {
             max_tokens,
             tiered,
             seg: RefCell::new(None),
+            normed_q: Cell::new(None),
+            h_fixed_q: Cell::new(QAct::NONE),
         })
     }
 
@@ -330,12 +338,15 @@ impl CudaBackend {
         Ok(q)
     }
 
-    /// The quantized copy of `x` when any of `ws` needs one.
+    /// The quantized copy of `x` when any of `ws` needs one: the one its norm wrote,
+    /// or a new one.
     fn prepare(&self, ws: &[&DevWeight], x: &DBuf) -> Result<QAct, ExecError> {
         if ws.iter().all(|w| is_float(w.ty)) {
-            Ok(QAct::default())
-        } else {
-            self.quantize(x)
+            return Ok(QAct::default());
+        }
+        match self.normed_q.get() {
+            Some((ptr, rows, q)) if ptr == x.ptr && rows == x.rows => Ok(q),
+            _ => self.quantize(x),
         }
     }
 
@@ -514,6 +525,73 @@ impl CudaBackend {
         self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, grouped, rows)
     }
 
+    /// One token's MoE block when every expert is in VRAM, in five launches: router,
+    /// top-k, every expert's gate/up/SwiGLU (shared one and its gate logit included),
+    /// the quantization of their activations, and the down products combined. The
+    /// bits of the unfused path ([`Self::routed_resident`], `shared_expert`,
+    /// `moe_combine`), which prompts take.
+    fn moe_fused(
+        &self,
+        m: &MoeDev,
+        x: &DBuf,
+        xq: QAct,
+        logits: &DBuf,
+        wts: &DBuf,
+        ids: u64,
+    ) -> Result<DBuf, ExecError> {
+        let cfg = &self.cfg;
+        let k = cfg.n_expert_used;
+        self.gpu
+            .route_topk(logits.ptr, 1, cfg.n_expert, k, wts.ptr, ids, 0, 0)
+            .map_err(cuda_err("route_topk"))?;
+        let (fe, sh) = (
+            m.gate_exps.n_rows,
+            m.shared.as_ref().map_or(0, |s| s.gate.n_rows),
+        );
+        let act = self.alloc(1, k * fe + sh, "expert products")?;
+        let logit = match &m.shared {
+            Some(_) => self.alloc(1, 1, "shared gate")?.ptr,
+            None => 0,
+        };
+        let (sg, su) = match &m.shared {
+            Some(s) => (Some(s.gate.mat()), Some(s.up.mat())),
+            None => (None, None),
+        };
+        self.gpu
+            .moe_gate_up(
+                &m.gate_exps.mat(),
+                &m.up_exps.mat(),
+                sg.as_ref().zip(su.as_ref()),
+                m.shared.as_ref().map_or(0, |s| s.gate_inp.ptr()),
+                ids,
+                k,
+                x.ptr,
+                xq,
+                logit,
+                act.ptr,
+            )
+            .map_err(cuda_err("moe_gate_up"))?;
+        let sdown = m.shared.as_ref().map(|s| s.down.mat());
+        let mut downs = vec![&m.down_exps];
+        downs.extend(m.shared.as_ref().map(|s| &s.down));
+        let aq = self.prepare(&downs, &act)?;
+        let out = self.alloc(1, cfg.n_embd, "moe")?;
+        self.gpu
+            .moe_down_combine(
+                &m.down_exps.mat(),
+                sdown.as_ref(),
+                ids,
+                wts.ptr,
+                k,
+                act.ptr,
+                aq,
+                logit,
+                out.ptr,
+            )
+            .map_err(cuda_err("moe_down_combine"))?;
+        Ok(out)
+    }
+
     /// The routed experts of a tiered layer: the host reads the step's routing, the
     /// expert store assigns slots (fetching misses) and, in a decode step, leaves some
     /// misses held in RAM to the CPU (the cost model's split); the same kernels run
@@ -629,30 +707,44 @@ impl CudaBackend {
         Ok((down, shared))
     }
 
-    /// The weight of norm `which` and where its output goes. A mixer's input and
-    /// the LM head's go to the fixed buffer, and the previous layer's scratch is
-    /// released (the kernel reading it is ordered before any later reuse on the
-    /// stream); the MoE block's input is an ordinary allocation.
-    fn norm_target(&self, x: &DBuf, which: Norm) -> Result<(u64, DBuf), ExecError> {
+    /// The weight of norm `which`, where its output goes and where its quantized copy
+    /// goes (remembered for `prepare`; none when rows are not whole 32-value blocks).
+    /// A mixer's input and the LM head's go to the fixed buffer and its fixed
+    /// quantized copy, and the previous layer's scratch is released (the kernel
+    /// reading it is ordered before any later reuse on the stream); the MoE block's
+    /// input is an ordinary allocation.
+    fn norm_target(&self, x: &DBuf, which: Norm) -> Result<(u64, DBuf, QAct), ExecError> {
         let fixed = DBuf {
             ptr: self.h_fixed.get(),
             rows: x.rows,
             cols: x.cols,
         };
-        Ok(match which {
+        let (w, out, q) = match which {
             Norm::Attn(i) => {
                 self.top.set(self.persist.get());
-                (self.w.layers[i].attn_norm.ptr(), fixed)
+                (
+                    self.w.layers[i].attn_norm.ptr(),
+                    fixed,
+                    self.h_fixed_q.get(),
+                )
             }
             Norm::Output => {
                 self.top.set(self.persist.get());
-                (self.w.output_norm.ptr(), fixed)
+                (self.w.output_norm.ptr(), fixed, self.h_fixed_q.get())
             }
-            Norm::Ffn(i) => (
-                self.w.layers[i].ffn_norm.ptr(),
-                self.alloc(x.rows, x.cols, "rms_norm")?,
-            ),
-        })
+            Norm::Ffn(i) => {
+                let out = self.alloc(x.rows, x.cols, "rms_norm")?;
+                let q = if x.cols.is_multiple_of(32) {
+                    self.alloc_qact(x.rows, x.cols)?
+                } else {
+                    QAct::NONE
+                };
+                (self.w.layers[i].ffn_norm.ptr(), out, q)
+            }
+        };
+        self.normed_q
+            .set((q != QAct::NONE).then_some((out.ptr, out.rows, q)));
+        Ok((w, out, q))
     }
 
     fn check_pos(&self, pos0: usize, op: &str) -> Result<(), ExecError> {
@@ -717,6 +809,25 @@ impl CudaBackend {
     }
 }
 
+/// Whether one token's MoE block of `m` can take the fused kernels: gate and up of
+/// one type and shape (routed and shared alike), the shared expert reading and
+/// writing the routed width, and a warp per rank in one block.
+fn fused_moe(m: &MoeDev, k: usize) -> bool {
+    let pair = |g: &DevWeight, u: &DevWeight| {
+        (g.ty, g.row_bytes, g.matrix_bytes, g.n_rows, g.n_cols)
+            == (u.ty, u.row_bytes, u.matrix_bytes, u.n_rows, u.n_cols)
+    };
+    let shared_ok = m.shared.as_ref().is_none_or(|s| {
+        pair(&s.gate, &s.up)
+            && s.gate.n_cols == m.gate_exps.n_cols
+            && s.down.n_rows == m.down_exps.n_rows
+    });
+    pair(&m.gate_exps, &m.up_exps)
+        && shared_ok
+        && k + usize::from(m.shared.is_some()) <= 32
+        && k <= cuda::MAX_TOP_K
+}
+
 impl Backend for CudaBackend {
     type Buf = DBuf;
     type State = CudaState;
@@ -743,10 +854,16 @@ impl Backend for CudaBackend {
         }
         self.top.set(0);
         self.persist.set(0);
+        self.normed_q.set(None);
         let t = &self.w.token_embd;
         let x = self.alloc(tokens.len(), t.n_cols, "embed")?;
         let h = self.alloc(tokens.len(), t.n_cols, "embed")?;
         self.h_fixed.set(h.ptr);
+        self.h_fixed_q.set(if t.n_cols.is_multiple_of(32) {
+            self.alloc_qact(tokens.len(), t.n_cols)?
+        } else {
+            QAct::NONE
+        });
         self.gpu
             .embed(
                 t.ty,
@@ -763,9 +880,9 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &DBuf, which: Norm) -> Result<DBuf, ExecError> {
-        let (w, out) = self.norm_target(x, which)?;
+        let (w, out, q) = self.norm_target(x, which)?;
         self.gpu
-            .rms_norm(x.ptr, x.rows, x.cols, w, self.cfg.eps, out.ptr)
+            .rms_norm(x.ptr, x.rows, x.cols, w, self.cfg.eps, out.ptr, q)
             .map_err(cuda_err("rms_norm"))?;
         Ok(out)
     }
@@ -777,9 +894,9 @@ impl Backend for CudaBackend {
     }
 
     fn add_rms_norm(&self, x: &mut DBuf, y: &DBuf, which: Norm) -> Result<DBuf, ExecError> {
-        let (w, out) = self.norm_target(x, which)?;
+        let (w, out, q) = self.norm_target(x, which)?;
         self.gpu
-            .add_rms_norm(x.ptr, y.ptr, x.rows, x.cols, w, self.cfg.eps, out.ptr)
+            .add_rms_norm(x.ptr, y.ptr, x.rows, x.cols, w, self.cfg.eps, out.ptr, q)
             .map_err(cuda_err("add_rms_norm"))?;
         Ok(out)
     }
@@ -964,6 +1081,9 @@ impl Backend for CudaBackend {
         let logits = self.mm_q(&m.router, x, xq)?;
         let wts = self.alloc(t_n, k, "route")?;
         let ids = self.alloc_bytes(t_n * k * 4, "route")?;
+        if t_n == 1 && self.tiered.is_none() && fused_moe(m, k) {
+            return self.moe_fused(m, x, xq, &logits, &wts, ids);
+        }
         let (down, (shared, logit)) = match &self.tiered {
             Some(t) => self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids)?,
             None => {

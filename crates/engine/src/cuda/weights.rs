@@ -35,6 +35,18 @@ impl DevWeight {
             matrix_bytes: (n_rows * row_bytes) as u64,
         }
     }
+
+    /// The matrix as the fused kernels take it.
+    pub fn mat(&self) -> cuda::Mat {
+        cuda::Mat {
+            ty: self.ty,
+            ptr: self.buf.ptr(),
+            expert_bytes: self.matrix_bytes,
+            row_bytes: self.row_bytes,
+            n_rows: self.n_rows,
+            n_cols: self.n_cols,
+        }
+    }
 }
 
 pub(crate) struct AttnDev {
