@@ -193,3 +193,105 @@ extern "C" __global__ void __launch_bounds__(128) dn_gated_norm(float* o, const 
     x[i] = sc_mul(sc_mul(sc_mul(x[i], scale), norm_w[i]), sc_silu(zr[i]));
   }
 }
+
+// ------------------------------------------------------------------------ dn_step
+// One token of value head h (= blockIdx.x) in one launch, DK threads (thread j =
+// state column j): the L2 norm of q and k of its key head (dn_qk_norm's order and
+// scale), the recurrence (dn_recurrence_body's operations for t = 0), the gated norm
+// (dn_gated_norm's) and, with `qs`, the quantized copy of the output (each warp
+// holds one 32-value block of it; sc_quant_block). conv_out is the conv output
+// [q | k | v] before the q/k norm, which this kernel only reads (a key head shared by
+// several value heads is normalised by each of their blocks, with the same bits).
+template <int DK>
+__device__ __forceinline__ void dn_step_body(const float* __restrict__ row, const float* __restrict__ beta_src,
+                                             const int* __restrict__ beta_idx, const float* __restrict__ alpha_src,
+                                             const int* __restrict__ alpha_idx, const float* __restrict__ a,
+                                             const float* __restrict__ dt_bias, const int* __restrict__ k_head_of,
+                                             float* __restrict__ state, int n_k_heads, float scale,
+                                             const float* __restrict__ z, const float* __restrict__ norm_w, float eps,
+                                             float* __restrict__ out, int8_t* __restrict__ qs,
+                                             float* __restrict__ qd, int* __restrict__ qsum) {
+  __shared__ float sq[DK], sk[DK], so[DK];
+  __shared__ float s_q, s_k, s_o;
+  const int j = threadIdx.x, lane = j & 31, w = j >> 5;
+  const int h = blockIdx.x;
+  const int kd = n_k_heads * DK;
+  const int kh = k_head_of[h];
+  sq[j] = row[kh * DK + j];
+  sk[j] = row[kd + kh * DK + j];
+  __syncthreads();
+  if (w == 0) {
+    float aq = 0.0f, ak = 0.0f;
+    for (int i = lane; i < DK; i += 32) {
+      aq = sc_add(aq, sc_mul(sq[i], sq[i]));
+      ak = sc_add(ak, sc_mul(sk[i], sk[i]));
+    }
+    aq = sc_warp_sum(aq);
+    ak = sc_warp_sum(ak);
+    if (lane == 0) {
+      s_q = sc_l2_scale(aq, 1e-6f);
+      s_k = sc_l2_scale(ak, 1e-6f);
+    }
+  }
+  __syncthreads();
+  const float qn = sc_mul(sc_mul(sq[j], s_q), scale);
+  const float kn = sc_mul(sk[j], s_k);
+  __syncthreads();
+  sq[j] = qn;
+  sk[j] = kn;
+  __syncthreads();
+  float* sh = state + (size_t)h * DK * DK;
+  float S[DK];
+#pragma unroll
+  for (int i = 0; i < DK; i++) S[i] = sh[(size_t)i * DK + j];
+  const float v = row[2 * kd + h * DK + j];
+  const float g = sc_mul(a[h], sc_softplus(sc_add(alpha_src[alpha_idx[h]], dt_bias[h])));
+  const float beta = sc_sigmoid(beta_src[beta_idx[h]]);
+  const float decay = sc_exp(g);
+  float kv = 0.0f;
+#pragma unroll
+  for (int i = 0; i < DK; i++) {
+    S[i] = sc_mul(S[i], decay);
+    kv = sc_add(kv, sc_mul(S[i], sk[i]));
+  }
+  const float delta = sc_mul(beta, sc_sub(v, kv));
+  float o = 0.0f;
+  const volatile float* skv = sk;
+#pragma unroll
+  for (int i = 0; i < DK; i++) {
+    S[i] = sc_add(S[i], sc_mul(skv[i], delta));
+    o = sc_add(o, sc_mul(S[i], sq[i]));
+  }
+#pragma unroll
+  for (int i = 0; i < DK; i++) sh[(size_t)i * DK + j] = S[i];
+  so[j] = o;
+  __syncthreads();
+  if (w == 0) {
+    float acc = 0.0f;
+    for (int i = lane; i < DK; i += 32) acc = sc_add(acc, sc_mul(so[i], so[i]));
+    acc = sc_warp_sum(acc);
+    if (lane == 0) s_o = sc_rms_scale(acc, (float)DK, eps);
+  }
+  __syncthreads();
+  const size_t at = (size_t)h * DK + j;
+  const float y = sc_mul(sc_mul(sc_mul(o, s_o), norm_w[j]), sc_silu(z[at]));
+  out[at] = y;
+  if (qs) sc_quant_block(y, lane, qs + (size_t)h * DK + 32 * w, qd + at / 32, qsum + at / 32);
+}
+
+#define SC_DN_STEP(DK)                                                                               \
+  extern "C" __global__ void __launch_bounds__(DK) dn_step_dk##DK(                                   \
+      const float* __restrict__ conv_out, const float* __restrict__ beta_src,                       \
+      const int* __restrict__ beta_idx, const float* __restrict__ alpha_src,                        \
+      const int* __restrict__ alpha_idx, const float* __restrict__ a, const float* __restrict__ dt_bias, \
+      const int* __restrict__ k_head_of, float* __restrict__ state, int n_k_heads, float scale,     \
+      const float* __restrict__ z, const float* __restrict__ norm_w, float eps, float* __restrict__ out, \
+      int8_t* __restrict__ qs, float* __restrict__ qd, int* __restrict__ qsum) {                    \
+    sc_pdl_enter();                                                                                  \
+    dn_step_body<DK>(conv_out, beta_src, beta_idx, alpha_src, alpha_idx, a, dt_bias, k_head_of, state, \
+                     n_k_heads, scale, z, norm_w, eps, out, qs, qd, qsum);                           \
+  }
+
+SC_DN_STEP(32)
+SC_DN_STEP(64)
+SC_DN_STEP(128)

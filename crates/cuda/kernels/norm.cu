@@ -13,8 +13,9 @@
 // 32-lane sum out of shared memory (lane l: elements l, l+32, ... in increasing order,
 // then the tree sc_warp_sum). The sums are the CPU's bit for bit; the staging only
 // keeps the loads in flight together instead of one memory round trip per element.
-#define SC_ROW_THREADS 256
+#define SC_ROW_THREADS 1024
 #define SC_ROW_CHUNK 4096  // a multiple of SC_ROW_THREADS (so of 32)
+#define SC_ROW_PER (SC_ROW_CHUNK / SC_ROW_THREADS)
 
 // Canonical sum of the SC_ROW_CHUNK-sized chunk of terms in `st` (n of them) into
 // warp 0's lane accumulator.
@@ -28,8 +29,10 @@ __device__ __forceinline__ void sc_row_accumulate(const float* st, int n, float&
 // out[r] = rms_norm(x[r]) · w (model::math::rms_norm): ss = Σ x_i² (canonical order,
 // squares rounded then added), scale = 1/sqrt(ss/n + eps), out_i = (x_i · scale) · w_i.
 // With ADD, x += y first (the residual step fused with the next norm: the same
-// operations as `add` followed by `rms_norm`; each thread reads back only the sums it
-// wrote itself, the index mapping being the same in both passes). `out` may be `x`.
+// operations as `add` followed by `rms_norm`). `out` may be `x`. Each thread loads
+// all its values of a chunk before it computes or stores any, and keeps them for the
+// last pass when the row is one chunk: a few memory round trips a row, not one per
+// element.
 // With non-null `qs`, the output rows are also quantized into the canonical int8
 // blocks (qs, qd, qsum as quantize_act writes them; cols a multiple of 32): each warp
 // holds a whole 32-value block of every pass, since SC_ROW_THREADS is a multiple of 32.
@@ -43,15 +46,27 @@ __device__ __forceinline__ void sc_row_norm(float* x, const float* y, int rows, 
   if (r >= rows) return;
   float* xr = x + (size_t)r * cols;
   float acc = 0.0f;
+  float keep[SC_ROW_PER];
   for (int c0 = 0; c0 < cols; c0 += SC_ROW_CHUNK) {
     const int n = min(SC_ROW_CHUNK, cols - c0);
-    for (int i = threadIdx.x; i < n; i += SC_ROW_THREADS) {
-      float v = xr[c0 + i];
-      if (ADD) {
-        v = sc_add(v, y[(size_t)r * cols + c0 + i]);
-        xr[c0 + i] = v;
+    float v[SC_ROW_PER], u[SC_ROW_PER];
+#pragma unroll
+    for (int k = 0; k < SC_ROW_PER; k++) {
+      const int i = threadIdx.x + k * SC_ROW_THREADS;
+      v[k] = i < n ? xr[c0 + i] : 0.0f;
+      u[k] = ADD && i < n ? y[(size_t)r * cols + c0 + i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < SC_ROW_PER; k++) {
+      const int i = threadIdx.x + k * SC_ROW_THREADS;
+      if (i < n) {
+        if (ADD) {
+          v[k] = sc_add(v[k], u[k]);
+          xr[c0 + i] = v[k];
+        }
+        st[i] = sc_mul(v[k], v[k]);
       }
-      st[i] = sc_mul(v, v);
+      keep[k] = v[k];
     }
     __syncthreads();
     sc_row_accumulate(st, n, acc);
@@ -64,13 +79,27 @@ __device__ __forceinline__ void sc_row_norm(float* x, const float* y, int rows, 
   __syncthreads();
   const float scale = s_scale;
   float* orow = out + (size_t)r * cols;
-  for (int i = threadIdx.x; i < cols; i += SC_ROW_THREADS) {
-    const float v = sc_mul(sc_mul(xr[i], scale), __ldg(w + i));
+  auto emit = [&](int i, float v) {
     orow[i] = v;
     if (qs) {
       const size_t blk = ((size_t)r * cols + i) >> 5;
       sc_quant_block(v, threadIdx.x & 31, qs + blk * 32, qd + blk, qsum + blk);
     }
+  };
+  if (cols <= SC_ROW_CHUNK) {
+    float wv[SC_ROW_PER];
+#pragma unroll
+    for (int k = 0; k < SC_ROW_PER; k++) {
+      const int i = threadIdx.x + k * SC_ROW_THREADS;
+      wv[k] = i < cols ? __ldg(w + i) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < SC_ROW_PER; k++) {
+      const int i = threadIdx.x + k * SC_ROW_THREADS;
+      if (i < cols) emit(i, sc_mul(sc_mul(keep[k], scale), wv[k]));
+    }
+  } else {
+    for (int i = threadIdx.x; i < cols; i += SC_ROW_THREADS) emit(i, sc_mul(sc_mul(xr[i], scale), __ldg(w + i)));
   }
 }
 

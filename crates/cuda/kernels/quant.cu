@@ -3,6 +3,7 @@
 // quant::matvec / quant::dot, quant::dequantize_row.
 
 #include "sc_formats.cuh"
+#include "sc_route.cuh"
 #include "scoria_math.cuh"
 
 #define SC_FULL 0xffffffffu
@@ -55,24 +56,25 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
   }
 
 // Float rows: accumulator `lane` takes elements lane, lane + 32, ... as
-// acc = fma(w_i, x_i, acc), in increasing order. The loads of 16 elements are issued
-// together before their FMAs (one memory round trip per 16 instead of per element).
+// acc = fma(w_i, x_i, acc), in increasing order. The loads of FB elements are issued
+// together before their FMAs (one memory round trip per FB instead of per element;
+// FB is 64 for one token, whose kernels have the registers, 16 for tiles of 8).
 #define SC_FDOT(GET)                                                                      \
-  for (int i0 = lane; i0 < n_cols; i0 += 32 * 16) {                                       \
-    float wv[16];                                                                         \
-    _Pragma("unroll") for (int q = 0; q < 16; q++) {                                      \
+  for (int i0 = lane; i0 < n_cols; i0 += 32 * FB) {                                       \
+    float wv[FB];                                                                         \
+    _Pragma("unroll") for (int q = 0; q < FB; q++) {                                      \
       const int i = i0 + 32 * q;                                                          \
       wv[q] = i < n_cols ? GET(row, i) : 0.0f;                                            \
     }                                                                                     \
     _Pragma("unroll") for (int j = 0; j < TL; j++) {                                      \
       if (j < nt) {                                                                       \
         const float* xr = x + (size_t)in_r[j] * n_cols;                                   \
-        float xv[16];                                                                     \
-        _Pragma("unroll") for (int q = 0; q < 16; q++) {                                  \
+        float xv[FB];                                                                     \
+        _Pragma("unroll") for (int q = 0; q < FB; q++) {                                  \
           const int i = i0 + 32 * q;                                                      \
           xv[q] = i < n_cols ? __ldg(xr + i) : 0.0f;                                      \
         }                                                                                 \
-        _Pragma("unroll") for (int q = 0; q < 16; q++) {                                  \
+        _Pragma("unroll") for (int q = 0; q < FB; q++) {                                  \
           if (i0 + 32 * q < n_cols) acc[j] = sc_fma(wv[q], xv[q], acc[j]);                \
         }                                                                                 \
       }                                                                                   \
@@ -93,6 +95,8 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
            const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,        \
            int n_tiles, float* __restrict__ out) { sc_pdl_enter();                                       \
     constexpr int TL = TLV;                                                              \
+    constexpr int FB = TL == 1 ? 64 : 16;                                                \
+    (void)FB;                                                                            \
     const int lane = threadIdx.x & 31;                                                   \
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
     if (r >= n_rows) return;                                                             \
@@ -261,25 +265,75 @@ __device__ __forceinline__ void sc_dot_rows(int ty, const uint8_t* const* rows, 
   }
 }
 
-// act = silu(x·gateᵀ) · (x·upᵀ) for the k routed experts of one token (ids[0..k]) and,
-// as plane k when `sgate` is given, its shared expert: one warp per (row, plane), four
-// rows a block, blockIdx.y the plane. Routed plane r writes act[r·n_ff ..], the shared
-// plane act[k·n_ff ..] (n_sff values). With `gate_inp`, one more warp of the shared
-// plane writes the shared gate's logit x·gate_inp (dot_rows: products rounded, then
-// added) to *shared_logit. Gate and up share a type (`ty`, `sty`) and a row size.
+// The contribution of sub-block s of a quantized row of type `ty` against one token's
+// quantized activations (one step of sc_qdot_rows).
+template <class F>
+__device__ __forceinline__ float sc_qsub(const uint8_t* row, int s, const int8_t* xq, const float* xd,
+                                         const int* xs) {
+  typename F::W w;
+  F::load(row, s, w);
+  uint32_t a[8];
+  sc_load_act(xq, s, a);
+  return F::contrib(w, a, __ldg(xd + s), __ldg(xs + s));
+}
+
+__device__ __forceinline__ float sc_qsub_any(int ty, const uint8_t* row, int s, const int8_t* xq,
+                                             const float* xd, const int* xs) {
+  switch (ty) {
+    case SC_T_Q8_0: return sc_qsub<FmtQ8_0>(row, s, xq, xd, xs);
+    case SC_T_Q4_0: return sc_qsub<FmtQ4_0>(row, s, xq, xd, xs);
+    case SC_T_Q4_K: return sc_qsub<FmtQ4K>(row, s, xq, xd, xs);
+    case SC_T_Q5_K: return sc_qsub<FmtQ5K>(row, s, xq, xd, xs);
+    case SC_T_Q6_K: return sc_qsub<FmtQ6K>(row, s, xq, xd, xs);
+    case SC_T_IQ4_XS: return sc_qsub<FmtIq4Xs>(row, s, xq, xd, xs);
+    default: return 0.0f;
+  }
+}
+
+// The routing of one token and its experts' SwiGLU in one launch. Each block of a
+// routed plane first routes the token itself from the router's `logits`
+// (sc_route_warp, by its warp 0: every block gets the same bits) and block (0, 0)
+// writes the ranks' weights and experts to wts_out / ids_out for moe_down_combine.
+// Then act = silu(x·gateᵀ) · (x·upᵀ) for the k routed experts and, as plane k when
+// `sgate` is given, the shared expert: one warp per (row, plane), four rows a block,
+// blockIdx.y the plane. Routed plane r writes act[r·n_ff ..], the shared plane
+// act[k·n_ff ..] (n_sff values). With `gate_inp`, one more warp of the shared plane
+// writes the shared gate's logit x·gate_inp (dot_rows: products rounded, then added)
+// to *shared_logit. Gate and up share a type (`ty`, `sty`) and a row size. At most
+// SC_FUSED_MAX_EXPERT experts.
+#define SC_FUSED_MAX_EXPERT 512
 extern "C" __global__ void __launch_bounds__(128)
     moe_gate_up(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
                 unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
                 const uint8_t* __restrict__ sgate, const uint8_t* __restrict__ sup, int sty,
-                unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids, int k, int n_cols,
+                unsigned long long srow_bytes, int n_sff, const float* __restrict__ logits, int n_expert,
+                int k, float* __restrict__ wts_out, int* __restrict__ ids_out, int n_cols,
                 const float* __restrict__ x, const int8_t* __restrict__ xq, const float* __restrict__ xd,
                 const int* __restrict__ xs, const float* __restrict__ gate_inp,
                 float* __restrict__ shared_logit, float* __restrict__ act) {
   sc_pdl_enter();
+  __shared__ float sp[SC_FUSED_MAX_EXPERT];
+  __shared__ int sid[SC_MAX_K];
+  __shared__ int s_ids[SC_MAX_K];
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int plane = blockIdx.y;
   const bool shared = plane == k;
+  if (!shared) {
+    if (threadIdx.x < 32) {
+      float wt = 0.0f;
+      int id = 0;
+      sc_route_warp<SC_FUSED_MAX_EXPERT / 32>(logits, n_expert, k, sp, sid, wt, id);
+      if (lane < k) {
+        s_ids[lane] = id;
+        if (blockIdx.x == 0 && plane == 0) {
+          wts_out[lane] = wt;
+          ids_out[lane] = id;
+        }
+      }
+    }
+    __syncthreads();
+  }
   const int n_rows = shared ? n_sff : n_ff;
   if (shared && gate_inp && r == n_rows) {
     float acc = 0.0f;
@@ -296,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(128)
     rows[1] = sup + (unsigned long long)r * srow_bytes;
     t = sty;
   } else {
-    const unsigned long long off = (unsigned long long)ids[plane] * expert_bytes + (unsigned long long)r * row_bytes;
+    const unsigned long long off = (unsigned long long)s_ids[plane] * expert_bytes + (unsigned long long)r * row_bytes;
     rows[0] = gate + off;
     rows[1] = up + off;
     t = ty;
@@ -310,46 +364,57 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // out[c] = Σ_r wts[r] · (act_r · down_{ids[r]}[c]) in rank order from 0.0, then
 // + sigmoid(*shared_logit) · (act_k · sdown[c]) (+ the product alone without a logit)
-// when `sdown` is given: moe_combine over the down products. One block per output
-// row c, one warp per routed rank (and one for the shared expert); warp 0's lane 0
-// adds them up. act (and its quantized copy aq/ad/as, for quantized types) holds the
-// routed rows at stride n_ff, then the shared row (n_sff values).
+// when `sdown` is given: moe_combine over the down products. One warp per routed rank
+// (and one for the shared expert); thread 0 adds them up. act (and its quantized copy
+// aq/ad/as, for quantized types) holds the routed rows at stride n_ff, then the
+// shared row (n_sff values). Without `pair`, a block computes output row c =
+// blockIdx.x with whole warps. With `pair` (quantized types, rows of at most 16
+// sub-blocks), it computes rows 2·blockIdx.x and 2·blockIdx.x + 1, a half-warp each:
+// the canonical sum of such a row has zeros in lanes 16..31, so its first tree step
+// is acc + 0 and the rest stays within 16 lanes (the same bits).
 extern "C" __global__ void __launch_bounds__(1024)
     moe_down_combine(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
                      unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
                      unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
                      const float* __restrict__ wts, int k, const float* __restrict__ act,
                      const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
-                     const float* __restrict__ shared_logit, float* __restrict__ out) {
+                     const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair) {
   sc_pdl_enter();
-  __shared__ float part[32];
+  __shared__ float part[2][32];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int c = blockIdx.x;
   const bool shared = w == k;
-  const uint8_t* rows[1];
-  int t, n;
-  if (shared) {
-    rows[0] = sdown + (unsigned long long)c * srow_bytes;
-    t = sty;
-    n = n_sff;
-  } else {
-    rows[0] = down + (unsigned long long)ids[w] * expert_bytes + (unsigned long long)c * row_bytes;
-    t = ty;
-    n = n_ff;
-  }
+  const int t = shared ? sty : ty;
+  const int n = shared ? n_sff : n_ff;
   const size_t a0 = (size_t)w * n_ff;  // the shared row starts at k·n_ff too
-  float acc[1] = {0.0f};
-  sc_dot_rows<1>(t, rows, n, act + a0, aq ? aq + a0 : nullptr, ad ? ad + a0 / 32 : nullptr,
-                 as ? as + a0 / 32 : nullptr, lane, acc);
-  const float v = sc_warp_sum(acc[0]);
-  if (lane == 0) part[w] = v;
+  const uint8_t* base = shared ? sdown : down + (unsigned long long)ids[w] * expert_bytes;
+  const unsigned long long rb = shared ? srow_bytes : row_bytes;
+  const int c0 = pair ? 2 * blockIdx.x : blockIdx.x;
+  if (pair) {
+    const int half = lane >> 4, hl = lane & 15;
+    const int c = c0 + half;
+    float acc = 0.0f;
+    if (c < n_out && hl < (n >> 5))
+      acc = sc_add(acc, sc_qsub_any(t, base + (unsigned long long)c * rb, hl, aq + a0, ad + a0 / 32, as + a0 / 32));
+    float v = sc_add(acc, 0.0f);
+#pragma unroll
+    for (int o = 8; o >= 1; o >>= 1) v = sc_add(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (hl == 0) part[half][w] = v;
+  } else {
+    const uint8_t* rows[1] = {base + (unsigned long long)c0 * rb};
+    float acc[1] = {0.0f};
+    sc_dot_rows<1>(t, rows, n, act + a0, aq ? aq + a0 : nullptr, ad ? ad + a0 / 32 : nullptr,
+                   as ? as + a0 / 32 : nullptr, lane, acc);
+    const float v = sc_warp_sum(acc[0]);
+    if (lane == 0) part[0][w] = v;
+  }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < (pair ? 2 : 1) && c0 + (int)threadIdx.x < n_out) {
+    const float* pt = part[threadIdx.x];
     float o = 0.0f;
-    for (int i = 0; i < k; i++) o = sc_add(o, sc_mul(wts[i], part[i]));
+    for (int i = 0; i < k; i++) o = sc_add(o, sc_mul(wts[i], pt[i]));
     if (sdown) {
-      o = shared_logit ? sc_add(o, sc_mul(sc_sigmoid(*shared_logit), part[k])) : sc_add(o, part[k]);
+      o = shared_logit ? sc_add(o, sc_mul(sc_sigmoid(*shared_logit), pt[k])) : sc_add(o, pt[k]);
     }
-    out[c] = o;
+    out[c0 + threadIdx.x] = o;
   }
 }

@@ -15,7 +15,7 @@ const MAX_HD: usize = 256;
 /// Most key splits of one decode step.
 const MAX_SPLIT: usize = 64;
 /// Fewest keys worth a split of their own.
-const KEYS_PER_SPLIT: usize = 256;
+const KEYS_PER_SPLIT: usize = 64;
 
 /// Dynamic shared memory of attn_core for a head dimension: the Q tile, the K tile
 /// (rows padded by one float) and the V tile.

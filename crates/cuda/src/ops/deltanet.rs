@@ -1,15 +1,40 @@
 //! Gated DeltaNet, bit-identical to the CPU (`engine/src/cpu/deltanet.rs` over
 //! `model::deltanet`): conv, q/k L2 norm, the recurrence and the gated norm.
 
-use super::{addr, blocks, int};
+use super::{addr, blocks, int, opt_addr};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
+use crate::ops::quant::QAct;
 
 /// The most conv taps dn_conv takes (kernels/deltanet.cu SC_MAX_DCONV).
 pub const MAX_D_CONV: usize = 8;
 /// Tokens per run of dn_conv (runs go in parallel).
 const DN_CONV_RUN: usize = 32;
+
+/// One DeltaNet layer's weights and shape for [`Gpu::dn_step`] (device addresses).
+#[derive(Clone, Copy, Debug)]
+pub struct DnStep {
+    /// β of value head h is `beta_src[beta_idx[h]]` (i32 [Hv]); α likewise.
+    pub beta_src: u64,
+    pub beta_idx: u64,
+    pub alpha_src: u64,
+    pub alpha_idx: u64,
+    /// f32 [Hv] each.
+    pub a: u64,
+    pub dt_bias: u64,
+    /// i32 [Hv]: the key head of each value head.
+    pub k_head_of: u64,
+    /// The gated norm's gate z (f32 [Hv·d_state]) and weight (f32 [d_state]).
+    pub z: u64,
+    pub norm_w: u64,
+    pub eps: f32,
+    /// The q scale (1/sqrt(d_state)).
+    pub scale: f32,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub d_state: usize,
+}
 
 impl Gpu {
     /// The causal depthwise conv of `n_tok` tokens, per channel in token order, as
@@ -201,5 +226,57 @@ impl Gpu {
             0,
             &args,
         )
+    }
+
+    /// One token of every value head in one launch: the q/k L2 norm
+    /// ([`Gpu::dn_qk_norm`]'s bits) read from `conv_out` (the conv output [q | k | v],
+    /// left as it is), the recurrence on `state` and the gated norm
+    /// ([`Gpu::dn_recurrence`]'s bits) into `out` (f32 [Hv·d_state]), and unless `q`
+    /// is [`QAct::NONE`] its quantized copy ([`Gpu::quantize_act`]'s bits).
+    pub fn dn_step(
+        &self,
+        conv_out: u64,
+        d: &DnStep,
+        state: u64,
+        out: u64,
+        q: QAct,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "dn_step";
+        let k = match d.d_state {
+            32 => K::DnStepDk32,
+            64 => K::DnStepDk64,
+            128 => K::DnStepDk128,
+            s => {
+                return Err(CudaError::bad(
+                    KN,
+                    format!("d_state {s} (32, 64 or 128 supported)"),
+                ))
+            }
+        };
+        if d.n_v_heads == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "conv_out", conv_out, 4)?),
+            Arg::P(addr(KN, "beta_src", d.beta_src, 4)?),
+            Arg::P(addr(KN, "beta_idx", d.beta_idx, 4)?),
+            Arg::P(addr(KN, "alpha_src", d.alpha_src, 4)?),
+            Arg::P(addr(KN, "alpha_idx", d.alpha_idx, 4)?),
+            Arg::P(addr(KN, "a", d.a, 4)?),
+            Arg::P(addr(KN, "dt_bias", d.dt_bias, 4)?),
+            Arg::P(addr(KN, "k_head_of", d.k_head_of, 4)?),
+            Arg::P(addr(KN, "state", state, 4)?),
+            Arg::I32(int(KN, "n_k_heads", d.n_k_heads)?),
+            Arg::F32(d.scale),
+            Arg::P(addr(KN, "z", d.z, 4)?),
+            Arg::P(addr(KN, "norm_w", d.norm_w, 4)?),
+            Arg::F32(d.eps),
+            Arg::P(addr(KN, "out", out, 4)?),
+            Arg::P(opt_addr(KN, "qs", q.qs, 16)?),
+            Arg::P(opt_addr(KN, "d", q.d, 4)?),
+            Arg::P(opt_addr(KN, "sums", q.sums, 4)?),
+        ];
+        let grid = [int(KN, "n_v_heads", d.n_v_heads)? as u32, 1, 1];
+        self.launch(k, grid, d.d_state as u32, 0, &args)
     }
 }

@@ -11,8 +11,8 @@ mod moe;
 mod norm;
 mod quant;
 
-pub use deltanet::MAX_D_CONV;
-pub use moe::{Mat, MAX_EXPERTS, MAX_TOP_K};
+pub use deltanet::{DnStep, MAX_D_CONV};
+pub use moe::{Mat, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K};
 pub use quant::{QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 
 use crate::kernels::K;

@@ -12,6 +12,8 @@ use gguf::GgmlType;
 pub const MAX_EXPERTS: usize = 1024;
 /// The largest k `route_topk` takes (kernels/moe.cu SC_MAX_K).
 pub const MAX_TOP_K: usize = 32;
+/// The most experts [`Gpu::moe_gate_up`] routes (kernels/quant.cu SC_FUSED_MAX_EXPERT).
+pub const FUSED_MAX_EXPERTS: usize = 512;
 
 /// A weight matrix on the device for the fused decode MoE kernels: `n_rows` rows of
 /// `n_cols` values of type `ty` at `ptr`, `row_bytes` apart; for a stack of experts,
@@ -28,7 +30,7 @@ pub struct Mat {
 
 /// Checks one matrix of a fused kernel: its shape and type (as the matvec kernels
 /// do) and the alignment its rows' loads need.
-fn check_mat(kn: &'static str, what: &str, m: &Mat) -> Result<TypeInfo, CudaError> {
+pub(crate) fn check_mat(kn: &'static str, what: &str, m: &Mat) -> Result<TypeInfo, CudaError> {
     let ti = check_weights(kn, m.ty, m.row_bytes, m.n_cols)?;
     addr(kn, what, m.ptr, ti.align)?;
     if !m.expert_bytes.is_multiple_of(ti.align) {
@@ -66,7 +68,7 @@ fn check_pair(kn: &'static str, gate: &Mat, up: &Mat) -> Result<TypeInfo, CudaEr
 }
 
 /// The quantized activations a type reads: required for quantized types.
-fn q_args(kn: &'static str, need: bool, q: QAct) -> Result<[Arg; 3], CudaError> {
+pub(crate) fn q_args(kn: &'static str, need: bool, q: QAct) -> Result<[Arg; 3], CudaError> {
     if need {
         Ok([
             Arg::P(addr(kn, "qs", q.qs, 16)?),
@@ -79,13 +81,14 @@ fn q_args(kn: &'static str, need: bool, q: QAct) -> Result<[Arg; 3], CudaError> 
 }
 
 impl Gpu {
-    /// The routed experts' and the shared expert's SwiGLU for one token, in one launch:
-    /// `act[r·n_ff + i] = silu(x·gate_{ids[r]}[i]) · (x·up_{ids[r]}[i])` for the k ranks
-    /// (`ids`: i32 [k], from [`Gpu::route_topk`]) and, with `shared` = (gate, up),
-    /// `act[k·n_ff + i]` alike for the shared expert; with `gate_inp` (f32, x's width)
-    /// also `*shared_logit = x·gate_inp`. The bits of [`Gpu::matvec`] (one token),
-    /// [`Gpu::swiglu`] and [`Gpu::dot_rows`]. `x` is the token's f32 row, `xq` its
-    /// quantized copy (needed when a type is quantized).
+    /// One token's routing and its experts' SwiGLU, in one launch: the routing of
+    /// [`Gpu::route_topk`] from the router's `logits` (f32 [n_expert]) into `wts_out`
+    /// (f32 [k]) and `ids_out` (i32 [k]), then
+    /// `act[r·n_ff + i] = silu(x·gate_{id_r}[i]) · (x·up_{id_r}[i])` for the k ranks
+    /// and, with `shared` = (gate, up), `act[k·n_ff + i]` alike for the shared expert;
+    /// with `gate_inp` (f32, x's width) also `*shared_logit = x·gate_inp`. The bits of
+    /// [`Gpu::matvec`] (one token), [`Gpu::swiglu`] and [`Gpu::dot_rows`]. `x` is the
+    /// token's f32 row, `xq` its quantized copy (needed when a type is quantized).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gate_up(
         &self,
@@ -93,8 +96,11 @@ impl Gpu {
         up: &Mat,
         shared: Option<(&Mat, &Mat)>,
         gate_inp: u64,
-        ids: u64,
+        logits: u64,
+        n_expert: usize,
         k: usize,
+        wts_out: u64,
+        ids_out: u64,
         x: u64,
         xq: QAct,
         shared_logit: u64,
@@ -120,8 +126,14 @@ impl Gpu {
             }
             None => (0, 0, 0, 0),
         };
-        if k == 0 || k > MAX_TOP_K {
-            return Err(CudaError::bad(KN, format!("top-{k} (1..={MAX_TOP_K})")));
+        if n_expert == 0 || n_expert > FUSED_MAX_EXPERTS || k == 0 || k > n_expert || k > MAX_TOP_K
+        {
+            return Err(CudaError::bad(
+                KN,
+                format!(
+                    "top-{k} of {n_expert} experts (at most {MAX_TOP_K} of {FUSED_MAX_EXPERTS})"
+                ),
+            ));
         }
         if (gate_inp != 0) != (shared_logit != 0) || (gate_inp != 0 && shared.is_none()) {
             return Err(CudaError::bad(
@@ -142,8 +154,11 @@ impl Gpu {
             Arg::I32(s_code),
             Arg::U64(shared.map_or(0, |s| s.0.row_bytes)),
             Arg::I32(int(KN, "n_sff", s_rows)?),
-            Arg::P(addr(KN, "ids", ids, 4)?),
+            Arg::P(addr(KN, "logits", logits, 4)?),
+            Arg::I32(n_expert as i32),
             Arg::I32(k as i32),
+            Arg::P(addr(KN, "wts_out", wts_out, 4)?),
+            Arg::P(addr(KN, "ids_out", ids_out, 4)?),
             Arg::I32(int(KN, "n_cols", gate.n_cols)?),
             Arg::P(addr(KN, "x", x, 4)?),
             q0,
@@ -188,10 +203,13 @@ impl Gpu {
         const KN: &str = "moe_down_combine";
         let ti = check_mat(KN, "down", down)?;
         let mut need_q = !ti.float;
+        // Half a warp per row when every row is quantized and at most 16 sub-blocks.
+        let mut pair = !ti.float && down.n_cols <= 16 * 32;
         let (sp, s_code, s_bytes, s_cols) = match sdown {
             Some(s) => {
                 let si = check_mat(KN, "shared down", s)?;
                 need_q |= !si.float;
+                pair &= !si.float && s.n_cols <= 16 * 32;
                 if s.n_rows != down.n_rows {
                     return Err(CudaError::bad(
                         KN,
@@ -235,8 +253,10 @@ impl Gpu {
             q2,
             Arg::P(opt_addr(KN, "shared_logit", shared_logit, 4)?),
             Arg::P(addr(KN, "out", out, 4)?),
+            Arg::I32(int(KN, "n_out", down.n_rows)?),
+            Arg::I32(i32::from(pair)),
         ];
-        let grid = [blocks(down.n_rows, 1)?, 1, 1];
+        let grid = [blocks(down.n_rows, if pair { 2 } else { 1 })?, 1, 1];
         self.launch(K::MoeDownCombine, grid, 32 * warps as u32, 0, &args)
     }
 

@@ -8,7 +8,7 @@ use crate::kernels::K;
 use crate::ops::quant::QAct;
 
 /// Threads of the one-block-per-row reductions (SC_ROW_THREADS in norm.cu).
-const ROW_THREADS: u32 = 256;
+const ROW_THREADS: u32 = 1024;
 
 /// The norm kernels' arguments followed by the quantized copy's (null for none).
 fn with_q(kn: &'static str, args: &[Arg], cols: usize, q: QAct) -> Result<Vec<Arg>, CudaError> {

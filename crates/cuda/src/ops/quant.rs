@@ -425,19 +425,123 @@ impl Gpu {
             Arg::I32(int(kn, "n_tiles", n_tiles)?),
             Arg::P(addr(kn, "out", out, 4)?),
         ];
+        // One token per tile (decode): the kernel that keeps one accumulator per
+        // lane runs more warps at once; same bits per (row, token).
+        let one = (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == TileShape::Single);
+        let k = if one { ti.k1 } else { ti.k };
+        // A float row of one token keeps 64 loads a lane in flight (FB in quant.cu),
+        // so the product (the router's, mostly) is spread a warp a block over every
+        // multiprocessor rather than packed four warps a block onto a few.
+        let rows_per_block = if one && ti.float {
+            1
+        } else {
+            MV_ROWS_PER_BLOCK
+        };
         let grid = [
-            blocks(n_rows, MV_ROWS_PER_BLOCK)?,
+            blocks(n_rows, rows_per_block)?,
             units.min(MAX_GRID_YZ) as u32,
             1,
         ];
-        // One token per tile (decode): the kernel that keeps one accumulator per
-        // lane runs more warps at once; same bits per (row, token).
-        let k = if (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == TileShape::Single) {
-            ti.k1
-        } else {
-            ti.k
+        self.launch(k, grid, (32 * rows_per_block) as u32, 0, &args)
+    }
+
+    /// One token against up to four matrices that read it, in one launch:
+    /// `outs[p][r] = x · mats[p][r]` with the bits of [`Gpu::matvec`] for one token.
+    /// The matrices read `x` (f32) or its quantized copy `xq` (needed when a type is
+    /// quantized) and have as many columns. With `conv` = (state, taps, d_conv),
+    /// matrix 0's rows are channels of the DeltaNet conv: `outs[0]` receives
+    /// silu(conv) as [`Gpu::dn_conv`] computes it for one token, and `state` (f32
+    /// [rows][d_conv − 1]) advances.
+    pub fn matvec_multi(
+        &self,
+        mats: &[&crate::Mat],
+        outs: &[u64],
+        x: u64,
+        xq: QAct,
+        conv: Option<(u64, u64, usize)>,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "matvec_multi";
+        if mats.is_empty() || mats.len() > 4 || outs.len() != mats.len() {
+            return Err(CudaError::bad(
+                KN,
+                format!(
+                    "{} matrices and {} outputs (1 to 4 of each)",
+                    mats.len(),
+                    outs.len()
+                ),
+            ));
+        }
+        let n_cols = mats[0].n_cols;
+        let (mut w, mut rb, mut ends, mut o) = ([0u64; 4], [0u64; 4], [0i32; 4], [0u64; 4]);
+        let (mut tys, mut need_q, mut end) = (0i32, false, 0usize);
+        for (p, m) in mats.iter().enumerate() {
+            let ti = super::moe::check_mat(KN, "matrix", m)?;
+            if m.n_cols != n_cols {
+                return Err(CudaError::bad(
+                    KN,
+                    format!("matrix {p} has {} columns, matrix 0 {n_cols}", m.n_cols),
+                ));
+            }
+            need_q |= !ti.float;
+            tys |= ti.code << (8 * p);
+            (w[p], rb[p], o[p]) = (m.ptr, m.row_bytes, addr(KN, "out", outs[p], 4)?);
+            end += m.n_rows;
+            ends[p] = int(KN, "rows", end)?;
+        }
+        for p in mats.len()..4 {
+            ends[p] = ends[p - 1];
+        }
+        let (cs, ct, dc) = match conv {
+            Some((s, t, d)) => {
+                if d == 0 || d > super::MAX_D_CONV {
+                    return Err(CudaError::bad(
+                        KN,
+                        format!("d_conv {d} (1..={} supported)", super::MAX_D_CONV),
+                    ));
+                }
+                (
+                    if d > 1 {
+                        addr(KN, "conv state", s, 4)?
+                    } else {
+                        s
+                    },
+                    addr(KN, "conv taps", t, 4)?,
+                    d,
+                )
+            }
+            None => (0, 0, 0),
         };
-        self.launch(k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, 0, &args)
+        let [q0, q1, q2] = super::moe::q_args(KN, need_q, xq)?;
+        let mut args = vec![
+            Arg::P(w[0]),
+            Arg::P(w[1]),
+            Arg::P(w[2]),
+            Arg::P(w[3]),
+            Arg::I32(tys),
+        ];
+        args.extend(rb.map(Arg::U64));
+        args.extend(ends.map(Arg::I32));
+        args.extend(o.map(Arg::P));
+        args.extend([
+            Arg::I32(int(KN, "n_cols", n_cols)?),
+            Arg::P(addr(KN, "x", x, 4)?),
+            q0,
+            q1,
+            q2,
+            Arg::P(cs),
+            Arg::P(ct),
+            Arg::I32(dc as i32),
+        ]);
+        if end == 0 {
+            return Ok(());
+        }
+        self.launch(
+            K::MatvecMulti,
+            [blocks(end, MV_ROWS_PER_BLOCK)?, 1, 1],
+            (32 * MV_ROWS_PER_BLOCK) as u32,
+            0,
+            &args,
+        )
     }
 
     /// `out[t]` = row `ids[t]` of `table` dequantized (`quant::dequantize_row`), for

@@ -2,7 +2,8 @@
 //! (engine/src/cpu/deltanet.rs over model::deltanet), bit for bit: conv outputs and
 //! state, normed q/k, recurrent state and the gated outputs.
 
-use crate::{assert_bits, down, gpu, poisoned, up, Rng};
+use crate::{assert_bits, down, filled, gpu, poisoned, up, Rng};
+use cuda::{DnStep, QAct};
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
 
@@ -61,6 +62,22 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
             n_tok: 40,
             tiled: true,
             fused: true,
+        },
+        Case {
+            n_k_heads: 4,
+            n_v_heads: 8,
+            d: 64,
+            n_tok: 1,
+            tiled: true,
+            fused: false,
+        },
+        Case {
+            n_k_heads: 2,
+            n_v_heads: 2,
+            d: 32,
+            n_tok: 1,
+            tiled: false,
+            fused: false,
         },
         // dn_conv in several parallel runs of tokens, the last one partial.
         Case {
@@ -230,6 +247,51 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
         .unwrap();
         assert_bits(&down(&g, &dssm), &ssm, &format!("recurrent state, {what}"));
         assert_bits(&down(&g, &out), &y, &format!("output, {what}"));
+
+        // One token in one launch (dn_step) from the conv output before the q/k norm,
+        // with the output's quantized copy.
+        if t_n == 1 {
+            let dconv_raw = up(&g, &conv_raw);
+            let dssm1 = up(&g, &ssm0);
+            let out1 = poisoned(&g, vd);
+            let qs = filled::<i8>(&g, vd, 0x80);
+            let qd = poisoned(&g, vd / 32);
+            let qsum = filled::<i32>(&g, vd / 32, 0x80);
+            let step_args = DnStep {
+                beta_src: dbs.ptr(),
+                beta_idx: dbi.ptr(),
+                alpha_src: das.ptr(),
+                alpha_idx: dai.ptr(),
+                a: da.ptr(),
+                dt_bias: ddt.ptr(),
+                k_head_of: dkh.ptr(),
+                z: dz.ptr(),
+                norm_w: dnw.ptr(),
+                eps,
+                scale,
+                n_k_heads: hk,
+                n_v_heads: hv,
+                d_state: d,
+            };
+            let q = QAct {
+                qs: qs.ptr(),
+                d: qd.ptr(),
+                sums: qsum.ptr(),
+            };
+            g.dn_step(dconv_raw.ptr(), &step_args, dssm1.ptr(), out1.ptr(), q)
+                .unwrap();
+            assert_bits(&down(&g, &dssm1), &ssm, &format!("dn_step state, {what}"));
+            assert_bits(&down(&g, &out1), &y, &format!("dn_step output, {what}"));
+            assert_bits(
+                &down(&g, &dconv_raw),
+                &conv_raw,
+                &format!("dn_step leaves the conv output, {what}"),
+            );
+            let wq = quant::quantize_act(&y);
+            assert_eq!(down(&g, &qs), wq.qs, "dn_step qs, {what}");
+            assert_bits(&down(&g, &qd), &wq.d, &format!("dn_step d, {what}"));
+            assert_eq!(down(&g, &qsum), wq.sums, "dn_step sums, {what}");
+        }
     }
 }
 

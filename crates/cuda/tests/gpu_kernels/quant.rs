@@ -626,14 +626,11 @@ fn fused_decode_moe_matches_the_cpu() {
         };
         let x = activations(1, e, &mut rng);
         let gate_inp = rng.vec(e, 0.2);
-        let mut ids: Vec<i32> = Vec::new();
-        while ids.len() < k {
-            let c = rng.below(n_exp) as i32;
-            if !ids.contains(&c) {
-                ids.push(c);
-            }
-        }
-        let wts: Vec<f32> = (0..k).map(|_| 0.5 * (rng.f() + 1.0)).collect();
+        // The router's logits; the CPU's routing of them.
+        let logits = rng.vec(n_exp, 4.0);
+        let routes = model::moe::route(&logits, k);
+        let ids: Vec<i32> = routes.iter().map(|&(e, _)| e as i32).collect();
+        let wts: Vec<f32> = routes.iter().map(|&(_, w)| w).collect();
 
         // The CPU.
         let (gu_rb, d_rb) = (gate.len() / (n_exp * fe), dn.len() / (n_exp * e));
@@ -680,7 +677,8 @@ fn fused_decode_moe_matches_the_cpu() {
         };
         let (dgate, dup, ddn) = (up(&g, &gate), up(&g, &upw), up(&g, &dn));
         let (dsg, dsu, dsd) = (up(&g, &sg), up(&g, &su), up(&g, &sd));
-        let (dx, dgi, dids, dwts) = (up(&g, &x), up(&g, &gate_inp), up(&g, &ids), up(&g, &wts));
+        let (dx, dgi, dlogits) = (up(&g, &x), up(&g, &gate_inp), up(&g, &logits));
+        let (dwts_out, dids_out) = (poisoned(&g, k), filled::<i32>(&g, k, 0xff));
         let dq = DevQAct::upload(&g, &[quant::quantize_act(&x)]);
         let n_act = k * fe + sh;
         let dact = poisoned(&g, n_act);
@@ -700,8 +698,11 @@ fn fused_decode_moe_matches_the_cpu() {
             &mu,
             shared.then_some((&msg, &msu)),
             if logit { dgi.ptr() } else { 0 },
-            dids.ptr(),
+            dlogits.ptr(),
+            n_exp,
             k,
+            dwts_out.ptr(),
+            dids_out.ptr(),
             dx.ptr(),
             dq.q(),
             if logit { dlg.ptr() } else { 0 },
@@ -726,11 +727,17 @@ fn fused_decode_moe_matches_the_cpu() {
         };
         g.quantize_act(dact.ptr(), 1, n_act, aq).unwrap();
         let out = poisoned(&g, e);
+        assert_bits(
+            &down(&g, &dwts_out),
+            &wts,
+            &format!("routing weights: {what}"),
+        );
+        assert_eq!(down(&g, &dids_out), ids, "routing experts: {what}");
         g.moe_down_combine(
             &md,
             shared.then_some(&msd),
-            dids.ptr(),
-            dwts.ptr(),
+            dids_out.ptr(),
+            dwts_out.ptr(),
             k,
             dact.ptr(),
             aq,
@@ -739,5 +746,86 @@ fn fused_decode_moe_matches_the_cpu() {
         )
         .unwrap();
         assert_bits(&down(&g, &out), &want, &format!("output: {what}"));
+    }
+}
+
+/// Up to four matrices against one token in one launch (matvec_multi) give each
+/// matrix's matvec, bit for bit, for every type; the conv epilogue of matrix 0 gives
+/// model::deltanet::conv_step's output and state.
+#[test]
+fn matvec_multi_matches_the_cpu() {
+    let Some(g) = gpu("matvec_multi") else { return };
+    let mut rng = Rng::new(33);
+    let n = TYPES.len();
+    for i in 0..n {
+        let n_cols = 512;
+        let count = 1 + i % 4;
+        let shapes: Vec<(GgmlType, usize)> = (0..count)
+            .map(|p| (TYPES[(i + 2 * p) % n], [96, 64, 8, 40][p]))
+            .collect();
+        let ws: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(ty, rows)| weights(ty, rows, n_cols, false, &mut rng))
+            .collect();
+        let x = activations(1, n_cols, &mut rng);
+        let conv = i % 2 == 0;
+        let d_conv = 4;
+        let rows0 = shapes[0].1;
+        let state0 = rng.vec(rows0 * (d_conv - 1), 2.0);
+        let taps = rng.vec(rows0 * d_conv, 0.7);
+        // The CPU.
+        let mut want: Vec<Vec<f32>> = shapes
+            .iter()
+            .zip(&ws)
+            .map(|(&(ty, rows), w)| cpu_matmul(ty, w, rows, n_cols, &x, 1))
+            .collect();
+        let mut state = state0.clone();
+        if conv {
+            let mut o = vec![0f32; rows0];
+            model::deltanet::conv_step(&mut state, &taps, &want[0], d_conv, &mut o);
+            want[0] = o;
+        }
+        // The GPU.
+        let dws: Vec<_> = ws.iter().map(|w| up(&g, w)).collect();
+        let mats: Vec<cuda::Mat> = shapes
+            .iter()
+            .zip(&dws)
+            .map(|(&(ty, rows), b)| {
+                let rb = quant::row_bytes(ty, n_cols).unwrap() as u64;
+                cuda::Mat {
+                    ty,
+                    ptr: b.ptr(),
+                    expert_bytes: rb * rows as u64,
+                    row_bytes: rb,
+                    n_rows: rows,
+                    n_cols,
+                }
+            })
+            .collect();
+        let outs: Vec<_> = shapes.iter().map(|&(_, rows)| poisoned(&g, rows)).collect();
+        let (dx, dst, dtaps) = (up(&g, &x), up(&g, &state0), up(&g, &taps));
+        let dq = DevQAct::upload(&g, &[quant::quantize_act(&x)]);
+        g.matvec_multi(
+            &mats.iter().collect::<Vec<_>>(),
+            &outs.iter().map(|o| o.ptr()).collect::<Vec<_>>(),
+            dx.ptr(),
+            dq.q(),
+            conv.then_some((dst.ptr(), dtaps.ptr(), d_conv)),
+        )
+        .unwrap();
+        for (p, o) in outs.iter().enumerate() {
+            assert_bits(
+                &down(&g, o),
+                &want[p],
+                &format!("matvec_multi matrix {p} of {shapes:?}, conv {conv}"),
+            );
+        }
+        if conv {
+            assert_bits(
+                &down(&g, &dst),
+                &state,
+                &format!("conv state of {shapes:?}"),
+            );
+        }
     }
 }

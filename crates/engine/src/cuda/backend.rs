@@ -16,7 +16,7 @@
 //! routing once per layer to group tokens by expert.
 
 use super::tiered::Tiered;
-use super::weights::{cuda_err, DevWeight, MixerDev, MoeDev, WeightsDev};
+use super::weights::{cuda_err, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
 use cuda::{DevBuf, Gpu, Graph, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 use model::{Backend, ExecError, ModelConfig, Norm};
 use quant::GgmlType;
@@ -525,9 +525,10 @@ impl CudaBackend {
         self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, grouped, rows)
     }
 
-    /// One token's MoE block when every expert is in VRAM, in five launches: router,
-    /// top-k, every expert's gate/up/SwiGLU (shared one and its gate logit included),
-    /// the quantization of their activations, and the down products combined. The
+    /// One token's MoE block when every expert is in VRAM, in four launches: router,
+    /// routing with every expert's gate/up/SwiGLU (shared one and its gate logit
+    /// included), the quantization of their activations, and the down products
+    /// combined. The
     /// bits of the unfused path ([`Self::routed_resident`], `shared_expert`,
     /// `moe_combine`), which prompts take.
     fn moe_fused(
@@ -541,9 +542,6 @@ impl CudaBackend {
     ) -> Result<DBuf, ExecError> {
         let cfg = &self.cfg;
         let k = cfg.n_expert_used;
-        self.gpu
-            .route_topk(logits.ptr, 1, cfg.n_expert, k, wts.ptr, ids, 0, 0)
-            .map_err(cuda_err("route_topk"))?;
         let (fe, sh) = (
             m.gate_exps.n_rows,
             m.shared.as_ref().map_or(0, |s| s.gate.n_rows),
@@ -563,8 +561,11 @@ impl CudaBackend {
                 &m.up_exps.mat(),
                 sg.as_ref().zip(su.as_ref()),
                 m.shared.as_ref().map_or(0, |s| s.gate_inp.ptr()),
-                ids,
+                logits.ptr,
+                cfg.n_expert,
                 k,
+                wts.ptr,
+                ids,
                 x.ptr,
                 xq,
                 logit,
@@ -809,10 +810,74 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// One token of a DeltaNet layer in three launches: the input projections with
+    /// the conv of qkv (`matvec_multi`), the q/k norm, recurrence and gated norm with
+    /// the output's quantized copy (`dn_step`), and the output projection. The bits
+    /// of the prompt path's separate kernels.
+    fn delta_net_step(
+        &self,
+        d: &DnDev,
+        ssm: &model::SsmConfig,
+        x: &DBuf,
+        xq: QAct,
+        state: &mut CudaState,
+        slot: usize,
+    ) -> Result<DBuf, ExecError> {
+        let conv = self.alloc(1, ssm.conv_dim(), "delta_net")?;
+        let z = self.alloc(1, d.gate.n_rows, "delta_net")?;
+        let proj: Vec<DBuf> = d
+            .proj
+            .iter()
+            .map(|w| self.alloc(1, w.n_rows, "delta_net"))
+            .collect::<Result<_, _>>()?;
+        let mut mats = vec![d.qkv.mat(), d.gate.mat()];
+        mats.extend(d.proj.iter().map(DevWeight::mat));
+        let mut outs = vec![conv.ptr, z.ptr];
+        outs.extend(proj.iter().map(|p| p.ptr));
+        self.gpu
+            .matvec_multi(
+                &mats.iter().collect::<Vec<_>>(),
+                &outs,
+                x.ptr,
+                xq,
+                Some((state.conv[slot].ptr(), d.conv.ptr(), ssm.d_conv)),
+            )
+            .map_err(cuda_err("matvec_multi"))?;
+        let y = self.alloc(1, ssm.value_dim(), "delta_net")?;
+        let yq = if is_float(d.out.ty) {
+            QAct::NONE
+        } else {
+            self.alloc_qact(1, y.cols)?
+        };
+        let step = cuda::DnStep {
+            beta_src: proj[d.beta.proj].ptr,
+            beta_idx: d.beta.idx.ptr(),
+            alpha_src: proj[d.alpha.proj].ptr,
+            alpha_idx: d.alpha.idx.ptr(),
+            a: d.a.ptr(),
+            dt_bias: d.dt_bias.ptr(),
+            k_head_of: d.k_head_of.ptr(),
+            z: z.ptr,
+            norm_w: d.norm.ptr(),
+            eps: self.cfg.eps,
+            scale: 1.0 / (ssm.d_state as f32).sqrt(),
+            n_k_heads: ssm.n_k_heads,
+            n_v_heads: ssm.n_v_heads,
+            d_state: ssm.d_state,
+        };
+        self.gpu
+            .dn_step(conv.ptr, &step, state.ssm[slot].ptr(), y.ptr, yq)
+            .map_err(cuda_err("dn_step"))?;
+        self.mm_q(&d.out, &y, yq)
+    }
+}
+
 /// Whether one token's MoE block of `m` can take the fused kernels: gate and up of
 /// one type and shape (routed and shared alike), the shared expert reading and
-/// writing the routed width, and a warp per rank in one block.
-fn fused_moe(m: &MoeDev, k: usize) -> bool {
+/// writing the routed width, a warp per rank in one block, and few enough experts
+/// for the fused routing.
+fn fused_moe(m: &MoeDev, n_expert: usize, k: usize) -> bool {
     let pair = |g: &DevWeight, u: &DevWeight| {
         (g.ty, g.row_bytes, g.matrix_bytes, g.n_rows, g.n_cols)
             == (u.ty, u.row_bytes, u.matrix_bytes, u.n_rows, u.n_cols)
@@ -826,6 +891,7 @@ fn fused_moe(m: &MoeDev, k: usize) -> bool {
         && shared_ok
         && k + usize::from(m.shared.is_some()) <= 32
         && k <= cuda::MAX_TOP_K
+        && n_expert <= cuda::FUSED_MAX_EXPERTS
 }
 
 impl Backend for CudaBackend {
@@ -939,9 +1005,28 @@ impl Backend for CudaBackend {
             ));
         }
         let xq = self.prepare(&[&a.q, &a.k, &a.v], x)?;
-        let q_raw = self.mm_q(&a.q, x, xq)?;
-        let k_raw = self.mm_q(&a.k, x, xq)?;
-        let v_raw = self.mm_q(&a.v, x, xq)?;
+        let (q_raw, k_raw, v_raw) = if t_n == 1 {
+            // One token: the three projections in one launch.
+            let q_raw = self.alloc(1, a.q.n_rows, "attention")?;
+            let k_raw = self.alloc(1, a.k.n_rows, "attention")?;
+            let v_raw = self.alloc(1, a.v.n_rows, "attention")?;
+            self.gpu
+                .matvec_multi(
+                    &[&a.q.mat(), &a.k.mat(), &a.v.mat()],
+                    &[q_raw.ptr, k_raw.ptr, v_raw.ptr],
+                    x.ptr,
+                    xq,
+                    None,
+                )
+                .map_err(cuda_err("matvec_multi"))?;
+            (q_raw, k_raw, v_raw)
+        } else {
+            (
+                self.mm_q(&a.q, x, xq)?,
+                self.mm_q(&a.k, x, xq)?,
+                self.mm_q(&a.v, x, xq)?,
+            )
+        };
         let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
         let (kc, vc) = &state.kv[slot];
         let q = self.alloc(t_n, nh * hd, "attention")?;
@@ -1016,6 +1101,9 @@ impl Backend for CudaBackend {
         let mut ws: Vec<&DevWeight> = vec![&d.qkv, &d.gate];
         ws.extend(d.proj.iter());
         let xq = self.prepare(&ws, x)?;
+        if t_n == 1 && ws.len() <= 4 && matches!(ssm.d_state, 32 | 64 | 128) {
+            return self.delta_net_step(d, ssm, x, xq, state, slot);
+        }
         let qkv = self.mm_q(&d.qkv, x, xq)?;
         let z = self.mm_q(&d.gate, x, xq)?;
         let proj: Vec<DBuf> = d
@@ -1081,7 +1169,7 @@ impl Backend for CudaBackend {
         let logits = self.mm_q(&m.router, x, xq)?;
         let wts = self.alloc(t_n, k, "route")?;
         let ids = self.alloc_bytes(t_n * k * 4, "route")?;
-        if t_n == 1 && self.tiered.is_none() && fused_moe(m, k) {
+        if t_n == 1 && self.tiered.is_none() && fused_moe(m, cfg.n_expert, k) {
             return self.moe_fused(m, x, xq, &logits, &wts, ids);
         }
         let (down, (shared, logit)) = match &self.tiered {

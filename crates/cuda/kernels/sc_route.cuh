@@ -1,0 +1,103 @@
+// The routing of one token (model::moe::route) by one warp, shared by route_topk
+// (moe.cu) and the fused decode MoE (quant.cu).
+#pragma once
+
+#include "sc_common.cuh"
+#include "scoria_math.cuh"
+
+#define SC_MAX_EXPERT 1024
+#define SC_MAX_K 32
+
+// Larger probability first, the lower expert on ties (a stable descending sort).
+__device__ __forceinline__ void sc_route_better(float& bv, int& bi, float v, int i) {
+  if (v > bv || (v == bv && i < bi)) {
+    bv = v;
+    bi = i;
+  }
+}
+
+// One full warp routes one token's n_expert logits `l` (model::moe::route): softmax
+// over all experts (max, e^(v - max) with sc_exp, their sum in the canonical 32-lane
+// order, times 1/sum); the k most probable, ties to the lower index; renormalised by
+// 1/max(Σ of the k in rank order, 6.103515625e-5). `p` (n_expert floats) and `sid`
+// (SC_MAX_K ints) are the warp's shared scratch. Lane r < k returns rank r's weight
+// and expert in w_out / id_out. PER: experts a lane keeps (n_expert <= 32·PER; fewer
+// registers for kernels that route small expert counts).
+template <int PER>
+__device__ __forceinline__ void sc_route_warp(const float* __restrict__ l, int n_expert, int k, float* p,
+                                              int* sid, float& w_out, int& id_out) {
+  const int lane = threadIdx.x & 31;
+  // Each lane keeps its experts (lane, lane + 32, ...) in registers: one memory round
+  // trip, and the k argmax rounds below run without shared-memory scans.
+  float pv[PER];
+  uint32_t taken = 0;  // bit q: expert lane + 32·q is chosen or absent
+  float mx = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < PER; q++) {
+    const int e = lane + 32 * q;
+    pv[q] = e < n_expert ? l[e] : -INFINITY;
+    if (e >= n_expert) taken |= 1u << q;
+    if (e < n_expert) mx = fmaxf(mx, pv[q]);
+  }
+  for (int w = 16; w > 0; w >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, w));
+  float acc = 0.0f;
+#pragma unroll
+  for (int q = 0; q < PER; q++) {
+    if (lane + 32 * q < n_expert) {
+      pv[q] = sc_exp(sc_sub(pv[q], mx));
+      acc = sc_add(acc, pv[q]);
+    }
+  }
+  const float sum = __shfl_sync(0xffffffffu, sc_warp_sum(acc), 0);
+  const float inv = sc_div(1.0f, sum);
+#pragma unroll
+  for (int q = 0; q < PER; q++) {
+    const int e = lane + 32 * q;
+    if (e < n_expert) {
+      pv[q] = sc_mul(pv[q], inv);
+      p[e] = pv[q];
+    }
+  }
+  __syncwarp();
+
+  // k rounds of a warp argmax over the experts not yet chosen.
+  for (int r = 0; r < k; r++) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+      if (!(taken & (1u << q))) sc_route_better(bv, bi, pv[q], lane + 32 * q);
+    }
+    for (int w = 16; w > 0; w >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, w);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, w);
+      sc_route_better(bv, bi, ov, oi);
+    }
+    // Only if every remaining probability is NaN does no expert win; take the
+    // lowest untaken index then (memory safety; NaN routing is unspecified).
+    if (bi == 0x7fffffff) {
+      bi = 0;
+      for (bool again = true; again;) {
+        again = false;
+        for (int q = 0; q < r; q++)
+          if (sid[q] == bi) {
+            bi++;
+            again = true;
+          }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+      if (lane + 32 * q == bi) taken |= 1u << q;
+    }
+    if (lane == 0) sid[r] = bi;
+    __syncwarp();
+  }
+  float s = 0.0f;
+  for (int r = 0; r < k; r++) s = sc_add(s, p[sid[r]]);
+  const float rinv = sc_div(1.0f, fmaxf(s, 6.103515625e-5f));
+  if (lane < k) {
+    id_out = sid[lane];
+    w_out = sc_mul(p[id_out], rinv);
+  }
+}
