@@ -109,7 +109,8 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
                                                const float* __restrict__ v_cache, float scale,
                                                const float* __restrict__ gate, int q_stride,
                                                float* __restrict__ out, float* __restrict__ scratch,
-                                               int n_split) {
+                                               int n_split, int8_t* __restrict__ qs, float* __restrict__ qd,
+                                               int* __restrict__ qsum) {
   constexpr int ND = HD / 32;  // output dims per lane
   extern __shared__ float4 smem4[];
   float* smem = (float*)smem4;
@@ -254,7 +255,13 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
 #pragma unroll
       for (int jd = 0; jd < ND; jd++) {
         const int d = lane + 32 * jd;
-        out[th * HD + d] = sc_attn_out(o[qi][jd], l[qi], gate, (size_t)t * n_head * q_stride + (size_t)h * q_stride + HD + d);
+        const float y = sc_attn_out(o[qi][jd], l[qi], gate, (size_t)t * n_head * q_stride + (size_t)h * q_stride + HD + d);
+        out[th * HD + d] = y;
+        // The warp holds dims 32·jd .. 32·jd + 31 of the row: one quantization block.
+        if (qs) {
+          const size_t at = th * HD + 32 * jd;
+          sc_quant_block(y, lane, qs + at, qd + at / 32, qsum + at / 32);
+        }
       }
     }
   }
@@ -265,9 +272,11 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
       const float* __restrict__ q, int n_tok, const int* __restrict__ pos0_dev, int n_head,        \
       int n_head_kv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,         \
       float scale, const float* __restrict__ gate, int q_stride, float* __restrict__ out,          \
-      float* __restrict__ scratch, int n_split) { sc_pdl_enter();                                                  \
+      float* __restrict__ scratch, int n_split, int8_t* __restrict__ qs, float* __restrict__ qd,   \
+      int* __restrict__ qsum) {                                                                    \
+    sc_pdl_enter();                                                                                \
     attn_core_body<HD>(q, n_tok, pos0_dev, n_head, n_head_kv, k_cache, v_cache, scale, gate,       \
-                       q_stride, out, scratch, n_split);                                           \
+                       q_stride, out, scratch, n_split, qs, qd, qsum);                             \
   }
 
 SC_ATTN_CORE(32)
@@ -280,7 +289,9 @@ SC_ATTN_CORE(256)
 // (token, head), one thread per head dim.
 extern "C" __global__ void __launch_bounds__(SC_MAX_HD)
     attn_combine(const float* __restrict__ scratch, int n_split, int n_tok, int n_head, int hd,
-                 const float* __restrict__ gate, int q_stride, float* __restrict__ out) { sc_pdl_enter();
+                 const float* __restrict__ gate, int q_stride, float* __restrict__ out, int8_t* __restrict__ qs,
+                 float* __restrict__ qd, int* __restrict__ qsum) {
+  sc_pdl_enter();
   const size_t th = blockIdx.x;
   const int d = threadIdx.x;
   if (d >= hd) return;
@@ -300,5 +311,11 @@ extern "C" __global__ void __launch_bounds__(SC_MAX_HD)
     osum = osum + po[si * hd + d] * f;
   }
   const size_t t = th / n_head, h = th % n_head;
-  out[th * hd + d] = sc_attn_out(osum, lsum, gate, t * n_head * q_stride + h * q_stride + hd + d);
+  const float y = sc_attn_out(osum, lsum, gate, t * n_head * q_stride + h * q_stride + hd + d);
+  out[th * hd + d] = y;
+  // Each warp holds 32 consecutive dims of the row (hd is a multiple of 32).
+  if (qs) {
+    const size_t at = th * hd + (d & ~31);
+    sc_quant_block(y, d & 31, qs + at, qd + at / 32, qsum + at / 32);
+  }
 }

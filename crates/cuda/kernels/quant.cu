@@ -300,7 +300,10 @@ __device__ __forceinline__ float sc_qsub_any(int ty, const uint8_t* row, int s, 
 // act[k·n_ff ..] (n_sff values). With `gate_inp`, one more warp of the shared plane
 // writes the shared gate's logit x·gate_inp (dot_rows: products rounded, then added)
 // to *shared_logit. Gate and up share a type (`ty`, `sty`) and a row size. At most
-// SC_FUSED_MAX_EXPERT experts.
+// SC_FUSED_MAX_EXPERT experts. With `aq`, the last block of each plane to finish also
+// writes the plane's quantized copy (aq/ad/as at the plane's offset, as quantize_act
+// of the whole act row; n_ff and n_sff multiples of 32), counting finished blocks in
+// plane_done[plane] (zero before the launch, zero again after it).
 #define SC_FUSED_MAX_EXPERT 512
 extern "C" __global__ void __launch_bounds__(128)
     moe_gate_up(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
@@ -310,9 +313,11 @@ extern "C" __global__ void __launch_bounds__(128)
                 int k, float* __restrict__ wts_out, int* __restrict__ ids_out, int n_cols,
                 const float* __restrict__ x, const int8_t* __restrict__ xq, const float* __restrict__ xd,
                 const int* __restrict__ xs, const float* __restrict__ gate_inp,
-                float* __restrict__ shared_logit, float* __restrict__ act) {
+                float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
+                float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done) {
   sc_pdl_enter();
   __shared__ float sp[SC_FUSED_MAX_EXPERT];
+  __shared__ bool s_last;
   __shared__ int sid[SC_MAX_K];
   __shared__ int s_ids[SC_MAX_K];
   const int lane = threadIdx.x & 31;
@@ -340,26 +345,41 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int i = lane; i < n_cols; i += 32) acc = sc_add(acc, sc_mul(x[i], __ldg(gate_inp + i)));
     acc = sc_warp_sum(acc);
     if (lane == 0) *shared_logit = acc;
-    return;
+  } else if (r < n_rows) {
+    const uint8_t* rows[2];
+    int t;
+    if (shared) {
+      rows[0] = sgate + (unsigned long long)r * srow_bytes;
+      rows[1] = sup + (unsigned long long)r * srow_bytes;
+      t = sty;
+    } else {
+      const unsigned long long off =
+          (unsigned long long)s_ids[plane] * expert_bytes + (unsigned long long)r * row_bytes;
+      rows[0] = gate + off;
+      rows[1] = up + off;
+      t = ty;
+    }
+    float acc[2] = {0.0f, 0.0f};
+    sc_dot_rows<2>(t, rows, n_cols, x, xq, xd, xs, lane, acc);
+    const float g = sc_warp_sum(acc[0]);
+    const float u = sc_warp_sum(acc[1]);
+    if (lane == 0) act[(size_t)plane * n_ff + r] = sc_mul(sc_silu(g), u);
   }
-  if (r >= n_rows) return;
-  const uint8_t* rows[2];
-  int t;
-  if (shared) {
-    rows[0] = sgate + (unsigned long long)r * srow_bytes;
-    rows[1] = sup + (unsigned long long)r * srow_bytes;
-    t = sty;
-  } else {
-    const unsigned long long off = (unsigned long long)s_ids[plane] * expert_bytes + (unsigned long long)r * row_bytes;
-    rows[0] = gate + off;
-    rows[1] = up + off;
-    t = ty;
+  if (!aq) return;
+  // The last block of a plane to finish quantizes the plane's activations (the
+  // threadfence-reduction pattern: every block's writes are visible before its count,
+  // and the last one resets the count for the next launch).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(plane_done + plane, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  const size_t base = (size_t)plane * n_ff;
+  for (int b = threadIdx.x >> 5; b < (n_rows >> 5); b += blockDim.x >> 5) {
+    const size_t at = base + (size_t)b * 32;
+    sc_quant_block(__ldcg(act + at + (threadIdx.x & 31)), threadIdx.x & 31, aq + at, ad + at / 32, as + at / 32);
   }
-  float acc[2] = {0.0f, 0.0f};
-  sc_dot_rows<2>(t, rows, n_cols, x, xq, xd, xs, lane, acc);
-  const float g = sc_warp_sum(acc[0]);
-  const float u = sc_warp_sum(acc[1]);
-  if (lane == 0) act[(size_t)plane * n_ff + r] = sc_mul(sc_silu(g), u);
+  if (threadIdx.x == 0) plane_done[plane] = 0;
 }
 
 // out[c] = Σ_r wts[r] · (act_r · down_{ids[r]}[c]) in rank order from 0.0, then
@@ -417,4 +437,49 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
     out[c0 + threadIdx.x] = o;
   }
+}
+
+// ------------------------------------------------------------------ matvec_multi
+// One token against up to four matrices that read it (a mixer's input projections)
+// in one launch: their rows laid end to end (matrix p ends at row end_p of the joint
+// row space), one warp per row, four rows a block, each row's value as the _t1
+// kernels compute it. `tys` packs the four type codes a byte each (matrix p in bits
+// 8p..8p+7). With conv_state, matrix 0's row c passes through the causal conv of
+// channel c before it is written (model::deltanet::conv_step, as dn_conv does it
+// for one token): acc = Σ_j hist[j]·taps[j] in j order (products rounded, then
+// added), acc += x·taps[d_conv-1], out = silu(acc); the history shifts and takes x.
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_multi(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, const uint8_t* __restrict__ w2,
+                 const uint8_t* __restrict__ w3, int tys, unsigned long long rb0, unsigned long long rb1,
+                 unsigned long long rb2, unsigned long long rb3, int end0, int end1, int end2, int end3,
+                 float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
+                 float* __restrict__ out3, int n_cols, const float* __restrict__ x,
+                 const int8_t* __restrict__ xq, const float* __restrict__ xd, const int* __restrict__ xs,
+                 float* __restrict__ conv_state, const float* __restrict__ conv_taps, int d_conv) {
+  sc_pdl_enter();
+  const int lane = threadIdx.x & 31;
+  const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (g >= end3) return;
+  const int p = g < end0 ? 0 : g < end1 ? 1 : g < end2 ? 2 : 3;
+  const int r = g - (p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2);
+  const uint8_t* w = p == 0 ? w0 : p == 1 ? w1 : p == 2 ? w2 : w3;
+  const unsigned long long rb = p == 0 ? rb0 : p == 1 ? rb1 : p == 2 ? rb2 : rb3;
+  float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
+  const uint8_t* rows[1] = {w + (unsigned long long)r * rb};
+  float acc[1] = {0.0f};
+  sc_dot_rows<1>((tys >> (8 * p)) & 0xff, rows, n_cols, x, xq, xd, xs, lane, acc);
+  float v = sc_warp_sum(acc[0]);
+  if (lane != 0) return;
+  if (p == 0 && conv_state) {
+    const int hist = d_conv - 1;
+    float* st = conv_state + (size_t)r * hist;
+    const float* taps = conv_taps + (size_t)r * d_conv;
+    float c = 0.0f;
+    for (int j = 0; j < hist; j++) c = sc_add(c, sc_mul(st[j], taps[j]));
+    c = sc_add(c, sc_mul(v, taps[hist]));
+    for (int j = 0; j + 1 < hist; j++) st[j] = st[j + 1];
+    if (hist > 0) st[hist - 1] = v;
+    v = sc_silu(c);
+  }
+  out[r] = v;
 }

@@ -6,6 +6,7 @@ use super::{addr, blocks, int, opt_addr, MAX_GRID_YZ};
 use crate::error::{gib, CudaError};
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
+use crate::ops::quant::QAct;
 
 /// Query rows and keys per attn_core tile (kernels/attention.cu SC_AQ, SC_AK).
 const AQ: usize = 16;
@@ -153,7 +154,9 @@ impl Gpu {
     /// at a moving position); `n_ctx` (the cache's capacity) only sizes the key split.
     /// `scratch` must hold [`Gpu::attn_scratch_bytes`] bytes (it may be 0 when that is
     /// 0). head_dim must be 32, 64, 128 or 256; q, k_cache, v_cache 16-byte aligned.
-    /// Deterministic, not bit-identical to the CPU (online softmax).
+    /// Deterministic, not bit-identical to the CPU (online softmax). Unless `oq` is
+    /// [`QAct::NONE`], `out`'s quantized copy ([`Gpu::quantize_act`]'s bits) is
+    /// written there too.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_core(
         &self,
@@ -170,6 +173,7 @@ impl Gpu {
         q_stride: usize,
         out: u64,
         scratch: u64,
+        oq: QAct,
     ) -> Result<(), CudaError> {
         const KN: &str = "attn_core";
         let k = core_kernel(head_dim).ok_or_else(|| {
@@ -232,8 +236,23 @@ impl Gpu {
             Arg::P(if n_split > 1 { scratch } else { 0 }),
             Arg::I32(n_split as i32),
         ];
+        let q_out = [
+            Arg::P(opt_addr(KN, "oq.qs", oq.qs, 16)?),
+            Arg::P(opt_addr(KN, "oq.d", oq.d, 4)?),
+            Arg::P(opt_addr(KN, "oq.sums", oq.sums, 4)?),
+        ];
+        if oq != QAct::NONE && (oq.qs == 0 || oq.d == 0 || oq.sums == 0) {
+            return Err(CudaError::bad(
+                KN,
+                "give all of oq's qs, d and sums, or none",
+            ));
+        }
+        // The split path quantizes in attn_combine.
+        let none = [Arg::P(0), Arg::P(0), Arg::P(0)];
+        let mut core_args = args.to_vec();
+        core_args.extend(if n_split > 1 { none } else { q_out });
         let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];
-        self.launch(k, grid, 128, smem, &args)?;
+        self.launch(k, grid, 128, smem, &core_args)?;
         if n_split > 1 {
             let args = [
                 Arg::P(scratch),
@@ -244,6 +263,9 @@ impl Gpu {
                 Arg::P(gate),
                 Arg::I32(int(KN, "q_stride", q_stride)?),
                 Arg::P(out),
+                q_out[0],
+                q_out[1],
+                q_out[2],
             ];
             let rows = u32::try_from(n_tok * n_head)
                 .map_err(|_| CudaError::bad(KN, "too many (token, head) rows"))?;

@@ -89,6 +89,10 @@ impl Gpu {
     /// with `gate_inp` (f32, x's width) also `*shared_logit = x·gate_inp`. The bits of
     /// [`Gpu::matvec`] (one token), [`Gpu::swiglu`] and [`Gpu::dot_rows`]. `x` is the
     /// token's f32 row, `xq` its quantized copy (needed when a type is quantized).
+    /// Unless `act_q` is [`QAct::NONE`], `act`'s quantized copy is written there too
+    /// ([`Gpu::quantize_act`] of the whole row; every expert width a multiple of 32),
+    /// and `done` (i32 [k + 1], zero) counts each plane's finished blocks, zero again
+    /// when the kernel ends.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gate_up(
         &self,
@@ -105,6 +109,8 @@ impl Gpu {
         xq: QAct,
         shared_logit: u64,
         act: u64,
+        act_q: QAct,
+        done: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "moe_gate_up";
         let ti = check_pair(KN, gate, up)?;
@@ -142,6 +148,17 @@ impl Gpu {
             ));
         }
         let [q0, q1, q2] = q_args(KN, need_q, xq)?;
+        let quantize = act_q != QAct::NONE;
+        if quantize && (!gate.n_rows.is_multiple_of(32) || !s_rows.is_multiple_of(32)) {
+            return Err(CudaError::bad(
+                KN,
+                format!(
+                    "expert widths {} and {s_rows} are not whole 32-value blocks to quantize",
+                    gate.n_rows
+                ),
+            ));
+        }
+        let [aq0, aq1, aq2] = q_args(KN, quantize, act_q)?;
         let args = [
             Arg::P(gate.ptr),
             Arg::P(up.ptr),
@@ -167,6 +184,14 @@ impl Gpu {
             Arg::P(opt_addr(KN, "gate_inp", gate_inp, 4)?),
             Arg::P(opt_addr(KN, "shared_logit", shared_logit, 4)?),
             Arg::P(addr(KN, "act", act, 4)?),
+            aq0,
+            aq1,
+            aq2,
+            Arg::P(if quantize {
+                addr(KN, "done", done, 4)?
+            } else {
+                0
+            }),
         ];
         // Four rows a block; the shared plane has one more warp for the gate logit.
         let rows = gate.n_rows.max(s_rows + usize::from(gate_inp != 0));

@@ -211,6 +211,7 @@ fn attention_graph_follows_the_position_on_the_device() {
             q_stride,
             out,
             sp,
+            QAct::NONE,
         )
         .unwrap();
     };

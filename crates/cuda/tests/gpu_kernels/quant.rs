@@ -693,30 +693,8 @@ fn fused_decode_moe_matches_the_cpu() {
             mat(stgu, &dsu, sh, e),
             mat(std_, &dsd, e, sh),
         );
-        g.moe_gate_up(
-            &mg,
-            &mu,
-            shared.then_some((&msg, &msu)),
-            if logit { dgi.ptr() } else { 0 },
-            dlogits.ptr(),
-            n_exp,
-            k,
-            dwts_out.ptr(),
-            dids_out.ptr(),
-            dx.ptr(),
-            dq.q(),
-            if logit { dlg.ptr() } else { 0 },
-            dact.ptr(),
-        )
-        .unwrap();
-        assert_bits(&down(&g, &dact), &act, &format!("activations: {what}"));
-        if logit {
-            assert_bits(
-                &down(&g, &dlg),
-                &[lg],
-                &format!("shared gate logit: {what}"),
-            );
-        }
+        // The activations' quantized copy, written by the last block of each plane; the
+        // plane counters must be zero again afterwards, so a second launch gives the same.
         let qs = filled::<i8>(&g, n_act, 0x80);
         let qd = poisoned(&g, n_act / 32);
         let qsum = filled::<i32>(&g, n_act / 32, 0x80);
@@ -725,7 +703,48 @@ fn fused_decode_moe_matches_the_cpu() {
             d: qd.ptr(),
             sums: qsum.ptr(),
         };
-        g.quantize_act(dact.ptr(), 1, n_act, aq).unwrap();
+        let done = filled::<i32>(&g, k + 1, 0);
+        let want_q = quant::quantize_act(&act);
+        for launch in 0..2 {
+            g.moe_gate_up(
+                &mg,
+                &mu,
+                shared.then_some((&msg, &msu)),
+                if logit { dgi.ptr() } else { 0 },
+                dlogits.ptr(),
+                n_exp,
+                k,
+                dwts_out.ptr(),
+                dids_out.ptr(),
+                dx.ptr(),
+                dq.q(),
+                if logit { dlg.ptr() } else { 0 },
+                dact.ptr(),
+                aq,
+                done.ptr(),
+            )
+            .unwrap();
+            let what = format!("{what}, launch {launch}");
+            assert_bits(&down(&g, &dact), &act, &format!("activations: {what}"));
+            if logit {
+                assert_bits(
+                    &down(&g, &dlg),
+                    &[lg],
+                    &format!("shared gate logit: {what}"),
+                );
+            }
+            assert_eq!(down(&g, &qs), want_q.qs, "activations' qs: {what}");
+            assert_bits(
+                &down(&g, &qd),
+                &want_q.d,
+                &format!("activations' d: {what}"),
+            );
+            assert_eq!(down(&g, &qsum), want_q.sums, "activations' sums: {what}");
+            assert!(
+                down(&g, &done).iter().all(|&c| c == 0),
+                "plane counts not reset: {what}"
+            );
+        }
         let out = poisoned(&g, e);
         assert_bits(
             &down(&g, &dwts_out),

@@ -77,6 +77,9 @@ pub struct CudaBackend {
     /// The quantized copy of `h_fixed`, in the persistent part (a norm into
     /// `h_fixed` still reads the released per-layer part, so its copy cannot go there).
     h_fixed_q: Cell<QAct>,
+    /// Finished-block counts of the fused gate/up kernel's planes (zero between
+    /// launches; see `Gpu::moe_gate_up`).
+    plane_done: DevBuf<i32>,
 }
 
 /// A tiered decode step cut into graph segments where the host takes part (each
@@ -175,6 +178,9 @@ impl CudaBackend {
         let pos = gpu
             .alloc::<i32>(1, "position")
             .map_err(cuda_err("allocate step inputs"))?;
+        let plane_done = gpu
+            .alloc::<i32>(cuda::MAX_TOP_K + 1, "expert plane counts")
+            .map_err(cuda_err("allocate step inputs"))?;
         Ok(CudaBackend {
             gpu,
             cfg,
@@ -192,6 +198,7 @@ impl CudaBackend {
             seg: RefCell::new(None),
             normed_q: Cell::new(None),
             h_fixed_q: Cell::new(QAct::NONE),
+            plane_done,
         })
     }
 
@@ -547,6 +554,14 @@ impl CudaBackend {
             m.shared.as_ref().map_or(0, |s| s.gate.n_rows),
         );
         let act = self.alloc(1, k * fe + sh, "expert products")?;
+        // The down products' quantized input, written by the gate/up kernel.
+        let quantized =
+            !is_float(m.down_exps.ty) || m.shared.as_ref().is_some_and(|s| !is_float(s.down.ty));
+        let aq = if quantized {
+            self.alloc_qact(1, act.cols)?
+        } else {
+            QAct::NONE
+        };
         let logit = match &m.shared {
             Some(_) => self.alloc(1, 1, "shared gate")?.ptr,
             None => 0,
@@ -570,12 +585,11 @@ impl CudaBackend {
                 xq,
                 logit,
                 act.ptr,
+                aq,
+                self.plane_done.ptr(),
             )
             .map_err(cuda_err("moe_gate_up"))?;
         let sdown = m.shared.as_ref().map(|s| s.down.mat());
-        let mut downs = vec![&m.down_exps];
-        downs.extend(m.shared.as_ref().map(|s| &s.down));
-        let aq = self.prepare(&downs, &act)?;
         let out = self.alloc(1, cfg.n_embd, "moe")?;
         self.gpu
             .moe_down_combine(
@@ -1052,6 +1066,12 @@ impl Backend for CudaBackend {
             )
             .map_err(cuda_err("attn_prep"))?;
         let out = self.alloc(t_n, nh * hd, "attention")?;
+        // The output projection's quantized input, written by the attention kernels.
+        let oq = if is_float(a.o.ty) {
+            QAct::NONE
+        } else {
+            self.alloc_qact(t_n, nh * hd)?
+        };
         let split = self.gpu.attn_scratch_bytes(t_n, nh, nkv, hd, state.n_ctx);
         let scratch = if split > 0 {
             self.alloc_bytes(split as usize, "attention")?
@@ -1075,9 +1095,10 @@ impl Backend for CudaBackend {
                 q_stride,
                 out.ptr,
                 scratch,
+                oq,
             )
             .map_err(cuda_err("attn_core"))?;
-        self.mm(&a.o, &out)
+        self.mm_q(&a.o, &out, oq)
     }
 
     fn delta_net(
