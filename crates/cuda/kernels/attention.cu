@@ -109,8 +109,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
                                                const float* __restrict__ v_cache, float scale,
                                                const float* __restrict__ gate, int q_stride,
                                                float* __restrict__ out, float* __restrict__ scratch,
-                                               int n_split, int8_t* __restrict__ qs, float* __restrict__ qd,
-                                               int* __restrict__ qsum) {
+                                               int n_split) {
   constexpr int ND = HD / 32;  // output dims per lane
   extern __shared__ float4 smem4[];
   float* smem = (float*)smem4;
@@ -255,13 +254,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
 #pragma unroll
       for (int jd = 0; jd < ND; jd++) {
         const int d = lane + 32 * jd;
-        const float y = sc_attn_out(o[qi][jd], l[qi], gate, (size_t)t * n_head * q_stride + (size_t)h * q_stride + HD + d);
-        out[th * HD + d] = y;
-        // The warp holds dims 32·jd .. 32·jd + 31 of the row: one quantization block.
-        if (qs) {
-          const size_t at = th * HD + 32 * jd;
-          sc_quant_block(y, lane, qs + at, qd + at / 32, qsum + at / 32);
-        }
+        out[th * HD + d] = sc_attn_out(o[qi][jd], l[qi], gate, (size_t)t * n_head * q_stride + (size_t)h * q_stride + HD + d);
       }
     }
   }
@@ -272,11 +265,10 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
       const float* __restrict__ q, int n_tok, const int* __restrict__ pos0_dev, int n_head,        \
       int n_head_kv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,         \
       float scale, const float* __restrict__ gate, int q_stride, float* __restrict__ out,          \
-      float* __restrict__ scratch, int n_split, int8_t* __restrict__ qs, float* __restrict__ qd,   \
-      int* __restrict__ qsum) {                                                                    \
+      float* __restrict__ scratch, int n_split) {                                                  \
     sc_pdl_enter();                                                                                \
     attn_core_body<HD>(q, n_tok, pos0_dev, n_head, n_head_kv, k_cache, v_cache, scale, gate,       \
-                       q_stride, out, scratch, n_split, qs, qd, qsum);                             \
+                       q_stride, out, scratch, n_split);                                           \
   }
 
 SC_ATTN_CORE(32)

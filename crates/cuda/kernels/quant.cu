@@ -56,25 +56,26 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
   }
 
 // Float rows: accumulator `lane` takes elements lane, lane + 32, ... as
-// acc = fma(w_i, x_i, acc), in increasing order. The loads of FB elements are issued
-// together before their FMAs (one memory round trip per FB instead of per element;
-// FB is 64 for one token, whose kernels have the registers, 16 for tiles of 8).
+// acc = fma(w_i, x_i, acc), in increasing order. The loads of SC_FB = 16 elements are
+// issued together before their FMAs (one memory round trip per 16 instead of per
+// element).
+#define SC_FB 16
 #define SC_FDOT(GET)                                                                      \
-  for (int i0 = lane; i0 < n_cols; i0 += 32 * FB) {                                       \
-    float wv[FB];                                                                         \
-    _Pragma("unroll") for (int q = 0; q < FB; q++) {                                      \
+  for (int i0 = lane; i0 < n_cols; i0 += 32 * SC_FB) {                                       \
+    float wv[SC_FB];                                                                         \
+    _Pragma("unroll") for (int q = 0; q < SC_FB; q++) {                                      \
       const int i = i0 + 32 * q;                                                          \
       wv[q] = i < n_cols ? GET(row, i) : 0.0f;                                            \
     }                                                                                     \
     _Pragma("unroll") for (int j = 0; j < TL; j++) {                                      \
       if (j < nt) {                                                                       \
         const float* xr = x + (size_t)in_r[j] * n_cols;                                   \
-        float xv[FB];                                                                     \
-        _Pragma("unroll") for (int q = 0; q < FB; q++) {                                  \
+        float xv[SC_FB];                                                                     \
+        _Pragma("unroll") for (int q = 0; q < SC_FB; q++) {                                  \
           const int i = i0 + 32 * q;                                                      \
           xv[q] = i < n_cols ? __ldg(xr + i) : 0.0f;                                      \
         }                                                                                 \
-        _Pragma("unroll") for (int q = 0; q < FB; q++) {                                  \
+        _Pragma("unroll") for (int q = 0; q < SC_FB; q++) {                                  \
           if (i0 + 32 * q < n_cols) acc[j] = sc_fma(wv[q], xv[q], acc[j]);                \
         }                                                                                 \
       }                                                                                   \
@@ -93,12 +94,13 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
            unsigned long long row_bytes, int n_rows, int n_cols, const float* __restrict__ x, \
            const int8_t* __restrict__ xq, const float* __restrict__ xd,                  \
            const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,        \
-           int n_tiles, float* __restrict__ out) { sc_pdl_enter();                                       \
-    constexpr int TL = TLV;                                                              \
-    constexpr int FB = TL == 1 ? 64 : 16;                                                \
-    (void)FB;                                                                            \
+           int n_tiles, float* __restrict__ out) {                                       \
     const int lane = threadIdx.x & 31;                                                   \
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
+    /* One token of a plain matrix: its row into L2 while the kernel before runs. */     \
+    if (TLV == 1 && tiles == nullptr && r < n_rows) sc_prefetch_l2(w + (unsigned long long)r * row_bytes, row_bytes); \
+    sc_pdl_enter();                                                                      \
+    constexpr int TL = TLV;                                                              \
     if (r >= n_rows) return;                                                             \
     const int n_sub = n_cols >> 5;                                                       \
     (void)n_sub;                                                                         \
@@ -456,14 +458,16 @@ extern "C" __global__ void __launch_bounds__(128)
                  float* __restrict__ out3, int n_cols, const float* __restrict__ x,
                  const int8_t* __restrict__ xq, const float* __restrict__ xd, const int* __restrict__ xs,
                  float* __restrict__ conv_state, const float* __restrict__ conv_taps, int d_conv) {
-  sc_pdl_enter();
-  const int lane = threadIdx.x & 31;
   const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (g >= end3) return;
   const int p = g < end0 ? 0 : g < end1 ? 1 : g < end2 ? 2 : 3;
   const int r = g - (p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2);
   const uint8_t* w = p == 0 ? w0 : p == 1 ? w1 : p == 2 ? w2 : w3;
   const unsigned long long rb = p == 0 ? rb0 : p == 1 ? rb1 : p == 2 ? rb2 : rb3;
+  // The row into L2 while the kernel before runs.
+  if (g < end3) sc_prefetch_l2(w + (unsigned long long)r * rb, rb);
+  sc_pdl_enter();
+  const int lane = threadIdx.x & 31;
+  if (g >= end3) return;
   float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
   const uint8_t* rows[1] = {w + (unsigned long long)r * rb};
   float acc[1] = {0.0f};

@@ -265,6 +265,15 @@ __device__ __forceinline__ void sc_pdl_enter() {
 #endif
 }
 
+// Asks L2 for the `bytes` bytes at p (a weight row), one 128-byte line a lane. Only
+// for memory no kernel writes (weights): it is the one access a kernel may make
+// before sc_pdl_enter, so that a step's weights stream in while the kernel before
+// still runs.
+__device__ __forceinline__ void sc_prefetch_l2(const uint8_t* p, unsigned long long bytes) {
+  for (unsigned long long off = (unsigned long long)(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+
 // Lane `lane` of a full warp holding value v of a 32-value block: the canonical int8
 // block of quant::quantize_act_block, written to qs[0..32], *d_out and *sum_out.
 // amax = max |x_i|; d = amax / 127; id = d == 0 ? 0 : 1 / d;

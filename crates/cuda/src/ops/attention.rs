@@ -154,9 +154,10 @@ impl Gpu {
     /// at a moving position); `n_ctx` (the cache's capacity) only sizes the key split.
     /// `scratch` must hold [`Gpu::attn_scratch_bytes`] bytes (it may be 0 when that is
     /// 0). head_dim must be 32, 64, 128 or 256; q, k_cache, v_cache 16-byte aligned.
-    /// Deterministic, not bit-identical to the CPU (online softmax). Unless `oq` is
-    /// [`QAct::NONE`], `out`'s quantized copy ([`Gpu::quantize_act`]'s bits) is
-    /// written there too.
+    /// Deterministic, not bit-identical to the CPU (online softmax). When the keys
+    /// are split (the partial results merged by a second kernel), that kernel also
+    /// writes `out`'s quantized copy to `oq` ([`Gpu::quantize_act`]'s bits) unless
+    /// `oq` is [`QAct::NONE`]; returns whether it did (the caller quantizes otherwise).
     #[allow(clippy::too_many_arguments)]
     pub fn attn_core(
         &self,
@@ -174,7 +175,7 @@ impl Gpu {
         out: u64,
         scratch: u64,
         oq: QAct,
-    ) -> Result<(), CudaError> {
+    ) -> Result<bool, CudaError> {
         const KN: &str = "attn_core";
         let k = core_kernel(head_dim).ok_or_else(|| {
             CudaError::bad(
@@ -195,7 +196,7 @@ impl Gpu {
             ));
         }
         if n_tok == 0 || n_head == 0 {
-            return Ok(());
+            return Ok(false);
         }
         let smem = core_smem(head_dim);
         if smem > 48 * 1024 && smem > self.funcs.smem_optin {
@@ -247,12 +248,8 @@ impl Gpu {
                 "give all of oq's qs, d and sums, or none",
             ));
         }
-        // The split path quantizes in attn_combine.
-        let none = [Arg::P(0), Arg::P(0), Arg::P(0)];
-        let mut core_args = args.to_vec();
-        core_args.extend(if n_split > 1 { none } else { q_out });
         let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];
-        self.launch(k, grid, 128, smem, &core_args)?;
+        self.launch(k, grid, 128, smem, &args)?;
         if n_split > 1 {
             let args = [
                 Arg::P(scratch),
@@ -271,6 +268,6 @@ impl Gpu {
                 .map_err(|_| CudaError::bad(KN, "too many (token, head) rows"))?;
             self.launch(K::AttnCombine, [rows, 1, 1], head_dim as u32, 0, &args)?;
         }
-        Ok(())
+        Ok(n_split > 1 && oq != QAct::NONE)
     }
 }

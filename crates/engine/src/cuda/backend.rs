@@ -1080,7 +1080,8 @@ impl Backend for CudaBackend {
         };
         // The kernel finds head h's gate at h·q_stride + head_dim of the raw q row.
         let gate = if cfg.attn_output_gate { q_raw.ptr } else { 0 };
-        self.gpu
+        let quantized = self
+            .gpu
             .attn_core(
                 q.ptr,
                 t_n,
@@ -1098,6 +1099,11 @@ impl Backend for CudaBackend {
                 oq,
             )
             .map_err(cuda_err("attn_core"))?;
+        if oq != QAct::NONE && !quantized {
+            self.gpu
+                .quantize_act(out.ptr, out.rows, out.cols, oq)
+                .map_err(cuda_err("quantize_act"))?;
+        }
         self.mm_q(&a.o, &out, oq)
     }
 
