@@ -429,20 +429,12 @@ impl Gpu {
         // lane runs more warps at once; same bits per (row, token).
         let one = (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == TileShape::Single);
         let k = if one { ti.k1 } else { ti.k };
-        // A float row of one token keeps 64 loads a lane in flight (FB in quant.cu),
-        // so the product (the router's, mostly) is spread a warp a block over every
-        // multiprocessor rather than packed four warps a block onto a few.
-        let rows_per_block = if one && ti.float {
-            1
-        } else {
-            MV_ROWS_PER_BLOCK
-        };
         let grid = [
-            blocks(n_rows, rows_per_block)?,
+            blocks(n_rows, MV_ROWS_PER_BLOCK)?,
             units.min(MAX_GRID_YZ) as u32,
             1,
         ];
-        self.launch(k, grid, (32 * rows_per_block) as u32, 0, &args)
+        self.launch(k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, 0, &args)
     }
 
     /// One token against up to four matrices that read it, in one launch:
