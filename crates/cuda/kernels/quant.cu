@@ -267,28 +267,35 @@ __device__ __forceinline__ void sc_dot_rows(int ty, const uint8_t* const* rows, 
   }
 }
 
-// The contribution of sub-block s of a quantized row of type `ty` against one token's
-// quantized activations (one step of sc_qdot_rows).
+// The contributions of sub-block s of two quantized rows (each only where its flag is
+// set) against one token's quantized activations, the loads issued together: one step
+// of sc_qdot_rows for each row.
 template <class F>
-__device__ __forceinline__ float sc_qsub(const uint8_t* row, int s, const int8_t* xq, const float* xd,
-                                         const int* xs) {
-  typename F::W w;
-  F::load(row, s, w);
+__device__ __forceinline__ void sc_qsub2(const uint8_t* r0, const uint8_t* r1, bool v0, bool v1, int s,
+                                         const int8_t* xq, const float* xd, const int* xs, float& c0,
+                                         float& c1) {
+  typename F::W w0, w1;
+  if (v0) F::load(r0, s, w0);
+  if (v1) F::load(r1, s, w1);
   uint32_t a[8];
   sc_load_act(xq, s, a);
-  return F::contrib(w, a, __ldg(xd + s), __ldg(xs + s));
+  const float d = __ldg(xd + s);
+  const int sum = __ldg(xs + s);
+  if (v0) c0 = F::contrib(w0, a, d, sum);
+  if (v1) c1 = F::contrib(w1, a, d, sum);
 }
 
-__device__ __forceinline__ float sc_qsub_any(int ty, const uint8_t* row, int s, const int8_t* xq,
-                                             const float* xd, const int* xs) {
+__device__ __forceinline__ void sc_qsub2_any(int ty, const uint8_t* r0, const uint8_t* r1, bool v0, bool v1,
+                                             int s, const int8_t* xq, const float* xd, const int* xs,
+                                             float& c0, float& c1) {
   switch (ty) {
-    case SC_T_Q8_0: return sc_qsub<FmtQ8_0>(row, s, xq, xd, xs);
-    case SC_T_Q4_0: return sc_qsub<FmtQ4_0>(row, s, xq, xd, xs);
-    case SC_T_Q4_K: return sc_qsub<FmtQ4K>(row, s, xq, xd, xs);
-    case SC_T_Q5_K: return sc_qsub<FmtQ5K>(row, s, xq, xd, xs);
-    case SC_T_Q6_K: return sc_qsub<FmtQ6K>(row, s, xq, xd, xs);
-    case SC_T_IQ4_XS: return sc_qsub<FmtIq4Xs>(row, s, xq, xd, xs);
-    default: return 0.0f;
+    case SC_T_Q8_0: sc_qsub2<FmtQ8_0>(r0, r1, v0, v1, s, xq, xd, xs, c0, c1); break;
+    case SC_T_Q4_0: sc_qsub2<FmtQ4_0>(r0, r1, v0, v1, s, xq, xd, xs, c0, c1); break;
+    case SC_T_Q4_K: sc_qsub2<FmtQ4K>(r0, r1, v0, v1, s, xq, xd, xs, c0, c1); break;
+    case SC_T_Q5_K: sc_qsub2<FmtQ5K>(r0, r1, v0, v1, s, xq, xd, xs, c0, c1); break;
+    case SC_T_Q6_K: sc_qsub2<FmtQ6K>(r0, r1, v0, v1, s, xq, xd, xs, c0, c1); break;
+    case SC_T_IQ4_XS: sc_qsub2<FmtIq4Xs>(r0, r1, v0, v1, s, xq, xd, xs, c0, c1); break;
+    default: break;
   }
 }
 
@@ -387,13 +394,13 @@ extern "C" __global__ void __launch_bounds__(128)
 // out[c] = Σ_r wts[r] · (act_r · down_{ids[r]}[c]) in rank order from 0.0, then
 // + sigmoid(*shared_logit) · (act_k · sdown[c]) (+ the product alone without a logit)
 // when `sdown` is given: moe_combine over the down products. One warp per routed rank
-// (and one for the shared expert); thread 0 adds them up. act (and its quantized copy
-// aq/ad/as, for quantized types) holds the routed rows at stride n_ff, then the
-// shared row (n_sff values). Without `pair`, a block computes output row c =
+// (and one for the shared expert); the first threads add them up. act (and its
+// quantized copy aq/ad/as, for quantized types) holds the routed rows at stride n_ff,
+// then the shared row (n_sff values). Without `pair`, a block computes output row c =
 // blockIdx.x with whole warps. With `pair` (quantized types, rows of at most 16
-// sub-blocks), it computes rows 2·blockIdx.x and 2·blockIdx.x + 1, a half-warp each:
-// the canonical sum of such a row has zeros in lanes 16..31, so its first tree step
-// is acc + 0 and the rest stays within 16 lanes (the same bits).
+// sub-blocks), it computes rows 4·blockIdx.x .. + 3, each half-warp two of them (its
+// loads together): the canonical sum of such a row has zeros in lanes 16..31, so its
+// first tree step is acc + 0 and the rest stays within 16 lanes (the same bits).
 extern "C" __global__ void __launch_bounds__(1024)
     moe_down_combine(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
                      unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
@@ -402,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(1024)
                      const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
                      const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair) {
   sc_pdl_enter();
-  __shared__ float part[2][32];
+  __shared__ float part[4][32];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const bool shared = w == k;
   const int t = shared ? sty : ty;
@@ -410,27 +417,38 @@ extern "C" __global__ void __launch_bounds__(1024)
   const size_t a0 = (size_t)w * n_ff;  // the shared row starts at k·n_ff too
   const uint8_t* base = shared ? sdown : down + (unsigned long long)ids[w] * expert_bytes;
   const unsigned long long rb = shared ? srow_bytes : row_bytes;
-  const int c0 = pair ? 2 * blockIdx.x : blockIdx.x;
+  const int rows = pair ? 4 : 1;
+  const int c0 = blockIdx.x * rows;
   if (pair) {
+    // Half h of the warp takes rows c0 + h and c0 + 2 + h.
     const int half = lane >> 4, hl = lane & 15;
-    const int c = c0 + half;
-    float acc = 0.0f;
-    if (c < n_out && hl < (n >> 5))
-      acc = sc_add(acc, sc_qsub_any(t, base + (unsigned long long)c * rb, hl, aq + a0, ad + a0 / 32, as + a0 / 32));
-    float v = sc_add(acc, 0.0f);
+    const int ca = c0 + half, cb = c0 + 2 + half;
+    const bool in = hl < (n >> 5);
+    const bool va = in && ca < n_out, vb = in && cb < n_out;
+    float pa = 0.0f, pb = 0.0f;
+    sc_qsub2_any(t, base + (unsigned long long)ca * rb, base + (unsigned long long)cb * rb, va, vb, hl, aq + a0,
+                 ad + a0 / 32, as + a0 / 32, pa, pb);
+    float v[2] = {va ? sc_add(0.0f, pa) : 0.0f, vb ? sc_add(0.0f, pb) : 0.0f};
 #pragma unroll
-    for (int o = 8; o >= 1; o >>= 1) v = sc_add(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (hl == 0) part[half][w] = v;
+    for (int j = 0; j < 2; j++) {
+      v[j] = sc_add(v[j], 0.0f);
+#pragma unroll
+      for (int o = 8; o >= 1; o >>= 1) v[j] = sc_add(v[j], __shfl_xor_sync(0xffffffffu, v[j], o));
+    }
+    if (hl == 0) {
+      part[half][w] = v[0];
+      part[2 + half][w] = v[1];
+    }
   } else {
-    const uint8_t* rows[1] = {base + (unsigned long long)c0 * rb};
+    const uint8_t* rows_p[1] = {base + (unsigned long long)c0 * rb};
     float acc[1] = {0.0f};
-    sc_dot_rows<1>(t, rows, n, act + a0, aq ? aq + a0 : nullptr, ad ? ad + a0 / 32 : nullptr,
+    sc_dot_rows<1>(t, rows_p, n, act + a0, aq ? aq + a0 : nullptr, ad ? ad + a0 / 32 : nullptr,
                    as ? as + a0 / 32 : nullptr, lane, acc);
     const float v = sc_warp_sum(acc[0]);
     if (lane == 0) part[0][w] = v;
   }
   __syncthreads();
-  if (threadIdx.x < (pair ? 2 : 1) && c0 + (int)threadIdx.x < n_out) {
+  if ((int)threadIdx.x < rows && c0 + (int)threadIdx.x < n_out) {
     const float* pt = part[threadIdx.x];
     float o = 0.0f;
     for (int i = 0; i < k; i++) o = sc_add(o, sc_mul(wts[i], pt[i]));

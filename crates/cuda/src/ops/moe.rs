@@ -281,7 +281,7 @@ impl Gpu {
             Arg::I32(int(KN, "n_out", down.n_rows)?),
             Arg::I32(i32::from(pair)),
         ];
-        let grid = [blocks(down.n_rows, if pair { 2 } else { 1 })?, 1, 1];
+        let grid = [blocks(down.n_rows, if pair { 4 } else { 1 })?, 1, 1];
         self.launch(K::MoeDownCombine, grid, 32 * warps as u32, 0, &args)
     }
 
