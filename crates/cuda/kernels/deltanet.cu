@@ -102,6 +102,34 @@ extern "C" __global__ void __launch_bounds__(128) dn_qk_norm(float* conv_out, in
 // gated norm) to out[t][h·DK + j]. β/α of head h are beta_src[t·beta_stride +
 // beta_idx[h]] and alpha_src[t·alpha_stride + alpha_idx[h]]; its q/k are key head
 // k_head_of[h].
+// One token of the recurrence for state column j (S = S[:, j] in registers; q and k
+// of the key head in shared memory, k declared volatile-readable), model::deltanet::step:
+// S ← e^g·S; kv = Σ_i S[i]·k_i; δ = β·(v − kv); S[i] += k_i·δ; o = Σ_i S[i]·q_i, sums in
+// i order from 0.0, products rounded, then added. Returns o. The CPU's loops (decay
+// all; kv over i; update all; o over i) are fused pairwise: every element sees the same
+// operations and both sums keep their i order.
+template <int DK>
+__device__ __forceinline__ float sc_dn_update(float* S, const float* sq, float* sk, float v, float decay,
+                                              float beta) {
+  float kv = 0.0f;
+#pragma unroll
+  for (int i = 0; i < DK; i++) {
+    S[i] = sc_mul(S[i], decay);
+    kv = sc_add(kv, sc_mul(S[i], sk[i]));
+  }
+  const float delta = sc_mul(beta, sc_sub(v, kv));
+  float o = 0.0f;
+  // Re-read k from shared memory (volatile) rather than keep DK values of it live
+  // across both loops: with S in registers that would exceed the register file.
+  const volatile float* skv = sk;
+#pragma unroll
+  for (int i = 0; i < DK; i++) {
+    S[i] = sc_add(S[i], sc_mul(skv[i], delta));
+    o = sc_add(o, sc_mul(S[i], sq[i]));
+  }
+  return o;
+}
+
 template <int DK>
 __device__ __forceinline__ void dn_recurrence_body(
     const float* __restrict__ conv_out, int n_tok, int conv_dim, const float* __restrict__ beta_src,
@@ -133,25 +161,7 @@ __device__ __forceinline__ void dn_recurrence_body(
     const float v = row[2 * kd + h * DK + j];
     const float g = sc_mul(ah, sc_softplus(sc_add(alpha_src[(size_t)t * alpha_stride + ai], dtb)));
     const float beta = sc_sigmoid(beta_src[(size_t)t * beta_stride + bi]);
-    const float decay = sc_exp(g);
-    // The CPU's loops (decay all; kv over i; update all; o over i) fused pairwise:
-    // every element sees the same operations and both sums keep their i order.
-    float kv = 0.0f;
-#pragma unroll
-    for (int i = 0; i < DK; i++) {
-      S[i] = sc_mul(S[i], decay);
-      kv = sc_add(kv, sc_mul(S[i], sk[i]));
-    }
-    const float delta = sc_mul(beta, sc_sub(v, kv));
-    float o = 0.0f;
-    // Re-read k from shared memory (volatile) rather than keep DK values of it live
-    // across both loops: with S in registers that would exceed the register file.
-    const volatile float* skv = sk;
-#pragma unroll
-    for (int i = 0; i < DK; i++) {
-      S[i] = sc_add(S[i], sc_mul(skv[i], delta));
-      o = sc_add(o, sc_mul(S[i], sq[i]));
-    }
+    const float o = sc_dn_update<DK>(S, sq, sk, v, sc_exp(g), beta);
     out[(size_t)t * n_v_heads * DK + (size_t)h * DK + j] = o;
   }
 #pragma unroll
@@ -247,21 +257,7 @@ __device__ __forceinline__ void dn_step_body(const float* __restrict__ row, cons
   const float v = row[2 * kd + h * DK + j];
   const float g = sc_mul(a[h], sc_softplus(sc_add(alpha_src[alpha_idx[h]], dt_bias[h])));
   const float beta = sc_sigmoid(beta_src[beta_idx[h]]);
-  const float decay = sc_exp(g);
-  float kv = 0.0f;
-#pragma unroll
-  for (int i = 0; i < DK; i++) {
-    S[i] = sc_mul(S[i], decay);
-    kv = sc_add(kv, sc_mul(S[i], sk[i]));
-  }
-  const float delta = sc_mul(beta, sc_sub(v, kv));
-  float o = 0.0f;
-  const volatile float* skv = sk;
-#pragma unroll
-  for (int i = 0; i < DK; i++) {
-    S[i] = sc_add(S[i], sc_mul(skv[i], delta));
-    o = sc_add(o, sc_mul(S[i], sq[i]));
-  }
+  const float o = sc_dn_update<DK>(S, sq, sk, v, sc_exp(g), beta);
 #pragma unroll
   for (int i = 0; i < DK; i++) sh[(size_t)i * DK + j] = S[i];
   so[j] = o;

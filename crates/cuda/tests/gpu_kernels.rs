@@ -127,6 +127,54 @@ pub fn assert_bits(got: &[f32], want: &[f32], what: &str) {
     }
 }
 
+/// Room on the device for a kernel to write the quantized copy of `n` values, poisoned
+/// (-128 is not a quantized value, NaN not a scale, 0x80808080 not a sum).
+pub struct QOut {
+    pub qs: DevBuf<i8>,
+    pub d: DevBuf<f32>,
+    pub sums: DevBuf<i32>,
+}
+
+impl QOut {
+    pub fn new(g: &Gpu, n: usize) -> QOut {
+        QOut {
+            qs: filled(g, n, 0x80),
+            d: poisoned(g, n / 32),
+            sums: filled(g, n / 32, 0x80),
+        }
+    }
+    pub fn q(&self) -> QAct {
+        QAct {
+            qs: self.qs.ptr(),
+            d: self.d.ptr(),
+            sums: self.sums.ptr(),
+        }
+    }
+    /// Holds `quant::quantize_act` of each `cols`-value row of `want`, bit for bit.
+    pub fn assert_quantizes(&self, g: &Gpu, want: &[f32], cols: usize, what: &str) {
+        let (qs, d, sums) = (down(g, &self.qs), down(g, &self.d), down(g, &self.sums));
+        let nb = cols / 32;
+        for (r, row) in want.chunks_exact(cols).enumerate() {
+            let w = quant::quantize_act(row);
+            assert_eq!(
+                &qs[r * cols..(r + 1) * cols],
+                &w.qs[..],
+                "qs of row {r}: {what}"
+            );
+            assert_bits(
+                &d[r * nb..(r + 1) * nb],
+                &w.d,
+                &format!("d of row {r}: {what}"),
+            );
+            assert_eq!(
+                &sums[r * nb..(r + 1) * nb],
+                &w.sums[..],
+                "sums of row {r}: {what}"
+            );
+        }
+    }
+}
+
 /// Activations quantized on the CPU, uploaded in the device layout (rows concatenated).
 pub struct DevQAct {
     pub qs: DevBuf<i8>,

@@ -1,8 +1,7 @@
 //! attn_prep bit for bit against model::math (rms_norm, rope_neox); attn_core against
 //! an f64 softmax attention within 1e-5 of the output's scale.
 
-use crate::{assert_bits, down, filled, gpu, poisoned, up, Rng};
-use cuda::QAct;
+use crate::{assert_bits, down, gpu, poisoned, up, QOut, Rng};
 
 /// The host's rope table [n_ctx][n_rot/2][2] = (cos, sin), as model::math computes them.
 pub fn rope_table(n_ctx: usize, n_rot: usize, theta: f32) -> Vec<f32> {
@@ -277,16 +276,8 @@ fn attn_core_matches_softmax_attention() {
         let sb = g.attn_scratch_bytes(c.n_tok, nh, nkv, hd, c.n_ctx);
         let scratch = poisoned(&g, (sb as usize / 4).max(1));
         let n_out = c.n_tok * nh * hd;
-        let (qs, qd, qsum) = (
-            filled::<i8>(&g, n_out, 0x80),
-            poisoned(&g, n_out / 32),
-            filled::<i32>(&g, n_out / 32, 0x80),
-        );
-        let oq = QAct {
-            qs: qs.ptr(),
-            d: qd.ptr(),
-            sums: qsum.ptr(),
-        };
+        let qo = QOut::new(&g, n_out);
+        let oq = qo.q();
         let run = || {
             let out = poisoned(&g, n_out);
             let quantized = g
@@ -313,10 +304,7 @@ fn attn_core_matches_softmax_attention() {
         let got = run();
         // The quantized copy the split path writes beside the output is quantize_act's.
         if sb > 0 {
-            let wq = quant::quantize_act(&got);
-            assert_eq!(down(&g, &qs), wq.qs, "attention output qs");
-            assert_bits(&down(&g, &qd), &wq.d, "attention output d");
-            assert_eq!(down(&g, &qsum), wq.sums, "attention output sums");
+            qo.assert_quantizes(&g, &got, n_out, "attention output");
         }
         let (want, mag) = reference(
             &q,

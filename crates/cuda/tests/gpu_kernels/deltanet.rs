@@ -2,8 +2,8 @@
 //! (engine/src/cpu/deltanet.rs over model::deltanet), bit for bit: conv outputs and
 //! state, normed q/k, recurrent state and the gated outputs.
 
-use crate::{assert_bits, down, filled, gpu, poisoned, up, Rng};
-use cuda::{DnStep, QAct};
+use crate::{assert_bits, down, gpu, poisoned, up, QOut, Rng};
+use cuda::DnStep;
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
 
@@ -254,9 +254,7 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
             let dconv_raw = up(&g, &conv_raw);
             let dssm1 = up(&g, &ssm0);
             let out1 = poisoned(&g, vd);
-            let qs = filled::<i8>(&g, vd, 0x80);
-            let qd = poisoned(&g, vd / 32);
-            let qsum = filled::<i32>(&g, vd / 32, 0x80);
+            let qo = QOut::new(&g, vd);
             let step_args = DnStep {
                 beta_src: dbs.ptr(),
                 beta_idx: dbi.ptr(),
@@ -273,12 +271,7 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
                 n_v_heads: hv,
                 d_state: d,
             };
-            let q = QAct {
-                qs: qs.ptr(),
-                d: qd.ptr(),
-                sums: qsum.ptr(),
-            };
-            g.dn_step(dconv_raw.ptr(), &step_args, dssm1.ptr(), out1.ptr(), q)
+            g.dn_step(dconv_raw.ptr(), &step_args, dssm1.ptr(), out1.ptr(), qo.q())
                 .unwrap();
             assert_bits(&down(&g, &dssm1), &ssm, &format!("dn_step state, {what}"));
             assert_bits(&down(&g, &out1), &y, &format!("dn_step output, {what}"));
@@ -287,10 +280,7 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
                 &conv_raw,
                 &format!("dn_step leaves the conv output, {what}"),
             );
-            let wq = quant::quantize_act(&y);
-            assert_eq!(down(&g, &qs), wq.qs, "dn_step qs, {what}");
-            assert_bits(&down(&g, &qd), &wq.d, &format!("dn_step d, {what}"));
-            assert_eq!(down(&g, &qsum), wq.sums, "dn_step sums, {what}");
+            qo.assert_quantizes(&g, &y, vd, &format!("dn_step, {what}"));
         }
     }
 }

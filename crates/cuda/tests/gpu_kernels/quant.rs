@@ -1,6 +1,6 @@
 //! quantize_act, matvec, matvec_tiles and embed against the quant crate, bit for bit.
 
-use crate::{assert_bits, down, filled, gpu, poisoned, up, DevQAct, Rng};
+use crate::{assert_bits, down, filled, gpu, poisoned, up, DevQAct, QOut, Rng};
 use cuda::{GgmlType, QAct, Tile, TileShape};
 
 const TYPES: [GgmlType; 9] = [
@@ -95,36 +95,9 @@ fn quantize_act_matches_the_cpu() {
     for (rows, cols) in [(1, 32), (3, 2048), (2, 4096 + 32), (17, 256)] {
         let x = activations(rows, cols, &mut rng);
         let dx = up(&g, &x);
-        // Poison: -128 is not a quantized value; NaN is not a scale; i32::MIN+.. not a sum.
-        let qs = filled::<i8>(&g, rows * cols, 0x80);
-        let d = poisoned(&g, rows * cols / 32);
-        let sums = filled::<i32>(&g, rows * cols / 32, 0x80);
-        let q = QAct {
-            qs: qs.ptr(),
-            d: d.ptr(),
-            sums: sums.ptr(),
-        };
-        g.quantize_act(dx.ptr(), rows, cols, q).unwrap();
-        let (gq, gd, gs) = (down(&g, &qs), down(&g, &d), down(&g, &sums));
-        for r in 0..rows {
-            let want = quant::quantize_act(&x[r * cols..(r + 1) * cols]);
-            let nb = cols / 32;
-            assert_eq!(
-                &gq[r * cols..(r + 1) * cols],
-                &want.qs[..],
-                "qs of row {r} ({rows}×{cols})"
-            );
-            assert_bits(
-                &gd[r * nb..(r + 1) * nb],
-                &want.d,
-                &format!("d of row {r} ({rows}×{cols})"),
-            );
-            assert_eq!(
-                &gs[r * nb..(r + 1) * nb],
-                &want.sums[..],
-                "sums of row {r} ({rows}×{cols})"
-            );
-        }
+        let out = QOut::new(&g, rows * cols);
+        g.quantize_act(dx.ptr(), rows, cols, out.q()).unwrap();
+        out.assert_quantizes(&g, &x, cols, &format!("{rows}×{cols}"));
     }
 }
 
@@ -545,6 +518,19 @@ fn matvec_refuses_bad_shapes_by_name() {
     assert!(e.contains("no CUDA kernel"), "{e}");
 }
 
+/// `rows` × `cols` of `ty` at `b` (a stack of such matrices for experts).
+fn mat(ty: GgmlType, b: &cuda::DevBuf<u8>, rows: usize, cols: usize) -> cuda::Mat {
+    let rb = quant::row_bytes(ty, cols).expect("supported shape") as u64;
+    cuda::Mat {
+        ty,
+        ptr: b.ptr(),
+        expert_bytes: rb * rows as u64,
+        row_bytes: rb,
+        n_rows: rows,
+        n_cols: cols,
+    }
+}
+
 /// One token's MoE block through the fused decode kernels (moe_gate_up, then
 /// quantize_act over the activations, then moe_down_combine) against the CPU:
 /// each expert's matvecs, SwiGLU, the shared gate's dot and the rank-order
@@ -664,17 +650,6 @@ fn fused_decode_moe_matches_the_cpu() {
         }
 
         // The GPU.
-        let mat = |ty: GgmlType, b: &cuda::DevBuf<u8>, rows: usize, cols: usize| {
-            let rb = quant::row_bytes(ty, cols).unwrap() as u64;
-            cuda::Mat {
-                ty,
-                ptr: b.ptr(),
-                expert_bytes: rb * rows as u64,
-                row_bytes: rb,
-                n_rows: rows,
-                n_cols: cols,
-            }
-        };
         let (dgate, dup, ddn) = (up(&g, &gate), up(&g, &upw), up(&g, &dn));
         let (dsg, dsu, dsd) = (up(&g, &sg), up(&g, &su), up(&g, &sd));
         let (dx, dgi, dlogits) = (up(&g, &x), up(&g, &gate_inp), up(&g, &logits));
@@ -695,16 +670,9 @@ fn fused_decode_moe_matches_the_cpu() {
         );
         // The activations' quantized copy, written by the last block of each plane; the
         // plane counters must be zero again afterwards, so a second launch gives the same.
-        let qs = filled::<i8>(&g, n_act, 0x80);
-        let qd = poisoned(&g, n_act / 32);
-        let qsum = filled::<i32>(&g, n_act / 32, 0x80);
-        let aq = QAct {
-            qs: qs.ptr(),
-            d: qd.ptr(),
-            sums: qsum.ptr(),
-        };
+        let aqo = QOut::new(&g, n_act);
+        let aq = aqo.q();
         let done = filled::<i32>(&g, k + 1, 0);
-        let want_q = quant::quantize_act(&act);
         for launch in 0..2 {
             g.moe_gate_up(
                 &mg,
@@ -733,13 +701,7 @@ fn fused_decode_moe_matches_the_cpu() {
                     &format!("shared gate logit: {what}"),
                 );
             }
-            assert_eq!(down(&g, &qs), want_q.qs, "activations' qs: {what}");
-            assert_bits(
-                &down(&g, &qd),
-                &want_q.d,
-                &format!("activations' d: {what}"),
-            );
-            assert_eq!(down(&g, &qsum), want_q.sums, "activations' sums: {what}");
+            aqo.assert_quantizes(&g, &act, n_act, &format!("activations: {what}"));
             assert!(
                 down(&g, &done).iter().all(|&c| c == 0),
                 "plane counts not reset: {what}"
@@ -809,17 +771,7 @@ fn matvec_multi_matches_the_cpu() {
         let mats: Vec<cuda::Mat> = shapes
             .iter()
             .zip(&dws)
-            .map(|(&(ty, rows), b)| {
-                let rb = quant::row_bytes(ty, n_cols).unwrap() as u64;
-                cuda::Mat {
-                    ty,
-                    ptr: b.ptr(),
-                    expert_bytes: rb * rows as u64,
-                    row_bytes: rb,
-                    n_rows: rows,
-                    n_cols,
-                }
-            })
+            .map(|(&(ty, rows), b)| mat(ty, b, rows, n_cols))
             .collect();
         let outs: Vec<_> = shapes.iter().map(|&(_, rows)| poisoned(&g, rows)).collect();
         let (dx, dst, dtaps) = (up(&g, &x), up(&g, &state0), up(&g, &taps));

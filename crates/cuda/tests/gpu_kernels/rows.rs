@@ -1,7 +1,7 @@
 //! rms_norm, dot_rows, add, swiglu, argmax, route_topk and moe_combine against the
 //! CPU (model::math, model::moe, the engine's MoE combination), bit for bit.
 
-use crate::{assert_bits, down, filled, gpu, poisoned, up, Rng};
+use crate::{assert_bits, down, filled, gpu, poisoned, up, QOut, Rng};
 use cuda::{QAct, Tile};
 
 #[test]
@@ -95,14 +95,8 @@ fn norms_quantize_their_output_like_quantize_act() {
         }
         let (dx, dy, dw) = (up(&g, &x), up(&g, &y), up(&g, &w));
         let out = poisoned(&g, rows * cols);
-        let qs = filled::<i8>(&g, rows * cols, 0x80);
-        let d = poisoned(&g, rows * cols / 32);
-        let sums = filled::<i32>(&g, rows * cols / 32, 0x80);
-        let q = QAct {
-            qs: qs.ptr(),
-            d: d.ptr(),
-            sums: sums.ptr(),
-        };
+        let qo = QOut::new(&g, rows * cols);
+        let q = qo.q();
         if add {
             g.add_rms_norm(dx.ptr(), dy.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr(), q)
                 .unwrap();
@@ -112,26 +106,7 @@ fn norms_quantize_their_output_like_quantize_act() {
         }
         let what = format!("norm add={add} {rows}×{cols}");
         assert_bits(&down(&g, &out), &want, &what);
-        let (gq, gd, gs) = (down(&g, &qs), down(&g, &d), down(&g, &sums));
-        let nb = cols / 32;
-        for r in 0..rows {
-            let wq = quant::quantize_act(&want[r * cols..(r + 1) * cols]);
-            assert_eq!(
-                &gq[r * cols..(r + 1) * cols],
-                &wq.qs[..],
-                "qs of row {r}: {what}"
-            );
-            assert_bits(
-                &gd[r * nb..(r + 1) * nb],
-                &wq.d,
-                &format!("d of row {r}: {what}"),
-            );
-            assert_eq!(
-                &gs[r * nb..(r + 1) * nb],
-                &wq.sums[..],
-                "sums of row {r}: {what}"
-            );
-        }
+        qo.assert_quantizes(&g, &want, cols, &what);
     }
     // A row that is not whole blocks cannot be quantized: refused by name.
     let b = poisoned(&g, 100);

@@ -532,11 +532,10 @@ impl CudaBackend {
         self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, grouped, rows)
     }
 
-    /// One token's MoE block when every expert is in VRAM, in four launches: router,
-    /// routing with every expert's gate/up/SwiGLU (shared one and its gate logit
-    /// included), the quantization of their activations, and the down products
-    /// combined. The
-    /// bits of the unfused path ([`Self::routed_resident`], `shared_expert`,
+    /// One token's MoE block when every expert is in VRAM, in three launches: the
+    /// router; the routing with every expert's gate/up/SwiGLU (the shared one and its
+    /// gate logit included) and their quantized copy; the down products combined.
+    /// The bits of the unfused path ([`Self::routed_resident`], `shared_expert`,
     /// `moe_combine`), which prompts take.
     fn moe_fused(
         &self,
@@ -822,9 +821,7 @@ impl CudaBackend {
         }
         (gu, down, grouped)
     }
-}
 
-impl CudaBackend {
     /// One token of a DeltaNet layer in three launches: the input projections with
     /// the conv of qkv (`matvec_multi`), the q/k norm, recurrence and gated norm with
     /// the output's quantized copy (`dn_step`), and the output projection. The bits
@@ -889,8 +886,9 @@ impl CudaBackend {
 
 /// Whether one token's MoE block of `m` can take the fused kernels: gate and up of
 /// one type and shape (routed and shared alike), the shared expert reading and
-/// writing the routed width, a warp per rank in one block, and few enough experts
-/// for the fused routing.
+/// writing the routed width, widths of whole 32-value blocks (the activations'
+/// quantized copy), a warp per rank in one block, and few enough experts for the
+/// fused routing.
 fn fused_moe(m: &MoeDev, n_expert: usize, k: usize) -> bool {
     let pair = |g: &DevWeight, u: &DevWeight| {
         (g.ty, g.row_bytes, g.matrix_bytes, g.n_rows, g.n_cols)
@@ -901,8 +899,13 @@ fn fused_moe(m: &MoeDev, n_expert: usize, k: usize) -> bool {
             && s.gate.n_cols == m.gate_exps.n_cols
             && s.down.n_rows == m.down_exps.n_rows
     });
+    let widths_ok = m.gate_exps.n_rows.is_multiple_of(32)
+        && m.shared
+            .as_ref()
+            .is_none_or(|s| s.gate.n_rows.is_multiple_of(32));
     pair(&m.gate_exps, &m.up_exps)
         && shared_ok
+        && widths_ok
         && k + usize::from(m.shared.is_some()) <= 32
         && k <= cuda::MAX_TOP_K
         && n_expert <= cuda::FUSED_MAX_EXPERTS
