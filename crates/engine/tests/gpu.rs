@@ -431,6 +431,40 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
     );
 }
 
+/// The fused one-token kernels (the MoE block in three launches, the DeltaNet step,
+/// the joint attention projections) give the bits of the separate kernels that
+/// prompts use, on every arch and for quantized and float weights.
+#[test]
+fn fused_decode_equals_the_separate_kernels() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (geometry, preset) in [
+        ("tiny-qwen35moe", Preset::Q4KM),
+        ("tiny-qwen3next", Preset::Q8_0),
+        ("tiny-qwen3moe", Preset::Q4KM),
+        ("tiny-qwen35moe", Preset::F32),
+    ] {
+        let path = synth(dir.path(), geometry, preset, 13);
+        let prompt: Vec<u32> = (0..11u32).map(|i| (i * 53 + 5) % 3000).collect();
+        let mut fused = load(&path, Device::Cuda(0));
+        let (tokens, logits) = decode(&mut fused, &prompt, 10);
+        std::env::set_var("SCORIA_NO_FUSED_DECODE", "1");
+        let mut separate = load(&path, Device::Cuda(0));
+        std::env::remove_var("SCORIA_NO_FUSED_DECODE");
+        let (tokens_s, logits_s) = decode(&mut separate, &prompt, 10);
+        assert_eq!(tokens, tokens_s, "{geometry} {preset}: tokens");
+        for (i, (a, b)) in logits.iter().zip(&logits_s).enumerate() {
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "{geometry} {preset}: step {i}: fused kernels differ from the separate ones"
+            );
+        }
+    }
+}
+
 /// A miss that cannot be read ends the step with an error naming the file and the
 /// offset, never a computation with missing bytes; the engine keeps answering (with
 /// the same error while the file stays broken).

@@ -80,6 +80,10 @@ pub struct CudaBackend {
     /// Finished-block counts of the fused gate/up kernel's planes (zero between
     /// launches; see `Gpu::moe_gate_up`).
     plane_done: DevBuf<i32>,
+    /// One token takes the fused kernels (`moe_fused`, `delta_net_step`, the
+    /// attention's joint projections); `SCORIA_NO_FUSED_DECODE=1` sends it through the
+    /// prompt path's kernels instead, which give the same bits (a test compares them).
+    fused: bool,
 }
 
 /// A tiered decode step cut into graph segments where the host takes part (each
@@ -199,6 +203,7 @@ impl CudaBackend {
             normed_q: Cell::new(None),
             h_fixed_q: Cell::new(QAct::NONE),
             plane_done,
+            fused: !std::env::var("SCORIA_NO_FUSED_DECODE").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -1022,7 +1027,7 @@ impl Backend for CudaBackend {
             ));
         }
         let xq = self.prepare(&[&a.q, &a.k, &a.v], x)?;
-        let (q_raw, k_raw, v_raw) = if t_n == 1 {
+        let (q_raw, k_raw, v_raw) = if t_n == 1 && self.fused {
             // One token: the three projections in one launch.
             let q_raw = self.alloc(1, a.q.n_rows, "attention")?;
             let k_raw = self.alloc(1, a.k.n_rows, "attention")?;
@@ -1131,7 +1136,7 @@ impl Backend for CudaBackend {
         let mut ws: Vec<&DevWeight> = vec![&d.qkv, &d.gate];
         ws.extend(d.proj.iter());
         let xq = self.prepare(&ws, x)?;
-        if t_n == 1 && ws.len() <= 4 && matches!(ssm.d_state, 32 | 64 | 128) {
+        if t_n == 1 && self.fused && ws.len() <= 4 && matches!(ssm.d_state, 32 | 64 | 128) {
             return self.delta_net_step(d, ssm, x, xq, state, slot);
         }
         let qkv = self.mm_q(&d.qkv, x, xq)?;
@@ -1199,7 +1204,7 @@ impl Backend for CudaBackend {
         let logits = self.mm_q(&m.router, x, xq)?;
         let wts = self.alloc(t_n, k, "route")?;
         let ids = self.alloc_bytes(t_n * k * 4, "route")?;
-        if t_n == 1 && self.tiered.is_none() && fused_moe(m, cfg.n_expert, k) {
+        if t_n == 1 && self.fused && self.tiered.is_none() && fused_moe(m, cfg.n_expert, k) {
             return self.moe_fused(m, x, xq, &logits, &wts, ids);
         }
         let (down, (shared, logit)) = match &self.tiered {
