@@ -17,6 +17,8 @@
 #   MACHINE (default: GPU, CPU, cores and RAM as this machine reports them),
 #   THREADS (16), PP (512,4096), TG (128), DEPTHS (0,4096), REPS (3), DEVICE (cuda),
 #   PEER_EXTRA ("-mmp 0 -ub 4096 -b 4096": the flags docs/benchmarks.md's recorded peer runs used),
+#   SCORIA_EXTRA (more `scoria bench` flags, e.g. "--vram-budget 16G" for the W16 profile, with
+#   NCMOE 36 for the peer),
 #   BOUND_TPS (space-separated TEST=TPS for compare.py, e.g. "tg128=252"),
 #   DEADLINE (unix time after which remaining steps are skipped; default now + 570 s).
 #
@@ -29,6 +31,7 @@ NCMOE=${5:-0}
 PROFILE=${PROFILE:-FULL} THREADS=${THREADS:-16} REPS=${REPS:-3} DEVICE=${DEVICE:-cuda}
 PP=${PP:-512,4096} TG=${TG:-128} DEPTHS=${DEPTHS:-0,4096}
 PEER_EXTRA=${PEER_EXTRA--mmp 0 -ub 4096 -b 4096}
+SCORIA_EXTRA=${SCORIA_EXTRA:-}
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 570 ))}
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
@@ -78,8 +81,9 @@ MODEL_LABEL=${MODEL_LABEL:-$(basename "$MODEL")}
 stamp "warm the page cache"
 { time cat "$MODEL" >/dev/null; } 2>&1 | tee -a "$OUT/steps.txt"
 
+# shellcheck disable=SC2206
 SC_CMD=("$SCORIA" bench -m "$MODEL" --device "$DEVICE" -t "$THREADS" -p "$PP" -n "$TG" -d "$DEPTHS"
-        -r "$REPS" -o json --output "$OUT/scoria.json")
+        -r "$REPS" $SCORIA_EXTRA -o json --output "$OUT/scoria.json")
 if [ "$(left)" -gt 60 ]; then
     stamp "scoria: ${SC_CMD[*]}"
     base=$(vram_now); smi_start scoria
