@@ -6,7 +6,6 @@
 #include "sc_route.cuh"
 #include "scoria_math.cuh"
 
-#define SC_FULL 0xffffffffu
 
 // ------------------------------------------------------------------ quantize_act
 // One warp per 32-value block, lane i = value i (sc_quant_block).

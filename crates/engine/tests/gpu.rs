@@ -226,6 +226,23 @@ fn load(path: &Path, device: Device) -> Engine {
 
 /// Bytes of the trunk layers' routed experts (what a tiered executor keeps out of
 /// VRAM), and the model's config.
+/// `path` on GPU 0, loaded with the switch `var` set to 1 (the executor reads it
+/// at load; the tests run one at a time on the GPU machine).
+fn load_with(path: &Path, var: &str) -> Engine {
+    std::env::set_var(var, "1");
+    let eng = load(path, Device::Cuda(0));
+    std::env::remove_var(var);
+    eng
+}
+
+/// Every step's logits equal bit for bit.
+fn assert_same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: step count");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(bits(x), bits(y), "step {i}: {what}");
+    }
+}
+
 fn trunk_experts(path: &Path) -> (u64, model::ModelConfig) {
     let file = gguf::GgufFile::open(path).expect("open");
     let cfg = model::ModelConfig::from_gguf(&file).expect("config");
@@ -401,18 +418,10 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 31 + 7) % 3000).collect();
     let mut graphed = load(&path, Device::Cuda(0));
     let (tokens, logits) = decode(&mut graphed, &prompt, 12);
-    std::env::set_var("SCORIA_NO_GRAPH", "1");
-    let mut eager = load(&path, Device::Cuda(0));
-    std::env::remove_var("SCORIA_NO_GRAPH");
+    let mut eager = load_with(&path, "SCORIA_NO_GRAPH");
     let (tokens_e, logits_e) = decode(&mut eager, &prompt, 12);
     assert_eq!(tokens, tokens_e);
-    for (i, (a, b)) in logits.iter().zip(&logits_e).enumerate() {
-        assert_eq!(
-            bits(a),
-            bits(b),
-            "step {i}: graph replay differs from eager launch"
-        );
-    }
+    assert_same_bits(&logits, &logits_e, "graph replay differs from eager launch");
     // Plain greedy picks the token on the device (only its id comes back).
     graphed.reset().expect("reset");
     let req = GenerateRequest {
@@ -450,18 +459,14 @@ fn fused_decode_equals_the_separate_kernels() {
         let prompt: Vec<u32> = (0..11u32).map(|i| (i * 53 + 5) % 3000).collect();
         let mut fused = load(&path, Device::Cuda(0));
         let (tokens, logits) = decode(&mut fused, &prompt, 10);
-        std::env::set_var("SCORIA_NO_FUSED_DECODE", "1");
-        let mut separate = load(&path, Device::Cuda(0));
-        std::env::remove_var("SCORIA_NO_FUSED_DECODE");
+        let mut separate = load_with(&path, "SCORIA_NO_FUSED_DECODE");
         let (tokens_s, logits_s) = decode(&mut separate, &prompt, 10);
         assert_eq!(tokens, tokens_s, "{geometry} {preset}: tokens");
-        for (i, (a, b)) in logits.iter().zip(&logits_s).enumerate() {
-            assert_eq!(
-                bits(a),
-                bits(b),
-                "{geometry} {preset}: step {i}: fused kernels differ from the separate ones"
-            );
-        }
+        assert_same_bits(
+            &logits,
+            &logits_s,
+            &format!("{geometry} {preset}: fused kernels differ from the separate ones"),
+        );
     }
 }
 

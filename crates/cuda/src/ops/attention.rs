@@ -2,7 +2,7 @@
 //! bit-identical to the CPU's norm and rope) and `attn_core` (causal softmax attention
 //! over the cache, flash-style; deterministic, within float tolerance of the CPU).
 
-use super::{addr, blocks, int, opt_addr, MAX_GRID_YZ};
+use super::{addr, blocks, int, opt_addr, qact_args, MAX_GRID_YZ};
 use crate::error::{gib, CudaError};
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
@@ -237,17 +237,7 @@ impl Gpu {
             Arg::P(if n_split > 1 { scratch } else { 0 }),
             Arg::I32(n_split as i32),
         ];
-        let q_out = [
-            Arg::P(opt_addr(KN, "oq.qs", oq.qs, 16)?),
-            Arg::P(opt_addr(KN, "oq.d", oq.d, 4)?),
-            Arg::P(opt_addr(KN, "oq.sums", oq.sums, 4)?),
-        ];
-        if oq != QAct::NONE && (oq.qs == 0 || oq.d == 0 || oq.sums == 0) {
-            return Err(CudaError::bad(
-                KN,
-                "give all of oq's qs, d and sums, or none",
-            ));
-        }
+        let q_out = qact_args(KN, oq, false)?;
         let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];
         self.launch(k, grid, 128, smem, &args)?;
         if n_split > 1 {

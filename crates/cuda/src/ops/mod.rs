@@ -12,8 +12,8 @@ mod norm;
 mod quant;
 
 pub use deltanet::{DnStep, MAX_D_CONV};
-pub use moe::{Mat, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K};
-pub use quant::{QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
+pub use moe::{FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K};
+pub use quant::{Mat, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 
 use crate::kernels::K;
 
@@ -70,6 +70,35 @@ pub(crate) fn opt_addr(
     } else {
         addr(kernel, what, p, align)
     }
+}
+
+/// A quantized copy's three kernel parameters (qs, d, sums). `required`: the kernel
+/// reads it, so every address must be there and aligned. Otherwise `QAct::NONE` gives
+/// three nulls (the kernel skips it), and a copy with only some addresses is refused.
+pub(crate) fn qact_args(
+    kernel: &'static str,
+    q: quant::QAct,
+    required: bool,
+) -> Result<[crate::gpu::Arg; 3], CudaError> {
+    use crate::gpu::Arg;
+    if q == quant::QAct::NONE && !required {
+        return Ok([Arg::P(0), Arg::P(0), Arg::P(0)]);
+    }
+    if q.qs == 0 || q.d == 0 || q.sums == 0 {
+        return Err(CudaError::bad(
+            kernel,
+            if required {
+                "needs quantized activations (qs, d and sums)"
+            } else {
+                "give all of qs, d and sums, or none"
+            },
+        ));
+    }
+    Ok([
+        Arg::P(addr(kernel, "qs", q.qs, 16)?),
+        Arg::P(addr(kernel, "d", q.d, 4)?),
+        Arg::P(addr(kernel, "sums", q.sums, 4)?),
+    ])
 }
 
 /// Blocks of `per` items covering `n` (at least one when n > 0).

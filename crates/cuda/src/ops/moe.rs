@@ -1,12 +1,11 @@
 //! Routing and the combination of expert outputs, bit-identical to the CPU
 //! (`model::moe::route`, `engine/src/cpu/moe.rs`).
 
-use super::quant::{check_weights, QAct, TypeInfo};
-use super::{addr, blocks, int, opt_addr};
+use super::quant::{check_mat, Mat, QAct, TypeInfo};
+use super::{addr, blocks, int, opt_addr, qact_args};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
-use gguf::GgmlType;
 
 /// The most experts `route_topk` takes (kernels/moe.cu SC_MAX_EXPERT).
 pub const MAX_EXPERTS: usize = 1024;
@@ -14,36 +13,6 @@ pub const MAX_EXPERTS: usize = 1024;
 pub const MAX_TOP_K: usize = 32;
 /// The most experts [`Gpu::moe_gate_up`] routes (kernels/quant.cu SC_FUSED_MAX_EXPERT).
 pub const FUSED_MAX_EXPERTS: usize = 512;
-
-/// A weight matrix on the device for the fused decode MoE kernels: `n_rows` rows of
-/// `n_cols` values of type `ty` at `ptr`, `row_bytes` apart; for a stack of experts,
-/// expert e's matrix starts `expert_bytes · e` after `ptr`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mat {
-    pub ty: GgmlType,
-    pub ptr: u64,
-    pub expert_bytes: u64,
-    pub row_bytes: u64,
-    pub n_rows: usize,
-    pub n_cols: usize,
-}
-
-/// Checks one matrix of a fused kernel: its shape and type (as the matvec kernels
-/// do) and the alignment its rows' loads need.
-pub(crate) fn check_mat(kn: &'static str, what: &str, m: &Mat) -> Result<TypeInfo, CudaError> {
-    let ti = check_weights(kn, m.ty, m.row_bytes, m.n_cols)?;
-    addr(kn, what, m.ptr, ti.align)?;
-    if !m.expert_bytes.is_multiple_of(ti.align) {
-        return Err(CudaError::bad(
-            kn,
-            format!(
-                "{what}: expert_bytes {} is not a multiple of {}",
-                m.expert_bytes, ti.align
-            ),
-        ));
-    }
-    Ok(ti)
-}
 
 /// Gate and up of one expert set: the same type, row size and shape.
 fn check_pair(kn: &'static str, gate: &Mat, up: &Mat) -> Result<TypeInfo, CudaError> {
@@ -65,19 +34,6 @@ fn check_pair(kn: &'static str, gate: &Mat, up: &Mat) -> Result<TypeInfo, CudaEr
     }
     check_mat(kn, "up", up)?;
     check_mat(kn, "gate", gate)
-}
-
-/// The quantized activations a type reads: required for quantized types.
-pub(crate) fn q_args(kn: &'static str, need: bool, q: QAct) -> Result<[Arg; 3], CudaError> {
-    if need {
-        Ok([
-            Arg::P(addr(kn, "qs", q.qs, 16)?),
-            Arg::P(addr(kn, "d", q.d, 4)?),
-            Arg::P(addr(kn, "sums", q.sums, 4)?),
-        ])
-    } else {
-        Ok([Arg::P(0), Arg::P(0), Arg::P(0)])
-    }
 }
 
 impl Gpu {
@@ -147,7 +103,7 @@ impl Gpu {
                 "gate_inp and shared_logit come together, with a shared expert",
             ));
         }
-        let [q0, q1, q2] = q_args(KN, need_q, xq)?;
+        let [q0, q1, q2] = qact_args(KN, xq, need_q)?;
         let quantize = act_q != QAct::NONE;
         if quantize && (!gate.n_rows.is_multiple_of(32) || !s_rows.is_multiple_of(32)) {
             return Err(CudaError::bad(
@@ -158,7 +114,7 @@ impl Gpu {
                 ),
             ));
         }
-        let [aq0, aq1, aq2] = q_args(KN, quantize, act_q)?;
+        let [aq0, aq1, aq2] = qact_args(KN, act_q, false)?;
         let args = [
             Arg::P(gate.ptr),
             Arg::P(up.ptr),
@@ -258,7 +214,7 @@ impl Gpu {
         if shared_logit != 0 && sdown.is_none() {
             return Err(CudaError::bad(KN, "shared_logit without a shared expert"));
         }
-        let [q0, q1, q2] = q_args(KN, need_q, aq)?;
+        let [q0, q1, q2] = qact_args(KN, aq, need_q)?;
         let args = [
             Arg::P(down.ptr),
             Arg::I32(ti.code),

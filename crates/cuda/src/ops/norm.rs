@@ -1,7 +1,7 @@
 //! Row reductions and elementwise steps: rms_norm, dot_rows, add, swiglu (bit-identical
 //! to `model::math`), argmax (the greedy choice of `engine::sampler::argmax`).
 
-use super::{addr, blocks, int, opt_addr};
+use super::{addr, blocks, int, qact_args};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
@@ -12,9 +12,6 @@ const ROW_THREADS: u32 = 1024;
 
 /// The norm kernels' arguments followed by the quantized copy's (null for none).
 fn with_q(kn: &'static str, args: &[Arg], cols: usize, q: QAct) -> Result<Vec<Arg>, CudaError> {
-    if q != QAct::NONE && (q.qs == 0 || q.d == 0 || q.sums == 0) {
-        return Err(CudaError::bad(kn, "give all of qs, d and sums, or none"));
-    }
     if q != QAct::NONE && !cols.is_multiple_of(32) {
         return Err(CudaError::bad(
             kn,
@@ -22,11 +19,7 @@ fn with_q(kn: &'static str, args: &[Arg], cols: usize, q: QAct) -> Result<Vec<Ar
         ));
     }
     let mut v = args.to_vec();
-    v.extend([
-        Arg::P(opt_addr(kn, "qs", q.qs, 16)?),
-        Arg::P(opt_addr(kn, "d", q.d, 4)?),
-        Arg::P(opt_addr(kn, "sums", q.sums, 4)?),
-    ]);
+    v.extend(qact_args(kn, q, false)?);
     Ok(v)
 }
 

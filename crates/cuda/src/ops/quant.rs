@@ -2,7 +2,7 @@
 //! output bit-identical to `quant::quantize_act`, `quant::matvec` and
 //! `quant::dequantize_row`.
 
-use super::{addr, blocks, int, MAX_GRID_YZ};
+use super::{addr, blocks, int, qact_args, MAX_GRID_YZ};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
@@ -166,13 +166,40 @@ fn act_args(kernel: &'static str, float: bool, x: u64, xq: QAct) -> Result<[Arg;
             Arg::P(0),
         ])
     } else {
-        Ok([
-            Arg::P(0),
-            Arg::P(addr(kernel, "xq.qs", xq.qs, 16)?),
-            Arg::P(addr(kernel, "xq.d", xq.d, 4)?),
-            Arg::P(addr(kernel, "xq.sums", xq.sums, 4)?),
-        ])
+        let [qs, d, sums] = qact_args(kernel, xq, true)?;
+        Ok([Arg::P(0), qs, d, sums])
     }
+}
+
+/// A weight matrix on the device for the one-token kernels that take several
+/// (`matvec_multi`, the fused MoE): `n_rows` rows of `n_cols` values of type `ty` at
+/// `ptr`, `row_bytes` apart; for a stack of experts, expert e's matrix starts
+/// `expert_bytes · e` after `ptr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mat {
+    pub ty: GgmlType,
+    pub ptr: u64,
+    pub expert_bytes: u64,
+    pub row_bytes: u64,
+    pub n_rows: usize,
+    pub n_cols: usize,
+}
+
+/// Checks one [`Mat`]: its shape and type (as the matvec kernels do) and the
+/// alignment its rows' loads need.
+pub(crate) fn check_mat(kn: &'static str, what: &str, m: &Mat) -> Result<TypeInfo, CudaError> {
+    let ti = check_weights(kn, m.ty, m.row_bytes, m.n_cols)?;
+    addr(kn, what, m.ptr, ti.align)?;
+    if !m.expert_bytes.is_multiple_of(ti.align) {
+        return Err(CudaError::bad(
+            kn,
+            format!(
+                "{what}: expert_bytes {} is not a multiple of {}",
+                m.expert_bytes, ti.align
+            ),
+        ));
+    }
+    Ok(ti)
 }
 
 /// What the caller knows of a tile array ([`Gpu::matvec_tiles_as`]).
@@ -446,7 +473,7 @@ impl Gpu {
     /// [rows][d_conv − 1]) advances.
     pub fn matvec_multi(
         &self,
-        mats: &[&crate::Mat],
+        mats: &[&Mat],
         outs: &[u64],
         x: u64,
         xq: QAct,
@@ -467,7 +494,7 @@ impl Gpu {
         let (mut w, mut rb, mut ends, mut o) = ([0u64; 4], [0u64; 4], [0i32; 4], [0u64; 4]);
         let (mut tys, mut need_q, mut end) = (0i32, false, 0usize);
         for (p, m) in mats.iter().enumerate() {
-            let ti = super::moe::check_mat(KN, "matrix", m)?;
+            let ti = check_mat(KN, "matrix", m)?;
             if m.n_cols != n_cols {
                 return Err(CudaError::bad(
                     KN,
@@ -503,7 +530,7 @@ impl Gpu {
             }
             None => (0, 0, 0),
         };
-        let [q0, q1, q2] = super::moe::q_args(KN, need_q, xq)?;
+        let [q0, q1, q2] = qact_args(KN, xq, need_q)?;
         let mut args = vec![
             Arg::P(w[0]),
             Arg::P(w[1]),

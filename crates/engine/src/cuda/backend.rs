@@ -566,19 +566,19 @@ impl CudaBackend {
         } else {
             QAct::NONE
         };
-        let logit = match &m.shared {
-            Some(_) => self.alloc(1, 1, "shared gate")?.ptr,
-            None => 0,
-        };
-        let (sg, su) = match &m.shared {
-            Some(s) => (Some(s.gate.mat()), Some(s.up.mat())),
-            None => (None, None),
+        // The shared expert's gate, up and down, and where its gate logit goes.
+        let (shared, logit) = match &m.shared {
+            Some(s) => (
+                Some((s.gate.mat(), s.up.mat(), s.down.mat())),
+                self.alloc(1, 1, "shared gate")?.ptr,
+            ),
+            None => (None, 0),
         };
         self.gpu
             .moe_gate_up(
                 &m.gate_exps.mat(),
                 &m.up_exps.mat(),
-                sg.as_ref().zip(su.as_ref()),
+                shared.as_ref().map(|(g, u, _)| (g, u)),
                 m.shared.as_ref().map_or(0, |s| s.gate_inp.ptr()),
                 logits.ptr,
                 cfg.n_expert,
@@ -593,12 +593,11 @@ impl CudaBackend {
                 self.plane_done.ptr(),
             )
             .map_err(cuda_err("moe_gate_up"))?;
-        let sdown = m.shared.as_ref().map(|s| s.down.mat());
         let out = self.alloc(1, cfg.n_embd, "moe")?;
         self.gpu
             .moe_down_combine(
                 &m.down_exps.mat(),
-                sdown.as_ref(),
+                shared.as_ref().map(|(_, _, d)| d),
                 ids,
                 wts.ptr,
                 k,
