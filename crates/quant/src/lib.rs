@@ -377,6 +377,27 @@ pub fn try_matvec_with(
     Ok(())
 }
 
+/// [`try_matvec`] on the calling thread alone (for callers that spread rows over
+/// their own threads): the same bits, row by row.
+pub fn try_matvec_serial(
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    x: &[f32],
+    xq: &ActQ8,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let isa = isa::active();
+    let rb = row_bytes(ty, n_cols)?;
+    check_len("w", out.len() * rb, w.len())?;
+    check_act(ty, n_cols, x, xq)?;
+    let k = kernel(isa, ty);
+    for (o, row) in out.iter_mut().zip(w.chunks_exact(rb)) {
+        *o = k.dot(row, x, xq);
+    }
+    Ok(())
+}
+
 /// [`try_matvec_with`] at the active kernel level.
 pub fn try_matvec(
     ty: GgmlType,

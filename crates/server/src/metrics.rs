@@ -557,7 +557,9 @@ impl Stats {
     /// The tiered expert store's counters (at load, then after every request): each
     /// tier's share of expert uses (`hit_rate`, what the stats page shows), uses and
     /// bytes moved. `vram`: slot hits; `ram`: misses copied from the pinned copy;
-    /// `cpu`: misses the CPU computed from RAM; `disk`: misses read from the file.
+    /// `cpu`: misses the CPU computed from RAM (`compute_ms`: from the start of its
+    /// products to their end, summed over steps);
+    /// `disk`: misses read from the file (`read_ms`).
     pub fn set_expert_stats(&self, t: &engine::experts::TierStats) {
         let uses = t.uses().max(1) as f64;
         let tier = |n: u64, bytes: Option<u64>| {
@@ -569,10 +571,12 @@ impl Stats {
         };
         let mut disk = tier(t.disk_misses, Some(t.disk_bytes));
         disk["read_ms"] = json!(t.disk_ns as f64 / 1e6);
+        let mut cpu = tier(t.cpu_misses, Some(t.cpu_bytes));
+        cpu["compute_ms"] = json!(t.cpu_ns as f64 / 1e6);
         self.set_expert_tiers(json!({
             "vram": tier(t.hits, None),
             "ram": tier(t.ram_misses, Some(t.ram_bytes)),
-            "cpu": tier(t.cpu_misses, Some(t.cpu_bytes)),
+            "cpu": cpu,
             "disk": disk,
         }));
     }

@@ -105,8 +105,9 @@ impl TestResult {
         let e = self.experts?;
         let tokens = (self.samples.len() * self.spec.timed_tokens()).max(1) as f64;
         let mb = |b: u64| b as f64 / 1e6;
+        let ms = |ns: u64| ns as f64 / 1e6;
         Some(format!(
-            "experts: {:.1}% VRAM slot hits; misses per timed token {:.1} computed by the CPU ({:.1} MB), {:.1} copied from RAM ({:.1} MB), {:.1} from disk ({:.1} MB, {:.1} ms reading)",
+            "experts: {:.1}% VRAM slot hits; misses per timed token {:.1} computed by the CPU ({:.1} MB), {:.1} copied from RAM ({:.1} MB), {:.1} from disk ({:.1} MB, {:.1} ms reading); host per timed token {:.2} ms in expert steps, {:.2} ms of it waiting for the routing, {:.2} ms while the CPU computed (issuing the GPU's part beside it)",
             100.0 * e.hit_rate(),
             e.cpu_misses as f64 / tokens,
             mb(e.cpu_bytes) / tokens,
@@ -115,6 +116,9 @@ impl TestResult {
             e.disk_misses as f64 / tokens,
             mb(e.disk_bytes) / tokens,
             e.disk_ns as f64 / 1e6 / tokens,
+            ms(e.step_ns) / tokens,
+            ms(e.wait_ns) / tokens,
+            ms(e.cpu_ns) / tokens,
         ))
     }
 

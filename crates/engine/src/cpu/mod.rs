@@ -9,9 +9,11 @@ mod attention;
 mod deltanet;
 mod moe;
 mod snapshot;
+#[cfg(any(feature = "cuda", test))]
+pub(crate) mod team;
 
 #[cfg(feature = "cuda")]
-pub(crate) use moe::one_token_experts;
+pub(crate) use moe::TokenExperts;
 
 use model::weights::{Mixer, Weight};
 use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm};

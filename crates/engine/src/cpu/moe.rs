@@ -181,62 +181,246 @@ fn expert_ffn(b: &CpuBackend, w: &MoeWeights, ex: usize, xe: &Act, n_ff: usize) 
     )
 }
 
-/// The routed experts of one token, each given as its raw (type, bytes) gate, up and
-/// down matrices: `down(silu(gate·x) ⊙ up·x)` per expert, in one parallel region per
-/// projection. Canonical precision only: the same bits as `expert_ffn` and as the GPU
-/// kernels, which is what lets the tiered GPU executor send misses here.
-#[cfg(feature = "cuda")]
-pub(crate) fn one_token_experts(
-    x: &[f32],
-    experts: &[[(quant::GgmlType, &[u8]); 3]],
+/// One matrix–vector product of [`TokenExperts`]: a matrix's rows of one type.
+#[cfg(any(feature = "cuda", test))]
+struct Product<'a> {
+    ty: quant::GgmlType,
+    w: &'a [u8],
+    n_cols: usize,
+    /// Where its output starts in the phase's output vector.
+    at: usize,
+    n_rows: usize,
+}
+
+/// Rows of one task of a [`TokenExperts`] phase: about 32 KiB of weights, so a
+/// phase of a few experts makes a few dozen tasks for the team's threads.
+#[cfg(any(feature = "cuda", test))]
+const TASK_BYTES: usize = 32 * 1024;
+
+/// The routed experts of one token, each given as its raw (type, bytes) gate, up
+/// and down matrices: `down(silu(gate·x) ⊙ up·x)` per expert, in two parallel
+/// phases on a [`Team`](super::team::Team) (gate and up, then down), each of which
+/// can run beside other work of the caller's thread. Canonical precision only: the
+/// same bits as `expert_ffn` and as the GPU kernels, which is what lets the tiered
+/// GPU executor send misses here.
+#[cfg(any(feature = "cuda", test))]
+pub(crate) struct TokenExperts<'a> {
+    x: &'a [f32],
+    experts: &'a [[(quant::GgmlType, &'a [u8]); 3]],
     n_ff: usize,
-) -> Vec<Vec<f32>> {
-    let e = x.len();
-    let xq = quant::quantize_act(x);
-    let mut gu: Vec<Vec<f32>> = vec![vec![0.0; n_ff]; 2 * experts.len()];
-    let mut jobs: Vec<quant::MatvecJob> = gu
-        .iter_mut()
-        .enumerate()
-        .map(|(i, out)| {
-            let (ty, w) = experts[i / 2][i % 2];
-            quant::MatvecJob {
+    /// Gate and up outputs of every expert (2·n_ff values each), then SwiGLU.
+    gu: Vec<f32>,
+}
+
+#[cfg(any(feature = "cuda", test))]
+impl<'a> TokenExperts<'a> {
+    pub fn new(x: &'a [f32], experts: &'a [[(quant::GgmlType, &'a [u8]); 3]], n_ff: usize) -> Self {
+        TokenExperts {
+            x,
+            experts,
+            n_ff,
+            gu: Vec::new(),
+        }
+    }
+
+    /// Phase one: every expert's gate and up products, with `beside` run on the
+    /// caller's thread meanwhile.
+    pub fn gate_up<R>(&mut self, team: &super::team::Team, beside: impl FnOnce() -> R) -> R {
+        let xq = quant::quantize_act(self.x);
+        let n_ff = self.n_ff;
+        let prods: Vec<Product> = self
+            .experts
+            .iter()
+            .flat_map(|m| [m[0], m[1]])
+            .enumerate()
+            .map(|(i, (ty, w))| Product {
                 ty,
                 w,
-                n_cols: e,
-                x,
-                xq: &xq,
-                out,
-            }
-        })
-        .collect();
-    quant::matvec_many(&mut jobs);
-    drop(jobs);
-    let acts: Vec<Vec<f32>> = gu
-        .chunks(2)
-        .map(|p| {
-            let mut a = p[0].clone();
-            silu_mul(&mut a, &p[1]);
-            a
-        })
-        .collect();
-    let aqs: Vec<quant::ActQ8> = acts.iter().map(|a| quant::quantize_act(a)).collect();
-    let mut outs: Vec<Vec<f32>> = vec![vec![0.0; e]; experts.len()];
-    let mut jobs: Vec<quant::MatvecJob> = outs
-        .iter_mut()
-        .enumerate()
-        .map(|(i, out)| {
-            let (ty, w) = experts[i][2];
-            quant::MatvecJob {
-                ty,
-                w,
+                n_cols: self.x.len(),
+                at: i * n_ff,
+                n_rows: n_ff,
+            })
+            .collect();
+        let mut out = vec![0.0f32; prods.len() * n_ff];
+        let r = run_products(team, &prods, self.x, &[xq], false, &mut out, beside);
+        self.gu = out;
+        r
+    }
+
+    /// Phase two: SwiGLU and every expert's down product, with `beside` run on the
+    /// caller's thread meanwhile. Returns each expert's output and `beside`'s value.
+    pub fn down<R>(
+        mut self,
+        team: &super::team::Team,
+        beside: impl FnOnce() -> R,
+    ) -> (Vec<Vec<f32>>, R) {
+        let (n_ff, e) = (self.n_ff, self.x.len());
+        let mut acts = Vec::with_capacity(self.experts.len() * n_ff);
+        for p in self.gu.chunks(2 * n_ff) {
+            let mut a = p[..n_ff].to_vec();
+            silu_mul(&mut a, &p[n_ff..]);
+            acts.extend_from_slice(&a);
+        }
+        self.gu = Vec::new();
+        let aqs: Vec<quant::ActQ8> = acts.chunks(n_ff).map(quant::quantize_act).collect();
+        let prods: Vec<Product> = self
+            .experts
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Product {
+                ty: m[2].0,
+                w: m[2].1,
                 n_cols: n_ff,
-                x: &acts[i],
-                xq: &aqs[i],
-                out,
+                at: i * e,
+                n_rows: e,
+            })
+            .collect();
+        let mut out = vec![0.0f32; prods.len() * e];
+        let r = run_products(team, &prods, &acts, &aqs, true, &mut out, beside);
+        (out.chunks(e).map(<[f32]>::to_vec).collect(), r)
+    }
+}
+
+/// `out[p.at + r]` = row r of product p · its input, in tasks of about
+/// [`TASK_BYTES`] on the team, `beside` on the caller's thread meanwhile. With
+/// `per_product`, product i reads its own input (`xs` from i times its column
+/// count, `xqs[i]`); otherwise every product reads `xs` and `xqs[0]`.
+#[cfg(any(feature = "cuda", test))]
+fn run_products<R>(
+    team: &super::team::Team,
+    prods: &[Product],
+    xs: &[f32],
+    xqs: &[quant::ActQ8],
+    per_product: bool,
+    out: &mut [f32],
+    beside: impl FnOnce() -> R,
+) -> R {
+    // (product, first row, rows) of every task.
+    let mut tasks = Vec::new();
+    for (i, p) in prods.iter().enumerate() {
+        let rb = quant::row_bytes(p.ty, p.n_cols).unwrap_or(1).max(1);
+        let per = (TASK_BYTES / rb).max(1);
+        for r0 in (0..p.n_rows).step_by(per) {
+            tasks.push((i, r0, per.min(p.n_rows - r0)));
+        }
+    }
+    let out_ptr = SharedOut(out.as_mut_ptr(), out.len());
+    let f = |t: usize| {
+        let (i, r0, n) = tasks[t];
+        let p = &prods[i];
+        let (x, xq) = if per_product {
+            (&xs[i * p.n_cols..(i + 1) * p.n_cols], &xqs[i])
+        } else {
+            (xs, &xqs[0])
+        };
+        let rb = quant::row_bytes(p.ty, p.n_cols).unwrap_or(0);
+        // SAFETY: tasks cover disjoint row ranges of disjoint products' outputs, all
+        // inside `out` (checked by `slice`), and `out` outlives the loop.
+        let dst = unsafe { out_ptr.slice(p.at + r0, n) };
+        quant::try_matvec_serial(p.ty, &p.w[r0 * rb..(r0 + n) * rb], p.n_cols, x, xq, dst)
+            .unwrap_or_else(|e| panic!("CPU expert product: {e}"));
+    };
+    team.run_beside(tasks.len(), &f, beside)
+}
+
+/// The output of [`run_products`], written by many threads at disjoint ranges.
+#[cfg(any(feature = "cuda", test))]
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32, usize);
+// SAFETY: only disjoint ranges are handed out (see `run_products`).
+#[cfg(any(feature = "cuda", test))]
+unsafe impl Sync for SharedOut {}
+#[cfg(any(feature = "cuda", test))]
+impl SharedOut {
+    /// # Safety
+    /// No two live slices may overlap.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, n: usize) -> &mut [f32] {
+        assert!(at + n <= self.1, "task range past the output");
+        std::slice::from_raw_parts_mut(self.0.add(at), n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenExperts;
+    use crate::cpu::team::Team;
+    use model::math::silu_mul;
+    use quant::GgmlType;
+
+    /// Random rows of `ty` (n_rows × n_cols), from values in [-1, 1).
+    fn matrix(ty: GgmlType, n_rows: usize, n_cols: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let vals: Vec<f32> = (0..n_rows * n_cols)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        let rb = quant::row_bytes(ty, n_cols).unwrap();
+        let mut out = vec![0u8; n_rows * rb];
+        for (src, dst) in vals.chunks(n_cols).zip(out.chunks_mut(rb)) {
+            quant::quantize_row(ty, src, dst);
+        }
+        out
+    }
+
+    #[test]
+    fn token_experts_on_a_team_give_the_serial_bits() {
+        let (e, n_ff) = (256, 512);
+        let x: Vec<f32> = (0..e)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
+        let mats: Vec<[Vec<u8>; 3]> = (0..3)
+            .map(|i| {
+                [
+                    matrix(GgmlType::Q4_K, n_ff, e, 3 * i + 1),
+                    matrix(GgmlType::Q4_K, n_ff, e, 3 * i + 2),
+                    matrix(GgmlType::Q8_0, e, n_ff, 3 * i + 3),
+                ]
+            })
+            .collect();
+        let experts: Vec<[(GgmlType, &[u8]); 3]> = mats
+            .iter()
+            .map(|m| {
+                [
+                    (GgmlType::Q4_K, &m[0][..]),
+                    (GgmlType::Q4_K, &m[1][..]),
+                    (GgmlType::Q8_0, &m[2][..]),
+                ]
+            })
+            .collect();
+        // Row by row on one thread: the CPU executor's expert FFN.
+        let xq = quant::quantize_act(&x);
+        let want: Vec<Vec<f32>> = experts
+            .iter()
+            .map(|m| {
+                let mut g = vec![0.0; n_ff];
+                let mut u = vec![0.0; n_ff];
+                quant::matvec(m[0].0, m[0].1, e, &x, &xq, &mut g);
+                quant::matvec(m[1].0, m[1].1, e, &x, &xq, &mut u);
+                silu_mul(&mut g, &u);
+                let aq = quant::quantize_act(&g);
+                let mut o = vec![0.0; e];
+                quant::matvec(m[2].0, m[2].1, n_ff, &g, &aq, &mut o);
+                o
+            })
+            .collect();
+        for workers in [0, 2, 5] {
+            let team = Team::new(workers);
+            for n in 1..=experts.len() {
+                let mut te = TokenExperts::new(&x, &experts[..n], n_ff);
+                assert_eq!(te.gate_up(&team, || 7), 7);
+                let (got, r) = te.down(&team, || "beside");
+                assert_eq!(r, "beside");
+                assert_eq!(got.len(), n);
+                for (a, b) in got.iter().zip(&want) {
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(a), bits(b), "{workers} workers, {n} experts");
+                }
             }
-        })
-        .collect();
-    quant::matvec_many(&mut jobs);
-    drop(jobs);
-    outs
+        }
+    }
 }

@@ -21,6 +21,7 @@ use cuda::{DevBuf, Gpu, Graph, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 use model::{Backend, ExecError, ModelConfig, Norm};
 use quant::GgmlType;
 use std::cell::{Cell, RefCell};
+use std::time::{Duration, Instant};
 
 /// Activations on the device: `rows` tokens × `cols` f32, row-major.
 #[derive(Debug, Clone, Copy)]
@@ -613,10 +614,11 @@ impl CudaBackend {
     /// The routed experts of a tiered layer: the host reads the step's routing, the
     /// expert store assigns slots (fetching misses) and, in a decode step, leaves some
     /// misses held in RAM to the CPU (the cost model's split); the same kernels run
-    /// over slots instead of experts, one batch of slots at a time, while the CPU
-    /// computes its experts with the same bits and uploads them into their rows.
-    /// Returns the down projections and the shared expert (issued before the CPU
-    /// work, so the GPU has it to do meanwhile).
+    /// over slots instead of experts, one batch of slots at a time, while the CPU's
+    /// team computes its experts with the same bits (beside this thread issuing the
+    /// device's work) and their rows are queued for upload from pinned memory.
+    /// Returns the down projections and the shared expert. Adds the host's times to
+    /// the store's statistics.
     #[allow(clippy::too_many_arguments)]
     fn routed_tiered(
         &self,
@@ -636,10 +638,13 @@ impl CudaBackend {
             .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, 0, 0)
             .map_err(cuda_err("route_topk"))?;
         self.seg_break()?;
+        let t0 = Instant::now();
         let host: Vec<i32> = self
             .gpu
             .download(ids, rows)
             .map_err(cuda_err("download routes"))?;
+        let wait = t0.elapsed();
+        let mut cpu_time = Duration::ZERO;
         let routes: Vec<u32> = host.iter().map(|&e| e as u32).collect();
         let mut store = t.store.borrow_mut();
         let bytes = store.plan().layers[layer].expert_bytes;
@@ -653,8 +658,9 @@ impl CudaBackend {
             })
             .map_err(|e| ExecError::new("expert store", e))?;
         drop(store);
+        let cpu_work = batches.iter().any(|b| !b.cpu.is_empty());
         // The CPU's input, read while the stream is idle.
-        let x_host: Vec<f32> = if batches.iter().any(|b| !b.cpu.is_empty()) {
+        let x_host: Vec<f32> = if cpu_work {
             self.gpu
                 .download(x.ptr, x.rows * x.cols)
                 .map_err(cuda_err("download expert input"))?
@@ -678,49 +684,64 @@ impl CudaBackend {
         let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let mut shared = None;
         for b in &batches {
-            if let Err(e) = t.fetch(&self.gpu, layer, m, &b.fetch) {
-                // Never compute with a slot whose bytes did not arrive.
-                t.store.borrow_mut().forget(layer, &b.fetch);
-                return Err(e);
-            }
-            // Routes of this batch's experts, named by slot; the others are skipped.
-            let by_slot: Vec<i32> = routes
-                .iter()
-                .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
-                .collect();
-            let (gu, dn, grouped) = self.prompt_tiles(&by_slot, k);
-            if !gu.is_empty() {
-                self.put_tiles(&gu, ta)?;
-                self.put_tiles(&dn, tb)?;
-                self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), grouped, &g)?;
-                self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), grouped, &u)?;
-                // Rows of other batches are recomputed alike (element- and row-wise ops).
-                self.swiglu_into(&g, &u, &act)?;
-                if !is_float(m.down_exps.ty) {
-                    self.gpu
-                        .quantize_act(act.ptr, act.rows, act.cols, aq)
-                        .map_err(cuda_err("quantize_act"))?;
+            // The device's part of the batch: its copies, then its slots' products.
+            let issue = || -> Result<(), ExecError> {
+                if let Err(e) = t.fetch(&self.gpu, layer, m, &b.fetch) {
+                    // Never compute with a slot whose bytes did not arrive.
+                    t.store.borrow_mut().forget(layer, &b.fetch);
+                    return Err(e);
                 }
-                self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), grouped, &down)?;
-            }
-            if shared.is_none() {
-                shared = Some(self.shared_expert(m, x, xq)?);
-            }
-            if !b.cpu.is_empty() {
-                let outs = t.cpu_experts(layer, &b.cpu, &x_host);
-                for (&(e, _), out) in b.cpu.iter().zip(&outs) {
-                    for (r, _) in routes.iter().enumerate().filter(|(_, &re)| re == e) {
+                // Routes of this batch's experts, named by slot; the others are skipped.
+                let by_slot: Vec<i32> = routes
+                    .iter()
+                    .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
+                    .collect();
+                let (gu, dn, grouped) = self.prompt_tiles(&by_slot, k);
+                if !gu.is_empty() {
+                    self.put_tiles(&gu, ta)?;
+                    self.put_tiles(&dn, tb)?;
+                    self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), grouped, &g)?;
+                    self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), grouped, &u)?;
+                    // Rows of other batches are recomputed alike (element- and row-wise ops).
+                    self.swiglu_into(&g, &u, &act)?;
+                    if !is_float(m.down_exps.ty) {
                         self.gpu
-                            .copy_to_device(out, down.ptr + (r * down.cols * 4) as u64)
-                            .map_err(cuda_err("upload CPU expert output"))?;
+                            .quantize_act(act.ptr, act.rows, act.cols, aq)
+                            .map_err(cuda_err("quantize_act"))?;
                     }
+                    self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), grouped, &down)?;
                 }
-            }
+                Ok(())
+            };
+            // The shared expert, issued once (beside the CPU's down products).
+            let first = shared.is_none();
+            let shared_issue = || first.then(|| self.shared_expert(m, x, xq)).transpose();
+            let s = if b.cpu.is_empty() {
+                issue()?;
+                shared_issue()?
+            } else {
+                // The CPU computes its experts on its team while this thread issues
+                // the device's work: gate/up beside the copies and the slots'
+                // products, down beside the shared expert.
+                let tc = Instant::now();
+                let (mats, n_ff) = t.cpu_mats(layer, &b.cpu);
+                let mut te = crate::cpu::TokenExperts::new(&x_host, &mats, n_ff);
+                te.gate_up(&t.team, issue)?;
+                let (outs, s) = te.down(&t.team, shared_issue);
+                cpu_time += tc.elapsed();
+                t.upload_outputs(&self.gpu, &b.cpu, &outs, &routes, down.ptr, down.cols)?;
+                s?
+            };
+            shared = shared.or(s);
         }
         let shared = match shared {
             Some(s) => s,
             None => self.shared_expert(m, x, xq)?,
         };
+        let ns = |d: Duration| d.as_nanos() as u64;
+        t.store
+            .borrow_mut()
+            .add_step_time(ns(t0.elapsed()), ns(wait), ns(cpu_time));
         self.seg_resume()?;
         Ok((down, shared))
     }

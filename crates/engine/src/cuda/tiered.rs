@@ -16,6 +16,8 @@
 //! ever computed with bytes that did not arrive.
 
 use super::weights::{cuda_err, DevWeight, MoeDev};
+use crate::cpu::team::Team;
+use crate::cpu::TokenExperts;
 use crate::experts::io::{DirectReader, ReadRequest, ALIGN};
 use crate::experts::{CostModel, ExpertStore, Fetch, Home, TierStats};
 use cuda::{Gpu, PinnedBuf};
@@ -44,6 +46,13 @@ pub(crate) struct Tiered {
     /// Per shard, opened at the first read from it.
     readers: RefCell<Vec<Option<DirectReader>>>,
     staging: RefCell<PinnedBuf>,
+    /// The threads that compute misses on the CPU (awake while a decode runs).
+    pub team: Team,
+    /// The CPU's expert outputs on their way to the device (a row per route of the
+    /// step): pinned, so their copies are queued on the stream without the host
+    /// waiting for the kernels before them. The next step's routing download waits
+    /// for the stream, so a row is never rewritten before its copy has read it.
+    outs: RefCell<Option<PinnedBuf>>,
 }
 
 /// A layer's three slot buffers (gate, up, down), in the order of an expert's bytes
@@ -126,6 +135,8 @@ impl Tiered {
             cpu_from_map: false,
             readers: RefCell::new((0..n_shards).map(|_| None).collect()),
             staging: RefCell::new(staging),
+            outs: RefCell::new(None),
+            team: Team::new(rayon::current_num_threads().saturating_sub(1)),
         };
         t.measure(gpu, probe)?;
         Ok(t)
@@ -225,13 +236,19 @@ impl Tiered {
         self.cost.split(misses, bytes)
     }
 
-    /// The outputs of the experts `cpu` ((expert, RAM offset)) of layer `layer` for
-    /// one token `x`, computed by the CPU kernels from the pinned copy.
-    pub fn cpu_experts(&self, layer: usize, cpu: &[(u32, usize)], x: &[f32]) -> Vec<Vec<f32>> {
+    /// The gate, up and down matrices (type, bytes) of the experts `cpu` ((expert,
+    /// RAM offset)) of layer `layer` as the CPU reads them (the pinned copy or the
+    /// mapped file, whichever measured faster), and the layer's n_ff.
+    #[allow(clippy::type_complexity)]
+    pub fn cpu_mats(
+        &self,
+        layer: usize,
+        cpu: &[(u32, usize)],
+    ) -> (Vec<[(quant::GgmlType, &[u8]); 3]>, usize) {
         let shapes = self.shapes(layer);
         let ram = self.ram[layer].as_slice();
         let mapped = &self.mapped[layer];
-        let mats: Vec<[(quant::GgmlType, &[u8]); 3]> = cpu
+        let mats = cpu
             .iter()
             .map(|&(e, off)| {
                 let mut at = off;
@@ -251,7 +268,59 @@ impl Tiered {
             let store = self.store.borrow();
             store.index().expert(layer, 0).map_or(0, |m| m[0].rows)
         };
-        crate::cpu::one_token_experts(x, &mats, n_ff)
+        (mats, n_ff)
+    }
+
+    /// The outputs of the experts `cpu` ((expert, RAM offset)) of layer `layer` for
+    /// one token `x`, computed by the CPU kernels on the team.
+    pub fn cpu_experts(&self, layer: usize, cpu: &[(u32, usize)], x: &[f32]) -> Vec<Vec<f32>> {
+        let (mats, n_ff) = self.cpu_mats(layer, cpu);
+        let mut te = TokenExperts::new(x, &mats, n_ff);
+        te.gate_up(&self.team, || ());
+        te.down(&self.team, || ()).0
+    }
+
+    /// Queues the CPU's expert outputs `outs` (one per expert of `cpu`) as rows of
+    /// the device matrix at `down` (`cols` floats a row): each goes to every row
+    /// `r` whose route `routes[r]` is its expert. The copies read pinned memory, so
+    /// the host does not wait for the stream to reach them.
+    pub fn upload_outputs(
+        &self,
+        gpu: &Gpu,
+        cpu: &[(u32, usize)],
+        outs: &[Vec<f32>],
+        routes: &[u32],
+        down: u64,
+        cols: usize,
+    ) -> Result<(), ExecError> {
+        let row_bytes = cols * 4;
+        let mut held = self.outs.borrow_mut();
+        if held
+            .as_ref()
+            .is_none_or(|b| b.len() < routes.len() * row_bytes)
+        {
+            *held = Some(
+                gpu.alloc_pinned(routes.len() * row_bytes)
+                    .map_err(cuda_err("pinned buffer for CPU expert outputs"))?,
+            );
+        }
+        let Some(buf) = held.as_mut() else {
+            return Ok(());
+        };
+        for (&(e, _), out) in cpu.iter().zip(outs) {
+            for (r, _) in routes.iter().enumerate().filter(|(_, &re)| re == e) {
+                let at = r * row_bytes;
+                for (d, v) in buf.as_mut_slice()[at..at + row_bytes]
+                    .chunks_exact_mut(4)
+                    .zip(out)
+                {
+                    d.copy_from_slice(&v.to_ne_bytes());
+                }
+                gpu.copy_pinned_to_device(buf, at, row_bytes, down + at as u64)
+                    .map_err(cuda_err("upload CPU expert output"))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn ram_bytes(&self) -> u64 {

@@ -90,6 +90,15 @@ pub struct TierStats {
     pub cpu_bytes: u64,
     /// Nanoseconds the host spent reading misses from the file.
     pub disk_ns: u64,
+    /// Nanoseconds the host spent in tiered expert steps (`step_ns`), and of those,
+    /// waiting for the device to finish the work before the routing was known
+    /// (`wait_ns`: the layer's mixer, norm and router, and whatever of the previous
+    /// layer was still running) and from the start of the CPU's expert products to
+    /// their end (`cpu_ns`; the host issues the device's copies and kernels beside
+    /// them). The rest is the host planning the step and reading the CPU's input.
+    pub step_ns: u64,
+    pub wait_ns: u64,
+    pub cpu_ns: u64,
 }
 
 impl TierStats {
@@ -113,6 +122,9 @@ impl TierStats {
             cpu_misses: self.cpu_misses - before.cpu_misses,
             cpu_bytes: self.cpu_bytes - before.cpu_bytes,
             disk_ns: self.disk_ns - before.disk_ns,
+            step_ns: self.step_ns - before.step_ns,
+            wait_ns: self.wait_ns - before.wait_ns,
+            cpu_ns: self.cpu_ns - before.cpu_ns,
         }
     }
 }
@@ -289,6 +301,13 @@ impl ExpertStore {
     /// Adds the time reading misses from the file took.
     pub fn add_disk_time(&mut self, ns: u64) {
         self.stats.disk_ns += ns;
+    }
+
+    /// Adds one tiered step's host times (see [`TierStats::step_ns`]).
+    pub fn add_step_time(&mut self, step_ns: u64, wait_ns: u64, cpu_ns: u64) {
+        self.stats.step_ns += step_ns;
+        self.stats.wait_ns += wait_ns;
+        self.stats.cpu_ns += cpu_ns;
     }
 
     /// One step of layer `layer` routed to `routes` (the experts of every token, in

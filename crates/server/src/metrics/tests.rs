@@ -114,6 +114,9 @@ fn tiered_expert_counters_reach_metrics_and_the_snapshot() {
         cpu_misses: 15,
         cpu_bytes: 1500,
         disk_ns: 3_000_000,
+        step_ns: 9_000_000,
+        wait_ns: 4_000_000,
+        cpu_ns: 2_000_000,
     });
     let text = s.render_prometheus(10);
     assert!(
@@ -139,6 +142,7 @@ fn tiered_expert_counters_reach_metrics_and_the_snapshot() {
     let snap = s.snapshot();
     assert_eq!(snap["experts"]["tiers"]["vram"]["hit_rate"], 0.6);
     assert_eq!(snap["experts"]["tiers"]["disk"]["read_ms"], 3.0);
+    assert_eq!(snap["experts"]["tiers"]["cpu"]["compute_ms"], 2.0);
 }
 
 #[test]
