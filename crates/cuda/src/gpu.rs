@@ -516,6 +516,40 @@ impl Gpu {
         .map_err(|e| CudaError::driver("cuMemcpyHtoDAsync(copy_pinned_to_device)", e))
     }
 
+    /// Reads the device ranges `srcs` ((address, bytes)) into `dst`, one after
+    /// another from offset 0, after everything issued before them on the stream, and
+    /// waits for them: one synchronisation for all. Not allowed during capture.
+    pub fn download_pinned(
+        &self,
+        srcs: &[(u64, usize)],
+        dst: &mut PinnedBuf,
+    ) -> Result<(), CudaError> {
+        self.refuse_in_capture("download_pinned")?;
+        let total: usize = srcs.iter().map(|&(_, n)| n).sum();
+        if total > dst.len {
+            return Err(CudaError::bad(
+                "download_pinned",
+                format!("{total} bytes do not fit the {}-byte buffer", dst.len),
+            ));
+        }
+        self.ctx.bind()?;
+        let mut at = 0;
+        for &(src, n) in srcs {
+            if n == 0 {
+                continue;
+            }
+            // SAFETY: the ranges fit `dst` (checked), which `&mut` keeps alive and
+            // unshared until the sync below.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst.ptr.add(at) as *mut c_void, src, n, self.stream)
+            }
+            .result()
+            .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync(download_pinned)", e))?;
+            at += n;
+        }
+        self.sync()
+    }
+
     /// Launches kernel `k` on the stream. `args` are the kernel's parameters in order.
     pub(crate) fn launch(
         &self,

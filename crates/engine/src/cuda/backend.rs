@@ -375,7 +375,7 @@ impl CudaBackend {
         self.gpu
             .matvec(
                 w.ty,
-                w.buf.ptr(),
+                w.ptr,
                 w.row_bytes,
                 w.n_rows,
                 w.n_cols,
@@ -437,8 +437,8 @@ impl CudaBackend {
             .matvec_tiles_as(
                 shape,
                 w.ty,
-                w.buf.ptr(),
-                w.matrix_bytes,
+                w.ptr,
+                w.stride,
                 w.row_bytes,
                 w.n_rows,
                 w.n_cols,
@@ -639,13 +639,11 @@ impl CudaBackend {
             .map_err(cuda_err("route_topk"))?;
         self.seg_break()?;
         let t0 = Instant::now();
-        let host: Vec<i32> = self
-            .gpu
-            .download(ids, rows)
-            .map_err(cuda_err("download routes"))?;
+        // A decode step may leave experts to the CPU: its input comes with the routes.
+        let x_in = (t_n == 1).then_some((x.ptr, x.rows * x.cols));
+        let (routes, x_host) = t.read_routes(&self.gpu, ids, rows, x_in)?;
         let wait = t0.elapsed();
         let mut cpu_time = Duration::ZERO;
-        let routes: Vec<u32> = host.iter().map(|&e| e as u32).collect();
         let mut store = t.store.borrow_mut();
         let bytes = store.plan().layers[layer].expert_bytes;
         let batches = store
@@ -658,15 +656,6 @@ impl CudaBackend {
             })
             .map_err(|e| ExecError::new("expert store", e))?;
         drop(store);
-        let cpu_work = batches.iter().any(|b| !b.cpu.is_empty());
-        // The CPU's input, read while the stream is idle.
-        let x_host: Vec<f32> = if cpu_work {
-            self.gpu
-                .download(x.ptr, x.rows * x.cols)
-                .map_err(cuda_err("download expert input"))?
-        } else {
-            Vec::new()
-        };
         let g = self.alloc(rows, m.gate_exps.n_rows, "expert products")?;
         let u = self.alloc(rows, m.up_exps.n_rows, "expert products")?;
         let act = self.alloc(rows, m.gate_exps.n_rows, "swiglu")?;
@@ -916,8 +905,8 @@ impl CudaBackend {
 /// fused routing.
 fn fused_moe(m: &MoeDev, n_expert: usize, k: usize) -> bool {
     let pair = |g: &DevWeight, u: &DevWeight| {
-        (g.ty, g.row_bytes, g.matrix_bytes, g.n_rows, g.n_cols)
-            == (u.ty, u.row_bytes, u.matrix_bytes, u.n_rows, u.n_cols)
+        (g.ty, g.row_bytes, g.stride, g.n_rows, g.n_cols)
+            == (u.ty, u.row_bytes, u.stride, u.n_rows, u.n_cols)
     };
     let shared_ok = m.shared.as_ref().is_none_or(|s| {
         pair(&s.gate, &s.up)
@@ -975,7 +964,7 @@ impl Backend for CudaBackend {
         self.gpu
             .embed(
                 t.ty,
-                t.buf.ptr(),
+                t.ptr,
                 t.row_bytes,
                 t.n_cols,
                 self.tok.ptr(),

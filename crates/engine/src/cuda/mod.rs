@@ -287,11 +287,11 @@ impl CudaExecutor {
         })?;
         let warm = budgets.profile.map(|_| plan.resident_order.clone());
         let store = ExpertStore::new(index, plan);
-        // The largest slot buffer, still empty, for measuring copies into VRAM.
+        // The largest slot block, still empty, for measuring copies into VRAM.
         let probe = w
             .layers
             .iter()
-            .map(|l| (l.moe.gate_exps.buf.ptr(), l.moe.gate_exps.buf.len()))
+            .map(|l| (l.moe.gate_exps.mem.ptr(), l.moe.gate_exps.mem.len()))
             .max_by_key(|p| p.1)
             .unwrap_or((0, 0));
         let t = Tiered::new(&gpu, store, weights, budgets.cpu_share, probe, &|done| {

@@ -3,13 +3,13 @@
 //! [`ExpertStore`](crate::experts::ExpertStore) decides which expert goes to which slot
 //! and this module moves the bytes.
 //!
-//! The slot buffers stand where the whole expert tensors stand in the resident
-//! executor (`MoeDev::{gate,up,down}_exps`, one matrix per slot instead of per expert),
-//! so the expert kernels are the very same launches with the tile's `expert` field
+//! The slot matrices stand where the whole expert tensors stand in the resident
+//! executor (`MoeDev::{gate,up,down}_exps`, one matrix per slot instead of per expert;
+//! a slot holds its gate, up and down one after another), so the expert kernels are the very same launches with the tile's `expert` field
 //! naming a slot: an expert computes the same bits wherever its bytes came from
 //! (docs/design.md invariant 1).
 //!
-//! A miss in the RAM copy is one asynchronous copy per matrix from pinned memory. A miss
+//! A miss in the RAM copy is one asynchronous copy from pinned memory. A miss
 //! that is only in the file is read with `O_DIRECT` (io_uring) into pinned staging, then
 //! copied; the staging is reused only after the stream has drained the copies reading
 //! it. A failed read ends the step with an error naming the file and offset: no slot is
@@ -46,6 +46,9 @@ pub(crate) struct Tiered {
     /// Per shard, opened at the first read from it.
     readers: RefCell<Vec<Option<DirectReader>>>,
     staging: RefCell<PinnedBuf>,
+    /// A decode step's routing and expert input on their way to the host (pinned:
+    /// both read with one synchronisation).
+    inbox: RefCell<Option<PinnedBuf>>,
     /// The threads that compute misses on the CPU (awake while a decode runs).
     pub team: Team,
     /// The CPU's expert outputs on their way to the device (a row per route of the
@@ -55,8 +58,8 @@ pub(crate) struct Tiered {
     outs: RefCell<Option<PinnedBuf>>,
 }
 
-/// A layer's three slot buffers (gate, up, down), in the order of an expert's bytes
-/// in the RAM copy.
+/// A layer's three slot matrices (gate, up, down), in the order of an expert's bytes
+/// in the RAM copy and in a slot.
 fn matrices(m: &MoeDev) -> [&DevWeight; 3] {
     [&m.gate_exps, &m.up_exps, &m.down_exps]
 }
@@ -136,6 +139,7 @@ impl Tiered {
             readers: RefCell::new((0..n_shards).map(|_| None).collect()),
             staging: RefCell::new(staging),
             outs: RefCell::new(None),
+            inbox: RefCell::new(None),
             team: Team::new(rayon::current_num_threads().saturating_sub(1)),
         };
         t.measure(gpu, probe)?;
@@ -280,6 +284,48 @@ impl Tiered {
         te.down(&self.team, || ()).0
     }
 
+    /// Waits for the device's routing of a step: the `n_routes` expert ids at `ids`
+    /// and, with `x` ((address, values)), the experts' input, read together.
+    pub fn read_routes(
+        &self,
+        gpu: &Gpu,
+        ids: u64,
+        n_routes: usize,
+        x: Option<(u64, usize)>,
+    ) -> Result<(Vec<u32>, Vec<f32>), ExecError> {
+        let n_x = x.map_or(0, |(_, n)| n);
+        let bytes = 4 * (n_routes + n_x);
+        let mut held = self.inbox.borrow_mut();
+        if held.as_ref().is_none_or(|b| b.len() < bytes) {
+            *held = Some(
+                gpu.alloc_pinned(bytes)
+                    .map_err(cuda_err("pinned buffer for the routing"))?,
+            );
+        }
+        let Some(buf) = held.as_mut() else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let mut srcs = vec![(ids, 4 * n_routes)];
+        srcs.extend(x.map(|(p, n)| (p, 4 * n)));
+        gpu.download_pinned(&srcs, buf)
+            .map_err(cuda_err("download routes"))?;
+        let words = |b: &[u8]| -> Vec<[u8; 4]> {
+            b.chunks_exact(4)
+                .map(|c| [c[0], c[1], c[2], c[3]])
+                .collect()
+        };
+        let data = buf.as_slice();
+        let routes = words(&data[..4 * n_routes])
+            .into_iter()
+            .map(|w| i32::from_ne_bytes(w) as u32)
+            .collect();
+        let xs = words(&data[4 * n_routes..bytes])
+            .into_iter()
+            .map(f32::from_ne_bytes)
+            .collect();
+        Ok((routes, xs))
+    }
+
     /// Queues the CPU's expert outputs `outs` (one per expert of `cpu`) as rows of
     /// the device matrix at `down` (`cols` floats a row): each goes to every row
     /// `r` whose route `routes[r]` is its expert. The copies read pinned memory, so
@@ -348,19 +394,17 @@ impl Tiered {
         let mut from_file = Vec::new();
         for f in fetch {
             match f.from {
+                // The RAM copy holds an expert's gate, up and down one after another,
+                // as a slot does: one copy.
                 Home::Ram(off) => {
-                    let mut at = off;
-                    for w in mats {
-                        let len = w.matrix_bytes as usize;
-                        gpu.copy_pinned_to_device(
-                            &self.ram[layer],
-                            at,
-                            len,
-                            w.buf.ptr() + f.slot as u64 * w.matrix_bytes,
-                        )
-                        .map_err(cuda_err("copy expert from RAM"))?;
-                        at += len;
-                    }
+                    let len = mats.iter().map(|w| w.matrix_bytes as usize).sum();
+                    gpu.copy_pinned_to_device(
+                        &self.ram[layer],
+                        off,
+                        len,
+                        mats[0].ptr + f.slot as u64 * mats[0].stride,
+                    )
+                    .map_err(cuda_err("copy expert from RAM"))?;
                 }
                 _ => from_file.push(*f),
             }
@@ -430,7 +474,7 @@ impl Tiered {
                         &staging,
                         offs[3 * i + j],
                         w.matrix_bytes as usize,
-                        w.buf.ptr() + f.slot as u64 * w.matrix_bytes,
+                        w.ptr + f.slot as u64 * w.stride,
                     )
                     .map_err(cuda_err("copy expert from staging"))?;
                 }

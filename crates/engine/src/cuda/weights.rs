@@ -8,10 +8,14 @@ use cuda::{CudaError, DevBuf, Gpu};
 use model::weights::{BetaAlpha, Mixer, ModelWeights, Weight};
 use model::{ExecError, ModelConfig};
 use quant::GgmlType;
+use std::sync::Arc;
 
 /// One weight tensor in VRAM: a matrix, or a stack of expert matrices.
 pub(crate) struct DevWeight {
-    pub buf: DevBuf<u8>,
+    /// The memory holding it (shared by a tiered layer's three slot matrices).
+    pub mem: Arc<DevBuf<u8>>,
+    /// The device address of its first matrix.
+    pub ptr: u64,
     pub ty: GgmlType,
     pub row_bytes: u64,
     /// Rows of one matrix.
@@ -20,19 +24,30 @@ pub(crate) struct DevWeight {
     pub n_cols: usize,
     /// Bytes of one matrix (one expert of a 3-D tensor).
     pub matrix_bytes: u64,
+    /// Bytes from one expert's matrix to the next's: `matrix_bytes` for a tensor
+    /// as the file holds it; a whole slot (gate, up and down) for slot matrices.
+    pub stride: u64,
 }
 
 impl DevWeight {
-    /// `w`'s shape and type over `buf` (its bytes, or slots of its matrices).
+    /// `w`'s shape and type over `buf` (its bytes).
     fn new(w: &Weight, buf: DevBuf<u8>) -> DevWeight {
+        let ptr = buf.ptr();
+        DevWeight::within(w, Arc::new(buf), ptr, (w.n_rows() * w.row_bytes()) as u64)
+    }
+
+    /// `w`'s shape and type at `ptr` inside `mem`, its experts `stride` bytes apart.
+    fn within(w: &Weight, mem: Arc<DevBuf<u8>>, ptr: u64, stride: u64) -> DevWeight {
         let (n_rows, row_bytes) = (w.n_rows(), w.row_bytes());
         DevWeight {
-            buf,
+            mem,
+            ptr,
             ty: w.ty,
             row_bytes: row_bytes as u64,
             n_rows,
             n_cols: w.row_len(),
             matrix_bytes: (n_rows * row_bytes) as u64,
+            stride,
         }
     }
 
@@ -40,8 +55,8 @@ impl DevWeight {
     pub fn mat(&self) -> cuda::Mat {
         cuda::Mat {
             ty: self.ty,
-            ptr: self.buf.ptr(),
-            expert_bytes: self.matrix_bytes,
+            ptr: self.ptr,
+            expert_bytes: self.stride,
             row_bytes: self.row_bytes,
             n_rows: self.n_rows,
             n_cols: self.n_cols,
@@ -217,14 +232,26 @@ impl Uploader<'_> {
         Ok(DevWeight::new(w, buf))
     }
 
-    /// Room for `n` matrices of the expert tensor `w` (VRAM slots), not filled.
-    fn slots(&mut self, w: &Weight, n: usize) -> Result<DevWeight, ExecError> {
-        check_width(w)?;
-        let buf = self
-            .gpu
-            .alloc::<u8>(n * w.n_rows() * w.row_bytes(), &w.name)
-            .map_err(cuda_err("allocate expert slots"))?;
-        Ok(DevWeight::new(w, buf))
+    /// Room for `n` experts of a layer's gate, up and down tensors (VRAM slots), not
+    /// filled: one block of `n` slots, each holding an expert's three matrices one
+    /// after another as the pinned RAM copy does, so one copy fills a slot.
+    fn slots(&mut self, ws: [&Weight; 3], n: usize) -> Result<[DevWeight; 3], ExecError> {
+        let mut at = [0u64; 3];
+        let mut slot = 0u64;
+        for (j, w) in ws.iter().enumerate() {
+            check_width(w)?;
+            at[j] = slot;
+            slot += (w.n_rows() * w.row_bytes()) as u64;
+        }
+        let mem = Arc::new(
+            self.gpu
+                .alloc::<u8>(n * slot as usize, &ws[0].name)
+                .map_err(cuda_err("allocate expert slots"))?,
+        );
+        let base = mem.ptr();
+        Ok(std::array::from_fn(|j| {
+            DevWeight::within(ws[j], Arc::clone(&mem), base + at[j], slot)
+        }))
     }
 
     fn f32s(&mut self, v: &[f32], what: &str) -> Result<DevBuf<f32>, ExecError> {
@@ -346,13 +373,17 @@ pub(crate) fn upload(
             ffn_norm: up.f32s(&l.ffn_norm, "ffn_norm")?,
             mixer,
             moe: match slots.and_then(|s| s.get(i)) {
-                Some(&n) => MoeDev {
-                    router: up.weight(&m.router)?,
-                    gate_exps: up.slots(&m.gate_exps, n)?,
-                    up_exps: up.slots(&m.up_exps, n)?,
-                    down_exps: up.slots(&m.down_exps, n)?,
-                    shared,
-                },
+                Some(&n) => {
+                    let [gate_exps, up_exps, down_exps] =
+                        up.slots([&m.gate_exps, &m.up_exps, &m.down_exps], n)?;
+                    MoeDev {
+                        router: up.weight(&m.router)?,
+                        gate_exps,
+                        up_exps,
+                        down_exps,
+                        shared,
+                    }
+                }
                 None => MoeDev {
                     router: up.weight(&m.router)?,
                     gate_exps: up.weight(&m.gate_exps)?,
