@@ -311,7 +311,10 @@ __device__ __forceinline__ void sc_qsub2_any(int ty, const uint8_t* r0, const ui
 // SC_FUSED_MAX_EXPERT experts. With `aq`, the last block of each plane to finish also
 // writes the plane's quantized copy (aq/ad/as at the plane's offset, as quantize_act
 // of the whole act row; n_ff and n_sff multiples of 32), counting finished blocks in
-// plane_done[plane] (zero before the launch, zero again after it).
+// plane_done[plane] (zero before the launch, zero again after it). With `ids_in`
+// (k ints), the routing is given instead (`logits`, wts_out and ids_out unused):
+// rank r reads expert (or slot) ids_in[r], and a rank with a negative id is left
+// alone (its act rows unwritten, its plane not counted or quantized).
 #define SC_FUSED_MAX_EXPERT 512
 extern "C" __global__ void __launch_bounds__(128)
     moe_gate_up(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
@@ -322,7 +325,8 @@ extern "C" __global__ void __launch_bounds__(128)
                 const float* __restrict__ x, const int8_t* __restrict__ xq, const float* __restrict__ xd,
                 const int* __restrict__ xs, const float* __restrict__ gate_inp,
                 float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
-                float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done) {
+                float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
+                const int* __restrict__ ids_in) {
   sc_pdl_enter();
   __shared__ float sp[SC_FUSED_MAX_EXPERT];
   __shared__ bool s_last;
@@ -333,7 +337,9 @@ extern "C" __global__ void __launch_bounds__(128)
   const int plane = blockIdx.y;
   const bool shared = plane == k;
   if (!shared) {
-    if (threadIdx.x < 32) {
+    if (ids_in) {
+      if ((int)threadIdx.x < k) s_ids[threadIdx.x] = ids_in[threadIdx.x];
+    } else if (threadIdx.x < 32) {
       float wt = 0.0f;
       int id = 0;
       sc_route_warp<SC_FUSED_MAX_EXPERT / 32>(logits, n_expert, k, sp, sid, wt, id);
@@ -346,6 +352,9 @@ extern "C" __global__ void __launch_bounds__(128)
       }
     }
     __syncthreads();
+    // A rank computed elsewhere (given a negative id): its whole plane stops here,
+    // before counting, so its plane_done entry stays zero.
+    if (s_ids[plane] < 0) return;
   }
   const int n_rows = shared ? n_sff : n_ff;
   if (shared && gate_inp && r == n_rows) {
@@ -400,13 +409,16 @@ extern "C" __global__ void __launch_bounds__(128)
 // sub-blocks), it computes rows 4·blockIdx.x .. + 3, each half-warp two of them (its
 // loads together): the canonical sum of such a row has zeros in lanes 16..31, so its
 // first tree step is acc + 0 and the rest stays within 16 lanes (the same bits).
+// A rank with a negative id takes its products from row r of `given` (k rows of
+// n_out values) instead: experts computed elsewhere (tiered decode: by the CPU).
 extern "C" __global__ void __launch_bounds__(1024)
     moe_down_combine(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
                      unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
                      unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
                      const float* __restrict__ wts, int k, const float* __restrict__ act,
                      const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
-                     const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair) {
+                     const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
+                     const float* __restrict__ given) {
   sc_pdl_enter();
   __shared__ float part[4][32];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -414,11 +426,16 @@ extern "C" __global__ void __launch_bounds__(1024)
   const int t = shared ? sty : ty;
   const int n = shared ? n_sff : n_ff;
   const size_t a0 = (size_t)w * n_ff;  // the shared row starts at k·n_ff too
-  const uint8_t* base = shared ? sdown : down + (unsigned long long)ids[w] * expert_bytes;
+  const int id = shared ? 0 : ids[w];
+  const uint8_t* base = shared ? sdown : down + (unsigned long long)max(id, 0) * expert_bytes;
   const unsigned long long rb = shared ? srow_bytes : row_bytes;
   const int rows = pair ? 4 : 1;
   const int c0 = blockIdx.x * rows;
-  if (pair) {
+  // part[j][w] is rank w's product for row c0 + j (both modes below).
+  if (id < 0) {
+    // A rank computed elsewhere: its products are row w of `given`.
+    if (lane < rows) part[lane][w] = c0 + lane < n_out ? given[(size_t)w * n_out + c0 + lane] : 0.0f;
+  } else if (pair) {
     // Half h of the warp takes rows c0 + h and c0 + 2 + h.
     const int half = lane >> 4, hl = lane & 15;
     const int ca = c0 + half, cb = c0 + 2 + half;

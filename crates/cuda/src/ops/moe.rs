@@ -36,10 +36,26 @@ fn check_pair(kn: &'static str, gate: &Mat, up: &Mat) -> Result<TypeInfo, CudaEr
     check_mat(kn, "gate", gate)
 }
 
+/// Where [`Gpu::moe_gate_up`] finds a token's routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeRoute {
+    /// The kernel routes the token (as [`Gpu::route_topk`]) from the router's
+    /// `logits` (f32 [n_expert]), writing the ranks' weights to `wts_out` (f32 [k])
+    /// and experts to `ids_out` (i32 [k]).
+    Logits {
+        logits: u64,
+        n_expert: usize,
+        wts_out: u64,
+        ids_out: u64,
+    },
+    /// The ranks' experts (or slots) are given at `ids` (i32 [k]); a negative one is
+    /// computed elsewhere, and its activations are left alone.
+    Given { ids: u64 },
+}
+
 impl Gpu {
-    /// One token's routing and its experts' SwiGLU, in one launch: the routing of
-    /// [`Gpu::route_topk`] from the router's `logits` (f32 [n_expert]) into `wts_out`
-    /// (f32 [k]) and `ids_out` (i32 [k]), then
+    /// One token's routing and its experts' SwiGLU, in one launch: the routing
+    /// ([`MoeRoute`]), then
     /// `act[r·n_ff + i] = silu(x·gate_{id_r}[i]) · (x·up_{id_r}[i])` for the k ranks
     /// and, with `shared` = (gate, up), `act[k·n_ff + i]` alike for the shared expert;
     /// with `gate_inp` (f32, x's width) also `*shared_logit = x·gate_inp`. The bits of
@@ -56,11 +72,8 @@ impl Gpu {
         up: &Mat,
         shared: Option<(&Mat, &Mat)>,
         gate_inp: u64,
-        logits: u64,
-        n_expert: usize,
+        route: MoeRoute,
         k: usize,
-        wts_out: u64,
-        ids_out: u64,
         x: u64,
         xq: QAct,
         shared_logit: u64,
@@ -87,6 +100,21 @@ impl Gpu {
                 (sg.ptr, su.ptr, si.code, sg.n_rows)
             }
             None => (0, 0, 0, 0),
+        };
+        let (logits, n_expert, wts_out, ids_out, ids_in) = match route {
+            MoeRoute::Logits {
+                logits,
+                n_expert,
+                wts_out,
+                ids_out,
+            } => (
+                addr(KN, "logits", logits, 4)?,
+                n_expert,
+                addr(KN, "wts_out", wts_out, 4)?,
+                addr(KN, "ids_out", ids_out, 4)?,
+                0,
+            ),
+            MoeRoute::Given { ids } => (0, k, 0, 0, addr(KN, "ids", ids, 4)?),
         };
         if n_expert == 0 || n_expert > FUSED_MAX_EXPERTS || k == 0 || k > n_expert || k > MAX_TOP_K
         {
@@ -127,11 +155,11 @@ impl Gpu {
             Arg::I32(s_code),
             Arg::U64(shared.map_or(0, |s| s.0.row_bytes)),
             Arg::I32(int(KN, "n_sff", s_rows)?),
-            Arg::P(addr(KN, "logits", logits, 4)?),
+            Arg::P(logits),
             Arg::I32(n_expert as i32),
             Arg::I32(k as i32),
-            Arg::P(addr(KN, "wts_out", wts_out, 4)?),
-            Arg::P(addr(KN, "ids_out", ids_out, 4)?),
+            Arg::P(wts_out),
+            Arg::P(ids_out),
             Arg::I32(int(KN, "n_cols", gate.n_cols)?),
             Arg::P(addr(KN, "x", x, 4)?),
             q0,
@@ -148,6 +176,7 @@ impl Gpu {
             } else {
                 0
             }),
+            Arg::P(ids_in),
         ];
         // Four rows a block; the shared plane has one more warp for the gate logit.
         let rows = gate.n_rows.max(s_rows + usize::from(gate_inp != 0));
@@ -167,7 +196,9 @@ impl Gpu {
     /// (`+ act_k·sdown[c]` when `shared_logit` is 0). The bits of [`Gpu::matvec_tiles`]
     /// and [`Gpu::moe_combine`]. `aq` is act's quantized copy (rows concatenated, as
     /// [`Gpu::quantize_act`] writes one row of k·n_ff + n_sff values), needed when a
-    /// type is quantized.
+    /// type is quantized. A rank with a negative id in `ids` takes its products from
+    /// row r of `given` (f32 [k × n_out]: experts computed elsewhere, e.g. by the CPU)
+    /// instead; `given` may be 0 when no id is negative.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_down_combine(
         &self,
@@ -180,6 +211,7 @@ impl Gpu {
         aq: QAct,
         shared_logit: u64,
         out: u64,
+        given: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "moe_down_combine";
         let ti = check_mat(KN, "down", down)?;
@@ -236,6 +268,7 @@ impl Gpu {
             Arg::P(addr(KN, "out", out, 4)?),
             Arg::I32(int(KN, "n_out", down.n_rows)?),
             Arg::I32(i32::from(pair)),
+            Arg::P(opt_addr(KN, "given", given, 4)?),
         ];
         let grid = [blocks(down.n_rows, if pair { 4 } else { 1 })?, 1, 1];
         self.launch(K::MoeDownCombine, grid, 32 * warps as u32, 0, &args)

@@ -1,7 +1,7 @@
 //! quantize_act, matvec, matvec_tiles and embed against the quant crate, bit for bit.
 
 use crate::{assert_bits, down, filled, gpu, poisoned, up, DevQAct, QOut, Rng};
-use cuda::{GgmlType, QAct, Tile, TileShape};
+use cuda::{GgmlType, MoeRoute, QAct, Tile, TileShape};
 
 const TYPES: [GgmlType; 9] = [
     GgmlType::F32,
@@ -679,11 +679,13 @@ fn fused_decode_moe_matches_the_cpu() {
                 &mu,
                 shared.then_some((&msg, &msu)),
                 if logit { dgi.ptr() } else { 0 },
-                dlogits.ptr(),
-                n_exp,
+                MoeRoute::Logits {
+                    logits: dlogits.ptr(),
+                    n_expert: n_exp,
+                    wts_out: dwts_out.ptr(),
+                    ids_out: dids_out.ptr(),
+                },
                 k,
-                dwts_out.ptr(),
-                dids_out.ptr(),
                 dx.ptr(),
                 dq.q(),
                 if logit { dlg.ptr() } else { 0 },
@@ -724,9 +726,85 @@ fn fused_decode_moe_matches_the_cpu() {
             aq,
             if logit { dlg.ptr() } else { 0 },
             out.ptr(),
+            0,
         )
         .unwrap();
         assert_bits(&down(&g, &out), &want, &format!("output: {what}"));
+
+        // The routing given instead, every other rank computed elsewhere (negative
+        // id, its down products given as rows): the same activations for the ranks
+        // computed here, the others untouched, and the same output.
+        let given_ids: Vec<i32> = ids
+            .iter()
+            .enumerate()
+            .map(|(r, &id)| if r % 2 == 1 { -1 } else { id })
+            .collect();
+        let dgiven_ids = up(&g, &given_ids);
+        let mut given = vec![f32::NAN; k * e];
+        for (r, &id) in ids.iter().enumerate().filter(|(r, _)| r % 2 == 1) {
+            let ex = id as usize * e * d_rb..(id as usize + 1) * e * d_rb;
+            let d = cpu_matmul(td, &dn[ex], e, fe, &act[r * fe..(r + 1) * fe], 1);
+            given[r * e..(r + 1) * e].copy_from_slice(&d);
+        }
+        let dgiven = up(&g, &given);
+        let dact2 = poisoned(&g, n_act);
+        let aqo2 = QOut::new(&g, n_act);
+        g.moe_gate_up(
+            &mg,
+            &mu,
+            shared.then_some((&msg, &msu)),
+            if logit { dgi.ptr() } else { 0 },
+            MoeRoute::Given {
+                ids: dgiven_ids.ptr(),
+            },
+            k,
+            dx.ptr(),
+            dq.q(),
+            if logit { dlg.ptr() } else { 0 },
+            dact2.ptr(),
+            aqo2.q(),
+            done.ptr(),
+        )
+        .unwrap();
+        let got = down(&g, &dact2);
+        for r in 0..k + usize::from(shared) {
+            let (a, b) = (r * fe, if r < k { (r + 1) * fe } else { n_act });
+            if r < k && r % 2 == 1 {
+                assert!(
+                    got[a..b].iter().all(|v| v.is_nan()),
+                    "rank {r} computed elsewhere was written: {what}"
+                );
+            } else {
+                assert_bits(
+                    &got[a..b],
+                    &act[a..b],
+                    &format!("given routing, plane {r}: {what}"),
+                );
+            }
+        }
+        assert!(
+            down(&g, &done).iter().all(|&c| c == 0),
+            "plane counts not reset (given routing): {what}"
+        );
+        let out2 = poisoned(&g, e);
+        g.moe_down_combine(
+            &md,
+            shared.then_some(&msd),
+            dgiven_ids.ptr(),
+            dwts_out.ptr(),
+            k,
+            dact2.ptr(),
+            aqo2.q(),
+            if logit { dlg.ptr() } else { 0 },
+            out2.ptr(),
+            dgiven.ptr(),
+        )
+        .unwrap();
+        assert_bits(
+            &down(&g, &out2),
+            &want,
+            &format!("output, given routing: {what}"),
+        );
     }
 }
 

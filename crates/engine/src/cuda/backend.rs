@@ -17,7 +17,8 @@
 
 use super::tiered::Tiered;
 use super::weights::{cuda_err, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
-use cuda::{DevBuf, Gpu, Graph, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
+use crate::experts::Batch;
+use cuda::{DevBuf, Gpu, Graph, MoeRoute, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 use model::{Backend, ExecError, ModelConfig, Norm};
 use quant::GgmlType;
 use std::cell::{Cell, RefCell};
@@ -97,6 +98,22 @@ pub(crate) struct SegRun {
     pub record: bool,
     pub graphs: Vec<Graph>,
     pub next: usize,
+}
+
+/// The activations of a fused MoE block's gate/up launch, their quantized copy, and
+/// where the shared gate's logit went (0 without a shared expert).
+struct FusedAct {
+    act: DBuf,
+    aq: QAct,
+    logit: u64,
+}
+
+/// A tiered layer's routed experts: their down products and the shared expert's
+/// output and gate logit, for `moe_combine`; or, from the fused kernels, the block's
+/// output itself.
+enum Routed {
+    Parts(DBuf, (u64, u64)),
+    Combined(DBuf),
 }
 
 /// Scratch bytes a step of up to `t` tokens needs (a generous bound: the largest
@@ -552,8 +569,26 @@ impl CudaBackend {
         wts: &DBuf,
         ids: u64,
     ) -> Result<DBuf, ExecError> {
-        let cfg = &self.cfg;
-        let k = cfg.n_expert_used;
+        let route = MoeRoute::Logits {
+            logits: logits.ptr,
+            n_expert: self.cfg.n_expert,
+            wts_out: wts.ptr,
+            ids_out: ids,
+        };
+        let a = self.fused_gate_up(m, x, xq, route)?;
+        self.fused_down(m, &a, ids, wts.ptr, 0)
+    }
+
+    /// The first launch of a fused MoE block after the router: the routing (or the
+    /// given one), every expert's gate/up/SwiGLU and the shared gate's logit.
+    fn fused_gate_up(
+        &self,
+        m: &MoeDev,
+        x: &DBuf,
+        xq: QAct,
+        route: MoeRoute,
+    ) -> Result<FusedAct, ExecError> {
+        let k = self.cfg.n_expert_used;
         let (fe, sh) = (
             m.gate_exps.n_rows,
             m.shared.as_ref().map_or(0, |s| s.gate.n_rows),
@@ -567,25 +602,20 @@ impl CudaBackend {
         } else {
             QAct::NONE
         };
-        // The shared expert's gate, up and down, and where its gate logit goes.
-        let (shared, logit) = match &m.shared {
-            Some(s) => (
-                Some((s.gate.mat(), s.up.mat(), s.down.mat())),
-                self.alloc(1, 1, "shared gate")?.ptr,
-            ),
-            None => (None, 0),
+        // Where the shared expert's gate logit goes.
+        let logit = match &m.shared {
+            Some(_) => self.alloc(1, 1, "shared gate")?.ptr,
+            None => 0,
         };
+        let shared = m.shared.as_ref().map(|s| (s.gate.mat(), s.up.mat()));
         self.gpu
             .moe_gate_up(
                 &m.gate_exps.mat(),
                 &m.up_exps.mat(),
-                shared.as_ref().map(|(g, u, _)| (g, u)),
+                shared.as_ref().map(|(g, u)| (g, u)),
                 m.shared.as_ref().map_or(0, |s| s.gate_inp.ptr()),
-                logits.ptr,
-                cfg.n_expert,
+                route,
                 k,
-                wts.ptr,
-                ids,
                 x.ptr,
                 xq,
                 logit,
@@ -594,21 +624,92 @@ impl CudaBackend {
                 self.plane_done.ptr(),
             )
             .map_err(cuda_err("moe_gate_up"))?;
-        let out = self.alloc(1, cfg.n_embd, "moe")?;
+        Ok(FusedAct { act, aq, logit })
+    }
+
+    /// The second launch of a fused MoE block: the down products of the ranks' experts
+    /// (`ids`, slots when tiered; a negative one's products are row r of `given`) and
+    /// the shared expert, combined with the routing weights `wts`.
+    fn fused_down(
+        &self,
+        m: &MoeDev,
+        a: &FusedAct,
+        ids: u64,
+        wts: u64,
+        given: u64,
+    ) -> Result<DBuf, ExecError> {
+        let out = self.alloc(1, self.cfg.n_embd, "moe")?;
+        let sdown = m.shared.as_ref().map(|s| s.down.mat());
         self.gpu
             .moe_down_combine(
                 &m.down_exps.mat(),
-                shared.as_ref().map(|(_, _, d)| d),
+                sdown.as_ref(),
                 ids,
-                wts.ptr,
-                k,
-                act.ptr,
-                aq,
-                logit,
+                wts,
+                self.cfg.n_expert_used,
+                a.act.ptr,
+                a.aq,
+                a.logit,
                 out.ptr,
+                given,
             )
             .map_err(cuda_err("moe_down_combine"))?;
         Ok(out)
+    }
+
+    /// A tiered decode step's routed experts through the fused kernels, when one
+    /// batch holds them all: the misses copied into their slots, the given slots'
+    /// gate/up (the CPU's ranks skipped) in one launch, and once the CPU's rows are
+    /// queued, the down products combined with them in one more. The CPU's team
+    /// computes its experts beside this thread's issuing.
+    #[allow(clippy::too_many_arguments)]
+    fn tiered_fused(
+        &self,
+        t: &Tiered,
+        layer: usize,
+        m: &MoeDev,
+        x: &DBuf,
+        xq: QAct,
+        b: &Batch,
+        routes: &[u32],
+        x_host: &[f32],
+        wts: u64,
+    ) -> Result<DBuf, ExecError> {
+        // Each rank's slot, or -1 where the CPU computes it.
+        let slots: Vec<i32> = routes
+            .iter()
+            .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
+            .collect();
+        if let Some(r) =
+            (0..routes.len()).find(|&r| slots[r] < 0 && !b.cpu.iter().any(|&(e, _)| e == routes[r]))
+        {
+            return Err(ExecError::new(
+                "expert store",
+                format!("layer {layer}: rank {r}'s expert has neither a slot nor the CPU"),
+            ));
+        }
+        let dev_slots = self.alloc_bytes(4 * slots.len(), "route")?;
+        let given = self.alloc(routes.len(), self.cfg.n_embd, "expert products")?;
+        let issue = || -> Result<FusedAct, ExecError> {
+            if let Err(e) = t.fetch(&self.gpu, layer, m, &b.fetch) {
+                // Never compute with a slot whose bytes did not arrive.
+                t.store.borrow_mut().forget(layer, &b.fetch);
+                return Err(e);
+            }
+            t.upload_slots(&self.gpu, &slots, dev_slots)?;
+            self.fused_gate_up(m, x, xq, MoeRoute::Given { ids: dev_slots })
+        };
+        let a = if b.cpu.is_empty() {
+            issue()?
+        } else {
+            let (mats, n_ff) = t.cpu_mats(layer, &b.cpu);
+            let mut te = crate::cpu::TokenExperts::new(x_host, &mats, n_ff);
+            let a = te.gate_up(&t.team, issue)?;
+            let (outs, ()) = te.down(&t.team, || ());
+            t.upload_outputs(&self.gpu, &b.cpu, &outs, routes, given.ptr, given.cols)?;
+            a
+        };
+        self.fused_down(m, &a, dev_slots, wts, given.ptr)
     }
 
     /// The routed experts of a tiered layer: the host reads the step's routing, the
@@ -630,7 +731,7 @@ impl CudaBackend {
         logits: &DBuf,
         wts: &DBuf,
         ids: u64,
-    ) -> Result<(DBuf, (u64, u64)), ExecError> {
+    ) -> Result<Routed, ExecError> {
         let cfg = &self.cfg;
         let (t_n, k) = (x.rows, cfg.n_expert_used);
         let rows = t_n * k;
@@ -656,6 +757,22 @@ impl CudaBackend {
             })
             .map_err(|e| ExecError::new("expert store", e))?;
         drop(store);
+        let ns = |d: Duration| d.as_nanos() as u64;
+        if t_n == 1 && self.fused && batches.len() == 1 && fused_moe(m, cfg.n_expert, k) {
+            let tc = Instant::now();
+            let out =
+                self.tiered_fused(t, layer, m, x, xq, &batches[0], &routes, &x_host, wts.ptr)?;
+            let cpu = if batches[0].cpu.is_empty() {
+                Duration::ZERO
+            } else {
+                tc.elapsed()
+            };
+            t.store
+                .borrow_mut()
+                .add_step_time(ns(t0.elapsed()), ns(wait), ns(cpu));
+            self.seg_resume()?;
+            return Ok(Routed::Combined(out));
+        }
         let g = self.alloc(rows, m.gate_exps.n_rows, "expert products")?;
         let u = self.alloc(rows, m.up_exps.n_rows, "expert products")?;
         let act = self.alloc(rows, m.gate_exps.n_rows, "swiglu")?;
@@ -727,12 +844,11 @@ impl CudaBackend {
             Some(s) => s,
             None => self.shared_expert(m, x, xq)?,
         };
-        let ns = |d: Duration| d.as_nanos() as u64;
         t.store
             .borrow_mut()
             .add_step_time(ns(t0.elapsed()), ns(wait), ns(cpu_time));
         self.seg_resume()?;
-        Ok((down, shared))
+        Ok(Routed::Parts(down, shared))
     }
 
     /// The weight of norm `which`, where its output goes and where its quantized copy
@@ -1217,7 +1333,10 @@ impl Backend for CudaBackend {
             return self.moe_fused(m, x, xq, &logits, &wts, ids);
         }
         let (down, (shared, logit)) = match &self.tiered {
-            Some(t) => self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids)?,
+            Some(t) => match self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids)? {
+                Routed::Combined(out) => return Ok(out),
+                Routed::Parts(down, shared) => (down, shared),
+            },
             None => {
                 let down = self.routed_resident(m, x, xq, &logits, &wts, ids)?;
                 (down, self.shared_expert(m, x, xq)?)

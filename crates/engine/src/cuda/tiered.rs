@@ -49,6 +49,8 @@ pub(crate) struct Tiered {
     /// A decode step's routing and expert input on their way to the host (pinned:
     /// both read with one synchronisation).
     inbox: RefCell<Option<PinnedBuf>>,
+    /// A decode step's slot per rank on its way to the device (pinned, like `outs`).
+    slot_ids: RefCell<Option<PinnedBuf>>,
     /// The threads that compute misses on the CPU (awake while a decode runs).
     pub team: Team,
     /// The CPU's expert outputs on their way to the device (a row per route of the
@@ -140,6 +142,7 @@ impl Tiered {
             staging: RefCell::new(staging),
             outs: RefCell::new(None),
             inbox: RefCell::new(None),
+            slot_ids: RefCell::new(None),
             team: Team::new(rayon::current_num_threads().saturating_sub(1)),
         };
         t.measure(gpu, probe)?;
@@ -282,6 +285,28 @@ impl Tiered {
         let mut te = TokenExperts::new(x, &mats, n_ff);
         te.gate_up(&self.team, || ());
         te.down(&self.team, || ()).0
+    }
+
+    /// Queues `slots` (a step's slot per rank) to the device at `dst`, from pinned
+    /// memory (rewritten only after the next step's routing download has waited for
+    /// the stream).
+    pub fn upload_slots(&self, gpu: &Gpu, slots: &[i32], dst: u64) -> Result<(), ExecError> {
+        let bytes = 4 * slots.len();
+        let mut held = self.slot_ids.borrow_mut();
+        if held.as_ref().is_none_or(|b| b.len() < bytes) {
+            *held = Some(
+                gpu.alloc_pinned(bytes)
+                    .map_err(cuda_err("pinned buffer for the slots"))?,
+            );
+        }
+        let Some(buf) = held.as_mut() else {
+            return Ok(());
+        };
+        for (d, s) in buf.as_mut_slice().chunks_exact_mut(4).zip(slots) {
+            d.copy_from_slice(&s.to_ne_bytes());
+        }
+        gpu.copy_pinned_to_device(buf, 0, bytes, dst)
+            .map_err(cuda_err("upload the step's slots"))
     }
 
     /// Waits for the device's routing of a step: the `n_routes` expert ids at `ids`
