@@ -702,12 +702,9 @@ impl CudaBackend {
         let a = if b.cpu.is_empty() {
             issue()?
         } else {
-            let (mats, n_ff) = t.cpu_mats(layer, &b.cpu);
-            let mut te = crate::cpu::TokenExperts::new(x_host, &mats, n_ff);
-            let a = te.gate_up(&t.team, issue)?;
-            let (outs, ()) = te.down(&t.team, || ());
-            t.upload_outputs(&self.gpu, &b.cpu, &outs, routes, given.ptr, given.cols)?;
-            a
+            let dst = (given.ptr, given.cols);
+            let (a, ()) = t.cpu_beside(&self.gpu, layer, b, x_host, routes, dst, issue, || ())?;
+            a?
         };
         self.fused_down(m, &a, dev_slots, wts, given.ptr)
     }
@@ -718,8 +715,9 @@ impl CudaBackend {
     /// over slots instead of experts, one batch of slots at a time, while the CPU's
     /// team computes its experts with the same bits (beside this thread issuing the
     /// device's work) and their rows are queued for upload from pinned memory.
-    /// Returns the down projections and the shared expert. Adds the host's times to
-    /// the store's statistics.
+    /// Returns the down projections and the shared expert, or, for a decode step
+    /// that the fused kernels take ([`Self::tiered_fused`]), the block's output.
+    /// Adds the host's times to the store's statistics.
     #[allow(clippy::too_many_arguments)]
     fn routed_tiered(
         &self,
@@ -830,12 +828,19 @@ impl CudaBackend {
                 // the device's work: gate/up beside the copies and the slots'
                 // products, down beside the shared expert.
                 let tc = Instant::now();
-                let (mats, n_ff) = t.cpu_mats(layer, &b.cpu);
-                let mut te = crate::cpu::TokenExperts::new(&x_host, &mats, n_ff);
-                te.gate_up(&t.team, issue)?;
-                let (outs, s) = te.down(&t.team, shared_issue);
+                let dst = (down.ptr, down.cols);
+                let (issued, s) = t.cpu_beside(
+                    &self.gpu,
+                    layer,
+                    b,
+                    &x_host,
+                    &routes,
+                    dst,
+                    issue,
+                    shared_issue,
+                )?;
                 cpu_time += tc.elapsed();
-                t.upload_outputs(&self.gpu, &b.cpu, &outs, &routes, down.ptr, down.cols)?;
+                issued?;
                 s?
             };
             shared = shared.or(s);

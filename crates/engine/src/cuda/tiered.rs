@@ -19,7 +19,7 @@ use super::weights::{cuda_err, DevWeight, MoeDev};
 use crate::cpu::team::Team;
 use crate::cpu::TokenExperts;
 use crate::experts::io::{DirectReader, ReadRequest, ALIGN};
-use crate::experts::{CostModel, ExpertStore, Fetch, Home, TierStats};
+use crate::experts::{Batch, CostModel, ExpertStore, Fetch, Home, TierStats};
 use cuda::{Gpu, PinnedBuf};
 use model::weights::Weight;
 use model::{ExecError, ModelWeights};
@@ -247,7 +247,7 @@ impl Tiered {
     /// RAM offset)) of layer `layer` as the CPU reads them (the pinned copy or the
     /// mapped file, whichever measured faster), and the layer's n_ff.
     #[allow(clippy::type_complexity)]
-    pub fn cpu_mats(
+    fn cpu_mats(
         &self,
         layer: usize,
         cpu: &[(u32, usize)],
@@ -276,6 +276,31 @@ impl Tiered {
             store.index().expert(layer, 0).map_or(0, |m| m[0].rows)
         };
         (mats, n_ff)
+    }
+
+    /// The experts of batch `b` that the CPU computes (layer `layer`, one token
+    /// `x`), on the team while this thread runs `first` (beside the gate/up
+    /// products) and then `second` (beside the down products); their output rows
+    /// are then queued to the device matrix at `dst` (`cols` floats a row, row r for
+    /// route r of `routes`). Returns what `first` and `second` returned.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cpu_beside<A, B>(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        b: &Batch,
+        x: &[f32],
+        routes: &[u32],
+        (dst, cols): (u64, usize),
+        first: impl FnOnce() -> A,
+        second: impl FnOnce() -> B,
+    ) -> Result<(A, B), ExecError> {
+        let (mats, n_ff) = self.cpu_mats(layer, &b.cpu);
+        let mut te = TokenExperts::new(x, &mats, n_ff);
+        let a = te.gate_up(&self.team, first);
+        let (outs, r) = te.down(&self.team, second);
+        self.upload_outputs(gpu, &b.cpu, &outs, routes, dst, cols)?;
+        Ok((a, r))
     }
 
     /// The outputs of the experts `cpu` ((expert, RAM offset)) of layer `layer` for
@@ -355,7 +380,7 @@ impl Tiered {
     /// the device matrix at `down` (`cols` floats a row): each goes to every row
     /// `r` whose route `routes[r]` is its expert. The copies read pinned memory, so
     /// the host does not wait for the stream to reach them.
-    pub fn upload_outputs(
+    fn upload_outputs(
         &self,
         gpu: &Gpu,
         cpu: &[(u32, usize)],
