@@ -352,6 +352,35 @@ pub fn try_matvec_with(
     xq: &ActQ8,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
+    matvec_rows(isa, ty, w, n_cols, x, xq, out, true)
+}
+
+/// [`try_matvec`] on the calling thread alone (for callers that spread rows over
+/// their own threads): the same bits, row by row.
+pub fn try_matvec_serial(
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    x: &[f32],
+    xq: &ActQ8,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    matvec_rows(isa::active(), ty, w, n_cols, x, xq, out, false)
+}
+
+/// The rows of [`try_matvec_with`]: rayon-parallel when `parallel` and the matrix is
+/// larger than 64 KiB, else on the calling thread.
+#[allow(clippy::too_many_arguments)]
+fn matvec_rows(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    n_cols: usize,
+    x: &[f32],
+    xq: &ActQ8,
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), QuantError> {
     assert!(
         isa.is_available(),
         "kernel level {isa} is not available on this CPU"
@@ -360,7 +389,7 @@ pub fn try_matvec_with(
     check_len("w", out.len() * rb, w.len())?;
     check_act(ty, n_cols, x, xq)?;
     let k = kernel(isa, ty);
-    if out.len() * rb <= 64 * 1024 {
+    if !parallel || out.len() * rb <= 64 * 1024 {
         for (o, row) in out.iter_mut().zip(w.chunks_exact(rb)) {
             *o = k.dot(row, x, xq);
         }
@@ -374,27 +403,6 @@ pub fn try_matvec_with(
                 *ov = k.dot(row, x, xq);
             }
         });
-    Ok(())
-}
-
-/// [`try_matvec`] on the calling thread alone (for callers that spread rows over
-/// their own threads): the same bits, row by row.
-pub fn try_matvec_serial(
-    ty: GgmlType,
-    w: &[u8],
-    n_cols: usize,
-    x: &[f32],
-    xq: &ActQ8,
-    out: &mut [f32],
-) -> Result<(), QuantError> {
-    let isa = isa::active();
-    let rb = row_bytes(ty, n_cols)?;
-    check_len("w", out.len() * rb, w.len())?;
-    check_act(ty, n_cols, x, xq)?;
-    let k = kernel(isa, ty);
-    for (o, row) in out.iter_mut().zip(w.chunks_exact(rb)) {
-        *o = k.dot(row, x, xq);
-    }
     Ok(())
 }
 

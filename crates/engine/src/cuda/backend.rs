@@ -691,11 +691,7 @@ impl CudaBackend {
         let dev_slots = self.alloc_bytes(4 * slots.len(), "route")?;
         let given = self.alloc(routes.len(), self.cfg.n_embd, "expert products")?;
         let issue = || -> Result<FusedAct, ExecError> {
-            if let Err(e) = t.fetch(&self.gpu, layer, m, &b.fetch) {
-                // Never compute with a slot whose bytes did not arrive.
-                t.store.borrow_mut().forget(layer, &b.fetch);
-                return Err(e);
-            }
+            t.fetch(&self.gpu, layer, m, &b.fetch)?;
             t.upload_slots(&self.gpu, &slots, dev_slots)?;
             self.fused_gate_up(m, x, xq, MoeRoute::Given { ids: dev_slots })
         };
@@ -790,11 +786,7 @@ impl CudaBackend {
         for b in &batches {
             // The device's part of the batch: its copies, then its slots' products.
             let issue = || -> Result<(), ExecError> {
-                if let Err(e) = t.fetch(&self.gpu, layer, m, &b.fetch) {
-                    // Never compute with a slot whose bytes did not arrive.
-                    t.store.borrow_mut().forget(layer, &b.fetch);
-                    return Err(e);
-                }
+                t.fetch(&self.gpu, layer, m, &b.fetch)?;
                 // Routes of this batch's experts, named by slot; the others are skipped.
                 let by_slot: Vec<i32> = routes
                     .iter()

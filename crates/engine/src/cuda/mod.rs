@@ -302,10 +302,7 @@ impl CudaExecutor {
         if let Some(order) = warm {
             let fetches = t.store.borrow_mut().warm(&order);
             for (l, f) in fetches {
-                if let Err(e) = t.fetch(&gpu, l, &w.layers[l].moe, &[f]) {
-                    t.store.borrow_mut().forget(l, &[f]);
-                    return Err(e.into());
-                }
+                t.fetch(&gpu, l, &w.layers[l].moe, &[f])?;
             }
         }
         tracing::info!(

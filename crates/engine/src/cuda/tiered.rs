@@ -432,8 +432,24 @@ impl Tiered {
     }
 
     /// Copies the experts of `fetch` into their slots of layer `layer` (whose slot
-    /// buffers are `m`), ordered on the stream before anything issued after.
+    /// matrices are `m`), ordered on the stream before anything issued after. On a
+    /// failure the store forgets those slots' experts, so that no later step computes
+    /// with bytes that did not arrive.
     pub fn fetch(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        m: &MoeDev,
+        fetch: &[Fetch],
+    ) -> Result<(), ExecError> {
+        let r = self.copy_in(gpu, layer, m, fetch);
+        if r.is_err() {
+            self.store.borrow_mut().forget(layer, fetch);
+        }
+        r
+    }
+
+    fn copy_in(
         &self,
         gpu: &Gpu,
         layer: usize,
