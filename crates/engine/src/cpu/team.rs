@@ -43,6 +43,9 @@ struct Shared {
 pub struct Team {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// Held for the whole of a loop: loops from several threads take turns (a second
+    /// loop must not reset the counts a first one still waits on).
+    one_loop: Mutex<()>,
 }
 
 /// A loop started by [`Team::start`]: it borrows the task function until
@@ -50,6 +53,7 @@ pub struct Team {
 /// so that no caller can forget one while its threads still call the function.
 struct Pending<'t, 'f> {
     team: &'t Team,
+    _turn: std::sync::MutexGuard<'t, ()>,
     gen: u64,
     n: usize,
     waited: bool,
@@ -80,13 +84,18 @@ impl Team {
                     .expect("spawn a team thread")
             })
             .collect();
-        Team { shared, threads }
+        Team {
+            shared,
+            threads,
+            one_loop: Mutex::new(()),
+        }
     }
 
     /// Starts `f(0) .. f(n - 1)` on the team's threads and returns at once; the
     /// caller's thread takes no task until [`Pending::wait`] (which works on what is
     /// left, then waits for the rest). With no workers, `wait` does all.
     fn start<'t, 'f>(&'t self, n: usize, f: &'f TaskFn<'f>) -> Pending<'t, 'f> {
+        let turn = self.one_loop.lock().unwrap_or_else(|e| e.into_inner());
         let s = &self.shared;
         // SAFETY: the reference is used only for tasks of this generation, all of
         // which finish before `Pending::wait` returns; `Pending` cannot outlive 'f,
@@ -106,6 +115,7 @@ impl Team {
         drop(g);
         Pending {
             team: self,
+            _turn: turn,
             gen,
             n,
             waited: false,
@@ -258,6 +268,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn loops_from_several_threads_take_turns() {
+        let team = Team::new(3);
+        std::thread::scope(|sc| {
+            for t in 0..4 {
+                let team = &team;
+                sc.spawn(move || {
+                    for round in 0..2000 {
+                        let n = 1 + (round + t) % 23;
+                        let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                        team.run_beside(
+                            n,
+                            &|i| {
+                                hits[i].fetch_add(1, Ordering::Relaxed);
+                                std::hint::black_box((0..i * 50).sum::<usize>());
+                            },
+                            || (),
+                        );
+                        assert!(
+                            hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                            "thread {t}, round {round}"
+                        );
+                    }
+                });
+            }
+        });
     }
 
     #[test]
