@@ -181,15 +181,42 @@ fn expert_ffn(b: &CpuBackend, w: &MoeWeights, ex: usize, xe: &Act, n_ff: usize) 
     )
 }
 
-/// One matrix–vector product of [`TokenExperts`]: a matrix's rows of one type.
+/// One matrix–vector product of [`TokenExperts`]: a matrix of one type (rows of
+/// `rb` bytes) and the input it reads.
 #[cfg(any(feature = "cuda", test))]
 struct Product<'a> {
     ty: quant::GgmlType,
     w: &'a [u8],
-    n_cols: usize,
+    rb: usize,
+    x: &'a [f32],
+    xq: &'a quant::ActQ8,
     /// Where its output starts in the phase's output vector.
     at: usize,
     n_rows: usize,
+}
+
+#[cfg(any(feature = "cuda", test))]
+impl<'a> Product<'a> {
+    /// `n_rows` rows of `(ty, w)` against `x` (quantized as `xq`), written at `at`.
+    fn new(
+        (ty, w): (quant::GgmlType, &'a [u8]),
+        x: &'a [f32],
+        xq: &'a quant::ActQ8,
+        n_rows: usize,
+        at: usize,
+    ) -> Self {
+        let rb =
+            quant::row_bytes(ty, x.len()).unwrap_or_else(|e| panic!("CPU expert product: {e}"));
+        Product {
+            ty,
+            w,
+            rb,
+            x,
+            xq,
+            at,
+            n_rows,
+        }
+    }
 }
 
 /// Rows of one task of a [`TokenExperts`] phase: about 32 KiB of weights, so a
@@ -233,16 +260,10 @@ impl<'a> TokenExperts<'a> {
             .iter()
             .flat_map(|m| [m[0], m[1]])
             .enumerate()
-            .map(|(i, (ty, w))| Product {
-                ty,
-                w,
-                n_cols: self.x.len(),
-                at: i * n_ff,
-                n_rows: n_ff,
-            })
+            .map(|(i, m)| Product::new(m, self.x, &xq, n_ff, i * n_ff))
             .collect();
         let mut out = vec![0.0f32; prods.len() * n_ff];
-        let r = run_products(team, &prods, self.x, &[xq], false, &mut out, beside);
+        let r = run_products(team, &prods, &mut out, beside);
         self.gu = out;
         r
     }
@@ -250,56 +271,44 @@ impl<'a> TokenExperts<'a> {
     /// Phase two: SwiGLU and every expert's down product, with `beside` run on the
     /// caller's thread meanwhile. Returns each expert's output and `beside`'s value.
     pub fn down<R>(
-        mut self,
+        self,
         team: &super::team::Team,
         beside: impl FnOnce() -> R,
     ) -> (Vec<Vec<f32>>, R) {
         let (n_ff, e) = (self.n_ff, self.x.len());
         let mut acts = Vec::with_capacity(self.experts.len() * n_ff);
         for p in self.gu.chunks(2 * n_ff) {
-            let mut a = p[..n_ff].to_vec();
-            silu_mul(&mut a, &p[n_ff..]);
-            acts.extend_from_slice(&a);
+            let a = acts.len();
+            acts.extend_from_slice(&p[..n_ff]);
+            silu_mul(&mut acts[a..], &p[n_ff..]);
         }
-        self.gu = Vec::new();
         let aqs: Vec<quant::ActQ8> = acts.chunks(n_ff).map(quant::quantize_act).collect();
         let prods: Vec<Product> = self
             .experts
             .iter()
+            .zip(acts.chunks(n_ff).zip(&aqs))
             .enumerate()
-            .map(|(i, m)| Product {
-                ty: m[2].0,
-                w: m[2].1,
-                n_cols: n_ff,
-                at: i * e,
-                n_rows: e,
-            })
+            .map(|(i, (m, (a, aq)))| Product::new(m[2], a, aq, e, i * e))
             .collect();
         let mut out = vec![0.0f32; prods.len() * e];
-        let r = run_products(team, &prods, &acts, &aqs, true, &mut out, beside);
+        let r = run_products(team, &prods, &mut out, beside);
         (out.chunks(e).map(<[f32]>::to_vec).collect(), r)
     }
 }
 
 /// `out[p.at + r]` = row r of product p · its input, in tasks of about
-/// [`TASK_BYTES`] on the team, `beside` on the caller's thread meanwhile. With
-/// `per_product`, product i reads its own input (`xs` from i times its column
-/// count, `xqs[i]`); otherwise every product reads `xs` and `xqs[0]`.
+/// [`TASK_BYTES`] on the team, `beside` on the caller's thread meanwhile.
 #[cfg(any(feature = "cuda", test))]
 fn run_products<R>(
     team: &super::team::Team,
     prods: &[Product],
-    xs: &[f32],
-    xqs: &[quant::ActQ8],
-    per_product: bool,
     out: &mut [f32],
     beside: impl FnOnce() -> R,
 ) -> R {
     // (product, first row, rows) of every task.
     let mut tasks = Vec::new();
     for (i, p) in prods.iter().enumerate() {
-        let rb = quant::row_bytes(p.ty, p.n_cols).unwrap_or(1).max(1);
-        let per = (TASK_BYTES / rb).max(1);
+        let per = (TASK_BYTES / p.rb.max(1)).max(1);
         for r0 in (0..p.n_rows).step_by(per) {
             tasks.push((i, r0, per.min(p.n_rows - r0)));
         }
@@ -308,16 +317,11 @@ fn run_products<R>(
     let f = |t: usize| {
         let (i, r0, n) = tasks[t];
         let p = &prods[i];
-        let (x, xq) = if per_product {
-            (&xs[i * p.n_cols..(i + 1) * p.n_cols], &xqs[i])
-        } else {
-            (xs, &xqs[0])
-        };
-        let rb = quant::row_bytes(p.ty, p.n_cols).unwrap_or(0);
         // SAFETY: tasks cover disjoint row ranges of disjoint products' outputs, all
         // inside `out` (checked by `slice`), and `out` outlives the loop.
         let dst = unsafe { out_ptr.slice(p.at + r0, n) };
-        quant::try_matvec_serial(p.ty, &p.w[r0 * rb..(r0 + n) * rb], p.n_cols, x, xq, dst)
+        let w = &p.w[r0 * p.rb..(r0 + n) * p.rb];
+        quant::try_matvec_serial(p.ty, w, p.x.len(), p.x, p.xq, dst)
             .unwrap_or_else(|e| panic!("CPU expert product: {e}"));
     };
     team.run_beside(tasks.len(), &f, beside)

@@ -676,10 +676,7 @@ impl CudaBackend {
         wts: u64,
     ) -> Result<DBuf, ExecError> {
         // Each rank's slot, or -1 where the CPU computes it.
-        let slots: Vec<i32> = routes
-            .iter()
-            .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
-            .collect();
+        let slots = b.slots_of(routes);
         if let Some(r) =
             (0..routes.len()).find(|&r| slots[r] < 0 && !b.cpu.iter().any(|&(e, _)| e == routes[r]))
         {
@@ -738,7 +735,6 @@ impl CudaBackend {
         let x_in = (t_n == 1).then_some((x.ptr, x.rows * x.cols));
         let (routes, x_host) = t.read_routes(&self.gpu, ids, rows, x_in)?;
         let wait = t0.elapsed();
-        let mut cpu_time = Duration::ZERO;
         let mut store = t.store.borrow_mut();
         let bytes = store.plan().layers[layer].expert_bytes;
         let batches = store
@@ -751,22 +747,39 @@ impl CudaBackend {
             })
             .map_err(|e| ExecError::new("expert store", e))?;
         drop(store);
-        let ns = |d: Duration| d.as_nanos() as u64;
-        if t_n == 1 && self.fused && batches.len() == 1 && fused_moe(m, cfg.n_expert, k) {
-            let tc = Instant::now();
+        let fused = t_n == 1 && self.fused && batches.len() == 1 && fused_moe(m, cfg.n_expert, k);
+        let routed = if fused {
             let out =
                 self.tiered_fused(t, layer, m, x, xq, &batches[0], &routes, &x_host, wts.ptr)?;
-            let cpu = if batches[0].cpu.is_empty() {
-                Duration::ZERO
-            } else {
-                tc.elapsed()
-            };
-            t.store
-                .borrow_mut()
-                .add_step_time(ns(t0.elapsed()), ns(wait), ns(cpu));
-            self.seg_resume()?;
-            return Ok(Routed::Combined(out));
-        }
+            Routed::Combined(out)
+        } else {
+            self.tiered_batches(t, layer, m, x, xq, &batches, &routes, &x_host)?
+        };
+        let ns = |d: Duration| d.as_nanos() as u64;
+        t.store
+            .borrow_mut()
+            .add_step_time(ns(t0.elapsed()), ns(wait));
+        self.seg_resume()?;
+        Ok(routed)
+    }
+
+    /// The batches of a tiered step through the tile kernels (prompts, and decode
+    /// steps the fused kernels do not take): each batch's misses copied in, its
+    /// slots' products, the CPU's experts beside; then the shared expert.
+    #[allow(clippy::too_many_arguments)]
+    fn tiered_batches(
+        &self,
+        t: &Tiered,
+        layer: usize,
+        m: &MoeDev,
+        x: &DBuf,
+        xq: QAct,
+        batches: &[Batch],
+        routes: &[u32],
+        x_host: &[f32],
+    ) -> Result<Routed, ExecError> {
+        let cfg = &self.cfg;
+        let (k, rows) = (cfg.n_expert_used, routes.len());
         let g = self.alloc(rows, m.gate_exps.n_rows, "expert products")?;
         let u = self.alloc(rows, m.up_exps.n_rows, "expert products")?;
         let act = self.alloc(rows, m.gate_exps.n_rows, "swiglu")?;
@@ -783,16 +796,12 @@ impl CudaBackend {
         let ta = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let mut shared = None;
-        for b in &batches {
+        for b in batches {
             // The device's part of the batch: its copies, then its slots' products.
             let issue = || -> Result<(), ExecError> {
                 t.fetch(&self.gpu, layer, m, &b.fetch)?;
                 // Routes of this batch's experts, named by slot; the others are skipped.
-                let by_slot: Vec<i32> = routes
-                    .iter()
-                    .map(|&e| b.slot(e).map_or(-1, |s| s as i32))
-                    .collect();
-                let (gu, dn, grouped) = self.prompt_tiles(&by_slot, k);
+                let (gu, dn, grouped) = self.prompt_tiles(&b.slots_of(routes), k);
                 if !gu.is_empty() {
                     self.put_tiles(&gu, ta)?;
                     self.put_tiles(&dn, tb)?;
@@ -819,19 +828,17 @@ impl CudaBackend {
                 // The CPU computes its experts on its team while this thread issues
                 // the device's work: gate/up beside the copies and the slots'
                 // products, down beside the shared expert.
-                let tc = Instant::now();
                 let dst = (down.ptr, down.cols);
                 let (issued, s) = t.cpu_beside(
                     &self.gpu,
                     layer,
                     b,
-                    &x_host,
-                    &routes,
+                    x_host,
+                    routes,
                     dst,
                     issue,
                     shared_issue,
                 )?;
-                cpu_time += tc.elapsed();
                 issued?;
                 s?
             };
@@ -841,10 +848,6 @@ impl CudaBackend {
             Some(s) => s,
             None => self.shared_expert(m, x, xq)?,
         };
-        t.store
-            .borrow_mut()
-            .add_step_time(ns(t0.elapsed()), ns(wait), ns(cpu_time));
-        self.seg_resume()?;
         Ok(Routed::Parts(down, shared))
     }
 

@@ -5,7 +5,8 @@
 //!
 //! The slot matrices stand where the whole expert tensors stand in the resident
 //! executor (`MoeDev::{gate,up,down}_exps`, one matrix per slot instead of per expert;
-//! a slot holds its gate, up and down one after another), so the expert kernels are the very same launches with the tile's `expert` field
+//! a slot holds its gate, up and down one after another), so the expert kernels are
+//! the very same launches with the tile's `expert` field (or the fused kernels' id)
 //! naming a slot: an expert computes the same bits wherever its bytes came from
 //! (docs/design.md invariant 1).
 //!
@@ -23,7 +24,7 @@ use crate::experts::{Batch, CostModel, ExpertStore, Fetch, Home, TierStats};
 use cuda::{Gpu, PinnedBuf};
 use model::weights::Weight;
 use model::{ExecError, ModelWeights};
-use std::cell::RefCell;
+use std::cell::{RefCell, RefMut};
 use std::time::Instant;
 
 /// Pinned staging for file reads: room for this many experts at once (more misses
@@ -58,6 +59,21 @@ pub(crate) struct Tiered {
     /// waiting for the kernels before them. The next step's routing download waits
     /// for the stream, so a row is never rewritten before its copy has read it.
     outs: RefCell<Option<PinnedBuf>>,
+}
+
+/// The pinned buffer held in `cell`, replaced by a new one of `bytes` bytes when it
+/// is smaller (the step's transfers grow it once, then reuse it).
+fn pinned<'a>(
+    gpu: &Gpu,
+    cell: &'a RefCell<Option<PinnedBuf>>,
+    bytes: usize,
+    what: &'static str,
+) -> Result<RefMut<'a, PinnedBuf>, ExecError> {
+    let mut held = cell.borrow_mut();
+    if held.as_ref().is_none_or(|b| b.len() < bytes) {
+        *held = Some(gpu.alloc_pinned(bytes).map_err(cuda_err(what))?);
+    }
+    Ok(RefMut::map(held, |b| b.as_mut().expect("allocated above")))
 }
 
 /// A layer's three slot matrices (gate, up, down), in the order of an expert's bytes
@@ -282,7 +298,8 @@ impl Tiered {
     /// `x`), on the team while this thread runs `first` (beside the gate/up
     /// products) and then `second` (beside the down products); their output rows
     /// are then queued to the device matrix at `dst` (`cols` floats a row, row r for
-    /// route r of `routes`). Returns what `first` and `second` returned.
+    /// route r of `routes`). Returns what `first` and `second` returned; the time
+    /// from the first products' start to the last's end goes to the statistics.
     #[allow(clippy::too_many_arguments)]
     pub fn cpu_beside<A, B>(
         &self,
@@ -295,10 +312,13 @@ impl Tiered {
         first: impl FnOnce() -> A,
         second: impl FnOnce() -> B,
     ) -> Result<(A, B), ExecError> {
+        let t0 = Instant::now();
         let (mats, n_ff) = self.cpu_mats(layer, &b.cpu);
         let mut te = TokenExperts::new(x, &mats, n_ff);
         let a = te.gate_up(&self.team, first);
         let (outs, r) = te.down(&self.team, second);
+        let ns = t0.elapsed().as_nanos() as u64;
+        self.store.borrow_mut().add_cpu_time(ns);
         self.upload_outputs(gpu, &b.cpu, &outs, routes, dst, cols)?;
         Ok((a, r))
     }
@@ -317,20 +337,11 @@ impl Tiered {
     /// the stream).
     pub fn upload_slots(&self, gpu: &Gpu, slots: &[i32], dst: u64) -> Result<(), ExecError> {
         let bytes = 4 * slots.len();
-        let mut held = self.slot_ids.borrow_mut();
-        if held.as_ref().is_none_or(|b| b.len() < bytes) {
-            *held = Some(
-                gpu.alloc_pinned(bytes)
-                    .map_err(cuda_err("pinned buffer for the slots"))?,
-            );
-        }
-        let Some(buf) = held.as_mut() else {
-            return Ok(());
-        };
+        let mut buf = pinned(gpu, &self.slot_ids, bytes, "pinned buffer for the slots")?;
         for (d, s) in buf.as_mut_slice().chunks_exact_mut(4).zip(slots) {
             d.copy_from_slice(&s.to_ne_bytes());
         }
-        gpu.copy_pinned_to_device(buf, 0, bytes, dst)
+        gpu.copy_pinned_to_device(&buf, 0, bytes, dst)
             .map_err(cuda_err("upload the step's slots"))
     }
 
@@ -345,33 +356,20 @@ impl Tiered {
     ) -> Result<(Vec<u32>, Vec<f32>), ExecError> {
         let n_x = x.map_or(0, |(_, n)| n);
         let bytes = 4 * (n_routes + n_x);
-        let mut held = self.inbox.borrow_mut();
-        if held.as_ref().is_none_or(|b| b.len() < bytes) {
-            *held = Some(
-                gpu.alloc_pinned(bytes)
-                    .map_err(cuda_err("pinned buffer for the routing"))?,
-            );
-        }
-        let Some(buf) = held.as_mut() else {
-            return Ok((Vec::new(), Vec::new()));
-        };
+        let mut buf = pinned(gpu, &self.inbox, bytes, "pinned buffer for the routing")?;
         let mut srcs = vec![(ids, 4 * n_routes)];
         srcs.extend(x.map(|(p, n)| (p, 4 * n)));
-        gpu.download_pinned(&srcs, buf)
+        gpu.download_pinned(&srcs, &mut buf)
             .map_err(cuda_err("download routes"))?;
-        let words = |b: &[u8]| -> Vec<[u8; 4]> {
-            b.chunks_exact(4)
-                .map(|c| [c[0], c[1], c[2], c[3]])
-                .collect()
-        };
-        let data = buf.as_slice();
-        let routes = words(&data[..4 * n_routes])
-            .into_iter()
-            .map(|w| i32::from_ne_bytes(w) as u32)
+        let word = |c: &[u8]| [c[0], c[1], c[2], c[3]];
+        let (r, xb) = buf.as_slice()[..bytes].split_at(4 * n_routes);
+        let routes = r
+            .chunks_exact(4)
+            .map(|c| i32::from_ne_bytes(word(c)) as u32)
             .collect();
-        let xs = words(&data[4 * n_routes..bytes])
-            .into_iter()
-            .map(f32::from_ne_bytes)
+        let xs = xb
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes(word(c)))
             .collect();
         Ok((routes, xs))
     }
@@ -390,19 +388,12 @@ impl Tiered {
         cols: usize,
     ) -> Result<(), ExecError> {
         let row_bytes = cols * 4;
-        let mut held = self.outs.borrow_mut();
-        if held
-            .as_ref()
-            .is_none_or(|b| b.len() < routes.len() * row_bytes)
-        {
-            *held = Some(
-                gpu.alloc_pinned(routes.len() * row_bytes)
-                    .map_err(cuda_err("pinned buffer for CPU expert outputs"))?,
-            );
-        }
-        let Some(buf) = held.as_mut() else {
-            return Ok(());
-        };
+        let mut buf = pinned(
+            gpu,
+            &self.outs,
+            routes.len() * row_bytes,
+            "pinned buffer for CPU expert outputs",
+        )?;
         for (&(e, _), out) in cpu.iter().zip(outs) {
             for (r, _) in routes.iter().enumerate().filter(|(_, &re)| re == e) {
                 let at = r * row_bytes;
@@ -412,7 +403,7 @@ impl Tiered {
                 {
                     d.copy_from_slice(&v.to_ne_bytes());
                 }
-                gpu.copy_pinned_to_device(buf, at, row_bytes, down + at as u64)
+                gpu.copy_pinned_to_device(&buf, at, row_bytes, down + at as u64)
                     .map_err(cuda_err("upload CPU expert output"))?;
             }
         }

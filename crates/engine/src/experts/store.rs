@@ -72,6 +72,15 @@ impl Batch {
             .find(|&&(e, _)| e == expert)
             .map(|&(_, s)| s)
     }
+
+    /// Each route's slot in this batch (`routes`: one expert per route), -1 for a
+    /// route whose expert the batch does not compute in a slot.
+    pub fn slots_of(&self, routes: &[u32]) -> Vec<i32> {
+        routes
+            .iter()
+            .map(|&e| self.slot(e).map_or(-1, |s| s as i32))
+            .collect()
+    }
 }
 
 /// Counters of where the experts of computed routes came from.
@@ -304,10 +313,14 @@ impl ExpertStore {
     }
 
     /// Adds one tiered step's host times (see [`TierStats::step_ns`]).
-    pub fn add_step_time(&mut self, step_ns: u64, wait_ns: u64, cpu_ns: u64) {
+    pub fn add_step_time(&mut self, step_ns: u64, wait_ns: u64) {
         self.stats.step_ns += step_ns;
         self.stats.wait_ns += wait_ns;
-        self.stats.cpu_ns += cpu_ns;
+    }
+
+    /// Adds the time of one step's CPU expert products (see [`TierStats::cpu_ns`]).
+    pub fn add_cpu_time(&mut self, ns: u64) {
+        self.stats.cpu_ns += ns;
     }
 
     /// One step of layer `layer` routed to `routes` (the experts of every token, in
