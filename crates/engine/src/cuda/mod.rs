@@ -264,10 +264,15 @@ impl CudaExecutor {
         let routed: u64 = (0..index.n_layer())
             .filter_map(|l| index.block_bytes(l))
             .sum();
-        let ram = budgets.ram.unwrap_or_else(|| match crate::mem_available() {
+        let avail = crate::mem_available();
+        let ram = budgets.ram.unwrap_or_else(|| match avail {
             Some(a) => routed.min(a.saturating_sub(RAM_HEADROOM)),
             None => 0,
         });
+        // The CPU may read its experts from the mapped file only where the page
+        // cache can keep those pages beside the pinned copy; inside a tight memory
+        // limit (a cgroup) they would be evicted and read from the disk again.
+        let map_ok = avail.is_some_and(|a| a >= ram.saturating_mul(2).saturating_add(RAM_HEADROOM));
         let req = PlanRequest::for_index(&index, cfg.n_expert_used, budget - fixed, ram);
         let plan = plan(&req, budgets.profile).map_err(|e| mem(e.to_string()))?;
         let context = budgets.vram.map_or(0, |_| CONTEXT_VRAM);
@@ -294,9 +299,15 @@ impl CudaExecutor {
             .map(|l| (l.moe.gate_exps.mem.ptr(), l.moe.gate_exps.mem.len()))
             .max_by_key(|p| p.1)
             .unwrap_or((0, 0));
-        let t = Tiered::new(&gpu, store, weights, budgets.cpu_share, probe, &|done| {
-            bar.set_position(dense + done)
-        })?;
+        let t = Tiered::new(
+            &gpu,
+            store,
+            weights,
+            budgets.cpu_share,
+            probe,
+            map_ok,
+            &|done| bar.set_position(dense + done),
+        )?;
         bar.finish_and_clear();
         // With a routing profile, the slots start with the most used experts.
         if let Some(order) = warm {

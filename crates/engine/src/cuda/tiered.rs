@@ -91,6 +91,7 @@ impl Tiered {
         weights: &ModelWeights,
         cpu_share: Option<f64>,
         probe: (u64, usize),
+        map_ok: bool,
         progress: &dyn Fn(u64),
     ) -> Result<Tiered, ExecError> {
         let mut ram = Vec::with_capacity(store.n_layer());
@@ -161,15 +162,21 @@ impl Tiered {
             slot_ids: RefCell::new(None),
             team: Team::new(rayon::current_num_threads().saturating_sub(1)),
         };
-        t.measure(gpu, probe)?;
+        t.measure(gpu, probe, map_ok)?;
         Ok(t)
     }
 
     /// Measures the cost model on this machine: a pinned copy of experts into
     /// `probe` (device address and bytes: empty slots, so no VRAM beyond the
-    /// budget), and the CPU computing 1 and 8 experts of one layer.
-    fn measure(&mut self, gpu: &Gpu, probe: (u64, usize)) -> Result<(), ExecError> {
-        let Some(l) = (0..self.ram.len()).max_by_key(|&l| self.ram[l].len()) else {
+    /// budget), and the CPU computing 1 and 8 experts of one layer, from the pinned
+    /// copy and, when `map_ok` (the page cache can keep the file's experts beside
+    /// the pinned copy), from the mapped file.
+    ///
+    /// The layer measured is the first of the largest copies (the last one written
+    /// may still sit in the CPU's cache), and every timed call reads experts no
+    /// earlier call read, so the CPU's rate is one of RAM, not of its cache.
+    fn measure(&mut self, gpu: &Gpu, probe: (u64, usize), map_ok: bool) -> Result<(), ExecError> {
+        let Some(l) = (0..self.ram.len()).rev().max_by_key(|&l| self.ram[l].len()) else {
             return Ok(());
         };
         let src = &self.ram[l];
@@ -187,35 +194,55 @@ impl Tiered {
         }
         self.cost.pcie_bps = n as f64 / best.max(1e-9);
         let store = self.store.borrow();
-        let resident: Vec<(u32, usize)> = store.ram_layout(l).take(8).collect();
+        // Experts for the timed calls, taken in turn (from the far end of the layer,
+        // away from the bytes the copies above read): 3 repetitions of 1 and 8 for
+        // each source, fewer distinct ones only when the layer holds fewer.
+        let resident: Vec<(u32, usize)> = store.ram_layout(l).collect();
         let bytes = store.plan().layers[l].expert_bytes as f64;
         drop(store);
+        let k = resident.len().min(8);
+        if k < 2 {
+            return Ok(());
+        }
         let x: Vec<f32> = (0..self.n_embd(l))
             .map(|i| ((i % 7) as f32 - 3.0) * 0.01)
             .collect();
-        // (seconds per call, seconds per byte) of the CPU reading one source.
-        let time = |t: &Tiered, k: usize| {
+        let next = std::cell::Cell::new(0usize);
+        let take = |c: usize| -> Vec<(u32, usize)> {
+            (0..c)
+                .map(|_| {
+                    let i = next.get();
+                    next.set(i + 1);
+                    resident[resident.len() - 1 - i % resident.len()]
+                })
+                .collect()
+        };
+        // Best of 3 seconds for a call computing `c` experts, each call on new ones.
+        let time = |t: &Tiered, c: usize| {
             let mut best = f64::MAX;
             for _ in 0..3 {
+                let set = take(c);
                 let t0 = Instant::now();
-                std::hint::black_box(t.cpu_experts(l, &resident[..k], &x));
+                std::hint::black_box(t.cpu_experts(l, &set, &x));
                 best = best.min(t0.elapsed().as_secs_f64());
             }
             best
         };
+        // (seconds per call, seconds per byte) of the CPU reading one source.
         let fit = |t: &Tiered| {
-            let k = resident.len();
             let (t1, tk) = (time(t, 1), time(t, k));
             let slope = ((tk - t1) / (k - 1) as f64).max(1e-12);
             ((t1 - slope).max(0.0), slope / bytes)
         };
-        if resident.len() >= 2 {
-            let pinned = fit(self);
+        let pinned = fit(self);
+        let mut chosen = pinned;
+        if map_ok {
             self.cpu_from_map = true;
             let mapped = fit(self);
-            let best = if mapped.1 < pinned.1 { mapped } else { pinned };
             self.cpu_from_map = mapped.1 < pinned.1;
-            (self.cost.cpu_fixed_s, self.cost.cpu_s_per_byte) = best;
+            if self.cpu_from_map {
+                chosen = mapped;
+            }
             tracing::info!(
                 "CPU expert reads: {:.1} GB/s from the pinned copy, {:.1} GB/s from the mapped file; using the {}",
                 1e-9 / pinned.1,
@@ -223,11 +250,17 @@ impl Tiered {
                 if self.cpu_from_map { "mapped file" } else { "pinned copy" }
             );
         }
+        (self.cost.cpu_fixed_s, self.cost.cpu_s_per_byte) = chosen;
         tracing::info!(
-            "expert miss costs (measured): PCIe {:.1} GB/s from pinned RAM; CPU {:.1} GB/s + {:.0} µs per call",
+            "expert miss costs (measured): PCIe {:.1} GB/s from pinned RAM; CPU {:.1} GB/s + {:.0} µs per call{}",
             self.cost.pcie_bps / 1e9,
             1e-9 / self.cost.cpu_s_per_byte,
-            self.cost.cpu_fixed_s * 1e6
+            self.cost.cpu_fixed_s * 1e6,
+            if map_ok {
+                ""
+            } else {
+                " (from the pinned copy: the page cache has no room for the file's experts beside it)"
+            }
         );
         Ok(())
     }
