@@ -54,14 +54,14 @@ stamp "warm the page cache"
 free -g | tee -a "$LOG/steps.txt"
 
 stamp "scoria warm-up"
-timeout 120 "$SCORIA" run -m "$MODEL" --prompt-ids "$(ids 8 99)" -n 16 --ignore-eos -t "$T" \
+timeout 120 "$SCORIA" run --device cpu -m "$MODEL" --prompt-ids "$(ids 8 99)" -n 16 --ignore-eos -t "$T" \
     >"$LOG/scoria-warmup.log" 2>&1
 tail -2 "$LOG/scoria-warmup.log"
 
 for r in $(seq 1 "$REPS"); do
     [ "$(left)" -gt 150 ] || { stamp "skip scoria tg rep $r"; continue; }
     stamp "scoria tg$TG_N rep $r"
-    timeout 150 "$SCORIA" run -m "$MODEL" --prompt-ids "$(ids 8 "$r")" -n "$TG_N" --ignore-eos \
+    timeout 150 "$SCORIA" run --device cpu -m "$MODEL" --prompt-ids "$(ids 8 "$r")" -n "$TG_N" --ignore-eos \
         -t "$T" >"$LOG/scoria-tg-$r.log" 2>&1
     grep -E '^scoria:|^prompt:' "$LOG/scoria-tg-$r.log"
 done
@@ -78,7 +78,7 @@ fi
 for r in $(seq 1 "$REPS"); do
     [ "$(left)" -gt 40 ] || { stamp "skip scoria pp rep $r"; continue; }
     stamp "scoria pp$PP_N rep $r"
-    timeout $(( $(left) - 20 )) "$SCORIA" run -m "$MODEL" --prompt-ids "$(ids "$PP_N" $(( 100 + r )))" \
+    timeout $(( $(left) - 20 )) "$SCORIA" run --device cpu -m "$MODEL" --prompt-ids "$(ids "$PP_N" $(( 100 + r )))" \
         -n 1 --ignore-eos -t "$T" >"$LOG/scoria-pp-$r.log" 2>&1
     grep -E '^prompt:' "$LOG/scoria-pp-$r.log"
 done

@@ -20,7 +20,11 @@
 #   SCORIA_EXTRA (more `scoria bench` flags, e.g. "--vram-budget 16G" for the W16 profile, with
 #   NCMOE 36 for the peer),
 #   BOUND_TPS (space-separated TEST=TPS for compare.py, e.g. "tg128=252"),
-#   DEADLINE (unix time after which remaining steps are skipped; default now + 570 s).
+#   DEADLINE (unix time after which remaining steps are skipped; default now + 570 s),
+#   CGROUP_MAX (e.g. 16G for the W12-R16 profile: each engine runs in a cgroup v2 of its own
+#   with that memory.max, after the page cache is dropped instead of warmed; the cgroup's
+#   memory.events, memory.peak, io.stat and the page-cache lines of memory.stat go to
+#   OUTDIR/<engine>-cgroup.txt: disk bytes read, refaults (thrash), OOM kills).
 #
 # Order: machine facts, page-cache warm (cat), scoria bench --device $DEVICE (its own warm-up
 # per test, rotated seeded ids), llama-bench -ngl 99 --n-cpu-moe N -fa 1 (its own warm-up),
@@ -78,17 +82,46 @@ if [ -z "${MACHINE:-}" ]; then
 fi
 MODEL_LABEL=${MODEL_LABEL:-$(basename "$MODEL")}
 
-stamp "warm the page cache"
-{ time cat "$MODEL" >/dev/null; } 2>&1 | tee -a "$OUT/steps.txt"
+CG=
+if [ -n "${CGROUP_MAX:-}" ]; then
+    echo "+memory +io" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    [ -w /sys/fs/cgroup/cgroup.subtree_control ] && grep -qw memory /sys/fs/cgroup/cgroup.subtree_control ||
+        { echo "gpu-peer.sh: CGROUP_MAX needs a writable cgroup v2 with the memory controller" >&2; exit 2; }
+fi
+cg_start() { # name: a fresh cgroup with memory.max, the page cache dropped
+    [ -n "${CGROUP_MAX:-}" ] || return 0
+    CG=/sys/fs/cgroup/gpu-peer-$$-$1
+    mkdir -p "$CG" && echo "$CGROUP_MAX" >"$CG/memory.max" && echo 0 >"$CG/memory.swap.max" 2>/dev/null
+    sync; echo 3 >/proc/sys/vm/drop_caches
+    stamp "cgroup $CG: memory.max $(cat "$CG/memory.max"), page cache dropped"
+}
+cg_stop() { # name
+    [ -n "$CG" ] || return 0
+    { echo "memory.max $(cat "$CG/memory.max")"; echo "memory.peak $(cat "$CG/memory.peak" 2>/dev/null)"
+      echo "-- memory.events"; cat "$CG/memory.events"
+      echo "-- io.stat (rbytes: bytes read from each disk)"; cat "$CG/io.stat"
+      echo "-- memory.stat"; grep -E "^(anon|file|file_mapped|pgmajfault|workingset_refault_file|workingset_activate_file) " "$CG/memory.stat"
+    } >"$OUT/$1-cgroup.txt" 2>&1
+    cat "$OUT/$1-cgroup.txt"
+    rmdir "$CG" 2>/dev/null; CG=
+}
+in_cg() { # command...: runs it inside $CG when there is one
+    if [ -n "$CG" ]; then sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"; else "$@"; fi
+}
+
+if [ -z "${CGROUP_MAX:-}" ]; then
+    stamp "warm the page cache"
+    { time cat "$MODEL" >/dev/null; } 2>&1 | tee -a "$OUT/steps.txt"
+fi
 
 # shellcheck disable=SC2206
 SC_CMD=("$SCORIA" bench -m "$MODEL" --device "$DEVICE" -t "$THREADS" -p "$PP" -n "$TG" -d "$DEPTHS"
         -r "$REPS" $SCORIA_EXTRA -o json --output "$OUT/scoria.json")
 if [ "$(left)" -gt 60 ]; then
     stamp "scoria: ${SC_CMD[*]}"
-    base=$(vram_now); smi_start scoria
-    SCORIA_COMMIT=${SCORIA_COMMIT:-unknown} timeout $(( $(left) - 40 )) "${SC_CMD[@]}" 2>"$OUT/scoria.log"
-    echo "scoria rc=$?"; smi_stop scoria "$base"; tail -12 "$OUT/scoria.log"
+    cg_start scoria; base=$(vram_now); smi_start scoria
+    SCORIA_COMMIT=${SCORIA_COMMIT:-unknown} in_cg timeout $(( $(left) - 40 )) "${SC_CMD[@]}" 2>"$OUT/scoria.log"
+    echo "scoria rc=$?"; smi_stop scoria "$base"; cg_stop scoria; tail -12 "$OUT/scoria.log"
 else
     stamp "skip scoria"
 fi
@@ -98,21 +131,23 @@ LB_CMD=("$LB" -m "$MODEL" -ngl 99 --n-cpu-moe "$NCMOE" -fa 1 -t "$THREADS" -p "$
         -d "$DEPTHS" -r "$REPS" $PEER_EXTRA -o json -oe md)
 if [ "$(left)" -gt 30 ]; then
     stamp "llama-bench: ${LB_CMD[*]}"
-    base=$(vram_now); smi_start llama-bench
-    timeout $(( $(left) - 15 )) "${LB_CMD[@]}" >"$OUT/llama-bench.json" 2>"$OUT/llama-bench.err"
-    echo "llama-bench rc=$?"; smi_stop llama-bench "$base"; tail -14 "$OUT/llama-bench.err"
+    cg_start llama-bench; base=$(vram_now); smi_start llama-bench
+    in_cg timeout $(( $(left) - 15 )) "${LB_CMD[@]}" >"$OUT/llama-bench.json" 2>"$OUT/llama-bench.err"
+    echo "llama-bench rc=$?"; smi_stop llama-bench "$base"; cg_stop llama-bench; tail -14 "$OUT/llama-bench.err"
 else
     stamp "skip llama-bench"
 fi
 
 stamp "compare"
+CACHE="page cache warm"
+[ -n "${CGROUP_MAX:-}" ] && CACHE="each engine in a cgroup with memory.max $CGROUP_MAX, page cache dropped first"
 bounds=()
 for b in ${BOUND_TPS:-}; do bounds+=(--bound-tps "$b"); done
 python3 "$HERE/compare.py" "$OUT/scoria.json" "$OUT/llama-bench.json" \
     --profile "$PROFILE" --model "$MODEL_LABEL" --machine "$MACHINE" \
     ${SCORIA_COMMIT:+--commit "$SCORIA_COMMIT"} ${PEER_COMMIT:+--peer-commit "$PEER_COMMIT"} \
     "${bounds[@]}" \
-    --command "bench/gpu-peer.sh (${SC_CMD[*]}; ${LB_CMD[*]}); page cache warm, median of $REPS" \
+    --command "bench/gpu-peer.sh (${SC_CMD[*]}; ${LB_CMD[*]}); $CACHE, median of $REPS" \
     --results "$HERE/results.jsonl" --results "$OUT/results.jsonl" 2>&1 | tee "$OUT/compare.txt"
 cat "$OUT/vram.txt" 2>/dev/null
 stamp "done"
