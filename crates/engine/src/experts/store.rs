@@ -193,16 +193,25 @@ impl LayerSlots {
     }
 
     /// The slot to reuse for a miss: a free one (lowest index), else the lowest score
-    /// among slots not in `busy`.
-    fn victim(&self, busy: &[bool]) -> Option<usize> {
+    /// (recency plus decayed frequency; the lower index on a tie) among slots not in
+    /// `busy`. `scores` holds every slot's score once a batch has needed them: they
+    /// do not change while the batch is assigned (the layer's step is fixed and every
+    /// slot the batch touches is busy), so they are computed once a batch, not once
+    /// a miss (the decay is an `exp` per slot).
+    fn victim(&self, busy: &[bool], scores: &mut Vec<f64>) -> Option<usize> {
         if let Some(i) = self.slots.iter().position(|s| s.expert == FREE) {
             return Some(i);
         }
-        let score =
-            |i: usize| self.slots[i].last as f64 + FREQ_WEIGHT * self.decayed(&self.slots[i]);
+        if scores.is_empty() {
+            scores.extend(
+                self.slots
+                    .iter()
+                    .map(|s| s.last as f64 + FREQ_WEIGHT * self.decayed(s)),
+            );
+        }
         (0..self.slots.len())
             .filter(|&i| !busy[i])
-            .min_by(|&a, &b| score(a).total_cmp(&score(b)).then(a.cmp(&b)))
+            .min_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(a.cmp(&b)))
     }
 }
 
@@ -400,6 +409,7 @@ impl ExpertStore {
                 ls.step += 1;
             }
             let mut busy = vec![false; ls.slots.len()];
+            let mut scores = Vec::new();
             for &e in chunk {
                 if let Ok(s) = usize::try_from(ls.slot_of[e as usize]) {
                     busy[s] = true;
@@ -414,7 +424,7 @@ impl ExpertStore {
                         s
                     }
                     Err(_) => {
-                        let s = ls.victim(&busy).ok_or_else(|| {
+                        let s = ls.victim(&busy, &mut scores).ok_or_else(|| {
                             format!("layer {layer}: no slot free for a batch of {}", chunk.len())
                         })?;
                         let old = ls.slots[s].expert;
@@ -514,5 +524,66 @@ impl ExpertStore {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LayerSlots, SlotUse, FREQ_WEIGHT};
+
+    /// Victims picked one after another from scores computed once a batch are the
+    /// victims of scoring every slot afresh for each miss.
+    #[test]
+    fn victims_from_the_batch_scores_are_those_of_fresh_scores() {
+        let mut x: u64 = 7;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for round in 0..200 {
+            let n = 1 + next(40) as usize;
+            let mut ls = LayerSlots::new(n, 64);
+            ls.step = 100 + next(200);
+            for (i, s) in ls.slots.iter_mut().enumerate() {
+                // A few free slots in some rounds; ties in recency on purpose.
+                let free = round % 3 == 0 && next(8) == 0;
+                *s = SlotUse {
+                    expert: if free { u32::MAX } else { i as u32 },
+                    last: 90 + next(12),
+                    count: next(5) as f64 * 0.75,
+                    at: 80 + next(20),
+                };
+            }
+            let mut busy: Vec<bool> = (0..n).map(|_| next(4) == 0).collect();
+            let fresh = |ls: &LayerSlots, busy: &[bool]| {
+                if let Some(i) = ls.slots.iter().position(|s| s.expert == u32::MAX) {
+                    return Some(i);
+                }
+                let score =
+                    |i: usize| ls.slots[i].last as f64 + FREQ_WEIGHT * ls.decayed(&ls.slots[i]);
+                (0..n)
+                    .filter(|&i| !busy[i])
+                    .min_by(|&a, &b| score(a).total_cmp(&score(b)).then(a.cmp(&b)))
+            };
+            // The batch's scores are computed at its first pick; every later pick
+            // sees the slots the batch has filled since.
+            let mut scores = Vec::new();
+            loop {
+                let got = ls.victim(&busy, &mut scores);
+                assert_eq!(got, fresh(&ls, &busy), "round {round}");
+                let Some(v) = got else { break };
+                // Fill the slot as a miss does: it holds a new expert and is busy.
+                ls.slots[v] = SlotUse {
+                    expert: 1000 + v as u32,
+                    last: ls.step,
+                    count: 0.0,
+                    at: ls.step,
+                };
+                ls.touch(v);
+                busy[v] = true;
+            }
+        }
     }
 }
