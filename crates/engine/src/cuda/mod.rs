@@ -269,10 +269,7 @@ impl CudaExecutor {
             Some(a) => routed.min(a.saturating_sub(RAM_HEADROOM)),
             None => 0,
         });
-        // The CPU may read its experts from the mapped file only where the page
-        // cache can keep those pages beside the pinned copy; inside a tight memory
-        // limit (a cgroup) they would be evicted and read from the disk again.
-        let map_ok = avail.is_some_and(|a| a >= ram.saturating_mul(2).saturating_add(RAM_HEADROOM));
+        let map_ok = crate::experts::cpu_may_read_map(avail, ram, RAM_HEADROOM);
         let req = PlanRequest::for_index(&index, cfg.n_expert_used, budget - fixed, ram);
         let plan = plan(&req, budgets.profile).map_err(|e| mem(e.to_string()))?;
         let context = budgets.vram.map_or(0, |_| CONTEXT_VRAM);

@@ -33,9 +33,33 @@ impl CostModel {
     }
 }
 
+/// Whether the CPU may compute its experts from the mapped model file instead of the
+/// pinned copy (`ram` bytes): only where the memory the process may still take
+/// (`avail`: MemAvailable, or a cgroup's headroom) keeps the page cache of those
+/// experts beside the pinned copy and `headroom` more. Inside a tight limit the
+/// mapped pages would be evicted and read from the disk again every time.
+pub fn cpu_may_read_map(avail: Option<u64>, ram: u64, headroom: u64) -> bool {
+    avail.is_some_and(|a| a >= ram.saturating_mul(2).saturating_add(headroom))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::CostModel;
+    use super::{cpu_may_read_map, CostModel};
+
+    #[test]
+    fn the_mapped_file_only_where_its_page_cache_fits_beside_the_pinned_copy() {
+        let gib = 1u64 << 30;
+        // The GPU machine: 125 GiB, every expert of N80 (43.6 GiB) pinned.
+        assert!(cpu_may_read_map(Some(120 * gib), 44 * gib, 8 * gib));
+        // A 16 GiB cgroup: 6.7 GiB pinned out of 14.7 GiB of headroom.
+        assert!(!cpu_may_read_map(
+            Some(14 * gib + gib * 7 / 10),
+            6 * gib + gib * 7 / 10,
+            8 * gib
+        ));
+        // Unknown memory: the pinned copy.
+        assert!(!cpu_may_read_map(None, 0, 0));
+    }
 
     #[test]
     fn the_split_balances_the_cpu_against_the_copies() {
