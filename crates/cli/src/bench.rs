@@ -29,6 +29,7 @@
 //! deviation (llama-bench's `t/s` column) and the median (what `docs/benchmarks.md` compares).
 
 mod report;
+mod traffic;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -519,6 +520,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if model.info.synthetic {
         eprintln!("scoria bench: {}", report::SYNTHETIC_NOTE);
     }
+    // CPU decode: the bytes a token reads, and the RAM bandwidth they are bound by.
+    let cpu_decode = device.device == engine::Device::Cpu
+        && tests.iter().any(|t| t.n_gen > 0 && t.n_streams == 1);
+    let traffic = cpu_decode
+        .then(|| traffic::DecodeTraffic::read(&a.model, &model.info, eng.memory()))
+        .transpose()?;
+    let ram_read_bps = cpu_decode.then(|| {
+        let bps = traffic::measure_ram_read();
+        eprintln!(
+            "scoria bench: RAM reads {:.1} GB/s ({threads} threads over 1 GiB, best of 3)",
+            bps / 1e9
+        );
+        bps
+    });
 
     let bar = progress_bar((tests.len() * (reps + 1)) as u64);
     let n_vocab = model.info.n_vocab;
@@ -561,6 +576,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 .expert_stats()
                 .zip(stats_before)
                 .map(|(after, before)| after.minus(&before)),
+            ram_bytes_per_token: traffic
+                .filter(|_| t.n_gen > 0 && t.n_prompt == 0 && t.n_streams == 1)
+                .map(|tr| tr.per_token(t)),
         };
         let s = r.summary();
         bar.suspend(|| {
@@ -570,6 +588,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             );
             if let Some(line) = r.experts_line() {
                 eprintln!("scoria bench: {label}: {line}");
+            }
+            if let (Some(tr), Some(_)) = (traffic, r.ram_bytes_per_token) {
+                eprintln!(
+                    "scoria bench: {label}: {}",
+                    tr.line(t, s.median, ram_read_bps)
+                );
             }
         });
         results.push(r);
@@ -585,6 +609,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         date: report::utc_now(),
         command: command_line(),
         build_commit: std::env::var("SCORIA_COMMIT").unwrap_or_else(|_| "unknown".into()),
+        ram_read_bps,
         tests: results,
     };
     let text = match a.format {

@@ -97,6 +97,9 @@ pub struct TestResult {
     /// Tiered experts: where the routed experts of the timed runs (their depth
     /// prefixes included) came from.
     pub experts: Option<engine::experts::TierStats>,
+    /// CPU generation tests: the RAM bytes one generated token reads (estimated from
+    /// the model's tensors, `traffic::DecodeTraffic`).
+    pub ram_bytes_per_token: Option<u64>,
 }
 
 impl TestResult {
@@ -148,6 +151,7 @@ impl TestResult {
             "median_ts": s.median,
             "vram_used_bytes": self.device.vram_used,
             "experts": self.experts,
+            "ram_bytes_per_token": self.ram_bytes_per_token,
             "test_time": self.finished_at,
         })
     }
@@ -165,6 +169,8 @@ pub struct Report {
     pub date: String,
     pub command: String,
     pub build_commit: String,
+    /// RAM read bandwidth measured before CPU generation tests (bytes per second).
+    pub ram_read_bps: Option<f64>,
     pub tests: Vec<TestResult>,
 }
 
@@ -254,6 +260,7 @@ impl Report {
             "seed": self.seed,
             "repetitions": self.repetitions,
             "warmup_runs": 1,
+            "ram_read_bps": self.ram_read_bps,
         });
         match v {
             Value::Object(m) => m,

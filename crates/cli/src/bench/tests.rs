@@ -196,6 +196,7 @@ fn sample_report(device: engine::Device) -> Report {
         device: report.clone(),
         finished_at: "2026-11-30T00:00:00Z".into(),
         experts: None,
+        ram_bytes_per_token: None,
     };
     Report {
         model: ModelDesc {
@@ -212,6 +213,7 @@ fn sample_report(device: engine::Device) -> Report {
         date: "2026-11-30T00:00:00Z".into(),
         command: "scoria bench -m /m/q35.gguf".into(),
         build_commit: "abc1234".into(),
+        ram_read_bps: None,
         tests: vec![
             result(
                 TestSpec {
