@@ -117,10 +117,45 @@ pub trait Backend {
         x: &Self::Buf,
         state: &mut Self::State,
     ) -> Result<Self::Buf, ExecError>;
+    /// The mixer of layer `layer` (of `kind`, its `slot`-th of that kind) for several
+    /// sequences at once: `parts[k]` names segment k's rows of `h`, its first position
+    /// and its state; the result has the rows of `h`, each mixed with its own
+    /// segment's state. The default runs each segment's rows through
+    /// [`Backend::attention`] / [`Backend::delta_net`] on their own and concatenates
+    /// them; a backend may instead run the token-wise projections once over every
+    /// row (reading each weight once per pass), as long as every row gets the bits
+    /// it gets alone.
+    fn mix_segments(
+        &self,
+        layer: usize,
+        kind: LayerKind,
+        slot: usize,
+        h: &Self::Buf,
+        parts: &mut [SegmentRows<'_, Self::State>],
+    ) -> Result<Self::Buf, ExecError> {
+        let mut outs = Vec::with_capacity(parts.len());
+        for p in parts.iter_mut() {
+            let hs = self.rows(h, p.start, p.rows)?;
+            outs.push(match kind {
+                LayerKind::Attention => self.attention(layer, slot, &hs, p.pos0, p.state)?,
+                LayerKind::DeltaNet => self.delta_net(layer, slot, &hs, p.state)?,
+            });
+        }
+        self.concat_rows(&outs)
+    }
     /// Routed experts (+ shared expert) of layer `layer`.
     fn moe(&self, layer: usize, x: &Self::Buf) -> Result<Self::Buf, ExecError>;
     /// The LM head: logits (n_vocab per row).
     fn lm_head(&self, x: &Self::Buf) -> Result<Self::Buf, ExecError>;
+}
+
+/// One segment's rows of a batch's activations, for [`Backend::mix_segments`]: rows
+/// `start..start + rows`, at positions `pos0..`, advancing `state`.
+pub struct SegmentRows<'a, S> {
+    pub start: usize,
+    pub rows: usize,
+    pub pos0: usize,
+    pub state: &'a mut S,
 }
 
 /// One sequence's part of a [`forward_batch`]: `tokens` at positions `pos0..`,
@@ -213,12 +248,17 @@ pub fn forward_batch<B: Backend>(
         let m = if single {
             mix(b, &h, &mut segs[0])?
         } else {
-            let mut parts = Vec::with_capacity(segs.len());
-            for (s, &start) in segs.iter_mut().zip(&starts) {
-                let hs = b.rows(&h, start, s.tokens.len())?;
-                parts.push(mix(b, &hs, s)?);
-            }
-            b.concat_rows(&parts)?
+            let mut parts: Vec<SegmentRows<'_, B::State>> = segs
+                .iter_mut()
+                .zip(&starts)
+                .map(|(s, &start)| SegmentRows {
+                    start,
+                    rows: s.tokens.len(),
+                    pos0: s.pos0,
+                    state: &mut *s.state,
+                })
+                .collect();
+            b.mix_segments(i, *kind, slot, &h, &mut parts)?
         };
         let hf = b.add_rms_norm(&mut x, &m, Norm::Ffn(i))?;
         let f = b.moe(i, &hf)?;

@@ -17,7 +17,7 @@ pub mod vocab;
 pub mod weights;
 
 pub use config::{Arch, LayerKind, ModelConfig, SsmConfig};
-pub use forward::{forward, forward_batch, Backend, ExecError, Logits, Norm, Segment};
+pub use forward::{forward, forward_batch, Backend, ExecError, Logits, Norm, Segment, SegmentRows};
 pub use weights::ModelWeights;
 
 /// Why a model file cannot be used; each names the key or tensor and the remedy.

@@ -36,6 +36,7 @@ const TOKENS_PER_TASK: usize = 16;
 /// Positions per block of the value pass (`hd` floats each, shared by a task's queries).
 const V_BLOCK: usize = 16;
 
+/// Attention of the rows of `x` at positions `pos0..`, advancing `cache`.
 pub(super) fn run(
     b: &CpuBackend,
     w: &AttentionWeights,
@@ -44,19 +45,48 @@ pub(super) fn run(
     cache: &mut KvCache,
     n_ctx: usize,
 ) -> Act {
+    let p = project(b, w, x);
+    let y = core(b, &p, 0, x.rows, pos0, cache, n_ctx, w);
+    b.mm_weight(&w.o, &y)
+}
+
+/// The token-wise input projections of every row of `x`: q (with the output gate
+/// where the arch has one), k and v.
+pub(super) struct Projections {
+    q: Act,
+    k: Act,
+    v: Act,
+}
+
+pub(super) fn project(b: &CpuBackend, w: &AttentionWeights, x: &Act) -> Projections {
+    let jobs = Job::on_one_input(&[&w.q, &w.k, &w.v]);
+    let mut outs = b.mm_many(&[x], &jobs).into_iter();
+    Projections {
+        q: outs.next().expect("q"),
+        k: outs.next().expect("k"),
+        v: outs.next().expect("v"),
+    }
+}
+
+/// Attention of the `t_n` rows from `r0` of `proj`, at positions `pos0..`, over
+/// `cache` (which their keys and values join): the rows before the output
+/// projection.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn core(
+    b: &CpuBackend,
+    proj: &Projections,
+    r0: usize,
+    t_n: usize,
+    pos0: usize,
+    cache: &mut KvCache,
+    n_ctx: usize,
+    w: &AttentionWeights,
+) -> Act {
     let cfg = &b.cfg;
     let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-    let t_n = x.rows;
     assert!(
         pos0 + t_n <= n_ctx,
         "context overflow is checked by the engine"
-    );
-    let jobs = Job::on_one_input(&[&w.q, &w.k, &w.v]);
-    let mut outs = b.mm_many(&[x], &jobs).into_iter();
-    let (qf, kf, vf) = (
-        outs.next().expect("q"),
-        outs.next().expect("k"),
-        outs.next().expect("v"),
     );
     let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
     // The cache grows to hold this call's positions; K's row stride is its capacity.
@@ -77,7 +107,7 @@ pub(super) fn run(
     ];
     let mut key = vec![0.0f32; hd];
     for t in 0..t_n {
-        let row = qf.row(t);
+        let row = proj.q.row(r0 + t);
         for h in 0..nh {
             let dst = &mut q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
             dst.copy_from_slice(&row[h * q_stride..h * q_stride + hd]);
@@ -93,14 +123,14 @@ pub(super) fn run(
         let kvw = nkv * hd;
         let p = pos0 + t;
         for h in 0..nkv {
-            key.copy_from_slice(&kf.row(t)[h * hd..(h + 1) * hd]);
+            key.copy_from_slice(&proj.k.row(r0 + t)[h * hd..(h + 1) * hd]);
             rms_norm(&mut key, &w.k_norm, cfg.eps);
             rope_neox(&mut key, p, cfg.n_rot, cfg.rope_theta);
             for (i, &kv) in key.iter().enumerate() {
                 k_cache[(h * hd + i) * stride + p] = kv;
             }
         }
-        v_cache[p * kvw..(p + 1) * kvw].copy_from_slice(vf.row(t));
+        v_cache[p * kvw..(p + 1) * kvw].copy_from_slice(proj.v.row(r0 + t));
     }
 
     // Tasks: (head, first token) tiles; each returns its queries' output rows.
@@ -146,7 +176,7 @@ pub(super) fn run(
             out.data[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(row);
         }
     }
-    b.mm_weight(&w.o, &out)
+    out
 }
 
 /// Sizes shared by every tile of a call.

@@ -12,16 +12,30 @@ use rayon::prelude::*;
 /// The reference L2-normalises q and k with eps 1e-6 (HF `l2norm`).
 const L2_EPS: f32 = 1e-6;
 
+/// Gated DeltaNet of the rows of `x`, advancing `st`.
 pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNetState) -> Act {
-    let cfg = &b.cfg;
-    let ssm = cfg
+    let p = project(b, w, x);
+    let y = core(b, w, &p, 0, x.rows, st);
+    b.mm_weight(&w.out, &y)
+}
+
+/// The token-wise input projections of every row: qkv (the conv's input), the
+/// output gate z, and each value head's β and α.
+pub(super) struct Projections {
+    qkv: Act,
+    z: Act,
+    beta: Act,
+    alpha: Act,
+}
+
+pub(super) fn project(b: &CpuBackend, w: &DeltaNetWeights, x: &Act) -> Projections {
+    let hv = b
+        .cfg
         .ssm
         .as_ref()
-        .expect("DeltaNet layers exist only in hybrid configs");
-    let (hk, hv, d) = (ssm.n_k_heads, ssm.n_v_heads, ssm.d_state);
-    let (kd, vd) = (ssm.key_dim(), ssm.value_dim());
+        .expect("DeltaNet layers exist only in hybrid configs")
+        .n_v_heads;
     let t_n = x.rows;
-
     // Every projection reads the same input: one batch (one parallel region when decoding).
     let mut weights: Vec<&Weight> = vec![&w.qkv, &w.gate];
     match &w.beta_alpha {
@@ -31,7 +45,7 @@ pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNe
     let jobs = Job::on_one_input(&weights);
     let mut outs = b.mm_many(&[x], &jobs).into_iter();
     let (qkv, z) = (outs.next().expect("qkv"), outs.next().expect("gate"));
-    let (beta_raw, alpha_raw) = match &w.beta_alpha {
+    let (beta, alpha) = match &w.beta_alpha {
         BetaAlpha::Separate { .. } => (outs.next().expect("beta"), outs.next().expect("alpha")),
         BetaAlpha::Fused {
             beta_rows,
@@ -55,13 +69,38 @@ pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNe
             (b, a)
         }
     };
+    Projections {
+        qkv,
+        z,
+        beta,
+        alpha,
+    }
+}
+
+/// The conv, the recurrence and the gated norm of the `t_n` rows from `r0` of
+/// `p`, advancing `st`: the rows before the output projection.
+pub(super) fn core(
+    b: &CpuBackend,
+    w: &DeltaNetWeights,
+    p: &Projections,
+    r0: usize,
+    t_n: usize,
+    st: &mut DeltaNetState,
+) -> Act {
+    let cfg = &b.cfg;
+    let ssm = cfg
+        .ssm
+        .as_ref()
+        .expect("DeltaNet layers exist only in hybrid configs");
+    let (hk, d) = (ssm.n_k_heads, ssm.d_state);
+    let (kd, vd) = (ssm.key_dim(), ssm.value_dim());
 
     // Conv (sequential in time per channel) and q/k normalisation for every token first.
     let scale = 1.0 / (d as f32).sqrt();
     let mut conv = Act::zeros(t_n, ssm.conv_dim());
     for t in 0..t_n {
         let (src, dst) = (
-            qkv.row(t),
+            p.qkv.row(r0 + t),
             &mut conv.data[t * ssm.conv_dim()..(t + 1) * ssm.conv_dim()],
         );
         conv_step(&mut st.conv, &w.conv, src, ssm.d_conv, dst);
@@ -90,11 +129,11 @@ pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNe
                 let q = &row[kh * d..(kh + 1) * d];
                 let k = &row[kd + kh * d..kd + (kh + 1) * d];
                 let v = &row[2 * kd + h * d..2 * kd + (h + 1) * d];
-                let g = w.a[h] * softplus(alpha_raw.row(t)[h] + w.dt_bias[h]);
-                let beta = sigmoid(beta_raw.row(t)[h]);
+                let g = w.a[h] * softplus(p.alpha.row(r0 + t)[h] + w.dt_bias[h]);
+                let beta = sigmoid(p.beta.row(r0 + t)[h]);
                 let o = &mut out[t * d..(t + 1) * d];
                 step(s, q, k, v, g, beta, o);
-                gated_norm(o, &z.row(t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
+                gated_norm(o, &p.z.row(r0 + t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
             }
             out
         })
@@ -105,5 +144,5 @@ pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNe
             y.row_mut(t)[h * d..(h + 1) * d].copy_from_slice(&out[t * d..(t + 1) * d]);
         }
     }
-    b.mm_weight(&w.out, &y)
+    y
 }

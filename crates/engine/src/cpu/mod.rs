@@ -16,7 +16,7 @@ pub(crate) mod team;
 pub(crate) use moe::TokenExperts;
 
 use model::weights::{Mixer, Weight};
-use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm};
+use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm, SegmentRows};
 use rayon::prelude::*;
 
 use crate::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
@@ -570,6 +570,65 @@ impl Backend for CpuBackend {
             ));
         };
         Ok(deltanet::run(self, w, x, &mut state.dn[slot]))
+    }
+
+    /// The projections in and out run once over every segment's rows (each weight
+    /// read once per pass; a row's products are its bits alone, as in a prompt),
+    /// the conv/recurrence or the attention over the cache per segment.
+    fn mix_segments(
+        &self,
+        layer: usize,
+        kind: LayerKind,
+        slot: usize,
+        h: &Act,
+        parts: &mut [SegmentRows<'_, CpuState>],
+    ) -> Result<Act, ExecError> {
+        // The segments tile h's rows in order (forward_batch lays them out so).
+        let mut next = 0;
+        for p in parts.iter() {
+            if p.start != next || p.rows == 0 {
+                return Err(ExecError::new(
+                    "mix_segments",
+                    format!(
+                        "segment rows {}+{} do not follow row {next}",
+                        p.start, p.rows
+                    ),
+                ));
+            }
+            next += p.rows;
+        }
+        if next != h.rows {
+            return Err(ExecError::new(
+                "mix_segments",
+                format!("the segments cover {next} of {} rows", h.rows),
+            ));
+        }
+        let mut cores = Vec::with_capacity(parts.len());
+        match (&self.weights.layers[layer].mixer, kind) {
+            (Mixer::Attention(w), LayerKind::Attention) => {
+                let proj = attention::project(self, w, h);
+                for p in parts.iter_mut() {
+                    let n_ctx = p.state.n_ctx;
+                    let cache = &mut p.state.kv[slot];
+                    cores.push(attention::core(
+                        self, &proj, p.start, p.rows, p.pos0, cache, n_ctx, w,
+                    ));
+                }
+                Ok(self.mm_weight(&w.o, &self.concat_rows(&cores)?))
+            }
+            (Mixer::DeltaNet(w), LayerKind::DeltaNet) => {
+                let proj = deltanet::project(self, w, h);
+                for p in parts.iter_mut() {
+                    let st = &mut p.state.dn[slot];
+                    cores.push(deltanet::core(self, w, &proj, p.start, p.rows, st));
+                }
+                Ok(self.mm_weight(&w.out, &self.concat_rows(&cores)?))
+            }
+            _ => Err(ExecError::new(
+                "mix_segments",
+                format!("layer {layer} has no {kind:?} weights"),
+            )),
+        }
     }
 
     fn moe(&self, layer: usize, x: &Act) -> Result<Act, ExecError> {
