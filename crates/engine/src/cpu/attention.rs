@@ -46,7 +46,7 @@ pub(super) fn run(
     n_ctx: usize,
 ) -> Act {
     let p = project(b, w, x);
-    let y = core(b, &p, 0, x.rows, pos0, cache, n_ctx, w);
+    let y = core(b, w, &p, 0, x.rows, pos0, cache, n_ctx);
     b.mm_weight(&w.o, &y)
 }
 
@@ -74,13 +74,13 @@ pub(super) fn project(b: &CpuBackend, w: &AttentionWeights, x: &Act) -> Projecti
 #[allow(clippy::too_many_arguments)]
 pub(super) fn core(
     b: &CpuBackend,
+    w: &AttentionWeights,
     proj: &Projections,
     r0: usize,
     t_n: usize,
     pos0: usize,
     cache: &mut KvCache,
     n_ctx: usize,
-    w: &AttentionWeights,
 ) -> Act {
     let cfg = &b.cfg;
     let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);

@@ -611,7 +611,7 @@ impl Backend for CpuBackend {
                     let n_ctx = p.state.n_ctx;
                     let cache = &mut p.state.kv[slot];
                     cores.push(attention::core(
-                        self, &proj, p.start, p.rows, p.pos0, cache, n_ctx, w,
+                        self, w, &proj, p.start, p.rows, p.pos0, cache, n_ctx,
                     ));
                 }
                 Ok(self.mm_weight(&w.o, &self.concat_rows(&cores)?))
