@@ -13,7 +13,8 @@
 #
 # Order: machine facts, synth if needed, page-cache warm (cat), scoria warm-up, scoria tg128 x3,
 # llama-bench (pp512 + tg128, 3 repetitions, its own warm-up; jsonl
-# on stdout so finished tests survive a timeout), scoria pp512 x3.
+# on stdout so finished tests survive a timeout), scoria pp512 x3, then `scoria bench`'s RAM
+# traffic line (the bytes a decode token reads, the GB/s and the share of the measured RAM reads).
 # Each scoria repetition gets its own prompt ids (rotated, seeded), so no two repetitions route alike.
 set -u
 SCORIA=${1:?scoria binary} LB=${2:?llama-bench binary} MODEL=${3:?model path} LOG=${4:?log dir}
@@ -82,6 +83,13 @@ for r in $(seq 1 "$REPS"); do
         -n 1 --ignore-eos -t "$T" >"$LOG/scoria-pp-$r.log" 2>&1
     grep -E '^prompt:' "$LOG/scoria-pp-$r.log"
 done
+
+if [ "$(left)" -gt 40 ]; then
+    stamp "scoria bench: RAM traffic of a decode token against the measured RAM reads"
+    timeout $(( $(left) - 20 )) "$SCORIA" bench --device cpu -m "$MODEL" -t "$T" -p 0 -n 64 -r 1 \
+        >"$LOG/scoria-bench.md" 2>"$LOG/scoria-bench.log"
+    grep -E "RAM reads|RAM traffic" "$LOG/scoria-bench.log"
+fi
 
 stamp "summary"
 python3 - "$LOG" "$TG_N" "$PP_N" <<'EOF' | tee "$LOG/summary.txt"
