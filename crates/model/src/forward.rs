@@ -193,8 +193,10 @@ pub fn forward<B: Backend>(
 ///
 /// The segments' tokens form one activation matrix, so every token-wise operation
 /// (norms, residual adds, router, experts, shared expert, LM head) runs once over
-/// all rows and reads each weight once per pass; only the mixers, which read and
-/// advance a sequence's state, run per segment on that segment's rows. Every
+/// all rows and reads each weight once per pass; the mixers, which read and
+/// advance a sequence's state, get every segment's rows and state at once
+/// ([`Backend::mix_segments`]: per segment by default, or with their projections
+/// shared by all rows and only the state's part per segment). Every
 /// token-wise operation computes each row from that row alone (the kernels give a
 /// row the same bits whatever the other rows, and routing is per token), so each
 /// segment gets the bits and the state it would get alone (invariant 3 of docs/design.md,
