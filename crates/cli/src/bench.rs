@@ -157,6 +157,11 @@ impl TestSpec {
         (self.n_prompt + self.n_gen) * self.n_streams
     }
 
+    /// A generation test of one stream: what a decode token's RAM traffic describes.
+    fn single_decode(&self) -> bool {
+        self.n_gen > 0 && self.n_prompt == 0 && self.n_streams == 1
+    }
+
     /// Tokens in the state before the timed part begins.
     fn prefix_len(&self) -> usize {
         if self.n_gen > 0 {
@@ -521,8 +526,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         eprintln!("scoria bench: {}", report::SYNTHETIC_NOTE);
     }
     // CPU decode: the bytes a token reads, and the RAM bandwidth they are bound by.
-    let cpu_decode = device.device == engine::Device::Cpu
-        && tests.iter().any(|t| t.n_gen > 0 && t.n_streams == 1);
+    let cpu_decode =
+        device.device == engine::Device::Cpu && tests.iter().any(TestSpec::single_decode);
     let traffic = cpu_decode
         .then(|| traffic::DecodeTraffic::read(&a.model, &model.info, eng.memory()))
         .transpose()?;
@@ -577,7 +582,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 .zip(stats_before)
                 .map(|(after, before)| after.minus(&before)),
             ram_bytes_per_token: traffic
-                .filter(|_| t.n_gen > 0 && t.n_prompt == 0 && t.n_streams == 1)
+                .filter(|_| t.single_decode())
                 .map(|tr| tr.per_token(t)),
         };
         let s = r.summary();

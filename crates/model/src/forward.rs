@@ -118,9 +118,9 @@ pub trait Backend {
         state: &mut Self::State,
     ) -> Result<Self::Buf, ExecError>;
     /// The mixer of layer `layer` (of `kind`, its `slot`-th of that kind) for several
-    /// sequences at once: `parts[k]` names segment k's rows of `h`, its first position
-    /// and its state; the result has the rows of `h`, each mixed with its own
-    /// segment's state. The default runs each segment's rows through
+    /// sequences at once: the rows of `h` are the segments' in the order of `parts`,
+    /// each part giving its row count, first position and state; the result has the
+    /// rows of `h`, each mixed with its own segment's state. The default runs each segment's rows through
     /// [`Backend::attention`] / [`Backend::delta_net`] on their own and concatenates
     /// them; a backend may instead run the token-wise projections once over every
     /// row (reading each weight once per pass), as long as every row gets the bits
@@ -134,8 +134,10 @@ pub trait Backend {
         parts: &mut [SegmentRows<'_, Self::State>],
     ) -> Result<Self::Buf, ExecError> {
         let mut outs = Vec::with_capacity(parts.len());
+        let mut start = 0;
         for p in parts.iter_mut() {
-            let hs = self.rows(h, p.start, p.rows)?;
+            let hs = self.rows(h, start, p.rows)?;
+            start += p.rows;
             outs.push(match kind {
                 LayerKind::Attention => self.attention(layer, slot, &hs, p.pos0, p.state)?,
                 LayerKind::DeltaNet => self.delta_net(layer, slot, &hs, p.state)?,
@@ -149,10 +151,10 @@ pub trait Backend {
     fn lm_head(&self, x: &Self::Buf) -> Result<Self::Buf, ExecError>;
 }
 
-/// One segment's rows of a batch's activations, for [`Backend::mix_segments`]: rows
-/// `start..start + rows`, at positions `pos0..`, advancing `state`.
+/// One segment's part of a batch's activations, for [`Backend::mix_segments`]: its
+/// `rows` (after the rows of the parts before it), at positions `pos0..`, advancing
+/// `state`.
 pub struct SegmentRows<'a, S> {
-    pub start: usize,
     pub rows: usize,
     pub pos0: usize,
     pub state: &'a mut S,
@@ -252,9 +254,7 @@ pub fn forward_batch<B: Backend>(
         } else {
             let mut parts: Vec<SegmentRows<'_, B::State>> = segs
                 .iter_mut()
-                .zip(&starts)
-                .map(|(s, &start)| SegmentRows {
-                    start,
+                .map(|s| SegmentRows {
                     rows: s.tokens.len(),
                     pos0: s.pos0,
                     state: &mut *s.state,

@@ -583,27 +583,16 @@ impl Backend for CpuBackend {
         h: &Act,
         parts: &mut [SegmentRows<'_, CpuState>],
     ) -> Result<Act, ExecError> {
-        // The segments tile h's rows in order (forward_batch lays them out so).
-        let mut next = 0;
-        for p in parts.iter() {
-            if p.start != next || p.rows == 0 {
-                return Err(ExecError::new(
-                    "mix_segments",
-                    format!(
-                        "segment rows {}+{} do not follow row {next}",
-                        p.start, p.rows
-                    ),
-                ));
-            }
-            next += p.rows;
-        }
-        if next != h.rows {
+        let total: usize = parts.iter().map(|p| p.rows).sum();
+        if total != h.rows {
             return Err(ExecError::new(
                 "mix_segments",
-                format!("the segments cover {next} of {} rows", h.rows),
+                format!("the segments have {total} rows, the batch {}", h.rows),
             ));
         }
         let mut cores = Vec::with_capacity(parts.len());
+        // Each part's first row in h: the rows of the parts before it.
+        let mut r0 = 0;
         match (&self.weights.layers[layer].mixer, kind) {
             (Mixer::Attention(w), LayerKind::Attention) => {
                 let proj = attention::project(self, w, h);
@@ -611,8 +600,9 @@ impl Backend for CpuBackend {
                     let n_ctx = p.state.n_ctx;
                     let cache = &mut p.state.kv[slot];
                     cores.push(attention::core(
-                        self, w, &proj, p.start, p.rows, p.pos0, cache, n_ctx,
+                        self, w, &proj, r0, p.rows, p.pos0, cache, n_ctx,
                     ));
+                    r0 += p.rows;
                 }
                 Ok(self.mm_weight(&w.o, &self.concat_rows(&cores)?))
             }
@@ -620,7 +610,8 @@ impl Backend for CpuBackend {
                 let proj = deltanet::project(self, w, h);
                 for p in parts.iter_mut() {
                     let st = &mut p.state.dn[slot];
-                    cores.push(deltanet::core(self, w, &proj, p.start, p.rows, st));
+                    cores.push(deltanet::core(self, w, &proj, r0, p.rows, st));
+                    r0 += p.rows;
                 }
                 Ok(self.mm_weight(&w.out, &self.concat_rows(&cores)?))
             }
