@@ -34,7 +34,8 @@ fn check_model(path: &std::path::Path, geometry: &str, preset: Preset) {
     let path = path.to_path_buf();
     let mut eng = load(&path);
     let n_vocab = eng.info().n_vocab;
-    let prompt: Vec<u32> = (0..9).map(|i| (i * 7919 + 13) % 5000).collect();
+    // 20 tokens: enough for the prompt paths that run tokens in parallel.
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 7919 + 13) % 5000).collect();
     let (tokens, step_logits) = decode(&mut eng, &prompt, 6);
     assert_eq!(tokens.len(), 6);
     for l in &step_logits {

@@ -36,6 +36,10 @@ const TOKENS_PER_TASK: usize = 16;
 /// Positions per block of the value pass (`hd` floats each, shared by a task's queries).
 const V_BLOCK: usize = 16;
 
+/// Calls of at least this many tokens prepare queries and gather outputs with
+/// tokens in parallel.
+const PARALLEL_TOKENS: usize = 16;
+
 /// Attention of the rows of `x` at positions `pos0..`, advancing `cache`.
 pub(super) fn run(
     b: &CpuBackend,
@@ -105,14 +109,23 @@ pub(super) fn core(
             0
         }
     ];
+    let prep_q = |(t, qt): (usize, &mut [f32])| {
+        let row = proj.q.row(r0 + t);
+        for (h, dst) in qt.chunks_exact_mut(hd).enumerate() {
+            dst.copy_from_slice(&row[h * q_stride..h * q_stride + hd]);
+            rms_norm(dst, &w.q_norm, cfg.eps);
+            rope_neox(dst, pos0 + t, cfg.n_rot, cfg.rope_theta);
+        }
+    };
+    if t_n < PARALLEL_TOKENS {
+        q.chunks_mut(nh * hd).enumerate().for_each(prep_q);
+    } else {
+        q.par_chunks_mut(nh * hd).enumerate().for_each(prep_q);
+    }
     let mut key = vec![0.0f32; hd];
     for t in 0..t_n {
         let row = proj.q.row(r0 + t);
         for h in 0..nh {
-            let dst = &mut q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-            dst.copy_from_slice(&row[h * q_stride..h * q_stride + hd]);
-            rms_norm(dst, &w.q_norm, cfg.eps);
-            rope_neox(dst, pos0 + t, cfg.n_rot, cfg.rope_theta);
             if cfg.attn_output_gate {
                 gate[(t * nh + h) * hd..(t * nh + h + 1) * hd]
                     .copy_from_slice(&row[h * q_stride + hd..h * q_stride + 2 * hd]);
@@ -169,12 +182,22 @@ pub(super) fn core(
             attend_at(wide, &geo, &tile)
         })
         .collect();
+    // Tile (h, t0) is number h · tiles_per_head + t0 / TOKENS_PER_TASK.
+    let tiles_per_head = t_n.div_ceil(TOKENS_PER_TASK);
     let mut out = Act::zeros(t_n, nh * hd);
-    for (&(h, t0), rows) in tiles.iter().zip(&results) {
-        for (i, row) in rows.chunks_exact(hd).enumerate() {
-            let t = t0 + i;
-            out.data[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(row);
+    let gather = |(t, row): (usize, &mut [f32])| {
+        let (tile, i) = (t / TOKENS_PER_TASK, t % TOKENS_PER_TASK);
+        for (h, dst) in row.chunks_exact_mut(hd).enumerate() {
+            dst.copy_from_slice(&results[h * tiles_per_head + tile][i * hd..(i + 1) * hd]);
         }
+    };
+    if t_n < PARALLEL_TOKENS {
+        out.data.chunks_mut(nh * hd).enumerate().for_each(gather);
+    } else {
+        out.data
+            .par_chunks_mut(nh * hd)
+            .enumerate()
+            .for_each(gather);
     }
     out
 }

@@ -1,6 +1,6 @@
-//! Gated DeltaNet on the CPU: projections for all tokens at once, the conv token
-//! by token, then each value head's recurrence over the tokens (heads in
-//! parallel), gated norm, output projection. Every head performs the same float
+//! Gated DeltaNet on the CPU: projections for all tokens at once, the conv over
+//! the tokens (blocks of channels in parallel for a prompt), then each value head's
+//! recurrence over the tokens (heads in parallel), gated norm, output projection. Every head performs the same float
 //! operations in the same order whether it sees one token or a prompt.
 
 use super::{Act, CpuBackend, DeltaNetState, Job};
@@ -11,6 +11,15 @@ use rayon::prelude::*;
 
 /// The reference L2-normalises q and k with eps 1e-6 (HF `l2norm`).
 const L2_EPS: f32 = 1e-6;
+
+/// Calls of at least this many tokens run the conv in parallel blocks of channels
+/// and their token-wise loops tokens in parallel (below it, the fork-join costs
+/// more than the work).
+const PARALLEL_TOKENS: usize = 16;
+
+/// Channels per parallel conv task (not a divisor of the test models' 1024
+/// channels, so their prompts run a partial last block too).
+const CONV_BLOCK: usize = 160;
 
 /// Gated DeltaNet of the rows of `x`, advancing `st`.
 pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNetState) -> Act {
@@ -95,16 +104,15 @@ pub(super) fn core(
     let (hk, d) = (ssm.n_k_heads, ssm.d_state);
     let (kd, vd) = (ssm.key_dim(), ssm.value_dim());
 
-    // Conv (sequential in time per channel) and q/k normalisation for every token first.
+    // The conv: sequential in time, independent per channel, so a prompt runs
+    // blocks of channels in parallel, each over every token (a channel's float
+    // operations are those of a one-token call). Then each token's q/k
+    // normalisation, tokens in parallel.
+    let cd = ssm.conv_dim();
     let scale = 1.0 / (d as f32).sqrt();
-    let mut conv = Act::zeros(t_n, ssm.conv_dim());
-    for t in 0..t_n {
-        let (src, dst) = (
-            p.qkv.row(r0 + t),
-            &mut conv.data[t * ssm.conv_dim()..(t + 1) * ssm.conv_dim()],
-        );
-        conv_step(&mut st.conv, &w.conv, src, ssm.d_conv, dst);
-        let (q_all, rest) = dst.split_at_mut(kd);
+    let mut conv = Act::zeros(t_n, cd);
+    let norm_qk = |row: &mut [f32]| {
+        let (q_all, rest) = row.split_at_mut(kd);
         let k_all = &mut rest[..kd];
         for h in 0..hk {
             l2_norm(&mut q_all[h * d..(h + 1) * d], L2_EPS);
@@ -113,6 +121,41 @@ pub(super) fn core(
         for qv in q_all.iter_mut() {
             *qv *= scale;
         }
+    };
+    if t_n < PARALLEL_TOKENS || ssm.d_conv < 2 {
+        for t in 0..t_n {
+            let dst = conv.row_mut(t);
+            conv_step(&mut st.conv, &w.conv, p.qkv.row(r0 + t), ssm.d_conv, dst);
+            norm_qk(dst);
+        }
+    } else {
+        let hist = ssm.d_conv - 1;
+        let blocks: Vec<Vec<f32>> = st
+            .conv
+            .par_chunks_mut(CONV_BLOCK * hist)
+            .zip(w.conv.par_chunks(CONV_BLOCK * ssm.d_conv))
+            .enumerate()
+            .map(|(i, (state, taps))| {
+                let (c0, n) = (i * CONV_BLOCK, taps.len() / ssm.d_conv);
+                let mut out = vec![0.0f32; t_n * n];
+                for (t, o) in out.chunks_exact_mut(n).enumerate() {
+                    let src = &p.qkv.row(r0 + t)[c0..c0 + n];
+                    conv_step(state, taps, src, ssm.d_conv, o);
+                }
+                out
+            })
+            .collect();
+        conv.data
+            .par_chunks_mut(cd)
+            .enumerate()
+            .for_each(|(t, row)| {
+                for (i, block) in blocks.iter().enumerate() {
+                    let n = block.len() / t_n;
+                    row[i * CONV_BLOCK..i * CONV_BLOCK + n]
+                        .copy_from_slice(&block[t * n..(t + 1) * n]);
+                }
+                norm_qk(row);
+            });
     }
 
     // Then each value head runs its recurrence over all tokens; heads are
@@ -139,10 +182,15 @@ pub(super) fn core(
         })
         .collect();
     let mut y = Act::zeros(t_n, vd);
-    for (h, out) in per_head.iter().enumerate() {
-        for t in 0..t_n {
-            y.row_mut(t)[h * d..(h + 1) * d].copy_from_slice(&out[t * d..(t + 1) * d]);
+    let gather = |(t, row): (usize, &mut [f32])| {
+        for (h, out) in per_head.iter().enumerate() {
+            row[h * d..(h + 1) * d].copy_from_slice(&out[t * d..(t + 1) * d]);
         }
+    };
+    if t_n < PARALLEL_TOKENS {
+        y.data.chunks_mut(vd).enumerate().for_each(gather);
+    } else {
+        y.data.par_chunks_mut(vd).enumerate().for_each(gather);
     }
     y
 }

@@ -476,16 +476,35 @@ impl Backend for CpuBackend {
             Norm::Output => &self.weights.output_norm,
         };
         let eps = self.cfg.eps;
-        let mut out = x.clone();
-        out.data
-            .par_chunks_mut(x.cols)
-            .for_each(|row| model::math::rms_norm(row, w, eps));
+        let mut out = Act::zeros(x.rows, x.cols);
+        let norm = |(o, r): (&mut [f32], &[f32])| {
+            o.copy_from_slice(r);
+            model::math::rms_norm(o, w, eps);
+        };
+        if x.rows == 1 {
+            norm((&mut out.data, &x.data));
+        } else {
+            out.data
+                .par_chunks_mut(x.cols)
+                .zip(x.data.par_chunks(x.cols))
+                .for_each(norm);
+        }
         Ok(out)
     }
 
     fn add_assign(&self, x: &mut Act, y: &Act) -> Result<(), ExecError> {
-        for (a, b) in x.data.iter_mut().zip(&y.data) {
-            *a += b;
+        let add = |(a, b): (&mut [f32], &[f32])| {
+            for (a, b) in a.iter_mut().zip(b) {
+                *a += b;
+            }
+        };
+        if x.rows == 1 {
+            add((&mut x.data, &y.data));
+        } else {
+            x.data
+                .par_chunks_mut(x.cols)
+                .zip(y.data.par_chunks(x.cols))
+                .for_each(add);
         }
         Ok(())
     }

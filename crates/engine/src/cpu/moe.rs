@@ -15,7 +15,14 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
     let (t_n, e) = (x.rows, cfg.n_embd);
     let k = cfg.n_expert_used;
     let logits = b.mm_weight(&w.router, x);
-    let routes: Vec<_> = (0..t_n).map(|t| route(logits.row(t), k)).collect();
+    let routes: Vec<_> = if t_n == 1 {
+        vec![route(logits.row(0), k)]
+    } else {
+        (0..t_n)
+            .into_par_iter()
+            .map(|t| route(logits.row(t), k))
+            .collect()
+    };
     if let Some(counts) = &b.routing {
         for r in &routes {
             counts.record_token(layer, r.iter().map(|&(ex, _)| ex));
@@ -50,34 +57,33 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
             expert_ffn(b, w, ex, &xe, cfg.n_ff_exp)
         })
         .collect();
-    let mut expert_out = vec![0.0f32; t_n * k * e];
-    for ((_, toks), act) in busy.iter().zip(&results) {
+    // Where each (token, rank) output is: (index into `results`, row).
+    let mut at = vec![(0usize, 0usize); t_n * k];
+    for (bi, (_, toks)) in busy.iter().enumerate() {
         for (i, &(t, rank)) in toks.iter().enumerate() {
-            expert_out[(t * k + rank) * e..(t * k + rank + 1) * e].copy_from_slice(act.row(i));
+            at[t * k + rank] = (bi, i);
         }
     }
+    let shared = w.shared.as_ref().map(|sh| {
+        let gu = b.mm_many(&[x], &Job::on_one_input(&[&sh.gate, &sh.up]));
+        (sh, b.mm_weight(&sh.down, &swiglu(&gu[0], &gu[1])))
+    });
+    // Each token's outputs in rank order, then the shared expert's: tokens in parallel.
     let mut out = Act::zeros(t_n, e);
-    for t in 0..t_n {
-        let o = out.row_mut(t);
+    out.data.par_chunks_mut(e).enumerate().for_each(|(t, o)| {
         for (rank, &(_, wt)) in routes[t].iter().enumerate() {
-            let src = &expert_out[(t * k + rank) * e..(t * k + rank + 1) * e];
-            for (a, &b) in o.iter_mut().zip(src) {
+            let (bi, i) = at[t * k + rank];
+            for (a, &b) in o.iter_mut().zip(results[bi].row(i)) {
                 *a += wt * b;
             }
         }
-    }
-    if let Some(sh) = &w.shared {
-        let g = b.mm_weight(&sh.gate, x);
-        let u = b.mm_weight(&sh.up, x);
-        let act = swiglu(&g, &u);
-        let down = b.mm_weight(&sh.down, &act);
-        for t in 0..t_n {
+        if let Some((sh, down)) = &shared {
             let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t)));
-            for (a, &b) in out.row_mut(t).iter_mut().zip(down.row(t)) {
+            for (a, &b) in o.iter_mut().zip(down.row(t)) {
                 *a += gate * b;
             }
         }
-    }
+    });
     out
 }
 
