@@ -772,7 +772,12 @@ impl Executor for CpuExecutor {
                 logits: s.want.logits(),
             });
         }
-        let logits = model::forward_batch(&self.backend, &mut segs)?;
+        // The pass runs on a thread of the pool, so its parallel loops fork from a
+        // worker (which takes a share of each and wakes idle workers as it goes)
+        // instead of each loop handing work over from this thread and sleeping
+        // until the pool is done (two thread switches per loop, hundreds a token).
+        let backend = &self.backend;
+        let logits = rayon::scope(|_| model::forward_batch(backend, &mut segs))?;
         Ok(batch
             .iter()
             .zip(logits)
