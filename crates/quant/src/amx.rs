@@ -307,7 +307,7 @@ fn layout_acts(xqs: &[ActQ8], nsub: usize) -> Acts {
     let mut da = vec![0f32; groups * nsub * TOKS];
     let mut asum = vec![0f32; groups * nsub * TOKS];
     // One group of TOKS tokens: its tiles, scales and sums.
-    let group = |(g, ((q, da), asum)): (usize, ((&mut [i8], &mut [f32]), &mut [f32]))| {
+    let group = |g: usize, q: &mut [i8], da: &mut [f32], asum: &mut [f32]| {
         for (n, xq) in xqs[g * TOKS..].iter().take(TOKS).enumerate() {
             for s in 0..nsub {
                 let tile = &mut q[s * TILE..(s + 1) * TILE];
@@ -326,13 +326,13 @@ fn layout_acts(xqs: &[ActQ8], nsub: usize) -> Acts {
             .zip(da.chunks_mut(sc))
             .zip(asum.chunks_mut(sc))
             .enumerate()
-            .for_each(group);
+            .for_each(|(g, ((q, da), asum))| group(g, q, da, asum));
     } else {
         q.par_chunks_mut(qc)
             .zip(da.par_chunks_mut(sc))
             .zip(asum.par_chunks_mut(sc))
             .enumerate()
-            .for_each(group);
+            .for_each(|(g, ((q, da), asum))| group(g, q, da, asum));
     }
     Acts { nsub, q, da, asum }
 }
