@@ -499,13 +499,21 @@ pub fn matvec_many(jobs: &mut [MatvecJob<'_>]) {
 /// Tokens processed together against one chunk of rows (their activations stay in cache).
 const TOKEN_TILE: usize = 8;
 
-/// The fewest tokens for which a matmul at the AMX level runs a group of 16 tokens on
-/// the tile unit. A group costs the same however few of its 16 tokens are real; measured
-/// on the dev box (Q4_K and Q8_0, 512 × 2048), a full group is ~1.2× the AVX-512 kernels'
-/// speed and a half-full one ~0.6×, so a matmul's last few tokens (and a matmul of few
-/// tokens) go to the AVX-512 kernels instead.
+/// The fewest tokens for which a matmul of fewer than 16 tokens at the AMX level runs
+/// them as one padded group of 16 on the tile unit. A group costs the same however few
+/// of its 16 tokens are real, and each 16-row stripe of weights is unpacked once per
+/// call; one thread on the dev box (`examples/tail_bench.rs`: Q4_K and Q8_0 512 × 2048,
+/// Q6_K 2048 × 512) takes a lone padded group 209, 268 and 349 µs, the AVX-512 kernels
+/// 218–229, 226–325 and 362–402 µs for 9–10 tokens.
 #[cfg(target_arch = "x86_64")]
-const AMX_MIN_TOKENS: usize = 12;
+const AMX_MIN_TOKENS: usize = 10;
+
+/// The fewest tokens of a last partial group that run padded on the tile unit after
+/// whole groups: the stripes are already unpacked, so the group costs only its tile
+/// products (131, 94 and 231 µs in the cases above, against 149–163, 97–141 and
+/// 239–266 µs on the AVX-512 kernels for 5–6 tokens).
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_TAIL: usize = 5;
 
 /// Many tokens against one matrix: `xs` is n_tok × n_cols (row-major), `xqs` one
 /// `ActQ8` per token (may be empty for float types), `out` n_tok × n_rows (row-major).
@@ -568,11 +576,12 @@ pub fn try_matmul_with(
     if isa == Isa::Amx && !float && amx::supports(ty) {
         // Whole groups of 16 tokens, and a last partial group unless it is small.
         let rest = n_tok % 16;
-        let n_amx = if rest >= AMX_MIN_TOKENS {
-            n_tok
+        let min = if n_tok > 16 {
+            AMX_MIN_TAIL
         } else {
-            n_tok - rest
+            AMX_MIN_TOKENS
         };
+        let n_amx = if rest >= min { n_tok } else { n_tok - rest };
         if n_amx > 0 {
             let (head, tail) = out.split_at_mut(n_amx * n_rows);
             amx::matmul(ty, w, rb, &xqs[..n_amx], head, isa::amx_proof());
