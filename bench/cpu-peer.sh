@@ -14,7 +14,8 @@
 # Order: machine facts, synth if needed, page-cache warm (cat), scoria warm-up, scoria tg128 x3,
 # llama-bench (pp512 + tg128, 3 repetitions, its own warm-up; jsonl
 # on stdout so finished tests survive a timeout), scoria pp512 x3, then `scoria bench`'s RAM
-# traffic line (the bytes a decode token reads, the GB/s and the share of the measured RAM reads).
+# traffic line (the bytes a decode token reads, the GB/s and the share of the measured RAM reads),
+# then scoria's prompt speed at 1, 2, 4, 8 and THREADS threads ($SCALING, pp$SCALE_N: default 128).
 # Each scoria repetition gets its own prompt ids (rotated, seeded), so no two repetitions route alike.
 set -u
 SCORIA=${1:?scoria binary} LB=${2:?llama-bench binary} MODEL=${3:?model path} LOG=${4:?log dir}
@@ -90,6 +91,16 @@ if [ "$(left)" -gt 40 ]; then
         >"$LOG/scoria-bench.md" 2>"$LOG/scoria-bench.log"
     grep -E "RAM reads|RAM traffic" "$LOG/scoria-bench.log"
 fi
+
+# Prompt speed by thread count (what does not scale shows here): pp$SCALE_N, one run each,
+# thread counts from $SCALING (default 1 2 4 8 and THREADS), while time is left.
+for t in ${SCALING:-1 2 4 8 $T}; do
+    [ "$(left)" -gt 60 ] || { stamp "skip scaling t=$t"; continue; }
+    stamp "scoria pp${SCALE_N:-128} at $t threads"
+    timeout $(( $(left) - 30 )) "$SCORIA" bench --device cpu -m "$MODEL" -t "$t" -p "${SCALE_N:-128}" -n 0 -r 1 \
+        >"$LOG/scoria-scale-$t.md" 2>"$LOG/scoria-scale-$t.log"
+    grep -E "pp[0-9]+: [0-9]" "$LOG/scoria-scale-$t.log"
+done
 
 stamp "summary"
 python3 - "$LOG" "$TG_N" "$PP_N" <<'EOF' | tee "$LOG/summary.txt"
