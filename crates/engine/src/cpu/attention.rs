@@ -19,7 +19,7 @@
 //! None of this changes an operation or its order, so the bits are the one-query,
 //! one-position-at-a-time loop's (`tests`, and the engine's prefill == decode tests).
 
-use super::{Act, CpuBackend, Job, KvCache};
+use super::{each_row, Act, CpuBackend, Job, KvCache};
 use model::math::{rms_norm, rope_neox, sigmoid};
 use model::simd::Level;
 use model::weights::AttentionWeights;
@@ -35,10 +35,6 @@ const TOKENS_PER_TASK: usize = 16;
 
 /// Positions per block of the value pass (`hd` floats each, shared by a task's queries).
 const V_BLOCK: usize = 16;
-
-/// Calls of at least this many tokens prepare queries and gather outputs with
-/// tokens in parallel.
-const PARALLEL_TOKENS: usize = 16;
 
 /// Attention of the rows of `x` at positions `pos0..`, advancing `cache`.
 pub(super) fn run(
@@ -109,19 +105,14 @@ pub(super) fn core(
             0
         }
     ];
-    let prep_q = |(t, qt): (usize, &mut [f32])| {
+    each_row(&mut q, nh * hd, |t, qt| {
         let row = proj.q.row(r0 + t);
         for (h, dst) in qt.chunks_exact_mut(hd).enumerate() {
             dst.copy_from_slice(&row[h * q_stride..h * q_stride + hd]);
             rms_norm(dst, &w.q_norm, cfg.eps);
             rope_neox(dst, pos0 + t, cfg.n_rot, cfg.rope_theta);
         }
-    };
-    if t_n < PARALLEL_TOKENS {
-        q.chunks_mut(nh * hd).enumerate().for_each(prep_q);
-    } else {
-        q.par_chunks_mut(nh * hd).enumerate().for_each(prep_q);
-    }
+    });
     let mut key = vec![0.0f32; hd];
     for t in 0..t_n {
         let row = proj.q.row(r0 + t);
@@ -185,20 +176,12 @@ pub(super) fn core(
     // Tile (h, t0) is number h · tiles_per_head + t0 / TOKENS_PER_TASK.
     let tiles_per_head = t_n.div_ceil(TOKENS_PER_TASK);
     let mut out = Act::zeros(t_n, nh * hd);
-    let gather = |(t, row): (usize, &mut [f32])| {
+    each_row(&mut out.data, nh * hd, |t, row| {
         let (tile, i) = (t / TOKENS_PER_TASK, t % TOKENS_PER_TASK);
         for (h, dst) in row.chunks_exact_mut(hd).enumerate() {
             dst.copy_from_slice(&results[h * tiles_per_head + tile][i * hd..(i + 1) * hd]);
         }
-    };
-    if t_n < PARALLEL_TOKENS {
-        out.data.chunks_mut(nh * hd).enumerate().for_each(gather);
-    } else {
-        out.data
-            .par_chunks_mut(nh * hd)
-            .enumerate()
-            .for_each(gather);
-    }
+    });
     out
 }
 

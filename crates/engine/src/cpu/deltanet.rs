@@ -3,7 +3,7 @@
 //! recurrence over the tokens (heads in parallel), gated norm, output projection. Every head performs the same float
 //! operations in the same order whether it sees one token or a prompt.
 
-use super::{Act, CpuBackend, DeltaNetState, Job};
+use super::{each_row, Act, CpuBackend, DeltaNetState, Job, PARALLEL_ROWS};
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
 use model::weights::{BetaAlpha, DeltaNetWeights, Weight};
@@ -11,11 +11,6 @@ use rayon::prelude::*;
 
 /// The reference L2-normalises q and k with eps 1e-6 (HF `l2norm`).
 const L2_EPS: f32 = 1e-6;
-
-/// Calls of at least this many tokens run the conv in parallel blocks of channels
-/// and their token-wise loops tokens in parallel (below it, the fork-join costs
-/// more than the work).
-const PARALLEL_TOKENS: usize = 16;
 
 /// Channels per parallel conv task (not a divisor of the test models' 1024
 /// channels, so their prompts run a partial last block too).
@@ -122,7 +117,7 @@ pub(super) fn core(
             *qv *= scale;
         }
     };
-    if t_n < PARALLEL_TOKENS || ssm.d_conv < 2 {
+    if t_n < PARALLEL_ROWS || ssm.d_conv < 2 {
         for t in 0..t_n {
             let dst = conv.row_mut(t);
             conv_step(&mut st.conv, &w.conv, p.qkv.row(r0 + t), ssm.d_conv, dst);
@@ -145,17 +140,13 @@ pub(super) fn core(
                 out
             })
             .collect();
-        conv.data
-            .par_chunks_mut(cd)
-            .enumerate()
-            .for_each(|(t, row)| {
-                for (i, block) in blocks.iter().enumerate() {
-                    let n = block.len() / t_n;
-                    row[i * CONV_BLOCK..i * CONV_BLOCK + n]
-                        .copy_from_slice(&block[t * n..(t + 1) * n]);
-                }
-                norm_qk(row);
-            });
+        each_row(&mut conv.data, cd, |t, row| {
+            for (i, block) in blocks.iter().enumerate() {
+                let n = block.len() / t_n;
+                row[i * CONV_BLOCK..i * CONV_BLOCK + n].copy_from_slice(&block[t * n..(t + 1) * n]);
+            }
+            norm_qk(row);
+        });
     }
 
     // Then each value head runs its recurrence over all tokens; heads are
@@ -182,15 +173,10 @@ pub(super) fn core(
         })
         .collect();
     let mut y = Act::zeros(t_n, vd);
-    let gather = |(t, row): (usize, &mut [f32])| {
+    each_row(&mut y.data, vd, |t, row| {
         for (h, out) in per_head.iter().enumerate() {
             row[h * d..(h + 1) * d].copy_from_slice(&out[t * d..(t + 1) * d]);
         }
-    };
-    if t_n < PARALLEL_TOKENS {
-        y.data.chunks_mut(vd).enumerate().for_each(gather);
-    } else {
-        y.data.par_chunks_mut(vd).enumerate().for_each(gather);
-    }
+    });
     y
 }

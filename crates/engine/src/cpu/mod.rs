@@ -30,6 +30,24 @@ pub struct Act {
     pub data: Vec<f32>,
 }
 
+/// Token-wise loops over at least this many rows run rows in parallel (below it, the
+/// fork-join costs more than the work).
+pub(crate) const PARALLEL_ROWS: usize = 16;
+
+/// `f(r, row)` for every `cols`-wide row of `data`: rows in parallel when there are
+/// at least [`PARALLEL_ROWS`] of them. Each row's operations are the same either way.
+pub(crate) fn each_row(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if data.len() < PARALLEL_ROWS * cols {
+        data.chunks_mut(cols)
+            .enumerate()
+            .for_each(|(r, row)| f(r, row));
+    } else {
+        data.par_chunks_mut(cols)
+            .enumerate()
+            .for_each(|(r, row)| f(r, row));
+    }
+}
+
 impl Act {
     pub fn zeros(rows: usize, cols: usize) -> Act {
         Act {
@@ -477,35 +495,20 @@ impl Backend for CpuBackend {
         };
         let eps = self.cfg.eps;
         let mut out = Act::zeros(x.rows, x.cols);
-        let norm = |(o, r): (&mut [f32], &[f32])| {
-            o.copy_from_slice(r);
+        each_row(&mut out.data, x.cols, |t, o| {
+            o.copy_from_slice(x.row(t));
             model::math::rms_norm(o, w, eps);
-        };
-        if x.rows == 1 {
-            norm((&mut out.data, &x.data));
-        } else {
-            out.data
-                .par_chunks_mut(x.cols)
-                .zip(x.data.par_chunks(x.cols))
-                .for_each(norm);
-        }
+        });
         Ok(out)
     }
 
     fn add_assign(&self, x: &mut Act, y: &Act) -> Result<(), ExecError> {
-        let add = |(a, b): (&mut [f32], &[f32])| {
-            for (a, b) in a.iter_mut().zip(b) {
+        let cols = x.cols;
+        each_row(&mut x.data, cols, |t, row| {
+            for (a, b) in row.iter_mut().zip(y.row(t)) {
                 *a += b;
             }
-        };
-        if x.rows == 1 {
-            add((&mut x.data, &y.data));
-        } else {
-            x.data
-                .par_chunks_mut(x.cols)
-                .zip(y.data.par_chunks(x.cols))
-                .for_each(add);
-        }
+        });
         Ok(())
     }
 

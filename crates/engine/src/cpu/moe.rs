@@ -3,7 +3,7 @@
 //! k outputs are combined in top-k rank order, so a token's result does not
 //! depend on which other tokens ran beside it (docs/design.md invariants 1 and 3).
 
-use super::{Act, CpuBackend, Job};
+use super::{each_row, Act, CpuBackend, Job};
 use model::math::{sigmoid, silu_mul};
 use model::moe::route;
 use model::weights::MoeWeights;
@@ -70,7 +70,7 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
     });
     // Each token's outputs in rank order, then the shared expert's: tokens in parallel.
     let mut out = Act::zeros(t_n, e);
-    out.data.par_chunks_mut(e).enumerate().for_each(|(t, o)| {
+    each_row(&mut out.data, e, |t, o| {
         for (rank, &(_, wt)) in routes[t].iter().enumerate() {
             let (bi, i) = at[t * k + rank];
             for (a, &b) in o.iter_mut().zip(results[bi].row(i)) {
