@@ -1,9 +1,10 @@
-//! Routed experts on the CPU. Tokens are grouped by expert so a prompt reads
-//! each expert's weights once; each (token, rank) output is kept apart and the
+//! Routed experts on the CPU. A prompt's tokens are grouped by expert so it reads
+//! each expert's weights once (a few tokens, as in decode steps, run one product per
+//! token and expert in two parallel regions); each (token, rank) output is kept apart and the
 //! k outputs are combined in top-k rank order, so a token's result does not
 //! depend on which other tokens ran beside it (docs/design.md invariants 1 and 3).
 
-use super::{each_row, Act, CpuBackend, Job};
+use super::{each_row, Act, CpuBackend, Job, PARALLEL_ROWS};
 use model::math::{sigmoid, silu_mul};
 use model::moe::route;
 use model::weights::MoeWeights;
@@ -28,8 +29,8 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
             counts.record_token(layer, r.iter().map(|&(ex, _)| ex));
         }
     }
-    if t_n == 1 {
-        return decode_step(b, cfg, w, x, &routes[0]);
+    if t_n < PARALLEL_ROWS {
+        return few_tokens(b, cfg, w, x, &routes);
     }
 
     // tokens_of[expert] = [(token, rank)]
@@ -87,73 +88,88 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
     out
 }
 
-/// One token: every routed expert's gate and up (and the shared expert's) in one
-/// parallel region, then every down projection in another. Same bits as the
-/// grouped path, which runs the same per-row kernels.
-fn decode_step(
+/// A few tokens (a decode step of one or several sequences): every token's routed
+/// experts' and shared expert's gate and up products in one parallel region, then
+/// every down projection in another, each product a matvec of one token. Same bits
+/// as the grouped path, which runs the same per-row kernels; a token's experts are
+/// its own even when two tokens share one (a batch reads it twice, from cache).
+fn few_tokens(
     b: &CpuBackend,
     cfg: &ModelConfig,
     w: &MoeWeights,
     x: &Act,
-    routes: &[(usize, f32)],
+    routes: &[Vec<(usize, f32)>],
 ) -> Act {
     let (e, f) = (cfg.n_embd, cfg.n_ff_exp);
-    let mut jobs = Vec::with_capacity(2 * routes.len() + 2);
-    for &(ex, _) in routes {
-        jobs.push(Job {
-            ty: w.gate_exps.ty,
-            w: w.gate_exps.matrix_bytes(ex),
-            n_rows: f,
-            input: 0,
-        });
-        jobs.push(Job {
-            ty: w.up_exps.ty,
-            w: w.up_exps.matrix_bytes(ex),
-            n_rows: f,
-            input: 0,
-        });
-    }
-    if let Some(sh) = &w.shared {
-        for m in [&sh.gate, &sh.up] {
-            jobs.push(Job {
-                ty: m.ty,
-                w: m.bytes(),
-                n_rows: m.n_rows(),
-                input: 0,
-            });
+    let rows: Vec<Act> = (0..x.rows)
+        .map(|t| Act {
+            rows: 1,
+            cols: e,
+            data: x.row(t).to_vec(),
+        })
+        .collect();
+    let inputs: Vec<&Act> = rows.iter().collect();
+    // Products per token: its routed experts in rank order, then the shared expert.
+    let per = routes.first().map_or(0, Vec::len) + usize::from(w.shared.is_some());
+    let mut jobs = Vec::with_capacity(2 * per * rows.len());
+    for (t, r) in routes.iter().enumerate() {
+        for &(ex, _) in r {
+            for m in [&w.gate_exps, &w.up_exps] {
+                jobs.push(Job {
+                    ty: m.ty,
+                    w: m.matrix_bytes(ex),
+                    n_rows: f,
+                    input: t,
+                });
+            }
+        }
+        if let Some(sh) = &w.shared {
+            for m in [&sh.gate, &sh.up] {
+                jobs.push(Job {
+                    ty: m.ty,
+                    w: m.bytes(),
+                    n_rows: m.n_rows(),
+                    input: t,
+                });
+            }
         }
     }
-    let gu = b.mm_many(&[x], &jobs);
+    let gu = b.mm_many(&inputs, &jobs);
     let acts: Vec<Act> = gu.chunks(2).map(|p| swiglu(&p[0], &p[1])).collect();
     let act_refs: Vec<&Act> = acts.iter().collect();
     let mut jobs = Vec::with_capacity(acts.len());
-    for (i, &(ex, _)) in routes.iter().enumerate() {
-        jobs.push(Job {
-            ty: w.down_exps.ty,
-            w: w.down_exps.matrix_bytes(ex),
-            n_rows: e,
-            input: i,
-        });
-    }
-    if let Some(sh) = &w.shared {
-        jobs.push(Job {
-            ty: sh.down.ty,
-            w: sh.down.bytes(),
-            n_rows: sh.down.n_rows(),
-            input: routes.len(),
-        });
-    }
-    let downs = b.mm_many(&act_refs, &jobs);
-    let mut out = Act::zeros(1, e);
-    for (rank, &(_, wt)) in routes.iter().enumerate() {
-        for (a, &d) in out.data.iter_mut().zip(&downs[rank].data) {
-            *a += wt * d;
+    for r in routes {
+        for &(ex, _) in r {
+            jobs.push(Job {
+                ty: w.down_exps.ty,
+                w: w.down_exps.matrix_bytes(ex),
+                n_rows: e,
+                input: jobs.len(),
+            });
+        }
+        if let Some(sh) = &w.shared {
+            jobs.push(Job {
+                ty: sh.down.ty,
+                w: sh.down.bytes(),
+                n_rows: sh.down.n_rows(),
+                input: jobs.len(),
+            });
         }
     }
-    if let Some(sh) = &w.shared {
-        let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(0)));
-        for (a, &d) in out.data.iter_mut().zip(&downs[routes.len()].data) {
-            *a += gate * d;
+    let downs = b.mm_many(&act_refs, &jobs);
+    let mut out = Act::zeros(x.rows, e);
+    for (t, r) in routes.iter().enumerate() {
+        let (o, mine) = (out.row_mut(t), &downs[t * per..(t + 1) * per]);
+        for (rank, &(_, wt)) in r.iter().enumerate() {
+            for (a, &d) in o.iter_mut().zip(&mine[rank].data) {
+                *a += wt * d;
+            }
+        }
+        if let Some(sh) = &w.shared {
+            let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t)));
+            for (a, &d) in o.iter_mut().zip(&mine[r.len()].data) {
+                *a += gate * d;
+            }
         }
     }
     out
