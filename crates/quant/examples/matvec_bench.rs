@@ -7,9 +7,12 @@
 //! (cache-resident when repeated); the larger shapes exceed the caches.
 //! The matmul cases (prompt processing: one expert's tokens, a dense projection)
 //! report (row, token) dots per second and the effective GFLOP/s (2·rows·cols·tokens).
-//! `--matmul` runs only those.
+//! `--matmul` runs only those; `--tail` the cost of a matmul's last partial group of
+//! tokens at the AMX level (see `tail_bench`).
 
 use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
 
 use quant::{GgmlType as T, Isa};
 
@@ -59,6 +62,10 @@ fn main() {
     let budget = Duration::from_millis(if quick { 100 } else { 400 });
     if std::env::args().any(|a| a == "--matmul") {
         matmul_bench(budget);
+        return;
+    }
+    if std::env::args().any(|a| a == "--tail") {
+        tail_bench(budget);
         return;
     }
     println!(
@@ -256,5 +263,118 @@ fn matmul_bench(budget: Duration) {
                 2.0 * dots * cols as f64 / t / 1e9
             );
         }
+    }
+}
+
+/// `--tail`: what a matmul's last partial group of tokens costs at the AMX level (run it
+/// with `RAYON_NUM_THREADS=1`): a lone padded group of 16 (`amx16`), a padded group after
+/// a whole one (`amx32 - amx16`), and 1..15 tokens on the AVX-512 kernels, for one
+/// expert-sized matrix of each common type (`AMX_MIN_TOKENS` and `AMX_MIN_TAIL` in
+/// `src/lib.rs` come from it); then one expert layer of a 512-token prompt on all threads
+/// (256 Q4_K experts of 512 × 2048, each token routed to 8, as random routing spreads
+/// them), the library's policy against tails below 12 tokens on the AVX-512 kernels (the
+/// policy before those thresholds), alternated.
+fn tail_bench(budget: Duration) {
+    for (ty, rows, cols) in [
+        (T::Q4_K, 512usize, 2048usize),
+        (T::Q6_K, 2048, 512),
+        (T::Q8_0, 512, 2048),
+    ] {
+        let w = random_matrix(ty, rows, cols, 5);
+        let mut s = 7u64;
+        let xs: Vec<f32> = (0..cols * 32)
+            .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let xqs: Vec<quant::ActQ8> = xs.chunks_exact(cols).map(quant::quantize_act).collect();
+        let mut out = vec![0f32; rows * 32];
+        let t = |isa: Isa, n: usize, out: &mut Vec<f32>| {
+            time_it(budget, || {
+                quant::matmul_with(
+                    isa,
+                    ty,
+                    &w,
+                    cols,
+                    &xs[..n * cols],
+                    &xqs[..n],
+                    &mut out[..rows * n],
+                )
+            }) * 1e6
+        };
+        let a16 = t(Isa::Amx, 16, &mut out);
+        let a32 = t(Isa::Amx, 32, &mut out);
+        println!("{} {rows}x{cols}: amx16 {a16:.1} us, amx32 {a32:.1} us (a padded group after a full one: {:.1} us)", ty.name(), a32 - a16);
+        for r in 1..16 {
+            let v = t(Isa::Avx512, r, &mut out);
+            println!(
+                "   r={r:2}: avx512 {v:.1} us  {}",
+                if v > a32 - a16 {
+                    "AMX tail cheaper"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    expert_layer();
+}
+
+fn expert_layer() {
+    let (ty, rows, cols, n_exp) = (T::Q4_K, 512usize, 2048usize, 256usize);
+    // Each expert its own copy, so the layer reads 151 MB as a prompt does.
+    let base = random_matrix(ty, rows, cols, 5);
+    let ws: Vec<Vec<u8>> = (0..n_exp).map(|_| base.clone()).collect();
+    let mut s = 7u64;
+    let mut counts = vec![0usize; n_exp];
+    for _ in 0..512 {
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < 8 {
+            let e = (lcg(&mut s) % n_exp as u64) as usize;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        for e in chosen {
+            counts[e] += 1;
+        }
+    }
+    let most = counts.iter().copied().max().unwrap_or(0);
+    let xs: Vec<f32> = (0..cols * most)
+        .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let xqs: Vec<quant::ActQ8> = xs.chunks_exact(cols).map(quant::quantize_act).collect();
+    let layer = |library: bool| {
+        let t = Instant::now();
+        (0..n_exp).into_par_iter().for_each(|e| {
+            let n = counts[e];
+            if n == 0 {
+                return;
+            }
+            let mut out = vec![0f32; rows * n];
+            let (xs, xqs) = (&xs[..n * cols], &xqs[..n]);
+            if library {
+                quant::matmul_with(Isa::Amx, ty, &ws[e], cols, xs, xqs, &mut out);
+                return;
+            }
+            let rest = n % 16;
+            let n_amx = if rest >= 12 { n } else { n - rest };
+            let (head, tail) = out.split_at_mut(rows * n_amx);
+            if n_amx > 0 {
+                let (x, q) = (&xs[..n_amx * cols], &xqs[..n_amx]);
+                quant::matmul_with(Isa::Amx, ty, &ws[e], cols, x, q, head);
+            }
+            if n_amx < n {
+                let (x, q) = (&xs[n_amx * cols..], &xqs[n_amx..]);
+                quant::matmul_with(Isa::Avx512, ty, &ws[e], cols, x, q, tail);
+            }
+        });
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    println!("expert layer, {} threads:", rayon::current_num_threads());
+    for round in 0..6 {
+        let old = layer(false);
+        let new = layer(true);
+        println!(
+            "   round {round}: AVX-512 tails below 12 tokens {old:.1} ms, library {new:.1} ms"
+        );
     }
 }

@@ -502,18 +502,20 @@ const TOKEN_TILE: usize = 8;
 /// The fewest tokens for which a matmul of fewer than 16 tokens at the AMX level runs
 /// them as one padded group of 16 on the tile unit. A group costs the same however few
 /// of its 16 tokens are real, and each 16-row stripe of weights is unpacked once per
-/// call; one thread on the dev box (`examples/tail_bench.rs`: Q4_K and Q8_0 512 × 2048,
-/// Q6_K 2048 × 512) takes a lone padded group 209, 268 and 349 µs, the AVX-512 kernels
-/// 218–229, 226–325 and 362–402 µs for 9–10 tokens.
+/// call; measured on the dev box, a full group is ~1.2× the AVX-512 kernels' speed and
+/// a lone group of 10–11 tokens about even with them (`matvec_bench --tail`), so fewer
+/// tokens go to the AVX-512 kernels.
 #[cfg(target_arch = "x86_64")]
-const AMX_MIN_TOKENS: usize = 10;
+const AMX_MIN_TOKENS: usize = 12;
 
 /// The fewest tokens of a last partial group that run padded on the tile unit after
 /// whole groups: the stripes are already unpacked, so the group costs only its tile
-/// products (131, 94 and 231 µs in the cases above, against 149–163, 97–141 and
-/// 239–266 µs on the AVX-512 kernels for 5–6 tokens).
+/// products. One thread on the dev box (`matvec_bench --tail`, two runs): such a group
+/// took 130–135 µs (Q4_K 512 × 2048), 94–99 µs (Q8_0 512 × 2048) and 231–358 µs
+/// (Q6_K 2048 × 512) against 166–173, 141–197 and 269–294 µs for 8 tokens on the
+/// AVX-512 kernels; below 8 the Q6_K case went either way between runs.
 #[cfg(target_arch = "x86_64")]
-const AMX_MIN_TAIL: usize = 5;
+const AMX_MIN_TAIL: usize = 8;
 
 /// Many tokens against one matrix: `xs` is n_tok × n_cols (row-major), `xqs` one
 /// `ActQ8` per token (may be empty for float types), `out` n_tok × n_rows (row-major).

@@ -557,8 +557,8 @@ fn matvec_and_matmul_equal_the_single_row_dot_bitwise() {
 
 /// The AMX matmul (16 rows × 16 tokens per tile, one sub-block per tile product) against
 /// the scalar dot, bit for bit: row and token counts around and across the tiles of
-/// 16 (fewer than 16 tokens run as one padded group from 10 tokens, a last partial
-/// group after whole ones from 5, fewer go to the AVX-512 kernels: each occurs here), column counts below, at and above 32 sub-blocks (one
+/// 16 (fewer than 16 tokens run as one padded group from 12 tokens, a last partial
+/// group after whole ones from 8, fewer go to the AVX-512 kernels: each occurs here), column counts below, at and above 32 sub-blocks (one
 /// and several sub-blocks per accumulator, partial chunks of 4 accumulators), and
 /// activations at the int8 extremes (every activation ±127) beside ordinary ones.
 #[test]
@@ -584,6 +584,7 @@ fn amx_matmul_is_bit_identical_to_the_scalar_dot() {
                 (50, 13),
                 (5, 9),
                 (20, 36),
+                (7, 27),
             ] {
                 let rb = quant::row_bytes(ty, n_cols).unwrap();
                 let mut w = Vec::with_capacity(n_rows * rb);
