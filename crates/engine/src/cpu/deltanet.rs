@@ -1,7 +1,8 @@
-//! Gated DeltaNet on the CPU: projections for all tokens at once, the conv over
-//! the tokens (blocks of channels in parallel for a prompt), then each value head's
-//! recurrence over the tokens (heads in parallel), gated norm, output projection. Every head performs the same float
-//! operations in the same order whether it sees one token or a prompt.
+//! Gated DeltaNet on the CPU: projections for all tokens at once, the conv over the
+//! tokens (blocks of channels in parallel for a prompt), then each value head's
+//! recurrence over the tokens (heads in parallel), gated norm, output projection.
+//! Every channel and head performs the same float operations in the same order
+//! whether it sees one token or a prompt.
 
 use super::{each_row, Act, CpuBackend, DeltaNetState, Job, PARALLEL_ROWS};
 use model::deltanet::{conv_step, gated_norm, step};
