@@ -484,7 +484,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         c
     })
     .with_context(|| format!("loading {}", a.model.display()))?;
-    let model = ModelDesc::read(&a.model, eng.info().clone(), eng.memory().weights_mapped)?;
+    // The file's header once, for the model column and (CPU decode) the traffic line.
+    let file =
+        gguf::GgufFile::open(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
+    let model = ModelDesc::read(
+        &a.model,
+        &file,
+        eng.info().clone(),
+        eng.memory().weights_mapped,
+    );
     let constraint = match &a.json_schema {
         None => None,
         Some(p) => {
@@ -529,7 +537,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let cpu_decode =
         device.device == engine::Device::Cpu && tests.iter().any(TestSpec::single_decode);
     let traffic = cpu_decode
-        .then(|| traffic::DecodeTraffic::read(&a.model, &model.info, eng.memory()))
+        .then(|| traffic::DecodeTraffic::read(&a.model, &file, &model.info, eng.memory()))
         .transpose()?;
     let ram_read_bps = cpu_decode.then(|| {
         let bps = traffic::measure_ram_read();

@@ -120,11 +120,12 @@ pub trait Backend {
     /// The mixer of layer `layer` (of `kind`, its `slot`-th of that kind) for several
     /// sequences at once: the rows of `h` are the segments' in the order of `parts`,
     /// each part giving its row count, first position and state; the result has the
-    /// rows of `h`, each mixed with its own segment's state. The default runs each segment's rows through
-    /// [`Backend::attention`] / [`Backend::delta_net`] on their own and concatenates
-    /// them; a backend may instead run the token-wise projections once over every
-    /// row (reading each weight once per pass), as long as every row gets the bits
-    /// it gets alone.
+    /// rows of `h`, each mixed with its own segment's state. [`forward_batch`] calls it
+    /// for one sequence too. The default gives a lone sequence all of `h` and runs
+    /// several segments' rows through [`Backend::attention`] / [`Backend::delta_net`]
+    /// on their own, then concatenates them; a backend may instead run the token-wise
+    /// projections once over every row (reading each weight once per pass), as long
+    /// as every row gets the bits it gets alone.
     fn mix_segments(
         &self,
         layer: usize,
@@ -133,15 +134,20 @@ pub trait Backend {
         h: &Self::Buf,
         parts: &mut [SegmentRows<'_, Self::State>],
     ) -> Result<Self::Buf, ExecError> {
+        let mix = |hs: &Self::Buf, p: &mut SegmentRows<'_, Self::State>| match kind {
+            LayerKind::Attention => self.attention(layer, slot, hs, p.pos0, p.state),
+            LayerKind::DeltaNet => self.delta_net(layer, slot, hs, p.state),
+        };
+        // One sequence: its rows are all of `h` (no split, which not every backend has).
+        if let [p] = parts {
+            return mix(h, p);
+        }
         let mut outs = Vec::with_capacity(parts.len());
         let mut start = 0;
         for p in parts.iter_mut() {
             let hs = self.rows(h, start, p.rows)?;
             start += p.rows;
-            outs.push(match kind {
-                LayerKind::Attention => self.attention(layer, slot, &hs, p.pos0, p.state)?,
-                LayerKind::DeltaNet => self.delta_net(layer, slot, &hs, p.state)?,
-            });
+            outs.push(mix(&hs, p)?);
         }
         self.concat_rows(&outs)
     }
@@ -245,23 +251,15 @@ pub fn forward_batch<B: Backend>(
         };
         *slot += 1;
         let slot = *slot - 1;
-        let mix = |b: &B, h: &B::Buf, s: &mut Segment<'_, B::State>| match kind {
-            LayerKind::Attention => b.attention(i, slot, h, s.pos0, s.state),
-            LayerKind::DeltaNet => b.delta_net(i, slot, h, s.state),
-        };
-        let m = if single {
-            mix(b, &h, &mut segs[0])?
-        } else {
-            let mut parts: Vec<SegmentRows<'_, B::State>> = segs
-                .iter_mut()
-                .map(|s| SegmentRows {
-                    rows: s.tokens.len(),
-                    pos0: s.pos0,
-                    state: &mut *s.state,
-                })
-                .collect();
-            b.mix_segments(i, *kind, slot, &h, &mut parts)?
-        };
+        let mut parts: Vec<SegmentRows<'_, B::State>> = segs
+            .iter_mut()
+            .map(|s| SegmentRows {
+                rows: s.tokens.len(),
+                pos0: s.pos0,
+                state: &mut *s.state,
+            })
+            .collect();
+        let m = b.mix_segments(i, *kind, slot, &h, &mut parts)?;
         let hf = b.add_rms_norm(&mut x, &m, Norm::Ffn(i))?;
         let f = b.moe(i, &hf)?;
         if i + 1 < n_layer {

@@ -306,34 +306,24 @@ fn layout_acts(xqs: &[ActQ8], nsub: usize) -> Acts {
     let mut q = vec![0i8; groups * nsub * TILE];
     let mut da = vec![0f32; groups * nsub * TOKS];
     let mut asum = vec![0f32; groups * nsub * TOKS];
-    // One group of TOKS tokens: its tiles, scales and sums.
-    let group = |g: usize, q: &mut [i8], da: &mut [f32], asum: &mut [f32]| {
-        for (n, xq) in xqs[g * TOKS..].iter().take(TOKS).enumerate() {
-            for s in 0..nsub {
-                let tile = &mut q[s * TILE..(s + 1) * TILE];
-                for k4 in 0..8 {
-                    let src = &xq.qs[SUB * s + 4 * k4..SUB * s + 4 * k4 + 4];
-                    tile[64 * k4 + 4 * n..64 * k4 + 4 * n + 4].copy_from_slice(src);
+    // One group of TOKS tokens (its tiles, scales and sums) per task.
+    q.par_chunks_mut(nsub * TILE)
+        .zip(da.par_chunks_mut(nsub * TOKS))
+        .zip(asum.par_chunks_mut(nsub * TOKS))
+        .enumerate()
+        .for_each(|(g, ((q, da), asum))| {
+            for (n, xq) in xqs[g * TOKS..].iter().take(TOKS).enumerate() {
+                for s in 0..nsub {
+                    let tile = &mut q[s * TILE..(s + 1) * TILE];
+                    for k4 in 0..8 {
+                        let src = &xq.qs[SUB * s + 4 * k4..SUB * s + 4 * k4 + 4];
+                        tile[64 * k4 + 4 * n..64 * k4 + 4 * n + 4].copy_from_slice(src);
+                    }
+                    da[s * TOKS + n] = xq.d[s];
+                    asum[s * TOKS + n] = xq.sums[s] as f32;
                 }
-                da[s * TOKS + n] = xq.d[s];
-                asum[s * TOKS + n] = xq.sums[s] as f32;
             }
-        }
-    };
-    let (qc, sc) = (nsub * TILE, nsub * TOKS);
-    if groups <= 1 {
-        q.chunks_mut(qc)
-            .zip(da.chunks_mut(sc))
-            .zip(asum.chunks_mut(sc))
-            .enumerate()
-            .for_each(|(g, ((q, da), asum))| group(g, q, da, asum));
-    } else {
-        q.par_chunks_mut(qc)
-            .zip(da.par_chunks_mut(sc))
-            .zip(asum.par_chunks_mut(sc))
-            .enumerate()
-            .for_each(|(g, ((q, da), asum))| group(g, q, da, asum));
-    }
+        });
     Acts { nsub, q, da, asum }
 }
 

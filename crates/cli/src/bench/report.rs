@@ -8,7 +8,6 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};
 
 use super::{Sample, TestSpec};
@@ -69,16 +68,14 @@ pub struct ModelDesc {
 
 impl ModelDesc {
     /// Reads the parameter count and file type from the GGUF's header.
-    pub fn read(path: &Path, info: engine::ModelInfo, size: u64) -> Result<ModelDesc> {
-        let f =
-            gguf::GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
-        Ok(ModelDesc {
+    pub fn read(path: &Path, f: &gguf::GgufFile, info: engine::ModelInfo, size: u64) -> ModelDesc {
+        ModelDesc {
             filename: path.display().to_string(),
             info,
             size,
             n_params: f.tensors().iter().map(|t| t.n_elements()).sum(),
             file_type: f.get("general.file_type").and_then(|v| v.as_u64()),
-        })
+        }
     }
 
     /// The `model` column: arch and name (`qwen35moe Qwen3.6-35B-A3B`).

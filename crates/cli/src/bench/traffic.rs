@@ -35,12 +35,11 @@ impl DecodeTraffic {
     /// From the model file's tensor accounting and the engine's state sizes.
     pub fn read(
         path: &Path,
+        f: &gguf::GgufFile,
         info: &engine::ModelInfo,
         mem: &engine::MemoryAccount,
     ) -> Result<DecodeTraffic> {
-        let f =
-            gguf::GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
-        let acc = accounting::account(&f).with_context(|| format!("{}", path.display()))?;
+        let acc = accounting::account(f).with_context(|| format!("{}", path.display()))?;
         Ok(DecodeTraffic::new(
             &acc,
             (info.n_expert_used, info.n_expert),

@@ -36,20 +36,6 @@ const TOKENS_PER_TASK: usize = 16;
 /// Positions per block of the value pass (`hd` floats each, shared by a task's queries).
 const V_BLOCK: usize = 16;
 
-/// Attention of the rows of `x` at positions `pos0..`, advancing `cache`.
-pub(super) fn run(
-    b: &CpuBackend,
-    w: &AttentionWeights,
-    x: &Act,
-    pos0: usize,
-    cache: &mut KvCache,
-    n_ctx: usize,
-) -> Act {
-    let p = project(b, w, x);
-    let y = core(b, w, &p, 0, x.rows, pos0, cache, n_ctx);
-    b.mm_weight(&w.o, &y)
-}
-
 /// The token-wise input projections of every row of `x`: q (with the output gate
 /// where the arch has one), k and v.
 pub(super) struct Projections {

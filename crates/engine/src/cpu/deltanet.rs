@@ -17,13 +17,6 @@ const L2_EPS: f32 = 1e-6;
 /// channels, so their prompts run a partial last block too).
 const CONV_BLOCK: usize = 160;
 
-/// Gated DeltaNet of the rows of `x`, advancing `st`.
-pub(super) fn run(b: &CpuBackend, w: &DeltaNetWeights, x: &Act, st: &mut DeltaNetState) -> Act {
-    let p = project(b, w, x);
-    let y = core(b, w, &p, 0, x.rows, st);
-    b.mm_weight(&w.out, &y)
-}
-
 /// The token-wise input projections of every row: qkv (the conv's input), the
 /// output gate z, and each value head's β and α.
 pub(super) struct Projections {

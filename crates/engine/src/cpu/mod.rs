@@ -554,6 +554,7 @@ impl Backend for CpuBackend {
         Ok(Act { rows, cols, data })
     }
 
+    /// One sequence's rows: [`Backend::mix_segments`] with that one part.
     fn attention(
         &self,
         layer: usize,
@@ -562,22 +563,15 @@ impl Backend for CpuBackend {
         pos0: usize,
         state: &mut CpuState,
     ) -> Result<Act, ExecError> {
-        let Mixer::Attention(w) = &self.weights.layers[layer].mixer else {
-            return Err(ExecError::new(
-                "attention",
-                format!("layer {layer} has no attention weights"),
-            ));
-        };
-        Ok(attention::run(
-            self,
-            w,
-            x,
+        let part = SegmentRows {
+            rows: x.rows,
             pos0,
-            &mut state.kv[slot],
-            state.n_ctx,
-        ))
+            state,
+        };
+        self.mix_segments(layer, LayerKind::Attention, slot, x, &mut [part])
     }
 
+    /// One sequence's rows: [`Backend::mix_segments`] with that one part.
     fn delta_net(
         &self,
         layer: usize,
@@ -585,13 +579,12 @@ impl Backend for CpuBackend {
         x: &Act,
         state: &mut CpuState,
     ) -> Result<Act, ExecError> {
-        let Mixer::DeltaNet(w) = &self.weights.layers[layer].mixer else {
-            return Err(ExecError::new(
-                "delta_net",
-                format!("layer {layer} has no DeltaNet weights"),
-            ));
+        let part = SegmentRows {
+            rows: x.rows,
+            pos0: 0,
+            state,
         };
-        Ok(deltanet::run(self, w, x, &mut state.dn[slot]))
+        self.mix_segments(layer, LayerKind::DeltaNet, slot, x, &mut [part])
     }
 
     /// The projections in and out run once over every segment's rows (each weight
@@ -613,6 +606,14 @@ impl Backend for CpuBackend {
             ));
         }
         let mut cores = Vec::with_capacity(parts.len());
+        // The cores' rows as one buffer (a lone sequence's as they are).
+        let joined = |mut cores: Vec<Act>| {
+            if cores.len() == 1 {
+                Ok(cores.remove(0))
+            } else {
+                self.concat_rows(&cores)
+            }
+        };
         // Each part's first row in h: the rows of the parts before it.
         let mut r0 = 0;
         match (&self.weights.layers[layer].mixer, kind) {
@@ -626,7 +627,7 @@ impl Backend for CpuBackend {
                     ));
                     r0 += p.rows;
                 }
-                Ok(self.mm_weight(&w.o, &self.concat_rows(&cores)?))
+                Ok(self.mm_weight(&w.o, &joined(cores)?))
             }
             (Mixer::DeltaNet(w), LayerKind::DeltaNet) => {
                 let proj = deltanet::project(self, w, h);
@@ -635,7 +636,7 @@ impl Backend for CpuBackend {
                     cores.push(deltanet::core(self, w, &proj, r0, p.rows, st));
                     r0 += p.rows;
                 }
-                Ok(self.mm_weight(&w.out, &self.concat_rows(&cores)?))
+                Ok(self.mm_weight(&w.out, &joined(cores)?))
             }
             _ => Err(ExecError::new(
                 "mix_segments",

@@ -1,8 +1,9 @@
 //! Routed experts on the CPU. A prompt's tokens are grouped by expert so it reads
-//! each expert's weights once (a few tokens, as in decode steps, run one product per
-//! token and expert in two parallel regions); each (token, rank) output is kept apart and the
-//! k outputs are combined in top-k rank order, so a token's result does not
-//! depend on which other tokens ran beside it (docs/design.md invariants 1 and 3).
+//! each expert's weights once (a few tokens, as in decode steps, run one product
+//! per token and expert in two parallel regions); each (token, rank) output is kept
+//! apart and the k outputs are combined in top-k rank order (`combine`), so a
+//! token's result does not depend on which other tokens ran beside it
+//! (docs/design.md invariants 1 and 3).
 
 use super::{each_row, Act, CpuBackend, Job, PARALLEL_ROWS};
 use model::math::{sigmoid, silu_mul};
@@ -16,14 +17,10 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
     let (t_n, e) = (x.rows, cfg.n_embd);
     let k = cfg.n_expert_used;
     let logits = b.mm_weight(&w.router, x);
-    let routes: Vec<_> = if t_n == 1 {
-        vec![route(logits.row(0), k)]
-    } else {
-        (0..t_n)
-            .into_par_iter()
-            .map(|t| route(logits.row(t), k))
-            .collect()
-    };
+    let routes: Vec<_> = (0..t_n)
+        .into_par_iter()
+        .map(|t| route(logits.row(t), k))
+        .collect();
     if let Some(counts) = &b.routing {
         for r in &routes {
             counts.record_token(layer, r.iter().map(|&(ex, _)| ex));
@@ -72,18 +69,14 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
     // Each token's outputs in rank order, then the shared expert's: tokens in parallel.
     let mut out = Act::zeros(t_n, e);
     each_row(&mut out.data, e, |t, o| {
-        for (rank, &(_, wt)) in routes[t].iter().enumerate() {
+        let routed = |rank: usize| {
             let (bi, i) = at[t * k + rank];
-            for (a, &b) in o.iter_mut().zip(results[bi].row(i)) {
-                *a += wt * b;
-            }
-        }
-        if let Some((sh, down)) = &shared {
-            let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t)));
-            for (a, &b) in o.iter_mut().zip(down.row(t)) {
-                *a += gate * b;
-            }
-        }
+            results[bi].row(i)
+        };
+        let sh = shared
+            .as_ref()
+            .map(|(sh, down)| (sh.gate_inp.as_slice(), down.row(t)));
+        combine(o, &routes[t], routed, sh, x.row(t));
     });
     out
 }
@@ -159,20 +152,37 @@ fn few_tokens(
     let downs = b.mm_many(&act_refs, &jobs);
     let mut out = Act::zeros(x.rows, e);
     for (t, r) in routes.iter().enumerate() {
-        let (o, mine) = (out.row_mut(t), &downs[t * per..(t + 1) * per]);
-        for (rank, &(_, wt)) in r.iter().enumerate() {
-            for (a, &d) in o.iter_mut().zip(&mine[rank].data) {
-                *a += wt * d;
-            }
-        }
-        if let Some(sh) = &w.shared {
-            let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t)));
-            for (a, &d) in o.iter_mut().zip(&mine[r.len()].data) {
-                *a += gate * d;
-            }
-        }
+        let mine = &downs[t * per..(t + 1) * per];
+        let sh = w
+            .shared
+            .as_ref()
+            .map(|sh| (sh.gate_inp.as_slice(), mine[r.len()].data.as_slice()));
+        combine(out.row_mut(t), r, |rank| &mine[rank].data, sh, x.row(t));
     }
     out
+}
+
+/// One token's MoE output `o` (zeros on entry): its routed experts' outputs
+/// (`routed(rank)`) weighted in top-k rank order, then the shared expert's output
+/// gated by sigmoid(gate_inp · x), given as (gate_inp, output).
+fn combine<'a>(
+    o: &mut [f32],
+    route: &[(usize, f32)],
+    routed: impl Fn(usize) -> &'a [f32],
+    shared: Option<(&[f32], &[f32])>,
+    x: &[f32],
+) {
+    for (rank, &(_, wt)) in route.iter().enumerate() {
+        for (a, &d) in o.iter_mut().zip(routed(rank)) {
+            *a += wt * d;
+        }
+    }
+    if let Some((gate_inp, down)) = shared {
+        let gate = sigmoid(shared_gate_logit(gate_inp, x));
+        for (a, &d) in o.iter_mut().zip(down) {
+            *a += gate * d;
+        }
+    }
 }
 
 /// The shared expert's scalar gate logit, gate_inp · x, in the canonical
