@@ -23,14 +23,17 @@ __device__ __forceinline__ float sc_warp_max(float v) {
 // q_norm, rotated, written to q_out[t][h]); slots n_head.. are K/V heads (k normed
 // with k_norm and rotated into k_cache[pos][h], v copied to v_cache[pos][h]), with
 // pos = *pos0_dev + t. rope is f32 [n_ctx][n_rot/2][2] = (cos, sin). A null q_norm /
-// k_norm skips that norm.
+// k_norm skips that norm. With `kv_tab` each token t is one of its own sequence (a
+// batched decode step): its position is pos0_dev[t] and its caches are at kv_tab[2t]
+// (K) and kv_tab[2t + 1] (V).
 #define SC_PREP_WARPS 4
-extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS)
-    attn_prep(const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
+template <bool ROWS>
+__device__ __forceinline__ void attn_prep_body(const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
               int n_tok, const int* __restrict__ pos0_dev, int n_head, int n_head_kv, int hd, int q_stride,
               const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
               const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
-              float* __restrict__ v_cache, float* __restrict__ q_out) { sc_pdl_enter();
+              float* __restrict__ v_cache, float* __restrict__ q_out,
+              const unsigned long long* __restrict__ kv_tab) { sc_pdl_enter();
   __shared__ float sbuf[SC_PREP_WARPS][SC_MAX_HD];
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const long long item = (long long)blockIdx.x * SC_PREP_WARPS + wi;
@@ -39,7 +42,12 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS)
   const int t = (int)(item / slots), slot = (int)(item % slots);
   const bool is_q = slot < n_head;
   const int h = is_q ? slot : slot - n_head;
-  const int pos = pos0_dev[0] + t;
+  int pos = pos0_dev[0] + t;
+  if (ROWS) {
+    pos = pos0_dev[t];
+    k_cache = (float*)kv_tab[2 * t];
+    v_cache = (float*)kv_tab[2 * t + 1];
+  }
   const float* src = is_q ? q_raw + (size_t)t * n_head * q_stride + (size_t)h * q_stride
                           : k_raw + ((size_t)t * n_head_kv + h) * hd;
   float* dst = is_q ? q_out + ((size_t)t * n_head + h) * hd : k_cache + ((size_t)pos * n_head_kv + h) * hd;
@@ -80,6 +88,23 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS)
     for (int i = lane; i < hd; i += 32) vd[i] = vs[i];
   }
 }
+// The one-token launch, and the rows launch (see above).
+extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep(const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
+              int n_tok, const int* __restrict__ pos0_dev, int n_head, int n_head_kv, int hd, int q_stride,
+              const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
+              const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
+              float* __restrict__ v_cache, float* __restrict__ q_out,
+              const unsigned long long* __restrict__ kv_tab) {
+  attn_prep_body<false>(q_raw, k_raw, v_raw, n_tok, pos0_dev, n_head, n_head_kv, hd, q_stride, q_norm, k_norm, eps, rope, n_rot, k_cache, v_cache, q_out, kv_tab);
+}
+extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
+              int n_tok, const int* __restrict__ pos0_dev, int n_head, int n_head_kv, int hd, int q_stride,
+              const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
+              const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
+              float* __restrict__ v_cache, float* __restrict__ q_out,
+              const unsigned long long* __restrict__ kv_tab) {
+  attn_prep_body<true>(q_raw, k_raw, v_raw, n_tok, pos0_dev, n_head, n_head_kv, hd, q_stride, q_norm, k_norm, eps, rope, n_rot, k_cache, v_cache, q_out, kv_tab);
+}
 
 // ---------------------------------------------------------------------- attn_core
 // A block takes one KV head and 16 query rows of its group (row r = t·group + g is
@@ -91,6 +116,12 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS)
 // Split mode (n_split > 1, for few query rows over a long context): blockIdx.z takes
 // one of n_split key ranges of the current length and writes its (m, l, o) to
 // `scratch`; attn_combine merges them. Otherwise the block writes the output.
+//
+// Rows mode (kv_tab given: a batched decode step): each of the n_tok tokens is one
+// token of a sequence of its own, blockIdx.y = token b, with position pos0_dev[b] and
+// caches kv_tab[2b] (K), kv_tab[2b + 1] (V); its block does what the one-token launch
+// does (n_head / n_head_kv <= SC_AQ), writing token b's rows of out and scratch.
+// attn_combine over n_tok tokens then merges every token's splits alike.
 #define SC_AQ 16      // query rows per block
 #define SC_AK 32      // keys per tile
 #define SC_AWARPS 4   // 4 rows per warp
@@ -102,14 +133,14 @@ __device__ __forceinline__ float sc_attn_out(float o, float l, const float* gate
   return y;
 }
 
-template <int HD>
+template <int HD, bool ROWS>
 __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int n_tok,
                                                const int* __restrict__ pos0_dev, int n_head, int n_head_kv,
                                                const float* __restrict__ k_cache,
                                                const float* __restrict__ v_cache, float scale,
                                                const float* __restrict__ gate, int q_stride,
                                                float* __restrict__ out, float* __restrict__ scratch,
-                                               int n_split) {
+                                               int n_split, const unsigned long long* __restrict__ kv_tab) {
   constexpr int ND = HD / 32;  // output dims per lane
   extern __shared__ float4 smem4[];
   float* smem = (float*)smem4;
@@ -119,9 +150,16 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const int kvh = blockIdx.x;
   const int group = n_head / n_head_kv;
-  const int n_rows = n_tok * group;
-  const int row0 = blockIdx.y * SC_AQ;
-  const int pos0 = pos0_dev[0];
+  // Rows mode: token b alone (t0 = b is where its rows go); otherwise tokens from 0.
+  const int t0 = ROWS ? blockIdx.y : 0;
+  const int n_loc = ROWS ? 1 : n_tok;
+  const int n_rows = n_loc * group;
+  const int row0 = ROWS ? 0 : blockIdx.y * SC_AQ;
+  const int pos0 = pos0_dev[t0];
+  if (ROWS) {
+    k_cache = (const float*)kv_tab[2 * t0];
+    v_cache = (const float*)kv_tab[2 * t0 + 1];
+  }
   const int split = blockIdx.z;
 
   // Query tile (zeros for rows past the end).
@@ -130,7 +168,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
     const int r = row0 + rl;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (r < n_rows) {
-      const int t = r / group, h = kvh * group + r % group;
+      const int t = t0 + r / group, h = kvh * group + r % group;
       v = *(const float4*)(q + ((size_t)t * n_head + h) * HD + 4 * c);
     }
     *(float4*)(sQ + rl * HD + 4 * c) = v;
@@ -146,7 +184,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   }
   const int block_limit = pos0 + last_row / group;  // the block's last visible key
   // This split's key range.
-  const int len_all = pos0 + n_tok;
+  const int len_all = pos0 + n_loc;
   int chunk = (len_all + n_split - 1) / n_split;
   chunk = (chunk + SC_AK - 1) / SC_AK * SC_AK;
   const int k_begin = split * chunk;
@@ -236,7 +274,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   for (int qi = 0; qi < 4; qi++) {
     const int r = row0 + wi * 4 + qi;
     if (r >= n_rows) continue;
-    const int t = r / group, h = kvh * group + r % group;
+    const int t = t0 + r / group, h = kvh * group + r % group;
     const size_t th = (size_t)t * n_head + h;
     if (n_split > 1) {
       const size_t rows_total = (size_t)n_tok * n_head;
@@ -260,21 +298,25 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   }
 }
 
-#define SC_ATTN_CORE(HD)                                                                           \
-  extern "C" __global__ void __launch_bounds__(32 * SC_AWARPS) attn_core_hd##HD(                   \
+#define SC_ATTN_CORE(HD, NAME, ROWS)                                                               \
+  extern "C" __global__ void __launch_bounds__(32 * SC_AWARPS) NAME(                               \
       const float* __restrict__ q, int n_tok, const int* __restrict__ pos0_dev, int n_head,        \
       int n_head_kv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,         \
       float scale, const float* __restrict__ gate, int q_stride, float* __restrict__ out,          \
-      float* __restrict__ scratch, int n_split) {                                                  \
+      float* __restrict__ scratch, int n_split, const unsigned long long* __restrict__ kv_tab) {     \
     sc_pdl_enter();                                                                                \
-    attn_core_body<HD>(q, n_tok, pos0_dev, n_head, n_head_kv, k_cache, v_cache, scale, gate,       \
-                       q_stride, out, scratch, n_split);                                           \
+    attn_core_body<HD, ROWS>(q, n_tok, pos0_dev, n_head, n_head_kv, k_cache, v_cache, scale, gate,       \
+                       q_stride, out, scratch, n_split, kv_tab);                                   \
   }
 
-SC_ATTN_CORE(32)
-SC_ATTN_CORE(64)
-SC_ATTN_CORE(128)
-SC_ATTN_CORE(256)
+SC_ATTN_CORE(32, attn_core_hd32, false)
+SC_ATTN_CORE(64, attn_core_hd64, false)
+SC_ATTN_CORE(128, attn_core_hd128, false)
+SC_ATTN_CORE(256, attn_core_hd256, false)
+SC_ATTN_CORE(32, attn_core_rows_hd32, true)
+SC_ATTN_CORE(64, attn_core_rows_hd64, true)
+SC_ATTN_CORE(128, attn_core_rows_hd128, true)
+SC_ATTN_CORE(256, attn_core_rows_hd256, true)
 
 // Merges the n_split partial results of every (token, head): with M = max m_s,
 // o = Σ_s e^(m_s - M)·o_s / Σ_s e^(m_s - M)·l_s, in split order. One block per

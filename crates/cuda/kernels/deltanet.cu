@@ -19,14 +19,28 @@
 // state is [conv_dim][d_conv-1] (oldest first), taps [conv_dim][d_conv]. The first
 // run also writes the new state (the last d_conv-1 inputs), after reading the old one.
 // `out` may be `qkv` only with one run (gridDim.y == 1): runs read their
-// predecessors' inputs.
-extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, float* __restrict__ state,
+// predecessors' inputs. With `state_tab`, blockIdx.y is instead row y of qkv and out:
+// one token of a sequence of its own, whose state is at state_tab[y] (a batched decode
+// step; each row gets the one-token bits).
+template <bool ROWS>
+__device__ __forceinline__ void dn_conv_body(const float* qkv, float* __restrict__ state,
                                                           const float* __restrict__ taps, int n_tok,
-                                                          int conv_dim, int d_conv, int tpb, float* out) { sc_pdl_enter();
+                                                          int conv_dim, int d_conv, int tpb, float* out,
+                                                          const unsigned long long* __restrict__ state_tab) {
+  sc_pdl_enter();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
+  int run = blockIdx.y, runs = gridDim.y;
+  if (ROWS) {
+    qkv += (size_t)blockIdx.y * conv_dim;
+    out += (size_t)blockIdx.y * conv_dim;
+    state = (float*)state_tab[blockIdx.y];
+    n_tok = 1;
+    run = 0;
+    runs = 1;
+  }
   const int hist = d_conv - 1;
-  const int t0 = blockIdx.y * tpb, t1 = min(n_tok, t0 + tpb);
+  const int t0 = run * tpb, t1 = min(n_tok, t0 + tpb);
   float st[SC_MAX_DCONV], w[SC_MAX_DCONV];
 #pragma unroll
   for (int j = 0; j < SC_MAX_DCONV; j++) {
@@ -36,7 +50,7 @@ extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, floa
     w[j] = j < d_conv ? taps[(size_t)c * d_conv + j] : 0.0f;
   }
   float tail[SC_MAX_DCONV];  // the first run: the new state when n_tok >= hist
-  if (blockIdx.y == 0) {
+  if (run == 0) {
 #pragma unroll
     for (int j = 0; j < SC_MAX_DCONV; j++) {
       const int src = n_tok - hist + j;
@@ -61,13 +75,26 @@ extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, floa
     for (int j = 0; j < SC_MAX_DCONV; j++)
       if (j == hist - 1) st[j] = x;
   }
-  if (blockIdx.y == 0) {
+  if (run == 0) {
     // With one run `st` is the new state; with several, n_tok >= tpb >= hist and
     // `tail` is.
 #pragma unroll
     for (int j = 0; j < SC_MAX_DCONV; j++)
-      if (j < hist) state[(size_t)c * hist + j] = gridDim.y == 1 ? st[j] : tail[j];
+      if (j < hist) state[(size_t)c * hist + j] = runs == 1 ? st[j] : tail[j];
   }
+}
+// The one-token launch, and the rows launch (see above).
+extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, float* __restrict__ state,
+                                                          const float* __restrict__ taps, int n_tok,
+                                                          int conv_dim, int d_conv, int tpb, float* out,
+                                                          const unsigned long long* __restrict__ state_tab) {
+  dn_conv_body<false>(qkv, state, taps, n_tok, conv_dim, d_conv, tpb, out, state_tab);
+}
+extern "C" __global__ void __launch_bounds__(128) dn_conv_rows(const float* qkv, float* __restrict__ state,
+                                                          const float* __restrict__ taps, int n_tok,
+                                                          int conv_dim, int d_conv, int tpb, float* out,
+                                                          const unsigned long long* __restrict__ state_tab) {
+  dn_conv_body<true>(qkv, state, taps, n_tok, conv_dim, d_conv, tpb, out, state_tab);
 }
 
 // --------------------------------------------------------------------- dn_qk_norm
@@ -212,6 +239,11 @@ extern "C" __global__ void __launch_bounds__(128) dn_gated_norm(float* o, const 
 // holds one 32-value block of it; sc_quant_block). conv_out is the conv output
 // [q | k | v] before the q/k norm, which this kernel only reads (a key head shared by
 // several value heads is normalised by each of their blocks, with the same bits).
+// Several rows (blockIdx.y = row y: one token of a sequence of its own, a batched
+// decode step) read row y of conv_out (conv_stride apart), of the β/α sources
+// (beta_stride, alpha_stride) and of z, write row y of out and its copy (Hv·DK
+// apart), and advance the state at state_tab[y]; row 0 without a table is the
+// one-token launch.
 template <int DK>
 __device__ __forceinline__ void dn_step_body(const float* __restrict__ row, const float* __restrict__ beta_src,
                                              const int* __restrict__ beta_idx, const float* __restrict__ alpha_src,
@@ -275,19 +307,38 @@ __device__ __forceinline__ void dn_step_body(const float* __restrict__ row, cons
   if (qs) sc_quant_block(y, lane, qs + (size_t)h * DK + 32 * w, qd + at / 32, qsum + at / 32);
 }
 
-#define SC_DN_STEP(DK)                                                                               \
-  extern "C" __global__ void __launch_bounds__(DK) dn_step_dk##DK(                                   \
+#define SC_DN_STEP(DK, NAME, ROWS)                                                                   \
+  extern "C" __global__ void __launch_bounds__(DK) NAME(                                             \
       const float* __restrict__ conv_out, const float* __restrict__ beta_src,                       \
       const int* __restrict__ beta_idx, const float* __restrict__ alpha_src,                        \
       const int* __restrict__ alpha_idx, const float* __restrict__ a, const float* __restrict__ dt_bias, \
       const int* __restrict__ k_head_of, float* __restrict__ state, int n_k_heads, float scale,     \
       const float* __restrict__ z, const float* __restrict__ norm_w, float eps, float* __restrict__ out, \
-      int8_t* __restrict__ qs, float* __restrict__ qd, int* __restrict__ qsum) {                    \
+      int8_t* __restrict__ qs, float* __restrict__ qd, int* __restrict__ qsum,                      \
+      const unsigned long long* __restrict__ state_tab, int conv_stride, int beta_stride,           \
+      int alpha_stride) {                                                                            \
     sc_pdl_enter();                                                                                  \
+    if (ROWS) {                                                                                      \
+      const size_t y = blockIdx.y, vw = (size_t)gridDim.x * DK;                                      \
+      state = (float*)state_tab[y];                                                                  \
+      conv_out += y * conv_stride;                                                                   \
+      beta_src += y * beta_stride;                                                                   \
+      alpha_src += y * alpha_stride;                                                                 \
+      z += y * vw;                                                                                   \
+      out += y * vw;                                                                                 \
+      if (qs) {                                                                                      \
+        qs += y * vw;                                                                                \
+        qd += y * vw / 32;                                                                           \
+        qsum += y * vw / 32;                                                                         \
+      }                                                                                              \
+    }                                                                                                \
     dn_step_body<DK>(conv_out, beta_src, beta_idx, alpha_src, alpha_idx, a, dt_bias, k_head_of, state, \
                      n_k_heads, scale, z, norm_w, eps, out, qs, qd, qsum);                           \
   }
 
-SC_DN_STEP(32)
-SC_DN_STEP(64)
-SC_DN_STEP(128)
+SC_DN_STEP(32, dn_step_dk32, false)
+SC_DN_STEP(64, dn_step_dk64, false)
+SC_DN_STEP(128, dn_step_dk128, false)
+SC_DN_STEP(32, dn_step_rows_dk32, true)
+SC_DN_STEP(64, dn_step_rows_dk64, true)
+SC_DN_STEP(128, dn_step_rows_dk128, true)

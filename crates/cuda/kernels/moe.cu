@@ -26,7 +26,16 @@ extern "C" __global__ void __launch_bounds__(32 * SC_ROUTE_WARPS)
   if (t >= n_tok) return;
   float wt = 0.0f;
   int id = 0;
-  sc_route_warp<SC_MAX_EXPERT / 32>(logits + (size_t)t * n_expert, n_expert, k, sp[wi], sid[wi], wt, id);
+  // As few experts per lane as the count needs (the same routing; the k argmax
+  // rounds scan PER registers each).
+  const float* l = logits + (size_t)t * n_expert;
+  if (n_expert <= 256) {
+    sc_route_warp<8>(l, n_expert, k, sp[wi], sid[wi], wt, id);
+  } else if (n_expert <= 512) {
+    sc_route_warp<16>(l, n_expert, k, sp[wi], sid[wi], wt, id);
+  } else {
+    sc_route_warp<SC_MAX_EXPERT / 32>(l, n_expert, k, sp[wi], sid[wi], wt, id);
+  }
   if (lane < k) {
     weights_out[(size_t)t * k + lane] = wt;
     ids_out[(size_t)t * k + lane] = id;

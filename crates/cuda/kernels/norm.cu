@@ -170,6 +170,9 @@ __device__ __forceinline__ void sc_better(float& bv, int& bi, float v, int i) {
 
 extern "C" __global__ void __launch_bounds__(1024) argmax(const float* __restrict__ x, int n,
                                                           int* __restrict__ out_idx) { sc_pdl_enter();
+  // Block b takes row b (n values) and writes out_idx[b].
+  x += (size_t)blockIdx.x * n;
+  out_idx += blockIdx.x;
   __shared__ float sv[32];
   __shared__ int si[32];
   float bv = -INFINITY;

@@ -86,7 +86,9 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
 // only on host values; a tile with n <= 0 is skipped. A tile's tokens meet each
 // decoded weight sub-block in groups of TL: the TL = 8 kernels serve prompts, the
 // TL = 1 kernels (suffix _t1) single tokens (decode), with fewer live registers and
-// so more warps in flight. Both perform the same operations per (row, token).
+// so more warps in flight, the TL = 4 ones (_t4) 2 to 4 tokens of a plain matrix (a
+// batched decode step of several sequences). All perform the same operations per
+// (row, token).
 #define SC_MATVEC_KERNEL_T(NAME, TLV, BODY)                                               \
   extern "C" __global__ void __launch_bounds__(128)                                      \
       NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes,               \
@@ -97,7 +99,7 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
     const int lane = threadIdx.x & 31;                                                   \
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
     /* One token of a plain matrix: its row into L2 while the kernel before runs. */     \
-    if (TLV == 1 && tiles == nullptr && r < n_rows) sc_prefetch_l2(w + (unsigned long long)r * row_bytes, row_bytes); \
+    if (TLV <= 4 && tiles == nullptr && r < n_rows) sc_prefetch_l2(w + (unsigned long long)r * row_bytes, row_bytes); \
     sc_pdl_enter();                                                                      \
     constexpr int TL = TLV;                                                              \
     if (r >= n_rows) return;                                                             \
@@ -141,6 +143,7 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
   }
 #define SC_MATVEC_KERNEL(NAME, BODY)                                                      \
   SC_MATVEC_KERNEL_T(NAME, 8, BODY)                                                      \
+  SC_MATVEC_KERNEL_T(NAME##_t4, 4, BODY)                                                 \
   SC_MATVEC_KERNEL_T(NAME##_t1, 1, BODY)
 
 SC_MATVEC_KERNEL(matvec_f32, SC_FDOT(sc_get_f32))
@@ -266,6 +269,53 @@ __device__ __forceinline__ void sc_dot_rows(int ty, const uint8_t* const* rows, 
   }
 }
 
+// The lane sums of one quantized row against each of nt <= NT tokens (their quantized
+// activations one after another, n_sub blocks each): every weight sub-block is loaded
+// once for all the tokens, and token t's sum takes the operations of sc_qdot_rows
+// for it alone (the same bits).
+template <class F, int NT>
+__device__ __forceinline__ void sc_qdot_toks(const uint8_t* row, int n_sub, const int8_t* xq, const float* xd,
+                                             const int* xs, int nt, int lane, float* acc) {
+  for (int s = lane; s < n_sub; s += 32) {
+    typename F::W w;
+    F::load(row, s, w);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (t < nt) {
+        const size_t b = (size_t)t * n_sub + s;
+        uint32_t a[8];
+        sc_load_act(xq + (size_t)t * n_sub * 32, s, a);
+        acc[t] = sc_add(acc[t], F::contrib(w, a, __ldg(xd + b), __ldg(xs + b)));
+      }
+    }
+  }
+}
+
+// sc_dot_rows of one row against each of nt <= NT tokens (rows of x, or of its
+// quantized copy, n_cols values apart): acc[t] is token t's lane sum, its one-token bits.
+template <int NT>
+__device__ __forceinline__ void sc_dot_toks(int ty, const uint8_t* row, int n_cols, const float* x,
+                                            const int8_t* xq, const float* xd, const int* xs, int nt,
+                                            int lane, float* acc) {
+  const int n_sub = n_cols >> 5;
+  const uint8_t* rows[1] = {row};
+  switch (ty) {
+    case SC_T_Q8_0: sc_qdot_toks<FmtQ8_0, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q4_0: sc_qdot_toks<FmtQ4_0, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q4_K: sc_qdot_toks<FmtQ4K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q5_K: sc_qdot_toks<FmtQ5K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q6_K: sc_qdot_toks<FmtQ6K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_IQ4_XS: sc_qdot_toks<FmtIq4Xs, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    default:
+      // Float rows: token by token.
+      for (int t = 0; t < nt; t++) {
+        float a[1] = {0.0f};
+        sc_dot_rows<1>(ty, rows, n_cols, x + (size_t)t * n_cols, nullptr, nullptr, nullptr, lane, a);
+        acc[t] = a[0];
+      }
+  }
+}
+
 // The contributions of sub-block s of two quantized rows (each only where its flag is
 // set) against one token's quantized activations, the loads issued together: one step
 // of sc_qdot_rows for each row.
@@ -315,9 +365,14 @@ __device__ __forceinline__ void sc_qsub2_any(int ty, const uint8_t* r0, const ui
 // (k ints), the routing is given instead (`logits`, wts_out and ids_out unused):
 // rank r reads expert (or slot) ids_in[r], and a rank with a negative id is left
 // alone (its act rows unwritten, its plane not counted or quantized).
+// Several tokens (blockIdx.z = token t, each its own routing: a batched decode step of
+// several sequences) read row t of logits, x and its quantized copy, and write row t of
+// wts_out / ids_out (k each), act and aq (k·n_ff + n_sff each), shared_logit[t], with
+// plane_done[t·(k + 1) + plane]; ids_in likewise row t. One token is blockIdx.z = 0, so
+// every token gets the bits it gets alone.
 #define SC_FUSED_MAX_EXPERT 512
-extern "C" __global__ void __launch_bounds__(128)
-    moe_gate_up(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
+template <bool ROWS>
+__device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
                 unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
                 const uint8_t* __restrict__ sgate, const uint8_t* __restrict__ sup, int sty,
                 unsigned long long srow_bytes, int n_sff, const float* __restrict__ logits, int n_expert,
@@ -328,6 +383,28 @@ extern "C" __global__ void __launch_bounds__(128)
                 float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
                 const int* __restrict__ ids_in) {
   sc_pdl_enter();
+  if (ROWS && blockIdx.z) {
+    const size_t tk = blockIdx.z;
+    const size_t aw = (size_t)k * n_ff + (sgate ? n_sff : 0);
+    if (logits) logits += tk * n_expert;
+    if (wts_out) wts_out += tk * k;
+    if (ids_out) ids_out += tk * k;
+    if (ids_in) ids_in += tk * k;
+    x += tk * n_cols;
+    if (xq) {
+      xq += tk * n_cols;
+      xd += tk * (n_cols / 32);
+      xs += tk * (n_cols / 32);
+    }
+    if (shared_logit) shared_logit += tk;
+    act += tk * aw;
+    if (aq) {
+      aq += tk * aw;
+      ad += tk * aw / 32;
+      as += tk * aw / 32;
+    }
+    if (plane_done) plane_done += tk * (k + 1);
+  }
   __shared__ float sp[SC_FUSED_MAX_EXPERT];
   __shared__ bool s_last;
   __shared__ int sid[SC_MAX_K];
@@ -398,6 +475,31 @@ extern "C" __global__ void __launch_bounds__(128)
   }
   if (threadIdx.x == 0) plane_done[plane] = 0;
 }
+// The one-token launch, and the rows launch (see above).
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
+                unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
+                const uint8_t* __restrict__ sgate, const uint8_t* __restrict__ sup, int sty,
+                unsigned long long srow_bytes, int n_sff, const float* __restrict__ logits, int n_expert,
+                int k, float* __restrict__ wts_out, int* __restrict__ ids_out, int n_cols,
+                const float* __restrict__ x, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                const int* __restrict__ xs, const float* __restrict__ gate_inp,
+                float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
+                float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
+                const int* __restrict__ ids_in) {
+  moe_gate_up_body<false>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_rows(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
+                unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
+                const uint8_t* __restrict__ sgate, const uint8_t* __restrict__ sup, int sty,
+                unsigned long long srow_bytes, int n_sff, const float* __restrict__ logits, int n_expert,
+                int k, float* __restrict__ wts_out, int* __restrict__ ids_out, int n_cols,
+                const float* __restrict__ x, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                const int* __restrict__ xs, const float* __restrict__ gate_inp,
+                float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
+                float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
+                const int* __restrict__ ids_in) {
+  moe_gate_up_body<true>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
+}
 
 // out[c] = Σ_r wts[r] · (act_r · down_{ids[r]}[c]) in rank order from 0.0, then
 // + sigmoid(*shared_logit) · (act_k · sdown[c]) (+ the product alone without a logit)
@@ -411,8 +513,11 @@ extern "C" __global__ void __launch_bounds__(128)
 // first tree step is acc + 0 and the rest stays within 16 lanes (the same bits).
 // A rank with a negative id takes its products from row r of `given` (k rows of
 // n_out values) instead: experts computed elsewhere (tiered decode: by the CPU).
-extern "C" __global__ void __launch_bounds__(1024)
-    moe_down_combine(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
+// Several tokens (blockIdx.y = token t): row t of ids, wts (k each), act and its copy
+// (k·n_ff + n_sff each), shared_logit, out (n_out) and given (k·n_out), as
+// moe_gate_up lays them out; token 0 is the one-token launch.
+template <bool ROWS>
+__device__ __forceinline__ void moe_down_combine_body(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
                      unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
                      unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
                      const float* __restrict__ wts, int k, const float* __restrict__ act,
@@ -420,6 +525,21 @@ extern "C" __global__ void __launch_bounds__(1024)
                      const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
                      const float* __restrict__ given) {
   sc_pdl_enter();
+  if (ROWS && blockIdx.y) {
+    const size_t tk = blockIdx.y;
+    const size_t aw = (size_t)k * n_ff + (sdown ? n_sff : 0);
+    ids += tk * k;
+    wts += tk * k;
+    act += tk * aw;
+    if (aq) {
+      aq += tk * aw;
+      ad += tk * aw / 32;
+      as += tk * aw / 32;
+    }
+    if (shared_logit) shared_logit += tk;
+    out += tk * n_out;
+    if (given) given += tk * k * n_out;
+  }
   __shared__ float part[4][32];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const bool shared = w == k;
@@ -474,6 +594,25 @@ extern "C" __global__ void __launch_bounds__(1024)
     out[c0 + threadIdx.x] = o;
   }
 }
+// The one-token launch, and the rows launch (see above).
+extern "C" __global__ void __launch_bounds__(1024) moe_down_combine(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
+                     unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
+                     unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
+                     const float* __restrict__ wts, int k, const float* __restrict__ act,
+                     const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
+                     const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
+                     const float* __restrict__ given) {
+  moe_down_combine_body<false>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
+}
+extern "C" __global__ void __launch_bounds__(1024) moe_down_combine_rows(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
+                     unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
+                     unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
+                     const float* __restrict__ wts, int k, const float* __restrict__ act,
+                     const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
+                     const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
+                     const float* __restrict__ given) {
+  moe_down_combine_body<true>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
+}
 
 // ------------------------------------------------------------------ matvec_multi
 // One token against up to four matrices that read it (a mixer's input projections)
@@ -484,14 +623,17 @@ extern "C" __global__ void __launch_bounds__(1024)
 // channel c before it is written (model::deltanet::conv_step, as dn_conv does it
 // for one token): acc = Σ_j hist[j]·taps[j] in j order (products rounded, then
 // added), acc += x·taps[d_conv-1], out = silu(acc); the history shifts and takes x.
-extern "C" __global__ void __launch_bounds__(128)
-    matvec_multi(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, const uint8_t* __restrict__ w2,
-                 const uint8_t* __restrict__ w3, int tys, unsigned long long rb0, unsigned long long rb1,
-                 unsigned long long rb2, unsigned long long rb3, int end0, int end1, int end2, int end3,
-                 float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
-                 float* __restrict__ out3, int n_cols, const float* __restrict__ x,
-                 const int8_t* __restrict__ xq, const float* __restrict__ xd, const int* __restrict__ xs,
-                 float* __restrict__ conv_state, const float* __restrict__ conv_taps, int d_conv) {
+// matvec_multi_rows: n_tok tokens (rows of x and its copy), no conv; matrix p's output
+// has a row of its n_rows_p values per token, each the one-token bits.
+template <bool ROWS>
+__device__ __forceinline__ void matvec_multi_body(
+    const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, const uint8_t* __restrict__ w2,
+    const uint8_t* __restrict__ w3, int tys, unsigned long long rb0, unsigned long long rb1,
+    unsigned long long rb2, unsigned long long rb3, int end0, int end1, int end2, int end3,
+    float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
+    float* __restrict__ out3, int n_cols, const float* __restrict__ x,
+    const int8_t* __restrict__ xq, const float* __restrict__ xd, const int* __restrict__ xs,
+    float* __restrict__ conv_state, const float* __restrict__ conv_taps, int d_conv, int n_tok) {
   const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int p = g < end0 ? 0 : g < end1 ? 1 : g < end2 ? 2 : 3;
   const int r = g - (p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2);
@@ -504,6 +646,27 @@ extern "C" __global__ void __launch_bounds__(128)
   if (g >= end3) return;
   float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
   const uint8_t* rows[1] = {w + (unsigned long long)r * rb};
+  if (ROWS) {
+    // Token t's row of x (and of its copy) against this weight row, into row t of
+    // the matrix's output (n_rows_p values a row): each token's one-token bits.
+    const int n_rows_p = p == 0 ? end0 : p == 1 ? end1 - end0 : p == 2 ? end2 - end1 : end3 - end2;
+    constexpr int NT = 4;  // tokens per pass over the weight row
+    for (int t0 = 0; t0 < n_tok; t0 += NT) {
+      const size_t xo = (size_t)t0 * n_cols, bo = xo / 32;
+      float acc[NT] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const int nt = min(NT, n_tok - t0);
+      sc_dot_toks<NT>((tys >> (8 * p)) & 0xff, rows[0], n_cols, x + xo, xq ? xq + xo : nullptr,
+                      xd ? xd + bo : nullptr, xs ? xs + bo : nullptr, nt, lane, acc);
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+          const float v = sc_warp_sum(acc[t]);
+          if (lane == 0) out[(t0 + t) * (size_t)n_rows_p + r] = v;
+        }
+      }
+    }
+    return;
+  }
   float acc[1] = {0.0f};
   sc_dot_rows<1>((tys >> (8 * p)) & 0xff, rows, n_cols, x, xq, xd, xs, lane, acc);
   float v = sc_warp_sum(acc[0]);
@@ -521,3 +684,21 @@ extern "C" __global__ void __launch_bounds__(128)
   }
   out[r] = v;
 }
+
+#define SC_MATVEC_MULTI(NAME, ROWS)                                                                  \
+  extern "C" __global__ void __launch_bounds__(128)                                                 \
+      NAME(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,                          \
+           const uint8_t* __restrict__ w2, const uint8_t* __restrict__ w3, int tys,                 \
+           unsigned long long rb0, unsigned long long rb1, unsigned long long rb2,                  \
+           unsigned long long rb3, int end0, int end1, int end2, int end3,                          \
+           float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,            \
+           float* __restrict__ out3, int n_cols, const float* __restrict__ x,                       \
+           const int8_t* __restrict__ xq, const float* __restrict__ xd,                             \
+           const int* __restrict__ xs, float* __restrict__ conv_state,                              \
+           const float* __restrict__ conv_taps, int d_conv, int n_tok) {                            \
+    matvec_multi_body<ROWS>(w0, w1, w2, w3, tys, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0,  \
+                            out1, out2, out3, n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv, \
+                            n_tok);                                                                 \
+  }
+SC_MATVEC_MULTI(matvec_multi, false)
+SC_MATVEC_MULTI(matvec_multi_rows, true)

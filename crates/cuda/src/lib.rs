@@ -24,8 +24,8 @@ pub use gguf::GgmlType;
 pub use gpu::{DevBuf, Gpu, Graph, PinnedBuf};
 #[cfg(feature = "cuda")]
 pub use ops::{
-    DnStep, Mat, MoeRoute, QAct, Tile, TileShape, FUSED_MAX_EXPERTS, MAX_D_CONV, MAX_EXPERTS,
-    MAX_TOP_K, TILE_GROUP, TILE_TOKENS,
+    DnRows, DnStep, Mat, MoeRoute, QAct, Tile, TileShape, FUSED_MAX_EXPERTS, MAX_D_CONV,
+    MAX_EXPERTS, MAX_TOP_K, TILE_GROUP, TILE_TOKENS,
 };
 
 /// True when this build has the CUDA executor (feature `cuda`).

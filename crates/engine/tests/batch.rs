@@ -1,5 +1,6 @@
-//! Batching is invisible (invariant 3 of docs/design.md) on the CPU executor: a step that
-//! runs several sequences in one pass gives every entry the logits (compared bit
+//! Batching is invisible (invariant 3 of docs/design.md) on the executor of the test
+//! device (`SCORIA_TEST_DEVICE`: the CPU, or the GPU in `scripts/gpu-tests.sh`): a step
+//! that runs several sequences in one pass gives every entry the logits (compared bit
 //! for bit) and the state (checked through the later steps' logits) that it gets
 //! stepped alone, on synthetic models of every arch; a batch that names a sequence
 //! twice is refused and changes nothing.
@@ -16,15 +17,26 @@ use std::sync::Arc;
 const N_CTX: usize = 64;
 const N_SEQ: usize = 4;
 
-fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig, n_seq: usize) -> CpuExecutor {
+fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig, n_seq: usize) -> Box<dyn Executor> {
     let weights = ModelWeights::load(file, cfg).expect("weights");
-    let backend = CpuBackend {
-        cfg: cfg.clone(),
-        weights,
-        precision: Default::default(),
-        routing: None,
-    };
-    CpuExecutor::new(backend, N_CTX, n_seq).expect("executor")
+    match common::test_device() {
+        engine::Device::Cpu => {
+            let backend = CpuBackend {
+                cfg: cfg.clone(),
+                weights,
+                precision: Default::default(),
+                routing: None,
+            };
+            Box::new(CpuExecutor::new(backend, N_CTX, n_seq).expect("executor"))
+        }
+        #[cfg(feature = "cuda")]
+        engine::Device::Cuda(n) => Box::new(
+            engine::cuda::CudaExecutor::open(n, cfg, &weights, N_CTX, n_seq, Default::default())
+                .expect("CUDA executor"),
+        ),
+        #[cfg(not(feature = "cuda"))]
+        d => panic!("{d:?}: this build has no CUDA executor"),
+    }
 }
 
 /// One entry of a test step: sequence, token count, want. Positions follow
@@ -33,9 +45,9 @@ type Entry = (usize, usize, Want);
 
 struct Harness {
     n_vocab: usize,
-    batched: CpuExecutor,
+    batched: Box<dyn Executor>,
     /// One executor per sequence, stepped with that sequence's entries alone.
-    solo: Vec<CpuExecutor>,
+    solo: Vec<Box<dyn Executor>>,
     pos: [usize; N_SEQ],
     next_token: usize,
 }
@@ -153,6 +165,18 @@ fn check(geometry: &str, preset: Preset) {
         &label("decode again"),
         &[(1, 1, last), (3, 1, last), (0, 1, last), (2, 1, last)],
     );
+    // The same sequences again (a device replays the pass it captured for them).
+    for r in 0..3 {
+        h.step(
+            &label(&format!("decode again, {r}")),
+            &[
+                (1, 1, last),
+                (3, 1, Want::Greedy),
+                (0, 1, last),
+                (2, 1, last),
+            ],
+        );
+    }
     // A batch naming one sequence twice is refused, naming it, and runs nothing:
     // the following steps still match the solo runs.
     let t = [1u32, 2];

@@ -24,12 +24,16 @@ pub(crate) fn core_smem(hd: usize) -> u32 {
     ((AQ * hd + AK * (hd + 1) + AK * hd) * 4) as u32
 }
 
-fn core_kernel(hd: usize) -> Option<K> {
-    match hd {
-        32 => Some(K::AttnCoreHd32),
-        64 => Some(K::AttnCoreHd64),
-        128 => Some(K::AttnCoreHd128),
-        256 => Some(K::AttnCoreHd256),
+fn core_kernel(hd: usize, rows: bool) -> Option<K> {
+    match (hd, rows) {
+        (32, false) => Some(K::AttnCoreHd32),
+        (64, false) => Some(K::AttnCoreHd64),
+        (128, false) => Some(K::AttnCoreHd128),
+        (256, false) => Some(K::AttnCoreHd256),
+        (32, true) => Some(K::AttnCoreRowsHd32),
+        (64, true) => Some(K::AttnCoreRowsHd64),
+        (128, true) => Some(K::AttnCoreRowsHd128),
+        (256, true) => Some(K::AttnCoreRowsHd256),
         _ => None,
     }
 }
@@ -44,7 +48,10 @@ impl Gpu {
     /// host's table f32 [n_ctx][n_rot/2][2] of (cos, sin) (`model::math`). A zero
     /// `q_norm` / `k_norm` skips that norm. The position is read on the device, so a
     /// captured graph replays at whatever position is stored there; the caller keeps
-    /// `pos0 + n_tok <= n_ctx` (it is not checked on the device).
+    /// `pos0 + n_tok <= n_ctx` (it is not checked on the device). With a non-zero
+    /// `kv_tab` (device u64 [2·n_tok]) every token is one token of a sequence of its
+    /// own (a batched decode step): token t is at position `pos0_dev[t]` and its caches
+    /// are at `kv_tab[2t]` (K) and `kv_tab[2t + 1]` (V); `k_cache`/`v_cache` are unused.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_prep(
         &self,
@@ -65,6 +72,7 @@ impl Gpu {
         k_cache: u64,
         v_cache: u64,
         q_out: u64,
+        kv_tab: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "attn_prep";
         if head_dim == 0 || head_dim > MAX_HD {
@@ -104,11 +112,25 @@ impl Gpu {
             Arg::F32(eps),
             Arg::P(addr(KN, "rope", rope, 4)?),
             Arg::I32(int(KN, "n_rot", n_rot)?),
-            Arg::P(addr(KN, "k_cache", k_cache, 4)?),
-            Arg::P(addr(KN, "v_cache", v_cache, 4)?),
+            Arg::P(if kv_tab == 0 {
+                addr(KN, "k_cache", k_cache, 4)?
+            } else {
+                0
+            }),
+            Arg::P(if kv_tab == 0 {
+                addr(KN, "v_cache", v_cache, 4)?
+            } else {
+                0
+            }),
             Arg::P(addr(KN, "q_out", q_out, 4)?),
+            Arg::P(opt_addr(KN, "kv_tab", kv_tab, 8)?),
         ];
-        self.launch(K::AttnPrep, [blocks(items, 4)?, 1, 1], 128, 0, &args)
+        let kernel = if kv_tab == 0 {
+            K::AttnPrep
+        } else {
+            K::AttnPrepRows
+        };
+        self.launch(kernel, [blocks(items, 4)?, 1, 1], 128, 0, &args)
     }
 
     /// How many key ranges `attn_core` splits the context into for this shape: 1 when
@@ -145,6 +167,19 @@ impl Gpu {
         }
     }
 
+    /// [`Gpu::attn_scratch_bytes`] of `attn_core` in rows mode (`n_rows` sequences of
+    /// one token each): each row's one-token scratch.
+    pub fn attn_rows_scratch_bytes(
+        &self,
+        n_rows: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        n_ctx: usize,
+    ) -> u64 {
+        n_rows as u64 * self.attn_scratch_bytes(1, n_head, n_head_kv, head_dim, n_ctx)
+    }
+
     /// Causal softmax attention of `q` (f32 [n_tok][n_head][head_dim], from
     /// `attn_prep`) over the caches: token t (position `*pos0_dev + t`) sees positions
     /// 0..=pos0+t of its KV head (head h reads KV head h / (n_head / n_head_kv)), scores
@@ -158,6 +193,12 @@ impl Gpu {
     /// are split (the partial results merged by a second kernel), that kernel also
     /// writes `out`'s quantized copy to `oq` ([`Gpu::quantize_act`]'s bits) unless
     /// `oq` is [`QAct::NONE`]; returns whether it did (the caller quantizes otherwise).
+    ///
+    /// With a non-zero `kv_tab` (rows mode, as in [`Gpu::attn_prep`]) each of the
+    /// `n_tok` tokens is one token of its own sequence, at position `pos0_dev[t]` over
+    /// the caches `kv_tab[2t]`, `kv_tab[2t + 1]`, and gets the bits of its one-token
+    /// call (the same key split); `scratch` then holds
+    /// [`Gpu::attn_rows_scratch_bytes`]. Needs n_head / n_head_kv ≤ 16.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_core(
         &self,
@@ -175,9 +216,10 @@ impl Gpu {
         out: u64,
         scratch: u64,
         oq: QAct,
+        kv_tab: u64,
     ) -> Result<bool, CudaError> {
         const KN: &str = "attn_core";
-        let k = core_kernel(head_dim).ok_or_else(|| {
+        let k = core_kernel(head_dim, kv_tab != 0).ok_or_else(|| {
             CudaError::bad(
                 KN,
                 format!("head_dim {head_dim} (32, 64, 128 or 256 supported)"),
@@ -210,14 +252,26 @@ impl Gpu {
             ));
         }
         let group = n_head / n_head_kv;
-        let row_tiles = (n_tok * group).div_ceil(AQ);
+        let rows_mode = kv_tab != 0;
+        if rows_mode && group > AQ {
+            return Err(CudaError::bad(
+                KN,
+                format!("rows mode takes at most {AQ} query heads per KV head, not {group}"),
+            ));
+        }
+        // Rows mode: one block row per token (its own sequence), split as one token.
+        let (row_tiles, split_tokens) = if rows_mode {
+            (n_tok, 1)
+        } else {
+            ((n_tok * group).div_ceil(AQ), n_tok)
+        };
         if row_tiles > MAX_GRID_YZ {
             return Err(CudaError::bad(
                 KN,
                 format!("{n_tok} tokens in one call is too many (split the prompt)"),
             ));
         }
-        let n_split = self.attn_splits(n_tok, n_head, n_head_kv, n_ctx);
+        let n_split = self.attn_splits(split_tokens, n_head, n_head_kv, n_ctx);
         if n_split > 1 {
             addr(KN, "scratch", scratch, 4)?;
         }
@@ -228,14 +282,23 @@ impl Gpu {
             Arg::P(addr(KN, "pos0_dev", pos0_dev, 4)?),
             Arg::I32(int(KN, "n_head", n_head)?),
             Arg::I32(int(KN, "n_head_kv", n_head_kv)?),
-            Arg::P(addr(KN, "k_cache", k_cache, 16)?),
-            Arg::P(addr(KN, "v_cache", v_cache, 16)?),
+            Arg::P(if rows_mode {
+                0
+            } else {
+                addr(KN, "k_cache", k_cache, 16)?
+            }),
+            Arg::P(if rows_mode {
+                0
+            } else {
+                addr(KN, "v_cache", v_cache, 16)?
+            }),
             Arg::F32(scale),
             Arg::P(opt_addr(KN, "gate", gate, 4)?),
             Arg::I32(int(KN, "q_stride", q_stride)?),
             Arg::P(addr(KN, "out", out, 4)?),
             Arg::P(if n_split > 1 { scratch } else { 0 }),
             Arg::I32(n_split as i32),
+            Arg::P(opt_addr(KN, "kv_tab", kv_tab, 8)?),
         ];
         let q_out = qact_args(KN, oq, false)?;
         let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];

@@ -36,6 +36,20 @@ pub struct DnStep {
     pub d_state: usize,
 }
 
+/// Several sequences' one-token rows in one launch of [`Gpu::dn_step_rows`] (a
+/// batched decode step): row y's state is at `state_tab[y]` (device u64 [n]), its
+/// conv output row `conv_stride` values after row y − 1's, its β/α source rows
+/// `beta_stride` / `alpha_stride` apart; z, the output and its copy are rows of
+/// Hv·d_state.
+#[derive(Clone, Copy, Debug)]
+pub struct DnRows {
+    pub n: usize,
+    pub state_tab: u64,
+    pub conv_stride: usize,
+    pub beta_stride: usize,
+    pub alpha_stride: usize,
+}
+
 impl Gpu {
     /// The causal depthwise conv of `n_tok` tokens, per channel in token order, as
     /// `model::deltanet::conv_step`: qkv f32 [n_tok][conv_dim] in, silu(conv) to `out`
@@ -86,11 +100,59 @@ impl Gpu {
             Arg::I32(int(KN, "d_conv", d_conv)?),
             Arg::I32(int(KN, "tokens per run", tpb)?),
             Arg::P(addr(KN, "out", out, 4)?),
+            Arg::P(0),
         ];
         let runs = n_tok.div_ceil(tpb);
         self.launch(
             K::DnConv,
             [blocks(conv_dim, 128)?, runs as u32, 1],
+            128,
+            0,
+            &args,
+        )
+    }
+
+    /// [`Gpu::dn_conv`] of one token for each of `n_rows` sequences: row y of `qkv`
+    /// and `out` (f32 [n_rows][conv_dim]) with the conv state at `state_tab[y]`
+    /// (device u64 [n_rows]), each row the bits of its one-token call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dn_conv_rows(
+        &self,
+        qkv: u64,
+        state_tab: u64,
+        taps: u64,
+        n_rows: usize,
+        conv_dim: usize,
+        d_conv: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "dn_conv_rows";
+        if d_conv == 0 || d_conv > MAX_D_CONV {
+            return Err(CudaError::bad(
+                KN,
+                format!("d_conv {d_conv} (1..={MAX_D_CONV} supported)"),
+            ));
+        }
+        if n_rows > super::MAX_GRID_YZ {
+            return Err(CudaError::bad(KN, format!("{n_rows} rows in one launch")));
+        }
+        if n_rows == 0 || conv_dim == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "qkv", qkv, 4)?),
+            Arg::P(0),
+            Arg::P(addr(KN, "taps", taps, 4)?),
+            Arg::I32(1),
+            Arg::I32(int(KN, "conv_dim", conv_dim)?),
+            Arg::I32(int(KN, "d_conv", d_conv)?),
+            Arg::I32(1),
+            Arg::P(addr(KN, "out", out, 4)?),
+            Arg::P(addr(KN, "state_tab", state_tab, 8)?),
+        ];
+        self.launch(
+            K::DnConvRows,
+            [blocks(conv_dim, 128)?, n_rows as u32, 1],
             128,
             0,
             &args,
@@ -241,12 +303,40 @@ impl Gpu {
         out: u64,
         q: QAct,
     ) -> Result<(), CudaError> {
+        self.dn_step_launch(conv_out, d, state, None, out, q)
+    }
+
+    /// [`Gpu::dn_step`] for one token of each of `rows.n` sequences in one launch
+    /// (see [`DnRows`]): every row gets its one-token bits.
+    pub fn dn_step_rows(
+        &self,
+        conv_out: u64,
+        d: &DnStep,
+        rows: &DnRows,
+        out: u64,
+        q: QAct,
+    ) -> Result<(), CudaError> {
+        self.dn_step_launch(conv_out, d, 0, Some(rows), out, q)
+    }
+
+    fn dn_step_launch(
+        &self,
+        conv_out: u64,
+        d: &DnStep,
+        state: u64,
+        rows: Option<&DnRows>,
+        out: u64,
+        q: QAct,
+    ) -> Result<(), CudaError> {
         const KN: &str = "dn_step";
-        let k = match d.d_state {
-            32 => K::DnStepDk32,
-            64 => K::DnStepDk64,
-            128 => K::DnStepDk128,
-            s => {
+        let k = match (d.d_state, rows.is_some()) {
+            (32, false) => K::DnStepDk32,
+            (64, false) => K::DnStepDk64,
+            (128, false) => K::DnStepDk128,
+            (32, true) => K::DnStepRowsDk32,
+            (64, true) => K::DnStepRowsDk64,
+            (128, true) => K::DnStepRowsDk128,
+            (s, _) => {
                 return Err(CudaError::bad(
                     KN,
                     format!("d_state {s} (32, 64 or 128 supported)"),
@@ -265,7 +355,10 @@ impl Gpu {
             Arg::P(addr(KN, "a", d.a, 4)?),
             Arg::P(addr(KN, "dt_bias", d.dt_bias, 4)?),
             Arg::P(addr(KN, "k_head_of", d.k_head_of, 4)?),
-            Arg::P(addr(KN, "state", state, 4)?),
+            Arg::P(match rows {
+                Some(_) => 0,
+                None => addr(KN, "state", state, 4)?,
+            }),
             Arg::I32(int(KN, "n_k_heads", d.n_k_heads)?),
             Arg::F32(d.scale),
             Arg::P(addr(KN, "z", d.z, 4)?),
@@ -275,8 +368,22 @@ impl Gpu {
             Arg::P(opt_addr(KN, "qs", q.qs, 16)?),
             Arg::P(opt_addr(KN, "d", q.d, 4)?),
             Arg::P(opt_addr(KN, "sums", q.sums, 4)?),
+            Arg::P(match rows {
+                Some(r) => addr(KN, "state_tab", r.state_tab, 8)?,
+                None => 0,
+            }),
+            Arg::I32(int(KN, "conv_stride", rows.map_or(0, |r| r.conv_stride))?),
+            Arg::I32(int(KN, "beta_stride", rows.map_or(0, |r| r.beta_stride))?),
+            Arg::I32(int(KN, "alpha_stride", rows.map_or(0, |r| r.alpha_stride))?),
         ];
-        let grid = [int(KN, "n_v_heads", d.n_v_heads)? as u32, 1, 1];
+        let n = rows.map_or(1, |r| r.n);
+        if n == 0 {
+            return Ok(());
+        }
+        if n > super::MAX_GRID_YZ {
+            return Err(CudaError::bad(KN, format!("{n} rows in one launch")));
+        }
+        let grid = [int(KN, "n_v_heads", d.n_v_heads)? as u32, n as u32, 1];
         self.launch(k, grid, d.d_state as u32, 0, &args)
     }
 }

@@ -11,7 +11,7 @@ mod moe;
 mod norm;
 mod quant;
 
-pub use deltanet::{DnStep, MAX_D_CONV};
+pub use deltanet::{DnRows, DnStep, MAX_D_CONV};
 pub use moe::{MoeRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K};
 pub use quant::{Mat, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 
@@ -25,6 +25,10 @@ pub(crate) fn dynamic_smem_needs() -> Vec<(K, u32)> {
         (K::AttnCoreHd64, attention::core_smem(64)),
         (K::AttnCoreHd128, attention::core_smem(128)),
         (K::AttnCoreHd256, attention::core_smem(256)),
+        (K::AttnCoreRowsHd32, attention::core_smem(32)),
+        (K::AttnCoreRowsHd64, attention::core_smem(64)),
+        (K::AttnCoreRowsHd128, attention::core_smem(128)),
+        (K::AttnCoreRowsHd256, attention::core_smem(256)),
         (K::MmqQ8_0, quant::MMQ_DYN_SMEM),
         (K::MmqQ4_0, quant::MMQ_DYN_SMEM),
         (K::MmqQ4K, quant::MMQ_DYN_SMEM),

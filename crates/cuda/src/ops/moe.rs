@@ -2,7 +2,7 @@
 //! (`model::moe::route`, `engine/src/cpu/moe.rs`).
 
 use super::quant::{check_mat, Mat, QAct, TypeInfo};
-use super::{addr, blocks, int, opt_addr, qact_args};
+use super::{addr, blocks, int, opt_addr, qact_args, MAX_GRID_YZ};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
@@ -65,6 +65,11 @@ impl Gpu {
     /// ([`Gpu::quantize_act`] of the whole row; every expert width a multiple of 32),
     /// and `done` (i32 [k + 1], zero) counts each plane's finished blocks, zero again
     /// when the kernel ends.
+    ///
+    /// With `n_tok` > 1 each of the tokens (rows of `x`, its copy and the router
+    /// `logits`) is routed and computed as if alone: its rows of `wts_out` / `ids_out`
+    /// (k each; of `ids` for [`MoeRoute::Given`]), `act` and `act_q` (k·n_ff + n_sff
+    /// each), `shared_logit` (one each), with `done` holding `n_tok`·(k + 1) counts.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gate_up(
         &self,
@@ -74,6 +79,7 @@ impl Gpu {
         gate_inp: u64,
         route: MoeRoute,
         k: usize,
+        n_tok: usize,
         x: u64,
         xq: QAct,
         shared_logit: u64,
@@ -181,9 +187,20 @@ impl Gpu {
         // Four rows a block; the shared plane has one more warp for the gate logit.
         let rows = gate.n_rows.max(s_rows + usize::from(gate_inp != 0));
         let planes = k + usize::from(shared.is_some());
+        if n_tok == 0 || n_tok > MAX_GRID_YZ {
+            return Err(CudaError::bad(
+                KN,
+                format!("{n_tok} tokens (1..={MAX_GRID_YZ})"),
+            ));
+        }
+        let kernel = if n_tok > 1 {
+            K::MoeGateUpRows
+        } else {
+            K::MoeGateUp
+        };
         self.launch(
-            K::MoeGateUp,
-            [blocks(rows, 4)?, planes as u32, 1],
+            kernel,
+            [blocks(rows, 4)?, planes as u32, n_tok as u32],
             128,
             0,
             &args,
@@ -198,7 +215,9 @@ impl Gpu {
     /// [`Gpu::quantize_act`] writes one row of k·n_ff + n_sff values), needed when a
     /// type is quantized. A rank with a negative id in `ids` takes its products from
     /// row r of `given` (f32 [k × n_out]: experts computed elsewhere, e.g. by the CPU)
-    /// instead; `given` may be 0 when no id is negative.
+    /// instead; `given` may be 0 when no id is negative. `n_tok` tokens laid out as
+    /// [`Gpu::moe_gate_up`] writes them each get their one-token bits (`out` and
+    /// `given` rows of n_out values).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_down_combine(
         &self,
@@ -207,6 +226,7 @@ impl Gpu {
         ids: u64,
         wts: u64,
         k: usize,
+        n_tok: usize,
         act: u64,
         aq: QAct,
         shared_logit: u64,
@@ -270,8 +290,23 @@ impl Gpu {
             Arg::I32(i32::from(pair)),
             Arg::P(opt_addr(KN, "given", given, 4)?),
         ];
-        let grid = [blocks(down.n_rows, if pair { 4 } else { 1 })?, 1, 1];
-        self.launch(K::MoeDownCombine, grid, 32 * warps as u32, 0, &args)
+        if n_tok == 0 || n_tok > MAX_GRID_YZ {
+            return Err(CudaError::bad(
+                KN,
+                format!("{n_tok} tokens (1..={MAX_GRID_YZ})"),
+            ));
+        }
+        let grid = [
+            blocks(down.n_rows, if pair { 4 } else { 1 })?,
+            n_tok as u32,
+            1,
+        ];
+        let kernel = if n_tok > 1 {
+            K::MoeDownCombineRows
+        } else {
+            K::MoeDownCombine
+        };
+        self.launch(kernel, grid, 32 * warps as u32, 0, &args)
     }
 
     /// `model::moe::route` of each of `n_tok` rows of `n_expert` router logits:

@@ -160,16 +160,32 @@ impl Gpu {
     /// `engine::sampler::argmax`: the lowest index of the largest value greater than
     /// -inf; NaN never wins; 0 when no value qualifies (all NaN or -inf).
     pub fn argmax(&self, x: u64, n: usize, out_idx: u64) -> Result<(), CudaError> {
+        self.argmax_rows(x, n, 1, out_idx)
+    }
+
+    /// [`Gpu::argmax`] of each of `rows` rows of `n` values (`x` f32 [rows × n]) in
+    /// one launch: `out_idx[r]` (i32 [rows]) is row r's.
+    pub fn argmax_rows(
+        &self,
+        x: u64,
+        n: usize,
+        rows: usize,
+        out_idx: u64,
+    ) -> Result<(), CudaError> {
         const KN: &str = "argmax";
         if n == 0 {
             return Err(CudaError::bad(KN, "argmax of no values"));
+        }
+        if rows == 0 {
+            return Ok(());
         }
         let args = [
             Arg::P(addr(KN, "x", x, 4)?),
             Arg::I32(int(KN, "n", n)?),
             Arg::P(addr(KN, "out_idx", out_idx, 4)?),
         ];
-        self.launch(K::Argmax, [1, 1, 1], 1024, 0, &args)
+        let rows = u32::try_from(rows).map_err(|_| CudaError::bad(KN, "too many rows"))?;
+        self.launch(K::Argmax, [rows, 1, 1], 1024, 0, &args)
     }
 
     /// For tests of scoria_math.cuh: `out[f·n + i] = f(x[i])` for f = exp, sigmoid,

@@ -59,6 +59,8 @@ pub(crate) struct TypeInfo {
     k: K,
     /// The same kernel for one token per tile (decode).
     k1: K,
+    /// The same kernel for 2 to 4 tokens of a plain matrix (batched decode).
+    k4: K,
     /// The tensor-core GEMM for many tokens (kernels/mmq.cu), same bits; quantized
     /// types only.
     mmq: Option<K>,
@@ -70,47 +72,95 @@ pub(crate) struct TypeInfo {
 
 fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     use GgmlType as T;
-    let ((k, k1, mmq), code, block, align, float) = match ty {
-        T::F32 => ((K::MatvecF32, K::MatvecF32T1, None), 0, 1, 4, true),
-        T::F16 => ((K::MatvecF16, K::MatvecF16T1, None), 1, 1, 2, true),
-        T::BF16 => ((K::MatvecBf16, K::MatvecBf16T1, None), 2, 1, 2, true),
+    let ((k, k1, k4, mmq), code, block, align, float) = match ty {
+        T::F32 => (
+            (K::MatvecF32, K::MatvecF32T1, K::MatvecF32T4, None),
+            0,
+            1,
+            4,
+            true,
+        ),
+        T::F16 => (
+            (K::MatvecF16, K::MatvecF16T1, K::MatvecF16T4, None),
+            1,
+            1,
+            2,
+            true,
+        ),
+        T::BF16 => (
+            (K::MatvecBf16, K::MatvecBf16T1, K::MatvecBf16T4, None),
+            2,
+            1,
+            2,
+            true,
+        ),
         T::Q8_0 => (
-            (K::MatvecQ8_0, K::MatvecQ8_0T1, Some(K::MmqQ8_0)),
+            (
+                K::MatvecQ8_0,
+                K::MatvecQ8_0T1,
+                K::MatvecQ8_0T4,
+                Some(K::MmqQ8_0),
+            ),
             3,
             32,
             2,
             false,
         ),
         T::Q4_0 => (
-            (K::MatvecQ4_0, K::MatvecQ4_0T1, Some(K::MmqQ4_0)),
+            (
+                K::MatvecQ4_0,
+                K::MatvecQ4_0T1,
+                K::MatvecQ4_0T4,
+                Some(K::MmqQ4_0),
+            ),
             4,
             32,
             2,
             false,
         ),
         T::Q4_K => (
-            (K::MatvecQ4K, K::MatvecQ4KT1, Some(K::MmqQ4K)),
+            (
+                K::MatvecQ4K,
+                K::MatvecQ4KT1,
+                K::MatvecQ4KT4,
+                Some(K::MmqQ4K),
+            ),
             5,
             256,
             16,
             false,
         ),
         T::Q5_K => (
-            (K::MatvecQ5K, K::MatvecQ5KT1, Some(K::MmqQ5K)),
+            (
+                K::MatvecQ5K,
+                K::MatvecQ5KT1,
+                K::MatvecQ5KT4,
+                Some(K::MmqQ5K),
+            ),
             6,
             256,
             16,
             false,
         ),
         T::Q6_K => (
-            (K::MatvecQ6K, K::MatvecQ6KT1, Some(K::MmqQ6K)),
+            (
+                K::MatvecQ6K,
+                K::MatvecQ6KT1,
+                K::MatvecQ6KT4,
+                Some(K::MmqQ6K),
+            ),
             7,
             256,
             2,
             false,
         ),
         T::IQ4_XS => (
-            (K::MatvecIq4Xs, K::MatvecIq4XsT1, Some(K::MmqIq4Xs)),
+            (
+                K::MatvecIq4Xs,
+                K::MatvecIq4XsT1,
+                K::MatvecIq4XsT4,
+                Some(K::MmqIq4Xs),
+            ),
             8,
             256,
             8,
@@ -121,6 +171,7 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     Some(TypeInfo {
         k,
         k1,
+        k4,
         mmq,
         code,
         block,
@@ -455,7 +506,13 @@ impl Gpu {
         // One token per tile (decode): the kernel that keeps one accumulator per
         // lane runs more warps at once; same bits per (row, token).
         let one = (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == TileShape::Single);
-        let k = if one { ti.k1 } else { ti.k };
+        let k = if one {
+            ti.k1
+        } else if tiles == 0 && n_tok <= 4 {
+            ti.k4
+        } else {
+            ti.k
+        };
         let grid = [
             blocks(n_rows, MV_ROWS_PER_BLOCK)?,
             units.min(MAX_GRID_YZ) as u32,
@@ -478,6 +535,32 @@ impl Gpu {
         x: u64,
         xq: QAct,
         conv: Option<(u64, u64, usize)>,
+    ) -> Result<(), CudaError> {
+        self.matvec_multi_launch(mats, outs, x, xq, conv, 1)
+    }
+
+    /// [`Gpu::matvec_multi`] without the conv for each of `n_tok` tokens (rows of `x`
+    /// and `xq`): `outs[p]` gets a row of matrix p's `n_rows` values per token, each
+    /// with the one-token bits (a batched decode step of several sequences).
+    pub fn matvec_multi_rows(
+        &self,
+        mats: &[&Mat],
+        outs: &[u64],
+        x: u64,
+        xq: QAct,
+        n_tok: usize,
+    ) -> Result<(), CudaError> {
+        self.matvec_multi_launch(mats, outs, x, xq, None, n_tok)
+    }
+
+    fn matvec_multi_launch(
+        &self,
+        mats: &[&Mat],
+        outs: &[u64],
+        x: u64,
+        xq: QAct,
+        conv: Option<(u64, u64, usize)>,
+        n_tok: usize,
     ) -> Result<(), CudaError> {
         const KN: &str = "matvec_multi";
         if mats.is_empty() || mats.len() > 4 || outs.len() != mats.len() {
@@ -550,12 +633,17 @@ impl Gpu {
             Arg::P(cs),
             Arg::P(ct),
             Arg::I32(dc as i32),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
         ]);
-        if end == 0 {
+        if end == 0 || n_tok == 0 {
             return Ok(());
         }
         self.launch(
-            K::MatvecMulti,
+            if n_tok == 1 {
+                K::MatvecMulti
+            } else {
+                K::MatvecMultiRows
+            },
             [blocks(end, MV_ROWS_PER_BLOCK)?, 1, 1],
             (32 * MV_ROWS_PER_BLOCK) as u32,
             0,

@@ -117,6 +117,7 @@ fn attn_prep_matches_norm_and_rope() {
             kc.ptr(),
             vc.ptr(),
             q_out.ptr(),
+            0,
         )
         .unwrap();
         let what = format!("hd {} rot {} at {}", c.hd, c.n_rot, c.pos0);
@@ -296,6 +297,7 @@ fn attn_core_matches_softmax_attention() {
                     out.ptr(),
                     if sb > 0 { scratch.ptr() } else { 0 },
                     oq,
+                    0,
                 )
                 .unwrap();
             assert_eq!(quantized, sb > 0, "the split path (and only it) quantizes");

@@ -195,6 +195,7 @@ fn attention_graph_follows_the_position_on_the_device() {
             kc,
             vc,
             qo,
+            0,
         )
         .unwrap();
         g.attn_core(
@@ -212,6 +213,7 @@ fn attention_graph_follows_the_position_on_the_device() {
             out,
             sp,
             QAct::NONE,
+            0,
         )
         .unwrap();
     };

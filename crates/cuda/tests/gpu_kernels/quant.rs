@@ -686,6 +686,7 @@ fn fused_decode_moe_matches_the_cpu() {
                     ids_out: dids_out.ptr(),
                 },
                 k,
+                1,
                 dx.ptr(),
                 dq.q(),
                 if logit { dlg.ptr() } else { 0 },
@@ -722,6 +723,7 @@ fn fused_decode_moe_matches_the_cpu() {
             dids_out.ptr(),
             dwts_out.ptr(),
             k,
+            1,
             dact.ptr(),
             aq,
             if logit { dlg.ptr() } else { 0 },
@@ -758,6 +760,7 @@ fn fused_decode_moe_matches_the_cpu() {
                 ids: dgiven_ids.ptr(),
             },
             k,
+            1,
             dx.ptr(),
             dq.q(),
             if logit { dlg.ptr() } else { 0 },
@@ -793,6 +796,7 @@ fn fused_decode_moe_matches_the_cpu() {
             dgiven_ids.ptr(),
             dwts_out.ptr(),
             k,
+            1,
             dact2.ptr(),
             aqo2.q(),
             if logit { dlg.ptr() } else { 0 },
@@ -874,6 +878,30 @@ fn matvec_multi_matches_the_cpu() {
                 &down(&g, &dst),
                 &state,
                 &format!("conv state of {shapes:?}"),
+            );
+        }
+        // Three tokens in one launch (matvec_multi_rows): each token's matvec.
+        let x3 = activations(3, n_cols, &mut rng);
+        let dx3 = up(&g, &x3);
+        let q3: Vec<_> = x3.chunks(n_cols).map(quant::quantize_act).collect();
+        let dq3 = DevQAct::upload(&g, &q3);
+        let outs3: Vec<_> = shapes
+            .iter()
+            .map(|&(_, rows)| poisoned(&g, 3 * rows))
+            .collect();
+        g.matvec_multi_rows(
+            &mats.iter().collect::<Vec<_>>(),
+            &outs3.iter().map(|o| o.ptr()).collect::<Vec<_>>(),
+            dx3.ptr(),
+            dq3.q(),
+            3,
+        )
+        .unwrap();
+        for (p, (o, (&(ty, rows), w))) in outs3.iter().zip(shapes.iter().zip(&ws)).enumerate() {
+            assert_bits(
+                &down(&g, o),
+                &cpu_matmul(ty, w, rows, n_cols, &x3, 3),
+                &format!("matvec_multi_rows matrix {p} of {shapes:?}"),
             );
         }
     }

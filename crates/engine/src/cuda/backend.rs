@@ -19,7 +19,7 @@ use super::tiered::Tiered;
 use super::weights::{cuda_err, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
 use crate::experts::Batch;
 use cuda::{DevBuf, Gpu, Graph, MoeRoute, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
-use model::{Backend, ExecError, ModelConfig, Norm};
+use model::{Backend, ExecError, LayerKind, ModelConfig, Norm, SegmentRows};
 use quant::GgmlType;
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
@@ -45,6 +45,27 @@ pub struct CudaState {
 
 const ALIGN: usize = 256;
 
+/// The most sequences one batched decode pass takes (rows mode: one token each, their
+/// states named by device tables; see [`CudaBackend::load_rows`]).
+pub(crate) const MAX_ROWS: usize = 16;
+
+/// What names a sequence's state in the device tables: its first buffer's address.
+fn state_id(st: &CudaState) -> u64 {
+    st.kv
+        .first()
+        .map(|(k, _)| k.ptr())
+        .or_else(|| st.conv.first().map(DevBuf::ptr))
+        .unwrap_or(0)
+}
+
+/// DeltaNet layers of the model.
+fn n_delta_net(cfg: &ModelConfig) -> usize {
+    cfg.layer_kinds
+        .iter()
+        .filter(|k| **k == LayerKind::DeltaNet)
+        .count()
+}
+
 fn is_float(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
@@ -62,11 +83,19 @@ pub struct CudaBackend {
     /// (cos, sin) per position and rotary pair, computed on the host with
     /// `model::math::rope_cos_sin` (the CPU's values).
     rope: DevBuf<f32>,
-    /// The step's token ids (up to `max_tokens`) and first position.
-    pub(crate) tok: DevBuf<i32>,
-    pub(crate) pos: DevBuf<i32>,
-    /// The position the executor wrote to `pos` (checked by the mixers).
-    pub(crate) pos_host: Cell<usize>,
+    /// The step's token ids (up to `max_tokens`) and each row's position (a
+    /// sequence's rows are consecutive positions, so a segment reads its first).
+    tok: DevBuf<i32>,
+    pos: DevBuf<i32>,
+    /// The positions written to `pos` (checked by the mixers).
+    pos_host: RefCell<Vec<usize>>,
+    /// The first row of the segment whose mixer runs (its position is `pos[seg_row]`).
+    seg_row: Cell<usize>,
+    /// Rows mode: per attention layer the (K, V) caches of each row, per DeltaNet
+    /// layer the conv states then the recurrent states, [`MAX_ROWS`] entries a table
+    /// (written by [`Self::load_rows`]), and which state each row's entries are.
+    state_tab: DevBuf<u64>,
+    tab_ids: RefCell<Vec<u64>>,
     pub(crate) max_tokens: usize,
     /// The expert store when the routed experts do not all live in VRAM
     /// (`MoeDev`'s expert tensors are then slot buffers).
@@ -198,10 +227,14 @@ impl CudaBackend {
             .alloc::<i32>(max_tokens, "token ids")
             .map_err(cuda_err("allocate step inputs"))?;
         let pos = gpu
-            .alloc::<i32>(1, "position")
+            .alloc::<i32>(max_tokens.max(MAX_ROWS), "positions")
             .map_err(cuda_err("allocate step inputs"))?;
         let plane_done = gpu
-            .alloc::<i32>(cuda::MAX_TOP_K + 1, "expert plane counts")
+            .alloc::<i32>(MAX_ROWS * (cuda::MAX_TOP_K + 1), "expert plane counts")
+            .map_err(cuda_err("allocate step inputs"))?;
+        let tables = 2 * (cfg.n_attention_layers() + n_delta_net(&cfg));
+        let state_tab = gpu
+            .alloc::<u64>(tables.max(1) * MAX_ROWS, "state tables")
             .map_err(cuda_err("allocate step inputs"))?;
         Ok(CudaBackend {
             gpu,
@@ -214,7 +247,10 @@ impl CudaBackend {
             rope,
             tok,
             pos,
-            pos_host: Cell::new(0),
+            pos_host: RefCell::new(vec![0]),
+            seg_row: Cell::new(0),
+            state_tab,
+            tab_ids: RefCell::new(Vec::new()),
             max_tokens,
             tiered,
             seg: RefCell::new(None),
@@ -267,6 +303,116 @@ impl CudaBackend {
         }
     }
 
+    fn upload_ids(&self, tokens: &[u32]) -> Result<(), ExecError> {
+        if tokens.len() > self.max_tokens {
+            return Err(ExecError::new(
+                "step",
+                format!(
+                    "{} tokens in one step (at most {})",
+                    tokens.len(),
+                    self.max_tokens
+                ),
+            ));
+        }
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.gpu
+            .copy_to_device(&ids, self.tok.ptr())
+            .map_err(cuda_err("upload tokens"))
+    }
+
+    /// Writes one sequence's step inputs where the kernels read them: its token ids
+    /// and first position.
+    pub(crate) fn load_inputs(&self, tokens: &[u32], pos0: usize) -> Result<(), ExecError> {
+        self.upload_ids(tokens)?;
+        self.gpu
+            .copy_to_device(&[pos0 as i32], self.pos.ptr())
+            .map_err(cuda_err("upload position"))?;
+        *self.pos_host.borrow_mut() = vec![pos0];
+        self.tab_ids.borrow_mut().clear();
+        Ok(())
+    }
+
+    /// Writes a batched decode step's inputs: row r is one token (`tokens[r]`) of the
+    /// sequence whose state is `states[r]`, at `positions[r]`; the state tables name
+    /// each row's caches and recurrent state, so the mixers run every row in one
+    /// launch (rows mode) and a captured pass replays for whatever sequences the
+    /// tables name.
+    pub(crate) fn load_rows(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        states: &[&CudaState],
+    ) -> Result<(), ExecError> {
+        let n = tokens.len();
+        if n > MAX_ROWS || positions.len() != n || states.len() != n {
+            return Err(ExecError::new(
+                "step",
+                format!(
+                    "a batched pass of {n} rows ({} positions, {} states; at most {MAX_ROWS})",
+                    positions.len(),
+                    states.len()
+                ),
+            ));
+        }
+        self.upload_ids(tokens)?;
+        let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        self.gpu
+            .copy_to_device(&pos, self.pos.ptr())
+            .map_err(cuda_err("upload positions"))?;
+        let mut tab = vec![0u64; self.state_tab.len()];
+        for (r, st) in states.iter().enumerate() {
+            for (a, (k, v)) in st.kv.iter().enumerate() {
+                tab[a * 2 * MAX_ROWS + 2 * r] = k.ptr();
+                tab[a * 2 * MAX_ROWS + 2 * r + 1] = v.ptr();
+            }
+            let base = 2 * self.cfg.n_attention_layers() * MAX_ROWS;
+            for (d, (c, h)) in st.conv.iter().zip(&st.ssm).enumerate() {
+                tab[base + 2 * d * MAX_ROWS + r] = c.ptr();
+                tab[base + (2 * d + 1) * MAX_ROWS + r] = h.ptr();
+            }
+        }
+        self.gpu
+            .copy_to_device(&tab, self.state_tab.ptr())
+            .map_err(cuda_err("upload state tables"))?;
+        *self.pos_host.borrow_mut() = positions.to_vec();
+        *self.tab_ids.borrow_mut() = states.iter().map(|s| state_id(s)).collect();
+        Ok(())
+    }
+
+    /// The table of attention layer `slot`'s (K, V) per row.
+    fn kv_tab(&self, slot: usize) -> u64 {
+        self.state_tab.ptr() + (8 * slot * 2 * MAX_ROWS) as u64
+    }
+
+    /// The tables of DeltaNet layer `slot`'s conv and recurrent states per row.
+    fn dn_tabs(&self, slot: usize) -> (u64, u64) {
+        let at = |i: usize| self.state_tab.ptr() + (8 * i * MAX_ROWS) as u64;
+        let base = 2 * self.cfg.n_attention_layers();
+        (at(base + 2 * slot), at(base + 2 * slot + 1))
+    }
+
+    /// Whether the executor runs one token of several sequences as one pass: the
+    /// fused kernels route and compute every row's experts on the device (tiered
+    /// experts read the routing on the host, one sequence at a time).
+    pub(crate) fn batches_rows(&self) -> bool {
+        self.fused && self.tiered.is_none()
+    }
+
+    /// Whether `parts` are the rows [`Self::load_rows`] wrote, in order: one token
+    /// each, their states named by the tables, at the positions written.
+    fn rows_mode(&self, parts: &[SegmentRows<'_, CudaState>]) -> bool {
+        let ids = self.tab_ids.borrow();
+        let pos = self.pos_host.borrow();
+        self.fused
+            && parts.len() > 1
+            && ids.len() == parts.len()
+            && pos.len() == parts.len()
+            && parts
+                .iter()
+                .zip(ids.iter().zip(pos.iter()))
+                .all(|(p, (&id, &at))| p.rows == 1 && state_id(p.state) == id && p.pos0 == at)
+    }
+
     pub(crate) fn arena_bytes(&self) -> u64 {
         self.arena.bytes()
     }
@@ -290,12 +436,7 @@ impl CudaBackend {
         }
         let (mut conv, mut ssm) = (Vec::new(), Vec::new());
         if let Some(s) = &cfg.ssm {
-            let n = cfg
-                .layer_kinds
-                .iter()
-                .filter(|k| **k == model::LayerKind::DeltaNet)
-                .count();
-            for _ in 0..n {
+            for _ in 0..n_delta_net(cfg) {
                 conv.push(
                     g.alloc::<f32>(s.conv_dim() * (s.d_conv - 1), "conv state")
                         .map_err(cuda_err("allocate state"))?,
@@ -555,11 +696,12 @@ impl CudaBackend {
         self.mm_tiles(&m.down_exps, &act, aq, tiles_down, n_tiles, grouped, rows)
     }
 
-    /// One token's MoE block when every expert is in VRAM, in three launches: the
-    /// router; the routing with every expert's gate/up/SwiGLU (the shared one and its
-    /// gate logit included) and their quantized copy; the down products combined.
-    /// The bits of the unfused path ([`Self::routed_resident`], `shared_expert`,
-    /// `moe_combine`), which prompts take.
+    /// The MoE block of a token (or of each of up to [`MAX_ROWS`] rows on its own)
+    /// when every expert is in VRAM, in three launches: the router; the routing with
+    /// every expert's gate/up/SwiGLU (the shared one and its gate logit included) and
+    /// their quantized copy; the down products combined. Several rows are routed by
+    /// one more launch first. The bits of the unfused path ([`Self::routed_resident`],
+    /// `shared_expert`, `moe_combine`), which longer prompts take.
     fn moe_fused(
         &self,
         m: &MoeDev,
@@ -575,12 +717,32 @@ impl CudaBackend {
             wts_out: wts.ptr,
             ids_out: ids,
         };
+        // Several rows: routed once by route_topk rather than in every block of the
+        // gate/up launch (its blocks multiply with the rows); the same routing bits.
+        let route = if x.rows > 1 {
+            self.gpu
+                .route_topk(
+                    logits.ptr,
+                    x.rows,
+                    self.cfg.n_expert,
+                    self.cfg.n_expert_used,
+                    wts.ptr,
+                    ids,
+                    0,
+                    0,
+                )
+                .map_err(cuda_err("route_topk"))?;
+            MoeRoute::Given { ids }
+        } else {
+            route
+        };
         let a = self.fused_gate_up(m, x, xq, route)?;
         self.fused_down(m, &a, ids, wts.ptr, 0)
     }
 
     /// The first launch of a fused MoE block after the router: the routing (or the
-    /// given one), every expert's gate/up/SwiGLU and the shared gate's logit.
+    /// given one), every expert's gate/up/SwiGLU and the shared gate's logit, for each
+    /// row of `x` on its own.
     fn fused_gate_up(
         &self,
         m: &MoeDev,
@@ -593,18 +755,19 @@ impl CudaBackend {
             m.gate_exps.n_rows,
             m.shared.as_ref().map_or(0, |s| s.gate.n_rows),
         );
-        let act = self.alloc(1, k * fe + sh, "expert products")?;
+        let n = x.rows;
+        let act = self.alloc(n, k * fe + sh, "expert products")?;
         // The down products' quantized input, written by the gate/up kernel.
         let quantized =
             !is_float(m.down_exps.ty) || m.shared.as_ref().is_some_and(|s| !is_float(s.down.ty));
         let aq = if quantized {
-            self.alloc_qact(1, act.cols)?
+            self.alloc_qact(n, act.cols)?
         } else {
             QAct::NONE
         };
         // Where the shared expert's gate logit goes.
         let logit = match &m.shared {
-            Some(_) => self.alloc(1, 1, "shared gate")?.ptr,
+            Some(_) => self.alloc(n, 1, "shared gate")?.ptr,
             None => 0,
         };
         let shared = m.shared.as_ref().map(|s| (s.gate.mat(), s.up.mat()));
@@ -616,6 +779,7 @@ impl CudaBackend {
                 m.shared.as_ref().map_or(0, |s| s.gate_inp.ptr()),
                 route,
                 k,
+                n,
                 x.ptr,
                 xq,
                 logit,
@@ -638,7 +802,7 @@ impl CudaBackend {
         wts: u64,
         given: u64,
     ) -> Result<DBuf, ExecError> {
-        let out = self.alloc(1, self.cfg.n_embd, "moe")?;
+        let out = self.alloc(a.act.rows, self.cfg.n_embd, "moe")?;
         let sdown = m.shared.as_ref().map(|s| s.down.mat());
         self.gpu
             .moe_down_combine(
@@ -647,6 +811,7 @@ impl CudaBackend {
                 ids,
                 wts,
                 self.cfg.n_expert_used,
+                a.act.rows,
                 a.act.ptr,
                 a.aq,
                 a.logit,
@@ -891,17 +1056,18 @@ impl CudaBackend {
         Ok((w, out, q))
     }
 
-    fn check_pos(&self, pos0: usize, op: &str) -> Result<(), ExecError> {
-        if pos0 != self.pos_host.get() {
+    /// Checks that the current segment's first position is `pos0` on the device too,
+    /// and returns where it is.
+    fn check_pos(&self, pos0: usize, op: &str) -> Result<u64, ExecError> {
+        let row = self.seg_row.get();
+        let have = self.pos_host.borrow().get(row).copied();
+        if have != Some(pos0) {
             return Err(ExecError::new(
                 op,
-                format!(
-                    "position {pos0} was not written to the device (have {})",
-                    self.pos_host.get()
-                ),
+                format!("position {pos0} was not written to the device (have {have:?})"),
             ));
         }
-        Ok(())
+        Ok(self.pos.ptr() + 4 * row as u64)
     }
 
     /// Groups a prompt's (token, rank) routes by expert into tiles of up to 8
@@ -1014,6 +1180,201 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The input projections of a mixer in rows mode: every row of `x` against each
+    /// of `ws` (at most four) in one launch, into `outs`.
+    fn multi_rows(
+        &self,
+        ws: &[&DevWeight],
+        outs: &[DBuf],
+        x: &DBuf,
+        xq: QAct,
+    ) -> Result<(), ExecError> {
+        let mats: Vec<cuda::Mat> = ws.iter().map(|w| w.mat()).collect();
+        let ptrs: Vec<u64> = outs.iter().map(|o| o.ptr).collect();
+        self.gpu
+            .matvec_multi_rows(&mats.iter().collect::<Vec<_>>(), &ptrs, x.ptr, xq, x.rows)
+            .map_err(cuda_err("matvec_multi_rows"))
+    }
+
+    /// Rows mode of a DeltaNet layer: the input projections once over every row, then
+    /// each row's conv, recurrence and gated norm on its own state in one launch each
+    /// (the one-token kernels' bits), and the output projection over every row.
+    /// None when the layer's shape has no one-token kernel.
+    fn delta_net_rows(
+        &self,
+        layer: usize,
+        slot: usize,
+        x: &DBuf,
+    ) -> Result<Option<DBuf>, ExecError> {
+        let (MixerDev::DeltaNet(d), Some(ssm)) = (&self.w.layers[layer].mixer, &self.cfg.ssm)
+        else {
+            return Ok(None);
+        };
+        let mut ws: Vec<&DevWeight> = vec![&d.qkv, &d.gate];
+        ws.extend(d.proj.iter());
+        if ws.len() > 4 || !matches!(ssm.d_state, 32 | 64 | 128) {
+            return Ok(None);
+        }
+        let n = x.rows;
+        let xq = self.prepare(&ws, x)?;
+        let outs: Vec<DBuf> = ws
+            .iter()
+            .map(|w| self.alloc(n, w.n_rows, "delta_net"))
+            .collect::<Result<_, _>>()?;
+        self.multi_rows(&ws, &outs, x, xq)?;
+        let (qkv, z, proj) = (&outs[0], &outs[1], &outs[2..]);
+        let conv_dim = ssm.conv_dim();
+        let conv = self.alloc(n, conv_dim, "delta_net")?;
+        let (conv_tab, ssm_tab) = self.dn_tabs(slot);
+        self.gpu
+            .dn_conv_rows(
+                qkv.ptr,
+                conv_tab,
+                d.conv.ptr(),
+                n,
+                conv_dim,
+                ssm.d_conv,
+                conv.ptr,
+            )
+            .map_err(cuda_err("dn_conv_rows"))?;
+        let y = self.alloc(n, ssm.value_dim(), "delta_net")?;
+        let yq = if is_float(d.out.ty) {
+            QAct::NONE
+        } else {
+            self.alloc_qact(n, y.cols)?
+        };
+        let step = cuda::DnStep {
+            beta_src: proj[d.beta.proj].ptr,
+            beta_idx: d.beta.idx.ptr(),
+            alpha_src: proj[d.alpha.proj].ptr,
+            alpha_idx: d.alpha.idx.ptr(),
+            a: d.a.ptr(),
+            dt_bias: d.dt_bias.ptr(),
+            k_head_of: d.k_head_of.ptr(),
+            z: z.ptr,
+            norm_w: d.norm.ptr(),
+            eps: self.cfg.eps,
+            scale: 1.0 / (ssm.d_state as f32).sqrt(),
+            n_k_heads: ssm.n_k_heads,
+            n_v_heads: ssm.n_v_heads,
+            d_state: ssm.d_state,
+        };
+        let rows = cuda::DnRows {
+            n,
+            state_tab: ssm_tab,
+            conv_stride: conv_dim,
+            beta_stride: d.beta.stride,
+            alpha_stride: d.alpha.stride,
+        };
+        self.gpu
+            .dn_step_rows(conv.ptr, &step, &rows, y.ptr, yq)
+            .map_err(cuda_err("dn_step_rows"))?;
+        Ok(Some(self.mm_q(&d.out, &y, yq)?))
+    }
+
+    /// Rows mode of an attention layer: the projections once over every row, then
+    /// each row's q/k norm, rotary and cache write, and its attention over its own
+    /// cache, in one launch each (the one-token launches' bits), and the output
+    /// projection over every row. None when the shape has no rows mode.
+    fn attention_rows(
+        &self,
+        layer: usize,
+        slot: usize,
+        x: &DBuf,
+        parts: &[SegmentRows<'_, CudaState>],
+    ) -> Result<Option<DBuf>, ExecError> {
+        let MixerDev::Attention(a) = &self.w.layers[layer].mixer else {
+            return Ok(None);
+        };
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+        let n_ctx = parts[0].state.n_ctx;
+        if nkv == 0 || nh / nkv > 16 || parts.iter().any(|p| p.state.n_ctx != n_ctx) {
+            return Ok(None);
+        }
+        if let Some(p) = parts.iter().find(|p| p.pos0 + 1 > n_ctx) {
+            return Err(ExecError::new(
+                "attention",
+                format!("position {} exceeds the context of {n_ctx}", p.pos0),
+            ));
+        }
+        let n = x.rows;
+        let ws = [&a.q, &a.k, &a.v];
+        let xq = self.prepare(&ws, x)?;
+        let outs: Vec<DBuf> = ws
+            .iter()
+            .map(|w| self.alloc(n, w.n_rows, "attention"))
+            .collect::<Result<_, _>>()?;
+        self.multi_rows(&ws, &outs, x, xq)?;
+        let (q_raw, k_raw, v_raw) = (&outs[0], &outs[1], &outs[2]);
+        let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
+        let tab = self.kv_tab(slot);
+        let q = self.alloc(n, nh * hd, "attention")?;
+        self.gpu
+            .attn_prep(
+                q_raw.ptr,
+                k_raw.ptr,
+                v_raw.ptr,
+                n,
+                self.pos.ptr(),
+                nh,
+                nkv,
+                hd,
+                q_stride,
+                a.q_norm.ptr(),
+                a.k_norm.ptr(),
+                cfg.eps,
+                self.rope.ptr(),
+                cfg.n_rot,
+                0,
+                0,
+                q.ptr,
+                tab,
+            )
+            .map_err(cuda_err("attn_prep"))?;
+        let out = self.alloc(n, nh * hd, "attention")?;
+        let oq = if is_float(a.o.ty) {
+            QAct::NONE
+        } else {
+            self.alloc_qact(n, nh * hd)?
+        };
+        let split = self.gpu.attn_rows_scratch_bytes(n, nh, nkv, hd, n_ctx);
+        let scratch = if split > 0 {
+            self.alloc_bytes(split as usize, "attention")?
+        } else {
+            0
+        };
+        let gate = if cfg.attn_output_gate { q_raw.ptr } else { 0 };
+        let quantized = self
+            .gpu
+            .attn_core(
+                q.ptr,
+                n,
+                self.pos.ptr(),
+                nh,
+                nkv,
+                hd,
+                0,
+                0,
+                n_ctx,
+                gate,
+                q_stride,
+                out.ptr,
+                scratch,
+                oq,
+                tab,
+            )
+            .map_err(cuda_err("attn_core"))?;
+        if oq != QAct::NONE && !quantized {
+            self.gpu
+                .quantize_act(out.ptr, out.rows, out.cols, oq)
+                .map_err(cuda_err("quantize_act"))?;
+        }
+        Ok(Some(self.mm_q(&a.o, &out, oq)?))
+    }
+}
+
 /// Whether one token's MoE block of `m` can take the fused kernels: gate and up of
 /// one type and shape (routed and shared alike), the shared expert reading and
 /// writing the routed width, widths of whole 32-value blocks (the activations'
@@ -1123,6 +1484,96 @@ impl Backend for CudaBackend {
         })
     }
 
+    /// A view of the rows (they stay where they are).
+    fn rows(&self, x: &DBuf, start: usize, n: usize) -> Result<DBuf, ExecError> {
+        if start + n > x.rows {
+            return Err(ExecError::new(
+                "rows",
+                format!("rows {start}..{} of {}", start + n, x.rows),
+            ));
+        }
+        Ok(DBuf {
+            ptr: x.ptr + (start * x.cols * 4) as u64,
+            rows: n,
+            cols: x.cols,
+        })
+    }
+
+    /// Parts that lie one after another are one view; others are copied together.
+    fn concat_rows(&self, parts: &[DBuf]) -> Result<DBuf, ExecError> {
+        let Some(first) = parts.first() else {
+            return Err(ExecError::new("concat_rows", "no parts"));
+        };
+        let cols = first.cols;
+        if let Some(p) = parts.iter().find(|p| p.cols != cols) {
+            return Err(ExecError::new(
+                "concat_rows",
+                format!("parts of {cols} and {} columns", p.cols),
+            ));
+        }
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        let adjacent = parts
+            .windows(2)
+            .all(|w| w[1].ptr == w[0].ptr + (w[0].rows * cols * 4) as u64);
+        if adjacent {
+            return Ok(DBuf {
+                ptr: first.ptr,
+                rows,
+                cols,
+            });
+        }
+        let out = self.alloc(rows, cols, "concat_rows")?;
+        let mut at = out.ptr;
+        for p in parts {
+            let bytes = (p.rows * cols * 4) as u64;
+            self.gpu
+                .copy_device(p.ptr, at, bytes)
+                .map_err(cuda_err("concat_rows"))?;
+            at += bytes;
+        }
+        Ok(out)
+    }
+
+    /// One sequence: its mixer over all of `h`. The rows [`CudaBackend::load_rows`]
+    /// wrote (a batched decode step): rows mode, each kernel once for every row.
+    /// Otherwise each segment on its own rows, reading its positions from its first row.
+    fn mix_segments(
+        &self,
+        layer: usize,
+        kind: LayerKind,
+        slot: usize,
+        h: &DBuf,
+        parts: &mut [SegmentRows<'_, CudaState>],
+    ) -> Result<DBuf, ExecError> {
+        let mix = |hs: &DBuf, p: &mut SegmentRows<'_, CudaState>| match kind {
+            LayerKind::Attention => self.attention(layer, slot, hs, p.pos0, p.state),
+            LayerKind::DeltaNet => self.delta_net(layer, slot, hs, p.state),
+        };
+        if let [p] = parts {
+            return mix(h, p);
+        }
+        if self.rows_mode(parts) {
+            let out = match kind {
+                LayerKind::Attention => self.attention_rows(layer, slot, h, parts)?,
+                LayerKind::DeltaNet => self.delta_net_rows(layer, slot, h)?,
+            };
+            if let Some(out) = out {
+                return Ok(out);
+            }
+        }
+        let mut outs = Vec::with_capacity(parts.len());
+        let mut start = 0;
+        for p in parts.iter_mut() {
+            let hs = self.rows(h, start, p.rows)?;
+            self.seg_row.set(start);
+            let out = mix(&hs, p);
+            self.seg_row.set(0);
+            outs.push(out?);
+            start += p.rows;
+        }
+        self.concat_rows(&outs)
+    }
+
     fn attention(
         &self,
         layer: usize,
@@ -1131,7 +1582,7 @@ impl Backend for CudaBackend {
         pos0: usize,
         state: &mut CudaState,
     ) -> Result<DBuf, ExecError> {
-        self.check_pos(pos0, "attention")?;
+        let pos_dev = self.check_pos(pos0, "attention")?;
         let MixerDev::Attention(a) = &self.w.layers[layer].mixer else {
             return Err(ExecError::new(
                 "attention",
@@ -1183,7 +1634,7 @@ impl Backend for CudaBackend {
                 k_raw.ptr,
                 v_raw.ptr,
                 t_n,
-                self.pos.ptr(),
+                pos_dev,
                 nh,
                 nkv,
                 hd,
@@ -1196,6 +1647,7 @@ impl Backend for CudaBackend {
                 kc.ptr(),
                 vc.ptr(),
                 q.ptr,
+                0,
             )
             .map_err(cuda_err("attn_prep"))?;
         let out = self.alloc(t_n, nh * hd, "attention")?;
@@ -1218,7 +1670,7 @@ impl Backend for CudaBackend {
             .attn_core(
                 q.ptr,
                 t_n,
-                self.pos.ptr(),
+                pos_dev,
                 nh,
                 nkv,
                 hd,
@@ -1230,6 +1682,7 @@ impl Backend for CudaBackend {
                 out.ptr,
                 scratch,
                 oq,
+                0,
             )
             .map_err(cuda_err("attn_core"))?;
         if oq != QAct::NONE && !quantized {
@@ -1329,7 +1782,8 @@ impl Backend for CudaBackend {
         let logits = self.mm_q(&m.router, x, xq)?;
         let wts = self.alloc(t_n, k, "route")?;
         let ids = self.alloc_bytes(t_n * k * 4, "route")?;
-        if t_n == 1 && self.fused && self.tiered.is_none() && fused_moe(m, cfg.n_expert, k) {
+        // A token or a batched decode step's rows: routed and computed on the device.
+        if t_n <= MAX_ROWS && self.fused && self.tiered.is_none() && fused_moe(m, cfg.n_expert, k) {
             return self.moe_fused(m, x, xq, &logits, &wts, ids);
         }
         let (down, (shared, logit)) = match &self.tiered {

@@ -9,14 +9,15 @@ mod backend;
 mod tiered;
 mod weights;
 
-use backend::SegRun;
 pub use backend::{CudaBackend, CudaState, DBuf};
+use backend::{SegRun, MAX_ROWS};
 
 use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::experts::{plan, ExpertIndex, ExpertStore, PlanRequest, RoutingProfile, TierStats};
 use crate::{Device, DeviceReport, EngineError};
 use cuda::{Gpu, Graph};
-use model::{ExecError, Logits, ModelConfig, ModelWeights};
+use model::{ExecError, Logits, ModelConfig, ModelWeights, Segment};
+use std::collections::HashMap;
 use tiered::Tiered;
 use weights::cuda_err;
 
@@ -56,6 +57,8 @@ pub const CONTEXT_VRAM: u64 = (1 << 30) + (64 << 20);
 /// Positions whose logits one step may return at once (Logits::All is split
 /// into pieces of this many tokens).
 const MAX_LOGIT_ROWS: usize = 64;
+/// Captured batched decode passes kept at once (one per list of sequences).
+const MAX_ROW_GRAPHS: usize = 64;
 /// VRAM left free for the driver and the CUDA context's own needs.
 const RESERVE: u64 = 512 << 20;
 
@@ -111,6 +114,9 @@ pub struct CudaExecutor {
     graphs: Vec<[Option<DecodeGraph>; 2]>,
     /// The same for tiered steps, as segments.
     segments: Vec<[Option<DecodeSegments>; 2]>,
+    /// Batched decode passes (one token of each of several sequences), by the list of
+    /// sequences: the logits rows, with every row's greedy token in `argmax_out`.
+    row_graphs: HashMap<Vec<usize>, DecodeGraph>,
     argmax_out: cuda::DevBuf<i32>,
     use_graphs: bool,
     ordinal: usize,
@@ -131,9 +137,12 @@ fn gib(b: u64) -> f64 {
 /// the scratch VRAM in all.
 fn scratch_for(gpu: &Gpu, cfg: &ModelConfig, n_ctx: usize, max_step: usize) -> (usize, u64) {
     // attn_core's key-split partials: the split count depends on the step's token
-    // count, so take the largest any step may ask for.
+    // count, so take the largest any step may ask for (a batched decode pass: each
+    // row's own).
+    let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
     let attn_split = (1..=max_step)
-        .map(|t| gpu.attn_scratch_bytes(t, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx))
+        .map(|t| gpu.attn_scratch_bytes(t, nh, nkv, hd, n_ctx))
+        .chain([gpu.attn_rows_scratch_bytes(MAX_ROWS, nh, nkv, hd, n_ctx)])
         .max()
         .unwrap_or(0) as usize;
     let arena = backend::scratch_bytes(cfg, max_step, MAX_LOGIT_ROWS, attn_split);
@@ -343,7 +352,7 @@ impl CudaExecutor {
             .collect::<Result<Vec<_>, _>>()?;
         let argmax_out = be
             .gpu
-            .alloc::<i32>(1, "argmax")
+            .alloc::<i32>(MAX_ROWS, "argmax")
             .map_err(cuda_err("allocate"))?;
         // A tiered step waits for the host at every MoE layer: graph segments.
         let use_graphs = std::env::var_os("SCORIA_NO_GRAPH").is_none();
@@ -360,6 +369,7 @@ impl CudaExecutor {
             be,
             graphs: (0..n_seq).map(|_| [None, None]).collect(),
             segments: (0..n_seq).map(|_| [None, None]).collect(),
+            row_graphs: HashMap::new(),
             states,
             argmax_out,
             use_graphs,
@@ -373,19 +383,101 @@ impl CudaExecutor {
         self.vram
     }
 
-    /// Writes a step's token ids and first position where the kernels read them.
     fn load_inputs(&self, tokens: &[u32], pos0: usize) -> Result<(), ExecError> {
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.be.load_inputs(tokens, pos0)
+    }
+
+    /// One pass over one token of each entry's sequence (kernels only; capturable):
+    /// the logits rows in entry order, and each row's greedy token in `argmax_out`.
+    /// The inputs were written by `CudaBackend::load_rows`.
+    fn launch_rows(&mut self, entries: &[&SeqStep]) -> Result<u64, ExecError> {
+        let mut free: Vec<Option<&mut CudaState>> = self.states.iter_mut().map(Some).collect();
+        let mut segs = Vec::with_capacity(entries.len());
+        for e in entries {
+            let state = free.get_mut(e.seq).and_then(Option::take).ok_or_else(|| {
+                ExecError::new("step", format!("sequence {} appears twice", e.seq))
+            })?;
+            segs.push(Segment {
+                tokens: e.tokens,
+                pos0: e.pos0,
+                state,
+                logits: Logits::Last,
+            });
+        }
+        let outs = model::forward_batch(&self.be, &mut segs)?;
+        let vocab = self.be.cfg.n_vocab;
+        let base = outs.first().map_or(0, |o| o.ptr);
+        if outs
+            .iter()
+            .enumerate()
+            .any(|(i, o)| o.ptr != base + (i * vocab * 4) as u64)
+        {
+            return Err(ExecError::new(
+                "step",
+                "the logits rows are not consecutive",
+            ));
+        }
         self.be
             .gpu
-            .copy_to_device(&ids, self.be.tok.ptr())
-            .map_err(cuda_err("upload tokens"))?;
-        self.be
-            .gpu
-            .copy_to_device(&[pos0 as i32], self.be.pos.ptr())
-            .map_err(cuda_err("upload position"))?;
-        self.be.pos_host.set(pos0);
-        Ok(())
+            .argmax_rows(base, vocab, outs.len(), self.argmax_out.ptr())
+            .map_err(cuda_err("argmax"))?;
+        Ok(base)
+    }
+
+    /// One token of each of several sequences in one pass (batched decode): every
+    /// mixer runs its rows in one launch each, over the states the backend's tables
+    /// name, and each row gets the bits of its sequence's own step. Replayed from a
+    /// graph captured for this list of sequences.
+    fn step_rows(&mut self, entries: &[&SeqStep]) -> Result<Vec<StepOut>, ExecError> {
+        let tokens: Vec<u32> = entries.iter().map(|e| e.tokens[0]).collect();
+        let positions: Vec<usize> = entries.iter().map(|e| e.pos0).collect();
+        let states: Vec<&CudaState> = entries.iter().map(|e| &self.states[e.seq]).collect();
+        self.be.load_rows(&tokens, &positions, &states)?;
+        let logits = if self.use_graphs {
+            let key: Vec<usize> = entries.iter().map(|e| e.seq).collect();
+            if !self.row_graphs.contains_key(&key) {
+                if self.row_graphs.len() >= MAX_ROW_GRAPHS {
+                    self.row_graphs.clear();
+                }
+                self.be
+                    .gpu
+                    .begin_capture()
+                    .map_err(cuda_err("begin capture"))?;
+                let out = self.launch_rows(entries);
+                let graph = self.be.gpu.end_capture().map_err(cuda_err("end capture"));
+                let out = out?;
+                self.row_graphs
+                    .insert(key.clone(), DecodeGraph { graph: graph?, out });
+            }
+            let g = &self.row_graphs[&key];
+            g.graph
+                .launch(&self.be.gpu)
+                .map_err(cuda_err("graph launch"))?;
+            g.out
+        } else {
+            self.launch_rows(entries)?
+        };
+        let gpu = &self.be.gpu;
+        let vocab = self.be.cfg.n_vocab;
+        let ids: Vec<i32> = if entries.iter().any(|e| e.want == Want::Greedy) {
+            gpu.download(self.argmax_out.ptr(), entries.len())
+                .map_err(cuda_err("download tokens"))?
+        } else {
+            Vec::new()
+        };
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                Ok(match e.want {
+                    Want::Greedy => StepOut::Token(ids[i] as u32),
+                    Want::Logits(_) => StepOut::Logits(
+                        gpu.download(logits + (i * vocab * 4) as u64, vocab)
+                            .map_err(cuda_err("download logits"))?,
+                    ),
+                })
+            })
+            .collect()
     }
 
     /// Runs the forward pass (kernels only; capturable for one token) and, for
@@ -541,7 +633,7 @@ impl Executor for CudaExecutor {
     }
 
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError> {
-        let mut outs = Vec::with_capacity(batch.len());
+        let mut seen = vec![false; self.states.len()];
         for s in batch {
             if s.seq >= self.states.len() {
                 return Err(ExecError::new("step", format!("no sequence {}", s.seq)));
@@ -549,38 +641,66 @@ impl Executor for CudaExecutor {
             if s.tokens.is_empty() {
                 return Err(ExecError::new("step", "no tokens"));
             }
-            if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) {
-                self.load_inputs(s.tokens, s.pos0)?;
-                let out = if self.use_graphs && self.be.tiered.is_some() {
-                    self.decode_segments(s)?
-                } else if self.use_graphs {
-                    self.decode_graph(s)?
-                } else {
-                    self.launch_step(s.seq, s.tokens, s.pos0, s.want)?
-                };
-                outs.push(self.read_out(out, s.want, 1)?);
-                continue;
+            if std::mem::replace(&mut seen[s.seq], true) {
+                return Err(ExecError::new(
+                    "step",
+                    format!("sequence {} appears twice", s.seq),
+                ));
             }
-            // Several tokens: pieces the arena holds (every position's logits
-            // need more room, so those pieces are shorter).
-            let piece = if s.want == Want::Logits(Logits::All) {
-                MAX_LOGIT_ROWS
-            } else {
-                self.be.max_tokens
-            };
-            let out =
-                crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {
-                    self.load_inputs(chunk, pos0)?;
-                    let out = self.launch_step(s.seq, chunk, pos0, want)?;
-                    let rows = if want == Want::Logits(Logits::All) {
-                        chunk.len()
-                    } else {
-                        1
-                    };
-                    self.read_out(out, want, rows)
-                })?;
-            outs.push(out);
         }
-        Ok(outs)
+        let mut outs: Vec<Option<StepOut>> = batch.iter().map(|_| None).collect();
+        // One token of several sequences: batched passes of up to MAX_ROWS rows.
+        if self.be.batches_rows() {
+            let rows: Vec<usize> = (0..batch.len())
+                .filter(|&i| batch[i].tokens.len() == 1)
+                .collect();
+            for chunk in rows.chunks(MAX_ROWS).filter(|c| c.len() > 1) {
+                let entries: Vec<&SeqStep> = chunk.iter().map(|&i| &batch[i]).collect();
+                for (&i, out) in chunk.iter().zip(self.step_rows(&entries)?) {
+                    outs[i] = Some(out);
+                }
+            }
+        }
+        for (s, out) in batch.iter().zip(outs.iter_mut()) {
+            if out.is_none() {
+                *out = Some(self.step_one(s)?);
+            }
+        }
+        Ok(outs.into_iter().flatten().collect())
+    }
+}
+
+impl CudaExecutor {
+    /// One entry on its own: a decode token through its sequence's graph, or a
+    /// prompt in the pieces the arena holds.
+    fn step_one(&mut self, s: &SeqStep) -> Result<StepOut, ExecError> {
+        if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) {
+            self.load_inputs(s.tokens, s.pos0)?;
+            let out = if self.use_graphs && self.be.tiered.is_some() {
+                self.decode_segments(s)?
+            } else if self.use_graphs {
+                self.decode_graph(s)?
+            } else {
+                self.launch_step(s.seq, s.tokens, s.pos0, s.want)?
+            };
+            return self.read_out(out, s.want, 1);
+        }
+        // Several tokens: pieces the arena holds (every position's logits
+        // need more room, so those pieces are shorter).
+        let piece = if s.want == Want::Logits(Logits::All) {
+            MAX_LOGIT_ROWS
+        } else {
+            self.be.max_tokens
+        };
+        crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {
+            self.load_inputs(chunk, pos0)?;
+            let out = self.launch_step(s.seq, chunk, pos0, want)?;
+            let rows = if want == Want::Logits(Logits::All) {
+                chunk.len()
+            } else {
+                1
+            };
+            self.read_out(out, want, rows)
+        })
     }
 }
