@@ -13,11 +13,11 @@ use std::time::Duration;
 pub struct EngineConfig {
     /// CPU threads for the kernels (None: all cores).
     pub threads: Option<usize>,
-    /// Context length to allocate per sequence (None: min(model's trained context, 8192)).
+    /// Context length to allocate per sequence (None: min(model's trained context, 4096)).
     pub max_context: Option<usize>,
     /// Slots: requests decoded at once, each in its own sequence (None:
-    /// `DEFAULT_PARALLEL_CPU` on the CPU; 1 on a GPU, whose executor keeps a whole
-    /// context per slot and does not batch yet).
+    /// `DEFAULT_PARALLEL_CPU`; on a GPU, whose executor keeps a whole context per
+    /// slot, one instead when that many would push routed experts out of VRAM).
     pub parallel: Option<usize>,
     /// Bytes of RAM for conversations no slot holds any more (None: the smaller of
     /// 8 GiB and a quarter of the available memory; 0: off).

@@ -228,8 +228,8 @@ impl Engine {
             }
             None => mcfg.n_ctx_train.min(4096),
         };
-        // The CPU's slots when none are asked for (the memory check below counts
-        // them; a GPU executor then takes one unless asked for more).
+        // The slots when none are asked for (the memory check below counts them; a
+        // GPU executor takes one instead when that many would push experts out of VRAM).
         let parallel = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
         if parallel == 0 || parallel > MAX_PARALLEL {
             return Err(EngineError::Settings(format!(
@@ -1044,6 +1044,7 @@ fn cuda_budgets<'a>(
         ram: cfg.ram_budget,
         profile,
         cpu_share: cfg.cpu_expert_share,
+        slots_flexible: cfg.parallel.is_none(),
     }
 }
 
@@ -1058,7 +1059,7 @@ fn open_executor(
 ) -> Result<Box<dyn Executor>, EngineError> {
     let cpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
     #[cfg(feature = "cuda")]
-    let gpu_seqs = cfg.parallel.unwrap_or(1);
+    let gpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
     let recording = routing.is_some();
     let cpu = |weights| -> Result<Box<dyn Executor>, EngineError> {
         let backend = CpuBackend {

@@ -215,7 +215,7 @@ const SPECS: &[Spec] = &[
         section: "engine",
         kind: Kind::Count { min: 1 },
         default: || Value::Null,
-        unset: "4 on the CPU; 1 on a GPU (its executor does not batch yet)",
+        unset: "4 (on a GPU: 1 when 4 would push experts out of VRAM)",
     },
     Spec {
         name: "temp",

@@ -92,6 +92,11 @@ pub struct Budgets<'a> {
     /// A fixed share of each decode step's RAM misses for the CPU (None: the
     /// measured cost model splits them).
     pub cpu_share: Option<f64>,
+    /// The slot count is a default rather than the user's: when that many
+    /// sequences' state would push routed experts out of VRAM, open one sequence
+    /// instead (a tiered executor decodes one sequence at a time, and every expert
+    /// kept in VRAM speeds it up).
+    pub slots_flexible: bool,
 }
 
 /// A captured decode step of one sequence: replaying it runs one token.
@@ -199,6 +204,17 @@ impl CudaExecutor {
             }
             Some(b) => b - CONTEXT_VRAM,
             None => free.saturating_sub(RESERVE),
+        };
+        let (n_seq, state) = if budgets.slots_flexible
+            && n_seq > 1
+            && w_bytes + state + scratch > budget
+        {
+            tracing::info!(
+                    "cuda:{ordinal}: one slot instead of {n_seq}: the state of {n_seq} would leave routed experts outside VRAM (--parallel sets the slots)"
+                );
+            (1, state_one)
+        } else {
+            (n_seq, state)
         };
         if w_bytes + state + scratch > budget {
             return Self::open_tiered(gpu, cfg, weights, n_ctx, n_seq, budgets, budget, state);
