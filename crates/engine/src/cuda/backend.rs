@@ -16,7 +16,7 @@
 //! routing once per layer to group tokens by expert.
 
 use super::tiered::Tiered;
-use super::weights::{cuda_err, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
+use super::weights::{cuda_err, AttnDev, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
 use crate::experts::Batch;
 use cuda::{DevBuf, Gpu, Graph, MoeRoute, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 use model::{Backend, ExecError, LayerKind, ModelConfig, Norm, SegmentRows};
@@ -1151,11 +1151,31 @@ impl CudaBackend {
                 Some((state.conv[slot].ptr(), d.conv.ptr(), ssm.d_conv)),
             )
             .map_err(cuda_err("matvec_multi"))?;
-        let y = self.alloc(1, ssm.value_dim(), "delta_net")?;
+        let (y, yq, step) = self.dn_step_args(d, ssm, &proj, &z, 1)?;
+        self.gpu
+            .dn_step(conv.ptr, &step, state.ssm[slot].ptr(), y.ptr, yq)
+            .map_err(cuda_err("dn_step"))?;
+        self.mm_q(&d.out, &y, yq)
+    }
+}
+
+impl CudaBackend {
+    /// The output rows of a DeltaNet step (and their quantized copy when the output
+    /// projection needs one) and the `dn_step` arguments over the layer's β/α sources
+    /// `proj` and gate `z`.
+    fn dn_step_args(
+        &self,
+        d: &DnDev,
+        ssm: &model::SsmConfig,
+        proj: &[DBuf],
+        z: &DBuf,
+        rows: usize,
+    ) -> Result<(DBuf, QAct, cuda::DnStep), ExecError> {
+        let y = self.alloc(rows, ssm.value_dim(), "delta_net")?;
         let yq = if is_float(d.out.ty) {
             QAct::NONE
         } else {
-            self.alloc_qact(1, y.cols)?
+            self.alloc_qact(rows, y.cols)?
         };
         let step = cuda::DnStep {
             beta_src: proj[d.beta.proj].ptr,
@@ -1173,14 +1193,86 @@ impl CudaBackend {
             n_v_heads: ssm.n_v_heads,
             d_state: ssm.d_state,
         };
-        self.gpu
-            .dn_step(conv.ptr, &step, state.ssm[slot].ptr(), y.ptr, yq)
-            .map_err(cuda_err("dn_step"))?;
-        self.mm_q(&d.out, &y, yq)
+        Ok((y, yq, step))
     }
-}
 
-impl CudaBackend {
+    /// An attention layer after its projections: the q/k norms, rotary and cache
+    /// write (`attn_prep`), the attention over the cache (`attn_core`) and the output
+    /// projection, for the rows of `q_raw`. `caches` are one sequence's (K, V), whose
+    /// first position is at `pos_dev`; or, with `kv_tab`, ignored: each row is one
+    /// token of its own sequence, its caches in the table and its position at
+    /// `pos_dev` + 4·row (rows mode).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_core(
+        &self,
+        a: &AttnDev,
+        (q_raw, k_raw, v_raw): (&DBuf, &DBuf, &DBuf),
+        pos_dev: u64,
+        caches: (u64, u64),
+        kv_tab: u64,
+        n_ctx: usize,
+    ) -> Result<DBuf, ExecError> {
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+        let n = q_raw.rows;
+        let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
+        let q = self.alloc(n, nh * hd, "attention")?;
+        self.gpu
+            .attn_prep(
+                q_raw.ptr,
+                k_raw.ptr,
+                v_raw.ptr,
+                n,
+                pos_dev,
+                nh,
+                nkv,
+                hd,
+                q_stride,
+                a.q_norm.ptr(),
+                a.k_norm.ptr(),
+                cfg.eps,
+                self.rope.ptr(),
+                cfg.n_rot,
+                caches.0,
+                caches.1,
+                q.ptr,
+                kv_tab,
+            )
+            .map_err(cuda_err("attn_prep"))?;
+        let out = self.alloc(n, nh * hd, "attention")?;
+        // The output projection's quantized input, written by the attention kernels.
+        let oq = if is_float(a.o.ty) {
+            QAct::NONE
+        } else {
+            self.alloc_qact(n, nh * hd)?
+        };
+        let split = if kv_tab == 0 {
+            self.gpu.attn_scratch_bytes(n, nh, nkv, hd, n_ctx)
+        } else {
+            self.gpu.attn_rows_scratch_bytes(n, nh, nkv, hd, n_ctx)
+        };
+        let scratch = if split > 0 {
+            self.alloc_bytes(split as usize, "attention")?
+        } else {
+            0
+        };
+        // The kernel finds head h's gate at h·q_stride + head_dim of the raw q row.
+        let gate = if cfg.attn_output_gate { q_raw.ptr } else { 0 };
+        let quantized = self
+            .gpu
+            .attn_core(
+                q.ptr, n, pos_dev, nh, nkv, hd, caches.0, caches.1, n_ctx, gate, q_stride, out.ptr,
+                scratch, oq, kv_tab,
+            )
+            .map_err(cuda_err("attn_core"))?;
+        if oq != QAct::NONE && !quantized {
+            self.gpu
+                .quantize_act(out.ptr, out.rows, out.cols, oq)
+                .map_err(cuda_err("quantize_act"))?;
+        }
+        self.mm_q(&a.o, &out, oq)
+    }
+
     /// The input projections of a mixer in rows mode: every row of `x` against each
     /// of `ws` (at most four) in one launch, into `outs`.
     fn multi_rows(
@@ -1238,28 +1330,7 @@ impl CudaBackend {
                 conv.ptr,
             )
             .map_err(cuda_err("dn_conv_rows"))?;
-        let y = self.alloc(n, ssm.value_dim(), "delta_net")?;
-        let yq = if is_float(d.out.ty) {
-            QAct::NONE
-        } else {
-            self.alloc_qact(n, y.cols)?
-        };
-        let step = cuda::DnStep {
-            beta_src: proj[d.beta.proj].ptr,
-            beta_idx: d.beta.idx.ptr(),
-            alpha_src: proj[d.alpha.proj].ptr,
-            alpha_idx: d.alpha.idx.ptr(),
-            a: d.a.ptr(),
-            dt_bias: d.dt_bias.ptr(),
-            k_head_of: d.k_head_of.ptr(),
-            z: z.ptr,
-            norm_w: d.norm.ptr(),
-            eps: self.cfg.eps,
-            scale: 1.0 / (ssm.d_state as f32).sqrt(),
-            n_k_heads: ssm.n_k_heads,
-            n_v_heads: ssm.n_v_heads,
-            d_state: ssm.d_state,
-        };
+        let (y, yq, step) = self.dn_step_args(d, ssm, proj, z, n)?;
         let rows = cuda::DnRows {
             n,
             state_tab: ssm_tab,
@@ -1287,8 +1358,7 @@ impl CudaBackend {
         let MixerDev::Attention(a) = &self.w.layers[layer].mixer else {
             return Ok(None);
         };
-        let cfg = &self.cfg;
-        let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+        let (nh, nkv) = (self.cfg.n_head, self.cfg.n_head_kv);
         let n_ctx = parts[0].state.n_ctx;
         if nkv == 0 || nh / nkv > 16 || parts.iter().any(|p| p.state.n_ctx != n_ctx) {
             return Ok(None);
@@ -1307,71 +1377,10 @@ impl CudaBackend {
             .map(|w| self.alloc(n, w.n_rows, "attention"))
             .collect::<Result<_, _>>()?;
         self.multi_rows(&ws, &outs, x, xq)?;
-        let (q_raw, k_raw, v_raw) = (&outs[0], &outs[1], &outs[2]);
-        let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
+        let raw = (&outs[0], &outs[1], &outs[2]);
         let tab = self.kv_tab(slot);
-        let q = self.alloc(n, nh * hd, "attention")?;
-        self.gpu
-            .attn_prep(
-                q_raw.ptr,
-                k_raw.ptr,
-                v_raw.ptr,
-                n,
-                self.pos.ptr(),
-                nh,
-                nkv,
-                hd,
-                q_stride,
-                a.q_norm.ptr(),
-                a.k_norm.ptr(),
-                cfg.eps,
-                self.rope.ptr(),
-                cfg.n_rot,
-                0,
-                0,
-                q.ptr,
-                tab,
-            )
-            .map_err(cuda_err("attn_prep"))?;
-        let out = self.alloc(n, nh * hd, "attention")?;
-        let oq = if is_float(a.o.ty) {
-            QAct::NONE
-        } else {
-            self.alloc_qact(n, nh * hd)?
-        };
-        let split = self.gpu.attn_rows_scratch_bytes(n, nh, nkv, hd, n_ctx);
-        let scratch = if split > 0 {
-            self.alloc_bytes(split as usize, "attention")?
-        } else {
-            0
-        };
-        let gate = if cfg.attn_output_gate { q_raw.ptr } else { 0 };
-        let quantized = self
-            .gpu
-            .attn_core(
-                q.ptr,
-                n,
-                self.pos.ptr(),
-                nh,
-                nkv,
-                hd,
-                0,
-                0,
-                n_ctx,
-                gate,
-                q_stride,
-                out.ptr,
-                scratch,
-                oq,
-                tab,
-            )
-            .map_err(cuda_err("attn_core"))?;
-        if oq != QAct::NONE && !quantized {
-            self.gpu
-                .quantize_act(out.ptr, out.rows, out.cols, oq)
-                .map_err(cuda_err("quantize_act"))?;
-        }
-        Ok(Some(self.mm_q(&a.o, &out, oq)?))
+        self.attention_core(a, raw, self.pos.ptr(), (0, 0), tab, n_ctx)
+            .map(Some)
     }
 }
 
@@ -1589,8 +1598,6 @@ impl Backend for CudaBackend {
                 format!("layer {layer} has no attention weights"),
             ));
         };
-        let cfg = &self.cfg;
-        let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
         let t_n = x.rows;
         if pos0 + t_n > state.n_ctx {
             return Err(ExecError::new(
@@ -1625,72 +1632,9 @@ impl Backend for CudaBackend {
                 self.mm_q(&a.v, x, xq)?,
             )
         };
-        let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
         let (kc, vc) = &state.kv[slot];
-        let q = self.alloc(t_n, nh * hd, "attention")?;
-        self.gpu
-            .attn_prep(
-                q_raw.ptr,
-                k_raw.ptr,
-                v_raw.ptr,
-                t_n,
-                pos_dev,
-                nh,
-                nkv,
-                hd,
-                q_stride,
-                a.q_norm.ptr(),
-                a.k_norm.ptr(),
-                cfg.eps,
-                self.rope.ptr(),
-                cfg.n_rot,
-                kc.ptr(),
-                vc.ptr(),
-                q.ptr,
-                0,
-            )
-            .map_err(cuda_err("attn_prep"))?;
-        let out = self.alloc(t_n, nh * hd, "attention")?;
-        // The output projection's quantized input, written by the attention kernels.
-        let oq = if is_float(a.o.ty) {
-            QAct::NONE
-        } else {
-            self.alloc_qact(t_n, nh * hd)?
-        };
-        let split = self.gpu.attn_scratch_bytes(t_n, nh, nkv, hd, state.n_ctx);
-        let scratch = if split > 0 {
-            self.alloc_bytes(split as usize, "attention")?
-        } else {
-            0
-        };
-        // The kernel finds head h's gate at h·q_stride + head_dim of the raw q row.
-        let gate = if cfg.attn_output_gate { q_raw.ptr } else { 0 };
-        let quantized = self
-            .gpu
-            .attn_core(
-                q.ptr,
-                t_n,
-                pos_dev,
-                nh,
-                nkv,
-                hd,
-                kc.ptr(),
-                vc.ptr(),
-                state.n_ctx,
-                gate,
-                q_stride,
-                out.ptr,
-                scratch,
-                oq,
-                0,
-            )
-            .map_err(cuda_err("attn_core"))?;
-        if oq != QAct::NONE && !quantized {
-            self.gpu
-                .quantize_act(out.ptr, out.rows, out.cols, oq)
-                .map_err(cuda_err("quantize_act"))?;
-        }
-        self.mm_q(&a.o, &out, oq)
+        let raw = (&q_raw, &k_raw, &v_raw);
+        self.attention_core(a, raw, pos_dev, (kc.ptr(), vc.ptr()), 0, state.n_ctx)
     }
 
     fn delta_net(
