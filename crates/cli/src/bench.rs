@@ -556,9 +556,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let len = t.prefix_len() + t.n_prompt;
         let mut samples = Vec::with_capacity(reps);
         let mut stats_before = None;
+        let mut times_before = None;
         for run in 0..=reps as u64 {
             if run == 1 {
                 stats_before = eng.expert_stats();
+                times_before = Some(engine::cpu::op_times::OpTimes::now());
             }
             bar.set_message(if run == 0 {
                 format!("{label} warm-up")
@@ -608,6 +610,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     tr.line(t, s.median, ram_read_bps)
                 );
             }
+            // Where a CPU decode pass's time went (each run's passes: its 1-token
+            // prompt and n_gen - 1 decode steps).
+            if let (true, Some(before)) = (
+                cpu_decode && t.single_decode() && t.n_depth == 0,
+                times_before,
+            ) {
+                let d = engine::cpu::op_times::OpTimes::now().since(&before);
+                eprintln!(
+                    "scoria bench: {label}: {}",
+                    op_times_line(&d, reps * t.n_gen)
+                );
+            }
         });
         results.push(r);
     }
@@ -631,6 +645,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Format::Jsonl => rep.to_jsonl(),
     };
     sink.write(&text)
+}
+
+/// A CPU decode token's time by part of the model: each part's time over `tokens`
+/// passes, and the rest of the passes (embedding, norms, residual adds).
+fn op_times_line(d: &engine::cpu::op_times::OpTimes, tokens: usize) -> String {
+    let ms = |x: std::time::Duration| x.as_secs_f64() * 1e3 / tokens.max(1) as f64;
+    let pass = ms(d.passes);
+    let (mixers, moe, head) = (ms(d.mixers), ms(d.moe), ms(d.lm_head));
+    let rest = (pass - mixers - moe - head).max(0.0);
+    let pct = |v: f64| 100.0 * v / pass.max(f64::MIN_POSITIVE);
+    format!(
+        "a pass {pass:.2} ms: mixers {mixers:.2} ms ({:.0}%), MoE {moe:.2} ms ({:.0}%), LM head {head:.2} ms ({:.0}%), the rest (embedding, norms, adds) {rest:.2} ms ({:.0}%)",
+        pct(mixers),
+        pct(moe),
+        pct(head),
+        pct(rest)
+    )
 }
 
 /// A progress bar on stderr (drawn only when stderr is a terminal).

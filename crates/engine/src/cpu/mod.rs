@@ -8,6 +8,7 @@
 mod attention;
 mod deltanet;
 mod moe;
+pub mod op_times;
 mod snapshot;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) mod team;
@@ -598,6 +599,35 @@ impl Backend for CpuBackend {
         h: &Act,
         parts: &mut [SegmentRows<'_, CpuState>],
     ) -> Result<Act, ExecError> {
+        op_times::timed(op_times::Part::Mixers, || {
+            self.mix_parts(layer, kind, slot, h, parts)
+        })
+    }
+
+    fn moe(&self, layer: usize, x: &Act) -> Result<Act, ExecError> {
+        let m = &self.weights.layers[layer].moe;
+        Ok(op_times::timed(op_times::Part::Moe, || {
+            moe::run(self, layer, m, x)
+        }))
+    }
+
+    fn lm_head(&self, x: &Act) -> Result<Act, ExecError> {
+        Ok(op_times::timed(op_times::Part::LmHead, || {
+            self.mm_weight(&self.weights.output, x)
+        }))
+    }
+}
+
+impl CpuBackend {
+    /// [`Backend::mix_segments`]'s work.
+    fn mix_parts(
+        &self,
+        layer: usize,
+        kind: LayerKind,
+        slot: usize,
+        h: &Act,
+        parts: &mut [SegmentRows<'_, CpuState>],
+    ) -> Result<Act, ExecError> {
         let total: usize = parts.iter().map(|p| p.rows).sum();
         if total != h.rows {
             return Err(ExecError::new(
@@ -643,14 +673,6 @@ impl Backend for CpuBackend {
                 format!("layer {layer} has no {kind:?} weights"),
             )),
         }
-    }
-
-    fn moe(&self, layer: usize, x: &Act) -> Result<Act, ExecError> {
-        Ok(moe::run(self, layer, &self.weights.layers[layer].moe, x))
-    }
-
-    fn lm_head(&self, x: &Act) -> Result<Act, ExecError> {
-        Ok(self.mm_weight(&self.weights.output, x))
     }
 }
 
@@ -781,7 +803,9 @@ impl Executor for CpuExecutor {
         // instead of each loop handing work over from this thread and sleeping
         // until the pool is done (two thread switches per loop, hundreds a token).
         let backend = &self.backend;
-        let logits = rayon::scope(|_| model::forward_batch(backend, &mut segs))?;
+        let logits = op_times::timed(op_times::Part::Pass, || {
+            rayon::scope(|_| model::forward_batch(backend, &mut segs))
+        })?;
         Ok(batch
             .iter()
             .zip(logits)
