@@ -33,7 +33,7 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ q_raw, 
               const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
               const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
               float* __restrict__ v_cache, float* __restrict__ q_out,
-              const unsigned long long* __restrict__ kv_tab) { sc_pdl_enter();
+              const unsigned long long* __restrict__ kv_tab) { 
   __shared__ float sbuf[SC_PREP_WARPS][SC_MAX_HD];
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const long long item = (long long)blockIdx.x * SC_PREP_WARPS + wi;
@@ -95,6 +95,7 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep(const
               const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
               float* __restrict__ v_cache, float* __restrict__ q_out,
               const unsigned long long* __restrict__ kv_tab) {
+  sc_pdl_enter();
   attn_prep_body<false>(q_raw, k_raw, v_raw, n_tok, pos0_dev, n_head, n_head_kv, hd, q_stride, q_norm, k_norm, eps, rope, n_rot, k_cache, v_cache, q_out, kv_tab);
 }
 extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
@@ -103,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(
               const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
               float* __restrict__ v_cache, float* __restrict__ q_out,
               const unsigned long long* __restrict__ kv_tab) {
+  sc_pdl_enter();
   attn_prep_body<true>(q_raw, k_raw, v_raw, n_tok, pos0_dev, n_head, n_head_kv, hd, q_stride, q_norm, k_norm, eps, rope, n_rot, k_cache, v_cache, q_out, kv_tab);
 }
 

@@ -27,7 +27,7 @@ __device__ __forceinline__ void dn_conv_body(const float* qkv, float* __restrict
                                                           const float* __restrict__ taps, int n_tok,
                                                           int conv_dim, int d_conv, int tpb, float* out,
                                                           const unsigned long long* __restrict__ state_tab) {
-  sc_pdl_enter();
+  
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
   int run = blockIdx.y, runs = gridDim.y;
@@ -88,12 +88,14 @@ extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, floa
                                                           const float* __restrict__ taps, int n_tok,
                                                           int conv_dim, int d_conv, int tpb, float* out,
                                                           const unsigned long long* __restrict__ state_tab) {
+  sc_pdl_enter();
   dn_conv_body<false>(qkv, state, taps, n_tok, conv_dim, d_conv, tpb, out, state_tab);
 }
 extern "C" __global__ void __launch_bounds__(128) dn_conv_rows(const float* qkv, float* __restrict__ state,
                                                           const float* __restrict__ taps, int n_tok,
                                                           int conv_dim, int d_conv, int tpb, float* out,
                                                           const unsigned long long* __restrict__ state_tab) {
+  sc_pdl_enter();
   dn_conv_body<true>(qkv, state, taps, n_tok, conv_dim, d_conv, tpb, out, state_tab);
 }
 

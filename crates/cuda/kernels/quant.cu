@@ -382,7 +382,7 @@ __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gat
                 float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
                 float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
                 const int* __restrict__ ids_in) {
-  sc_pdl_enter();
+  
   if (ROWS && blockIdx.z) {
     const size_t tk = blockIdx.z;
     const size_t aw = (size_t)k * n_ff + (sgate ? n_sff : 0);
@@ -486,6 +486,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(const uint8_t* __r
                 float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
                 float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
                 const int* __restrict__ ids_in) {
+  sc_pdl_enter();
   moe_gate_up_body<false>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
 }
 extern "C" __global__ void __launch_bounds__(128) moe_gate_up_rows(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
@@ -498,6 +499,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up_rows(const uint8_t
                 float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
                 float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
                 const int* __restrict__ ids_in) {
+  sc_pdl_enter();
   moe_gate_up_body<true>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
 }
 
@@ -524,7 +526,7 @@ __device__ __forceinline__ void moe_down_combine_body(const uint8_t* __restrict_
                      const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
                      const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
                      const float* __restrict__ given) {
-  sc_pdl_enter();
+  
   if (ROWS && blockIdx.y) {
     const size_t tk = blockIdx.y;
     const size_t aw = (size_t)k * n_ff + (sdown ? n_sff : 0);
@@ -602,6 +604,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_down_combine(const uint8_
                      const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
                      const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
                      const float* __restrict__ given) {
+  sc_pdl_enter();
   moe_down_combine_body<false>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
 }
 extern "C" __global__ void __launch_bounds__(1024) moe_down_combine_rows(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
@@ -611,6 +614,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_down_combine_rows(const u
                      const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
                      const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
                      const float* __restrict__ given) {
+  sc_pdl_enter();
   moe_down_combine_body<true>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
 }
 
@@ -625,6 +629,21 @@ extern "C" __global__ void __launch_bounds__(1024) moe_down_combine_rows(const u
 // added), acc += x·taps[d_conv-1], out = silu(acc); the history shifts and takes x.
 // matvec_multi_rows: n_tok tokens (rows of x and its copy), no conv; matrix p's output
 // has a row of its n_rows_p values per token, each the one-token bits.
+// This warp's weight row into L2 while the kernel before runs (what matvec_multi
+// may do before sc_pdl_enter(): weights are memory no kernel writes).
+__device__ __forceinline__ void matvec_multi_prefetch(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
+                                                      const uint8_t* w3, unsigned long long rb0,
+                                                      unsigned long long rb1, unsigned long long rb2,
+                                                      unsigned long long rb3, int end0, int end1, int end2,
+                                                      int end3) {
+  const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int p = g < end0 ? 0 : g < end1 ? 1 : g < end2 ? 2 : 3;
+  const int r = g - (p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2);
+  const uint8_t* w = p == 0 ? w0 : p == 1 ? w1 : p == 2 ? w2 : w3;
+  const unsigned long long rb = p == 0 ? rb0 : p == 1 ? rb1 : p == 2 ? rb2 : rb3;
+  if (g < end3) sc_prefetch_l2(w + (unsigned long long)r * rb, rb);
+}
+
 template <bool ROWS>
 __device__ __forceinline__ void matvec_multi_body(
     const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, const uint8_t* __restrict__ w2,
@@ -639,9 +658,6 @@ __device__ __forceinline__ void matvec_multi_body(
   const int r = g - (p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2);
   const uint8_t* w = p == 0 ? w0 : p == 1 ? w1 : p == 2 ? w2 : w3;
   const unsigned long long rb = p == 0 ? rb0 : p == 1 ? rb1 : p == 2 ? rb2 : rb3;
-  // The row into L2 while the kernel before runs.
-  if (g < end3) sc_prefetch_l2(w + (unsigned long long)r * rb, rb);
-  sc_pdl_enter();
   const int lane = threadIdx.x & 31;
   if (g >= end3) return;
   float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
@@ -696,6 +712,8 @@ __device__ __forceinline__ void matvec_multi_body(
            const int8_t* __restrict__ xq, const float* __restrict__ xd,                             \
            const int* __restrict__ xs, float* __restrict__ conv_state,                              \
            const float* __restrict__ conv_taps, int d_conv, int n_tok) {                            \
+    matvec_multi_prefetch(w0, w1, w2, w3, rb0, rb1, rb2, rb3, end0, end1, end2, end3);             \
+    sc_pdl_enter();                                                                                 \
     matvec_multi_body<ROWS>(w0, w1, w2, w3, tys, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0,  \
                             out1, out2, out3, n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv, \
                             n_tok);                                                                 \

@@ -210,8 +210,8 @@ impl CudaExecutor {
             && w_bytes + state + scratch > budget
         {
             tracing::info!(
-                    "cuda:{ordinal}: one slot instead of {n_seq}: the state of {n_seq} would leave routed experts outside VRAM (--parallel sets the slots)"
-                );
+                "cuda:{ordinal}: one slot instead of {n_seq}: the state of {n_seq} would leave routed experts outside VRAM (--parallel sets the slots)"
+            );
             (1, state_one)
         } else {
             (n_seq, state)
@@ -397,10 +397,6 @@ impl CudaExecutor {
 
     pub fn vram(&self) -> VramAccount {
         self.vram
-    }
-
-    fn load_inputs(&self, tokens: &[u32], pos0: usize) -> Result<(), ExecError> {
-        self.be.load_inputs(tokens, pos0)
     }
 
     /// One pass over one token of each entry's sequence (kernels only; capturable):
@@ -691,7 +687,7 @@ impl CudaExecutor {
     /// prompt in the pieces the arena holds.
     fn step_one(&mut self, s: &SeqStep) -> Result<StepOut, ExecError> {
         if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) {
-            self.load_inputs(s.tokens, s.pos0)?;
+            self.be.load_inputs(s.tokens, s.pos0)?;
             let out = if self.use_graphs && self.be.tiered.is_some() {
                 self.decode_segments(s)?
             } else if self.use_graphs {
@@ -709,7 +705,7 @@ impl CudaExecutor {
             self.be.max_tokens
         };
         crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {
-            self.load_inputs(chunk, pos0)?;
+            self.be.load_inputs(chunk, pos0)?;
             let out = self.launch_step(s.seq, chunk, pos0, want)?;
             let rows = if want == Want::Logits(Logits::All) {
                 chunk.len()
