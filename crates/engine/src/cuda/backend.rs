@@ -1275,18 +1275,17 @@ impl CudaBackend {
 
     /// The input projections of a mixer in rows mode: every row of `x` against each
     /// of `ws` (at most four) in one launch, into `outs`.
-    fn multi_rows(
-        &self,
-        ws: &[&DevWeight],
-        outs: &[DBuf],
-        x: &DBuf,
-        xq: QAct,
-    ) -> Result<(), ExecError> {
+    fn multi_rows(&self, ws: &[&DevWeight], x: &DBuf, xq: QAct) -> Result<Vec<DBuf>, ExecError> {
+        let outs: Vec<DBuf> = ws
+            .iter()
+            .map(|w| self.alloc(x.rows, w.n_rows, "matvec_multi_rows"))
+            .collect::<Result<_, _>>()?;
         let mats: Vec<cuda::Mat> = ws.iter().map(|w| w.mat()).collect();
         let ptrs: Vec<u64> = outs.iter().map(|o| o.ptr).collect();
         self.gpu
             .matvec_multi_rows(&mats.iter().collect::<Vec<_>>(), &ptrs, x.ptr, xq, x.rows)
-            .map_err(cuda_err("matvec_multi_rows"))
+            .map_err(cuda_err("matvec_multi_rows"))?;
+        Ok(outs)
     }
 
     /// Rows mode of a DeltaNet layer: the input projections once over every row, then
@@ -1305,16 +1304,12 @@ impl CudaBackend {
         };
         let mut ws: Vec<&DevWeight> = vec![&d.qkv, &d.gate];
         ws.extend(d.proj.iter());
-        if ws.len() > 4 || !matches!(ssm.d_state, 32 | 64 | 128) {
+        if !dn_step_shape(&ws, ssm) {
             return Ok(None);
         }
         let n = x.rows;
         let xq = self.prepare(&ws, x)?;
-        let outs: Vec<DBuf> = ws
-            .iter()
-            .map(|w| self.alloc(n, w.n_rows, "delta_net"))
-            .collect::<Result<_, _>>()?;
-        self.multi_rows(&ws, &outs, x, xq)?;
+        let outs = self.multi_rows(&ws, x, xq)?;
         let (qkv, z, proj) = (&outs[0], &outs[1], &outs[2..]);
         let conv_dim = ssm.conv_dim();
         let conv = self.alloc(n, conv_dim, "delta_net")?;
@@ -1369,19 +1364,20 @@ impl CudaBackend {
                 format!("position {} exceeds the context of {n_ctx}", p.pos0),
             ));
         }
-        let n = x.rows;
         let ws = [&a.q, &a.k, &a.v];
         let xq = self.prepare(&ws, x)?;
-        let outs: Vec<DBuf> = ws
-            .iter()
-            .map(|w| self.alloc(n, w.n_rows, "attention"))
-            .collect::<Result<_, _>>()?;
-        self.multi_rows(&ws, &outs, x, xq)?;
+        let outs = self.multi_rows(&ws, x, xq)?;
         let raw = (&outs[0], &outs[1], &outs[2]);
         let tab = self.kv_tab(slot);
         self.attention_core(a, raw, self.pos.ptr(), (0, 0), tab, n_ctx)
             .map(Some)
     }
+}
+
+/// Whether a DeltaNet layer with input projections `ws` has the one-token kernels
+/// (`matvec_multi` takes at most four matrices, `dn_step` three state widths).
+fn dn_step_shape(ws: &[&DevWeight], ssm: &model::SsmConfig) -> bool {
+    ws.len() <= 4 && matches!(ssm.d_state, 32 | 64 | 128)
 }
 
 /// Whether one token's MoE block of `m` can take the fused kernels: gate and up of
@@ -1658,7 +1654,7 @@ impl Backend for CudaBackend {
         let mut ws: Vec<&DevWeight> = vec![&d.qkv, &d.gate];
         ws.extend(d.proj.iter());
         let xq = self.prepare(&ws, x)?;
-        if t_n == 1 && self.fused && ws.len() <= 4 && matches!(ssm.d_state, 32 | 64 | 128) {
+        if t_n == 1 && self.fused && dn_step_shape(&ws, ssm) {
             return self.delta_net_step(d, ssm, x, xq, state, slot);
         }
         let qkv = self.mm_q(&d.qkv, x, xq)?;

@@ -436,6 +436,22 @@ impl CudaExecutor {
         Ok(base)
     }
 
+    /// Captures the kernels `launch` issues as a graph, with the address of its output.
+    fn capture(
+        &mut self,
+        launch: impl FnOnce(&mut Self) -> Result<u64, ExecError>,
+    ) -> Result<DecodeGraph, ExecError> {
+        self.be
+            .gpu
+            .begin_capture()
+            .map_err(cuda_err("begin capture"))?;
+        let out = launch(self);
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = self.be.gpu.end_capture().map_err(cuda_err("end capture"));
+        let out = out?;
+        Ok(DecodeGraph { graph: graph?, out })
+    }
+
     /// One token of each of several sequences in one pass (batched decode): every
     /// mixer runs its rows in one launch each, over the states the backend's tables
     /// name, and each row gets the bits of its sequence's own step. Replayed from a
@@ -451,15 +467,8 @@ impl CudaExecutor {
                 if self.row_graphs.len() >= MAX_ROW_GRAPHS {
                     self.row_graphs.clear();
                 }
-                self.be
-                    .gpu
-                    .begin_capture()
-                    .map_err(cuda_err("begin capture"))?;
-                let out = self.launch_rows(entries);
-                let graph = self.be.gpu.end_capture().map_err(cuda_err("end capture"));
-                let out = out?;
-                self.row_graphs
-                    .insert(key.clone(), DecodeGraph { graph: graph?, out });
+                let g = self.capture(|ex| ex.launch_rows(entries))?;
+                self.row_graphs.insert(key.clone(), g);
             }
             let g = &self.row_graphs[&key];
             g.graph
@@ -518,15 +527,8 @@ impl CudaExecutor {
     fn decode_graph(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
         let slot = usize::from(s.want == Want::Greedy);
         if self.graphs[s.seq][slot].is_none() {
-            self.be
-                .gpu
-                .begin_capture()
-                .map_err(cuda_err("begin capture"))?;
-            let out = self.launch_step(s.seq, s.tokens, s.pos0, s.want);
-            // End the capture whatever happened, so the stream is usable again.
-            let graph = self.be.gpu.end_capture().map_err(cuda_err("end capture"));
-            let out = out?;
-            self.graphs[s.seq][slot] = Some(DecodeGraph { graph: graph?, out });
+            let g = self.capture(|ex| ex.launch_step(s.seq, s.tokens, s.pos0, s.want))?;
+            self.graphs[s.seq][slot] = Some(g);
         }
         let g = self.graphs[s.seq][slot]
             .as_ref()
