@@ -17,7 +17,7 @@
 # docs/design.md requires it) and the engine's parity and invariant tests run with
 # SCORIA_TEST_DEVICE=cuda. SCORIA_REQUIRE_GPU=1 makes a missing GPU a failure.
 # The other test targets run on the CPU alone and are left to the ordinary test run.
-GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch"
+GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch engine-sched"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config

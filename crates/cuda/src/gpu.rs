@@ -1,8 +1,10 @@
 //! The device: driver loading, one context and ONE stream per [`Gpu`], device
 //! buffers, pinned host buffers, copies and stream capture into graphs.
 //!
-//! Everything runs on the `Gpu`'s single stream, in issue order; launches and copies
-//! are asynchronous unless their docs say otherwise. Buffers are plain allocations
+//! Everything runs on the `Gpu`'s stream, in issue order, except the copies a caller
+//! puts on the *copier* stream (`copier_*`: pinned copies that overlap the kernels,
+//! ordered against the stream by explicit waits both ways); launches and copies are
+//! asynchronous unless their docs say otherwise. Buffers are plain allocations
 //! (never managed memory). The driver is loaded at run time (cudarc's dynamic
 //! loading), so a CUDA build starts on a machine without it and [`Gpu::open`] says so.
 
@@ -75,6 +77,14 @@ fn init_driver() -> Result<bool, CudaError> {
 pub struct Gpu {
     pub(crate) ctx: Arc<Ctx>,
     pub(crate) stream: sys::CUstream,
+    /// The second stream, for copies that overlap the stream's kernels, and one
+    /// event each way to order the two (see [`Gpu::copier_waits`]).
+    copier: sys::CUstream,
+    stream_mark: sys::CUevent,
+    copier_mark: sys::CUevent,
+    /// Work was issued on the copier since it was last waited for (`sync` waits
+    /// for the copier only then: a decode step syncs once a layer when tiered).
+    copier_busy: AtomicBool,
     modules: Vec<sys::CUmodule>,
     pub(crate) funcs: Functions,
     name: String,
@@ -155,9 +165,20 @@ impl Gpu {
         )?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+        let copier = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+        let event = || {
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| CudaError::driver("cuEventCreate", e))
+        };
+        let (stream_mark, copier_mark) = (event()?, event()?);
         let mut gpu = Gpu {
             ctx,
             stream,
+            copier,
+            stream_mark,
+            copier_mark,
+            copier_busy: AtomicBool::new(false),
             modules: Vec::new(),
             funcs: Functions::empty(),
             name,
@@ -378,13 +399,66 @@ impl Gpu {
             .map_err(|e| CudaError::driver("cuMemsetD8Async(memset)", e))
     }
 
-    /// Waits until everything issued on the stream has finished. An asynchronous
-    /// kernel fault is reported here (set `SCORIA_CUDA_SYNC=1` to find which kernel).
+    /// Waits until everything issued on the stream and the copier has finished. An
+    /// asynchronous kernel fault is reported here (set `SCORIA_CUDA_SYNC=1` to find
+    /// which kernel).
     pub fn sync(&self) -> Result<(), CudaError> {
         self.ctx.bind()?;
+        if self.copier_busy.load(Ordering::Relaxed) {
+            self.sync_copier()?;
+        }
         // SAFETY: the stream is alive while self is.
         unsafe { result::stream::synchronize(self.stream) }
             .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
+    }
+
+    /// Waits until every copy issued on the copier has finished (not the stream's
+    /// work).
+    pub fn sync_copier(&self) -> Result<(), CudaError> {
+        self.ctx.bind()?;
+        // SAFETY: the copier is alive while self is.
+        unsafe { result::stream::synchronize(self.copier) }
+            .map_err(|e| CudaError::driver("cuStreamSynchronize(copier)", e))?;
+        self.copier_busy.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Makes the copier's later copies wait for everything issued on the stream so
+    /// far (not during capture: the copier is not captured).
+    pub fn copier_waits(&self) -> Result<(), CudaError> {
+        self.refuse_in_capture("copier_waits")?;
+        self.ctx.bind()?;
+        self.copier_busy.store(true, Ordering::Relaxed);
+        // SAFETY: the events and streams are alive while self is; a wait takes the
+        // event's latest record at the time of the call, so the event may be
+        // recorded again afterwards.
+        unsafe {
+            result::event::record(self.stream_mark, self.stream).and_then(|()| {
+                result::stream::wait_event(
+                    self.copier,
+                    self.stream_mark,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            })
+        }
+        .map_err(|e| CudaError::driver("cuStreamWaitEvent(copier)", e))
+    }
+
+    /// Makes the stream's later work wait for every copy issued on the copier so far.
+    pub fn wait_copier(&self) -> Result<(), CudaError> {
+        self.refuse_in_capture("wait_copier")?;
+        self.ctx.bind()?;
+        // SAFETY: as in `copier_waits`.
+        unsafe {
+            result::event::record(self.copier_mark, self.copier).and_then(|()| {
+                result::stream::wait_event(
+                    self.stream,
+                    self.copier_mark,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            })
+        }
+        .map_err(|e| CudaError::driver("cuStreamWaitEvent(stream)", e))
     }
 
     /// Starts capturing the stream (thread-local mode: this thread may not allocate,
@@ -493,6 +567,32 @@ impl Gpu {
         bytes: usize,
         dst: u64,
     ) -> Result<(), CudaError> {
+        self.pinned_copy(src, offset, bytes, dst, self.stream)
+    }
+
+    /// `copy_pinned_to_device` on the copier: ordered after the copier's earlier
+    /// copies and what [`Gpu::copier_waits`] made it wait for, and before the
+    /// stream's work only through [`Gpu::wait_copier`]. Not during capture.
+    pub fn copier_pinned_to_device(
+        &self,
+        src: &PinnedBuf,
+        offset: usize,
+        bytes: usize,
+        dst: u64,
+    ) -> Result<(), CudaError> {
+        self.refuse_in_capture("copier_pinned_to_device")?;
+        self.copier_busy.store(true, Ordering::Relaxed);
+        self.pinned_copy(src, offset, bytes, dst, self.copier)
+    }
+
+    fn pinned_copy(
+        &self,
+        src: &PinnedBuf,
+        offset: usize,
+        bytes: usize,
+        dst: u64,
+        stream: sys::CUstream,
+    ) -> Result<(), CudaError> {
         if offset.checked_add(bytes).is_none_or(|end| end > src.len) {
             return Err(CudaError::bad(
                 "copy_pinned_to_device",
@@ -505,12 +605,7 @@ impl Gpu {
         self.ctx.bind()?;
         // SAFETY: the range is inside `src` (checked); the caller keeps it alive.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                dst,
-                src.ptr.add(offset) as *const c_void,
-                bytes,
-                self.stream,
-            )
+            sys::cuMemcpyHtoDAsync_v2(dst, src.ptr.add(offset) as *const c_void, bytes, stream)
         }
         .result()
         .map_err(|e| CudaError::driver("cuMemcpyHtoDAsync(copy_pinned_to_device)", e))
@@ -643,8 +738,12 @@ impl Drop for Gpu {
                     let _ = result::graph::destroy(g);
                 }
             }
+            let _ = result::stream::synchronize(self.copier);
             let _ = result::stream::synchronize(self.stream);
+            let _ = result::stream::destroy(self.copier);
             let _ = result::stream::destroy(self.stream);
+            let _ = result::event::destroy(self.stream_mark);
+            let _ = result::event::destroy(self.copier_mark);
             for m in self.modules.drain(..) {
                 let _ = result::module::unload(m);
             }

@@ -103,6 +103,138 @@ impl SeqSnapshot {
     }
 }
 
+/// What a snapshot is checked against before it is taken or loaded: the shape of a
+/// sequence's state on its executor. Every executor checks through this, so a
+/// snapshot is refused for the same reasons, with the same words, on every device.
+pub(crate) struct StateShape {
+    pub n_ctx: usize,
+    /// Per attention layer: K (and V) floats a position.
+    pub kv_width: Vec<usize>,
+    /// Per DeltaNet layer: (conv, recurrent) floats.
+    pub recurrent: Vec<(usize, usize)>,
+    /// Positions the sequence has been fed since it was cleared (K/V of `0..fed`
+    /// are in place).
+    pub fed: usize,
+}
+
+impl StateShape {
+    /// Refuses a snapshot at `pos` of a sequence that has not been fed that far.
+    pub fn check_take(&self, op: &str, pos: usize) -> Result<(), ExecError> {
+        if pos > self.n_ctx {
+            return Err(ExecError::new(
+                op,
+                format!("position {pos} is beyond the context of {}", self.n_ctx),
+            ));
+        }
+        if !self.kv_width.is_empty() && self.fed < pos {
+            return Err(ExecError::new(
+                op,
+                format!(
+                    "the sequence has been fed {} positions since it was cleared, not {pos}",
+                    self.fed
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that `snap`'s recurrent state fits this model.
+    pub fn check_recurrent(&self, op: &str, snap: &SeqSnapshot) -> Result<(), ExecError> {
+        if snap.recurrent.len() != self.recurrent.len() {
+            return Err(ExecError::new(
+                op,
+                format!(
+                    "the snapshot holds {} DeltaNet layer states, this model has {} \
+                     (a snapshot of another model?)",
+                    snap.recurrent.len(),
+                    self.recurrent.len()
+                ),
+            ));
+        }
+        for (i, (r, &(conv, ssm))) in snap.recurrent.iter().zip(&self.recurrent).enumerate() {
+            if r.conv.len() != conv || r.ssm.len() != ssm {
+                return Err(ExecError::new(
+                    op,
+                    format!(
+                        "DeltaNet layer state {i} of the snapshot has another shape than this model's"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a `restore` of positions `0..upto` of `snap`.
+    pub fn check_restore(&self, snap: &SeqSnapshot, upto: usize) -> Result<(), ExecError> {
+        let op = "restore";
+        if snap.kv.len() != self.kv_width.len() {
+            return Err(ExecError::new(
+                op,
+                format!(
+                    "the snapshot holds {} attention layers, this model has {} \
+                     (a snapshot of another model?)",
+                    snap.kv.len(),
+                    self.kv_width.len()
+                ),
+            ));
+        }
+        if upto > snap.kv_pos {
+            return Err(ExecError::new(
+                op,
+                format!(
+                    "cannot restore {upto} positions from a snapshot holding K/V of {}",
+                    snap.kv_pos
+                ),
+            ));
+        }
+        if !self.recurrent.is_empty() && upto != snap.pos {
+            return Err(ExecError::new(
+                op,
+                format!(
+                    "this model's DeltaNet state cannot be rewound: restore exactly the \
+                     snapshot's {} positions, not {upto}",
+                    snap.pos
+                ),
+            ));
+        }
+        if upto > self.n_ctx {
+            return Err(ExecError::new(
+                op,
+                format!("{upto} positions exceed the context of {}", self.n_ctx),
+            ));
+        }
+        for (i, (l, &w)) in snap.kv.iter().zip(&self.kv_width).enumerate() {
+            let want = snap.kv_pos * w;
+            if l.k.len() != want || l.v.len() != want {
+                return Err(ExecError::new(
+                    op,
+                    format!(
+                        "attention layer {i} of the snapshot has another shape than this model's"
+                    ),
+                ));
+            }
+        }
+        self.check_recurrent(op, snap)
+    }
+
+    /// Checks a `restore_recurrent` of `snap`: the sequence's own K/V must reach
+    /// its position.
+    pub fn check_restore_recurrent(&self, snap: &SeqSnapshot) -> Result<(), ExecError> {
+        let op = "restore_recurrent";
+        if !self.kv_width.is_empty() && self.fed < snap.pos {
+            return Err(ExecError::new(
+                op,
+                format!(
+                    "the sequence holds K/V of {} positions, short of the snapshot's {}: \
+                     restore the full snapshot instead",
+                    self.fed, snap.pos
+                ),
+            ));
+        }
+        self.check_recurrent(op, snap)
+    }
+}
+
 /// The error of an executor without snapshots.
 fn no_snapshots(op: &str) -> ExecError {
     ExecError::new(
@@ -136,6 +268,12 @@ pub trait Executor: Send {
     /// are built (else they return an error).
     fn snapshots(&self) -> bool {
         false
+    }
+    /// The fewest prompt positions past the previous one a mark (a recurrent-state
+    /// snapshot the scheduler keeps so a later turn can go back there) must be to be
+    /// taken: re-reading fewer tokens costs less than the snapshot's copy here.
+    fn min_mark_gap(&self) -> usize {
+        1
     }
     /// A host copy of sequence `seq`'s state, which has been fed tokens `0..pos`:
     /// K/V of positions `0..pos` and the recurrent state.

@@ -273,7 +273,7 @@ impl Engine {
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
         let exec = open_executor(cfg, &mcfg, weights, n_ctx, routing.clone())?;
-        // The executor's slots (a GPU takes one unless asked for more): the account
+        // The executor's slots (a tiered GPU takes one unless asked for more): the account
         // counts those (no more than the check above did).
         let parallel = exec.sequences();
         let state_bytes = (cpu::state_bytes(&mcfg, n_ctx) + recurrent * (parallel - 1)) as u64;
@@ -304,8 +304,16 @@ impl Engine {
             n_expert_used: mcfg.n_expert_used,
             synthetic,
         };
+        // Snapshots restore only where the same kernels computed them: the CPU's
+        // bits do not depend on its ISA (invariant 1), a GPU's may differ from the
+        // CPU's and from another GPU model's.
+        let report = exec.report();
+        let numerics = match report.device {
+            Device::Cpu => "cpu".to_string(),
+            Device::Cuda(_) => format!("cuda {}", report.name),
+        };
         let model_id = format!(
-            "{}:{}:{}:{}",
+            "{}:{}:{}:{}:{numerics}",
             info.arch, info.name, info.file_bytes, info.n_vocab
         );
         let boundary = tokenizer.token_id("<|im_start|>");
@@ -637,7 +645,8 @@ impl Engine {
         self.seqs[seq].last_used = self.tick;
         sink.admitted(seq, keep);
         let marks = if self.cfg.ssm.is_some() && self.exec.snapshots() {
-            sched::mark_positions(&req.prompt, self.boundary)
+            let at = sched::mark_positions(&req.prompt, self.boundary);
+            sched::spaced_marks(at, keep, self.exec.min_mark_gap())
         } else {
             Vec::new()
         };

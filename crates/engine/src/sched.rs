@@ -152,6 +152,27 @@ pub(crate) fn mark_positions(prompt: &[u32], boundary: Option<u32>) -> Vec<(usiz
     at
 }
 
+/// The marks of `at` (from [`mark_positions`]) worth taking after `cached` prompt
+/// tokens: each at least `gap` positions past the one before it (or past
+/// `cached`), earlier ones first. A mark closer than that would save re-reading
+/// fewer tokens than its snapshot costs on the executor.
+pub(crate) fn spaced_marks(
+    at: Vec<(usize, bool)>,
+    cached: usize,
+    gap: usize,
+) -> Vec<(usize, bool)> {
+    let mut last = cached;
+    at.into_iter()
+        .filter(|&(p, _)| {
+            let keep = p >= last + gap.max(1);
+            if keep {
+                last = p;
+            }
+            keep
+        })
+        .collect()
+}
+
 /// One request being decoded in a slot.
 pub(crate) struct Active {
     pub seq: usize,
@@ -696,5 +717,24 @@ impl Sink for Callbacks<'_> {
     }
     fn done(&mut self, r: Result<Completion, EngineError>) {
         self.result = Some(r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spaced_marks;
+
+    #[test]
+    fn marks_closer_than_the_gap_are_not_taken() {
+        let at = vec![(31, true), (40, true), (42, false)];
+        assert_eq!(spaced_marks(at.clone(), 0, 1), at);
+        assert_eq!(spaced_marks(at.clone(), 0, 16), vec![(31, true)]);
+        assert_eq!(
+            spaced_marks(at.clone(), 0, 10),
+            vec![(31, true), (42, false)]
+        );
+        // Counted from what the slot already holds.
+        assert_eq!(spaced_marks(at.clone(), 20, 16), vec![(40, true)]);
+        assert_eq!(spaced_marks(vec![(1, false)], 0, 32), vec![]);
     }
 }

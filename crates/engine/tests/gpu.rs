@@ -216,6 +216,9 @@ fn load(path: &Path, device: Device) -> Engine {
         &EngineConfig {
             threads: None,
             max_context: Some(512),
+            // One slot, as a tiered executor takes by default: the tiered budgets
+            // below are the resident run's VRAM less experts, so the state must match.
+            parallel: Some(1),
             precision: Default::default(),
             device: Some(device),
             ..Default::default()
@@ -309,6 +312,7 @@ fn tiered_experts_give_the_resident_bits() {
                 &path,
                 &EngineConfig {
                     max_context: Some(512),
+                    parallel: Some(1),
                     device: Some(Device::Cuda(0)),
                     vram_budget: Some(vram),
                     ram_budget: Some(ram),
@@ -489,6 +493,7 @@ fn a_failed_expert_read_is_an_error_naming_file_and_offset() {
         &path,
         &EngineConfig {
             max_context: Some(512),
+            parallel: Some(1),
             device: Some(Device::Cuda(0)),
             vram_budget: Some(used - experts / 2 + engine::cuda::CONTEXT_VRAM),
             ram_budget: Some(0),

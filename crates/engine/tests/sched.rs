@@ -3,14 +3,17 @@
 //! late arrivals, a cancellation, more requests than slots) get exactly the tokens
 //! and logits they get alone; a chat turn that diverges from the previous one at a
 //! message start reuses the state up to there, from its slot or from the prompt
-//! cache (in memory and on disk), with the bits of a cold run.
+//! cache (in memory and on disk), with the bits of a cold run. They run on the
+//! executor of the test device (`SCORIA_TEST_DEVICE`: the CPU, or the GPU in
+//! `scripts/gpu-tests.sh`, where the slots' state comes back through the CUDA
+//! executor's snapshots).
 
 mod common;
 
 use common::bits;
 use engine::{
-    Completion, Device, Engine, EngineConfig, EngineError, Flow, GenerateRequest, SamplingParams,
-    Sink, TokenEvent,
+    Completion, Engine, EngineConfig, EngineError, Flow, GenerateRequest, SamplingParams, Sink,
+    TokenEvent,
 };
 use model::geometry::ARCHS;
 use model::synth::Preset;
@@ -34,7 +37,7 @@ fn engine_ctx(
         &EngineConfig {
             max_context: Some(n_ctx),
             parallel: Some(parallel),
-            device: Some(Device::Cpu),
+            device: Some(common::test_device()),
             prompt_cache: cache,
             prompt_cache_dir: dir.map(Path::to_path_buf),
             ..Default::default()
@@ -210,7 +213,7 @@ fn im_start(eng: &Engine) -> u32 {
 fn turns(eng: &Engine, salt: usize) -> (Vec<u32>, Vec<u32>, usize) {
     let s = im_start(eng);
     let mut t1 = vec![s];
-    t1.extend(tokens(30, salt));
+    t1.extend(tokens(40, salt));
     let boundary = t1.len();
     t1.push(s);
     t1.extend(tokens(10, salt + 1));

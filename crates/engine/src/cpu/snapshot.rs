@@ -7,7 +7,7 @@
 //! enter any arithmetic.
 
 use super::CpuState;
-use crate::exec::{LayerKv, RecurrentState, SeqSnapshot};
+use crate::exec::{LayerKv, RecurrentState, SeqSnapshot, StateShape};
 use model::ExecError;
 
 /// A copy of `st` at position `pos`, with K/V of `0..pos` when `with_kv`.
@@ -17,21 +17,7 @@ pub(super) fn take(st: &CpuState, pos: usize, with_kv: bool) -> Result<SeqSnapsh
     } else {
         "snapshot_recurrent"
     };
-    if pos > st.n_ctx {
-        return Err(ExecError::new(
-            op,
-            format!("position {pos} is beyond the context of {}", st.n_ctx),
-        ));
-    }
-    if let Some(c) = st.kv.iter().find(|c| c.len() < pos) {
-        return Err(ExecError::new(
-            op,
-            format!(
-                "the sequence has been fed {} positions since it was cleared, not {pos}",
-                c.len()
-            ),
-        ));
-    }
+    shape(st).check_take(op, pos)?;
     let kv = if with_kv {
         st.kv
             .iter()
@@ -69,33 +55,17 @@ pub(super) fn take(st: &CpuState, pos: usize, with_kv: bool) -> Result<SeqSnapsh
     })
 }
 
-/// Checks that `snap`'s recurrent state fits `st`.
-fn check_recurrent(op: &str, st: &CpuState, snap: &SeqSnapshot) -> Result<(), ExecError> {
-    if snap.recurrent.len() != st.dn.len() {
-        return Err(ExecError::new(
-            op,
-            format!(
-                "the snapshot holds {} DeltaNet layer states, this model has {} \
-                 (a snapshot of another model?)",
-                snap.recurrent.len(),
-                st.dn.len()
-            ),
-        ));
+/// The shape of `st`, which snapshots are checked against.
+fn shape(st: &CpuState) -> StateShape {
+    StateShape {
+        n_ctx: st.n_ctx,
+        kv_width: st.kv.iter().map(|c| c.width()).collect(),
+        recurrent: st.dn.iter().map(|d| (d.conv.len(), d.ssm.len())).collect(),
+        fed: st.kv.iter().map(|c| c.len()).min().unwrap_or(0),
     }
-    for (i, (r, d)) in snap.recurrent.iter().zip(&st.dn).enumerate() {
-        if r.conv.len() != d.conv.len() || r.ssm.len() != d.ssm.len() {
-            return Err(ExecError::new(
-                op,
-                format!(
-                    "DeltaNet layer state {i} of the snapshot has another shape than this model's"
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
 
-/// Copies `snap`'s recurrent state (checked by `check_recurrent`) into `st`.
+/// Copies `snap`'s recurrent state (checked by `StateShape::check_recurrent`) into `st`.
 fn load_recurrent(st: &mut CpuState, snap: &SeqSnapshot) {
     for (r, d) in snap.recurrent.iter().zip(&mut st.dn) {
         d.conv.copy_from_slice(&r.conv);
@@ -105,53 +75,7 @@ fn load_recurrent(st: &mut CpuState, snap: &SeqSnapshot) {
 
 /// Replaces `st` with positions `0..upto` of `snap`.
 pub(super) fn restore(st: &mut CpuState, snap: &SeqSnapshot, upto: usize) -> Result<(), ExecError> {
-    let op = "restore";
-    if snap.kv.len() != st.kv.len() {
-        return Err(ExecError::new(
-            op,
-            format!(
-                "the snapshot holds {} attention layers, this model has {} \
-                 (a snapshot of another model?)",
-                snap.kv.len(),
-                st.kv.len()
-            ),
-        ));
-    }
-    if upto > snap.kv_pos {
-        return Err(ExecError::new(
-            op,
-            format!(
-                "cannot restore {upto} positions from a snapshot holding K/V of {}",
-                snap.kv_pos
-            ),
-        ));
-    }
-    if !st.dn.is_empty() && upto != snap.pos {
-        return Err(ExecError::new(
-            op,
-            format!(
-                "this model's DeltaNet state cannot be rewound: restore exactly the \
-                 snapshot's {} positions, not {upto}",
-                snap.pos
-            ),
-        ));
-    }
-    if upto > st.n_ctx {
-        return Err(ExecError::new(
-            op,
-            format!("{upto} positions exceed the context of {}", st.n_ctx),
-        ));
-    }
-    for (i, (l, c)) in snap.kv.iter().zip(&st.kv).enumerate() {
-        let want = snap.kv_pos * c.width();
-        if l.k.len() != want || l.v.len() != want {
-            return Err(ExecError::new(
-                op,
-                format!("attention layer {i} of the snapshot has another shape than this model's"),
-            ));
-        }
-    }
-    check_recurrent(op, st, snap)?;
+    shape(st).check_restore(snap, upto)?;
     // Everything is checked: a refused restore has left `st` as it was.
     st.clear();
     load_recurrent(st, snap);
@@ -172,19 +96,7 @@ pub(super) fn restore(st: &mut CpuState, snap: &SeqSnapshot, upto: usize) -> Res
 
 /// Loads `snap`'s recurrent state into `st`, keeping its K/V.
 pub(super) fn restore_recurrent(st: &mut CpuState, snap: &SeqSnapshot) -> Result<(), ExecError> {
-    let op = "restore_recurrent";
-    if let Some(c) = st.kv.iter().find(|c| c.len() < snap.pos) {
-        return Err(ExecError::new(
-            op,
-            format!(
-                "the sequence holds K/V of {} positions, short of the snapshot's {}: \
-                 restore the full snapshot instead",
-                c.len(),
-                snap.pos
-            ),
-        ));
-    }
-    check_recurrent(op, st, snap)?;
+    shape(st).check_restore_recurrent(snap)?;
     load_recurrent(st, snap);
     Ok(())
 }

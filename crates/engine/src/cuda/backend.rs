@@ -718,7 +718,8 @@ impl CudaBackend {
             ids_out: ids,
         };
         // Several rows: routed once by route_topk rather than in every block of the
-        // gate/up launch (its blocks multiply with the rows); the same routing bits.
+        // gate/up launch (its blocks multiply with the rows: 4 rows decode ~15%
+        // slower that way on Q35, measured 2026-12-02); the same routing bits.
         let route = if x.rows > 1 {
             self.gpu
                 .route_topk(
@@ -853,7 +854,7 @@ impl CudaBackend {
         let dev_slots = self.alloc_bytes(4 * slots.len(), "route")?;
         let given = self.alloc(routes.len(), self.cfg.n_embd, "expert products")?;
         let issue = || -> Result<FusedAct, ExecError> {
-            t.fetch(&self.gpu, layer, m, &b.fetch)?;
+            t.fetch(&self.gpu, layer, m, &b.fetch, false)?;
             t.upload_slots(&self.gpu, &slots, dev_slots)?;
             self.fused_gate_up(m, x, xq, MoeRoute::Given { ids: dev_slots })
         };
@@ -961,10 +962,33 @@ impl CudaBackend {
         let ta = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let mut shared = None;
-        for b in batches {
-            // The device's part of the batch: its copies, then its slots' products.
+        // Several batches (a prompt needing more experts than the slots) are
+        // double-buffered: the store puts consecutive batches in disjoint slots, so
+        // the copier brings batch i+1 in while batch i computes; its copies wait for
+        // batch i−1's products (the last to read those slots) and batch i+1's
+        // products wait for its copies. The shared expert runs beside the first
+        // batch's copies.
+        let double = batches.len() > 1;
+        let gpu = &self.gpu;
+        if double {
+            gpu.copier_waits()
+                .map_err(cuda_err("order expert copies"))?;
+            t.fetch(gpu, layer, m, &batches[0].fetch, true)?;
+            shared = Some(self.shared_expert(m, x, xq)?);
+            gpu.wait_copier().map_err(cuda_err("order expert copies"))?;
+        }
+        for (i, b) in batches.iter().enumerate() {
+            let next = batches.get(i + 1).filter(|_| double);
+            // The device's part of the batch: its copies (or the next batch's, on the
+            // copier), then its slots' products.
             let issue = || -> Result<(), ExecError> {
-                t.fetch(&self.gpu, layer, m, &b.fetch)?;
+                if next.is_some() {
+                    // Marks the stream here: after batch i−1's products.
+                    gpu.copier_waits()
+                        .map_err(cuda_err("order expert copies"))?;
+                } else if !double {
+                    t.fetch(gpu, layer, m, &b.fetch, false)?;
+                }
                 // Routes of this batch's experts, named by slot; the others are skipped.
                 let (gu, dn, grouped) = self.prompt_tiles(&b.slots_of(routes), k);
                 if !gu.is_empty() {
@@ -980,6 +1004,12 @@ impl CudaBackend {
                             .map_err(cuda_err("quantize_act"))?;
                     }
                     self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), grouped, &down)?;
+                }
+                // Issued after this batch's products so that the host's reads of
+                // file misses overlap them too.
+                if let Some(n) = next {
+                    t.fetch(gpu, layer, m, &n.fetch, true)?;
+                    gpu.wait_copier().map_err(cuda_err("order expert copies"))?;
                 }
                 Ok(())
             };

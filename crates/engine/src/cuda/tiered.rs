@@ -459,14 +459,18 @@ impl Tiered {
     /// matrices are `m`), ordered on the stream before anything issued after. On a
     /// failure the store forgets those slots' experts, so that no later step computes
     /// with bytes that did not arrive.
+    ///
+    /// `copier`: the copies go on the copier stream instead, ordered by the caller
+    /// (`Gpu::copier_waits` before, `Gpu::wait_copier` before the batch computes).
     pub fn fetch(
         &self,
         gpu: &Gpu,
         layer: usize,
         m: &MoeDev,
         fetch: &[Fetch],
+        copier: bool,
     ) -> Result<(), ExecError> {
-        let r = self.copy_in(gpu, layer, m, fetch);
+        let r = self.copy_in(gpu, layer, m, fetch, copier);
         if r.is_err() {
             self.store.borrow_mut().forget(layer, fetch);
         }
@@ -479,8 +483,16 @@ impl Tiered {
         layer: usize,
         m: &MoeDev,
         fetch: &[Fetch],
+        copier: bool,
     ) -> Result<(), ExecError> {
         let mats = matrices(m);
+        let copy = |src: &PinnedBuf, off: usize, len: usize, dst: u64| {
+            if copier {
+                gpu.copier_pinned_to_device(src, off, len, dst)
+            } else {
+                gpu.copy_pinned_to_device(src, off, len, dst)
+            }
+        };
         let mut from_file = Vec::new();
         for f in fetch {
             match f.from {
@@ -488,7 +500,7 @@ impl Tiered {
                 // as a slot does: one copy.
                 Home::Ram(off) => {
                     let len = mats.iter().map(|w| w.matrix_bytes as usize).sum();
-                    gpu.copy_pinned_to_device(
+                    copy(
                         &self.ram[layer],
                         off,
                         len,
@@ -509,7 +521,12 @@ impl Tiered {
         let mut readers = self.readers.borrow_mut();
         for round in from_file.chunks(STAGING_EXPERTS) {
             // The staging may still be read by the previous round's copies.
-            gpu.sync().map_err(cuda_err("wait for staging"))?;
+            if copier {
+                gpu.sync_copier()
+            } else {
+                gpu.sync()
+            }
+            .map_err(cuda_err("wait for staging"))?;
             let mut ranges = Vec::new();
             let mut shard = None;
             for f in round {
@@ -560,7 +577,7 @@ impl Tiered {
             drop(reqs);
             for (i, f) in round.iter().enumerate() {
                 for (j, w) in mats.iter().enumerate() {
-                    gpu.copy_pinned_to_device(
+                    copy(
                         &staging,
                         offs[3 * i + j],
                         w.matrix_bytes as usize,

@@ -10,10 +10,12 @@
 //! # Slots
 //!
 //! Each layer has the [`Plan`]'s number of slots of one expert each. A step's distinct
-//! experts of a layer are split into *batches* of at most that many; each batch's experts
-//! all sit in slots while the batch is computed (a decode step is always one batch:
-//! every layer has at least `top_k` slots). Within a step, experts already in a slot
-//! come first, so a prompt uses what is cached before it evicts anything.
+//! experts of a layer are one *batch* when they fit the slots (a decode step always
+//! does: every layer has at least `top_k` slots); otherwise they are split into batches
+//! of at most half the slots, consecutive batches in disjoint slots, so the executor can
+//! copy one batch in while the previous one computes. Each batch's experts all sit in
+//! slots while the batch is computed. Within a step, experts already in a slot come
+//! first, so a prompt uses what is cached before it evicts anything.
 //!
 //! # Replacement
 //!
@@ -335,9 +337,11 @@ impl ExpertStore {
     /// One step of layer `layer` routed to `routes` (the experts of every token, in
     /// any order, repeats allowed): the batches to compute, in order, with their slot
     /// assignments and fetches. The store's slot table is updated as if the batches
-    /// run in order; the caller must issue each batch's copies after the previous
-    /// batch's computation (one stream does that by itself). Experts outside the
-    /// layer's range are an error (they would index past the slot table).
+    /// run in order. When there are several, consecutive batches use disjoint slots
+    /// (each at most half of the layer's), so a batch's copies need only wait for the
+    /// computation of the batch before the previous one; with one batch, its copies
+    /// wait for everything before (one stream does both by itself). Experts outside
+    /// the layer's range are an error (they would index past the slot table).
     ///
     /// `to_cpu(m)` is asked, when the step is one batch, how many of its `m` misses
     /// that are in the RAM copy the CPU should compute instead of copying them to
@@ -365,12 +369,17 @@ impl ExpertStore {
             .collect();
         // Cached experts first, then expert order.
         distinct.sort_by_key(|&e| (slots_now[e as usize] < 0, e));
-        let cap = self.n_slots(layer).max(1);
+        let n_slots = self.n_slots(layer).max(1);
+        // Several batches are double-buffered: each takes at most half the slots and
+        // none of the previous batch's, so that a batch's copies can run while the
+        // previous batch computes.
+        let double = distinct.len() > n_slots && n_slots >= 2;
+        let cap = if double { n_slots / 2 } else { n_slots };
         let mut out = Vec::new();
         let bytes = self.plan.layers[layer].expert_bytes;
         // One batch: the CPU may take some of the misses held in RAM.
         let mut cpu = Vec::new();
-        if distinct.len() <= cap {
+        if distinct.len() <= n_slots {
             let ls = &self.layers[layer];
             let mut ram_misses: Vec<u32> = distinct
                 .iter()
@@ -403,12 +412,14 @@ impl ExpertStore {
             });
             return Ok(out);
         }
+        // The previous batch's slots (double buffering).
+        let mut prev = vec![false; self.layers[layer].slots.len()];
         for (ci, chunk) in distinct.chunks(cap).enumerate() {
             let ls = &mut self.layers[layer];
             if ci > 0 {
                 ls.step += 1;
             }
-            let mut busy = vec![false; ls.slots.len()];
+            let mut busy = std::mem::replace(&mut prev, vec![false; ls.slots.len()]);
             let mut scores = Vec::new();
             for &e in chunk {
                 if let Ok(s) = usize::try_from(ls.slot_of[e as usize]) {
@@ -466,6 +477,7 @@ impl ExpertStore {
                 ls.touch(slot);
                 ls.seen[e as usize] = ls.step;
                 batch.slot_of.push((e, slot as u32));
+                prev[slot] = double;
             }
             if ci == 0 {
                 batch.cpu = std::mem::take(&mut cpu_batch);
