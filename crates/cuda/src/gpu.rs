@@ -426,39 +426,39 @@ impl Gpu {
     /// Makes the copier's later copies wait for everything issued on the stream so
     /// far (not during capture: the copier is not captured).
     pub fn copier_waits(&self) -> Result<(), CudaError> {
-        self.refuse_in_capture("copier_waits")?;
-        self.ctx.bind()?;
         self.copier_busy.store(true, Ordering::Relaxed);
-        // SAFETY: the events and streams are alive while self is; a wait takes the
-        // event's latest record at the time of the call, so the event may be
-        // recorded again afterwards.
-        unsafe {
-            result::event::record(self.stream_mark, self.stream).and_then(|()| {
-                result::stream::wait_event(
-                    self.copier,
-                    self.stream_mark,
-                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                )
-            })
-        }
-        .map_err(|e| CudaError::driver("cuStreamWaitEvent(copier)", e))
+        self.order("copier_waits", self.stream, self.stream_mark, self.copier)
     }
 
     /// Makes the stream's later work wait for every copy issued on the copier so far.
     pub fn wait_copier(&self) -> Result<(), CudaError> {
-        self.refuse_in_capture("wait_copier")?;
+        self.order("wait_copier", self.copier, self.copier_mark, self.stream)
+    }
+
+    /// Makes `waiter`'s later work wait for what `first` has been given so far,
+    /// through `mark` (an event of this pair's direction).
+    fn order(
+        &self,
+        what: &str,
+        first: sys::CUstream,
+        mark: sys::CUevent,
+        waiter: sys::CUstream,
+    ) -> Result<(), CudaError> {
+        self.refuse_in_capture(what)?;
         self.ctx.bind()?;
-        // SAFETY: as in `copier_waits`.
+        // SAFETY: the events and streams are alive while self is; a wait takes the
+        // event's latest record at the time of the call, so the event may be
+        // recorded again afterwards.
         unsafe {
-            result::event::record(self.copier_mark, self.copier).and_then(|()| {
+            result::event::record(mark, first).and_then(|()| {
                 result::stream::wait_event(
-                    self.stream,
-                    self.copier_mark,
+                    waiter,
+                    mark,
                     sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                 )
             })
         }
-        .map_err(|e| CudaError::driver("cuStreamWaitEvent(stream)", e))
+        .map_err(|e| CudaError::driver(format!("cuStreamWaitEvent({what})"), e))
     }
 
     /// Starts capturing the stream (thread-local mode: this thread may not allocate,

@@ -288,6 +288,20 @@ pub trait Executor: Send {
         let _ = (seq, pos);
         Err(no_snapshots("snapshot_recurrent"))
     }
+    /// A full snapshot of sequence `seq` at `mark.pos`: its K/V of `0..mark.pos`
+    /// (still in place: a step never writes below its `pos0`) with the recurrent
+    /// state of `mark`, a [`Executor::snapshot_recurrent`] taken there earlier. What
+    /// the prompt cache keeps of a slot that has moved past its last mark; executors
+    /// override it to copy only the K/V.
+    fn snapshot_from_mark(
+        &mut self,
+        seq: usize,
+        mark: &SeqSnapshot,
+    ) -> Result<SeqSnapshot, ExecError> {
+        let mut snap = self.snapshot(seq, mark.pos)?;
+        snap.recurrent = mark.recurrent.clone();
+        Ok(snap)
+    }
     /// Loads positions `0..upto` of `snap` into sequence `seq` (its previous state is
     /// dropped); the next step continues at `pos0 = upto`. With DeltaNet layers
     /// `upto` must be `snap.pos` (their state cannot be rewound); attention-only

@@ -754,16 +754,17 @@ impl Engine {
         if pos == 0 {
             return;
         }
-        let mut snap = match self.exec.snapshot(seq, pos) {
+        let snap = match &recurrent {
+            Some(mark) => self.exec.snapshot_from_mark(seq, mark),
+            None => self.exec.snapshot(seq, pos),
+        };
+        let snap = match snap {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!("prompt cache: no snapshot of slot {seq}: {e}");
                 return;
             }
         };
-        if let Some(r) = recurrent {
-            snap.recurrent = r.recurrent.clone();
-        }
         let tokens = c.history[..pos].to_vec();
         match store.insert(tokens, snap) {
             Ok(_) => {

@@ -739,11 +739,20 @@ impl Executor for CpuExecutor {
     }
 
     fn snapshot(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
-        snapshot::take(self.state_mut("snapshot", seq)?, pos, true)
+        snapshot::take(self.state_mut("snapshot", seq)?, pos, true, None)
+    }
+
+    fn snapshot_from_mark(
+        &mut self,
+        seq: usize,
+        mark: &SeqSnapshot,
+    ) -> Result<SeqSnapshot, ExecError> {
+        let st = self.state_mut("snapshot_from_mark", seq)?;
+        snapshot::take(st, mark.pos, true, Some(mark))
     }
 
     fn snapshot_recurrent(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
-        snapshot::take(self.state_mut("snapshot_recurrent", seq)?, pos, false)
+        snapshot::take(self.state_mut("snapshot_recurrent", seq)?, pos, false, None)
     }
 
     fn restore(&mut self, seq: usize, snap: &SeqSnapshot, upto: usize) -> Result<(), ExecError> {

@@ -10,12 +10,18 @@ use super::CpuState;
 use crate::exec::{LayerKv, RecurrentState, SeqSnapshot, StateShape};
 use model::ExecError;
 
-/// A copy of `st` at position `pos`, with K/V of `0..pos` when `with_kv`.
-pub(super) fn take(st: &CpuState, pos: usize, with_kv: bool) -> Result<SeqSnapshot, ExecError> {
-    let op = if with_kv {
-        "snapshot"
-    } else {
-        "snapshot_recurrent"
+/// A copy of `st` at position `pos`, with K/V of `0..pos` when `with_kv`, and the
+/// recurrent state, or instead `mark`'s.
+pub(super) fn take(
+    st: &CpuState,
+    pos: usize,
+    with_kv: bool,
+    mark: Option<&SeqSnapshot>,
+) -> Result<SeqSnapshot, ExecError> {
+    let op = match (with_kv, mark) {
+        (_, Some(_)) => "snapshot_from_mark",
+        (true, None) => "snapshot",
+        (false, None) => "snapshot_recurrent",
     };
     shape(st).check_take(op, pos)?;
     let kv = if with_kv {
@@ -39,14 +45,17 @@ pub(super) fn take(st: &CpuState, pos: usize, with_kv: bool) -> Result<SeqSnapsh
     } else {
         Vec::new()
     };
-    let recurrent = st
-        .dn
-        .iter()
-        .map(|d| RecurrentState {
-            conv: d.conv.clone(),
-            ssm: d.ssm.clone(),
-        })
-        .collect();
+    let recurrent = match mark {
+        Some(m) => m.recurrent.clone(),
+        None => st
+            .dn
+            .iter()
+            .map(|d| RecurrentState {
+                conv: d.conv.clone(),
+                ssm: d.ssm.clone(),
+            })
+            .collect(),
+    };
     Ok(SeqSnapshot {
         pos,
         kv_pos: if with_kv { pos } else { 0 },

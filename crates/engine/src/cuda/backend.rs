@@ -919,7 +919,16 @@ impl CudaBackend {
                 self.tiered_fused(t, layer, m, x, xq, &batches[0], &routes, &x_host, wts.ptr)?;
             Routed::Combined(out)
         } else {
-            self.tiered_batches(t, layer, m, x, xq, &batches, &routes, &x_host)?
+            let r = self.tiered_batches(t, layer, m, x, xq, &batches, &routes, &x_host);
+            if r.is_err() {
+                // The store took every batch's fetches as done; those after a failed
+                // one never ran, and no later step may take their slots for hits.
+                let mut store = t.store.borrow_mut();
+                for b in &batches {
+                    store.forget(layer, &b.fetch);
+                }
+            }
+            r?
         };
         let ns = |d: Duration| d.as_nanos() as u64;
         t.store

@@ -671,11 +671,19 @@ impl Executor for CudaExecutor {
     }
 
     fn snapshot(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
-        self.take_snapshot("snapshot", seq, pos, true)
+        self.take_snapshot("snapshot", seq, pos, true, None)
     }
 
     fn snapshot_recurrent(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
-        self.take_snapshot("snapshot_recurrent", seq, pos, false)
+        self.take_snapshot("snapshot_recurrent", seq, pos, false, None)
+    }
+
+    fn snapshot_from_mark(
+        &mut self,
+        seq: usize,
+        mark: &SeqSnapshot,
+    ) -> Result<SeqSnapshot, ExecError> {
+        self.take_snapshot("snapshot_from_mark", seq, mark.pos, true, Some(mark))
     }
 
     fn restore(&mut self, seq: usize, snap: &SeqSnapshot, upto: usize) -> Result<(), ExecError> {
@@ -688,9 +696,7 @@ impl Executor for CudaExecutor {
         for (l, (k, v)) in snap.kv.iter().zip(&st.kv) {
             parts.extend([(&l.k[..n], k.ptr()), (&l.v[..n], v.ptr())]);
         }
-        for (r, (c, s)) in snap.recurrent.iter().zip(st.conv.iter().zip(&st.ssm)) {
-            parts.extend([(&r.conv[..], c.ptr()), (&r.ssm[..], s.ptr())]);
-        }
+        parts.extend(recurrent_uploads(snap, st));
         upload_f32s(&self.be.gpu, &mut self.snap_buf, &parts)?;
         self.fed[seq] = upto;
         Ok(())
@@ -699,13 +705,7 @@ impl Executor for CudaExecutor {
     fn restore_recurrent(&mut self, seq: usize, snap: &SeqSnapshot) -> Result<(), ExecError> {
         self.shape("restore_recurrent", seq)?
             .check_restore_recurrent(snap)?;
-        let st = &self.states[seq];
-        let parts: Vec<(&[f32], u64)> = snap
-            .recurrent
-            .iter()
-            .zip(st.conv.iter().zip(&st.ssm))
-            .flat_map(|(r, (c, s))| [(&r.conv[..], c.ptr()), (&r.ssm[..], s.ptr())])
-            .collect();
+        let parts: Vec<_> = recurrent_uploads(snap, &self.states[seq]).collect();
         upload_f32s(&self.be.gpu, &mut self.snap_buf, &parts)?;
         self.fed[seq] = snap.pos;
         Ok(())
@@ -794,15 +794,16 @@ impl CudaExecutor {
         })
     }
 
-    /// A host copy of sequence `seq` at `pos` (K/V of `0..pos` when `with_kv`): the
-    /// device keeps K and V position-major, as a snapshot does, so each is one
-    /// range of its buffer.
+    /// A host copy of sequence `seq` at `pos` (K/V of `0..pos` when `with_kv`; the
+    /// recurrent state, or `mark`'s instead): the device keeps K and V
+    /// position-major, as a snapshot does, so each is one range of its buffer.
     fn take_snapshot(
         &mut self,
         op: &str,
         seq: usize,
         pos: usize,
         with_kv: bool,
+        mark: Option<&SeqSnapshot>,
     ) -> Result<SeqSnapshot, ExecError> {
         self.shape(op, seq)?.check_take(op, pos)?;
         let t0 = std::time::Instant::now();
@@ -814,8 +815,10 @@ impl CudaExecutor {
                 parts.extend([(k.ptr(), n), (v.ptr(), n)]);
             }
         }
-        for (c, s) in st.conv.iter().zip(&st.ssm) {
-            parts.extend([(c.ptr(), c.len()), (s.ptr(), s.len())]);
+        if mark.is_none() {
+            for (c, s) in st.conv.iter().zip(&st.ssm) {
+                parts.extend([(c.ptr(), c.len()), (s.ptr(), s.len())]);
+            }
         }
         let mut got = download_f32s(&self.be.gpu, &mut self.snap_buf, &parts)?;
         tracing::debug!(
@@ -831,12 +834,15 @@ impl CudaExecutor {
                 v: next(),
             })
             .collect();
-        let recurrent = (0..st.conv.len())
-            .map(|_| RecurrentState {
-                conv: next(),
-                ssm: next(),
-            })
-            .collect();
+        let recurrent = match mark {
+            Some(m) => m.recurrent.clone(),
+            None => (0..st.conv.len())
+                .map(|_| RecurrentState {
+                    conv: next(),
+                    ssm: next(),
+                })
+                .collect(),
+        };
         Ok(SeqSnapshot {
             pos,
             kv_pos: if with_kv { pos } else { 0 },
@@ -844,6 +850,17 @@ impl CudaExecutor {
             recurrent,
         })
     }
+}
+
+/// Where each of `snap`'s recurrent arrays goes in `st`: (floats, device address).
+fn recurrent_uploads<'a>(
+    snap: &'a SeqSnapshot,
+    st: &'a CudaState,
+) -> impl Iterator<Item = (&'a [f32], u64)> + 'a {
+    snap.recurrent
+        .iter()
+        .zip(st.conv.iter().zip(&st.ssm))
+        .flat_map(|(r, (c, s))| [(&r.conv[..], c.ptr()), (&r.ssm[..], s.ptr())])
 }
 
 /// The pinned buffer snapshots pass through, allocated at the first use.
