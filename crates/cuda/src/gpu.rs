@@ -2,7 +2,7 @@
 //! buffers, pinned host buffers, copies and stream capture into graphs.
 //!
 //! Everything runs on the `Gpu`'s stream, in issue order, except the copies a caller
-//! puts on the *copier* stream (`copier_*`: pinned copies that overlap the kernels,
+//! puts on the *copier* stream (`Lane::Copier`: pinned copies that overlap the kernels,
 //! ordered against the stream by explicit waits both ways); launches and copies are
 //! asynchronous unless their docs say otherwise. Buffers are plain allocations
 //! (never managed memory). The driver is loaded at run time (cudarc's dynamic
@@ -70,6 +70,17 @@ fn init_driver() -> Result<bool, CudaError> {
         Err(e) if e.0 == CUresult::CUDA_ERROR_NO_DEVICE => Ok(false),
         Err(e) => Err(CudaError::driver("cuInit", e)),
     }
+}
+
+/// Which of a [`Gpu`]'s two streams a pinned copy goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// The stream every kernel runs on: in issue order with them.
+    Stream,
+    /// The copier: after its earlier copies and what [`Gpu::copier_waits`] made it
+    /// wait for, and before the stream's work only through [`Gpu::wait_copier`].
+    /// Not during capture.
+    Copier,
 }
 
 /// One GPU: its primary context, the one stream every kernel and copy runs on, and
@@ -558,41 +569,25 @@ impl Gpu {
     }
 
     /// Copies `bytes` bytes of `src` from `offset` to device address `dst`,
-    /// asynchronously on the stream (capture-safe: pinned memory). `src` must not be
-    /// written or dropped until the copy is known to be done (a later `sync`).
+    /// asynchronously on `lane` (on the stream, capture-safe: pinned memory). `src`
+    /// must not be written or dropped until the copy is known to be done (a later
+    /// `sync`).
     pub fn copy_pinned_to_device(
         &self,
+        lane: Lane,
         src: &PinnedBuf,
         offset: usize,
         bytes: usize,
         dst: u64,
     ) -> Result<(), CudaError> {
-        self.pinned_copy(src, offset, bytes, dst, self.stream)
-    }
-
-    /// `copy_pinned_to_device` on the copier: ordered after the copier's earlier
-    /// copies and what [`Gpu::copier_waits`] made it wait for, and before the
-    /// stream's work only through [`Gpu::wait_copier`]. Not during capture.
-    pub fn copier_pinned_to_device(
-        &self,
-        src: &PinnedBuf,
-        offset: usize,
-        bytes: usize,
-        dst: u64,
-    ) -> Result<(), CudaError> {
-        self.refuse_in_capture("copier_pinned_to_device")?;
-        self.copier_busy.store(true, Ordering::Relaxed);
-        self.pinned_copy(src, offset, bytes, dst, self.copier)
-    }
-
-    fn pinned_copy(
-        &self,
-        src: &PinnedBuf,
-        offset: usize,
-        bytes: usize,
-        dst: u64,
-        stream: sys::CUstream,
-    ) -> Result<(), CudaError> {
+        let stream = match lane {
+            Lane::Stream => self.stream,
+            Lane::Copier => {
+                self.refuse_in_capture("copy_pinned_to_device on the copier")?;
+                self.copier_busy.store(true, Ordering::Relaxed);
+                self.copier
+            }
+        };
         if offset.checked_add(bytes).is_none_or(|end| end > src.len) {
             return Err(CudaError::bad(
                 "copy_pinned_to_device",

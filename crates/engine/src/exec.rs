@@ -84,6 +84,21 @@ pub struct RecurrentState {
 }
 
 impl SeqSnapshot {
+    /// A snapshot taken at `pos`: with K/V of `0..pos` (`with_kv`) or none.
+    pub(crate) fn taken(
+        pos: usize,
+        with_kv: bool,
+        kv: Vec<LayerKv>,
+        recurrent: Vec<RecurrentState>,
+    ) -> SeqSnapshot {
+        SeqSnapshot {
+            pos,
+            kv_pos: if with_kv { pos } else { 0 },
+            kv,
+            recurrent,
+        }
+    }
+
     /// Bytes of its arrays.
     pub fn bytes(&self) -> usize {
         let kv: usize = self.kv.iter().map(|l| l.k.len() + l.v.len()).sum();

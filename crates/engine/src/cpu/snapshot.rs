@@ -56,12 +56,7 @@ pub(super) fn take(
             })
             .collect(),
     };
-    Ok(SeqSnapshot {
-        pos,
-        kv_pos: if with_kv { pos } else { 0 },
-        kv,
-        recurrent,
-    })
+    Ok(SeqSnapshot::taken(pos, with_kv, kv, recurrent))
 }
 
 /// The shape of `st`, which snapshots are checked against.

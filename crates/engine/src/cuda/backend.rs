@@ -18,7 +18,7 @@
 use super::tiered::Tiered;
 use super::weights::{cuda_err, AttnDev, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
 use crate::experts::Batch;
-use cuda::{DevBuf, Gpu, Graph, MoeRoute, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
+use cuda::{DevBuf, Gpu, Graph, Lane, MoeRoute, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 use model::{Backend, ExecError, LayerKind, ModelConfig, Norm, SegmentRows};
 use quant::GgmlType;
 use std::cell::{Cell, RefCell};
@@ -854,7 +854,7 @@ impl CudaBackend {
         let dev_slots = self.alloc_bytes(4 * slots.len(), "route")?;
         let given = self.alloc(routes.len(), self.cfg.n_embd, "expert products")?;
         let issue = || -> Result<FusedAct, ExecError> {
-            t.fetch(&self.gpu, layer, m, &b.fetch, false)?;
+            t.fetch(&self.gpu, layer, m, &b.fetch, Lane::Stream)?;
             t.upload_slots(&self.gpu, &slots, dev_slots)?;
             self.fused_gate_up(m, x, xq, MoeRoute::Given { ids: dev_slots })
         };
@@ -915,21 +915,20 @@ impl CudaBackend {
         drop(store);
         let fused = t_n == 1 && self.fused && batches.len() == 1 && fused_moe(m, cfg.n_expert, k);
         let routed = if fused {
-            let out =
-                self.tiered_fused(t, layer, m, x, xq, &batches[0], &routes, &x_host, wts.ptr)?;
-            Routed::Combined(out)
+            self.tiered_fused(t, layer, m, x, xq, &batches[0], &routes, &x_host, wts.ptr)
+                .map(Routed::Combined)
         } else {
-            let r = self.tiered_batches(t, layer, m, x, xq, &batches, &routes, &x_host);
-            if r.is_err() {
-                // The store took every batch's fetches as done; those after a failed
-                // one never ran, and no later step may take their slots for hits.
-                let mut store = t.store.borrow_mut();
-                for b in &batches {
-                    store.forget(layer, &b.fetch);
-                }
-            }
-            r?
+            self.tiered_batches(t, layer, m, x, xq, &batches, &routes, &x_host)
         };
+        if routed.is_err() {
+            // The store took every batch's fetches as done: a failed one's, and those
+            // after it, which never ran. No later step may take their slots for hits.
+            let mut store = t.store.borrow_mut();
+            for b in &batches {
+                store.forget(layer, &b.fetch);
+            }
+        }
+        let routed = routed?;
         let ns = |d: Duration| d.as_nanos() as u64;
         t.store
             .borrow_mut()
@@ -982,7 +981,7 @@ impl CudaBackend {
         if double {
             gpu.copier_waits()
                 .map_err(cuda_err("order expert copies"))?;
-            t.fetch(gpu, layer, m, &batches[0].fetch, true)?;
+            t.fetch(gpu, layer, m, &batches[0].fetch, Lane::Copier)?;
             shared = Some(self.shared_expert(m, x, xq)?);
             gpu.wait_copier().map_err(cuda_err("order expert copies"))?;
         }
@@ -996,7 +995,7 @@ impl CudaBackend {
                     gpu.copier_waits()
                         .map_err(cuda_err("order expert copies"))?;
                 } else if !double {
-                    t.fetch(gpu, layer, m, &b.fetch, false)?;
+                    t.fetch(gpu, layer, m, &b.fetch, Lane::Stream)?;
                 }
                 // Routes of this batch's experts, named by slot; the others are skipped.
                 let (gu, dn, grouped) = self.prompt_tiles(&b.slots_of(routes), k);
@@ -1017,7 +1016,7 @@ impl CudaBackend {
                 // Issued after this batch's products so that the host's reads of
                 // file misses overlap them too.
                 if let Some(n) = next {
-                    t.fetch(gpu, layer, m, &n.fetch, true)?;
+                    t.fetch(gpu, layer, m, &n.fetch, Lane::Copier)?;
                     gpu.wait_copier().map_err(cuda_err("order expert copies"))?;
                 }
                 Ok(())

@@ -17,7 +17,7 @@ use crate::exec::{
 };
 use crate::experts::{plan, ExpertIndex, ExpertStore, PlanRequest, RoutingProfile, TierStats};
 use crate::{Device, DeviceReport, EngineError};
-use cuda::{Gpu, Graph};
+use cuda::{Gpu, Graph, Lane};
 use model::{ExecError, Logits, ModelConfig, ModelWeights, Segment};
 use std::collections::HashMap;
 use tiered::Tiered;
@@ -348,7 +348,7 @@ impl CudaExecutor {
         if let Some(order) = warm {
             let fetches = t.store.borrow_mut().warm(&order);
             for (l, f) in fetches {
-                t.fetch(&gpu, l, &w.layers[l].moe, &[f], false)?;
+                t.fetch(&gpu, l, &w.layers[l].moe, &[f], Lane::Stream)?;
             }
         }
         tracing::info!(
@@ -843,12 +843,7 @@ impl CudaExecutor {
                 })
                 .collect(),
         };
-        Ok(SeqSnapshot {
-            pos,
-            kv_pos: if with_kv { pos } else { 0 },
-            kv,
-            recurrent,
-        })
+        Ok(SeqSnapshot::taken(pos, with_kv, kv, recurrent))
     }
 }
 
@@ -861,20 +856,6 @@ fn recurrent_uploads<'a>(
         .iter()
         .zip(st.conv.iter().zip(&st.ssm))
         .flat_map(|(r, (c, s))| [(&r.conv[..], c.ptr()), (&r.ssm[..], s.ptr())])
-}
-
-/// The pinned buffer snapshots pass through, allocated at the first use.
-fn snap_buf<'a>(
-    gpu: &Gpu,
-    buf: &'a mut Option<cuda::PinnedBuf>,
-) -> Result<&'a mut cuda::PinnedBuf, ExecError> {
-    if buf.is_none() {
-        *buf = Some(
-            gpu.alloc_pinned(SNAP_CHUNK)
-                .map_err(cuda_err("pinned buffer for snapshots"))?,
-        );
-    }
-    Ok(buf.as_mut().expect("allocated above"))
 }
 
 /// A transfer of parts of `lens` floats through a buffer of `chunk` bytes, in
@@ -934,7 +915,7 @@ fn upload_f32s(
     parts: &[(&[f32], u64)],
 ) -> Result<(), ExecError> {
     use rayon::prelude::*;
-    let pb = snap_buf(gpu, buf)?;
+    let pb = tiered::pinned_at_least(gpu, buf, SNAP_CHUNK, "pinned buffer for snapshots")?;
     let err = cuda_err("restore");
     for round in snap_rounds(parts.iter().map(|(h, _)| h.len()), SNAP_CHUNK) {
         let mut dst = pb.as_mut_slice();
@@ -951,7 +932,7 @@ fn upload_f32s(
         });
         let mut at = 0;
         for &(i, first, n) in &round {
-            gpu.copy_pinned_to_device(pb, at, 4 * n, parts[i].1 + 4 * first as u64)
+            gpu.copy_pinned_to_device(Lane::Stream, pb, at, 4 * n, parts[i].1 + 4 * first as u64)
                 .map_err(&err)?;
             at += 4 * n;
         }
@@ -970,7 +951,7 @@ fn download_f32s(
     parts: &[(u64, usize)],
 ) -> Result<Vec<Vec<f32>>, ExecError> {
     use rayon::prelude::*;
-    let pb = snap_buf(gpu, buf)?;
+    let pb = tiered::pinned_at_least(gpu, buf, SNAP_CHUNK, "pinned buffer for snapshots")?;
     // Unwritten allocations, filled in parallel (zeroing them first would be one
     // more pass over the memory, on one thread).
     let mut outs: Vec<Vec<f32>> = parts.iter().map(|&(_, n)| Vec::with_capacity(n)).collect();

@@ -21,7 +21,7 @@ use crate::cpu::team::Team;
 use crate::cpu::TokenExperts;
 use crate::experts::io::{DirectReader, ReadRequest, ALIGN};
 use crate::experts::{Batch, CostModel, ExpertStore, Fetch, Home, TierStats};
-use cuda::{Gpu, PinnedBuf};
+use cuda::{Gpu, Lane, PinnedBuf};
 use model::weights::Weight;
 use model::{ExecError, ModelWeights};
 use std::cell::{RefCell, RefMut};
@@ -61,8 +61,21 @@ pub(crate) struct Tiered {
     outs: RefCell<Option<PinnedBuf>>,
 }
 
-/// The pinned buffer held in `cell`, replaced by a new one of `bytes` bytes when it
-/// is smaller (the step's transfers grow it once, then reuse it).
+/// The pinned buffer held in `held`, replaced by a new one of `bytes` bytes when it
+/// is smaller (or absent): transfers grow it once, then reuse it.
+pub(super) fn pinned_at_least<'a>(
+    gpu: &Gpu,
+    held: &'a mut Option<PinnedBuf>,
+    bytes: usize,
+    what: &'static str,
+) -> Result<&'a mut PinnedBuf, ExecError> {
+    if held.as_ref().is_none_or(|b| b.len() < bytes) {
+        *held = Some(gpu.alloc_pinned(bytes).map_err(cuda_err(what))?);
+    }
+    Ok(held.as_mut().expect("allocated above"))
+}
+
+/// [`pinned_at_least`] for a buffer held in `cell`.
 fn pinned<'a>(
     gpu: &Gpu,
     cell: &'a RefCell<Option<PinnedBuf>>,
@@ -70,9 +83,7 @@ fn pinned<'a>(
     what: &'static str,
 ) -> Result<RefMut<'a, PinnedBuf>, ExecError> {
     let mut held = cell.borrow_mut();
-    if held.as_ref().is_none_or(|b| b.len() < bytes) {
-        *held = Some(gpu.alloc_pinned(bytes).map_err(cuda_err(what))?);
-    }
+    pinned_at_least(gpu, &mut held, bytes, what)?;
     Ok(RefMut::map(held, |b| b.as_mut().expect("allocated above")))
 }
 
@@ -187,7 +198,7 @@ impl Tiered {
         let mut best = f64::MAX;
         for _ in 0..3 {
             let t0 = Instant::now();
-            gpu.copy_pinned_to_device(src, 0, n, probe.0)
+            gpu.copy_pinned_to_device(Lane::Stream, src, 0, n, probe.0)
                 .map_err(cuda_err("measure PCIe"))?;
             gpu.sync().map_err(cuda_err("measure PCIe"))?;
             best = best.min(t0.elapsed().as_secs_f64());
@@ -374,7 +385,7 @@ impl Tiered {
         for (d, s) in buf.as_mut_slice().chunks_exact_mut(4).zip(slots) {
             d.copy_from_slice(&s.to_ne_bytes());
         }
-        gpu.copy_pinned_to_device(&buf, 0, bytes, dst)
+        gpu.copy_pinned_to_device(Lane::Stream, &buf, 0, bytes, dst)
             .map_err(cuda_err("upload the step's slots"))
     }
 
@@ -436,7 +447,7 @@ impl Tiered {
                 {
                     d.copy_from_slice(&v.to_ne_bytes());
                 }
-                gpu.copy_pinned_to_device(&buf, at, row_bytes, down + at as u64)
+                gpu.copy_pinned_to_device(Lane::Stream, &buf, at, row_bytes, down + at as u64)
                     .map_err(cuda_err("upload CPU expert output"))?;
             }
         }
@@ -456,43 +467,20 @@ impl Tiered {
     }
 
     /// Copies the experts of `fetch` into their slots of layer `layer` (whose slot
-    /// matrices are `m`), ordered on the stream before anything issued after. On a
-    /// failure the store forgets those slots' experts, so that no later step computes
-    /// with bytes that did not arrive.
-    ///
-    /// `copier`: the copies go on the copier stream instead, ordered by the caller
-    /// (`Gpu::copier_waits` before, `Gpu::wait_copier` before the batch computes).
+    /// matrices are `m`), on `lane`: on the stream, ordered before anything issued
+    /// after; on the copier, ordered by the caller (`Gpu::copier_waits` before,
+    /// `Gpu::wait_copier` before the batch computes). On a failure the caller makes
+    /// the store forget the step's fetches (`ExpertStore::forget`), so that no later
+    /// step computes with bytes that did not arrive.
     pub fn fetch(
         &self,
         gpu: &Gpu,
         layer: usize,
         m: &MoeDev,
         fetch: &[Fetch],
-        copier: bool,
-    ) -> Result<(), ExecError> {
-        let r = self.copy_in(gpu, layer, m, fetch, copier);
-        if r.is_err() {
-            self.store.borrow_mut().forget(layer, fetch);
-        }
-        r
-    }
-
-    fn copy_in(
-        &self,
-        gpu: &Gpu,
-        layer: usize,
-        m: &MoeDev,
-        fetch: &[Fetch],
-        copier: bool,
+        lane: Lane,
     ) -> Result<(), ExecError> {
         let mats = matrices(m);
-        let copy = |src: &PinnedBuf, off: usize, len: usize, dst: u64| {
-            if copier {
-                gpu.copier_pinned_to_device(src, off, len, dst)
-            } else {
-                gpu.copy_pinned_to_device(src, off, len, dst)
-            }
-        };
         let mut from_file = Vec::new();
         for f in fetch {
             match f.from {
@@ -500,7 +488,8 @@ impl Tiered {
                 // as a slot does: one copy.
                 Home::Ram(off) => {
                     let len = mats.iter().map(|w| w.matrix_bytes as usize).sum();
-                    copy(
+                    gpu.copy_pinned_to_device(
+                        lane,
                         &self.ram[layer],
                         off,
                         len,
@@ -521,10 +510,9 @@ impl Tiered {
         let mut readers = self.readers.borrow_mut();
         for round in from_file.chunks(STAGING_EXPERTS) {
             // The staging may still be read by the previous round's copies.
-            if copier {
-                gpu.sync_copier()
-            } else {
-                gpu.sync()
+            match lane {
+                Lane::Copier => gpu.sync_copier(),
+                Lane::Stream => gpu.sync(),
             }
             .map_err(cuda_err("wait for staging"))?;
             let mut ranges = Vec::new();
@@ -577,7 +565,8 @@ impl Tiered {
             drop(reqs);
             for (i, f) in round.iter().enumerate() {
                 for (j, w) in mats.iter().enumerate() {
-                    copy(
+                    gpu.copy_pinned_to_device(
+                        lane,
                         &staging,
                         offs[3 * i + j],
                         w.matrix_bytes as usize,
