@@ -648,19 +648,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 /// A CPU decode token's time by part of the model: each part's time over `tokens`
-/// passes, and the rest of the passes (embedding, norms, residual adds).
+/// passes (and the share of it outside the team's parallel loops, on one thread),
+/// and the rest of the passes (embedding, norms, residual adds).
 fn op_times_line(d: &engine::cpu::op_times::OpTimes, tokens: usize) -> String {
     let ms = |x: std::time::Duration| x.as_secs_f64() * 1e3 / tokens.max(1) as f64;
-    let pass = ms(d.passes);
-    let (mixers, moe, head) = (ms(d.mixers), ms(d.moe), ms(d.lm_head));
-    let rest = (pass - mixers - moe - head).max(0.0);
+    let pass = ms(d.passes.total);
     let pct = |v: f64| 100.0 * v / pass.max(f64::MIN_POSITIVE);
+    let part = |name: &str, p: &engine::cpu::op_times::PartTime| {
+        let (t, one) = (ms(p.total), ms(p.total.saturating_sub(p.in_loops)));
+        format!("{name} {t:.2} ms ({:.0}%; {one:.2} on one thread)", pct(t))
+    };
+    let parts = ms(d.mixers.total + d.moe.total + d.lm_head.total);
+    let rest = (pass - parts).max(0.0);
+    let one = ms(d.one_thread());
     format!(
-        "a pass {pass:.2} ms: mixers {mixers:.2} ms ({:.0}%), MoE {moe:.2} ms ({:.0}%), LM head {head:.2} ms ({:.0}%), the rest (embedding, norms, adds) {rest:.2} ms ({:.0}%)",
-        pct(mixers),
-        pct(moe),
-        pct(head),
-        pct(rest)
+        "a pass {pass:.2} ms: {}, {}, {}, the rest (embedding, norms, adds) {rest:.2} ms ({:.0}%); {:.0} parallel loops, {one:.2} ms ({:.0}%) of the pass on one thread",
+        part("mixers", &d.mixers),
+        part("MoE", &d.moe),
+        part("LM head", &d.lm_head),
+        pct(rest),
+        d.loop_count as f64 / tokens.max(1) as f64,
+        pct(one),
     )
 }
 

@@ -308,6 +308,9 @@ impl Engine {
         // bits do not depend on its ISA (invariant 1), a GPU's may differ from the
         // CPU's and from another GPU model's.
         let report = exec.report();
+        if report.device == Device::Cpu {
+            populate_weights(&file, available);
+        }
         let numerics = match report.device {
             Device::Cpu => "cpu".to_string(),
             Device::Cuda(_) => format!("cuda {}", report.name),
@@ -1055,6 +1058,57 @@ fn cuda_budgets<'a>(
         profile,
         cpu_share: cfg.cpu_expert_share,
         slots_flexible: cfg.parallel.is_none(),
+    }
+}
+
+/// The CPU executor reads every weight from the file's mapping: when the file fits
+/// in the available memory, its pages are mapped now (pieces of 64 MiB on every
+/// core, with a progress bar) rather than by page faults inside the first tokens'
+/// parallel loops (a fault per few pages of every expert a token reaches for the
+/// first time). A file larger than memory is left to be paged in as it is read.
+fn populate_weights(file: &gguf::GgufFile, available: Option<u64>) {
+    use rayon::prelude::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const PIECE: usize = 64 << 20;
+    let size = file.file_size();
+    if available.is_none_or(|a| size > a) {
+        return;
+    }
+    let pieces: Vec<(usize, usize, usize)> = (0..file.shards().len())
+        .flat_map(|k| {
+            let len = file.shard_bytes(k).map_or(0, <[u8]>::len);
+            (0..len)
+                .step_by(PIECE)
+                .map(move |at| (k, at, PIECE.min(len - at)))
+        })
+        .collect();
+    let bar = indicatif::ProgressBar::new(size);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "mapping weights into memory {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t0 = std::time::Instant::now();
+    let done = AtomicU64::new(0);
+    let outcome: std::io::Result<Vec<bool>> = pieces
+        .par_iter()
+        .map(|&(k, at, len)| {
+            let ok = file.populate(k, at, len)?;
+            bar.set_position(done.fetch_add(len as u64, Ordering::Relaxed) + len as u64);
+            Ok(ok)
+        })
+        .collect();
+    bar.finish_and_clear();
+    match outcome {
+        Ok(oks) if oks.iter().all(|&ok| ok) => tracing::info!(
+            "mapped {:.2} GiB of weights in {:.1} s",
+            size as f64 / GIB,
+            t0.elapsed().as_secs_f64()
+        ),
+        // A system that cannot: the pages come in as they are read.
+        Ok(_) => {}
+        Err(e) => tracing::warn!("could not map the weights ahead of use: {e}"),
     }
 }
 

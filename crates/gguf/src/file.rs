@@ -302,6 +302,32 @@ impl GgufFile {
         self.shards.iter().map(|s| s.file_size).sum()
     }
 
+    /// Maps the pages of `len` bytes from `at` of shard `shard` into this process
+    /// now (Linux: `MADV_POPULATE_READ`, reading from the disk what the page cache
+    /// lacks), so that the first passes over the weights do not take a page fault per
+    /// few pages. Returns false, having done nothing, where the system cannot
+    /// (other systems, Linux before 5.14). Several threads may populate disjoint
+    /// ranges at once.
+    pub fn populate(&self, shard: usize, at: usize, len: usize) -> std::io::Result<bool> {
+        let Some(Some(map)) = self.maps.get(shard) else {
+            return Ok(true);
+        };
+        #[cfg(target_os = "linux")]
+        {
+            match map.advise_range(memmap2::Advice::PopulateRead, at, len) {
+                Ok(()) => Ok(true),
+                // EINVAL: a kernel without MADV_POPULATE_READ.
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (map, at, len);
+            Ok(false)
+        }
+    }
+
     /// For each shard, the bytes from its data section start to the end of the file.
     pub fn data_bytes(&self) -> Vec<u64> {
         self.shards

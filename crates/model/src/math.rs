@@ -371,9 +371,20 @@ pub fn rope_cos_sin(pos: usize, i: usize, n_rot: usize, theta: f32) -> (f32, f32
 /// dims i and i + n_rot/2 form a pair; dims >= n_rot pass through.
 /// Each pair: x0·cos - x1·sin and x0·sin + x1·cos, products rounded, unfused.
 pub fn rope_neox(head: &mut [f32], pos: usize, n_rot: usize, theta: f32) {
-    let half = n_rot / 2;
-    for i in 0..half {
-        let (cos, sin) = rope_cos_sin(pos, i, n_rot, theta);
+    rope_neox_with(head, &rope_table(pos, n_rot, theta));
+}
+
+/// [`rope_cos_sin`] of every pair at `pos`: one table serves every head of a token.
+pub fn rope_table(pos: usize, n_rot: usize, theta: f32) -> Vec<(f32, f32)> {
+    (0..n_rot / 2)
+        .map(|i| rope_cos_sin(pos, i, n_rot, theta))
+        .collect()
+}
+
+/// [`rope_neox`] with the position's [`rope_table`] (its length is n_rot / 2).
+pub fn rope_neox_with(head: &mut [f32], table: &[(f32, f32)]) {
+    let half = table.len();
+    for (i, &(cos, sin)) in table.iter().enumerate() {
         let x0 = head[i];
         let x1 = head[i + half];
         head[i] = x0 * cos - x1 * sin;

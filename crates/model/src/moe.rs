@@ -14,10 +14,7 @@ multiversion! {
     pub fn route / route_at(logits: &[f32], k: usize) -> Routes {
         let mut p = logits.to_vec();
         softmax(&mut p);
-        let mut idx: Vec<usize> = (0..p.len()).collect();
-        // A stable sort by descending probability keeps the lower index first on ties.
-        idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap_or(std::cmp::Ordering::Equal));
-        idx.truncate(k);
+        let idx = top_k(&p, k);
         let mut sum = 0.0f32;
         for &i in &idx {
             sum += p[i];
@@ -27,9 +24,49 @@ multiversion! {
     }
 }
 
+/// The indices of the `k` largest values, largest first, the lower index first
+/// among equal values: the first `k` of a stable sort by descending value, found in
+/// one pass (a decode step routes every MoE layer on one thread).
+fn top_k(p: &[f32], k: usize) -> Vec<usize> {
+    let mut best: Vec<usize> = Vec::with_capacity(k + 1);
+    for (i, &v) in p.iter().enumerate() {
+        if best.len() == k && best.last().is_none_or(|&j| v <= p[j]) {
+            continue;
+        }
+        // After every kept value at least as large (they have lower indices).
+        let at = best.iter().position(|&j| v > p[j]).unwrap_or(best.len());
+        best.insert(at, i);
+        best.truncate(k);
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_k_is_the_head_of_a_stable_descending_sort() {
+        let mut s = 12345u64;
+        for case in 0..500 {
+            let n = 1 + case % 40;
+            // Few distinct values, so that ties are common.
+            let p: Vec<f32> = (0..n)
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((s >> 60) as f32) * 0.25
+                })
+                .collect();
+            for k in 0..=n.min(10) {
+                let mut want: Vec<usize> = (0..n).collect();
+                want.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+                want.truncate(k);
+                assert_eq!(top_k(&p, k), want, "{p:?}, k {k}");
+            }
+        }
+    }
     #[test]
     fn top_k_renormalised_in_rank_order() {
         let r = route(&[0.0, 3.0, 1.0, 3.0, -1.0], 3);

@@ -136,6 +136,38 @@ fn conv_step_matches_plain() {
     }
 }
 
+/// The conv's rule written out for any kernel size (the state shifts by one each
+/// token): the unrolled kernel-of-4 path must give its bits.
+#[test]
+fn conv_step_of_four_taps_follows_the_rule() {
+    let (channels, d_conv) = (77, 4);
+    let hist = d_conv - 1;
+    let w = nasty(channels * d_conv, 7);
+    let mut st_want = nasty(channels * hist, 8);
+    let mut st_got = st_want.clone();
+    for level in std::iter::once(Level::Plain).chain(fast_levels()) {
+        for t in 0..10u64 {
+            let x = nasty(channels, 200 + t);
+            let mut want = vec![0.0f32; channels];
+            for c in 0..channels {
+                let (taps, st) = (&w[c * d_conv..], &mut st_want[c * hist..(c + 1) * hist]);
+                let mut acc = 0.0f32;
+                for j in 0..hist {
+                    acc += st[j] * taps[j];
+                }
+                acc += x[c] * taps[hist];
+                want[c] = model::math::silu(acc);
+                st.rotate_left(1);
+                st[hist - 1] = x[c];
+            }
+            let mut got = vec![0.0f32; channels];
+            conv_step_at(level, &mut st_got, &w, &x, d_conv, &mut got);
+            assert_eq!(bits(&got), bits(&want), "conv output {level:?} t={t}");
+            assert_eq!(bits(&st_got), bits(&st_want), "conv state {level:?} t={t}");
+        }
+    }
+}
+
 /// The recurrence in its four-pass form (decay all of S, kv, δ, update, output), as
 /// `step` was first written: the fused two-pass `step` must give the same bits.
 #[allow(clippy::too_many_arguments)]

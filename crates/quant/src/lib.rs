@@ -129,9 +129,8 @@ mod avx2;
 mod avx512;
 mod formats;
 mod isa;
+pub mod par;
 mod scalar;
-
-use rayon::prelude::*;
 
 pub use gguf::GgmlType;
 pub use isa::{kernel_isa, Isa};
@@ -333,9 +332,9 @@ pub fn dot(ty: GgmlType, row: &[u8], x: &[f32], xq: &ActQ8) -> f32 {
     dot_with(isa::active(), ty, row, x, xq)
 }
 
-/// Rows handed to one rayon task: enough work to amortise the task, few enough to balance.
+/// Rows handed to one task: enough work to amortise the task, few enough to balance.
 fn rows_per_task(n_rows: usize, row_bytes: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
+    let threads = par::threads();
     let by_balance = n_rows.div_ceil(threads * 4);
     let by_size = (16 * 1024usize).div_ceil(row_bytes.max(1));
     by_balance.max(by_size).max(1)
@@ -368,8 +367,8 @@ pub fn try_matvec_serial(
     matvec_rows(isa::active(), ty, w, n_cols, x, xq, out, false)
 }
 
-/// The rows of [`try_matvec_with`]: rayon-parallel when `parallel` and the matrix is
-/// larger than 64 KiB, else on the calling thread.
+/// The rows of [`try_matvec_with`]: in parallel ([`par`]) when `parallel` and the
+/// matrix is larger than 64 KiB, else on the calling thread.
 #[allow(clippy::too_many_arguments)]
 fn matvec_rows(
     isa: Isa,
@@ -396,13 +395,12 @@ fn matvec_rows(
         return Ok(());
     }
     let per = rows_per_task(out.len(), rb);
-    out.par_chunks_mut(per)
-        .zip(w.par_chunks(per * rb))
-        .for_each(|(o, wc)| {
-            for (ov, row) in o.iter_mut().zip(wc.chunks_exact(rb)) {
-                *ov = k.dot(row, x, xq);
-            }
-        });
+    let mut tasks: Vec<(&mut [f32], &[u8])> = out.chunks_mut(per).zip(w.chunks(per * rb)).collect();
+    par::for_each_mut(&mut tasks, |_, (o, wc)| {
+        for (ov, row) in o.iter_mut().zip(wc.chunks_exact(rb)) {
+            *ov = k.dot(row, x, xq);
+        }
+    });
     Ok(())
 }
 
@@ -465,7 +463,7 @@ pub fn try_matvec_many_with(isa: Isa, jobs: &mut [MatvecJob<'_>]) -> Result<(), 
         check_len("w", j.out.len() * rb, j.w.len())?;
         check_act(j.ty, j.n_cols, j.x, j.xq)?;
     }
-    let threads = rayon::current_num_threads().max(1);
+    let threads = par::threads();
     let total: usize = jobs.iter().map(|j| j.w.len()).sum();
     // Tasks of about total / (4 · threads) bytes, at least 16 KiB.
     let task_bytes = (total / (threads * 4)).max(16 * 1024);
@@ -478,15 +476,15 @@ pub fn try_matvec_many_with(isa: Isa, jobs: &mut [MatvecJob<'_>]) -> Result<(), 
             tasks.push((k, rb, wc, j.x, j.xq, o));
         }
     }
-    let run = |(k, rb, wc, x, xq, o): (Kernel, usize, &[u8], &[f32], &ActQ8, &mut [f32])| {
-        for (ov, row) in o.iter_mut().zip(wc.chunks_exact(rb)) {
+    let run = |(k, rb, wc, x, xq, o): &mut (Kernel, usize, &[u8], &[f32], &ActQ8, &mut [f32])| {
+        for (ov, row) in o.iter_mut().zip(wc.chunks_exact(*rb)) {
             *ov = k.dot(row, x, xq);
         }
     };
     if tasks.len() <= 1 || total <= 64 * 1024 {
-        tasks.into_iter().for_each(run);
+        tasks.iter_mut().for_each(run);
     } else {
-        tasks.into_par_iter().for_each(run);
+        par::for_each_mut(&mut tasks, |_, t| run(t));
     }
     Ok(())
 }
@@ -624,27 +622,29 @@ pub fn try_matmul_with(
         Some(m) => xqs.iter().map(|xq| (m.layout)(&xq.qs)).collect(),
         None => Vec::new(),
     };
-    tmp.par_chunks_mut(per * n_tok)
-        .zip(w.par_chunks(per * rb))
-        .for_each(|(o, wc)| {
-            let rows = wc.len() / rb;
-            for t0 in (0..n_tok).step_by(TOKEN_TILE) {
-                let t1 = (t0 + TOKEN_TILE).min(n_tok);
-                for r in 0..rows {
-                    let row = &wc[r * rb..(r + 1) * rb];
-                    let o = &mut o[r * n_tok + t0..r * n_tok + t1];
-                    match multi {
-                        // Each block of the row is unpacked once for the whole tile.
-                        Some(m) => (m.f)(row, &xqs[t0..t1], &ta[t0..t1], o),
-                        None => {
-                            for (ov, t) in o.iter_mut().zip(t0..t1) {
-                                *ov = k.dot(row, x_of(t), xq_of(t));
-                            }
+    let mut tasks: Vec<(&mut [f32], &[u8])> = tmp
+        .chunks_mut(per * n_tok)
+        .zip(w.chunks(per * rb))
+        .collect();
+    par::for_each_mut(&mut tasks, |_, (o, wc)| {
+        let rows = wc.len() / rb;
+        for t0 in (0..n_tok).step_by(TOKEN_TILE) {
+            let t1 = (t0 + TOKEN_TILE).min(n_tok);
+            for r in 0..rows {
+                let row = &wc[r * rb..(r + 1) * rb];
+                let o = &mut o[r * n_tok + t0..r * n_tok + t1];
+                match multi {
+                    // Each block of the row is unpacked once for the whole tile.
+                    Some(m) => (m.f)(row, &xqs[t0..t1], &ta[t0..t1], o),
+                    None => {
+                        for (ov, t) in o.iter_mut().zip(t0..t1) {
+                            *ov = k.dot(row, x_of(t), xq_of(t));
                         }
                     }
                 }
             }
-        });
+        }
+    });
     for r in 0..n_rows {
         for t in 0..n_tok {
             out[t * n_rows + r] = tmp[r * n_tok + t];

@@ -20,10 +20,9 @@
 //! one-position-at-a-time loop's (`tests`, and the engine's prefill == decode tests).
 
 use super::{each_row, Act, CpuBackend, Job, KvCache};
-use model::math::{rms_norm, rope_neox, sigmoid};
+use model::math::{rms_norm, rope_neox_with, rope_table, sigmoid};
 use model::simd::Level;
 use model::weights::AttentionWeights;
-use rayon::prelude::*;
 
 /// Positions whose scores run side by side (8 AVX2 / 4 AVX-512 registers of sums:
 /// enough independent chains to hide the add latency).
@@ -93,10 +92,11 @@ pub(super) fn core(
     ];
     each_row(&mut q, nh * hd, |t, qt| {
         let row = proj.q.row(r0 + t);
+        let rope = rope_table(pos0 + t, cfg.n_rot, cfg.rope_theta);
         for (h, dst) in qt.chunks_exact_mut(hd).enumerate() {
             dst.copy_from_slice(&row[h * q_stride..h * q_stride + hd]);
             rms_norm(dst, &w.q_norm, cfg.eps);
-            rope_neox(dst, pos0 + t, cfg.n_rot, cfg.rope_theta);
+            rope_neox_with(dst, &rope);
         }
     });
     let mut key = vec![0.0f32; hd];
@@ -112,10 +112,11 @@ pub(super) fn core(
         // k[(h·hd + i)·stride + p]) and values (position-major) into the cache.
         let kvw = nkv * hd;
         let p = pos0 + t;
+        let rope = rope_table(p, cfg.n_rot, cfg.rope_theta);
         for h in 0..nkv {
             key.copy_from_slice(&proj.k.row(r0 + t)[h * hd..(h + 1) * hd]);
             rms_norm(&mut key, &w.k_norm, cfg.eps);
-            rope_neox(&mut key, p, cfg.n_rot, cfg.rope_theta);
+            rope_neox_with(&mut key, &rope);
             for (i, &kv) in key.iter().enumerate() {
                 k_cache[(h * hd + i) * stride + p] = kv;
             }
@@ -137,28 +138,27 @@ pub(super) fn core(
         .collect();
     let wide = model::simd::level();
     let (k_cache, v_cache) = (&*k_cache, &*v_cache);
-    let results: Vec<Vec<f32>> = tiles
-        .par_iter()
-        .map(|&(h, t0)| {
-            let t1 = (t0 + TOKENS_PER_TASK).min(t_n);
-            let kvh = h / group;
-            let tile = Tile {
-                // Query (and gate) rows of tokens t0..t1 of head h: stride nh·hd.
-                q: &q[(t0 * nh + h) * hd..],
-                gate: if gate.is_empty() {
-                    &[]
-                } else {
-                    &gate[(t0 * nh + h) * hd..]
-                },
-                row_stride: nh * hd,
-                t0,
-                n: t1 - t0,
-                kt: &k_cache[kvh * hd * stride..(kvh + 1) * hd * stride],
-                v: &v_cache[kvh * hd..],
-            };
-            attend_at(wide, &geo, &tile)
-        })
-        .collect();
+    let mut results: Vec<Vec<f32>> = vec![Vec::new(); tiles.len()];
+    quant::par::for_each_mut(&mut results, |i, result| {
+        let (h, t0) = tiles[i];
+        let t1 = (t0 + TOKENS_PER_TASK).min(t_n);
+        let kvh = h / group;
+        let tile = Tile {
+            // Query (and gate) rows of tokens t0..t1 of head h: stride nh·hd.
+            q: &q[(t0 * nh + h) * hd..],
+            gate: if gate.is_empty() {
+                &[]
+            } else {
+                &gate[(t0 * nh + h) * hd..]
+            },
+            row_stride: nh * hd,
+            t0,
+            n: t1 - t0,
+            kt: &k_cache[kvh * hd * stride..(kvh + 1) * hd * stride],
+            v: &v_cache[kvh * hd..],
+        };
+        *result = attend_at(wide, &geo, &tile);
+    });
     // Tile (h, t0) is number h · tiles_per_head + t0 / TOKENS_PER_TASK.
     let tiles_per_head = t_n.div_ceil(TOKENS_PER_TASK);
     let mut out = Act::zeros(t_n, nh * hd);

@@ -1,14 +1,13 @@
 //! Gated DeltaNet on the CPU: projections for all tokens at once, the conv over the
-//! tokens (blocks of channels in parallel for a prompt), then each value head's
+//! tokens (blocks of channels in parallel), then each value head's
 //! recurrence over the tokens (heads in parallel), gated norm, output projection.
 //! Every channel and head performs the same float operations in the same order
 //! whether it sees one token or a prompt.
 
-use super::{each_row, Act, CpuBackend, DeltaNetState, Job, PARALLEL_ROWS};
+use super::{each_row, Act, CpuBackend, DeltaNetState, Job};
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
 use model::weights::{BetaAlpha, DeltaNetWeights, Weight};
-use rayon::prelude::*;
 
 /// The reference L2-normalises q and k with eps 1e-6 (HF `l2norm`).
 const L2_EPS: f32 = 1e-6;
@@ -93,10 +92,9 @@ pub(super) fn core(
     let (hk, d) = (ssm.n_k_heads, ssm.d_state);
     let (kd, vd) = (ssm.key_dim(), ssm.value_dim());
 
-    // The conv: sequential in time, independent per channel, so a prompt runs
-    // blocks of channels in parallel, each over every token (a channel's float
-    // operations are those of a one-token call). Then each token's q/k
-    // normalisation, tokens in parallel.
+    // The conv: sequential in time, independent per channel, so blocks of channels
+    // run in parallel, each over every token (a channel's float operations are
+    // those of a one-token call). Then each token's q/k normalisation.
     let cd = ssm.conv_dim();
     let scale = 1.0 / (d as f32).sqrt();
     let mut conv = Act::zeros(t_n, cd);
@@ -111,7 +109,8 @@ pub(super) fn core(
             *qv *= scale;
         }
     };
-    if t_n < PARALLEL_ROWS || ssm.d_conv < 2 {
+    if ssm.d_conv < 2 {
+        // No history: the conv is a per-channel scale.
         for t in 0..t_n {
             let dst = conv.row_mut(t);
             conv_step(&mut st.conv, &w.conv, p.qkv.row(r0 + t), ssm.d_conv, dst);
@@ -119,23 +118,23 @@ pub(super) fn core(
         }
     } else {
         let hist = ssm.d_conv - 1;
-        let blocks: Vec<Vec<f32>> = st
+        // (state, taps, outputs: t_n rows of the block's channels) per block.
+        let mut blocks: Vec<(&mut [f32], &[f32], Vec<f32>)> = st
             .conv
-            .par_chunks_mut(CONV_BLOCK * hist)
-            .zip(w.conv.par_chunks(CONV_BLOCK * ssm.d_conv))
-            .enumerate()
-            .map(|(i, (state, taps))| {
-                let (c0, n) = (i * CONV_BLOCK, taps.len() / ssm.d_conv);
-                let mut out = vec![0.0f32; t_n * n];
-                for (t, o) in out.chunks_exact_mut(n).enumerate() {
-                    let src = &p.qkv.row(r0 + t)[c0..c0 + n];
-                    conv_step(state, taps, src, ssm.d_conv, o);
-                }
-                out
-            })
+            .chunks_mut(CONV_BLOCK * hist)
+            .zip(w.conv.chunks(CONV_BLOCK * ssm.d_conv))
+            .map(|(state, taps)| (state, taps, Vec::new()))
             .collect();
+        quant::par::for_each_mut(&mut blocks, |i, (state, taps, out)| {
+            let (c0, n) = (i * CONV_BLOCK, taps.len() / ssm.d_conv);
+            *out = vec![0.0f32; t_n * n];
+            for (t, o) in out.chunks_exact_mut(n).enumerate() {
+                let src = &p.qkv.row(r0 + t)[c0..c0 + n];
+                conv_step(state, taps, src, ssm.d_conv, o);
+            }
+        });
         each_row(&mut conv.data, cd, |t, row| {
-            for (i, block) in blocks.iter().enumerate() {
+            for (i, (_, _, block)) in blocks.iter().enumerate() {
                 let n = block.len() / t_n;
                 row[i * CONV_BLOCK..i * CONV_BLOCK + n].copy_from_slice(&block[t * n..(t + 1) * n]);
             }
@@ -144,31 +143,29 @@ pub(super) fn core(
     }
 
     // Then each value head runs its recurrence over all tokens; heads are
-    // independent, so they run in parallel (one parallel region per prompt).
-    let per_head: Vec<Vec<f32>> = st
+    // independent, so they run in parallel (one parallel loop per call).
+    let mut per_head: Vec<(&mut [f32], Vec<f32>)> = st
         .ssm
-        .par_chunks_mut(d * d)
-        .enumerate()
-        .map(|(h, s)| {
-            let kh = ssm.k_head_of(h);
-            let mut out = vec![0.0f32; t_n * d];
-            for t in 0..t_n {
-                let row = conv.row(t);
-                let q = &row[kh * d..(kh + 1) * d];
-                let k = &row[kd + kh * d..kd + (kh + 1) * d];
-                let v = &row[2 * kd + h * d..2 * kd + (h + 1) * d];
-                let g = w.a[h] * softplus(p.alpha.row(r0 + t)[h] + w.dt_bias[h]);
-                let beta = sigmoid(p.beta.row(r0 + t)[h]);
-                let o = &mut out[t * d..(t + 1) * d];
-                step(s, q, k, v, g, beta, o);
-                gated_norm(o, &p.z.row(r0 + t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
-            }
-            out
-        })
+        .chunks_mut(d * d)
+        .map(|s| (s, vec![0.0f32; t_n * d]))
         .collect();
+    quant::par::for_each_mut(&mut per_head, |h, (s, out)| {
+        let kh = ssm.k_head_of(h);
+        for t in 0..t_n {
+            let row = conv.row(t);
+            let q = &row[kh * d..(kh + 1) * d];
+            let k = &row[kd + kh * d..kd + (kh + 1) * d];
+            let v = &row[2 * kd + h * d..2 * kd + (h + 1) * d];
+            let g = w.a[h] * softplus(p.alpha.row(r0 + t)[h] + w.dt_bias[h]);
+            let beta = sigmoid(p.beta.row(r0 + t)[h]);
+            let o = &mut out[t * d..(t + 1) * d];
+            step(s, q, k, v, g, beta, o);
+            gated_norm(o, &p.z.row(r0 + t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
+        }
+    });
     let mut y = Act::zeros(t_n, vd);
     each_row(&mut y.data, vd, |t, row| {
-        for (h, out) in per_head.iter().enumerate() {
+        for (h, (_, out)) in per_head.iter().enumerate() {
             row[h * d..(h + 1) * d].copy_from_slice(&out[t * d..(t + 1) * d]);
         }
     });

@@ -1,5 +1,6 @@
 //! The CPU executor: implements `model::Backend` with the quant crate's
-//! canonical-order kernels, rayon for parallelism.
+//! canonical-order kernels; parallel loops on rayon for prompts and on the spinning
+//! team (`team::shared`) for decode passes.
 //!
 //! Prompts and decode steps run the same kernels: a matmul over T tokens gives,
 //! for every (row, token), the bits a matvec of that token would, so a prompt's
@@ -10,7 +11,6 @@ mod deltanet;
 mod moe;
 pub mod op_times;
 mod snapshot;
-#[cfg(any(feature = "cuda", test))]
 pub(crate) mod team;
 
 #[cfg(feature = "cuda")]
@@ -324,7 +324,10 @@ impl CpuBackend {
         if self.precision == Precision::ReferenceF32 || types.iter().all(|&t| is_float(t)) {
             Vec::new()
         } else {
-            x.data.par_chunks(x.cols).map(quant::quantize_act).collect()
+            let mut out = vec![quant::ActQ8::default(); x.rows];
+            let rows: Vec<&[f32]> = x.data.chunks(x.cols).collect();
+            quant::par::for_each_mut(&mut out, |r, q| *q = quant::quantize_act(rows[r]));
+            out
         }
     }
 
@@ -478,13 +481,10 @@ impl Backend for CpuBackend {
         let rb = table.row_bytes();
         let bytes = table.bytes();
         let mut out = Act::zeros(tokens.len(), cols);
-        out.data
-            .par_chunks_mut(cols)
-            .zip(tokens)
-            .for_each(|(row, &t)| {
-                let t = t as usize;
-                quant::dequantize_row(table.ty, &bytes[t * rb..(t + 1) * rb], row);
-            });
+        each_row(&mut out.data, cols, |r, row| {
+            let t = tokens[r] as usize;
+            quant::dequantize_row(table.ty, &bytes[t * rb..(t + 1) * rb], row);
+        });
         Ok(out)
     }
 
@@ -807,13 +807,19 @@ impl Executor for CpuExecutor {
                 logits: s.want.logits(),
             });
         }
-        // The pass runs on a thread of the pool, so its parallel loops fork from a
-        // worker (which takes a share of each and wakes idle workers as it goes)
-        // instead of each loop handing work over from this thread and sleeping
-        // until the pool is done (two thread switches per loop, hundreds a token).
+        // A pass of a few rows (decode steps) is hundreds of short loops: they run on
+        // the spinning team, from this thread. A longer pass runs on a thread of
+        // rayon's pool, so its loops fork from a worker (which takes a share of each
+        // and wakes idle workers as it goes) instead of each loop handing work over
+        // from this thread and sleeping until the pool is done.
         let backend = &self.backend;
+        let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let logits = op_times::timed(op_times::Part::Pass, || {
-            rayon::scope(|_| model::forward_batch(backend, &mut segs))
+            if rows < PARALLEL_ROWS {
+                quant::par::with_pool(team::shared(), || model::forward_batch(backend, &mut segs))
+            } else {
+                rayon::scope(|_| model::forward_batch(backend, &mut segs))
+            }
         })?;
         Ok(batch
             .iter()

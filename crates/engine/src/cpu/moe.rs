@@ -17,10 +17,8 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
     let (t_n, e) = (x.rows, cfg.n_embd);
     let k = cfg.n_expert_used;
     let logits = b.mm_weight(&w.router, x);
-    let routes: Vec<_> = (0..t_n)
-        .into_par_iter()
-        .map(|t| route(logits.row(t), k))
-        .collect();
+    let mut routes = vec![Vec::new(); t_n];
+    quant::par::for_each_mut(&mut routes, |t, r| *r = route(logits.row(t), k));
     if let Some(counts) = &b.routing {
         for r in &routes {
             counts.record_token(layer, r.iter().map(|&(ex, _)| ex));
@@ -127,8 +125,15 @@ fn few_tokens(
             }
         }
     }
-    let gu = b.mm_many(&inputs, &jobs);
-    let acts: Vec<Act> = gu.chunks(2).map(|p| swiglu(&p[0], &p[1])).collect();
+    // SwiGLU of each product pair, pairs in parallel (its exps are a few µs an
+    // expert: tens of µs a layer on one thread).
+    let mut pairs: Vec<(Act, Act)> = Vec::with_capacity(jobs.len() / 2);
+    let mut gu = b.mm_many(&inputs, &jobs).into_iter();
+    while let (Some(g), Some(u)) = (gu.next(), gu.next()) {
+        pairs.push((g, u));
+    }
+    quant::par::for_each_mut(&mut pairs, |_, (g, u)| silu_mul(&mut g.data, &u.data));
+    let acts: Vec<Act> = pairs.into_iter().map(|(g, _)| g).collect();
     let act_refs: Vec<&Act> = acts.iter().collect();
     let mut jobs = Vec::with_capacity(acts.len());
     for r in routes {

@@ -10,9 +10,18 @@
 //! A loop is `n` numbered tasks; threads claim them one at a time until none is
 //! left. The caller first does something else while the team works
 //! ([`Team::run_beside`], e.g. issue GPU work), then joins in.
+//!
+//! The CPU executor's decode passes run their loops on one process-wide team
+//! ([`shared`], a [`quant::par::Pool`]): a decode token is a few hundred loops of
+//! tens of microseconds each, the same pattern at the scale of a whole pass.
+//!
+//! Every wait spins for a while and then yields its core, so a team on a machine
+//! with more runnable threads than cores (a test run, a busy server) hands the
+//! cores to whoever has work instead of burning a time slice waiting for a
+//! descheduled thread.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -27,14 +36,17 @@ struct Shared {
     /// The current loop: its generation, task count and function, written before
     /// `claim` moves to that generation. A thread takes tasks only of the
     /// generation it finds here, so it never pairs one loop's count with another's
-    /// claims.
-    task: Mutex<Option<(u64, usize, &'static TaskFn<'static>)>>,
+    /// claims. (Read by every thread at the start of every loop, hence a read lock.)
+    task: RwLock<Option<(u64, usize, &'static TaskFn<'static>)>>,
     /// Tasks of the current loop finished.
     done: AtomicUsize,
     /// Whether a task panicked in the current loop.
     panicked: AtomicBool,
     /// Threads asleep wait here for a new generation or the end.
     sleep: Mutex<u64>,
+    /// Threads asleep or about to be (counted under `sleep`): a loop wakes them only
+    /// when there are some.
+    sleepers: AtomicUsize,
     wake: Condvar,
     stop: AtomicBool,
 }
@@ -68,10 +80,11 @@ impl Team {
     pub fn new(workers: usize) -> Team {
         let shared = Arc::new(Shared {
             claim: AtomicU64::new(0),
-            task: Mutex::new(None),
+            task: RwLock::new(None),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             sleep: Mutex::new(0),
+            sleepers: AtomicUsize::new(0),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
         });
@@ -106,12 +119,16 @@ impl Team {
         let gen = (s.claim.load(Ordering::Relaxed) >> 32) + 1;
         s.done.store(0, Ordering::Relaxed);
         s.panicked.store(false, Ordering::Relaxed);
-        *s.task.lock().unwrap_or_else(|e| e.into_inner()) = Some((gen, n, f));
+        *s.task.write().unwrap_or_else(|e| e.into_inner()) = Some((gen, n, f));
         s.claim.store(gen << 32, Ordering::Release);
-        // Sleepers wake for the new generation; spinners see it themselves.
+        // Sleepers wake for the new generation; spinners see it themselves. (A
+        // thread counts itself a sleeper and checks the generation under `sleep`,
+        // so it either sees this one or is counted here.)
         let mut g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
         *g = gen;
-        s.wake.notify_all();
+        if s.sleepers.load(Ordering::Relaxed) > 0 {
+            s.wake.notify_all();
+        }
         drop(g);
         Pending {
             team: self,
@@ -135,6 +152,25 @@ impl Team {
     }
 }
 
+/// The process's team for the CPU executor's decode passes: one thread fewer than
+/// rayon's pool (the caller's thread is the last), built at first use.
+pub(crate) fn shared() -> &'static Team {
+    static TEAM: OnceLock<Team> = OnceLock::new();
+    TEAM.get_or_init(|| Team::new(rayon::current_num_threads().saturating_sub(1)))
+}
+
+// SAFETY: `run_beside` runs every task of the loop once (claims are unique per
+// generation) and returns only after all have finished (`Pending::wait`).
+unsafe impl quant::par::Pool for Team {
+    fn threads(&self) -> usize {
+        self.threads.len() + 1
+    }
+
+    fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        super::op_times::timed_loop(|| self.run_beside(n, f, || ()));
+    }
+}
+
 impl Pending<'_, '_> {
     /// Takes the tasks no thread has claimed yet, then waits for the others'.
     /// Panics if a task panicked.
@@ -152,8 +188,9 @@ impl Pending<'_, '_> {
         self.waited = true;
         let s = &self.team.shared;
         work(s, self.gen);
+        let mut spins = 0u32;
         while s.done.load(Ordering::Acquire) < self.n {
-            std::hint::spin_loop();
+            pause(&mut spins);
         }
     }
 }
@@ -179,7 +216,7 @@ impl Drop for Team {
 
 /// Claims and runs tasks of generation `gen` until none is left.
 fn work(s: &Shared, gen: u64) {
-    let (n, f) = match *s.task.lock().unwrap_or_else(|e| e.into_inner()) {
+    let (n, f) = match *s.task.read().unwrap_or_else(|e| e.into_inner()) {
         Some((g, n, f)) if g == gen => (n as u64, f),
         _ => return,
     };
@@ -205,9 +242,25 @@ fn work(s: &Shared, gen: u64) {
     }
 }
 
+/// One round of a wait: a spin-loop hint for the first [`SPINS`] rounds, then the
+/// core handed to any other runnable thread (a system call, ~1 µs when none is).
+fn pause(spins: &mut u32) {
+    if *spins < SPINS {
+        *spins += 1;
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// Rounds a wait spins before it starts yielding (tens of microseconds: a pause
+/// is ~140 cycles on recent Intel cores).
+const SPINS: u32 = 500;
+
 fn worker(s: &Shared) {
     let mut seen = 0u64;
     let mut idle_since = Instant::now();
+    let mut spins = 0u32;
     loop {
         if s.stop.load(Ordering::Acquire) {
             return;
@@ -217,19 +270,23 @@ fn worker(s: &Shared) {
             seen = gen;
             work(s, gen);
             idle_since = Instant::now();
+            spins = 0;
             continue;
         }
         if idle_since.elapsed() < Team::IDLE_SPIN {
-            std::hint::spin_loop();
+            pause(&mut spins);
             continue;
         }
         // Asleep until a newer generation is published (or the team ends).
         let mut g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+        s.sleepers.fetch_add(1, Ordering::Relaxed);
         while *g == seen && !s.stop.load(Ordering::Acquire) {
             g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
         }
+        s.sleepers.fetch_sub(1, Ordering::Relaxed);
         drop(g);
         idle_since = Instant::now();
+        spins = 0;
     }
 }
 
