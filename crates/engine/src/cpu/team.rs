@@ -253,8 +253,8 @@ fn pause(spins: &mut u32) {
     }
 }
 
-/// Rounds a wait spins before it starts yielding (tens of microseconds: a pause
-/// is ~140 cycles on recent Intel cores).
+/// Rounds a wait spins before it starts yielding: a few to tens of microseconds,
+/// as a spin-loop hint costs from a few to ~140 cycles depending on the core.
 const SPINS: u32 = 500;
 
 fn worker(s: &Shared) {
