@@ -77,8 +77,9 @@ pub fn threads() -> usize {
 /// [`with_pool`] installed another), returning when all have run.
 pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
     match MODE.with(Cell::get) {
-        _ if n <= 1 => (0..n).for_each(f),
+        // Inside a pool's task, or nothing to share out: on this thread.
         Mode::Serial => (0..n).for_each(f),
+        _ if n <= 1 => (0..n).for_each(f),
         Mode::Rayon => (0..n).into_par_iter().for_each(&f),
         Mode::Pool(p) => {
             // SAFETY: as in `threads`.

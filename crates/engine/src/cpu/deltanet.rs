@@ -143,13 +143,12 @@ pub(super) fn core(
     }
 
     // Then each value head runs its recurrence over all tokens; heads are
-    // independent, so they run in parallel (one parallel loop per call).
-    let mut per_head: Vec<(&mut [f32], Vec<f32>)> = st
-        .ssm
-        .chunks_mut(d * d)
-        .map(|s| (s, vec![0.0f32; t_n * d]))
-        .collect();
+    // independent, so they run in parallel (one parallel loop per call), each
+    // allocating its own outputs.
+    let mut per_head: Vec<(&mut [f32], Vec<f32>)> =
+        st.ssm.chunks_mut(d * d).map(|s| (s, Vec::new())).collect();
     quant::par::for_each_mut(&mut per_head, |h, (s, out)| {
+        *out = vec![0.0f32; t_n * d];
         let kh = ssm.k_head_of(h);
         for t in 0..t_n {
             let row = conv.row(t);

@@ -325,8 +325,7 @@ impl CpuBackend {
             Vec::new()
         } else {
             let mut out = vec![quant::ActQ8::default(); x.rows];
-            let rows: Vec<&[f32]> = x.data.chunks(x.cols).collect();
-            quant::par::for_each_mut(&mut out, |r, q| *q = quant::quantize_act(rows[r]));
+            quant::par::for_each_mut(&mut out, |r, q| *q = quant::quantize_act(x.row(r)));
             out
         }
     }
