@@ -427,17 +427,48 @@ fn sort_ranked(c: &mut [(u32, f32)]) {
     }
 }
 
-/// Index of the largest value; the lowest index wins a tie; NaN never wins.
+/// Index of the largest value; the lowest index wins a tie; NaN never wins (all NaN
+/// or -inf: index 0).
+///
+/// Greedy decoding calls it on every step's logits (248k of them for Qwen3.5), on
+/// one thread between passes, so it takes two scans that vectorise instead of one
+/// whose every step depends on the last: each 4096-value chunk's maximum over 16
+/// independent lanes, then the first index holding the largest of them, searched
+/// only in the first chunk that has it.
 pub fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in l.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
+    const CHUNK: usize = 4096;
+    const LANES: usize = 16;
+    fn chunk_max(c: &[f32]) -> f32 {
+        let mut acc = [f32::NEG_INFINITY; LANES];
+        let mut it = c.chunks_exact(LANES);
+        for g in &mut it {
+            for (a, &v) in acc.iter_mut().zip(g) {
+                // `v > a` is false for NaN: NaN never enters.
+                *a = if v > *a { v } else { *a };
+            }
+        }
+        for (a, &v) in acc.iter_mut().zip(it.remainder()) {
+            *a = if v > *a { v } else { *a };
+        }
+        acc.into_iter()
+            .fold(f32::NEG_INFINITY, |m, v| if v > m { v } else { m })
+    }
+    let mut best = (f32::NEG_INFINITY, 0usize);
+    for (ci, c) in l.chunks(CHUNK).enumerate() {
+        let m = chunk_max(c);
+        if m > best.0 {
+            best = (m, ci);
         }
     }
-    best as u32
+    let (m, ci) = best;
+    if m == f32::NEG_INFINITY {
+        return 0;
+    }
+    let at = l[ci * CHUNK..]
+        .iter()
+        .position(|&v| v == m)
+        .expect("the chunk holds its maximum");
+    (ci * CHUNK + at) as u32
 }
 
 #[cfg(test)]
@@ -591,6 +622,50 @@ mod tests {
                     .collect::<Vec<_>>()
             };
             assert_eq!(bits(&c), bits(&want), "case {case}");
+        }
+    }
+
+    /// The argmax as it was: one scan, each step depending on the last.
+    fn scan_argmax(l: &[f32]) -> u32 {
+        let mut best = 0usize;
+        let mut best_v = f32::NEG_INFINITY;
+        for (i, &v) in l.iter().enumerate() {
+            if v > best_v {
+                best = i;
+                best_v = v;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn chunked_argmax_picks_what_one_scan_picks() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+        let mut cases: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![f32::NAN; 5000],
+            vec![f32::NEG_INFINITY; 9000],
+            vec![-0.0, 0.0, -0.0],
+            vec![0.0, -0.0],
+        ];
+        for n in [1, 15, 16, 17, 4095, 4096, 4097, 12_289, 248_320] {
+            // Few distinct values, so the maximum recurs across chunks and lanes;
+            // NaN and infinities sprinkled in.
+            let v: Vec<f32> = (0..n)
+                .map(|_| match rng.random_range(0..40u32) {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    _ => rng.random_range(-8..8i32) as f32,
+                })
+                .collect();
+            cases.push(v);
+            cases.push((0..n).map(|_| rng.random::<f32>() * 30.0 - 15.0).collect());
+        }
+        let mut top = vec![f32::NAN; 10_000];
+        top[9_999] = f32::INFINITY;
+        cases.push(top);
+        for (i, l) in cases.iter().enumerate() {
+            assert_eq!(argmax(l), scan_argmax(l), "case {i} ({} values)", l.len());
         }
     }
 

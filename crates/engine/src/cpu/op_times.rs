@@ -33,11 +33,18 @@ thread_local! {
 
 /// Runs `f`, adding its wall time to `part`.
 pub(crate) fn timed<T>(part: Part, f: impl FnOnce() -> T) -> T {
-    let outer = CURRENT.with(|c| c.replace(part));
+    /// Gives the thread its outer part back however `f` ends (a panic that a
+    /// caller catches must not leave later loops counted in this part).
+    struct Restore(Part);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CURRENT.with(|c| c.replace(part)));
     let t0 = Instant::now();
     let out = f();
     NANOS[part as usize].fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    CURRENT.with(|c| c.set(outer));
     out
 }
 
@@ -136,5 +143,15 @@ mod tests {
         let d = OpTimes::now().since(&before);
         // (Other tests' passes may add to any part meanwhile.)
         assert!(d.lm_head.total >= Duration::from_millis(5), "{d:?}");
+    }
+
+    #[test]
+    fn a_panicking_part_gives_the_thread_its_outer_part_back() {
+        timed(Part::Moe, || {
+            let caught = std::panic::catch_unwind(|| timed(Part::LmHead, || panic!("inside")));
+            assert!(caught.is_err());
+            assert!(matches!(CURRENT.with(Cell::get), Part::Moe));
+        });
+        assert!(matches!(CURRENT.with(Cell::get), Part::Pass));
     }
 }
