@@ -620,10 +620,11 @@ pub fn try_matmul_with(
     let per = rows_per_task(n_rows, rb * n_tok.min(TOKEN_TILE));
     let multi = if float { None } else { multi_kernel(isa, ty) };
     // The layout some many-token kernels read, built once per token for every row.
-    let ta: Vec<Vec<i8>> = match multi {
-        Some(m) => xqs.iter().map(|xq| (m.layout)(&xq.qs)).collect(),
-        None => Vec::new(),
-    };
+    let mut ta: Vec<Vec<i8>> = Vec::new();
+    if let Some(m) = multi {
+        ta.resize(n_tok, Vec::new());
+        par::for_each_mut(&mut ta, |t, l| *l = (m.layout)(&xqs[t].qs));
+    }
     let out = RowRuns::new(out, n_rows);
     par::for_each(n_rows.div_ceil(per), |i| {
         let (r0, r1) = (i * per, ((i + 1) * per).min(n_rows));

@@ -19,7 +19,7 @@
 //! None of this changes an operation or its order, so the bits are the one-query,
 //! one-position-at-a-time loop's (`tests`, and the engine's prefill == decode tests).
 
-use super::{each_row, Act, CpuBackend, Job, KvCache};
+use super::{each_row, Act, CpuBackend, Job, KvCache, PARALLEL_ROWS};
 use model::math::{rms_norm, rope_neox_with, rope_table, sigmoid};
 use model::simd::Level;
 use model::weights::AttentionWeights;
@@ -99,29 +99,45 @@ pub(super) fn core(
             rope_neox_with(dst, &rope);
         }
     });
-    let mut key = vec![0.0f32; hd];
+    if cfg.attn_output_gate {
+        each_row(&mut gate, nh * hd, |t, gt| {
+            let row = proj.q.row(r0 + t);
+            for (h, dst) in gt.chunks_exact_mut(hd).enumerate() {
+                dst.copy_from_slice(&row[h * q_stride + hd..h * q_stride + 2 * hd]);
+            }
+        });
+    }
+    // Keys normed and rotated token by token (in parallel for a prompt), then into
+    // the cache dim-major (key dim i of kv head h at position p is
+    // k[(h·hd + i)·stride + p]: each cache row takes the call's positions as one
+    // run); values position-major.
+    let kvw = nkv * hd;
+    let mut keys = vec![0.0f32; t_n * kvw];
+    each_row(&mut keys, kvw, |t, kt| {
+        let row = proj.k.row(r0 + t);
+        let rope = rope_table(pos0 + t, cfg.n_rot, cfg.rope_theta);
+        for (h, key) in kt.chunks_exact_mut(hd).enumerate() {
+            key.copy_from_slice(&row[h * hd..(h + 1) * hd]);
+            rms_norm(key, &w.k_norm, cfg.eps);
+            rope_neox_with(key, &rope);
+        }
+    });
+    let mut k_rows: Vec<&mut [f32]> = k_cache.chunks_mut(stride).take(kvw).collect();
+    let to_row = |j: usize, k_row: &mut [f32]| {
+        for (t, dst) in k_row[pos0..pos0 + t_n].iter_mut().enumerate() {
+            *dst = keys[t * kvw + j];
+        }
+    };
+    if t_n < PARALLEL_ROWS {
+        k_rows
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, r)| to_row(j, r));
+    } else {
+        quant::par::for_each_mut(&mut k_rows, |j, r| to_row(j, r));
+    }
     for t in 0..t_n {
-        let row = proj.q.row(r0 + t);
-        for h in 0..nh {
-            if cfg.attn_output_gate {
-                gate[(t * nh + h) * hd..(t * nh + h + 1) * hd]
-                    .copy_from_slice(&row[h * q_stride + hd..h * q_stride + 2 * hd]);
-            }
-        }
-        // Keys (dim-major: key dim i of kv head h at position p is
-        // k[(h·hd + i)·stride + p]) and values (position-major) into the cache.
-        let kvw = nkv * hd;
-        let p = pos0 + t;
-        let rope = rope_table(p, cfg.n_rot, cfg.rope_theta);
-        for h in 0..nkv {
-            key.copy_from_slice(&proj.k.row(r0 + t)[h * hd..(h + 1) * hd]);
-            rms_norm(&mut key, &w.k_norm, cfg.eps);
-            rope_neox_with(&mut key, &rope);
-            for (i, &kv) in key.iter().enumerate() {
-                k_cache[(h * hd + i) * stride + p] = kv;
-            }
-        }
-        v_cache[p * kvw..(p + 1) * kvw].copy_from_slice(proj.v.row(r0 + t));
+        v_cache[(pos0 + t) * kvw..(pos0 + t + 1) * kvw].copy_from_slice(proj.v.row(r0 + t));
     }
 
     // Tasks: (head, first token) tiles; each returns its queries' output rows.

@@ -49,12 +49,31 @@ pub(crate) fn each_row(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f3
     }
 }
 
+/// `n` zeros. A prompt's activations are megabytes a layer, whose zeroing (and the
+/// first touch of their pages) on the pass's own thread had been most of what a
+/// prompt pass did outside its parallel loops; a buffer of a MiB or more is zeroed
+/// in pieces by the parallel loop's threads instead.
+fn zeroed(n: usize) -> Vec<f32> {
+    /// Values per piece (256 KiB).
+    const PIECE: usize = 64 * 1024;
+    if n < 4 * PIECE {
+        return vec![0.0; n];
+    }
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    let mut pieces: Vec<&mut [std::mem::MaybeUninit<f32>]> =
+        v.spare_capacity_mut()[..n].chunks_mut(PIECE).collect();
+    quant::par::for_each_mut(&mut pieces, |_, p| p.fill(std::mem::MaybeUninit::new(0.0)));
+    // SAFETY: the pieces cover the first n values, and every one was written.
+    unsafe { v.set_len(n) };
+    v
+}
+
 impl Act {
     pub fn zeros(rows: usize, cols: usize) -> Act {
         Act {
             rows,
             cols,
-            data: vec![0.0; rows * cols],
+            data: zeroed(rows * cols),
         }
     }
     pub fn row(&self, r: usize) -> &[f32] {
