@@ -35,8 +35,16 @@ multiversion! {
         assert_eq!(s.len(), k.len() * dv, "deltanet::step: state is not dk × dv");
         assert_eq!(o.len(), dv, "deltanet::step: output is not dv long");
         let decay = crate::math::exp(g);
-        // kv, then δ in the same buffer.
-        let mut kv = vec![0.0f32; dv];
+        // kv, then δ in the same buffer (on the stack for the usual head sizes: a
+        // prompt calls this once per token and head).
+        let mut stack = [0.0f32; 256];
+        let mut heap = Vec::new();
+        let kv: &mut [f32] = if dv <= stack.len() {
+            &mut stack[..dv]
+        } else {
+            heap.resize(dv, 0.0f32);
+            &mut heap
+        };
         for (row, &ki) in s.chunks_exact_mut(dv).zip(k) {
             for (acc, sij) in kv.iter_mut().zip(row.iter_mut()) {
                 *sij *= decay;
@@ -46,10 +54,10 @@ multiversion! {
         for (d, &vj) in kv.iter_mut().zip(v) {
             *d = beta * (vj - *d);
         }
-        let delta = kv;
+        let delta = &*kv;
         o.iter_mut().for_each(|x| *x = 0.0);
         for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
-            for ((sij, &dj), acc) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
+            for ((sij, &dj), acc) in row.iter_mut().zip(delta).zip(o.iter_mut()) {
                 *sij += ki * dj;
                 *acc += *sij * qi;
             }

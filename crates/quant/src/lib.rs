@@ -625,7 +625,7 @@ pub fn try_matmul_with(
         ta.resize(n_tok, Vec::new());
         par::for_each_mut(&mut ta, |t, l| *l = (m.layout)(&xqs[t].qs));
     }
-    let out = RowRuns::new(out, n_rows);
+    let out = par::ColumnRuns::new(out, n_rows);
     par::for_each(n_rows.div_ceil(per), |i| {
         let (r0, r1) = (i * per, ((i + 1) * per).min(n_rows));
         let wc = &w[r0 * rb..r1 * rb];
@@ -657,42 +657,6 @@ pub fn try_matmul_with(
         }
     });
     Ok(())
-}
-
-/// A tokens × rows output that tasks owning disjoint rows write at once: each takes
-/// its rows' run of every token's output row.
-struct RowRuns<'a> {
-    ptr: *mut f32,
-    len: usize,
-    n_rows: usize,
-    _out: std::marker::PhantomData<&'a mut [f32]>,
-}
-
-// SAFETY: `run`'s contract keeps the tasks' writes disjoint, and the `&mut` borrow of
-// the whole output lasts as long as this value.
-unsafe impl Sync for RowRuns<'_> {}
-
-impl<'a> RowRuns<'a> {
-    fn new(out: &'a mut [f32], n_rows: usize) -> RowRuns<'a> {
-        RowRuns {
-            ptr: out.as_mut_ptr(),
-            len: out.len(),
-            n_rows,
-            _out: std::marker::PhantomData,
-        }
-    }
-
-    /// Rows `r0..r0 + n` of token `t`'s output.
-    ///
-    /// # Safety
-    /// No other live slice from this value may cover any of these rows of token `t`.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn run(&self, t: usize, r0: usize, n: usize) -> &mut [f32] {
-        let at = t * self.n_rows + r0;
-        assert!(r0 + n <= self.n_rows && at + n <= self.len);
-        // SAFETY: in bounds by the assert; exclusive by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), n) }
-    }
 }
 
 /// [`try_matmul_with`] at the active kernel level.

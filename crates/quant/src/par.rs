@@ -108,6 +108,45 @@ pub fn for_each_mut<T: Send>(items: &mut [T], f: impl Fn(usize, &mut T) + Sync) 
     });
 }
 
+/// A row-major matrix of f32 (rows of `width` values) that the tasks of one loop
+/// write at once, each owning a range of columns: a task takes its columns' run of
+/// any row. (A product's output whose tasks own weight rows, a layer's output whose
+/// tasks own heads or channels.)
+pub struct ColumnRuns<'a> {
+    ptr: *mut f32,
+    len: usize,
+    width: usize,
+    _data: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `run`'s contract keeps the tasks' runs disjoint, and the `&mut` borrow of the
+// whole matrix lasts as long as this value.
+unsafe impl Sync for ColumnRuns<'_> {}
+
+impl<'a> ColumnRuns<'a> {
+    pub fn new(data: &'a mut [f32], width: usize) -> ColumnRuns<'a> {
+        ColumnRuns {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            width,
+            _data: std::marker::PhantomData,
+        }
+    }
+
+    /// Columns `c0..c0 + n` of row `row`.
+    ///
+    /// # Safety
+    /// No other live slice from this value may overlap this one: tasks that own
+    /// disjoint columns, or disjoint rows, are safe.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn run(&self, row: usize, c0: usize, n: usize) -> &mut [f32] {
+        let at = row * self.width + c0;
+        assert!(c0 + n <= self.width && at + n <= self.len);
+        // SAFETY: in bounds by the assert; exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), n) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

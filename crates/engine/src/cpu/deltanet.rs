@@ -118,55 +118,49 @@ pub(super) fn core(
         }
     } else {
         let hist = ssm.d_conv - 1;
-        // (state, taps, outputs: t_n rows of the block's channels) per block.
-        let mut blocks: Vec<(&mut [f32], &[f32], Vec<f32>)> = st
+        // (state, taps) per block; each block writes its channels' run of every row.
+        let mut blocks: Vec<(&mut [f32], &[f32])> = st
             .conv
             .chunks_mut(CONV_BLOCK * hist)
             .zip(w.conv.chunks(CONV_BLOCK * ssm.d_conv))
-            .map(|(state, taps)| (state, taps, Vec::new()))
             .collect();
-        quant::par::for_each_mut(&mut blocks, |i, (state, taps, out)| {
-            let (c0, n) = (i * CONV_BLOCK, taps.len() / ssm.d_conv);
-            *out = vec![0.0f32; t_n * n];
-            for (t, o) in out.chunks_exact_mut(n).enumerate() {
-                let src = &p.qkv.row(r0 + t)[c0..c0 + n];
-                conv_step(state, taps, src, ssm.d_conv, o);
-            }
-        });
-        each_row(&mut conv.data, cd, |t, row| {
-            for (i, (_, _, block)) in blocks.iter().enumerate() {
-                let n = block.len() / t_n;
-                row[i * CONV_BLOCK..i * CONV_BLOCK + n].copy_from_slice(&block[t * n..(t + 1) * n]);
-            }
-            norm_qk(row);
-        });
+        {
+            let out = quant::par::ColumnRuns::new(&mut conv.data, cd);
+            quant::par::for_each_mut(&mut blocks, |i, (state, taps)| {
+                let (c0, n) = (i * CONV_BLOCK, taps.len() / ssm.d_conv);
+                for t in 0..t_n {
+                    let src = &p.qkv.row(r0 + t)[c0..c0 + n];
+                    // SAFETY: channels c0..c0 + n belong to this block alone.
+                    let o = unsafe { out.run(t, c0, n) };
+                    conv_step(state, taps, src, ssm.d_conv, o);
+                }
+            });
+        }
+        each_row(&mut conv.data, cd, |_, row| norm_qk(row));
     }
 
     // Then each value head runs its recurrence over all tokens; heads are
-    // independent, so they run in parallel (one parallel loop per call), each
-    // allocating its own outputs.
-    let mut per_head: Vec<(&mut [f32], Vec<f32>)> =
-        st.ssm.chunks_mut(d * d).map(|s| (s, Vec::new())).collect();
-    quant::par::for_each_mut(&mut per_head, |h, (s, out)| {
-        *out = vec![0.0f32; t_n * d];
-        let kh = ssm.k_head_of(h);
-        for t in 0..t_n {
-            let row = conv.row(t);
-            let q = &row[kh * d..(kh + 1) * d];
-            let k = &row[kd + kh * d..kd + (kh + 1) * d];
-            let v = &row[2 * kd + h * d..2 * kd + (h + 1) * d];
-            let g = w.a[h] * softplus(p.alpha.row(r0 + t)[h] + w.dt_bias[h]);
-            let beta = sigmoid(p.beta.row(r0 + t)[h]);
-            let o = &mut out[t * d..(t + 1) * d];
-            step(s, q, k, v, g, beta, o);
-            gated_norm(o, &p.z.row(r0 + t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
-        }
-    });
+    // independent, so they run in parallel (one parallel loop per call), each writing
+    // its columns of every output row.
     let mut y = Act::zeros(t_n, vd);
-    each_row(&mut y.data, vd, |t, row| {
-        for (h, (_, out)) in per_head.iter().enumerate() {
-            row[h * d..(h + 1) * d].copy_from_slice(&out[t * d..(t + 1) * d]);
-        }
-    });
+    let mut states: Vec<&mut [f32]> = st.ssm.chunks_mut(d * d).collect();
+    {
+        let out = quant::par::ColumnRuns::new(&mut y.data, vd);
+        quant::par::for_each_mut(&mut states, |h, s| {
+            let kh = ssm.k_head_of(h);
+            for t in 0..t_n {
+                let row = conv.row(t);
+                let q = &row[kh * d..(kh + 1) * d];
+                let k = &row[kd + kh * d..kd + (kh + 1) * d];
+                let v = &row[2 * kd + h * d..2 * kd + (h + 1) * d];
+                let g = w.a[h] * softplus(p.alpha.row(r0 + t)[h] + w.dt_bias[h]);
+                let beta = sigmoid(p.beta.row(r0 + t)[h]);
+                // SAFETY: columns h·d.. of each row belong to head h alone.
+                let o = unsafe { out.run(t, h * d, d) };
+                step(s, q, k, v, g, beta, o);
+                gated_norm(o, &p.z.row(r0 + t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
+            }
+        });
+    }
     y
 }
