@@ -196,9 +196,13 @@ fn shared_gate_logit(gate_inp: &[f32], x: &[f32]) -> f32 {
     model::math::dot(gate_inp, x)
 }
 
+/// silu(g) ⊙ u, rows in parallel for a prompt (elementwise: the same bits either way).
 fn swiglu(g: &Act, u: &Act) -> Act {
-    let mut out = g.clone();
-    silu_mul(&mut out.data, &u.data);
+    let mut out = Act::zeros(g.rows, g.cols);
+    each_row(&mut out.data, g.cols, |r, o| {
+        o.copy_from_slice(g.row(r));
+        silu_mul(o, u.row(r));
+    });
     out
 }
 
