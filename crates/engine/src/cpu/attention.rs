@@ -122,18 +122,16 @@ pub(super) fn core(
             rope_neox_with(key, &rope);
         }
     });
-    let mut k_rows: Vec<&mut [f32]> = k_cache.chunks_mut(stride).take(kvw).collect();
     let to_row = |j: usize, k_row: &mut [f32]| {
         for (t, dst) in k_row[pos0..pos0 + t_n].iter_mut().enumerate() {
             *dst = keys[t * kvw + j];
         }
     };
+    let k_rows = k_cache.chunks_mut(stride).take(kvw);
     if t_n < PARALLEL_ROWS {
-        k_rows
-            .iter_mut()
-            .enumerate()
-            .for_each(|(j, r)| to_row(j, r));
+        k_rows.enumerate().for_each(|(j, r)| to_row(j, r));
     } else {
+        let mut k_rows: Vec<&mut [f32]> = k_rows.collect();
         quant::par::for_each_mut(&mut k_rows, |j, r| to_row(j, r));
     }
     for t in 0..t_n {
