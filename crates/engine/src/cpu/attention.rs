@@ -80,8 +80,13 @@ pub(super) fn core(
     let stride = cache.capacity();
     let (k_cache, v_cache) = cache.k_v_mut();
 
-    // Queries (normed, rotated) and gates, per token and head.
+    // Per token (in parallel for a prompt): its queries and keys normed and rotated
+    // with one rotary table, and its gates. Keys then go into the cache dim-major
+    // (key dim i of kv head h at position p is k[(h·hd + i)·stride + p]: each cache
+    // row takes the call's positions as one run); values position-major.
+    let kvw = nkv * hd;
     let mut q = vec![0.0f32; t_n * nh * hd];
+    let mut keys = vec![0.0f32; t_n * kvw];
     let mut gate = vec![
         0.0f32;
         if cfg.attn_output_gate {
@@ -90,38 +95,33 @@ pub(super) fn core(
             0
         }
     ];
-    each_row(&mut q, nh * hd, |t, qt| {
-        let row = proj.q.row(r0 + t);
-        let rope = rope_table(pos0 + t, cfg.n_rot, cfg.rope_theta);
-        for (h, dst) in qt.chunks_exact_mut(hd).enumerate() {
-            dst.copy_from_slice(&row[h * q_stride..h * q_stride + hd]);
-            rms_norm(dst, &w.q_norm, cfg.eps);
-            rope_neox_with(dst, &rope);
-        }
-    });
-    if cfg.attn_output_gate {
-        each_row(&mut gate, nh * hd, |t, gt| {
+    {
+        let key_rows = quant::par::ColumnRuns::new(&mut keys, kvw);
+        let gate_rows = quant::par::ColumnRuns::new(&mut gate, nh * hd);
+        each_row(&mut q, nh * hd, |t, qt| {
             let row = proj.q.row(r0 + t);
-            for (h, dst) in gt.chunks_exact_mut(hd).enumerate() {
-                dst.copy_from_slice(&row[h * q_stride + hd..h * q_stride + 2 * hd]);
+            let rope = rope_table(pos0 + t, cfg.n_rot, cfg.rope_theta);
+            for (h, dst) in qt.chunks_exact_mut(hd).enumerate() {
+                dst.copy_from_slice(&row[h * q_stride..h * q_stride + hd]);
+                rms_norm(dst, &w.q_norm, cfg.eps);
+                rope_neox_with(dst, &rope);
+            }
+            // SAFETY (both): row t of keys and gates belongs to token t's call alone.
+            let kt = unsafe { key_rows.run(t, 0, kvw) };
+            let k_row = proj.k.row(r0 + t);
+            for (h, key) in kt.chunks_exact_mut(hd).enumerate() {
+                key.copy_from_slice(&k_row[h * hd..(h + 1) * hd]);
+                rms_norm(key, &w.k_norm, cfg.eps);
+                rope_neox_with(key, &rope);
+            }
+            if cfg.attn_output_gate {
+                let gt = unsafe { gate_rows.run(t, 0, nh * hd) };
+                for (h, dst) in gt.chunks_exact_mut(hd).enumerate() {
+                    dst.copy_from_slice(&row[h * q_stride + hd..h * q_stride + 2 * hd]);
+                }
             }
         });
     }
-    // Keys normed and rotated token by token (in parallel for a prompt), then into
-    // the cache dim-major (key dim i of kv head h at position p is
-    // k[(h·hd + i)·stride + p]: each cache row takes the call's positions as one
-    // run); values position-major.
-    let kvw = nkv * hd;
-    let mut keys = vec![0.0f32; t_n * kvw];
-    each_row(&mut keys, kvw, |t, kt| {
-        let row = proj.k.row(r0 + t);
-        let rope = rope_table(pos0 + t, cfg.n_rot, cfg.rope_theta);
-        for (h, key) in kt.chunks_exact_mut(hd).enumerate() {
-            key.copy_from_slice(&row[h * hd..(h + 1) * hd]);
-            rms_norm(key, &w.k_norm, cfg.eps);
-            rope_neox_with(key, &rope);
-        }
-    });
     let to_row = |j: usize, k_row: &mut [f32]| {
         for (t, dst) in k_row[pos0..pos0 + t_n].iter_mut().enumerate() {
             *dst = keys[t * kvw + j];
