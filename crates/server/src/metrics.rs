@@ -1112,25 +1112,42 @@ impl Inner {
     /// (the state kept for reuse), as the one-request server reported it.
     fn slot_rows(&self) -> Vec<SlotRow> {
         if let Some(slots) = &self.slots {
-            return slots
+            // The list is as of the engine's last step: a request admitted
+            // since then is live but the list may still show its slot idle.
+            // It shows in the slot it took, or (before it said which) in the
+            // first slot with no request; a live request is never hidden.
+            let mut rows: Vec<SlotRow> = slots
                 .iter()
                 .map(|s| {
-                    let live = match s.request {
-                        Some(r) => self.live.iter().position(|c| c.id == r),
-                        None if s.busy => self.live.iter().position(|c| c.slot == Some(s.id)),
-                        None => None,
-                    };
-                    let held = live.map_or(0, |i| self.live[i].ctx_used());
+                    let live = s
+                        .request
+                        .and_then(|r| self.live.iter().position(|c| c.id == r))
+                        .or_else(|| self.live.iter().position(|c| c.slot == Some(s.id)));
                     SlotRow {
                         id: s.id,
-                        busy: s.busy || live.is_some(),
+                        busy: s.busy,
                         cached_tokens: s.cached_tokens,
                         live,
                         task: s.request.filter(|_| s.busy),
-                        n_ctx_used: s.cached_tokens.max(held),
+                        n_ctx_used: s.cached_tokens,
                     }
                 })
                 .collect();
+            for i in 0..self.live.len() {
+                if rows.iter().any(|r| r.live == Some(i)) {
+                    continue;
+                }
+                if let Some(r) = rows.iter_mut().find(|r| r.live.is_none() && !r.busy) {
+                    r.live = Some(i);
+                }
+            }
+            for r in &mut rows {
+                if let Some(i) = r.live {
+                    r.busy = true;
+                    r.n_ctx_used = r.n_ctx_used.max(self.live[i].ctx_used());
+                }
+            }
+            return rows;
         }
         let n = self.n_slots();
         // Requests that said which slot they took sit there; else (a worker

@@ -471,3 +471,39 @@ fn requests_sit_in_the_slot_they_took() {
     assert_eq!(slots[1]["id_task"], -1);
     assert_eq!(slots[1]["state"], "processing");
 }
+
+#[test]
+fn a_request_admitted_since_the_engines_last_slot_list_shows_as_processing() {
+    // The list comes after each engine step; a request the engine took after
+    // it was made must not leave `/slots` saying idle (clients poll `/slots`
+    // to know the server is done with their request).
+    let s = Stats::new();
+    s.set_pool(100, 2, 200);
+    s.set_slots(vec![slot(0, 12, None), slot(1, 0, None)]);
+    s.request_queued(5, "messages");
+    assert_eq!(s.queue_depth(), 1);
+    // Started, before it said which slot it took: shown in a free slot.
+    s.request_started(5, 30);
+    assert_eq!(s.queue_depth(), 0);
+    let slots = s.slots_json(0);
+    assert!(
+        slots.iter().any(|x| x["is_processing"] == true),
+        "{slots:?}"
+    );
+    assert_eq!(slots[0]["id_task"], 5, "{slots:?}");
+    // It took slot 1; the list still says slot 1 is idle.
+    s.request_slot(5, 1);
+    let slots = s.slots_json(0);
+    assert_eq!(slots[0]["is_processing"], false, "{slots:?}");
+    assert_eq!(slots[0]["n_ctx_used"], 12);
+    assert_eq!(slots[1]["is_processing"], true, "{slots:?}");
+    assert_eq!(slots[1]["id_task"], 5);
+    assert_eq!(slots[1]["n_prompt_tokens"], 30);
+    // Finished: idle everywhere.
+    s.request_finished(5, &timings(30, 3), "stop", 33);
+    let slots = s.slots_json(0);
+    assert!(
+        slots.iter().all(|x| x["is_processing"] == false),
+        "{slots:?}"
+    );
+}
