@@ -17,6 +17,8 @@
 # tests of crates/cuda (every kernel against the CPU reference, bit for bit where
 # docs/design.md requires it) and the engine's parity and invariant tests run with
 # SCORIA_TEST_DEVICE=cuda. SCORIA_REQUIRE_GPU=1 makes a missing GPU a failure.
+# The kernels are built for sm_90 only (the GPU machine's H200; every executable
+# embeds them, and the archive must stay small) unless SCORIA_CUDA_ARCHS says otherwise.
 # The other test targets run on the CPU alone and are left to the ordinary test run.
 GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch engine-sched"
 set -euo pipefail
@@ -36,6 +38,7 @@ build)
     NVCC="$(bash "$ROOT/scripts/install-cuda-toolchain.sh" --print-path)"
     export NVCC
   fi
+  export SCORIA_CUDA_ARCHS="${SCORIA_CUDA_ARCHS:-90}"
   mkdir -p "$DIR"
   rm -f "$DIR"/test-*
   cd "$ROOT"

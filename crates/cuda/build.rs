@@ -1,8 +1,9 @@
 //! Builds the CUDA kernels (feature `cuda` only).
 //!
 //! Each `kernels/*.cu` becomes one fat binary holding a cubin for every architecture in
-//! `SCORIA_CUDA_ARCHS` (comma-separated compute capabilities, default `90`) plus PTX for
-//! the highest, so that newer GPUs JIT-compile it. The driver picks the best image when
+//! `SCORIA_CUDA_ARCHS` (comma-separated compute capabilities, default [`DEFAULT_ARCHS`]:
+//! the A100, RTX 30, RTX 40, H100/H200, B200 and RTX 50 generations) plus PTX for the
+//! highest, so that newer GPUs JIT-compile it. The driver picks the best image when
 //! the module is loaded. The fat binaries are embedded with `include_bytes!` from
 //! `OUT_DIR/kernels.rs`.
 //!
@@ -145,9 +146,19 @@ fn fail(msg: &str) -> ! {
     panic!("scoria-cuda build failed: {msg}");
 }
 
-/// `SCORIA_CUDA_ARCHS`, sorted ascending and deduplicated (default: 90, the H100/H200).
+/// The architectures a build without `SCORIA_CUDA_ARCHS` covers: sm_80 (A100), sm_86
+/// (RTX 30, A-series), sm_89 (RTX 40, L4/L40), sm_90 (H100/H200), sm_100 (B200) and
+/// sm_120 (RTX 50); a GPU of the same major version and a higher minor one runs the
+/// cubin of its major version, and GPUs after sm_120 JIT its PTX.
+const DEFAULT_ARCHS: &str = "80,86,89,90,100,120";
+
+/// The oldest architecture the kernels run on: the prompt GEMMs use the int8
+/// tensor-core `mma.sync` shapes of sm_80.
+const MIN_ARCH: u32 = 80;
+
+/// `SCORIA_CUDA_ARCHS`, sorted ascending and deduplicated (default [`DEFAULT_ARCHS`]).
 fn archs() -> Vec<u32> {
-    let raw = env::var("SCORIA_CUDA_ARCHS").unwrap_or_else(|_| "90".to_string());
+    let raw = env::var("SCORIA_CUDA_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
     let mut v: Vec<u32> = raw
         .split([',', ' ', ';'])
         .filter(|s| !s.is_empty())
@@ -164,6 +175,15 @@ fn archs() -> Vec<u32> {
                     "SCORIA_CUDA_ARCHS={raw:?}: `{s}` is not a compute capability such as 90 or 120"
                 ))
                 })
+        })
+        .inspect(|&a| {
+            if a < MIN_ARCH {
+                fail(&format!(
+                    "SCORIA_CUDA_ARCHS={raw:?}: sm_{a} is older than the kernels support \
+                     (sm_{MIN_ARCH}, Ampere, and newer: they use its int8 tensor-core \
+                     instructions); build without `--features cuda` for that GPU's machine"
+                ))
+            }
         })
         .collect();
     v.sort_unstable();

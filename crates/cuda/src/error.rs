@@ -13,6 +13,15 @@ pub enum CudaError {
          (driver 580 or newer): update the driver or use --device cpu"
     )]
     DriverTooOld { major: i32, minor: i32 },
+    #[error(
+        "{device} has compute capability {cc_major}.{cc_minor}; scoria's kernels need 8.0 \
+         (Ampere) or newer: use --device cpu"
+    )]
+    DeviceTooOld {
+        device: String,
+        cc_major: i32,
+        cc_minor: i32,
+    },
     #[error("CUDA device {ordinal} does not exist ({count} found)")]
     NoSuchDevice { ordinal: usize, count: usize },
     #[error(

@@ -169,6 +169,13 @@ impl Gpu {
             attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
+        if cc.0 < 8 {
+            return Err(CudaError::DeviceTooOld {
+                device: name,
+                cc_major: cc.0,
+                cc_minor: cc.1,
+            });
+        }
         let sm_count = attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         let smem_optin = attr(
             dev,
