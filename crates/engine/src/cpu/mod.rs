@@ -417,6 +417,17 @@ impl CpuBackend {
                 self.prepare(&types, x)
             })
             .collect();
+        self.mm_many_prepared(inputs, &xqs, jobs)
+    }
+
+    /// [`CpuBackend::mm_many`] with each input's [`CpuBackend::prepare`] already
+    /// made (`xqs[i]` for `inputs[i]`, for every type its jobs read).
+    pub(crate) fn mm_many_prepared(
+        &self,
+        inputs: &[&Act],
+        xqs: &[Vec<quant::ActQ8>],
+        jobs: &[Job],
+    ) -> Vec<Act> {
         let single = inputs.iter().all(|x| x.rows == 1);
         if !single || self.precision == Precision::ReferenceF32 {
             return jobs

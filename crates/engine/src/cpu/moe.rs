@@ -71,10 +71,11 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
             let (bi, i) = at[t * k + rank];
             results[bi].row(i)
         };
-        let sh = shared
-            .as_ref()
-            .map(|(sh, down)| (sh.gate_inp.as_slice(), down.row(t)));
-        combine(o, &routes[t], routed, sh, x.row(t));
+        let sh = shared.as_ref().map(|(sh, down)| {
+            let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t)));
+            (gate, down.row(t))
+        });
+        combine(o, &routes[t], routed, sh);
     });
     out
 }
@@ -125,15 +126,23 @@ fn few_tokens(
             }
         }
     }
-    // SwiGLU of each product pair, pairs in parallel (its exps are a few µs an
-    // expert: tens of µs a layer on one thread).
-    let mut pairs: Vec<(Act, Act)> = Vec::with_capacity(jobs.len() / 2);
+    // SwiGLU of each product pair and the quantized copy its down projection
+    // reads, pairs in parallel (tens of µs a layer on one thread).
+    let down_ty = |i: usize| match &w.shared {
+        Some(sh) if i % per == per - 1 => sh.down.ty,
+        _ => w.down_exps.ty,
+    };
+    let mut pairs: Vec<(Act, Act, Vec<quant::ActQ8>)> = Vec::with_capacity(jobs.len() / 2);
     let mut gu = b.mm_many(&inputs, &jobs).into_iter();
     while let (Some(g), Some(u)) = (gu.next(), gu.next()) {
-        pairs.push((g, u));
+        pairs.push((g, u, Vec::new()));
     }
-    quant::par::for_each_mut(&mut pairs, |_, (g, u)| silu_mul(&mut g.data, &u.data));
-    let acts: Vec<Act> = pairs.into_iter().map(|(g, _)| g).collect();
+    quant::par::for_each_mut(&mut pairs, |i, (g, u, q)| {
+        silu_mul(&mut g.data, &u.data);
+        *q = b.prepare(&[down_ty(i)], g);
+    });
+    let (acts, xqs): (Vec<Act>, Vec<Vec<quant::ActQ8>>) =
+        pairs.into_iter().map(|(g, _, q)| (g, q)).unzip();
     let act_refs: Vec<&Act> = acts.iter().collect();
     let mut jobs = Vec::with_capacity(acts.len());
     for r in routes {
@@ -154,36 +163,55 @@ fn few_tokens(
             });
         }
     }
-    let downs = b.mm_many(&act_refs, &jobs);
+    let downs = b.mm_many_prepared(&act_refs, &xqs, &jobs);
+    // Each token's shared-expert gate, then the combination in column pieces in
+    // parallel (each value's sum keeps its order, so the pieces do not change it).
+    let gates: Vec<Option<f32>> = (0..x.rows)
+        .map(|t| {
+            w.shared
+                .as_ref()
+                .map(|sh| sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t))))
+        })
+        .collect();
     let mut out = Act::zeros(x.rows, e);
-    for (t, r) in routes.iter().enumerate() {
-        let mine = &downs[t * per..(t + 1) * per];
-        let sh = w
-            .shared
-            .as_ref()
-            .map(|sh| (sh.gate_inp.as_slice(), mine[r.len()].data.as_slice()));
-        combine(out.row_mut(t), r, |rank| &mine[rank].data, sh, x.row(t));
-    }
+    let mut pieces: Vec<(usize, usize, &mut [f32])> = out
+        .data
+        .chunks_mut(e)
+        .enumerate()
+        .flat_map(|(t, row)| {
+            row.chunks_mut(COMBINE_COLS)
+                .enumerate()
+                .map(move |(c, o)| (t, c * COMBINE_COLS, o))
+        })
+        .collect();
+    quant::par::for_each_mut(&mut pieces, |_, (t, c0, o)| {
+        let (t, cols) = (*t, *c0..*c0 + o.len());
+        let (r, mine) = (&routes[t], &downs[t * per..(t + 1) * per]);
+        let sh = gates[t].map(|g| (g, &mine[r.len()].data[cols.clone()]));
+        combine(o, r, |rank| &mine[rank].data[cols.clone()], sh);
+    });
     out
 }
 
-/// One token's MoE output `o` (zeros on entry): its routed experts' outputs
-/// (`routed(rank)`) weighted in top-k rank order, then the shared expert's output
-/// gated by sigmoid(gate_inp · x), given as (gate_inp, output).
+/// Columns of a token's MoE output combined by one task of a decode step.
+const COMBINE_COLS: usize = 256;
+
+/// One token's MoE output `o` (zeros on entry), or a run of its columns: its
+/// routed experts' outputs (`routed(rank)`, the same columns) weighted in top-k
+/// rank order, then the shared expert's output gated by its
+/// sigmoid(gate_inp · x), given as (gate, output).
 fn combine<'a>(
     o: &mut [f32],
     route: &[(usize, f32)],
     routed: impl Fn(usize) -> &'a [f32],
-    shared: Option<(&[f32], &[f32])>,
-    x: &[f32],
+    shared: Option<(f32, &[f32])>,
 ) {
     for (rank, &(_, wt)) in route.iter().enumerate() {
         for (a, &d) in o.iter_mut().zip(routed(rank)) {
             *a += wt * d;
         }
     }
-    if let Some((gate_inp, down)) = shared {
-        let gate = sigmoid(shared_gate_logit(gate_inp, x));
+    if let Some((gate, down)) = shared {
         for (a, &d) in o.iter_mut().zip(down) {
             *a += gate * d;
         }
