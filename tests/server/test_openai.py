@@ -221,6 +221,49 @@ def test_chat_tools_accepted_and_round_trip(oai, model_id, raw):
 # ---------------------------------------------------------------- completions
 
 
+def test_chat_logprobs(oai, model_id):
+    r = oai.chat.completions.create(
+        model=model_id, messages=HELLO, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3, extra_body=NO_THINK
+    )
+    plain = oai.chat.completions.create(model=model_id, messages=HELLO, max_tokens=12, temperature=0, extra_body=NO_THINK)
+    assert r.choices[0].message.content == plain.choices[0].message.content, "asking for logprobs changes nothing"
+    content = r.choices[0].logprobs.content
+    eog = 1 if r.choices[0].finish_reason == "stop" else 0
+    assert len(content) == r.usage.completion_tokens - eog
+    for e in content:
+        assert e.logprob <= 0.0
+        assert bytes(e.bytes).decode("utf-8", "replace") == e.token
+        tops = e.top_logprobs
+        assert len(tops) == 3
+        assert all(a.logprob >= b.logprob for a, b in zip(tops, tops[1:]))
+        # Greedy: the token is the most likely one.
+        assert tops[0].token == e.token and tops[0].logprob == pytest.approx(e.logprob)
+    # The tokens' bytes are the message's text (no thinking, no tool calls here).
+    text = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")
+    assert text.strip() == r.choices[0].message.content.strip()
+
+
+def test_completions_logprobs(oai, model_id):
+    r = oai.completions.create(model=model_id, prompt="Once upon a time", max_tokens=10, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert len(lp.tokens) > 0
+    if not any("\ufffd" in t for t in lp.tokens):
+        assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0
+    for tok, l, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert l <= 0.0 and len(top) <= 2 and max(top.values()) == pytest.approx(l)
+
+
+def test_logprobs_with_streaming_is_400(oai, model_id):
+    err = _bad(
+        lambda: oai.chat.completions.create(
+            model=model_id, messages=HELLO, max_tokens=4, logprobs=True, stream=True, extra_body=NO_THINK
+        )
+    )
+    assert "logprobs" in str(err)
+
+
 def test_completions_plain_and_stop(oai, model_id):
     r = oai.completions.create(model=model_id, prompt="Once upon a time", max_tokens=40, temperature=0)
     assert r.object == "text_completion"

@@ -258,6 +258,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
         },
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     }
 }
 

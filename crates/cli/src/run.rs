@@ -168,6 +168,7 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
         },
         stop_at_eog: !a.ignore_eos,
         constraint: None,
+        logprobs: None,
     };
     let tok = eng.tokenizer_arc();
     let mut dec = tok.stream_decoder(false);

@@ -174,6 +174,47 @@ pub struct GenerateRequest {
     /// Structured output: only tokens this grammar allows are sampled (None: free).
     /// The engine decodes with a copy; the request keeps the initial state.
     pub constraint: Option<crate::constraint::Constraint>,
+    /// Report each generated token's log-probability and this many of the most
+    /// likely tokens at its position (at most [`MAX_TOP_LOGPROBS`]); None: none.
+    pub logprobs: Option<usize>,
+}
+
+/// The most alternatives a token's [`TokenLogprobs`] list.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A generated token's log-probability under the model: the log-softmax of the
+/// logits at its position, before the sampling settings, biases, penalties and
+/// grammar masks; and the most likely tokens there with theirs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    top: [(u32, f32); MAX_TOP_LOGPROBS],
+    n_top: usize,
+}
+
+impl TokenLogprobs {
+    /// `token`'s log-probability in `logits`, and the `n_top` (at most
+    /// [`MAX_TOP_LOGPROBS`]) most likely tokens, most likely first (ties: the
+    /// lower id first). The sum runs in one fixed order, so the same logits give
+    /// the same bits.
+    pub fn of(logits: &[f32], token: u32, n_top: usize) -> TokenLogprobs {
+        let lse = crate::sampler::log_sum_exp(logits);
+        let mut top = [(0u32, 0f32); MAX_TOP_LOGPROBS];
+        let best = crate::sampler::top_logits(logits, n_top.min(MAX_TOP_LOGPROBS));
+        for (slot, &(id, l)) in top.iter_mut().zip(&best) {
+            *slot = (id, l - lse);
+        }
+        TokenLogprobs {
+            logprob: logits.get(token as usize).map_or(f32::NAN, |&l| l - lse),
+            top,
+            n_top: best.len(),
+        }
+    }
+
+    /// The most likely tokens and their log-probabilities, most likely first.
+    pub fn top(&self) -> &[(u32, f32)] {
+        &self.top[..self.n_top]
+    }
 }
 
 /// A token as it is produced.
@@ -186,6 +227,8 @@ pub struct TokenEvent {
     pub forced: bool,
     /// The token is an end-of-generation token.
     pub eog: bool,
+    /// Its log-probabilities, when the request asked for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// How far the prompt of a request has been read (`Engine::generate_with_progress`).

@@ -317,6 +317,55 @@ fn order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
         .then(a.0.cmp(&b.0))
 }
 
+/// ln Σ exp(l) over every logit: the maximum, then the exponentials' sum over 16
+/// lanes in a fixed order (the same logits give the same bits). -inf when every
+/// logit is -inf; NaN when one is NaN.
+pub fn log_sum_exp(l: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let max = l.iter().fold(
+        f32::NEG_INFINITY,
+        |m, &v| if v > m || v.is_nan() { v } else { m },
+    );
+    if !max.is_finite() {
+        return max;
+    }
+    let mut acc = [0f32; LANES];
+    let mut it = l.chunks_exact(LANES);
+    for g in &mut it {
+        for (a, &v) in acc.iter_mut().zip(g) {
+            *a += model::math::exp(v - max);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(it.remainder()) {
+        *a += model::math::exp(v - max);
+    }
+    let mut n = LANES;
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            acc[i] += acc[i + n];
+        }
+    }
+    // The sum is at least 1 (the maximum's own term).
+    max + model::math::ln_1p(acc[0] - 1.0)
+}
+
+/// The `k` largest logits as (id, logit), largest first; ties: the lower id first.
+pub fn top_logits(l: &[f32], k: usize) -> Vec<(u32, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut top = top_k_of(
+        l.iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v))
+            .filter(|c| !c.1.is_nan()),
+        k,
+    );
+    top.sort_unstable_by(order);
+    top
+}
+
 /// A candidate in the top-k heap: the heap's greatest is the one that ranks last.
 struct Worst((u32, f32));
 
@@ -667,6 +716,31 @@ mod tests {
         for (i, l) in cases.iter().enumerate() {
             assert_eq!(argmax(l), scan_argmax(l), "case {i} ({} values)", l.len());
         }
+    }
+
+    #[test]
+    fn log_sum_exp_matches_f64_and_top_logits_rank_with_lower_ids_first() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for n in [1usize, 15, 16, 17, 1000, 248_320] {
+            let l: Vec<f32> = (0..n).map(|_| rng.random_range(-30.0f32..30.0)).collect();
+            let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let want = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+            let got = log_sum_exp(&l) as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{n}: {got} vs {want}"
+            );
+        }
+        assert_eq!(log_sum_exp(&[f32::NEG_INFINITY; 3]), f32::NEG_INFINITY);
+        assert!(log_sum_exp(&[1.0, f32::NAN]).is_nan());
+        assert_eq!(log_sum_exp(&[0.0]), 0.0);
+        let l = [1.0, 3.0, 3.0, f32::NAN, -2.0, 3.0];
+        assert_eq!(
+            top_logits(&l, 4),
+            vec![(1, 3.0), (2, 3.0), (5, 3.0), (0, 1.0)]
+        );
+        assert!(top_logits(&l, 0).is_empty());
+        assert_eq!(top_logits(&l, 9).len(), 5);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::exec::{SeqSnapshot, SeqStep, StepOut, Want};
 use crate::sampler::Sampler;
 use crate::{
     ms, Completion, EngineError, FinishReason, Flow, GenerateRequest, PromptProgress, Timings,
-    TokenEvent,
+    TokenEvent, TokenLogprobs,
 };
 
 /// Where a request's progress goes: the engine calls it from the thread that
@@ -265,7 +265,11 @@ impl Active {
         let constraint = req.constraint.as_ref().map(|c| c.start(&lim.eog));
         // With plain greedy sampling and nobody asking for logits, the device
         // picks the token and only its id comes back.
-        let want = if !logits && sampler.is_plain_greedy() && constraint.is_none() {
+        let want = if !logits
+            && req.logprobs.is_none()
+            && sampler.is_plain_greedy()
+            && constraint.is_none()
+        {
             Want::Greedy
         } else {
             Want::Logits(Logits::Last)
@@ -344,6 +348,11 @@ impl Active {
         sink: &mut dyn Sink,
     ) -> Outcome {
         let mut masked = false;
+        // Log-probabilities are the model's: kept from before a grammar mask.
+        let unmasked = match (&next, self.req.logprobs, &self.constraint) {
+            (StepOut::Logits(l), Some(_), Some(_)) => Some(l.clone()),
+            _ => None,
+        };
         let finish = 'f: {
             if self.out.len() >= self.req.max_tokens {
                 break 'f FinishReason::Length;
@@ -372,11 +381,18 @@ impl Active {
             self.sampler.accept(token);
             self.out.push(token);
             let eog = lim.eog.contains(&token);
+            let logprobs = match (&unmasked, &next, self.req.logprobs) {
+                (Some(l), _, Some(n)) | (None, StepOut::Logits(l), Some(n)) => {
+                    Some(TokenLogprobs::of(l, token, n))
+                }
+                _ => None,
+            };
             let ev = TokenEvent {
                 token,
                 index: self.out.len() - 1,
                 forced: was_forced,
                 eog,
+                logprobs,
             };
             match sink.token(&ev) {
                 Flow::Continue => {}

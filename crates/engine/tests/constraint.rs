@@ -80,6 +80,7 @@ fn request(
         sampling,
         stop_at_eog: true,
         constraint,
+        logprobs: None,
     }
 }
 

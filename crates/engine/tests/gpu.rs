@@ -434,6 +434,7 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
         sampling: SamplingParams::default(),
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     };
     let c = graphed
         .generate(&req, &mut |_| Flow::Continue)

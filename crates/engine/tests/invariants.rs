@@ -93,6 +93,7 @@ fn check_model(path: &std::path::Path, geometry: &str, preset: Preset) {
         sampling: SamplingParams::default(),
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     };
     let c = eng
         .generate(&req, &mut |_| Flow::Continue)
@@ -224,6 +225,7 @@ fn forced_tokens_and_stop() {
         sampling: SamplingParams::default(),
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     };
     let mut seen = Vec::new();
     let c = eng
@@ -270,6 +272,7 @@ fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
         sampling: SamplingParams::default(),
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     };
     let mut cold = open();
     let want = cold

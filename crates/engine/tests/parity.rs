@@ -125,6 +125,7 @@ fn check_f32(arch: &str) {
         sampling: SamplingParams::default(),
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     };
     let mut rows: Vec<f32> = Vec::new();
     let c = eng

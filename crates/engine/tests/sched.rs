@@ -59,6 +59,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Gen
         sampling,
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     }
 }
 
@@ -334,4 +335,104 @@ fn slots_share_one_context_pool_and_the_newest_request_yields_when_it_is_full() 
     assert_eq!(second.tokens[..], want[1].0.tokens[..second.tokens.len()]);
     let held: usize = eng.slots().iter().map(|s| s.cached_tokens).sum();
     assert!(held <= 256, "the slots hold {held} positions");
+}
+
+/// Each token event's token and log-probabilities.
+type Events = Vec<(u32, Option<engine::TokenLogprobs>)>;
+
+/// Records each token event's log-probabilities.
+struct Logprobs(Arc<Mutex<Events>>);
+
+impl Sink for Logprobs {
+    fn token(&mut self, ev: &TokenEvent) -> Flow {
+        self.0.lock().unwrap().push((ev.token, ev.logprobs));
+        Flow::Continue
+    }
+    fn done(&mut self, _: Result<Completion, EngineError>) {}
+}
+
+#[test]
+fn log_probabilities_are_the_models_and_do_not_change_what_is_decoded_alone_or_beside_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), Arch::Qwen35Moe, Preset::Q8_0, 5);
+    let plain = [
+        request(tokens(30, 1), 10, SamplingParams::default()),
+        request(tokens(18, 2), 10, seeded(7)),
+    ];
+    // Alone, without log-probabilities: the tokens and the logits they came from.
+    let want = solos(&mut engine(&path, 1, Some(0), None), &plain);
+    let with: Vec<GenerateRequest> = plain
+        .iter()
+        .zip([3usize, 0])
+        .map(|(r, n)| GenerateRequest {
+            logprobs: Some(n),
+            ..r.clone()
+        })
+        .collect();
+    // Alone and side by side, with them.
+    let run = |parallel: usize| {
+        let mut eng = engine(&path, parallel, Some(0), None);
+        let seen: Vec<_> = with
+            .iter()
+            .map(|_| Arc::new(Mutex::new(Vec::new())))
+            .collect();
+        for (r, s) in with.iter().zip(&seen) {
+            eng.submit(r.clone(), Box::new(Logprobs(s.clone())));
+            if parallel == 1 {
+                while eng.step() {}
+            }
+        }
+        while eng.step() {}
+        seen.iter()
+            .map(|s| s.lock().unwrap().clone())
+            .collect::<Vec<_>>()
+    };
+    let alone = run(1);
+    let beside = run(2);
+    for (i, ((c, logits), got)) in want.iter().zip(&alone).enumerate() {
+        let toks: Vec<u32> = got.iter().map(|e| e.0).collect();
+        assert_eq!(toks, c.tokens, "request {i}: the tokens do not change");
+        for (k, &(tok, lp)) in got.iter().enumerate() {
+            let lp = lp.expect("every token has its log-probabilities");
+            let l: Vec<f32> = logits[k].iter().map(|&b| f32::from_bits(b)).collect();
+            // The reference: log-softmax in f64.
+            let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+            let reference = l[tok as usize] as f64 - lse;
+            assert!(
+                (lp.logprob as f64 - reference).abs() < 1e-4,
+                "request {i} token {k}: {} vs {reference}",
+                lp.logprob
+            );
+            assert_eq!(lp.top().len(), with[i].logprobs.unwrap());
+            let mut order: Vec<(u32, f32)> = l
+                .iter()
+                .copied()
+                .enumerate()
+                .map(|(j, v)| (j as u32, v))
+                .collect();
+            order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            for (j, &(id, v)) in lp.top().iter().enumerate() {
+                assert_eq!(id, order[j].0, "request {i} token {k}: rank {j}");
+                assert!((v as f64 - (order[j].1 as f64 - lse)).abs() < 1e-4);
+            }
+            if i == 0 {
+                // Greedy: the token chosen is the most likely one.
+                assert_eq!(lp.top()[0], (tok, lp.logprob));
+            }
+        }
+    }
+    for (i, (a, b)) in alone.iter().zip(&beside).enumerate() {
+        let bits = |v: &Events| {
+            v.iter()
+                .map(|(t, lp)| {
+                    let lp = lp.expect("log-probabilities");
+                    let top: Vec<(u32, u32)> =
+                        lp.top().iter().map(|&(id, v)| (id, v.to_bits())).collect();
+                    (*t, lp.logprob.to_bits(), top)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(a), bits(b), "request {i}: side by side, the same bits");
+    }
 }

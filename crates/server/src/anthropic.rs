@@ -69,6 +69,7 @@ fn parse(
     let conv = prompt::anthropic(body)?;
     let thinking = params::parse_thinking(body, &core.defaults)?;
     params::refuse_unsupported(body)?;
+    params::parse_logprobs(body, params::LogprobsForm::Refused)?;
     let sampling = params::parse_sampling(body, &core.defaults, state.engine_info.n_vocab, 1.0)?;
     let max_tokens = params::parse_max_tokens(body, &["max_tokens"], core.defaults.max_tokens)?;
     let stop = params::parse_stop(body, "stop_sequences")?;
@@ -84,6 +85,7 @@ fn parse(
             stream,
             include_usage: false,
             constraint,
+            logprobs: None,
         },
     ))
 }

@@ -206,6 +206,8 @@ pub struct Generation {
     log: RequestLog,
     output_started: bool,
     keepalive: Duration,
+    /// Each generated token's log-probabilities so far (requests that asked).
+    logprobs: Vec<(u32, engine::TokenLogprobs)>,
 }
 
 /// What a route gets from [`Generation::next`].
@@ -249,6 +251,7 @@ impl Generation {
                         None => self.pending.push_back(Step::Piece(Piece::Content(t))),
                     }
                 }
+                Some(Event::Logprobs(t, lp)) => self.logprobs.push((t, lp)),
                 Some(Event::Done(f)) => {
                     if let Some(p) = &mut self.parser {
                         self.pending.extend(p.finish().into_iter().map(Step::Piece));
@@ -344,6 +347,7 @@ pub fn start(
             sampling: params.sampling.clone(),
             stop_at_eog: true,
             constraint,
+            logprobs: params.logprobs,
         },
         think,
         stops: params.stop.clone(),
@@ -367,6 +371,7 @@ pub fn start(
         log: log.clone(),
         output_started: false,
         keepalive: core.keepalive,
+        logprobs: Vec::new(),
     })
 }
 
@@ -378,6 +383,8 @@ pub struct Collected {
     /// (name, arguments JSON text)
     pub calls: Vec<(String, String)>,
     pub finished: Option<Finished>,
+    /// Each generated token's log-probabilities, when the request asked.
+    pub logprobs: Vec<(u32, engine::TokenLogprobs)>,
 }
 
 pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
@@ -398,6 +405,7 @@ pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
             Step::Idle => {}
         }
     }
+    c.logprobs = std::mem::take(&mut g.logprobs);
     Ok(c)
 }
 

@@ -22,7 +22,7 @@ use crate::gen::{
     timings_json, unique_suffix, OutputMode, Step, SSE_COMMENT,
 };
 use crate::output::Piece;
-use crate::params::{self, GenParams, Thinking};
+use crate::params::{self, GenParams, LogprobsForm, Thinking};
 use crate::prompt;
 use crate::worker::Finished;
 use crate::AppState;
@@ -50,9 +50,11 @@ fn gen_params(
     body: &Map<String, Value>,
     budget_names: &[&str],
     thinking: Thinking,
+    logprobs: LogprobsForm,
 ) -> std::result::Result<GenParams, ApiError> {
     let core = core(state)?;
     params::refuse_unsupported(body)?;
+    let logprobs = params::parse_logprobs(body, logprobs)?;
     let sampling = params::parse_sampling(body, &core.defaults, state.engine_info.n_vocab, 2.0)?;
     let max_tokens = params::parse_max_tokens(body, budget_names, core.defaults.max_tokens)?;
     let stop = params::parse_stop(body, "stop")?;
@@ -65,6 +67,61 @@ fn gen_params(
         stream,
         include_usage,
         constraint: None,
+        logprobs,
+    })
+}
+
+/// A token's text and bytes, as the logprobs objects give them (a token that
+/// ends inside a UTF-8 character shows U+FFFD in `token`; `bytes` are exact).
+fn token_text(state: &AppState, id: u32) -> (String, Vec<u8>) {
+    let bytes = state.tokenizer.token_to_piece(id);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// Chat's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal":
+/// null}`, one entry per generated token (the thinking block's and tool calls'
+/// included, the end-of-generation token not).
+fn chat_logprobs(state: &AppState, lps: &[(u32, engine::TokenLogprobs)]) -> Value {
+    let entry = |id: u32, logprob: f32| {
+        let (token, bytes) = token_text(state, id);
+        json!({"token": token, "logprob": logprob, "bytes": bytes})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|&(id, lp)| {
+            let mut e = entry(id, lp.logprob);
+            e["top_logprobs"] = lp.top().iter().map(|&(t, l)| entry(t, l)).collect();
+            e
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// Completions' `logprobs`: `tokens`, `token_logprobs`, `top_logprobs` (a
+/// token → log-probability map per token; null when no alternatives were asked)
+/// and `text_offset` (each token's character offset in the generated text).
+fn completion_logprobs(state: &AppState, lps: &[(u32, engine::TokenLogprobs)], n: usize) -> Value {
+    let mut offset = 0usize;
+    let (mut tokens, mut logprobs, mut tops, mut offsets) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &(id, lp) in lps {
+        let (token, _) = token_text(state, id);
+        offsets.push(offset);
+        offset += token.chars().count();
+        tokens.push(token);
+        logprobs.push(lp.logprob);
+        let top: Map<String, Value> = lp
+            .top()
+            .iter()
+            .map(|&(t, l)| (token_text(state, t).0, json!(l)))
+            .collect();
+        tops.push(Value::Object(top));
+    }
+    json!({
+        "tokens": tokens,
+        "token_logprobs": logprobs,
+        "top_logprobs": if n > 0 { Value::Array(tops) } else { Value::Null },
+        "text_offset": offsets,
     })
 }
 
@@ -93,6 +150,7 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
         &body,
         &["max_tokens", "max_completion_tokens", "max_output_tokens"],
         thinking,
+        LogprobsForm::Chat,
     )
     .map_err(oa)?;
     p.constraint = crate::structured::openai_chat(&body, conv.tools.as_ref()).map_err(oa)?;
@@ -158,7 +216,7 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
             "choices": [{
                 "index": 0,
                 "message": message,
-                "logprobs": null,
+                "logprobs": p.logprobs.map(|_| chat_logprobs(&state, &c.logprobs)),
                 "finish_reason": finish_reason(&f, !c.calls.is_empty()),
             }],
             "usage": openai_usage(&f),
@@ -315,6 +373,7 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
         &body,
         &["max_tokens", "max_completion_tokens", "max_output_tokens"],
         no_thinking,
+        LogprobsForm::Completions,
     )
     .map_err(oa)?;
     p.constraint = crate::structured::openai_completion(&body).map_err(oa)?;
@@ -347,7 +406,8 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
             "created": created,
             "model": model,
             "system_fingerprint": "scoria",
-            "choices": [{"text": c.content, "index": 0, "logprobs": null,
+            "choices": [{"text": c.content, "index": 0,
+                         "logprobs": p.logprobs.map(|n| completion_logprobs(&state, &c.logprobs, n)),
                          "finish_reason": finish_reason(&f, false)}],
             "usage": openai_usage(&f),
             "timings": timings_json(&f.timings),

@@ -51,6 +51,8 @@ pub struct GenParams {
     pub include_usage: bool,
     /// Structured output (a schema, forced tool calls), enforced while decoding.
     pub constraint: Option<crate::structured::Spec>,
+    /// Each generated token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 /// A number field within `[lo, hi]`; absent or null is None.
@@ -137,6 +139,100 @@ fn agreeing<T: PartialEq + std::fmt::Debug>(
     Ok(Some(first))
 }
 
+/// How a route takes log-probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogprobsForm {
+    /// Chat completions: `logprobs` true/false, `top_logprobs` 0..=20 alternatives.
+    Chat,
+    /// Completions: `logprobs` the number of alternatives, 0..=20 (null: none).
+    Completions,
+    /// A route without log-probabilities (Anthropic Messages, Responses): a
+    /// request for them is refused.
+    Refused,
+}
+
+/// The log-probabilities a request asks for: None, or the number of alternatives
+/// listed beside each generated token. Not with `stream: true` (refused).
+pub fn parse_logprobs(o: &Obj, form: LogprobsForm) -> Result<Option<usize>, ApiError> {
+    let max = engine::MAX_TOP_LOGPROBS as u64;
+    let logprobs = o.get("logprobs").filter(|v| !v.is_null());
+    let top = o.get("top_logprobs").filter(|v| !v.is_null());
+    let (name, n) = match form {
+        LogprobsForm::Refused => {
+            // Only the neutral values (false, 0).
+            let neutral = |v: Option<&Value>| {
+                v.is_none_or(|v| *v == Value::Bool(false) || v.as_u64() == Some(0))
+            };
+            if neutral(logprobs) && neutral(top) {
+                return Ok(None);
+            }
+            let name = if neutral(logprobs) {
+                "top_logprobs"
+            } else {
+                "logprobs"
+            };
+            return Err(ApiError::field(
+                name,
+                format!(
+                    "{name}: log probabilities are served on /v1/chat/completions and \
+                     /v1/completions, not on this route"
+                ),
+            ));
+        }
+        LogprobsForm::Chat => {
+            let on = match logprobs {
+                None | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) => true,
+                Some(v) => {
+                    return Err(ApiError::field(
+                        "logprobs",
+                        format!("logprobs must be true or false, got {v}"),
+                    ))
+                }
+            };
+            let n = opt_uint(o, "top_logprobs", 0)?;
+            match (on, n) {
+                (false, None | Some(0)) => return Ok(None),
+                (false, Some(_)) => {
+                    return Err(ApiError::field(
+                        "top_logprobs",
+                        "top_logprobs: set logprobs to true to use top_logprobs".to_string(),
+                    ))
+                }
+                (true, n) => ("top_logprobs", n.unwrap_or(0)),
+            }
+        }
+        LogprobsForm::Completions => match logprobs {
+            None | Some(Value::Bool(false)) => return Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) => ("logprobs", n),
+                None => {
+                    return Err(ApiError::field(
+                        "logprobs",
+                        format!(
+                        "logprobs must be the number of alternatives to list (0 to {max}), got {v}"
+                    ),
+                    ))
+                }
+            },
+        },
+    };
+    if n > max {
+        return Err(ApiError::field(
+            name,
+            format!("{name} must be between 0 and {max}, got {n}"),
+        ));
+    }
+    if o.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(ApiError::field(
+            "logprobs",
+            "logprobs: log probabilities are not supported with stream: true (ask without streaming)"
+                .to_string(),
+        ));
+    }
+    Ok(Some(n as usize))
+}
+
 /// Fields we do not implement whose presence (with a non-neutral value) changes the
 /// result; refused rather than ignored.
 pub fn refuse_unsupported(o: &Obj) -> Result<(), ApiError> {
@@ -153,16 +249,6 @@ pub fn refuse_unsupported(o: &Obj) -> Result<(), ApiError> {
                 &format!("only best_of = 1 is supported, got {n}"),
             );
         }
-    }
-    match o.get("logprobs") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-        Some(v) if v.as_u64() == Some(0) => {}
-        Some(_) => return refuse("logprobs", "log probabilities are not supported"),
-    }
-    if o.get("top_logprobs")
-        .is_some_and(|v| !v.is_null() && v.as_u64() != Some(0))
-    {
-        return refuse("top_logprobs", "log probabilities are not supported");
     }
     if o.get("echo").and_then(Value::as_bool) == Some(true) {
         return refuse("echo", "echo is not supported");
@@ -660,8 +746,6 @@ mod tests {
     fn unsupported_refused() {
         for body in [
             json!({"n": 2}),
-            json!({"logprobs": true}),
-            json!({"top_logprobs": 3}),
             json!({"best_of": 3}),
             json!({"echo": true}),
         ] {
@@ -671,6 +755,46 @@ mod tests {
             json!({"n": 1, "logprobs": false, "response_format": {"type": "text"}}),
         ))
         .unwrap();
+    }
+
+    #[test]
+    fn logprobs_forms() {
+        use LogprobsForm::*;
+        let p = |body: Value, form| parse_logprobs(&obj(body), form);
+        assert_eq!(p(json!({}), Chat).unwrap(), None);
+        assert_eq!(
+            p(json!({"logprobs": false, "top_logprobs": 0}), Chat).unwrap(),
+            None
+        );
+        assert_eq!(p(json!({"logprobs": true}), Chat).unwrap(), Some(0));
+        assert_eq!(
+            p(json!({"logprobs": true, "top_logprobs": 20}), Chat).unwrap(),
+            Some(20)
+        );
+        assert_eq!(p(json!({"logprobs": 3}), Completions).unwrap(), Some(3));
+        assert_eq!(p(json!({"logprobs": 0}), Completions).unwrap(), Some(0));
+        assert_eq!(p(json!({"logprobs": null}), Completions).unwrap(), None);
+        assert_eq!(
+            p(json!({"logprobs": false, "top_logprobs": 0}), Refused).unwrap(),
+            None
+        );
+        for (body, form, field) in [
+            (json!({"top_logprobs": 2}), Chat, "top_logprobs"),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                Chat,
+                "top_logprobs",
+            ),
+            (json!({"logprobs": 1}), Chat, "logprobs"),
+            (json!({"logprobs": true, "stream": true}), Chat, "logprobs"),
+            (json!({"logprobs": 21}), Completions, "logprobs"),
+            (json!({"logprobs": -1}), Completions, "logprobs"),
+            (json!({"logprobs": true}), Refused, "logprobs"),
+            (json!({"top_logprobs": 3}), Refused, "top_logprobs"),
+        ] {
+            let e = p(body.clone(), form).expect_err(&body.to_string());
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
+        }
     }
 
     #[test]

@@ -203,6 +203,7 @@ fn parse(
         .and_then(Value::as_str)
         .map(str::to_string);
     params::refuse_unsupported(body)?;
+    params::parse_logprobs(body, params::LogprobsForm::Refused)?;
     let sampling = params::parse_sampling(body, &core.defaults, state.engine_info.n_vocab, 2.0)?;
     let max_tokens = params::parse_max_tokens(
         body,
@@ -222,6 +223,7 @@ fn parse(
             stream,
             include_usage: false,
             constraint,
+            logprobs: None,
         },
         summary,
     ))

@@ -194,6 +194,9 @@ pub fn thinking_limit(
 pub enum Event {
     /// Generated text (stop sequences already removed).
     Text(String),
+    /// A generated token's log-probabilities (requests that asked for them; the
+    /// end-of-generation token has none).
+    Logprobs(u32, engine::TokenLogprobs),
     Done(Finished),
     Failed(String),
 }
@@ -498,6 +501,9 @@ impl engine::Sink for JobSink {
             self.first = false;
         }
         self.stats.token_generated(self.id);
+        if let (Some(lp), false) = (ev.logprobs, ev.eog) {
+            let _ = self.tx.send(Event::Logprobs(ev.token, lp));
+        }
         let think = &self.think;
         let bypass_stops = self.in_think || ev.forced || Some(ev.token) == think.open_id;
         if Some(ev.token) == think.open_id && !self.in_think {
@@ -597,6 +603,7 @@ pub(crate) mod testing {
                     index: tokens.len(),
                     forced,
                     eog: tok == self.eog,
+                    logprobs: None,
                 };
                 tokens.push(tok);
                 let flow = on_token(&ev);
@@ -706,6 +713,7 @@ mod tests {
                 sampling: Default::default(),
                 stop_at_eog: true,
                 constraint: None,
+                logprobs: None,
             },
             think,
             stops,
@@ -720,6 +728,7 @@ mod tests {
         loop {
             match rx.try_recv() {
                 Ok(Event::Text(t)) => text.push_str(&t),
+                Ok(Event::Logprobs(..)) => {}
                 Ok(Event::Done(f)) => return (text, f),
                 Ok(Event::Failed(e)) => panic!("{e}"),
                 Err(e) => panic!("{e:?}"),

@@ -81,6 +81,7 @@ pub fn record_profile(
         sampling: SamplingParams::default(),
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     };
     let done = engine.generate(&req, &mut |_| Flow::Continue)?;
     let mut generated = done.tokens;

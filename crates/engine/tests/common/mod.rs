@@ -64,6 +64,7 @@ pub fn decode(eng: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<
         sampling: SamplingParams::default(),
         stop_at_eog: false,
         constraint: None,
+        logprobs: None,
     };
     let mut logits = Vec::new();
     let c = eng
