@@ -198,7 +198,7 @@ impl TokenLogprobs {
     /// lower id first). The sum runs in one fixed order, so the same logits give
     /// the same bits.
     pub fn of(logits: &[f32], token: u32, n_top: usize) -> TokenLogprobs {
-        let lse = crate::sampler::log_sum_exp(logits);
+        let lse = model::math::log_sum_exp(logits);
         let mut top = [(0u32, 0f32); MAX_TOP_LOGPROBS];
         let best = crate::sampler::top_logits(logits, n_top.min(MAX_TOP_LOGPROBS));
         for (slot, &(id, l)) in top.iter_mut().zip(&best) {

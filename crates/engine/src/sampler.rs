@@ -317,39 +317,6 @@ fn order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
         .then(a.0.cmp(&b.0))
 }
 
-/// ln Σ exp(l) over every logit: the maximum, then the exponentials' sum over 16
-/// lanes in a fixed order (the same logits give the same bits). -inf when every
-/// logit is -inf; NaN when one is NaN.
-pub fn log_sum_exp(l: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let max = l.iter().fold(
-        f32::NEG_INFINITY,
-        |m, &v| if v > m || v.is_nan() { v } else { m },
-    );
-    if !max.is_finite() {
-        return max;
-    }
-    let mut acc = [0f32; LANES];
-    let mut it = l.chunks_exact(LANES);
-    for g in &mut it {
-        for (a, &v) in acc.iter_mut().zip(g) {
-            *a += model::math::exp(v - max);
-        }
-    }
-    for (a, &v) in acc.iter_mut().zip(it.remainder()) {
-        *a += model::math::exp(v - max);
-    }
-    let mut n = LANES;
-    while n > 1 {
-        n /= 2;
-        for i in 0..n {
-            acc[i] += acc[i + n];
-        }
-    }
-    // The sum is at least 1 (the maximum's own term).
-    max + model::math::ln_1p(acc[0] - 1.0)
-}
-
 /// The `k` largest logits as (id, logit), largest first; ties: the lower id first.
 pub fn top_logits(l: &[f32], k: usize) -> Vec<(u32, f32)> {
     if k == 0 {
@@ -720,6 +687,7 @@ mod tests {
 
     #[test]
     fn log_sum_exp_matches_f64_and_top_logits_rank_with_lower_ids_first() {
+        use model::math::log_sum_exp;
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         for n in [1usize, 15, 16, 17, 1000, 248_320] {
             let l: Vec<f32> = (0..n).map(|_| rng.random_range(-30.0f32..30.0)).collect();

@@ -338,6 +338,33 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// ln Σ e^x_i: the maximum (exact in any order), e^(x_i - max) with our `exp`
+    /// summed in the canonical 32-lane order, then max + ln_1p(sum - 1) (the sum is
+    /// at least 1: the maximum's own term). -inf when every value is -inf (or `x`
+    /// is empty), NaN when one is NaN, +inf when one is.
+    pub fn log_sum_exp / log_sum_exp_at(x: &[f32]) -> f32 {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if x.iter().any(|v| v.is_nan()) {
+            return f32::NAN;
+        }
+        if !max.is_finite() {
+            return max;
+        }
+        let mut acc = [0.0f32; LANES];
+        let mut groups = x.chunks_exact(LANES);
+        for g in &mut groups {
+            for l in 0..LANES {
+                acc[l] += exp(g[l] - max);
+            }
+        }
+        for (a, &v) in acc.iter_mut().zip(groups.remainder()) {
+            *a += exp(v - max);
+        }
+        max + ln_1p(combine_lanes(acc) - 1.0)
+    }
+}
+
 /// Softmax in place: max (exact in any order), e^(v - max) with our `exp`,
 /// their sum in the canonical 32-lane order, then each times 1/sum.
 // Always inlined: attention's vector builds (`engine::cpu::attention`) then run it,

@@ -5,7 +5,7 @@
 //! rounding tie (x·log2(e) exactly half an integer).
 
 use model::deltanet::{conv_step_at, gated_norm_at, step_at};
-use model::math::{l2_norm_at, rms_norm_at, silu_mul_at};
+use model::math::{l2_norm_at, log_sum_exp_at, rms_norm_at, silu_mul_at};
 use model::simd::Level;
 
 /// xorshift64*, deterministic.
@@ -113,6 +113,25 @@ fn elementwise_and_norms_match_plain() {
                     gated_norm_at(level, &mut b, &x, &small, 1e-6);
                     assert_eq!(bits(&a), bits(&b), "gated_norm {level:?} n={n}");
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn log_sum_exp_matches_plain() {
+    let mut r = Rng(91);
+    for n in [0usize, 1, 31, 32, 33, 1000, 248_320] {
+        // Logit-like values, then the nasty mix (extremes, subnormals, exp ties).
+        let logits: Vec<f32> = (0..n).map(|_| r.unit() * 30.0).collect();
+        for x in [logits, nasty(n, 5 + n as u64)] {
+            let want = log_sum_exp_at(Level::Plain, &x);
+            for level in fast_levels() {
+                assert_eq!(
+                    log_sum_exp_at(level, &x).to_bits(),
+                    want.to_bits(),
+                    "{level:?} n={n}"
+                );
             }
         }
     }
