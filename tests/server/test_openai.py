@@ -255,13 +255,26 @@ def test_completions_logprobs(oai, model_id):
         assert l <= 0.0 and len(top) <= 2 and max(top.values()) == pytest.approx(l)
 
 
-def test_logprobs_with_streaming_is_400(oai, model_id):
-    err = _bad(
-        lambda: oai.chat.completions.create(
-            model=model_id, messages=HELLO, max_tokens=4, logprobs=True, stream=True, extra_body=NO_THINK
-        )
-    )
-    assert "logprobs" in str(err)
+def test_logprobs_streamed_are_the_unstreamed_ones(oai, model_id):
+    kw = dict(model=model_id, messages=HELLO, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2, extra_body=NO_THINK)
+    whole = oai.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = []
+    for ch in oai.chat.completions.create(stream=True, **kw):
+        if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+            streamed.extend(ch.choices[0].logprobs.content)
+    key = lambda es: [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in es]
+    assert key(streamed) == key(whole)
+
+    ckw = dict(model=model_id, prompt="Once upon a time", max_tokens=10, temperature=0, logprobs=1)
+    c = oai.completions.create(**ckw).choices[0].logprobs
+    toks, offs, lps = [], [], []
+    for ch in oai.completions.create(stream=True, **ckw):
+        lp = ch.choices[0].logprobs if ch.choices else None
+        if lp and lp.tokens:
+            toks += lp.tokens
+            offs += lp.text_offset
+            lps += lp.token_logprobs
+    assert (toks, offs, lps) == (c.tokens, c.text_offset, c.token_logprobs)
 
 
 def test_completions_plain_and_stop(oai, model_id):

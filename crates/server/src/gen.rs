@@ -229,6 +229,13 @@ impl Generation {
         }
     }
 
+    /// The log-probabilities of the tokens that arrived since the last call (the
+    /// tokens of the text [`Generation::next`] has given out, and perhaps of text a
+    /// stop sequence still holds back).
+    pub fn take_logprobs(&mut self) -> Vec<(u32, engine::TokenLogprobs)> {
+        std::mem::take(&mut self.logprobs)
+    }
+
     pub async fn next(&mut self) -> Option<Step> {
         loop {
             if let Some(s) = self.pending.pop_front() {
@@ -405,7 +412,7 @@ pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
             Step::Idle => {}
         }
     }
-    c.logprobs = std::mem::take(&mut g.logprobs);
+    c.logprobs = g.take_logprobs();
     Ok(c)
 }
 

@@ -19,7 +19,7 @@ use crate::access::RequestLog;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
     collect, core, data_frame, json_body, now_unix, openai_usage, render_chat, sse_response, start,
-    timings_json, unique_suffix, OutputMode, Step, SSE_COMMENT,
+    timings_json, unique_suffix, Generation, OutputMode, Step, SSE_COMMENT,
 };
 use crate::output::Piece;
 use crate::params::{self, GenParams, LogprobsForm, Thinking};
@@ -99,15 +99,20 @@ fn chat_logprobs(state: &AppState, lps: &[(u32, engine::TokenLogprobs)]) -> Valu
 
 /// Completions' `logprobs`: `tokens`, `token_logprobs`, `top_logprobs` (a
 /// token → log-probability map per token; null when no alternatives were asked)
-/// and `text_offset` (each token's character offset in the generated text).
-fn completion_logprobs(state: &AppState, lps: &[(u32, engine::TokenLogprobs)], n: usize) -> Value {
-    let mut offset = 0usize;
+/// and `text_offset` (each token's character offset in the generated text, the
+/// tokens before these counting `offset` characters; advanced past these).
+fn completion_logprobs(
+    state: &AppState,
+    lps: &[(u32, engine::TokenLogprobs)],
+    n: usize,
+    offset: &mut usize,
+) -> Value {
     let (mut tokens, mut logprobs, mut tops, mut offsets) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for &(id, lp) in lps {
         let (token, _) = token_text(state, id);
-        offsets.push(offset);
-        offset += token.chars().count();
+        offsets.push(*offset);
+        *offset += token.chars().count();
         tokens.push(token);
         logprobs.push(lp.logprob);
         let top: Map<String, Value> = lp
@@ -225,6 +230,7 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
         return Ok(Json(body).into_response());
     }
     let include_usage = p.include_usage;
+    let logprobs = p.logprobs.is_some();
     Ok(sse_response(move |sink| async move {
         let chunk = |delta: Value, finish: Value| {
             json!({
@@ -232,6 +238,15 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
                 "model": model, "system_fingerprint": "scoria",
                 "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
             })
+        };
+        // A chunk carries the log-probabilities of the tokens that arrived since
+        // the last one (text a stop sequence may still claim comes later).
+        let with_logprobs = |mut frame: Value, gen: &mut Generation| {
+            let lps = gen.take_logprobs();
+            if logprobs && !lps.is_empty() {
+                frame["choices"][0]["logprobs"] = chat_logprobs(&state, &lps);
+            }
+            frame
         };
         let mut gen = gen;
         if sink
@@ -271,7 +286,8 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
                     continue;
                 }
                 Step::Done(f) => {
-                    let mut last = chunk(json!({}), json!(finish_reason(&f, had_calls)));
+                    let last = chunk(json!({}), json!(finish_reason(&f, had_calls)));
+                    let mut last = with_logprobs(last, &mut gen);
                     last["timings"] = timings_json(&f.timings);
                     if sink.send(data_frame(&last)).await.is_err() {
                         return;
@@ -291,6 +307,7 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
                     break;
                 }
             };
+            let frame = with_logprobs(frame, &mut gen);
             if sink.send(data_frame(&frame)).await.is_err() {
                 return;
             }
@@ -407,7 +424,7 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
             "model": model,
             "system_fingerprint": "scoria",
             "choices": [{"text": c.content, "index": 0,
-                         "logprobs": p.logprobs.map(|n| completion_logprobs(&state, &c.logprobs, n)),
+                         "logprobs": p.logprobs.map(|n| completion_logprobs(&state, &c.logprobs, n, &mut 0)),
                          "finish_reason": finish_reason(&f, false)}],
             "usage": openai_usage(&f),
             "timings": timings_json(&f.timings),
@@ -415,6 +432,7 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
         .into_response());
     }
     let include_usage = p.include_usage;
+    let logprobs = p.logprobs;
     Ok(sse_response(move |sink| async move {
         let chunk = |text: &str, finish: Value| {
             json!({
@@ -422,6 +440,16 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
                 "system_fingerprint": "scoria",
                 "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
             })
+        };
+        // As on chat: each chunk has the tokens that arrived since the last;
+        // `text_offset` counts from the start of the whole text.
+        let mut offset = 0usize;
+        let mut with_logprobs = |mut frame: Value, gen: &mut Generation| {
+            let lps = gen.take_logprobs();
+            if let (Some(n), false) = (logprobs, lps.is_empty()) {
+                frame["choices"][0]["logprobs"] = completion_logprobs(&state, &lps, n, &mut offset);
+            }
+            frame
         };
         let mut gen = gen;
         while let Some(step) = gen.next().await {
@@ -435,7 +463,8 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
                     continue;
                 }
                 Step::Done(f) => {
-                    let mut last = chunk("", json!(finish_reason(&f, false)));
+                    let last = chunk("", json!(finish_reason(&f, false)));
+                    let mut last = with_logprobs(last, &mut gen);
                     last["timings"] = timings_json(&f.timings);
                     if sink.send(data_frame(&last)).await.is_err() {
                         return;
@@ -455,6 +484,7 @@ async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -
                     break;
                 }
             };
+            let frame = with_logprobs(frame, &mut gen);
             if sink.send(data_frame(&frame)).await.is_err() {
                 return;
             }

@@ -152,11 +152,11 @@ fn capabilities(state: &AppState, with_settings: bool) -> Value {
             "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
             "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "stop",
         ],
-        "logprobs": "chat completions (logprobs, top_logprobs up to 20) and completions (logprobs up to 20), without streaming: every generated token's log-probability under the model (before sampling settings, biases and grammar masks), the end-of-generation token excepted",
+        "logprobs": "chat completions (logprobs, top_logprobs up to 20) and completions (logprobs up to 20), streamed or not: every generated token's log-probability under the model (before sampling settings, biases and grammar masks), the end-of-generation token excepted",
         "greedy": "temperature 0 decodes greedy (argmax, lowest id wins a tie); a request without temperature samples at the server's default temperature (greedy only when that default is 0)",
         "not_supported": {
             "n": "only n = 1",
-            "logprobs": "not with stream: true, nor on /v1/messages and /v1/responses",
+            "logprobs": "not on /v1/messages and /v1/responses",
         },
         "token_budget_aliases": ["max_tokens", "max_completion_tokens", "max_output_tokens"],
         "reasoning": {

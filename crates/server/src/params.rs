@@ -152,7 +152,7 @@ pub enum LogprobsForm {
 }
 
 /// The log-probabilities a request asks for: None, or the number of alternatives
-/// listed beside each generated token. Not with `stream: true` (refused).
+/// listed beside each generated token.
 pub fn parse_logprobs(o: &Obj, form: LogprobsForm) -> Result<Option<usize>, ApiError> {
     let max = engine::MAX_TOP_LOGPROBS as u64;
     let logprobs = o.get("logprobs").filter(|v| !v.is_null());
@@ -221,13 +221,6 @@ pub fn parse_logprobs(o: &Obj, form: LogprobsForm) -> Result<Option<usize>, ApiE
         return Err(ApiError::field(
             name,
             format!("{name} must be between 0 and {max}, got {n}"),
-        ));
-    }
-    if o.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::field(
-            "logprobs",
-            "logprobs: log probabilities are not supported with stream: true (ask without streaming)"
-                .to_string(),
         ));
     }
     Ok(Some(n as usize))
@@ -786,7 +779,6 @@ mod tests {
                 "top_logprobs",
             ),
             (json!({"logprobs": 1}), Chat, "logprobs"),
-            (json!({"logprobs": true, "stream": true}), Chat, "logprobs"),
             (json!({"logprobs": 21}), Completions, "logprobs"),
             (json!({"logprobs": -1}), Completions, "logprobs"),
             (json!({"logprobs": true}), Refused, "logprobs"),
