@@ -230,7 +230,6 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
         return Ok(Json(body).into_response());
     }
     let include_usage = p.include_usage;
-    let logprobs = p.logprobs.is_some();
     Ok(sse_response(move |sink| async move {
         let chunk = |delta: Value, finish: Value| {
             json!({
@@ -240,10 +239,11 @@ async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Resul
             })
         };
         // A chunk carries the log-probabilities of the tokens that arrived since
-        // the last one (text a stop sequence may still claim comes later).
+        // the last one (text a stop sequence may still claim comes later); there
+        // are some only when the request asked.
         let with_logprobs = |mut frame: Value, gen: &mut Generation| {
             let lps = gen.take_logprobs();
-            if logprobs && !lps.is_empty() {
+            if !lps.is_empty() {
                 frame["choices"][0]["logprobs"] = chat_logprobs(&state, &lps);
             }
             frame

@@ -71,10 +71,9 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
             let (bi, i) = at[t * k + rank];
             results[bi].row(i)
         };
-        let sh = shared.as_ref().map(|(sh, down)| {
-            let gate = sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t)));
-            (gate, down.row(t))
-        });
+        let sh = shared
+            .as_ref()
+            .map(|(sh, down)| (shared_gate(&sh.gate_inp, x.row(t)), down.row(t)));
         combine(o, &routes[t], routed, sh);
     });
     out
@@ -126,51 +125,48 @@ fn few_tokens(
             }
         }
     }
+    // The down projections, one per product pair: input i is pair i's SwiGLU.
+    let mut downs = Vec::with_capacity(jobs.len() / 2);
+    for r in routes {
+        for &(ex, _) in r {
+            downs.push(Job {
+                ty: w.down_exps.ty,
+                w: w.down_exps.matrix_bytes(ex),
+                n_rows: e,
+                input: downs.len(),
+            });
+        }
+        if let Some(sh) = &w.shared {
+            downs.push(Job {
+                ty: sh.down.ty,
+                w: sh.down.bytes(),
+                n_rows: sh.down.n_rows(),
+                input: downs.len(),
+            });
+        }
+    }
     // SwiGLU of each product pair and the quantized copy its down projection
     // reads, pairs in parallel (tens of µs a layer on one thread).
-    let down_ty = |i: usize| match &w.shared {
-        Some(sh) if i % per == per - 1 => sh.down.ty,
-        _ => w.down_exps.ty,
-    };
-    let mut pairs: Vec<(Act, Act, Vec<quant::ActQ8>)> = Vec::with_capacity(jobs.len() / 2);
+    let mut pairs: Vec<(Act, Act, Vec<quant::ActQ8>)> = Vec::with_capacity(downs.len());
     let mut gu = b.mm_many(&inputs, &jobs).into_iter();
     while let (Some(g), Some(u)) = (gu.next(), gu.next()) {
         pairs.push((g, u, Vec::new()));
     }
     quant::par::for_each_mut(&mut pairs, |i, (g, u, q)| {
         silu_mul(&mut g.data, &u.data);
-        *q = b.prepare(&[down_ty(i)], g);
+        *q = b.prepare(&[downs[i].ty], g);
     });
     let (acts, xqs): (Vec<Act>, Vec<Vec<quant::ActQ8>>) =
         pairs.into_iter().map(|(g, _, q)| (g, q)).unzip();
     let act_refs: Vec<&Act> = acts.iter().collect();
-    let mut jobs = Vec::with_capacity(acts.len());
-    for r in routes {
-        for &(ex, _) in r {
-            jobs.push(Job {
-                ty: w.down_exps.ty,
-                w: w.down_exps.matrix_bytes(ex),
-                n_rows: e,
-                input: jobs.len(),
-            });
-        }
-        if let Some(sh) = &w.shared {
-            jobs.push(Job {
-                ty: sh.down.ty,
-                w: sh.down.bytes(),
-                n_rows: sh.down.n_rows(),
-                input: jobs.len(),
-            });
-        }
-    }
-    let downs = b.mm_many_prepared(&act_refs, &xqs, &jobs);
+    let downs = b.mm_many_prepared(&act_refs, &xqs, &downs);
     // Each token's shared-expert gate, then the combination in column pieces in
     // parallel (each value's sum keeps its order, so the pieces do not change it).
     let gates: Vec<Option<f32>> = (0..x.rows)
         .map(|t| {
             w.shared
                 .as_ref()
-                .map(|sh| sigmoid(shared_gate_logit(&sh.gate_inp, x.row(t))))
+                .map(|sh| shared_gate(&sh.gate_inp, x.row(t)))
         })
         .collect();
     let mut out = Act::zeros(x.rows, e);
@@ -218,10 +214,10 @@ fn combine<'a>(
     }
 }
 
-/// The shared expert's scalar gate logit, gate_inp · x, in the canonical
-/// 32-lane order (`model::math::dot`), as the GPU computes it.
-fn shared_gate_logit(gate_inp: &[f32], x: &[f32]) -> f32 {
-    model::math::dot(gate_inp, x)
+/// The shared expert's gate for input `x`: sigmoid(gate_inp · x), the dot in the
+/// canonical 32-lane order (`model::math::dot`), as the GPU computes it.
+fn shared_gate(gate_inp: &[f32], x: &[f32]) -> f32 {
+    sigmoid(model::math::dot(gate_inp, x))
 }
 
 /// silu(g) ⊙ u, rows in parallel for a prompt (elementwise: the same bits either way).
