@@ -25,7 +25,7 @@ pub use gpu::{DevBuf, Gpu, Graph, Lane, PinnedBuf};
 #[cfg(feature = "cuda")]
 pub use ops::{
     DnRows, DnStep, Mat, MoeRoute, QAct, Tile, TileShape, FUSED_MAX_EXPERTS, MAX_D_CONV,
-    MAX_EXPERTS, MAX_TOP_K, TILE_GROUP, TILE_TOKENS,
+    MAX_EXPERTS, MAX_TOP_K, ROUTER_MAX_TOKENS, TILE_GROUP, TILE_TOKENS,
 };
 
 /// True when this build has the CUDA executor (feature `cuda`).

@@ -7,8 +7,8 @@ use std::path::Path;
 /// only `sc_pdl_enter()` makes it wait for that one's writes. A kernel that touched
 /// memory before it would race with its predecessor, so every `__global__` function
 /// calls it first; before it a kernel may only compute indices (no memory access:
-/// no `[`) and ask L2 for weight rows (`sc_prefetch_l2`, weights being memory no
-/// kernel writes).
+/// no `[`), ask L2 for weight rows (`sc_prefetch_l2`) and load weight rows into
+/// registers (`router_row_load`), weights being memory no kernel writes.
 #[test]
 fn every_kernel_waits_for_the_one_before_it() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");

@@ -6,6 +6,7 @@ use super::{addr, blocks, int, opt_addr, qact_args, MAX_GRID_YZ};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
+use gguf::GgmlType;
 
 /// The most experts `route_topk` takes (kernels/moe.cu SC_MAX_EXPERT).
 pub const MAX_EXPERTS: usize = 1024;
@@ -13,6 +14,8 @@ pub const MAX_EXPERTS: usize = 1024;
 pub const MAX_TOP_K: usize = 32;
 /// The most experts [`Gpu::moe_gate_up`] routes (kernels/quant.cu SC_FUSED_MAX_EXPERT).
 pub const FUSED_MAX_EXPERTS: usize = 512;
+/// The most tokens [`Gpu::router`] takes (kernels/quant.cu SC_RT_MAX_TOK).
+pub const ROUTER_MAX_TOKENS: usize = 16;
 
 /// Gate and up of one expert set: the same type, row size and shape.
 fn check_pair(kn: &'static str, gate: &Mat, up: &Mat) -> Result<TypeInfo, CudaError> {
@@ -307,6 +310,47 @@ impl Gpu {
             K::MoeDownCombine
         };
         self.launch(kernel, grid, 32 * warps as u32, 0, &args)
+    }
+
+    /// The router of up to [`ROUTER_MAX_TOKENS`] tokens: `logits` (f32 [n_tok ×
+    /// n_expert]) = x (f32 [n_tok × n_cols], 16-byte aligned) · routerᵀ for a float
+    /// router (F32, F16 or BF16, one row per expert), the bits of [`Gpu::matvec`]. Each
+    /// warp reads its expert row before waiting for the kernel before (programmatic
+    /// dependent launch), so the router's weights stream in while that kernel runs,
+    /// and the block reads the tokens' values once into shared memory.
+    pub fn router(&self, router: &Mat, x: u64, n_tok: usize, logits: u64) -> Result<(), CudaError> {
+        const KN: &str = "router";
+        let kernel = match router.ty {
+            GgmlType::F32 => K::RouterF32,
+            GgmlType::F16 => K::RouterF16,
+            GgmlType::BF16 => K::RouterBf16,
+            other => {
+                return Err(CudaError::bad(
+                    KN,
+                    format!("a {other} router (F32, F16 or BF16 only)"),
+                ))
+            }
+        };
+        check_mat(KN, "router", router)?;
+        if n_tok > ROUTER_MAX_TOKENS {
+            return Err(CudaError::bad(
+                KN,
+                format!("{n_tok} tokens (at most {ROUTER_MAX_TOKENS})"),
+            ));
+        }
+        if n_tok == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(router.ptr),
+            Arg::U64(router.row_bytes),
+            Arg::I32(int(KN, "n_expert", router.n_rows)?),
+            Arg::I32(int(KN, "n_cols", router.n_cols)?),
+            Arg::P(addr(KN, "x", x, 16)?),
+            Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::P(addr(KN, "logits", logits, 4)?),
+        ];
+        self.launch(kernel, [blocks(router.n_rows, 4)?, 1, 1], 128, 0, &args)
     }
 
     /// `model::moe::route` of each of `n_tok` rows of `n_expert` router logits:

@@ -610,44 +610,47 @@ fn fused_decode_moe_matches_the_cpu() {
         } else {
             (Vec::new(), Vec::new(), Vec::new())
         };
-        let x = activations(1, e, &mut rng);
         let gate_inp = rng.vec(e, 0.2);
-        // The router's logits; the CPU's routing of them.
-        let logits = rng.vec(n_exp, 4.0);
-        let routes = model::moe::route(&logits, k);
-        let ids: Vec<i32> = routes.iter().map(|&(e, _)| e as i32).collect();
-        let wts: Vec<f32> = routes.iter().map(|&(_, w)| w).collect();
-
-        // The CPU.
         let (gu_rb, d_rb) = (gate.len() / (n_exp * fe), dn.len() / (n_exp * e));
-        let mut act = Vec::new();
-        for &id in &ids {
-            let ex = id as usize * fe * gu_rb..(id as usize + 1) * fe * gu_rb;
-            let gv = cpu_matmul(tgu, &gate[ex.clone()], fe, e, &x, 1);
-            let uv = cpu_matmul(tgu, &upw[ex], fe, e, &x, 1);
-            act.extend(gv.iter().zip(&uv).map(|(&a, &b)| model::math::silu(a) * b));
-        }
-        if shared {
-            let gv = cpu_matmul(stgu, &sg, sh, e, &x, 1);
-            let uv = cpu_matmul(stgu, &su, sh, e, &x, 1);
-            act.extend(gv.iter().zip(&uv).map(|(&a, &b)| model::math::silu(a) * b));
-        }
-        let lg = model::math::dot(&x, &gate_inp);
-        let mut want = vec![0f32; e];
-        for (r, &id) in ids.iter().enumerate() {
-            let ex = id as usize * e * d_rb..(id as usize + 1) * e * d_rb;
-            let d = cpu_matmul(td, &dn[ex], e, fe, &act[r * fe..(r + 1) * fe], 1);
-            for (o, v) in want.iter_mut().zip(&d) {
-                *o += wts[r] * v;
+        // The CPU's MoE block of a token (x) routed by the router's logits: its
+        // routing (ids, weights), activations, shared gate logit and output.
+        let cpu = |x: &[f32], logits: &[f32]| {
+            let routes = model::moe::route(logits, k);
+            let ids: Vec<i32> = routes.iter().map(|&(e, _)| e as i32).collect();
+            let wts: Vec<f32> = routes.iter().map(|&(_, w)| w).collect();
+            let mut act = Vec::new();
+            for &id in &ids {
+                let ex = id as usize * fe * gu_rb..(id as usize + 1) * fe * gu_rb;
+                let gv = cpu_matmul(tgu, &gate[ex.clone()], fe, e, x, 1);
+                let uv = cpu_matmul(tgu, &upw[ex], fe, e, x, 1);
+                act.extend(gv.iter().zip(&uv).map(|(&a, &b)| model::math::silu(a) * b));
             }
-        }
-        if shared {
-            let d = cpu_matmul(std_, &sd, e, sh, &act[k * fe..], 1);
-            let gt = model::math::sigmoid(lg);
-            for (o, v) in want.iter_mut().zip(&d) {
-                *o = if logit { *o + gt * v } else { *o + v };
+            if shared {
+                let gv = cpu_matmul(stgu, &sg, sh, e, x, 1);
+                let uv = cpu_matmul(stgu, &su, sh, e, x, 1);
+                act.extend(gv.iter().zip(&uv).map(|(&a, &b)| model::math::silu(a) * b));
             }
-        }
+            let lg = model::math::dot(x, &gate_inp);
+            let mut want = vec![0f32; e];
+            for (r, &id) in ids.iter().enumerate() {
+                let ex = id as usize * e * d_rb..(id as usize + 1) * e * d_rb;
+                let d = cpu_matmul(td, &dn[ex], e, fe, &act[r * fe..(r + 1) * fe], 1);
+                for (o, v) in want.iter_mut().zip(&d) {
+                    *o += wts[r] * v;
+                }
+            }
+            if shared {
+                let d = cpu_matmul(std_, &sd, e, sh, &act[k * fe..], 1);
+                let gt = model::math::sigmoid(lg);
+                for (o, v) in want.iter_mut().zip(&d) {
+                    *o = if logit { *o + gt * v } else { *o + v };
+                }
+            }
+            (ids, wts, act, lg, want)
+        };
+        let x = activations(1, e, &mut rng);
+        let logits = rng.vec(n_exp, 4.0);
+        let (ids, wts, act, lg, want) = cpu(&x, &logits);
 
         // The GPU.
         let (dgate, dup, ddn) = (up(&g, &gate), up(&g, &upw), up(&g, &dn));
@@ -809,6 +812,112 @@ fn fused_decode_moe_matches_the_cpu() {
             &want,
             &format!("output, given routing: {what}"),
         );
+
+        // Three tokens at once (the rows launches), the second the token above: each
+        // token's routing, activations, shared logit and output are its own bits.
+        let toks = [
+            activations(1, e, &mut rng),
+            x.clone(),
+            activations(1, e, &mut rng),
+        ];
+        let lgts = [rng.vec(n_exp, 4.0), logits.clone(), rng.vec(n_exp, 4.0)];
+        let wants: Vec<_> = toks.iter().zip(&lgts).map(|(x, l)| cpu(x, l)).collect();
+        let nt = toks.len();
+        let dx3 = up(&g, &toks.concat());
+        let dl3 = up(&g, &lgts.concat());
+        let dq3 = DevQAct::upload(
+            &g,
+            &toks
+                .iter()
+                .map(|x| quant::quantize_act(x))
+                .collect::<Vec<_>>(),
+        );
+        let (dw3, di3) = (poisoned(&g, nt * k), filled::<i32>(&g, nt * k, 0xff));
+        let (dact3, dlg3, aqo3) = (
+            poisoned(&g, nt * n_act),
+            poisoned(&g, nt),
+            QOut::new(&g, nt * n_act),
+        );
+        let done3 = filled::<i32>(&g, nt * (k + 1), 0);
+        g.moe_gate_up(
+            &mg,
+            &mu,
+            shared.then_some((&msg, &msu)),
+            if logit { dgi.ptr() } else { 0 },
+            MoeRoute::Logits {
+                logits: dl3.ptr(),
+                n_expert: n_exp,
+                wts_out: dw3.ptr(),
+                ids_out: di3.ptr(),
+            },
+            k,
+            nt,
+            dx3.ptr(),
+            dq3.q(),
+            if logit { dlg3.ptr() } else { 0 },
+            dact3.ptr(),
+            aqo3.q(),
+            done3.ptr(),
+        )
+        .unwrap();
+        let out3 = poisoned(&g, nt * e);
+        g.moe_down_combine(
+            &md,
+            shared.then_some(&msd),
+            di3.ptr(),
+            dw3.ptr(),
+            k,
+            nt,
+            dact3.ptr(),
+            aqo3.q(),
+            if logit { dlg3.ptr() } else { 0 },
+            out3.ptr(),
+            0,
+        )
+        .unwrap();
+        let (gw3, gi3, ga3, gl3, go3) = (
+            down(&g, &dw3),
+            down(&g, &di3),
+            down(&g, &dact3),
+            down(&g, &dlg3),
+            down(&g, &out3),
+        );
+        for (t, (ids, wts, act, lg, want)) in wants.iter().enumerate() {
+            let what = format!("{what}, token {t} of {nt}");
+            assert_eq!(
+                &gi3[t * k..(t + 1) * k],
+                &ids[..],
+                "routing experts: {what}"
+            );
+            assert_bits(
+                &gw3[t * k..(t + 1) * k],
+                wts,
+                &format!("routing weights: {what}"),
+            );
+            assert_bits(
+                &ga3[t * n_act..(t + 1) * n_act],
+                act,
+                &format!("activations: {what}"),
+            );
+            if logit {
+                assert_bits(
+                    &gl3[t..t + 1],
+                    &[*lg],
+                    &format!("shared gate logit: {what}"),
+                );
+            }
+            assert_bits(&go3[t * e..(t + 1) * e], want, &format!("output: {what}"));
+        }
+        aqo3.assert_quantizes(
+            &g,
+            &wants.iter().flat_map(|w| w.2.clone()).collect::<Vec<_>>(),
+            n_act,
+            &format!("activations' copy: {what}, {nt} tokens"),
+        );
+        assert!(
+            down(&g, &done3).iter().all(|&c| c == 0),
+            "plane counts not reset ({nt} tokens): {what}"
+        );
     }
 }
 
@@ -905,4 +1014,61 @@ fn matvec_multi_matches_the_cpu() {
             );
         }
     }
+}
+
+/// The router kernel against the CPU's matvec, bit for bit: float routers of each
+/// type, widths wider than one register load of a row (2,048 values), every token
+/// count up to the most it takes (more than one group staged in shared memory), and
+/// refusals by name.
+#[test]
+fn router_matches_the_cpu_matvec() {
+    let Some(g) = gpu("router") else { return };
+    let mut rng = Rng::new(31);
+    for (ty, n_expert, n_cols, n_tok) in [
+        (GgmlType::F32, 256, 2048, 1),
+        (GgmlType::F32, 256, 2048, 4),
+        (GgmlType::F32, 512, 2048, 16),
+        (GgmlType::F32, 60, 160, 3),
+        (GgmlType::F32, 130, 4128, 5),
+        (GgmlType::F32, 1024, 256, 2),
+        (GgmlType::F16, 128, 2048, 7),
+        (GgmlType::BF16, 64, 96, 9),
+    ] {
+        let w = weights(ty, n_expert, n_cols, false, &mut rng);
+        let x = activations(n_tok, n_cols, &mut rng);
+        let want = cpu_matmul(ty, &w, n_expert, n_cols, &x, n_tok);
+        let (dw, dx) = (up(&g, &w), up(&g, &x));
+        let logits = poisoned(&g, n_tok * n_expert);
+        g.router(
+            &mat(ty, &dw, n_expert, n_cols),
+            dx.ptr(),
+            n_tok,
+            logits.ptr(),
+        )
+        .unwrap();
+        assert_bits(
+            &down(&g, &logits),
+            &want,
+            &format!("{ty} {n_expert}×{n_cols}, {n_tok} tokens"),
+        );
+    }
+    let w = weights(GgmlType::Q8_0, 8, 64, false, &mut rng);
+    let dw = up(&g, &w);
+    let x = up(&g, &vec![0f32; 17 * 64]);
+    let out = poisoned(&g, 17 * 8);
+    let e = g
+        .router(&mat(GgmlType::Q8_0, &dw, 8, 64), x.ptr(), 1, out.ptr())
+        .unwrap_err();
+    assert!(e.to_string().contains("F32, F16 or BF16"), "{e}");
+    let wf = up(&g, &vec![0f32; 8 * 64]);
+    let wf = cuda::Mat {
+        ty: GgmlType::F32,
+        ptr: wf.ptr(),
+        expert_bytes: 8 * 256,
+        row_bytes: 256,
+        n_rows: 8,
+        n_cols: 64,
+    };
+    let e = g.router(&wf, x.ptr(), 17, out.ptr()).unwrap_err();
+    assert!(e.to_string().contains("17 tokens"), "{e}");
 }

@@ -523,13 +523,19 @@ impl CudaBackend {
 
     /// out (tokens × n_rows) = x · Wᵀ, with `xq` from `prepare`.
     fn mm_q(&self, w: &DevWeight, x: &DBuf, xq: QAct) -> Result<DBuf, ExecError> {
+        let out = self.alloc(x.rows, w.n_rows, "matvec")?;
+        self.mm_q_into(w, x, xq, &out)?;
+        Ok(out)
+    }
+
+    /// [`Self::mm_q`] into `out` (x.rows × w.n_rows).
+    fn mm_q_into(&self, w: &DevWeight, x: &DBuf, xq: QAct, out: &DBuf) -> Result<(), ExecError> {
         if x.cols != w.n_cols {
             return Err(ExecError::new(
                 "matvec",
                 format!("input has {} columns, weight rows {}", x.cols, w.n_cols),
             ));
         }
-        let out = self.alloc(x.rows, w.n_rows, "matvec")?;
         self.gpu
             .matvec(
                 w.ty,
@@ -542,8 +548,7 @@ impl CudaBackend {
                 x.rows,
                 out.ptr,
             )
-            .map_err(cuda_err("matvec"))?;
-        Ok(out)
+            .map_err(cuda_err("matvec"))
     }
 
     fn mm(&self, w: &DevWeight, x: &DBuf) -> Result<DBuf, ExecError> {
@@ -699,43 +704,41 @@ impl CudaBackend {
     /// The MoE block of a token (or of each of up to [`MAX_ROWS`] rows on its own)
     /// when every expert is in VRAM, in three launches: the router; the routing with
     /// every expert's gate/up/SwiGLU (the shared one and its gate logit included) and
-    /// their quantized copy; the down products combined. Several rows are routed by
-    /// one more launch first. The bits of the unfused path ([`Self::routed_resident`],
-    /// `shared_expert`, `moe_combine`), which longer prompts take.
+    /// their quantized copy; the down products combined. Several rows are routed
+    /// once, by one more launch, rather than in every block of the gate/up launch,
+    /// whose blocks multiply with the rows (4 rows decoded ~15% slower that way on
+    /// Q35, measured 2026-12-02). A float router takes `Gpu::router`. The bits of the
+    /// unfused path ([`Self::routed_resident`], `shared_expert`, `moe_combine`),
+    /// which longer prompts take.
     fn moe_fused(
         &self,
         m: &MoeDev,
         x: &DBuf,
         xq: QAct,
-        logits: &DBuf,
         wts: &DBuf,
         ids: u64,
     ) -> Result<DBuf, ExecError> {
-        let route = MoeRoute::Logits {
-            logits: logits.ptr,
-            n_expert: self.cfg.n_expert,
-            wts_out: wts.ptr,
-            ids_out: ids,
-        };
-        // Several rows: routed once by route_topk rather than in every block of the
-        // gate/up launch (its blocks multiply with the rows: 4 rows decode ~15%
-        // slower that way on Q35, measured 2026-12-02); the same routing bits.
-        let route = if x.rows > 1 {
+        let (n, k) = (x.rows, self.cfg.n_expert_used);
+        let logits = self.alloc(n, m.router.n_rows, "matvec")?;
+        if is_float(m.router.ty) && n <= cuda::ROUTER_MAX_TOKENS {
             self.gpu
-                .route_topk(
-                    logits.ptr,
-                    x.rows,
-                    self.cfg.n_expert,
-                    self.cfg.n_expert_used,
-                    wts.ptr,
-                    ids,
-                    0,
-                    0,
-                )
+                .router(&m.router.mat(), x.ptr, n, logits.ptr)
+                .map_err(cuda_err("router"))?;
+        } else {
+            self.mm_q_into(&m.router, x, xq, &logits)?;
+        }
+        let route = if n > 1 {
+            self.gpu
+                .route_topk(logits.ptr, n, self.cfg.n_expert, k, wts.ptr, ids, 0, 0)
                 .map_err(cuda_err("route_topk"))?;
             MoeRoute::Given { ids }
         } else {
-            route
+            MoeRoute::Logits {
+                logits: logits.ptr,
+                n_expert: self.cfg.n_expert,
+                wts_out: wts.ptr,
+                ids_out: ids,
+            }
         };
         let a = self.fused_gate_up(m, x, xq, route)?;
         self.fused_down(m, &a, ids, wts.ptr, 0)
@@ -1757,13 +1760,13 @@ impl Backend for CudaBackend {
             ws.extend([&s.gate, &s.up]);
         }
         let xq = self.prepare(&ws, x)?;
-        let logits = self.mm_q(&m.router, x, xq)?;
         let wts = self.alloc(t_n, k, "route")?;
         let ids = self.alloc_bytes(t_n * k * 4, "route")?;
         // A token or a batched decode step's rows: routed and computed on the device.
         if t_n <= MAX_ROWS && self.fused && self.tiered.is_none() && fused_moe(m, cfg.n_expert, k) {
-            return self.moe_fused(m, x, xq, &logits, &wts, ids);
+            return self.moe_fused(m, x, xq, &wts, ids);
         }
+        let logits = self.mm_q(&m.router, x, xq)?;
         let (down, (shared, logit)) = match &self.tiered {
             Some(t) => match self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids)? {
                 Routed::Combined(out) => return Ok(out),
