@@ -676,28 +676,60 @@ fn fused_decode_moe_matches_the_cpu() {
         let aqo = QOut::new(&g, n_act);
         let aq = aqo.q();
         let done = filled::<i32>(&g, k + 1, 0);
-        for launch in 0..2 {
+        // The two launches with this case's weights: gate/up for `n` tokens (x, its
+        // copy, the shared logit's address, act, act's copy, the plane counts) and
+        // down + combine (ids, weights, act and its copy, shared logit, out, given).
+        let gate_up = |route, n, x, xq, lg: u64, act, aq, done| {
             g.moe_gate_up(
                 &mg,
                 &mu,
                 shared.then_some((&msg, &msu)),
                 if logit { dgi.ptr() } else { 0 },
-                MoeRoute::Logits {
-                    logits: dlogits.ptr(),
-                    n_expert: n_exp,
-                    wts_out: dwts_out.ptr(),
-                    ids_out: dids_out.ptr(),
-                },
+                route,
                 k,
+                n,
+                x,
+                xq,
+                if logit { lg } else { 0 },
+                act,
+                aq,
+                done,
+            )
+            .unwrap()
+        };
+        let down_combine = |ids, wts, n, act, aq, lg: u64, out, given| {
+            g.moe_down_combine(
+                &md,
+                shared.then_some(&msd),
+                ids,
+                wts,
+                k,
+                n,
+                act,
+                aq,
+                if logit { lg } else { 0 },
+                out,
+                given,
+            )
+            .unwrap()
+        };
+        for launch in 0..2 {
+            let route = MoeRoute::Logits {
+                logits: dlogits.ptr(),
+                n_expert: n_exp,
+                wts_out: dwts_out.ptr(),
+                ids_out: dids_out.ptr(),
+            };
+            gate_up(
+                route,
                 1,
                 dx.ptr(),
                 dq.q(),
-                if logit { dlg.ptr() } else { 0 },
+                dlg.ptr(),
                 dact.ptr(),
                 aq,
                 done.ptr(),
-            )
-            .unwrap();
+            );
             let what = format!("{what}, launch {launch}");
             assert_bits(&down(&g, &dact), &act, &format!("activations: {what}"));
             if logit {
@@ -720,20 +752,16 @@ fn fused_decode_moe_matches_the_cpu() {
             &format!("routing weights: {what}"),
         );
         assert_eq!(down(&g, &dids_out), ids, "routing experts: {what}");
-        g.moe_down_combine(
-            &md,
-            shared.then_some(&msd),
+        down_combine(
             dids_out.ptr(),
             dwts_out.ptr(),
-            k,
             1,
             dact.ptr(),
             aq,
-            if logit { dlg.ptr() } else { 0 },
+            dlg.ptr(),
             out.ptr(),
             0,
-        )
-        .unwrap();
+        );
         assert_bits(&down(&g, &out), &want, &format!("output: {what}"));
 
         // The routing given instead, every other rank computed elsewhere (negative
@@ -754,24 +782,19 @@ fn fused_decode_moe_matches_the_cpu() {
         let dgiven = up(&g, &given);
         let dact2 = poisoned(&g, n_act);
         let aqo2 = QOut::new(&g, n_act);
-        g.moe_gate_up(
-            &mg,
-            &mu,
-            shared.then_some((&msg, &msu)),
-            if logit { dgi.ptr() } else { 0 },
-            MoeRoute::Given {
-                ids: dgiven_ids.ptr(),
-            },
-            k,
+        let route = MoeRoute::Given {
+            ids: dgiven_ids.ptr(),
+        };
+        gate_up(
+            route,
             1,
             dx.ptr(),
             dq.q(),
-            if logit { dlg.ptr() } else { 0 },
+            dlg.ptr(),
             dact2.ptr(),
             aqo2.q(),
             done.ptr(),
-        )
-        .unwrap();
+        );
         let got = down(&g, &dact2);
         for r in 0..k + usize::from(shared) {
             let (a, b) = (r * fe, if r < k { (r + 1) * fe } else { n_act });
@@ -793,20 +816,16 @@ fn fused_decode_moe_matches_the_cpu() {
             "plane counts not reset (given routing): {what}"
         );
         let out2 = poisoned(&g, e);
-        g.moe_down_combine(
-            &md,
-            shared.then_some(&msd),
+        down_combine(
             dgiven_ids.ptr(),
             dwts_out.ptr(),
-            k,
             1,
             dact2.ptr(),
             aqo2.q(),
-            if logit { dlg.ptr() } else { 0 },
+            dlg.ptr(),
             out2.ptr(),
             dgiven.ptr(),
-        )
-        .unwrap();
+        );
         assert_bits(
             &down(&g, &out2),
             &want,
@@ -839,42 +858,33 @@ fn fused_decode_moe_matches_the_cpu() {
             QOut::new(&g, nt * n_act),
         );
         let done3 = filled::<i32>(&g, nt * (k + 1), 0);
-        g.moe_gate_up(
-            &mg,
-            &mu,
-            shared.then_some((&msg, &msu)),
-            if logit { dgi.ptr() } else { 0 },
-            MoeRoute::Logits {
-                logits: dl3.ptr(),
-                n_expert: n_exp,
-                wts_out: dw3.ptr(),
-                ids_out: di3.ptr(),
-            },
-            k,
+        let route = MoeRoute::Logits {
+            logits: dl3.ptr(),
+            n_expert: n_exp,
+            wts_out: dw3.ptr(),
+            ids_out: di3.ptr(),
+        };
+        gate_up(
+            route,
             nt,
             dx3.ptr(),
             dq3.q(),
-            if logit { dlg3.ptr() } else { 0 },
+            dlg3.ptr(),
             dact3.ptr(),
             aqo3.q(),
             done3.ptr(),
-        )
-        .unwrap();
+        );
         let out3 = poisoned(&g, nt * e);
-        g.moe_down_combine(
-            &md,
-            shared.then_some(&msd),
+        down_combine(
             di3.ptr(),
             dw3.ptr(),
-            k,
             nt,
             dact3.ptr(),
             aqo3.q(),
-            if logit { dlg3.ptr() } else { 0 },
+            dlg3.ptr(),
             out3.ptr(),
             0,
-        )
-        .unwrap();
+        );
         let (gw3, gi3, ga3, gl3, go3) = (
             down(&g, &dw3),
             down(&g, &di3),
