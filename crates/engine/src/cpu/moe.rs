@@ -101,65 +101,56 @@ fn few_tokens(
         .collect();
     let inputs: Vec<&Act> = rows.iter().collect();
     // Products per token: its routed experts in rank order, then the shared expert.
+    // Each expert's gate and up read the token (`jobs`, in pairs); its down reads
+    // that pair's SwiGLU (`down_jobs`: input i is pair i's).
     let per = routes.first().map_or(0, Vec::len) + usize::from(w.shared.is_some());
     let mut jobs = Vec::with_capacity(2 * per * rows.len());
+    let mut down_jobs = Vec::with_capacity(per * rows.len());
     for (t, r) in routes.iter().enumerate() {
-        for &(ex, _) in r {
-            for m in [&w.gate_exps, &w.up_exps] {
+        let routed = r.iter().map(|&(ex, _)| {
+            [
+                (w.gate_exps.ty, w.gate_exps.matrix_bytes(ex), f),
+                (w.up_exps.ty, w.up_exps.matrix_bytes(ex), f),
+                (w.down_exps.ty, w.down_exps.matrix_bytes(ex), e),
+            ]
+        });
+        let shared = w
+            .shared
+            .iter()
+            .map(|sh| [&sh.gate, &sh.up, &sh.down].map(|m| (m.ty, m.bytes(), m.n_rows())));
+        for [g, u, d] in routed.chain(shared) {
+            for (ty, bytes, n_rows) in [g, u] {
                 jobs.push(Job {
-                    ty: m.ty,
-                    w: m.matrix_bytes(ex),
-                    n_rows: f,
+                    ty,
+                    w: bytes,
+                    n_rows,
                     input: t,
                 });
             }
-        }
-        if let Some(sh) = &w.shared {
-            for m in [&sh.gate, &sh.up] {
-                jobs.push(Job {
-                    ty: m.ty,
-                    w: m.bytes(),
-                    n_rows: m.n_rows(),
-                    input: t,
-                });
-            }
-        }
-    }
-    // The down projections, one per product pair: input i is pair i's SwiGLU.
-    let mut downs = Vec::with_capacity(jobs.len() / 2);
-    for r in routes {
-        for &(ex, _) in r {
-            downs.push(Job {
-                ty: w.down_exps.ty,
-                w: w.down_exps.matrix_bytes(ex),
-                n_rows: e,
-                input: downs.len(),
-            });
-        }
-        if let Some(sh) = &w.shared {
-            downs.push(Job {
-                ty: sh.down.ty,
-                w: sh.down.bytes(),
-                n_rows: sh.down.n_rows(),
-                input: downs.len(),
+            let (ty, bytes, n_rows) = d;
+            down_jobs.push(Job {
+                ty,
+                w: bytes,
+                n_rows,
+                input: down_jobs.len(),
             });
         }
     }
     // SwiGLU of each product pair and the quantized copy its down projection
     // reads, pairs in parallel (tens of µs a layer on one thread).
-    let mut pairs: Vec<(Act, Act, Vec<quant::ActQ8>)> = Vec::with_capacity(downs.len());
+    let mut pairs: Vec<(Act, Act, Vec<quant::ActQ8>)> = Vec::with_capacity(down_jobs.len());
     let mut gu = b.mm_many(&inputs, &jobs).into_iter();
     while let (Some(g), Some(u)) = (gu.next(), gu.next()) {
         pairs.push((g, u, Vec::new()));
     }
     quant::par::for_each_mut(&mut pairs, |i, (g, u, q)| {
         silu_mul(&mut g.data, &u.data);
-        *q = b.prepare(&[downs[i].ty], g);
+        *q = b.prepare(&[down_jobs[i].ty], g);
     });
     let (acts, xqs): (Vec<Act>, Vec<Vec<quant::ActQ8>>) =
         pairs.into_iter().map(|(g, _, q)| (g, q)).unzip();
     let act_refs: Vec<&Act> = acts.iter().collect();
-    let downs = b.mm_many_prepared(&act_refs, &xqs, &downs);
+    let downs = b.mm_many_prepared(&act_refs, &xqs, &down_jobs);
     // Each token's shared-expert gate, then the combination in column pieces in
     // parallel (each value's sum keeps its order, so the pieces do not change it).
     let gates: Vec<Option<f32>> = (0..x.rows)
