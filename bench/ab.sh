@@ -19,6 +19,7 @@ mkdir -p "$LOG"
 
 run() { # side spec round
     local side=$1 spec=$2 r=$3
+    shift 3
     local bin=${spec%%,*} vars=()
     [ "$bin" != "$spec" ] && IFS=, read -r -a vars <<<"${spec#*,}"
     env "${vars[@]}" "$bin" bench "$@" >"$LOG/$side-$r.md" 2>"$LOG/$side-$r.log" ||

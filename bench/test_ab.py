@@ -11,7 +11,7 @@ AB = pathlib.Path(__file__).resolve().parent / "ab.sh"
 
 FAKE = """#!/usr/bin/env bash
 # A stand-in for `scoria bench`: one median line per test, scaled by $SPEED.
-[ "$1" = bench ] || exit 3
+[ "$*" = "bench -m x.gguf -n 128" ] || { echo "scoria bench: error: arguments: $*" >&2; exit 3; }
 [ -n "${FAIL:-}" ] && { echo "scoria bench: error: no GPU" >&2; exit 1; }
 n=$(cat "$0.count" 2>/dev/null || echo 0); echo $((n + 1)) > "$0.count"
 awk -v s="${SPEED:-1}" -v n="$n" 'BEGIN {
