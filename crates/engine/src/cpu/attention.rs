@@ -19,7 +19,7 @@
 //! None of this changes an operation or its order, so the bits are the one-query,
 //! one-position-at-a-time loop's (`tests`, and the engine's prefill == decode tests).
 
-use super::{each_row, Act, CpuBackend, Job, KvCache, PARALLEL_ROWS};
+use super::{each_row, Act, CpuBackend, KvCache, PARALLEL_ROWS};
 use model::math::{rms_norm, rope_neox_with, rope_table, sigmoid};
 use model::simd::Level;
 use model::weights::AttentionWeights;
@@ -44,8 +44,7 @@ pub(super) struct Projections {
 }
 
 pub(super) fn project(b: &CpuBackend, w: &AttentionWeights, x: &Act) -> Projections {
-    let jobs = Job::on_one_input(&[&w.q, &w.k, &w.v]);
-    let mut outs = b.mm_many(&[x], &jobs).into_iter();
+    let mut outs = b.mm_many(x, &[&w.q, &w.k, &w.v]).into_iter();
     Projections {
         q: outs.next().expect("q"),
         k: outs.next().expect("k"),

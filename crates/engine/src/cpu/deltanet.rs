@@ -1,20 +1,16 @@
-//! Gated DeltaNet on the CPU: projections for all tokens at once, the conv over the
-//! tokens (blocks of channels in parallel), then each value head's
-//! recurrence over the tokens (heads in parallel), gated norm, output projection.
+//! Gated DeltaNet on the CPU: projections for all tokens at once, then per key head
+//! in parallel the conv over the tokens, the q/k normalisation and its value heads'
+//! recurrences and gated norms, then the output projection.
 //! Every channel and head performs the same float operations in the same order
 //! whether it sees one token or a prompt.
 
-use super::{each_row, Act, CpuBackend, DeltaNetState, Job};
+use super::{Act, CpuBackend, DeltaNetState};
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
 use model::weights::{BetaAlpha, DeltaNetWeights, Weight};
 
 /// The reference L2-normalises q and k with eps 1e-6 (HF `l2norm`).
 const L2_EPS: f32 = 1e-6;
-
-/// Channels per parallel conv task (not a divisor of the test models' 1024
-/// channels, so their prompts run a partial last block too).
-const CONV_BLOCK: usize = 160;
 
 /// The token-wise input projections of every row: qkv (the conv's input), the
 /// output gate z, and each value head's β and α.
@@ -39,8 +35,7 @@ pub(super) fn project(b: &CpuBackend, w: &DeltaNetWeights, x: &Act) -> Projectio
         BetaAlpha::Separate { beta, alpha } => weights.extend([beta, alpha]),
         BetaAlpha::Fused { w, .. } => weights.push(w),
     }
-    let jobs = Job::on_one_input(&weights);
-    let mut outs = b.mm_many(&[x], &jobs).into_iter();
+    let mut outs = b.mm_many(x, &weights).into_iter();
     let (qkv, z) = (outs.next().expect("qkv"), outs.next().expect("gate"));
     let (beta, alpha) = match &w.beta_alpha {
         BetaAlpha::Separate { .. } => (outs.next().expect("beta"), outs.next().expect("alpha")),
@@ -76,6 +71,12 @@ pub(super) fn project(b: &CpuBackend, w: &DeltaNetWeights, x: &Act) -> Projectio
 
 /// The conv, the recurrence and the gated norm of the `t_n` rows from `r0` of
 /// `p`, advancing `st`: the rows before the output projection.
+///
+/// One parallel loop, a task per key head: it runs the conv over every token for
+/// that head's q and k channels and the v channels of the value heads that read it,
+/// normalises the head's q and k, then runs those value heads' recurrences and gated
+/// norms. Each channel and head performs the float operations of a one-token call, in
+/// the same order, so the bits do not depend on how many tokens or tasks there are.
 pub(super) fn core(
     b: &CpuBackend,
     w: &DeltaNetWeights,
@@ -89,76 +90,54 @@ pub(super) fn core(
         .ssm
         .as_ref()
         .expect("DeltaNet layers exist only in hybrid configs");
-    let (hk, d) = (ssm.n_k_heads, ssm.d_state);
-    let (kd, vd) = (ssm.key_dim(), ssm.value_dim());
-
-    // The conv: sequential in time, independent per channel, so blocks of channels
-    // run in parallel, each over every token (a channel's float operations are
-    // those of a one-token call). Then each token's q/k normalisation.
-    let cd = ssm.conv_dim();
+    let (hk, hv, d, dc) = (ssm.n_k_heads, ssm.n_v_heads, ssm.d_state, ssm.d_conv);
+    let (kd, vd, cd) = (ssm.key_dim(), ssm.value_dim(), ssm.conv_dim());
+    let hist = dc - 1;
     let scale = 1.0 / (d as f32).sqrt();
     let mut conv = Act::zeros(t_n, cd);
-    let norm_qk = |row: &mut [f32]| {
-        let (q_all, rest) = row.split_at_mut(kd);
-        let k_all = &mut rest[..kd];
-        for h in 0..hk {
-            l2_norm(&mut q_all[h * d..(h + 1) * d], L2_EPS);
-            l2_norm(&mut k_all[h * d..(h + 1) * d], L2_EPS);
-        }
-        for qv in q_all.iter_mut() {
-            *qv *= scale;
-        }
-    };
-    if ssm.d_conv < 2 {
-        // No history: the conv is a per-channel scale.
-        for t in 0..t_n {
-            let dst = conv.row_mut(t);
-            conv_step(&mut st.conv, &w.conv, p.qkv.row(r0 + t), ssm.d_conv, dst);
-            norm_qk(dst);
-        }
-    } else {
-        let hist = ssm.d_conv - 1;
-        // (state, taps) per block; each block writes its channels' run of every row.
-        let mut blocks: Vec<(&mut [f32], &[f32])> = st
-            .conv
-            .chunks_mut(CONV_BLOCK * hist)
-            .zip(w.conv.chunks(CONV_BLOCK * ssm.d_conv))
-            .collect();
-        {
-            let out = quant::par::ColumnRuns::new(&mut conv.data, cd);
-            quant::par::for_each_mut(&mut blocks, |i, (state, taps)| {
-                let (c0, n) = (i * CONV_BLOCK, taps.len() / ssm.d_conv);
-                for t in 0..t_n {
-                    let src = &p.qkv.row(r0 + t)[c0..c0 + n];
-                    // SAFETY: channels c0..c0 + n belong to this block alone.
-                    let o = unsafe { out.run(t, c0, n) };
-                    conv_step(state, taps, src, ssm.d_conv, o);
-                }
-            });
-        }
-        each_row(&mut conv.data, cd, |_, row| norm_qk(row));
-    }
-
-    // Then each value head runs its recurrence over all tokens; heads are
-    // independent, so they run in parallel (one parallel loop per call), each writing
-    // its columns of every output row.
     let mut y = Act::zeros(t_n, vd);
-    let mut states: Vec<&mut [f32]> = st.ssm.chunks_mut(d * d).collect();
     {
-        let out = quant::par::ColumnRuns::new(&mut y.data, vd);
-        quant::par::for_each_mut(&mut states, |h, s| {
-            let kh = ssm.k_head_of(h);
+        let conv_out = quant::par::ColumnRuns::new(&mut conv.data, cd);
+        let y_out = quant::par::ColumnRuns::new(&mut y.data, vd);
+        // Both states as one row each: a task takes its channels' and heads' runs.
+        let conv_state = quant::par::ColumnRuns::new(&mut st.conv, cd * hist);
+        let ssm_state = quant::par::ColumnRuns::new(&mut st.ssm, hv * d * d);
+        quant::par::for_each(hk, |kh| {
+            let heads = (0..hv).filter(|&h| ssm.k_head_of(h) == kh);
+            // This key head's q and k channels, then its value heads' v channels.
+            let chans = [kh * d, kd + kh * d]
+                .into_iter()
+                .chain(heads.clone().map(|h| 2 * kd + h * d));
+            for c0 in chans {
+                // SAFETY (all four runs): key head kh's channels and value heads
+                // belong to this task alone.
+                let state = unsafe { conv_state.run(0, c0 * hist, d * hist) };
+                let taps = &w.conv[c0 * dc..(c0 + d) * dc];
+                for t in 0..t_n {
+                    let src = &p.qkv.row(r0 + t)[c0..c0 + d];
+                    conv_step(state, taps, src, dc, unsafe { conv_out.run(t, c0, d) });
+                }
+            }
             for t in 0..t_n {
-                let row = conv.row(t);
-                let q = &row[kh * d..(kh + 1) * d];
-                let k = &row[kd + kh * d..kd + (kh + 1) * d];
-                let v = &row[2 * kd + h * d..2 * kd + (h + 1) * d];
-                let g = w.a[h] * softplus(p.alpha.row(r0 + t)[h] + w.dt_bias[h]);
-                let beta = sigmoid(p.beta.row(r0 + t)[h]);
-                // SAFETY: columns h·d.. of each row belong to head h alone.
-                let o = unsafe { out.run(t, h * d, d) };
-                step(s, q, k, v, g, beta, o);
-                gated_norm(o, &p.z.row(r0 + t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
+                let q = unsafe { conv_out.run(t, kh * d, d) };
+                l2_norm(q, L2_EPS);
+                for qv in q.iter_mut() {
+                    *qv *= scale;
+                }
+                l2_norm(unsafe { conv_out.run(t, kd + kh * d, d) }, L2_EPS);
+            }
+            for h in heads {
+                let s = unsafe { ssm_state.run(0, h * d * d, d * d) };
+                for t in 0..t_n {
+                    let q = unsafe { conv_out.run(t, kh * d, d) };
+                    let k = unsafe { conv_out.run(t, kd + kh * d, d) };
+                    let v = unsafe { conv_out.run(t, 2 * kd + h * d, d) };
+                    let g = w.a[h] * softplus(p.alpha.row(r0 + t)[h] + w.dt_bias[h]);
+                    let beta = sigmoid(p.beta.row(r0 + t)[h]);
+                    let o = unsafe { y_out.run(t, h * d, d) };
+                    step(s, q, k, v, g, beta, o);
+                    gated_norm(o, &p.z.row(r0 + t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
+                }
             }
         });
     }

@@ -51,11 +51,12 @@ pub(crate) fn each_row(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f3
 
 /// `n` zeros. A prompt's activations are megabytes a layer, whose zeroing (and the
 /// first touch of their pages) on the pass's own thread had been most of what a
-/// prompt pass did outside its parallel loops; a buffer of a MiB or more is zeroed
-/// in pieces by the parallel loop's threads instead.
+/// prompt pass did outside its parallel loops; a buffer of 512 KiB or more (a prompt's
+/// activations, a decode step's logits) is zeroed in pieces by the parallel loop's
+/// threads instead.
 fn zeroed(n: usize) -> Vec<f32> {
-    /// Values per piece (256 KiB).
-    const PIECE: usize = 64 * 1024;
+    /// Values per piece (128 KiB).
+    const PIECE: usize = 32 * 1024;
     if n < 4 * PIECE {
         return vec![0.0; n];
     }
@@ -340,12 +341,50 @@ impl CpuBackend {
     /// read it is quantized. Activation quantization does not depend on the
     /// weight type, so one copy serves every weight that reads `x`.
     pub(crate) fn prepare(&self, types: &[quant::GgmlType], x: &Act) -> Vec<quant::ActQ8> {
-        if self.precision == Precision::ReferenceF32 || types.iter().all(|&t| is_float(t)) {
+        if !self.quantizes(types) {
             Vec::new()
         } else {
             let mut out = vec![quant::ActQ8::default(); x.rows];
             quant::par::for_each_mut(&mut out, |r, q| *q = quant::quantize_act(x.row(r)));
             out
+        }
+    }
+
+    /// Whether weights of these types read a quantized copy of their input.
+    fn quantizes(&self, types: &[quant::GgmlType]) -> bool {
+        self.precision != Precision::ReferenceF32 && types.iter().any(|&t| !is_float(t))
+    }
+
+    /// One row's [`CpuBackend::prepare`]: its quantized copy, or an empty one when
+    /// no weight of `types` reads it.
+    pub(crate) fn quantized(&self, types: &[quant::GgmlType], x: &[f32]) -> quant::ActQ8 {
+        if self.quantizes(types) {
+            quant::quantize_act(x)
+        } else {
+            quant::ActQ8::default()
+        }
+    }
+
+    /// Single-token products, each into its own output, in one parallel region
+    /// (`quant::matvec_many`); at [`Precision::ReferenceF32`], one by one with the
+    /// quantized weights dequantized, as [`CpuBackend::mm`].
+    pub(crate) fn matvecs(&self, jobs: &mut [quant::MatvecJob]) {
+        if self.precision != Precision::ReferenceF32 {
+            return quant::matvec_many(jobs);
+        }
+        for j in jobs.iter_mut() {
+            if is_float(j.ty) {
+                quant::matvec(j.ty, j.w, j.n_cols, j.x, j.xq, j.out);
+            } else {
+                let x = Act {
+                    rows: 1,
+                    cols: j.n_cols,
+                    data: j.x.to_vec(),
+                };
+                let mut out = Act::zeros(1, j.out.len());
+                reference_mm(j.ty, j.w, j.out.len(), &x, &mut out);
+                j.out.copy_from_slice(&out.data);
+            }
         }
     }
 
@@ -378,78 +417,35 @@ impl CpuBackend {
     }
 }
 
-/// One product of a batch for [`CpuBackend::mm_many`]: a weight (type, bytes,
-/// rows) applied to input number `input`.
-pub(crate) struct Job<'a> {
-    pub ty: quant::GgmlType,
-    pub w: &'a [u8],
-    pub n_rows: usize,
-    pub input: usize,
-}
-
-impl<'a> Job<'a> {
-    /// Jobs applying each weight to input 0.
-    pub(crate) fn on_one_input(weights: &[&'a Weight]) -> Vec<Job<'a>> {
-        weights
-            .iter()
-            .map(|m| Job {
-                ty: m.ty,
-                w: m.bytes(),
-                n_rows: m.n_rows(),
-                input: 0,
-            })
-            .collect()
-    }
-}
-
 impl CpuBackend {
-    /// Several products of single-token inputs in one parallel region (the
-    /// routed and shared experts of a decode step): bit-identical to calling
-    /// `mm` for each, without a fork-join per small matrix.
-    pub(crate) fn mm_many(&self, inputs: &[&Act], jobs: &[Job]) -> Vec<Act> {
-        // One quantized copy per input, shared by every job that reads it.
-        let xqs: Vec<Vec<quant::ActQ8>> = inputs
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                let types: Vec<quant::GgmlType> =
-                    jobs.iter().filter(|j| j.input == i).map(|j| j.ty).collect();
-                self.prepare(&types, x)
-            })
-            .collect();
-        self.mm_many_prepared(inputs, &xqs, jobs)
-    }
-
-    /// [`CpuBackend::mm_many`] with each input's [`CpuBackend::prepare`] already
-    /// made (`xqs[i]` for `inputs[i]`, for every type its jobs read).
-    pub(crate) fn mm_many_prepared(
-        &self,
-        inputs: &[&Act],
-        xqs: &[Vec<quant::ActQ8>],
-        jobs: &[Job],
-    ) -> Vec<Act> {
-        let single = inputs.iter().all(|x| x.rows == 1);
-        if !single || self.precision == Precision::ReferenceF32 {
-            return jobs
+    /// Several weights applied to one input (a layer's projections of the same
+    /// rows): for a single row, one parallel region for all of them (bit-identical
+    /// to calling `mm` for each, without a fork-join per small matrix); one quantized
+    /// copy of the input serves every weight.
+    pub(crate) fn mm_many(&self, x: &Act, weights: &[&Weight]) -> Vec<Act> {
+        let types: Vec<quant::GgmlType> = weights.iter().map(|m| m.ty).collect();
+        let xq = self.prepare(&types, x);
+        if x.rows != 1 {
+            return weights
                 .iter()
-                .map(|j| self.mm(j.ty, j.w, j.n_rows, inputs[j.input], &xqs[j.input]))
+                .map(|m| self.mm(m.ty, m.bytes(), m.n_rows(), x, &xq))
                 .collect();
         }
         let empty = quant::ActQ8::default();
-        let mut outs: Vec<Act> = jobs.iter().map(|j| Act::zeros(1, j.n_rows)).collect();
-        let mut mj: Vec<quant::MatvecJob> = jobs
+        let mut outs: Vec<Act> = weights.iter().map(|m| Act::zeros(1, m.n_rows())).collect();
+        let mut jobs: Vec<quant::MatvecJob> = weights
             .iter()
             .zip(outs.iter_mut())
-            .map(|(j, o)| quant::MatvecJob {
-                ty: j.ty,
-                w: j.w,
-                n_cols: inputs[j.input].cols,
-                x: &inputs[j.input].data,
-                xq: xqs[j.input].first().unwrap_or(&empty),
+            .map(|(m, o)| quant::MatvecJob {
+                ty: m.ty,
+                w: m.bytes(),
+                n_cols: x.cols,
+                x: &x.data,
+                xq: xq.first().unwrap_or(&empty),
                 out: &mut o.data,
             })
             .collect();
-        quant::matvec_many(&mut mj);
+        self.matvecs(&mut jobs);
         outs
     }
 }

@@ -5,7 +5,7 @@
 //! token's result does not depend on which other tokens ran beside it
 //! (docs/design.md invariants 1 and 3).
 
-use super::{each_row, Act, CpuBackend, Job, PARALLEL_ROWS};
+use super::{each_row, Act, CpuBackend, PARALLEL_ROWS};
 use model::math::{sigmoid, silu_mul};
 use model::moe::route;
 use model::weights::MoeWeights;
@@ -61,7 +61,7 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
         }
     }
     let shared = w.shared.as_ref().map(|sh| {
-        let gu = b.mm_many(&[x], &Job::on_one_input(&[&sh.gate, &sh.up]));
+        let gu = b.mm_many(x, &[&sh.gate, &sh.up]);
         (sh, b.mm_weight(&sh.down, &swiglu(&gu[0], &gu[1])))
     });
     // Each token's outputs in rank order, then the shared expert's: tokens in parallel.
@@ -83,7 +83,8 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
 /// experts' and shared expert's gate and up products in one parallel region, then
 /// every down projection in another, each product a matvec of one token. Same bits
 /// as the grouped path, which runs the same per-row kernels; a token's experts are
-/// its own even when two tokens share one (a batch reads it twice, from cache).
+/// its own even when two tokens share one (a batch reads it twice, from cache). The
+/// products write into two flat buffers (no allocation per product).
 fn few_tokens(
     b: &CpuBackend,
     cfg: &ModelConfig,
@@ -92,65 +93,80 @@ fn few_tokens(
     routes: &[Vec<(usize, f32)>],
 ) -> Act {
     let (e, f) = (cfg.n_embd, cfg.n_ff_exp);
-    let rows: Vec<Act> = (0..x.rows)
-        .map(|t| Act {
-            rows: 1,
-            cols: e,
-            data: x.row(t).to_vec(),
-        })
-        .collect();
-    let inputs: Vec<&Act> = rows.iter().collect();
-    // Products per token: its routed experts in rank order, then the shared expert.
-    // Each expert's gate and up read the token (`jobs`, in pairs); its down reads
-    // that pair's SwiGLU (`down_jobs`: input i is pair i's).
+    // Each token's experts, token after token: its routed ones in rank order, then
+    // the shared expert; each as its (type, bytes, rows) gate, up and down.
+    type Mat<'a> = (quant::GgmlType, &'a [u8], usize);
     let per = routes.first().map_or(0, Vec::len) + usize::from(w.shared.is_some());
-    let mut jobs = Vec::with_capacity(2 * per * rows.len());
-    let mut down_jobs = Vec::with_capacity(per * rows.len());
+    let mut experts: Vec<(usize, [Mat; 3])> = Vec::with_capacity(per * x.rows);
     for (t, r) in routes.iter().enumerate() {
-        let routed = r.iter().map(|&(ex, _)| {
-            [
-                (w.gate_exps.ty, w.gate_exps.matrix_bytes(ex), f),
-                (w.up_exps.ty, w.up_exps.matrix_bytes(ex), f),
-                (w.down_exps.ty, w.down_exps.matrix_bytes(ex), e),
-            ]
-        });
-        let shared = w
-            .shared
-            .iter()
-            .map(|sh| [&sh.gate, &sh.up, &sh.down].map(|m| (m.ty, m.bytes(), m.n_rows())));
-        for [g, u, d] in routed.chain(shared) {
-            for (ty, bytes, n_rows) in [g, u] {
-                jobs.push(Job {
-                    ty,
-                    w: bytes,
-                    n_rows,
-                    input: t,
-                });
-            }
-            let (ty, bytes, n_rows) = d;
-            down_jobs.push(Job {
-                ty,
-                w: bytes,
-                n_rows,
-                input: down_jobs.len(),
-            });
+        experts.extend(r.iter().map(|&(ex, _)| {
+            (
+                t,
+                [
+                    (w.gate_exps.ty, w.gate_exps.matrix_bytes(ex), f),
+                    (w.up_exps.ty, w.up_exps.matrix_bytes(ex), f),
+                    (w.down_exps.ty, w.down_exps.matrix_bytes(ex), e),
+                ],
+            )
+        }));
+        if let Some(sh) = &w.shared {
+            let m = [&sh.gate, &sh.up, &sh.down].map(|m| (m.ty, m.bytes(), m.n_rows()));
+            experts.push((t, m));
         }
     }
-    // SwiGLU of each product pair and the quantized copy its down projection
-    // reads, pairs in parallel (tens of µs a layer on one thread).
-    let mut pairs: Vec<(Act, Act, Vec<quant::ActQ8>)> = Vec::with_capacity(down_jobs.len());
-    let mut gu = b.mm_many(&inputs, &jobs).into_iter();
-    while let (Some(g), Some(u)) = (gu.next(), gu.next()) {
-        pairs.push((g, u, Vec::new()));
+    let in_types: Vec<quant::GgmlType> =
+        experts.iter().flat_map(|(_, m)| [m[0].0, m[1].0]).collect();
+    let xq = b.prepare(&in_types, x);
+    let empty = quant::ActQ8::default();
+    // Each expert's gate rows then its up rows, expert after expert.
+    let mut gu = vec![0.0f32; experts.iter().map(|(_, m)| m[0].2 + m[1].2).sum()];
+    let mut pairs = split_sizes(&mut gu, experts.iter().map(|(_, m)| m[0].2 + m[1].2));
+    {
+        let mut jobs = Vec::with_capacity(2 * experts.len());
+        for ((t, m), pair) in experts.iter().zip(pairs.iter_mut()) {
+            let (g, u) = pair.split_at_mut(m[0].2);
+            for ((ty, bytes, _), out) in [(m[0], g), (m[1], u)] {
+                jobs.push(quant::MatvecJob {
+                    ty,
+                    w: bytes,
+                    n_cols: e,
+                    x: x.row(*t),
+                    xq: xq.get(*t).unwrap_or(&empty),
+                    out,
+                });
+            }
+        }
+        b.matvecs(&mut jobs);
     }
-    quant::par::for_each_mut(&mut pairs, |i, (g, u, q)| {
-        silu_mul(&mut g.data, &u.data);
-        *q = b.prepare(&[down_jobs[i].ty], g);
+    // SwiGLU of each pair into its gate rows, and the quantized copy its down
+    // product reads, pairs in parallel (tens of µs a layer on one thread).
+    let mut acts: Vec<(&mut [f32], quant::ActQ8)> = pairs
+        .into_iter()
+        .map(|p| (p, quant::ActQ8::default()))
+        .collect();
+    quant::par::for_each_mut(&mut acts, |i, (pair, q)| {
+        let m = &experts[i].1;
+        let (g, u) = pair.split_at_mut(m[0].2);
+        silu_mul(g, u);
+        *q = b.quantized(&[m[2].0], g);
     });
-    let (acts, xqs): (Vec<Act>, Vec<Vec<quant::ActQ8>>) =
-        pairs.into_iter().map(|(g, _, q)| (g, q)).unzip();
-    let act_refs: Vec<&Act> = acts.iter().collect();
-    let downs = b.mm_many_prepared(&act_refs, &xqs, &down_jobs);
+    let mut downs = vec![0.0f32; experts.len() * e];
+    {
+        let mut jobs: Vec<quant::MatvecJob> = experts
+            .iter()
+            .zip(&acts)
+            .zip(downs.chunks_mut(e))
+            .map(|(((_, m), (pair, q)), out)| quant::MatvecJob {
+                ty: m[2].0,
+                w: m[2].1,
+                n_cols: m[0].2,
+                x: &pair[..m[0].2],
+                xq: q,
+                out,
+            })
+            .collect();
+        b.matvecs(&mut jobs);
+    }
     // Each token's shared-expert gate, then the combination in column pieces in
     // parallel (each value's sum keeps its order, so the pieces do not change it).
     let gates: Vec<Option<f32>> = (0..x.rows)
@@ -172,12 +188,25 @@ fn few_tokens(
         })
         .collect();
     quant::par::for_each_mut(&mut pieces, |_, (t, c0, o)| {
-        let (t, cols) = (*t, *c0..*c0 + o.len());
-        let (r, mine) = (&routes[t], &downs[t * per..(t + 1) * per]);
-        let sh = gates[t].map(|g| (g, &mine[r.len()].data[cols.clone()]));
-        combine(o, r, |rank| &mine[rank].data[cols.clone()], sh);
+        let (t, c0, n) = (*t, *c0, o.len());
+        let (r, mine) = (&routes[t], &downs[t * per * e..(t + 1) * per * e]);
+        let cols = |i: usize| &mine[i * e + c0..i * e + c0 + n];
+        let sh = gates[t].map(|g| (g, cols(r.len())));
+        combine(o, r, cols, sh);
     });
     out
+}
+
+/// `buf` cut into consecutive pieces of the given sizes.
+fn split_sizes(buf: &mut [f32], sizes: impl Iterator<Item = usize>) -> Vec<&mut [f32]> {
+    let mut rest = buf;
+    sizes
+        .map(|n| {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            rest = tail;
+            piece
+        })
+        .collect()
 }
 
 /// Columns of a token's MoE output combined by one task of a decode step.
