@@ -415,9 +415,7 @@ impl CpuBackend {
         let xq = self.prepare(&[w.ty], x);
         self.mm(w.ty, w.bytes(), w.n_rows(), x, &xq)
     }
-}
 
-impl CpuBackend {
     /// Several weights applied to one input (a layer's projections of the same
     /// rows): for a single row, one parallel region for all of them (bit-identical
     /// to calling `mm` for each, without a fork-join per small matrix); one quantized
