@@ -336,9 +336,29 @@ pub fn dot(ty: GgmlType, row: &[u8], x: &[f32], xq: &ActQ8) -> f32 {
 /// Decode is a stream of weights through short loops, and the hardware prefetchers
 /// alone left each core's stream short of the RAM bandwidth: on the GPU machine's
 /// 16-core Xeon, Q35 CPU decode went from 27.5 to 30–34 t/s with 512–8192 bytes
-/// ahead (4096 the steadiest), and the development machine's EPYC gained 6–19%
-/// (bench/RESULTS.md, 2026-12-02 session 24).
-const PREFETCH_AHEAD: usize = 4096;
+/// ahead (4096 the steadiest), and the development machine's EPYC gained about 12%
+/// (bench/RESULTS.md, 2026-12-02 session 24). `scoria bench`'s RAM measurement reads
+/// this far ahead too.
+pub const PREFETCH_AHEAD: usize = 4096;
+
+/// Asks the CPU to bring every 64-byte line of `data` into its caches: a hint (no
+/// value changes, nothing is read that the program sees); nothing on other than x86-64.
+#[inline]
+pub fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (start, len) = (data.as_ptr().cast::<u8>(), std::mem::size_of_val(data));
+        for at in (0..len).step_by(64) {
+            // SAFETY: the address is inside `data`, and a prefetch reads nothing.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(start.add(at).cast());
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
 
 /// `out[i]` = row i of `w` (rows of `rb` bytes) · x, with the bytes
 /// [`PREFETCH_AHEAD`] past each row's start (one row's worth, within `w`) requested
@@ -346,18 +366,8 @@ const PREFETCH_AHEAD: usize = 4096;
 #[inline]
 fn dot_rows(k: Kernel, rb: usize, w: &[u8], x: &[f32], xq: &ActQ8, out: &mut [f32]) {
     for (i, (o, row)) in out.iter_mut().zip(w.chunks_exact(rb)).enumerate() {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let ahead = (i * rb + PREFETCH_AHEAD).min(w.len());
-            for line in w[ahead..(ahead + rb).min(w.len())].chunks(64) {
-                // SAFETY: a prefetch reads nothing the program sees, and the address is
-                // inside `w`.
-                unsafe {
-                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                    _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
-                }
-            }
-        }
+        let ahead = (i * rb + PREFETCH_AHEAD).min(w.len());
+        prefetch(&w[ahead..(ahead + rb).min(w.len())]);
         *o = k.dot(row, x, xq);
     }
 }

@@ -117,27 +117,21 @@ fn experts_read(routed: u64, k: usize, n: usize) -> u64 {
 
 /// RAM read bandwidth with the engine's threads: the best of three parallel passes
 /// over 1 GiB (several times the largest last-level caches), in bytes per second.
-/// Each pass asks for its lines 4 KiB ahead, as the engine's row loops do (without
-/// it, the passes measured 90.6 GB/s on the GPU machine's host, where a decode step's
-/// LM head read at 110: a bound the engine beat).
+/// Each pass asks for its data [`quant::PREFETCH_AHEAD`] bytes ahead, as the engine's
+/// row loops do (without it, the passes measured 90.6 GB/s on the GPU machine's host,
+/// where a decode step's LM head read at 110: a bound the engine beat).
 pub fn measure_ram_read() -> f64 {
     const WORDS: usize = (1 << 30) / 8;
-    /// Words per 64-byte line, and lines ahead.
+    /// Words per 64-byte line, and words ahead.
     const LINE: usize = 8;
-    const AHEAD: usize = 4096 / 64;
+    const AHEAD: usize = quant::PREFETCH_AHEAD / 8;
     let buf: Vec<u64> = (0..WORDS as u64).into_par_iter().collect();
     let chunk = (WORDS / (4 * rayon::current_num_threads().max(1))).max(1 << 12);
     let sum_chunk = |c: &[u64]| {
         let mut acc = 0u64;
         for (i, line) in c.chunks(LINE).enumerate() {
-            #[cfg(target_arch = "x86_64")]
-            if let Some(ahead) = c.get((i + AHEAD) * LINE) {
-                // SAFETY: a prefetch of an address inside `c`; it reads nothing.
-                unsafe {
-                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                    _mm_prefetch::<_MM_HINT_T0>((ahead as *const u64).cast());
-                }
-            }
+            let ahead = (i * LINE + AHEAD).min(c.len());
+            quant::prefetch(&c[ahead..(ahead + LINE).min(c.len())]);
             acc = line.iter().fold(acc, |a, &x| a.wrapping_add(x));
         }
         acc

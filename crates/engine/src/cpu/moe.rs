@@ -119,8 +119,9 @@ fn few_tokens(
     let xq = b.prepare(&in_types, x);
     let empty = quant::ActQ8::default();
     // Each expert's gate rows then its up rows, expert after expert.
-    let mut gu = vec![0.0f32; experts.iter().map(|(_, m)| m[0].2 + m[1].2).sum()];
-    let mut pairs = split_sizes(&mut gu, experts.iter().map(|(_, m)| m[0].2 + m[1].2));
+    let pair_sizes: Vec<usize> = experts.iter().map(|(_, m)| m[0].2 + m[1].2).collect();
+    let mut gu = vec![0.0f32; pair_sizes.iter().sum()];
+    let mut pairs = split_sizes(&mut gu, &pair_sizes);
     {
         let mut jobs = Vec::with_capacity(2 * experts.len());
         for ((t, m), pair) in experts.iter().zip(pairs.iter_mut()) {
@@ -198,10 +199,11 @@ fn few_tokens(
 }
 
 /// `buf` cut into consecutive pieces of the given sizes.
-fn split_sizes(buf: &mut [f32], sizes: impl Iterator<Item = usize>) -> Vec<&mut [f32]> {
+fn split_sizes<'a>(buf: &'a mut [f32], sizes: &[usize]) -> Vec<&'a mut [f32]> {
     let mut rest = buf;
     sizes
-        .map(|n| {
+        .iter()
+        .map(|&n| {
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
             rest = tail;
             piece
