@@ -124,9 +124,15 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(
 // caches kv_tab[2b] (K), kv_tab[2b + 1] (V); its block does what the one-token launch
 // does (n_head / n_head_kv <= SC_AQ), writing token b's rows of out and scratch.
 // attn_combine over n_tok tokens then merges every token's splits alike.
+// A block has NW warps of 4 query rows each: SC_AWARPS (16 rows) in general; the
+// wide launches (attn_core_wide_*, SC_AWARPS_WIDE: 32 rows) serve prompts that take
+// one key range, where twice the rows share each K/V tile's load and more warps hide
+// its latency. Each row's operations (its keys in tiles of 32 from 0) are the same in
+// both, so are its bits.
 #define SC_AQ 16      // query rows per block
 #define SC_AK 32      // keys per tile
 #define SC_AWARPS 4   // 4 rows per warp
+#define SC_AWARPS_WIDE 8
 
 // The gated output of one row: o / l, times sigmoid(gate) when gated.
 __device__ __forceinline__ float sc_attn_out(float o, float l, const float* gate, size_t gi) {
@@ -135,7 +141,7 @@ __device__ __forceinline__ float sc_attn_out(float o, float l, const float* gate
   return y;
 }
 
-template <int HD, bool ROWS>
+template <int HD, bool ROWS, int NW>
 __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int n_tok,
                                                const int* __restrict__ pos0_dev, int n_head, int n_head_kv,
                                                const float* __restrict__ k_cache,
@@ -144,10 +150,11 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
                                                float* __restrict__ out, float* __restrict__ scratch,
                                                int n_split, const unsigned long long* __restrict__ kv_tab) {
   constexpr int ND = HD / 32;  // output dims per lane
+  constexpr int AQ = 4 * NW;   // query rows per block
   extern __shared__ float4 smem4[];
   float* smem = (float*)smem4;
-  float* sQ = smem;                        // [SC_AQ][HD]
-  float* sK = sQ + SC_AQ * HD;             // [SC_AK][HD + 1]
+  float* sQ = smem;                        // [AQ][HD]
+  float* sK = sQ + AQ * HD;             // [SC_AK][HD + 1]
   float* sV = sK + SC_AK * (HD + 1);       // [SC_AK][HD]  (16-byte aligned: HD % 4 == 0)
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const int kvh = blockIdx.x;
@@ -156,7 +163,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   const int t0 = ROWS ? blockIdx.y : 0;
   const int n_loc = ROWS ? 1 : n_tok;
   const int n_rows = n_loc * group;
-  const int row0 = ROWS ? 0 : blockIdx.y * SC_AQ;
+  const int row0 = ROWS ? 0 : blockIdx.y * AQ;
   const int pos0 = pos0_dev[t0];
   if (ROWS) {
     k_cache = (const float*)kv_tab[2 * t0];
@@ -165,7 +172,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   const int split = blockIdx.z;
 
   // Query tile (zeros for rows past the end).
-  for (int idx = threadIdx.x; idx < SC_AQ * (HD / 4); idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < AQ * (HD / 4); idx += blockDim.x) {
     const int rl = idx / (HD / 4), c = idx % (HD / 4);
     const int r = row0 + rl;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -178,7 +185,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
 
   // This warp's 4 rows: their last visible key (-1 for rows past the end).
   int limit[4];
-  int last_row = min(row0 + SC_AQ, n_rows) - 1;
+  int last_row = min(row0 + AQ, n_rows) - 1;
 #pragma unroll
   for (int qi = 0; qi < 4; qi++) {
     const int r = row0 + wi * 4 + qi;
@@ -300,25 +307,29 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   }
 }
 
-#define SC_ATTN_CORE(HD, NAME, ROWS)                                                               \
-  extern "C" __global__ void __launch_bounds__(32 * SC_AWARPS) NAME(                               \
+#define SC_ATTN_CORE(HD, NAME, ROWS, NW)                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * NW) NAME(                                      \
       const float* __restrict__ q, int n_tok, const int* __restrict__ pos0_dev, int n_head,        \
       int n_head_kv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,         \
       float scale, const float* __restrict__ gate, int q_stride, float* __restrict__ out,          \
       float* __restrict__ scratch, int n_split, const unsigned long long* __restrict__ kv_tab) {     \
     sc_pdl_enter();                                                                                \
-    attn_core_body<HD, ROWS>(q, n_tok, pos0_dev, n_head, n_head_kv, k_cache, v_cache, scale, gate,       \
-                       q_stride, out, scratch, n_split, kv_tab);                                   \
+    attn_core_body<HD, ROWS, NW>(q, n_tok, pos0_dev, n_head, n_head_kv, k_cache, v_cache, scale,    \
+                                 gate, q_stride, out, scratch, n_split, kv_tab);                   \
   }
 
-SC_ATTN_CORE(32, attn_core_hd32, false)
-SC_ATTN_CORE(64, attn_core_hd64, false)
-SC_ATTN_CORE(128, attn_core_hd128, false)
-SC_ATTN_CORE(256, attn_core_hd256, false)
-SC_ATTN_CORE(32, attn_core_rows_hd32, true)
-SC_ATTN_CORE(64, attn_core_rows_hd64, true)
-SC_ATTN_CORE(128, attn_core_rows_hd128, true)
-SC_ATTN_CORE(256, attn_core_rows_hd256, true)
+SC_ATTN_CORE(32, attn_core_hd32, false, SC_AWARPS)
+SC_ATTN_CORE(64, attn_core_hd64, false, SC_AWARPS)
+SC_ATTN_CORE(128, attn_core_hd128, false, SC_AWARPS)
+SC_ATTN_CORE(256, attn_core_hd256, false, SC_AWARPS)
+SC_ATTN_CORE(32, attn_core_wide_hd32, false, SC_AWARPS_WIDE)
+SC_ATTN_CORE(64, attn_core_wide_hd64, false, SC_AWARPS_WIDE)
+SC_ATTN_CORE(128, attn_core_wide_hd128, false, SC_AWARPS_WIDE)
+SC_ATTN_CORE(256, attn_core_wide_hd256, false, SC_AWARPS_WIDE)
+SC_ATTN_CORE(32, attn_core_rows_hd32, true, SC_AWARPS)
+SC_ATTN_CORE(64, attn_core_rows_hd64, true, SC_AWARPS)
+SC_ATTN_CORE(128, attn_core_rows_hd128, true, SC_AWARPS)
+SC_ATTN_CORE(256, attn_core_rows_hd256, true, SC_AWARPS)
 
 // Merges the n_split partial results of every (token, head): with M = max m_s,
 // o = Σ_s e^(m_s - M)·o_s / Σ_s e^(m_s - M)·l_s, in split order. One block per

@@ -131,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(128) dn_qk_norm(float* conv_out, in
 // gated norm) to out[t][h·DK + j]. β/α of head h are beta_src[t·beta_stride +
 // beta_idx[h]] and alpha_src[t·alpha_stride + alpha_idx[h]]; its q/k are key head
 // k_head_of[h].
-// One token of the recurrence for state column j (S = S[:, j] in registers; q and k
+// One token of the recurrence for state column j (dn_step; S = S[:, j] in registers; q and k
 // of the key head in shared memory, k declared volatile-readable), model::deltanet::step:
 // S ← e^g·S; kv = Σ_i S[i]·k_i; δ = β·(v − kv); S[i] += k_i·δ; o = Σ_i S[i]·q_i, sums in
 // i order from 0.0, products rounded, then added. Returns o. The CPU's loops (decay
@@ -159,6 +159,27 @@ __device__ __forceinline__ float sc_dn_update(float* S, const float* sq, float* 
   return o;
 }
 
+// Asynchronous 4-byte copy global → shared (cp.async), so that the loads of the
+// next run of tokens are in flight while the warp computes this one.
+__device__ __forceinline__ void sc_cp_async4(float* dst, const float* src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void sc_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void sc_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Tokens a prompt recurrence stages in shared memory at a time (two buffers: the
+// next run's q, k, v, α and β load while the warp computes this run's).
+#define SC_DN_RUN 16
+
+// A prompt's recurrence for one warp's 32 state columns of value head h. Each token
+// is model::deltanet::step (as sc_dn_update), but the work is laid out for latency:
+//  - a run of SC_DN_RUN tokens' inputs is copied into shared memory (cp.async) while
+//    the run before computes, and lane u computes the run's token u decay e^g and β;
+//  - token t's update and output sum are fused with token t+1's decay and kv sum,
+//    S[i] += k_i·δ; o += S[i]·q_i; S[i] *= e^g'; kv' += S[i]·k'_i, so two independent
+//    sums advance together. Every S[i] sees update(t) then decay(t+1), and both sums
+//    keep their i order: the bits of the loops one after another (and of dn_step).
 template <int DK>
 __device__ __forceinline__ void dn_recurrence_body(
     const float* __restrict__ conv_out, int n_tok, int conv_dim, const float* __restrict__ beta_src,
@@ -166,7 +187,12 @@ __device__ __forceinline__ void dn_recurrence_body(
     const int* __restrict__ alpha_idx, const float* __restrict__ a, const float* __restrict__ dt_bias,
     const int* __restrict__ k_head_of, float* __restrict__ state, int n_k_heads, int n_v_heads,
     float* __restrict__ out) {
-  __shared__ float sq[DK], sk[DK];
+  constexpr int R = SC_DN_RUN;
+  __shared__ __align__(16) float sq[2][R][DK];
+  __shared__ __align__(16) float sk[2][R][DK];
+  __shared__ float sv[2][R][32];
+  __shared__ float sab[2][2][R];  // raw α, β of the run
+  __shared__ float sgb[2][2][R];  // e^g, β of the run
   const int lane = threadIdx.x;
   const int h = blockIdx.x;
   const int j = blockIdx.y * 32 + lane;
@@ -178,20 +204,97 @@ __device__ __forceinline__ void dn_recurrence_body(
   float S[DK];
 #pragma unroll
   for (int i = 0; i < DK; i++) S[i] = sh[(size_t)i * DK + j];
-  for (int t = 0; t < n_tok; t++) {
-    const float* row = conv_out + (size_t)t * conv_dim;
-    __syncwarp();
+  if (n_tok <= 0) return;
+  const int n_runs = (n_tok + R - 1) / R;
+  // Issues the copies of run `r` into buffer r & 1.
+  auto stage = [&](int r) {
+    const int b = r & 1, t0 = r * R, n = min(R, n_tok - t0);
+    for (int u = 0; u < n; u++) {
+      const float* row = conv_out + (size_t)(t0 + u) * conv_dim;
 #pragma unroll
-    for (int m = 0; m < DK / 32; m++) {
-      sq[lane + 32 * m] = row[kh * DK + lane + 32 * m];
-      sk[lane + 32 * m] = row[kd + kh * DK + lane + 32 * m];
+      for (int m = 0; m < DK / 32; m++) {
+        sc_cp_async4(&sq[b][u][lane + 32 * m], row + kh * DK + lane + 32 * m);
+        sc_cp_async4(&sk[b][u][lane + 32 * m], row + kd + kh * DK + lane + 32 * m);
+      }
+      sc_cp_async4(&sv[b][u][lane], row + 2 * kd + h * DK + j);
+    }
+    if (lane < n) {
+      sc_cp_async4(&sab[b][0][lane], alpha_src + (size_t)(t0 + lane) * alpha_stride + ai);
+      sc_cp_async4(&sab[b][1][lane], beta_src + (size_t)(t0 + lane) * beta_stride + bi);
+    }
+    sc_cp_async_commit();
+  };
+  // Waits for the run staged last and computes its decays and βs.
+  auto arrive = [&](int r) {
+    const int b = r & 1;
+    sc_cp_async_wait_all();
+    __syncwarp();
+    if (lane < min(R, n_tok - r * R)) {
+      const float g = sc_mul(ah, sc_softplus(sc_add(sab[b][0][lane], dtb)));
+      sgb[b][0][lane] = sc_exp(g);
+      sgb[b][1][lane] = sc_sigmoid(sab[b][1][lane]);
     }
     __syncwarp();
-    const float v = row[2 * kd + h * DK + j];
-    const float g = sc_mul(ah, sc_softplus(sc_add(alpha_src[(size_t)t * alpha_stride + ai], dtb)));
-    const float beta = sc_sigmoid(beta_src[(size_t)t * beta_stride + bi]);
-    const float o = sc_dn_update<DK>(S, sq, sk, v, sc_exp(g), beta);
+  };
+  stage(0);
+  arrive(0);
+  if (n_runs > 1) stage(1);
+  // Token 0's decay and kv.
+  float kv = 0.0f;
+  {
+    const float d0 = sgb[0][0][0];
+#pragma unroll
+    for (int i = 0; i < DK; i++) {
+      S[i] = sc_mul(S[i], d0);
+      kv = sc_add(kv, sc_mul(S[i], sk[0][0][i]));
+    }
+  }
+  for (int t = 0; t < n_tok; t++) {
+    const int r = t / R, u = t - r * R, b = r & 1;
+    const bool last = t + 1 == n_tok;
+    if (!last && u == R - 1) arrive(r + 1);  // token t+1 opens the next run
+    const float delta = sc_mul(sgb[b][1][u], sc_sub(sv[b][u][lane], kv));
+    const float* qt = sq[b][u];
+    const float* kt = sk[b][u];
+    float o = 0.0f;
+    if (last) {
+#pragma unroll
+      for (int i = 0; i < DK; i += 4) {
+        const float4 k4 = *(const float4*)(kt + i), q4 = *(const float4*)(qt + i);
+        const float kk[4] = {k4.x, k4.y, k4.z, k4.w}, qq[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          S[i + c] = sc_add(S[i + c], sc_mul(kk[c], delta));
+          o = sc_add(o, sc_mul(S[i + c], qq[c]));
+        }
+      }
+    } else {
+      const int t1 = t + 1, r1 = t1 / R, u1 = t1 - r1 * R, b1 = r1 & 1;
+      const float* kn = sk[b1][u1];
+      const float d1 = sgb[b1][0][u1];
+      float kv1 = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DK; i += 4) {
+        const float4 k4 = *(const float4*)(kt + i), q4 = *(const float4*)(qt + i);
+        const float4 n4 = *(const float4*)(kn + i);
+        const float kk[4] = {k4.x, k4.y, k4.z, k4.w}, qq[4] = {q4.x, q4.y, q4.z, q4.w};
+        const float nn[4] = {n4.x, n4.y, n4.z, n4.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          S[i + c] = sc_add(S[i + c], sc_mul(kk[c], delta));
+          o = sc_add(o, sc_mul(S[i + c], qq[c]));
+          S[i + c] = sc_mul(S[i + c], d1);
+          kv1 = sc_add(kv1, sc_mul(S[i + c], nn[c]));
+        }
+      }
+      kv = kv1;
+    }
     out[(size_t)t * n_v_heads * DK + (size_t)h * DK + j] = o;
+    // This run's buffer is free once its last token is done: stage the run after next.
+    if (u == R - 1 && r + 2 < n_runs) {
+      __syncwarp();
+      stage(r + 2);
+    }
   }
 #pragma unroll
   for (int i = 0; i < DK; i++) sh[(size_t)i * DK + j] = S[i];

@@ -8,8 +8,10 @@ use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
 use crate::ops::quant::QAct;
 
-/// Query rows and keys per attn_core tile (kernels/attention.cu SC_AQ, SC_AK).
+/// Query rows and keys per attn_core tile (kernels/attention.cu SC_AQ, SC_AK), and
+/// the query rows of the wide launches (8 warps) that prompts of one key range take.
 const AQ: usize = 16;
+const AQ_WIDE: usize = 32;
 const AK: usize = 32;
 /// The largest head dimension attn_prep takes (SC_MAX_HD).
 const MAX_HD: usize = 256;
@@ -18,24 +20,31 @@ const MAX_SPLIT: usize = 64;
 /// Fewest keys worth a split of their own.
 const KEYS_PER_SPLIT: usize = 64;
 
-/// Dynamic shared memory of attn_core for a head dimension: the Q tile, the K tile
-/// (rows padded by one float) and the V tile.
-pub(crate) fn core_smem(hd: usize) -> u32 {
-    ((AQ * hd + AK * (hd + 1) + AK * hd) * 4) as u32
+/// Dynamic shared memory of attn_core for a head dimension (`wide`: the 32-row
+/// launches): the Q tile, the K tile (rows padded by one float) and the V tile.
+pub(crate) fn core_smem(hd: usize, wide: bool) -> u32 {
+    let aq = if wide { AQ_WIDE } else { AQ };
+    ((aq * hd + AK * (hd + 1) + AK * hd) * 4) as u32
 }
 
-fn core_kernel(hd: usize, rows: bool) -> Option<K> {
-    match (hd, rows) {
-        (32, false) => Some(K::AttnCoreHd32),
-        (64, false) => Some(K::AttnCoreHd64),
-        (128, false) => Some(K::AttnCoreHd128),
-        (256, false) => Some(K::AttnCoreHd256),
-        (32, true) => Some(K::AttnCoreRowsHd32),
-        (64, true) => Some(K::AttnCoreRowsHd64),
-        (128, true) => Some(K::AttnCoreRowsHd128),
-        (256, true) => Some(K::AttnCoreRowsHd256),
-        _ => None,
-    }
+/// The launch for a head dimension: rows mode, wide (a prompt of one key range) or
+/// the general one.
+fn core_kernel(hd: usize, rows: bool, wide: bool) -> Option<K> {
+    Some(match (hd, rows, wide) {
+        (32, true, _) => K::AttnCoreRowsHd32,
+        (64, true, _) => K::AttnCoreRowsHd64,
+        (128, true, _) => K::AttnCoreRowsHd128,
+        (256, true, _) => K::AttnCoreRowsHd256,
+        (32, false, true) => K::AttnCoreWideHd32,
+        (64, false, true) => K::AttnCoreWideHd64,
+        (128, false, true) => K::AttnCoreWideHd128,
+        (256, false, true) => K::AttnCoreWideHd256,
+        (32, false, false) => K::AttnCoreHd32,
+        (64, false, false) => K::AttnCoreHd64,
+        (128, false, false) => K::AttnCoreHd128,
+        (256, false, false) => K::AttnCoreHd256,
+        _ => return None,
+    })
 }
 
 impl Gpu {
@@ -219,12 +228,12 @@ impl Gpu {
         kv_tab: u64,
     ) -> Result<bool, CudaError> {
         const KN: &str = "attn_core";
-        let k = core_kernel(head_dim, kv_tab != 0).ok_or_else(|| {
-            CudaError::bad(
+        if core_kernel(head_dim, false, false).is_none() {
+            return Err(CudaError::bad(
                 KN,
                 format!("head_dim {head_dim} (32, 64, 128 or 256 supported)"),
-            )
-        })?;
+            ));
+        }
         if n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(CudaError::bad(
                 KN,
@@ -239,17 +248,6 @@ impl Gpu {
         }
         if n_tok == 0 || n_head == 0 {
             return Ok(false);
-        }
-        let smem = core_smem(head_dim);
-        if smem > 48 * 1024 && smem > self.funcs.smem_optin {
-            return Err(CudaError::bad(
-                KN,
-                format!(
-                    "head_dim {head_dim} needs {} of shared memory per block; this GPU allows {}",
-                    gib(smem as u64),
-                    gib(self.funcs.smem_optin as u64)
-                ),
-            ));
         }
         let group = n_head / n_head_kv;
         let rows_mode = kv_tab != 0;
@@ -275,6 +273,31 @@ impl Gpu {
         if n_split > 1 {
             addr(KN, "scratch", scratch, 4)?;
         }
+        // A prompt of one key range and more rows than one block: the wide launch
+        // (the same bits per row), when this GPU gives it the shared memory.
+        let wide = !rows_mode
+            && n_split == 1
+            && n_tok * group > AQ
+            && core_smem(head_dim, true) <= self.funcs.smem_optin.max(48 * 1024);
+        let (k, smem) = match core_kernel(head_dim, rows_mode, wide) {
+            Some(k) => (k, core_smem(head_dim, wide)),
+            None => return Err(CudaError::bad(KN, format!("head_dim {head_dim}"))),
+        };
+        if smem > 48 * 1024 && smem > self.funcs.smem_optin {
+            return Err(CudaError::bad(
+                KN,
+                format!(
+                    "head_dim {head_dim} needs {} of shared memory per block; this GPU allows {}",
+                    gib(smem as u64),
+                    gib(self.funcs.smem_optin as u64)
+                ),
+            ));
+        }
+        let (row_tiles, threads) = if wide {
+            ((n_tok * group).div_ceil(AQ_WIDE), 256)
+        } else {
+            (row_tiles, 128)
+        };
         let scale = 1.0f32 / (head_dim as f32).sqrt();
         let args = [
             Arg::P(addr(KN, "q", q, 16)?),
@@ -302,7 +325,7 @@ impl Gpu {
         ];
         let q_out = qact_args(KN, oq, false)?;
         let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];
-        self.launch(k, grid, 128, smem, &args)?;
+        self.launch(k, grid, threads, smem, &args)?;
         if n_split > 1 {
             let args = [
                 Arg::P(scratch),

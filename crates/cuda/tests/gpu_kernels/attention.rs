@@ -2,6 +2,7 @@
 //! an f64 softmax attention within 1e-5 of the output's scale.
 
 use crate::{assert_bits, down, gpu, poisoned, up, QOut, Rng};
+use cuda::QAct;
 
 /// The host's rope table [n_ctx][n_rot/2][2] = (cos, sin), as model::math computes them.
 pub fn rope_table(n_ctx: usize, n_rot: usize, theta: f32) -> Vec<f32> {
@@ -334,5 +335,38 @@ fn attn_core_matches_softmax_attention() {
             );
         }
         assert_bits(&run(), &got, &format!("{what}: run to run"));
+        // A prompt (the wide launch once it has more rows than a block) gives each
+        // token the bits of its one-token call, where that takes one key range too.
+        if c.n_tok > 1 && g.attn_scratch_bytes(1, nh, nkv, hd, c.n_ctx) == 0 {
+            for t in 0..c.n_tok {
+                let row = |v: &[f32], w: usize| up(&g, &v[t * w..(t + 1) * w]);
+                let (q1, g1) = (row(&q, nh * hd), row(&gate_raw, nh * q_stride));
+                let pos1 = up(&g, &[(c.pos0 + t) as i32]);
+                let out = poisoned(&g, nh * hd);
+                g.attn_core(
+                    q1.ptr(),
+                    1,
+                    pos1.ptr(),
+                    nh,
+                    nkv,
+                    hd,
+                    dk.ptr(),
+                    dv.ptr(),
+                    c.n_ctx,
+                    if c.gated { g1.ptr() } else { 0 },
+                    q_stride,
+                    out.ptr(),
+                    0,
+                    QAct::NONE,
+                    0,
+                )
+                .unwrap();
+                assert_bits(
+                    &down(&g, &out),
+                    &got[t * nh * hd..(t + 1) * nh * hd],
+                    &format!("{what}: token {t} alone"),
+                );
+            }
+        }
     }
 }

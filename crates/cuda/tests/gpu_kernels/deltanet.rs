@@ -79,6 +79,16 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
             tiled: false,
             fused: false,
         },
+        // The recurrence stages runs of 16 tokens: two whole runs, the last token
+        // closing the second.
+        Case {
+            n_k_heads: 2,
+            n_v_heads: 4,
+            d: 64,
+            n_tok: 32,
+            tiled: false,
+            fused: false,
+        },
         // dn_conv in several parallel runs of tokens, the last one partial.
         Case {
             n_k_heads: 1,
