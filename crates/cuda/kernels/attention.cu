@@ -125,14 +125,14 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(
 // does (n_head / n_head_kv <= SC_AQ), writing token b's rows of out and scratch.
 // attn_combine over n_tok tokens then merges every token's splits alike.
 // A block has NW warps of 4 query rows each: SC_AWARPS (16 rows) in general; the
-// wide launches (attn_core_wide_*, SC_AWARPS_WIDE: 32 rows) serve prompts that take
-// one key range, where twice the rows share each K/V tile's load and more warps hide
-// its latency. Each row's operations (its keys in tiles of 32 from 0) are the same in
+// wide launches (attn_core_wide_*, SC_AWARPS_WIDE: 64 rows) serve prompts that take
+// one key range, where four times the rows share each K/V tile's load and more warps
+// hide its latency. Each row's operations (its keys in tiles of 32 from 0) are the same in
 // both, so are its bits.
 #define SC_AQ 16      // query rows per block
 #define SC_AK 32      // keys per tile
 #define SC_AWARPS 4   // 4 rows per warp
-#define SC_AWARPS_WIDE 8
+#define SC_AWARPS_WIDE 16
 
 // The gated output of one row: o / l, times sigmoid(gate) when gated.
 __device__ __forceinline__ float sc_attn_out(float o, float l, const float* gate, size_t gi) {

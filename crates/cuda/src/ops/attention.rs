@@ -9,9 +9,9 @@ use crate::kernels::K;
 use crate::ops::quant::QAct;
 
 /// Query rows and keys per attn_core tile (kernels/attention.cu SC_AQ, SC_AK), and
-/// the query rows of the wide launches (8 warps) that prompts of one key range take.
+/// the query rows of the wide launches (16 warps) that prompts of one key range take.
 const AQ: usize = 16;
-const AQ_WIDE: usize = 32;
+const AQ_WIDE: usize = 64;
 const AK: usize = 32;
 /// The largest head dimension attn_prep takes (SC_MAX_HD).
 const MAX_HD: usize = 256;
@@ -20,7 +20,7 @@ const MAX_SPLIT: usize = 64;
 /// Fewest keys worth a split of their own.
 const KEYS_PER_SPLIT: usize = 64;
 
-/// Dynamic shared memory of attn_core for a head dimension (`wide`: the 32-row
+/// Dynamic shared memory of attn_core for a head dimension (`wide`: the 64-row
 /// launches): the Q tile, the K tile (rows padded by one float) and the V tile.
 pub(crate) fn core_smem(hd: usize, wide: bool) -> u32 {
     let aq = if wide { AQ_WIDE } else { AQ };
@@ -294,7 +294,7 @@ impl Gpu {
             ));
         }
         let (row_tiles, threads) = if wide {
-            ((n_tok * group).div_ceil(AQ_WIDE), 256)
+            ((n_tok * group).div_ceil(AQ_WIDE), (32 * AQ_WIDE / 4) as u32)
         } else {
             (row_tiles, 128)
         };
