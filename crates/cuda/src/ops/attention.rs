@@ -8,11 +8,13 @@ use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
 use crate::ops::quant::QAct;
 
-/// Query rows and keys per attn_core tile (kernels/attention.cu SC_AQ, SC_AK), and
-/// the query rows of the wide launches (16 warps) that prompts of one key range take.
+/// Query rows and keys per attn_core tile (kernels/attention.cu SC_AQ, SC_AK), the
+/// query rows of the wide launches that prompts of one key range take (16 warps),
+/// and the query rows each warp of either takes.
 const AQ: usize = 16;
 const AQ_WIDE: usize = 64;
 const AK: usize = 32;
+const ROWS_PER_WARP: usize = 4;
 /// The largest head dimension attn_prep takes (SC_MAX_HD).
 const MAX_HD: usize = 256;
 /// Most key splits of one decode step.
@@ -228,12 +230,13 @@ impl Gpu {
         kv_tab: u64,
     ) -> Result<bool, CudaError> {
         const KN: &str = "attn_core";
-        if core_kernel(head_dim, false, false).is_none() {
-            return Err(CudaError::bad(
+        let unsupported = || {
+            CudaError::bad(
                 KN,
                 format!("head_dim {head_dim} (32, 64, 128 or 256 supported)"),
-            ));
-        }
+            )
+        };
+        core_kernel(head_dim, false, false).ok_or_else(unsupported)?;
         if n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(CudaError::bad(
                 KN,
@@ -257,19 +260,8 @@ impl Gpu {
                 format!("rows mode takes at most {AQ} query heads per KV head, not {group}"),
             ));
         }
-        // Rows mode: one block row per token (its own sequence), split as one token.
-        let (row_tiles, split_tokens) = if rows_mode {
-            (n_tok, 1)
-        } else {
-            ((n_tok * group).div_ceil(AQ), n_tok)
-        };
-        if row_tiles > MAX_GRID_YZ {
-            return Err(CudaError::bad(
-                KN,
-                format!("{n_tok} tokens in one call is too many (split the prompt)"),
-            ));
-        }
-        let n_split = self.attn_splits(split_tokens, n_head, n_head_kv, n_ctx);
+        // Rows mode: each token is a sequence of its own, split as one token.
+        let n_split = self.attn_splits(if rows_mode { 1 } else { n_tok }, n_head, n_head_kv, n_ctx);
         if n_split > 1 {
             addr(KN, "scratch", scratch, 4)?;
         }
@@ -279,10 +271,21 @@ impl Gpu {
             && n_split == 1
             && n_tok * group > AQ
             && core_smem(head_dim, true) <= self.funcs.smem_optin.max(48 * 1024);
-        let (k, smem) = match core_kernel(head_dim, rows_mode, wide) {
-            Some(k) => (k, core_smem(head_dim, wide)),
-            None => return Err(CudaError::bad(KN, format!("head_dim {head_dim}"))),
+        let aq = if wide { AQ_WIDE } else { AQ };
+        // Rows mode: one block row per token.
+        let row_tiles = if rows_mode {
+            n_tok
+        } else {
+            (n_tok * group).div_ceil(aq)
         };
+        if row_tiles > MAX_GRID_YZ {
+            return Err(CudaError::bad(
+                KN,
+                format!("{n_tok} tokens in one call is too many (split the prompt)"),
+            ));
+        }
+        let k = core_kernel(head_dim, rows_mode, wide).ok_or_else(unsupported)?;
+        let smem = core_smem(head_dim, wide);
         if smem > 48 * 1024 && smem > self.funcs.smem_optin {
             return Err(CudaError::bad(
                 KN,
@@ -293,11 +296,7 @@ impl Gpu {
                 ),
             ));
         }
-        let (row_tiles, threads) = if wide {
-            ((n_tok * group).div_ceil(AQ_WIDE), (32 * AQ_WIDE / 4) as u32)
-        } else {
-            (row_tiles, 128)
-        };
+        let threads = (32 * aq / ROWS_PER_WARP) as u32;
         let scale = 1.0f32 / (head_dim as f32).sqrt();
         let args = [
             Arg::P(addr(KN, "q", q, 16)?),
