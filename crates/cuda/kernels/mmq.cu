@@ -11,11 +11,15 @@
 //   the 32 accumulators are combined by the fixed tree (w = 16, 8, 4, 2, 1). Walking
 //   the accumulators in bit-reversed order (0, 16, 8, 24, 4, ...) visits the tree's
 //   leaves left to right, so each can be finished in turn and folded into a stack of
-//   five partial sums like a binary counter: leaf n merges with the stack as many
-//   times as n has trailing one bits. Each addition is one of the tree's (addition is
+//   partial sums like a binary counter: leaf n merges with the stack as many times as
+//   n has trailing one bits. Each addition is one of the tree's (addition is
 //   commutative, so the operand order does not matter), and a thread keeps 6 floats
 //   per output instead of 32. Empty leaves (l >= the row's sub-block count) are +0.0,
 //   exactly as in the canonical sequence.
+// - An even leaf and the odd leaf after it sum into two register banks, so the even
+//   one is already in place when the odd one ends; the pair's sum then merges with
+//   stack level 1 (registers) and levels 2-4 (shared memory), the depth a
+//   compile-time case, so the fold is straight-line code.
 //
 // A block computes 64 weight rows × 32 tokens (4 warps of 16 rows, each 4 mma tiles of
 // 8 tokens); K advances 4 sub-blocks per stage, in the leaf order above, through
@@ -45,8 +49,8 @@ struct Tile {
 // of the row is set, so that the fragment reads of 8 rows × 4 words hit 32 banks.
 __device__ __forceinline__ int mq_word(int row, int w) { return w ^ (((row >> 2) & 1) << 2); }
 
-// A sub-block's scales: d, dmin, and two integers (Q4_K/Q5_K: sc, m; Q6_K: the two
-// half scales; IQ4_XS: ls - 32).
+// A sub-block's scales: d, dmin, and two integers (Q4_K/Q5_K: sc, and m as the bits
+// of float(m); Q6_K: the two half scales; IQ4_XS: ls - 32).
 struct MqScale {
   float d, dmin;
   int a, b;
@@ -83,7 +87,7 @@ __device__ __forceinline__ void mq_decode(const uint8_t* row, int s, uint32_t* q
     p.d = w.d;
     p.dmin = w.dmin;
     p.a = w.sc;
-    p.b = w.m;
+    p.b = __float_as_int((float)w.m);
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = w.q[i];
   } else if constexpr (TY == SC_T_Q6_K) {
@@ -104,11 +108,17 @@ __device__ __forceinline__ void mq_decode(const uint8_t* row, int s, uint32_t* q
   }
 }
 
-// The contribution of one (row, token, sub-block) from its integer dot(s).
+// The contribution of one (row, token, sub-block) from its integer dot(s). `asum` is
+// the activation sum as a float (exact: |asum| <= 32·127).
 template <int TY>
-__device__ __forceinline__ float mq_finish(const MqScale& p, int dot, int dot_hi, float da, int asum) {
+__device__ __forceinline__ float mq_finish(const MqScale& p, int dot, int dot_hi, float da, float asum) {
   if constexpr (TY == SC_T_Q4_K || TY == SC_T_Q5_K) {
-    return sc_finish_k(p.d, p.dmin, p.a, p.b, da, asum, dot, TY == SC_T_Q4_K);
+    // sc_finish_k's sequence; its im = m·asum is float(m)·float(asum), one exact
+    // multiply (|m·asum| <= 63·32·127 < 2^24) in place of an integer one and a
+    // conversion.
+    const int is = p.a * dot;
+    const float c = sc_mul(sc_mul(p.d, da), TY == SC_T_Q4_K ? sc_i2f_small(is) : sc_i2f(is));
+    return sc_fma(-sc_mul(p.dmin, da), sc_mul(__int_as_float(p.b), asum), c);
   } else if constexpr (TY == SC_T_Q6_K) {
     return sc_finish_d(p.d, da, p.a * dot + p.b * dot_hi);
   } else if constexpr (TY == SC_T_IQ4_XS) {
@@ -143,27 +153,35 @@ __device__ __forceinline__ void mq_mma_k16(int* c, uint32_t a0, uint32_t a1, uin
 #endif
 }
 
-// Leaf `n` (0..31, in bit-reversed order) of one output's tree: fold `v` into the
-// stack (level 0 in `st0`, level l >= 1 at st[(l - 1) * MQ_STACK_STRIDE]); after leaf
-// 31 the whole tree's value is in `v`. Levels 1-4 live in shared memory: they are
-// touched at most 16 times per output, and registers are better spent on more
-// blocks per SM.
+// Each thread's 16 outputs (4 token tiles × 4 values of the mma fragment).
+typedef float MqOut[4][4];
+
+// Stack levels 2-4 in shared memory, [level - 2][output][thread]: each is touched at
+// most 8 times per output, and registers are better spent on more blocks per SM.
 #define MQ_STACK_STRIDE (16 * 128)
-__device__ __forceinline__ void mq_push(float& v, float& st0, float* st, int n) {
-  if (!(n & 1)) {
-    st0 = v;
-    return;
-  }
-  v = sc_add(st0, v);
+
+// The end of odd leaf n, whose n >> 1 has T trailing one bits: the pair (even leaf in
+// `ev`, odd in `od`) merges with levels 1..T and is stored at level T + 1; after leaf
+// 31 (T = 4) `ev` holds each output's whole tree. Both banks restart from +0.0.
+template <int T>
+__device__ __forceinline__ void mq_fold(MqOut& ev, MqOut& od, MqOut& l1, float* st) {
 #pragma unroll
-  for (int lvl = 1; lvl < 5; lvl++) {
-    if ((n >> lvl) & 1) {
-      v = sc_add(st[(lvl - 1) * MQ_STACK_STRIDE], v);
-    } else {
-      st[(lvl - 1) * MQ_STACK_STRIDE] = v;
-      return;
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float* so = st + (i * 4 + j) * 128;
+      float v = sc_add(ev[i][j], od[i][j]);
+      if constexpr (T == 0) {
+        l1[i][j] = v;
+      } else {
+        v = sc_add(l1[i][j], v);
+#pragma unroll
+        for (int lvl = 2; lvl <= T; lvl++) v = sc_add(so[(lvl - 2) * MQ_STACK_STRIDE], v);
+        if constexpr (T < 4) so[(T - 1) * MQ_STACK_STRIDE] = v;
+      }
+      ev[i][j] = T == 4 ? v : 0.0f;
+      od[i][j] = 0.0f;
     }
-  }
 }
 
 template <int TY>
@@ -176,13 +194,13 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
   __shared__ __align__(16) uint32_t sa[MQ_KS][MQ_BN][8];
   __shared__ MqScale sp[MQ_KS][MQ_BM];
   __shared__ float sda[MQ_KS][MQ_BN];
-  __shared__ int sas[MQ_KS][MQ_BN];
+  __shared__ float sas[MQ_KS][MQ_BN];  // activation sums as floats (exact)
   __shared__ short order[MQ_MAX_SUB];            // sub-block of each step, leaf by leaf
   __shared__ unsigned char pushes[MQ_MAX_SUB];   // leaves that end after this step
   __shared__ int in_row[MQ_BN], out_row[MQ_BN];
   __shared__ int s_expert;
-  // The outputs' stacks, levels 1-4: [level][output q of the thread][thread]
-  // (dynamic, 32 KiB).
+  // The outputs' stack levels 2-4: [level - 2][output q of the thread][thread]
+  // (dynamic, 24 KiB).
   extern __shared__ float mq_stack[];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -239,12 +257,17 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
     __syncthreads();
     const uint8_t* wexp = w + (unsigned long long)s_expert * expert_bytes;
 
-    float acc[4][4], st0[4][4];
+    // Even and odd leaves' sums, and stack level 1.
+    MqOut ev, od, l1;
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
-      for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    int leaf = 0;
+      for (int j = 0; j < 4; j++) {
+        ev[i][j] = 0.0f;
+        od[i][j] = 0.0f;
+      }
+    int leaf = 0;  // the leaf the next step belongs to
+    float* const st = mq_stack + tid;
 
     for (int k0 = 0; k0 < n_sub; k0 += MQ_KS) {
       __syncthreads();  // the previous stage is consumed
@@ -285,12 +308,12 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
         dst[sw4] = v0;
         dst[sw4 ^ 1] = v1;
         sda[e][j] = da;
-        sas[e][j] = as;
+        sas[e][j] = (float)as;
       }
       __syncthreads();
 
-#pragma unroll 1
-      for (int e = 0; e < MQ_KS && k0 + e < n_sub; e++) {
+      // One step: sub-block e's products, summed into the bank of the step's leaf.
+      auto step = [&](int e, MqOut& acc) {
         const int wr = warp * 16 + g;
         // Rows wr and wr + 8 share bit 2, so one swizzle serves both.
         const int w0 = mq_word(wr, t4), w1 = mq_word(wr, 4 + t4);
@@ -313,30 +336,37 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
           }
           const int j0 = nt * 8 + 2 * t4;
           const float da0 = sda[e][j0], da1 = sda[e][j0 + 1];
-          const int as0 = sas[e][j0], as1 = sas[e][j0 + 1];
+          const float as0 = sas[e][j0], as1 = sas[e][j0 + 1];
           acc[nt][0] = sc_add(acc[nt][0], mq_finish<TY>(p0, c[0], h[0], da0, as0));
           acc[nt][1] = sc_add(acc[nt][1], mq_finish<TY>(p0, c[1], h[1], da1, as1));
           acc[nt][2] = sc_add(acc[nt][2], mq_finish<TY>(p1, c[2], h[2], da0, as0));
           acc[nt][3] = sc_add(acc[nt][3], mq_finish<TY>(p1, c[3], h[3], da1, as1));
         }
-        // Leaves that end here: fold each output's accumulator (then +0.0 for the
-        // empty leaves after it) into its stack.
+      };
+#pragma unroll 1
+      for (int e = 0; e < MQ_KS && k0 + e < n_sub; e++) {
+        if (leaf & 1) {
+          step(e, od);
+        } else {
+          step(e, ev);
+        }
+        // Leaves that end here (this one, then the empty ones after it, whose sums
+        // are the banks' +0.0): an even one stays in `ev`; an odd one folds the pair.
         const int np = pushes[k0 + e];
-        for (int k = 0; k < np; k++) {
-#pragma unroll
-          for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-              float v = acc[i][j];
-              mq_push(v, st0[i][j], mq_stack + (i * 4 + j) * 128 + tid, leaf);
-              acc[i][j] = leaf == 31 ? v : 0.0f;
-            }
-          leaf++;
+        for (int k = 0; k < np; k++, leaf++) {
+          if (!(leaf & 1)) continue;
+          switch (__ffs(~(leaf >> 1)) - 1) {
+            case 0: mq_fold<0>(ev, od, l1, st); break;
+            case 1: mq_fold<1>(ev, od, l1, st); break;
+            case 2: mq_fold<2>(ev, od, l1, st); break;
+            case 3: mq_fold<3>(ev, od, l1, st); break;
+            default: mq_fold<4>(ev, od, l1, st); break;
+          }
         }
       }
     }
 
-    // acc holds each output's tree value.
+    // `ev` holds each output's tree value.
     const int wr = r0 + warp * 16 + g;
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
@@ -345,7 +375,7 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
       for (int q = 0; q < 4; q++) {
         const int r = wr + (q >> 1) * 8;
         const int o = out_row[j0 + (q & 1)];
-        if (r < n_rows && o >= 0) out[(size_t)o * n_rows + r] = acc[nt][q];
+        if (r < n_rows && o >= 0) out[(size_t)o * n_rows + r] = ev[nt][q];
       }
     }
   }

@@ -273,8 +273,8 @@ const MV_ROWS_PER_BLOCK: usize = 4;
 const MMQ_ROWS: usize = 64;
 const MMQ_TOKENS: usize = 32;
 const MMQ_MAX_SUB: usize = 512;
-/// The GEMM's dynamic shared memory: 4 stack levels × 16 outputs × 128 threads of f32.
-pub(crate) const MMQ_DYN_SMEM: u32 = 4 * 16 * 128 * 4;
+/// The GEMM's dynamic shared memory: 3 stack levels (2-4) × 16 outputs × 128 threads of f32.
+pub(crate) const MMQ_DYN_SMEM: u32 = 3 * 16 * 128 * 4;
 
 /// Tiles the GEMM reads as one unit: [`TileShape::Grouped`] tiles share an expert in
 /// groups of this many.
