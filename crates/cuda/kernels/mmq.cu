@@ -4,9 +4,10 @@
 //
 // How the canonical order survives a tiled GEMM:
 // - Each sub-block's integer dot is one mma with K = 32 (two with K = 16 for Q6_K,
-//   whose two 16-value halves have their own scales) started from zero: exact int32,
-//   however the tensor core sums it.
-// - Its float contribution is the one sequence of sc_formats.cuh (sc_finish_*).
+//   whose two 16-value halves have their own scales) started from a constant: exact
+//   int32, however the tensor core sums it.
+// - Its float contribution is the canonical sequence (sc_formats.cuh's sc_finish_*),
+//   with each exact integer formed as an exact float instead (mq_finish).
 // - Accumulator l (l = 0..31) takes sub-blocks l, l+32, ... in increasing order, and
 //   the 32 accumulators are combined by the fixed tree (w = 16, 8, 4, 2, 1). Walking
 //   the accumulators in bit-reversed order (0, 16, 8, 24, 4, ...) visits the tree's
@@ -49,18 +50,17 @@ struct Tile {
 // of the row is set, so that the fragment reads of 8 rows × 4 words hit 32 banks.
 __device__ __forceinline__ int mq_word(int row, int w) { return w ^ (((row >> 2) & 1) << 2); }
 
-// A sub-block's scales: d, dmin, and two integers (Q4_K/Q5_K: sc, and m as the bits
-// of float(m); Q6_K: the two half scales; IQ4_XS: ls - 32).
+// A sub-block's scales: d, dmin, and two integer scales as floats (exact; Q4_K/Q5_K:
+// sc, m; Q6_K: the two half scales; IQ4_XS: ls - 32).
 struct MqScale {
-  float d, dmin;
-  int a, b;
+  float d, dmin, a, b;
 };
 
 template <int TY>
 __device__ __forceinline__ void mq_decode(const uint8_t* row, int s, uint32_t* q, MqScale& p) {
   p.dmin = 0.0f;
-  p.a = 0;
-  p.b = 0;
+  p.a = 0.0f;
+  p.b = 0.0f;
   if constexpr (TY == SC_T_Q8_0) {
     WQ8_0 w;
     sc_load_q8_0(row, s, w);
@@ -86,45 +86,56 @@ __device__ __forceinline__ void mq_decode(const uint8_t* row, int s, uint32_t* q
     }
     p.d = w.d;
     p.dmin = w.dmin;
-    p.a = w.sc;
-    p.b = __float_as_int((float)w.m);
+    p.a = (float)w.sc;
+    p.b = (float)w.m;
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = w.q[i];
   } else if constexpr (TY == SC_T_Q6_K) {
     WQ6_K w;
     sc_load_q6_k(row, s, w);
     p.d = w.d;
-    p.a = w.sc_lo;
-    p.b = w.sc_hi;
+    p.a = (float)w.sc_lo;
+    p.b = (float)w.sc_hi;
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = w.q[i];
   } else {
     WIQ4 w;
     sc_load_iq4_xs(row, s, w);
     p.d = w.d;
-    p.a = w.scale;
+    p.a = (float)w.scale;
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = w.q[i];
   }
 }
 
-// The contribution of one (row, token, sub-block) from its integer dot(s). `asum` is
-// the activation sum as a float (exact: |asum| <= 32·127).
+// The mma accumulators start from MQ_MAGIC = the bits of 1.5·2^23, so a finished
+// accumulator holds the bits of the float 1.5·2^23 + dot (exact: every sub-block dot
+// here is below 2^22 in magnitude — Q8_0 and IQ4_XS 32·127·127, the others less), and
+// one subtraction gives float(dot) exactly, with no conversion instruction.
+#define MQ_MAGIC 0x4B400000
+__device__ __forceinline__ float mq_dot(int acc) { return sc_sub(__int_as_float(acc), 12582912.0f); }
+
+// The contribution of one (row, token, sub-block) from its accumulator(s) (`hi`: Q6_K's
+// second half). `asum` is the activation sum as a float (exact: |asum| <= 32·127).
+// Each integer of the canonical sequence (crates/quant/src/lib.rs) is below 2^24, so
+// a product or sum of exact floats that equals it is exact too: float(sc)·float(dot)
+// is float(sc·dot), and so on. Only a zero's sign can differ from the integer route
+// (0·-3 is -0.0), and it never shows: an accumulator starts at +0.0 and x + ±0 = x
+// for every x but -0.0, which a sum that starts at +0.0 never reaches.
 template <int TY>
-__device__ __forceinline__ float mq_finish(const MqScale& p, int dot, int dot_hi, float da, float asum) {
+__device__ __forceinline__ float mq_finish(const MqScale& p, int acc, int hi, float da, float asum) {
+  const float dot = mq_dot(acc);
   if constexpr (TY == SC_T_Q4_K || TY == SC_T_Q5_K) {
-    // sc_finish_k's sequence; its im = m·asum is float(m)·float(asum), one exact
-    // multiply (|m·asum| <= 63·32·127 < 2^24) in place of an integer one and a
-    // conversion.
-    const int is = p.a * dot;
-    const float c = sc_mul(sc_mul(p.d, da), TY == SC_T_Q4_K ? sc_i2f_small(is) : sc_i2f(is));
-    return sc_fma(-sc_mul(p.dmin, da), sc_mul(__int_as_float(p.b), asum), c);
+    // c = (d * da) * is; c = fma(-(dmin * da), im, c)
+    const float c = sc_mul(sc_mul(p.d, da), sc_mul(p.a, dot));
+    return sc_fma(-sc_mul(p.dmin, da), sc_mul(p.b, asum), c);
   } else if constexpr (TY == SC_T_Q6_K) {
-    return sc_finish_d(p.d, da, p.a * dot + p.b * dot_hi);
+    // isum = sc_lo·dot_lo + sc_hi·dot_hi, one rounding of an exact value
+    return sc_mul(sc_mul(p.d, da), sc_fma(p.a, dot, sc_mul(p.b, mq_dot(hi))));
   } else if constexpr (TY == SC_T_IQ4_XS) {
-    return sc_finish_d(p.d, da, p.a * dot);
+    return sc_mul(sc_mul(p.d, da), sc_mul(p.a, dot));
   } else {
-    return sc_finish_d(p.d, da, dot);
+    return sc_mul(sc_mul(p.d, da), dot);
   }
 }
 
@@ -135,7 +146,7 @@ __device__ __forceinline__ void mq_mma_k32(int* c, uint32_t a0, uint32_t a1, uin
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%10, %10, %10, %10};"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(MQ_MAGIC));
 #else
   __trap();
 #endif
@@ -147,7 +158,7 @@ __device__ __forceinline__ void mq_mma_k16(int* c, uint32_t a0, uint32_t a1, uin
       "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
       "{%7, %7, %7, %7};"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+      : "r"(a0), "r"(a1), "r"(b0), "r"(MQ_MAGIC));
 #else
   __trap();
 #endif
@@ -278,7 +289,7 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
         const int item = tid + 128 * it;
         const int e = item / MQ_BM, r = item % MQ_BM;
         uint32_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        MqScale p = {0.0f, 0.0f, 0, 0};
+        MqScale p = {0.0f, 0.0f, 0.0f, 0.0f};
         if (k0 + e < n_sub && r0 + r < n_rows) {
           mq_decode<TY>(wexp + (unsigned long long)(r0 + r) * row_bytes, order[k0 + e], q, p);
         }
@@ -327,7 +338,7 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
           const int tr = nt * 8 + g;
           const uint32_t b0 = sa[e][tr][mq_word(tr, t4)];
           const uint32_t b1 = sa[e][tr][mq_word(tr, 4 + t4)];
-          int c[4], h[4] = {0, 0, 0, 0};
+          int c[4], h[4] = {MQ_MAGIC, MQ_MAGIC, MQ_MAGIC, MQ_MAGIC};
           if constexpr (TY == SC_T_Q6_K) {
             mq_mma_k16(c, a0, a1, b0);
             mq_mma_k16(h, a2, a3, b1);
