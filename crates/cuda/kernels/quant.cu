@@ -156,6 +156,100 @@ SC_MATVEC_KERNEL(matvec_q5_k, SC_QDOT(WK, sc_load_q5_k, sc_contrib_k))
 SC_MATVEC_KERNEL(matvec_q6_k, SC_QDOT(WQ6_K, sc_load_q6_k, sc_contrib_q6_k))
 SC_MATVEC_KERNEL(matvec_iq4_xs, SC_QDOT(WIQ4, sc_load_iq4_xs, sc_contrib_iq4_xs))
 
+// ---------------------------------------------------------------- float matmul
+// Float weights × many tokens of a plain matrix (a prompt's router): SC_FDOT's
+// operations per (row, token) — lane l is accumulator l and takes elements l, l + 32,
+// ... in increasing order as acc = fma(w_i, x_i, acc), then the warp's tree — with a
+// block's rows and tokens staged in shared memory, so that each element a lane reads
+// serves 8 products instead of one. A block of 8 warps computes 16 rows × 32 tokens:
+// warp w takes rows 8·(w & 1) .. + 7 and tokens 8·(w >> 1) .. + 7, so each lane keeps
+// 64 accumulators. K advances SC_MF_K columns a stage; the next stage's elements are
+// loaded into registers while this one is multiplied. n_cols must be a multiple of
+// SC_MF_K (the host checks), so every element a lane takes exists.
+#define SC_MF_ROWS 16
+#define SC_MF_TOK 32
+#define SC_MF_K 128
+template <int TY>
+__device__ __forceinline__ void sc_mf_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int n_rows,
+                                           int n_cols, const float* __restrict__ x, int n_tok,
+                                           float* __restrict__ out) {
+  __shared__ float sw[SC_MF_ROWS][SC_MF_K];
+  __shared__ float sx[SC_MF_TOK][SC_MF_K];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r0 = blockIdx.x * SC_MF_ROWS, t0 = blockIdx.y * SC_MF_TOK;
+  const int wr = 8 * (warp & 1), wt = 8 * (warp >> 1);
+  constexpr int PW = SC_MF_ROWS * SC_MF_K / 256, PX = SC_MF_TOK * SC_MF_K / 256;
+  // Element tid + 256·q of the stage's tile: consecutive threads, consecutive columns.
+  float pw[PW], px[PX];
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int q = 0; q < PW; q++) {
+      const int e = tid + 256 * q, r = r0 + e / SC_MF_K;
+      const uint8_t* row = w + (unsigned long long)r * row_bytes;
+      const int i = k0 + e % SC_MF_K;
+      if constexpr (TY == SC_T_F32) {
+        pw[q] = r < n_rows ? sc_get_f32(row, i) : 0.0f;
+      } else if constexpr (TY == SC_T_F16) {
+        pw[q] = r < n_rows ? sc_get_f16(row, i) : 0.0f;
+      } else {
+        pw[q] = r < n_rows ? sc_get_bf16(row, i) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < PX; q++) {
+      const int e = tid + 256 * q, t = t0 + e / SC_MF_K;
+      px[q] = t < n_tok ? __ldg(x + (size_t)t * n_cols + k0 + e % SC_MF_K) : 0.0f;
+    }
+  };
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+  load(0);
+  for (int k0 = 0; k0 < n_cols; k0 += SC_MF_K) {
+    __syncthreads();  // the previous stage is consumed
+#pragma unroll
+    for (int q = 0; q < PW; q++) (&sw[0][0])[tid + 256 * q] = pw[q];
+#pragma unroll
+    for (int q = 0; q < PX; q++) (&sx[0][0])[tid + 256 * q] = px[q];
+    __syncthreads();
+    if (k0 + SC_MF_K < n_cols) load(k0 + SC_MF_K);
+#pragma unroll
+    for (int kk = 0; kk < SC_MF_K / 32; kk++) {
+      const int c = lane + 32 * kk;
+      float a[8], b[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) a[i] = sw[wr + i][c];
+#pragma unroll
+      for (int j = 0; j < 8; j++) b[j] = sx[wt + j][c];
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = sc_fma(a[i], b[j], acc[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const float v = sc_warp_sum(acc[i][j]);
+      const int r = r0 + wr + i, t = t0 + wt + j;
+      if (lane == 0 && r < n_rows && t < n_tok) out[(size_t)t * n_rows + r] = v;
+    }
+}
+
+#define SC_MF_KERNEL(NAME, TY)                                                                  \
+  extern "C" __global__ void __launch_bounds__(256, 1)                                        \
+      NAME(const uint8_t* __restrict__ w, unsigned long long row_bytes, int n_rows, int n_cols, \
+           const float* __restrict__ x, int n_tok, float* __restrict__ out) {                   \
+    sc_pdl_enter();                                                                             \
+    sc_mf_body<TY>(w, row_bytes, n_rows, n_cols, x, n_tok, out);                                \
+  }
+SC_MF_KERNEL(mm_f32, SC_T_F32)
+SC_MF_KERNEL(mm_f16, SC_T_F16)
+SC_MF_KERNEL(mm_bf16, SC_T_BF16)
+
 // ------------------------------------------------------------------------- embed
 // out[t][i] = element i of table row ids[t] (quant::dequantize_row).
 extern "C" __global__ void __launch_bounds__(256) embed(int ty, const uint8_t* __restrict__ table,

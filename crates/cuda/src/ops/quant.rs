@@ -64,6 +64,9 @@ pub(crate) struct TypeInfo {
     /// The tensor-core GEMM for many tokens (kernels/mmq.cu), same bits; quantized
     /// types only.
     mmq: Option<K>,
+    /// The shared-memory float matmul for many tokens of a plain matrix (`mm_*` in
+    /// kernels/quant.cu), same bits; float types only.
+    mmf: Option<K>,
     pub(crate) code: i32,
     block: usize,
     pub(crate) align: u64,
@@ -173,6 +176,12 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
         k1,
         k4,
         mmq,
+        mmf: match ty {
+            T::F32 => Some(K::MmF32),
+            T::F16 => Some(K::MmF16),
+            T::BF16 => Some(K::MmBf16),
+            _ => None,
+        },
         code,
         block,
         align,
@@ -275,6 +284,12 @@ const MMQ_TOKENS: usize = 32;
 const MMQ_MAX_SUB: usize = 512;
 /// The GEMM's dynamic shared memory: 3 stack levels (2-4) × 16 outputs × 128 threads of f32.
 pub(crate) const MMQ_DYN_SMEM: u32 = 3 * 16 * 128 * 4;
+
+/// The float matmul's block (kernels/quant.cu `mm_*`): weight rows × tokens, and the
+/// columns a stage takes (a row's length must be a multiple of it).
+const MMF_ROWS: usize = 16;
+const MMF_TOKENS: usize = 32;
+const MMF_K: usize = 128;
 
 /// Tiles the GEMM reads as one unit: [`TileShape::Grouped`] tiles share an expert in
 /// groups of this many.
@@ -454,6 +469,31 @@ impl Gpu {
             return Ok(());
         }
         let [ax, aq, ad, asum] = act_args(kn, ti.float, x, xq)?;
+        // Many tokens of a plain float matrix (a prompt's router): the shared-memory
+        // matmul (same bits per (row, token)).
+        let float_mm = ti.mmf.filter(|_| {
+            tiles == 0
+                && n_tok > TILE_TOKENS
+                && n_tok.div_ceil(MMF_TOKENS) <= MAX_GRID_YZ
+                && n_cols.is_multiple_of(MMF_K)
+        });
+        if let Some(k) = float_mm {
+            let args = [
+                Arg::P(w),
+                Arg::U64(row_bytes),
+                Arg::I32(int(kn, "n_rows", n_rows)?),
+                Arg::I32(int(kn, "n_cols", n_cols)?),
+                ax,
+                Arg::I32(int(kn, "n_tok", n_tok)?),
+                Arg::P(addr(kn, "out", out, 4)?),
+            ];
+            let grid = [
+                blocks(n_rows, MMF_ROWS)?,
+                n_tok.div_ceil(MMF_TOKENS) as u32,
+                1,
+            ];
+            return self.launch(k, grid, 256, 0, &args);
+        }
         // Many tokens of a dense product, or grouped tiles: the tensor-core GEMM when
         // the type and the device have one (same bits per (row, token)).
         let gemm = ti.mmq.filter(|_| {

@@ -346,6 +346,31 @@ fn gemm_matches_the_cpu_for_every_type_and_shape() {
 }
 
 #[test]
+fn float_matmul_matches_the_cpu() {
+    // More than 8 tokens of a plain float matrix whose rows are a multiple of 128
+    // long (a prompt's router) run on the shared-memory matmul (`mm_*`): rows and
+    // tokens that do not fill its 16 × 32 block, several stages of 128 columns, and
+    // the router's shape; every (row, token) must keep the canonical bits.
+    let Some(g) = gpu("float matmul") else {
+        return;
+    };
+    let mut rng = Rng::new(11);
+    for ty in TYPES.into_iter().filter(|&t| is_float(t)) {
+        for (n_rows, n_cols, n_tok) in [(7, 128, 9), (33, 384, 65), (512, 2048, 100)] {
+            let w = weights(ty, n_rows, n_cols, false, &mut rng);
+            let x = activations(n_tok, n_cols, &mut rng);
+            let got = gpu_matvec(&g, ty, &w, n_rows, n_cols, &x, n_tok);
+            let want = cpu_matmul(ty, &w, n_rows, n_cols, &x, n_tok);
+            assert_bits(
+                &got,
+                &want,
+                &format!("float matmul {ty} {n_rows}×{n_cols}, {n_tok} tokens"),
+            );
+        }
+    }
+}
+
+#[test]
 fn grouped_tiles_share_an_expert() {
     // A prompt's routed experts: groups of TILE_GROUP tiles of one expert (the last
     // tiles of a group may be empty), tokens gathered from any input row and
