@@ -3,7 +3,8 @@
 #
 #   bench/cpu-peer.sh SCORIA LLAMA_BENCH MODEL LOGDIR [THREADS] [DEADLINE_EPOCH_S]
 #
-# SCORIA       the scoria binary (built elsewhere; its commit in $SCORIA_COMMIT)
+# SCORIA       the scoria binary (built elsewhere; it records the commit it was built from,
+#              and $SCORIA_COMMIT, when set, overrides it)
 # LLAMA_BENCH  a llama-bench binary built elsewhere, CPU backend only (its commit in $PEER_COMMIT);
 #              this script neither fetches nor builds it
 # MODEL        the GGUF; when missing it is made with `scoria synth` ($GEOMETRY, $QUANT, seed 1)
@@ -37,7 +38,7 @@ ids() { # n seed
 stamp "machine"
 {
     date -u; uname -a; nproc; lscpu; free -g; df -h /tmp
-    echo "scoria_commit=${SCORIA_COMMIT:-unknown} peer_commit=${PEER_COMMIT:-unknown} threads=$T"
+    echo "scoria_commit=${SCORIA_COMMIT:-as built, below} peer_commit=${PEER_COMMIT:-unknown} threads=$T"
     "$SCORIA" --version
 } >"$LOG/machine.txt" 2>&1
 cat "$LOG/machine.txt"

@@ -3,7 +3,8 @@
 #
 #   bench/gpu-peer.sh SCORIA LLAMA_BENCH MODEL OUTDIR [NCMOE]
 #
-# SCORIA       the scoria binary, built with CUDA elsewhere (its commit in $SCORIA_COMMIT)
+# SCORIA       the scoria binary, built with CUDA elsewhere (it records the commit it was built
+#              from; $SCORIA_COMMIT, when set, overrides it)
 # LLAMA_BENCH  a llama-bench binary built with CUDA elsewhere (its commit in $PEER_COMMIT,
 #              else the build_commit it reports); this script neither fetches nor builds it
 # MODEL        the GGUF (must exist)
@@ -70,7 +71,7 @@ stamp "machine"
 {
     date -u; uname -a; nproc; lscpu; free -g; df -h /tmp
     nvidia-smi 2>&1 | head -15; nvidia-smi -L 2>&1
-    echo "scoria_commit=${SCORIA_COMMIT:-unknown} peer_commit=${PEER_COMMIT:-unknown} ncmoe=$NCMOE threads=$THREADS profile=$PROFILE"
+    echo "scoria_commit=${SCORIA_COMMIT:-as built, below} peer_commit=${PEER_COMMIT:-unknown} ncmoe=$NCMOE threads=$THREADS profile=$PROFILE"
     "$SCORIA" --version
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
@@ -120,7 +121,7 @@ SC_CMD=("$SCORIA" bench -m "$MODEL" --device "$DEVICE" -t "$THREADS" -p "$PP" -n
 if [ "$(left)" -gt 60 ]; then
     stamp "scoria: ${SC_CMD[*]}"
     cg_start scoria; base=$(vram_now); smi_start scoria
-    SCORIA_COMMIT=${SCORIA_COMMIT:-unknown} in_cg timeout $(( $(left) - 40 )) "${SC_CMD[@]}" 2>"$OUT/scoria.log"
+    in_cg timeout $(( $(left) - 40 )) "${SC_CMD[@]}" 2>"$OUT/scoria.log"
     echo "scoria rc=$?"; smi_stop scoria "$base"; cg_stop scoria; tail -12 "$OUT/scoria.log"
 else
     stamp "skip scoria"

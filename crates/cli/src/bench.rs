@@ -636,7 +636,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         repetitions: reps,
         date: report::utc_now(),
         command: command_line(),
-        build_commit: std::env::var("SCORIA_COMMIT").unwrap_or_else(|_| "unknown".into()),
+        // $SCORIA_COMMIT overrides the commit the binary was built from.
+        build_commit: std::env::var("SCORIA_COMMIT")
+            .unwrap_or_else(|_| env!("SCORIA_BUILD_COMMIT").into()),
         ram_read_bps,
         tests: results,
     };

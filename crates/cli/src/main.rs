@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "scoria",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SCORIA_BUILD_COMMIT"), ")"),
     about = "Mixture-of-experts inference engine and server"
 )]
 struct Cli {

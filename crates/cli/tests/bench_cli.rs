@@ -207,3 +207,26 @@ fn bench_errors_are_one_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn version_names_the_commit_the_binary_was_built_from() {
+    // A binary carried to another machine has no repository beside it: the commit it
+    // was built from is compiled in (build.rs), which `scoria bench` records too.
+    let out = Command::new(env!("CARGO_BIN_EXE_scoria"))
+        .arg("--version")
+        .env_remove("SCORIA_COMMIT")
+        .output()
+        .expect("run scoria --version");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = text(&out.stdout);
+    let commit = v
+        .trim()
+        .strip_prefix(concat!("scoria ", env!("CARGO_PKG_VERSION"), " ("))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("unexpected --version: {v:?}"));
+    let hash = commit.strip_suffix("-dirty").unwrap_or(commit);
+    assert!(
+        commit == "unknown" || (hash.len() == 40 && hash.chars().all(|c| c.is_ascii_hexdigit())),
+        "not a commit: {commit:?}"
+    );
+}
