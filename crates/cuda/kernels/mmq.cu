@@ -108,13 +108,11 @@ __device__ __forceinline__ void mq_decode(const uint8_t* row, int s, uint32_t* q
   }
 }
 
-// The mma accumulators start from MQ_MAGIC = the bits of 1.5·2^23, so a finished
+// The mma accumulators start from SC_I2F_MAGIC (sc_formats.cuh), so a finished
 // accumulator holds the bits of the float 1.5·2^23 + dot (exact: every sub-block dot
 // here is below 2^22 in magnitude — Q8_0 and IQ4_XS 32·127·127, the others less), and
-// one subtraction gives float(dot) exactly, with no conversion instruction.
-#define MQ_MAGIC 0x4B400000
-__device__ __forceinline__ float mq_dot(int acc) { return sc_sub(__int_as_float(acc), 12582912.0f); }
-
+// sc_from_magic's one subtraction gives float(dot) exactly, with no conversion
+// instruction.
 // The contribution of one (row, token, sub-block) from its accumulator(s) (`hi`: Q6_K's
 // second half). `asum` is the activation sum as a float (exact: |asum| <= 32·127).
 // Each integer of the canonical sequence (crates/quant/src/lib.rs) is below 2^24, so
@@ -124,14 +122,14 @@ __device__ __forceinline__ float mq_dot(int acc) { return sc_sub(__int_as_float(
 // for every x but -0.0, which a sum that starts at +0.0 never reaches.
 template <int TY>
 __device__ __forceinline__ float mq_finish(const MqScale& p, int acc, int hi, float da, float asum) {
-  const float dot = mq_dot(acc);
+  const float dot = sc_from_magic(acc);
   if constexpr (TY == SC_T_Q4_K || TY == SC_T_Q5_K) {
     // c = (d * da) * is; c = fma(-(dmin * da), im, c)
     const float c = sc_mul(sc_mul(p.d, da), sc_mul(p.a, dot));
     return sc_fma(-sc_mul(p.dmin, da), sc_mul(p.b, asum), c);
   } else if constexpr (TY == SC_T_Q6_K) {
     // isum = sc_lo·dot_lo + sc_hi·dot_hi, one rounding of an exact value
-    return sc_mul(sc_mul(p.d, da), sc_fma(p.a, dot, sc_mul(p.b, mq_dot(hi))));
+    return sc_mul(sc_mul(p.d, da), sc_fma(p.a, dot, sc_mul(p.b, sc_from_magic(hi))));
   } else if constexpr (TY == SC_T_IQ4_XS) {
     return sc_mul(sc_mul(p.d, da), sc_mul(p.a, dot));
   } else {
@@ -146,7 +144,7 @@ __device__ __forceinline__ void mq_mma_k32(int* c, uint32_t a0, uint32_t a1, uin
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%10, %10, %10, %10};"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(MQ_MAGIC));
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(SC_I2F_MAGIC));
 #else
   __trap();
 #endif
@@ -158,7 +156,7 @@ __device__ __forceinline__ void mq_mma_k16(int* c, uint32_t a0, uint32_t a1, uin
       "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
       "{%7, %7, %7, %7};"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(a1), "r"(b0), "r"(MQ_MAGIC));
+      : "r"(a0), "r"(a1), "r"(b0), "r"(SC_I2F_MAGIC));
 #else
   __trap();
 #endif
@@ -338,7 +336,7 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
           const int tr = nt * 8 + g;
           const uint32_t b0 = sa[e][tr][mq_word(tr, t4)];
           const uint32_t b1 = sa[e][tr][mq_word(tr, 4 + t4)];
-          int c[4], h[4] = {MQ_MAGIC, MQ_MAGIC, MQ_MAGIC, MQ_MAGIC};
+          int c[4], h[4] = {SC_I2F_MAGIC, SC_I2F_MAGIC, SC_I2F_MAGIC, SC_I2F_MAGIC};
           if constexpr (TY == SC_T_Q6_K) {
             mq_mma_k16(c, a0, a1, b0);
             mq_mma_k16(h, a2, a3, b1);

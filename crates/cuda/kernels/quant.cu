@@ -186,14 +186,7 @@ __device__ __forceinline__ void sc_mf_body(const uint8_t* __restrict__ w, unsign
     for (int q = 0; q < PW; q++) {
       const int e = tid + 256 * q, r = r0 + e / SC_MF_K;
       const uint8_t* row = w + (unsigned long long)r * row_bytes;
-      const int i = k0 + e % SC_MF_K;
-      if constexpr (TY == SC_T_F32) {
-        pw[q] = r < n_rows ? sc_get_f32(row, i) : 0.0f;
-      } else if constexpr (TY == SC_T_F16) {
-        pw[q] = r < n_rows ? sc_get_f16(row, i) : 0.0f;
-      } else {
-        pw[q] = r < n_rows ? sc_get_bf16(row, i) : 0.0f;
-      }
+      pw[q] = r < n_rows ? sc_dequant(TY, row, k0 + e % SC_MF_K) : 0.0f;
     }
 #pragma unroll
     for (int q = 0; q < PX; q++) {

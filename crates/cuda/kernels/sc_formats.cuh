@@ -58,11 +58,17 @@ SC_HD void sc_k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int j, int& sc,
 // Q8_0, Q4_0, Q6_K, IQ4_XS: c = (d * da) * isum
 SC_HD float sc_finish_d(float d, float da, int isum) { return sc_mul(sc_mul(d, da), sc_i2f(isum)); }
 // int -> f32 for |v| <= 2^22, exactly, with two full-rate operations instead of the
-// quarter-rate conversion: the bits of 1.5·2^23 plus v are the float 1.5·2^23 + v
-// (its ulp is 1 and the mantissa stays in range), and subtracting 1.5·2^23 is exact.
+// quarter-rate conversion: SC_I2F_MAGIC (the bits of 1.5·2^23) plus v are the bits of
+// the float 1.5·2^23 + v (its ulp is 1 and the mantissa stays in range), and
+// subtracting 1.5·2^23 is exact (sc_from_magic). The prompt GEMM starts its integer
+// accumulators from SC_I2F_MAGIC to the same end.
+#define SC_I2F_MAGIC 0x4B400000
+#if defined(__CUDACC__)
+__device__ __forceinline__ float sc_from_magic(int bits) { return __fsub_rn(__int_as_float(bits), 12582912.0f); }
+#endif
 SC_HD float sc_i2f_small(int v) {
 #ifdef SC_DEVICE_CODE
-  return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
+  return sc_from_magic(SC_I2F_MAGIC + v);
 #else
   return (float)v;
 #endif

@@ -61,12 +61,10 @@ pub(crate) struct TypeInfo {
     k1: K,
     /// The same kernel for 2 to 4 tokens of a plain matrix (batched decode).
     k4: K,
-    /// The tensor-core GEMM for many tokens (kernels/mmq.cu), same bits; quantized
-    /// types only.
-    mmq: Option<K>,
-    /// The shared-memory float matmul for many tokens of a plain matrix (`mm_*` in
-    /// kernels/quant.cu), same bits; float types only.
-    mmf: Option<K>,
+    /// The kernel for many tokens, same bits: the int8 tensor-core GEMM
+    /// (kernels/mmq.cu) for quantized types, the shared-memory float matmul (`mm_*` in
+    /// kernels/quant.cu, plain matrices only) for float types.
+    mm: K,
     pub(crate) code: i32,
     block: usize,
     pub(crate) align: u64,
@@ -75,83 +73,58 @@ pub(crate) struct TypeInfo {
 
 fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     use GgmlType as T;
-    let ((k, k1, k4, mmq), code, block, align, float) = match ty {
+    let ((k, k1, k4, mm), code, block, align, float) = match ty {
         T::F32 => (
-            (K::MatvecF32, K::MatvecF32T1, K::MatvecF32T4, None),
+            (K::MatvecF32, K::MatvecF32T1, K::MatvecF32T4, K::MmF32),
             0,
             1,
             4,
             true,
         ),
         T::F16 => (
-            (K::MatvecF16, K::MatvecF16T1, K::MatvecF16T4, None),
+            (K::MatvecF16, K::MatvecF16T1, K::MatvecF16T4, K::MmF16),
             1,
             1,
             2,
             true,
         ),
         T::BF16 => (
-            (K::MatvecBf16, K::MatvecBf16T1, K::MatvecBf16T4, None),
+            (K::MatvecBf16, K::MatvecBf16T1, K::MatvecBf16T4, K::MmBf16),
             2,
             1,
             2,
             true,
         ),
         T::Q8_0 => (
-            (
-                K::MatvecQ8_0,
-                K::MatvecQ8_0T1,
-                K::MatvecQ8_0T4,
-                Some(K::MmqQ8_0),
-            ),
+            (K::MatvecQ8_0, K::MatvecQ8_0T1, K::MatvecQ8_0T4, K::MmqQ8_0),
             3,
             32,
             2,
             false,
         ),
         T::Q4_0 => (
-            (
-                K::MatvecQ4_0,
-                K::MatvecQ4_0T1,
-                K::MatvecQ4_0T4,
-                Some(K::MmqQ4_0),
-            ),
+            (K::MatvecQ4_0, K::MatvecQ4_0T1, K::MatvecQ4_0T4, K::MmqQ4_0),
             4,
             32,
             2,
             false,
         ),
         T::Q4_K => (
-            (
-                K::MatvecQ4K,
-                K::MatvecQ4KT1,
-                K::MatvecQ4KT4,
-                Some(K::MmqQ4K),
-            ),
+            (K::MatvecQ4K, K::MatvecQ4KT1, K::MatvecQ4KT4, K::MmqQ4K),
             5,
             256,
             16,
             false,
         ),
         T::Q5_K => (
-            (
-                K::MatvecQ5K,
-                K::MatvecQ5KT1,
-                K::MatvecQ5KT4,
-                Some(K::MmqQ5K),
-            ),
+            (K::MatvecQ5K, K::MatvecQ5KT1, K::MatvecQ5KT4, K::MmqQ5K),
             6,
             256,
             16,
             false,
         ),
         T::Q6_K => (
-            (
-                K::MatvecQ6K,
-                K::MatvecQ6KT1,
-                K::MatvecQ6KT4,
-                Some(K::MmqQ6K),
-            ),
+            (K::MatvecQ6K, K::MatvecQ6KT1, K::MatvecQ6KT4, K::MmqQ6K),
             7,
             256,
             2,
@@ -162,7 +135,7 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
                 K::MatvecIq4Xs,
                 K::MatvecIq4XsT1,
                 K::MatvecIq4XsT4,
-                Some(K::MmqIq4Xs),
+                K::MmqIq4Xs,
             ),
             8,
             256,
@@ -175,13 +148,7 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
         k,
         k1,
         k4,
-        mmq,
-        mmf: match ty {
-            T::F32 => Some(K::MmF32),
-            T::F16 => Some(K::MmF16),
-            T::BF16 => Some(K::MmBf16),
-            _ => None,
-        },
+        mm,
         code,
         block,
         align,
@@ -471,13 +438,13 @@ impl Gpu {
         let [ax, aq, ad, asum] = act_args(kn, ti.float, x, xq)?;
         // Many tokens of a plain float matrix (a prompt's router): the shared-memory
         // matmul (same bits per (row, token)).
-        let float_mm = ti.mmf.filter(|_| {
-            tiles == 0
-                && n_tok > TILE_TOKENS
-                && n_tok.div_ceil(MMF_TOKENS) <= MAX_GRID_YZ
-                && n_cols.is_multiple_of(MMF_K)
-        });
-        if let Some(k) = float_mm {
+        let float_units = n_tok.div_ceil(MMF_TOKENS);
+        if ti.float
+            && tiles == 0
+            && n_tok > TILE_TOKENS
+            && float_units <= MAX_GRID_YZ
+            && n_cols.is_multiple_of(MMF_K)
+        {
             let args = [
                 Arg::P(w),
                 Arg::U64(row_bytes),
@@ -487,16 +454,12 @@ impl Gpu {
                 Arg::I32(int(kn, "n_tok", n_tok)?),
                 Arg::P(addr(kn, "out", out, 4)?),
             ];
-            let grid = [
-                blocks(n_rows, MMF_ROWS)?,
-                n_tok.div_ceil(MMF_TOKENS) as u32,
-                1,
-            ];
-            return self.launch(k, grid, 256, 0, &args);
+            let grid = [blocks(n_rows, MMF_ROWS)?, float_units as u32, 1];
+            return self.launch(ti.mm, grid, 256, 0, &args);
         }
         // Many tokens of a dense product, or grouped tiles: the tensor-core GEMM when
         // the type and the device have one (same bits per (row, token)).
-        let gemm = ti.mmq.filter(|_| {
+        let gemm = (!ti.float).then_some(ti.mm).filter(|_| {
             self.compute_capability().0 >= 8
                 && n_cols / 32 <= MMQ_MAX_SUB
                 && if tiles == 0 {
