@@ -453,6 +453,51 @@ impl Gpu {
         self.order("wait_copier", self.copier, self.copier_mark, self.stream)
     }
 
+    /// A point in a lane's work for another lane to wait for, recorded with
+    /// [`Gpu::mark`] (until then, waiting for it waits for nothing).
+    pub fn new_mark(&self) -> Result<Mark, CudaError> {
+        self.ctx.bind()?;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| CudaError::driver("cuEventCreate", e))?;
+        Ok(Mark {
+            ev,
+            ctx: Arc::clone(&self.ctx),
+        })
+    }
+
+    fn lane(&self, lane: Lane, what: &str) -> Result<sys::CUstream, CudaError> {
+        self.refuse_in_capture(what)?;
+        Ok(match lane {
+            Lane::Stream => self.stream,
+            Lane::Copier => {
+                self.copier_busy.store(true, Ordering::Relaxed);
+                self.copier
+            }
+        })
+    }
+
+    /// Records `mark` after everything issued on `lane` so far (again, if it was
+    /// recorded before: later waits take this record). Not during capture.
+    pub fn mark(&self, lane: Lane, mark: &Mark) -> Result<(), CudaError> {
+        let s = self.lane(lane, "mark")?;
+        self.ctx.bind()?;
+        // SAFETY: the event and the stream are alive while `mark` and self are.
+        unsafe { result::event::record(mark.ev, s) }
+            .map_err(|e| CudaError::driver("cuEventRecord(mark)", e))
+    }
+
+    /// Makes `lane`'s later work wait for `mark`'s latest record at the time of
+    /// this call (nothing, if it was never recorded). Not during capture.
+    pub fn wait_mark(&self, lane: Lane, mark: &Mark) -> Result<(), CudaError> {
+        let s = self.lane(lane, "wait_mark")?;
+        self.ctx.bind()?;
+        // SAFETY: as in `mark`.
+        unsafe {
+            result::stream::wait_event(s, mark.ev, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        }
+        .map_err(|e| CudaError::driver("cuStreamWaitEvent(wait_mark)", e))
+    }
+
     /// Makes `waiter`'s later work wait for what `first` has been given so far,
     /// through `mark` (an event of this pair's direction).
     fn order(
@@ -848,6 +893,25 @@ impl PinnedBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above; &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// A recorded point in one lane's work ([`Gpu::new_mark`]).
+pub struct Mark {
+    ev: sys::CUevent,
+    ctx: Arc<Ctx>,
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        // SAFETY: created by new_mark, destroyed once; a pending record completes
+        // on its own (the driver defers the release).
+        unsafe {
+            let _ = result::event::destroy(self.ev);
+        }
     }
 }
 

@@ -21,7 +21,7 @@ pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use gguf::GgmlType;
 #[cfg(feature = "cuda")]
-pub use gpu::{DevBuf, Gpu, Graph, Lane, PinnedBuf};
+pub use gpu::{DevBuf, Gpu, Graph, Lane, Mark, PinnedBuf};
 #[cfg(feature = "cuda")]
 pub use ops::{
     DnRows, DnStep, Mat, MoeRoute, QAct, Tile, TileShape, FUSED_MAX_EXPERTS, MAX_D_CONV,

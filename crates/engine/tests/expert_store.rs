@@ -237,3 +237,109 @@ fn a_failed_fetch_leaves_no_slot_behind() {
     let refetched: Vec<u32> = again[0].fetch.iter().map(|f| f.expert).collect();
     assert_eq!(refetched, vec![b[0].fetch[0].expert, b[0].fetch[1].expert]);
 }
+
+/// Every batch's copies wait for the last earlier batch that computes with a slot
+/// they overwrite (`Batch::after`), and pool batches name no slot.
+fn check_after(batches: &[Batch]) {
+    for (j, b) in batches.iter().enumerate() {
+        let users: Vec<usize> = (0..j)
+            .filter(|&i| {
+                !batches[i].pool
+                    && b.fetch
+                        .iter()
+                        .any(|f| batches[i].slot_of.iter().any(|&(_, s)| s == f.slot))
+            })
+            .collect();
+        if b.pool {
+            assert!(b.fetch.is_empty() && b.after.is_none(), "batch {j}");
+        } else {
+            assert_eq!(b.after, users.last().copied(), "batch {j}");
+        }
+    }
+}
+
+/// A store with a prompt pool of `entries` experts of the largest layer.
+fn pooled(extra: u64, entries: u64) -> (ExpertStore, usize, usize) {
+    let (s, k, n) = store(extra);
+    let largest = s.plan().layers.iter().map(|l| l.expert_bytes).max();
+    (s.with_pool(entries * largest.unwrap_or(0)), k, n)
+}
+
+#[test]
+fn a_long_chunk_prefetches_into_the_pool_and_its_step_computes_them_apart() {
+    let (mut s, k, n) = pooled(0, 3);
+    assert!(s.pool_entries(0) >= 3);
+    // Expert 2 (even: in RAM) is in a slot: never prefetched.
+    s.step(0, &[2], &|_| 0).expect("step");
+    // A chunk too short to use most experts prefetches nothing.
+    let short = (engine::experts::PREFETCH_ROUTES_PER_EXPERT * n).div_ceil(k) - 1;
+    assert!(s.prefetch(0, short).is_empty());
+    let before = s.stats();
+    let f = s.prefetch(0, short + 1);
+    assert_eq!(f.len(), s.pool_entries(0).min(n / 2 - 1));
+    for (i, f) in f.iter().enumerate() {
+        assert_eq!(f.slot, i as u32, "pool entries in order");
+        assert!(f.expert % 2 == 0 && f.expert != 2, "expert {}", f.expert);
+        assert!(matches!(f.from, Home::Ram(_)));
+        // The pool is not a slot.
+        assert!(!matches!(s.home(0, f.expert), Home::Slot(_)));
+    }
+    // Every expert but the last prefetched one, several times over.
+    let skip = f.last().expect("prefetched").expert;
+    let routes: Vec<u32> = (0..n * k)
+        .map(|i| ((i * 7) % n) as u32)
+        .filter(|&e| e != skip)
+        .collect();
+    let batches = s.step(0, &routes, &|_| 0).expect("step");
+    let pools: Vec<&Batch> = batches.iter().filter(|b| b.pool).collect();
+    assert_eq!(pools.len(), 1, "one pool batch");
+    let at = batches.iter().position(|b| b.pool).expect("pool batch");
+    assert!(at <= 1, "the pool batch computes first or second");
+    let want: Vec<(u32, u32)> = f[..f.len() - 1]
+        .iter()
+        .map(|f| (f.expert, f.slot))
+        .collect();
+    assert_eq!(pools[0].slot_of, want, "the routed prefetched experts");
+    check_after(&batches);
+    let mut seen = HashSet::new();
+    for b in &batches {
+        for &(e, _) in &b.slot_of {
+            assert!(seen.insert(e), "expert {e} in two batches");
+        }
+    }
+    assert_eq!(seen.len(), n - 1, "every routed expert once");
+    let d = s.stats().minus(&before);
+    assert_eq!(d.uses(), routes.len() as u64, "every route is counted once");
+    assert_eq!((d.prefetched, d.prefetch_unused), (f.len() as u64, 1));
+    let eb = s.plan().layers[0].expert_bytes;
+    assert_eq!(d.ram_bytes, (d.ram_misses + d.prefetch_unused) * eb);
+    // The pool is used once: the next step of the layer has no pool batch.
+    let again = s.step(0, &routes, &|_| 0).expect("step");
+    assert!(again.iter().all(|b| !b.pool));
+    check_after(&again);
+}
+
+#[test]
+fn a_pool_filled_for_one_layer_is_not_used_by_another() {
+    let (mut s, k, n) = pooled(1, 2);
+    assert!(!s.prefetch(0, n * k).is_empty());
+    let routes: Vec<u32> = (0..n as u32).collect();
+    let b = s.step(1, &routes, &|_| 0).expect("step");
+    assert!(b.iter().all(|b| !b.pool), "layer 1 took layer 0's pool");
+    let b = s.step(0, &routes, &|_| 0).expect("step");
+    assert!(b.iter().all(|b| !b.pool), "the pool outlived another step");
+    // A store without a pool never prefetches.
+    let (mut s, k, n) = store(1);
+    assert!(s.prefetch(0, n * k).is_empty());
+}
+
+#[test]
+fn batch_copies_wait_for_the_last_batch_using_their_slots() {
+    for extra in [0, 1, 3, 6] {
+        let (mut s, k, n) = store(extra);
+        s.step(0, &[3, 5], &|_| 0).expect("step");
+        let routes: Vec<u32> = (0..n * k).map(|i| ((i * 5) % n) as u32).collect();
+        let batches = s.step(0, &routes, &|_| 0).expect("step");
+        check_after(&batches);
+    }
+}

@@ -281,34 +281,65 @@ fn tiered_experts_give_the_resident_bits() {
         let want = full.logits_all(&prompt).expect("resident logits");
         full.reset().expect("reset");
         let (want_tokens, want_steps) = decode(&mut full, &prompt, 12);
+        // A prompt pool of 5 experts (the prompt's 160 routes use nearly every one
+        // of the 16 experts, so it prefetches), in VRAM beside the slots.
+        let pool = 5 * engine::experts::ExpertIndex::build(
+            &gguf::GgufFile::open(&path).expect("open"),
+            &cfg,
+        )
+        .expect("index")
+        .trunk_expert_bytes()
+        .into_iter()
+        .max()
+        .expect("experts");
         let cases = [
             (
                 "top-k slots, nothing in RAM",
                 fixed + (k + 1) * experts / n,
                 0,
                 None,
+                0,
             ),
             (
                 "half in slots and RAM, CPU half",
                 fixed + experts / 2,
                 experts / 2,
                 Some(0.5),
+                0,
             ),
             (
                 "3/4 in slots, all in RAM, CPU all",
                 fixed + experts * 3 / 4,
                 experts,
                 Some(1.0),
+                0,
             ),
             (
                 "1/4 in slots, all in RAM, cost model",
                 fixed + experts / 4,
                 experts,
                 None,
+                0,
+            ),
+            (
+                "1/4 in slots, all in RAM, prompt pool",
+                fixed + experts / 4 + pool,
+                experts,
+                None,
+                5,
+            ),
+            (
+                "top-k slots, half in RAM, prompt pool",
+                fixed + (k + 1) * experts / n + pool,
+                experts / 2,
+                None,
+                5,
             ),
         ];
-        for (case, vram, ram, share) in cases {
-            let mut t = Engine::load(
+        for (case, vram, ram, share, pool) in cases {
+            // Read at load: the tests run one at a time on the GPU machine.
+            std::env::set_var("SCORIA_PROMPT_POOL", pool.to_string());
+            let t = Engine::load(
                 &path,
                 &EngineConfig {
                     max_context: Some(512),
@@ -321,6 +352,8 @@ fn tiered_experts_give_the_resident_bits() {
                 },
             )
             .unwrap_or_else(|e| panic!("{geometry}, {case}: {e}"));
+            std::env::remove_var("SCORIA_PROMPT_POOL");
+            let mut t = t;
             assert!(t.expert_stats().is_some(), "{geometry}, {case}: not tiered");
             let got = t.logits_all(&prompt).expect("tiered logits");
             assert_eq!(
@@ -340,8 +373,14 @@ fn tiered_experts_give_the_resident_bits() {
             }
             let s = t.expert_stats().expect("stats");
             eprintln!(
-                "{geometry}, {case}: bit-identical; hits {}, RAM misses {}, disk misses {}, CPU misses {}",
-                s.hits, s.ram_misses, s.disk_misses, s.cpu_misses
+                "{geometry}, {case}: bit-identical; hits {}, RAM misses {}, disk misses {}, CPU misses {}, prefetched {} ({} unused)",
+                s.hits, s.ram_misses, s.disk_misses, s.cpu_misses, s.prefetched, s.prefetch_unused
+            );
+            assert_eq!(
+                s.prefetched > 0,
+                pool > 0,
+                "{geometry}, {case}: prefetched {} with a pool of {pool}",
+                s.prefetched
             );
             assert!(
                 s.ram_misses + s.disk_misses + s.cpu_misses > 0,

@@ -559,7 +559,9 @@ impl Stats {
     /// bytes moved. `vram`: slot hits; `ram`: misses copied from the pinned copy;
     /// `cpu`: misses the CPU computed from RAM (`compute_ms`: from the start of its
     /// products to their end, summed over steps);
-    /// `disk`: misses read from the file (`read_ms`).
+    /// `disk`: misses read from the file (`read_ms`). The RAM tier also says how
+    /// many experts were copied ahead into the prompt pool (`prefetched`) and how
+    /// many of those no route used (`prefetch_unused`).
     pub fn set_expert_stats(&self, t: &engine::experts::TierStats) {
         let uses = t.uses().max(1) as f64;
         let tier = |n: u64, bytes: Option<u64>| {
@@ -573,9 +575,12 @@ impl Stats {
         disk["read_ms"] = json!(t.disk_ns as f64 / 1e6);
         let mut cpu = tier(t.cpu_misses, Some(t.cpu_bytes));
         cpu["compute_ms"] = json!(t.cpu_ns as f64 / 1e6);
+        let mut ram = tier(t.ram_misses, Some(t.ram_bytes));
+        ram["prefetched"] = json!(t.prefetched);
+        ram["prefetch_unused"] = json!(t.prefetch_unused);
         self.set_expert_tiers(json!({
             "vram": tier(t.hits, None),
-            "ram": tier(t.ram_misses, Some(t.ram_bytes)),
+            "ram": ram,
             "cpu": cpu,
             "disk": disk,
         }));
@@ -1050,6 +1055,11 @@ impl Stats {
                     "scoria:expert_miss_bytes_total",
                     "Bytes of expert weights moved for misses, by tier.",
                     "bytes",
+                ),
+                (
+                    "scoria:expert_prefetched_total",
+                    "Experts copied from RAM into the prompt pool ahead of their layer's routing (long prompts).",
+                    "prefetched",
                 ),
             ] {
                 let rows: Vec<(&String, f64)> = tiers

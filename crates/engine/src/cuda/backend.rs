@@ -15,7 +15,7 @@
 //! step can be captured as a CUDA graph. A prompt (several tokens) downloads its
 //! routing once per layer to group tokens by expert.
 
-use super::tiered::Tiered;
+use super::tiered::{matrices, Tiered};
 use super::weights::{cuda_err, AttnDev, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
 use crate::experts::Batch;
 use cuda::{DevBuf, Gpu, Graph, Lane, MoeRoute, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
@@ -857,7 +857,7 @@ impl CudaBackend {
         let dev_slots = self.alloc_bytes(4 * slots.len(), "route")?;
         let given = self.alloc(routes.len(), self.cfg.n_embd, "expert products")?;
         let issue = || -> Result<FusedAct, ExecError> {
-            t.fetch(&self.gpu, layer, m, &b.fetch, Lane::Stream)?;
+            t.fetch(&self.gpu, layer, matrices(m), &b.fetch, Lane::Stream)?;
             t.upload_slots(&self.gpu, &slots, dev_slots)?;
             self.fused_gate_up(m, x, xq, MoeRoute::Given { ids: dev_slots })
         };
@@ -916,7 +916,11 @@ impl CudaBackend {
             })
             .map_err(|e| ExecError::new("expert store", e))?;
         drop(store);
-        let fused = t_n == 1 && self.fused && batches.len() == 1 && fused_moe(m, cfg.n_expert, k);
+        let fused = t_n == 1
+            && self.fused
+            && batches.len() == 1
+            && !batches[0].pool
+            && fused_moe(m, cfg.n_expert, k);
         let routed = if fused {
             self.tiered_fused(t, layer, m, x, xq, &batches[0], &routes, &x_host, wts.ptr)
                 .map(Routed::Combined)
@@ -932,6 +936,12 @@ impl CudaBackend {
             }
         }
         let routed = routed?;
+        // A long prompt chunk: the next layer's experts start on their way to the
+        // pool now, beside this layer's last products and the next layer's mixer.
+        let next = layer + 1;
+        if t_n > 1 && next < t.store.borrow().n_layer() {
+            t.prefetch(&self.gpu, next, &self.w.layers[next].moe, t_n)?;
+        }
         let ns = |d: Duration| d.as_nanos() as u64;
         t.store
             .borrow_mut()
@@ -942,7 +952,8 @@ impl CudaBackend {
 
     /// The batches of a tiered step through the tile kernels (prompts, and decode
     /// steps the fused kernels do not take): each batch's misses copied in, its
-    /// slots' products, the CPU's experts beside; then the shared expert.
+    /// slots' products (or the prompt pool's), the CPU's experts beside; then the
+    /// shared expert.
     #[allow(clippy::too_many_arguments)]
     fn tiered_batches(
         &self,
@@ -972,41 +983,71 @@ impl CudaBackend {
         let max_tiles = TILE_GROUP * (rows.div_ceil(TILE_TOKENS) + cfg.n_expert);
         let ta = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let tb = self.alloc_bytes(max_tiles * tile_bytes, "route")?;
+        let slots = matrices(m);
+        let pool = batches
+            .iter()
+            .any(|b| b.pool)
+            .then(|| t.pool_mats(m))
+            .flatten();
         let mut shared = None;
-        // Several batches (a prompt needing more experts than the slots) are
-        // double-buffered: the store puts consecutive batches in disjoint slots, so
-        // the copier brings batch i+1 in while batch i computes; its copies wait for
-        // batch i−1's products (the last to read those slots) and batch i+1's
-        // products wait for its copies. The shared expert runs beside the first
-        // batch's copies.
+        // Several batches overlap copies with products: a batch's copies run on the
+        // copier as soon as the batch they overwrite (`Batch::after`) has computed,
+        // and the batch computes once its copies have landed (per-batch marks). The
+        // store never puts consecutive slot batches in the same slots, so batch i+1's
+        // copies run while batch i computes; the pool's batch, filled during the
+        // mixer, computes while the first slot copies run. The shared expert runs
+        // beside the copies that wait for nothing.
         let double = batches.len() > 1;
         let gpu = &self.gpu;
+        let marks = if double {
+            Some(t.marks(gpu, batches.len())?)
+        } else {
+            None
+        };
+        let ord = cuda_err("order expert copies");
+        // Issues batch j's copies on the copier (after whatever the copier was made
+        // to wait for) and marks where they end.
+        let copy = |j: usize| -> Result<(), ExecError> {
+            if let Some(marks) = &marks {
+                t.fetch(gpu, layer, slots, &batches[j].fetch, Lane::Copier)?;
+                gpu.mark(Lane::Copier, &marks[j][1]).map_err(&ord)?;
+            }
+            Ok(())
+        };
         if double {
-            gpu.copier_waits()
-                .map_err(cuda_err("order expert copies"))?;
-            t.fetch(gpu, layer, m, &batches[0].fetch, Lane::Copier)?;
+            // After the slots' readers in earlier steps.
+            gpu.copier_waits().map_err(&ord)?;
+            for (j, b) in batches.iter().enumerate() {
+                if b.after.is_none() && !b.fetch.is_empty() {
+                    copy(j)?;
+                }
+            }
             shared = Some(self.shared_expert(m, x, xq)?);
-            gpu.wait_copier().map_err(cuda_err("order expert copies"))?;
         }
         for (i, b) in batches.iter().enumerate() {
-            let next = batches.get(i + 1).filter(|_| double);
-            // The device's part of the batch: its copies (or the next batch's, on the
-            // copier), then its slots' products.
+            // The device's part of the batch: its copies (or a wait for them), its
+            // experts' products, and the copies that waited for them.
             let issue = || -> Result<(), ExecError> {
-                if next.is_some() {
-                    // Marks the stream here: after batch i−1's products.
-                    gpu.copier_waits()
-                        .map_err(cuda_err("order expert copies"))?;
-                } else if !double {
-                    t.fetch(gpu, layer, m, &b.fetch, Lane::Stream)?;
-                }
+                let mats = if b.pool {
+                    t.wait_pool(gpu)?;
+                    let p = pool.as_ref().ok_or_else(|| {
+                        ExecError::new("expert store", "a pool batch without a pool")
+                    })?;
+                    [&p[0], &p[1], &p[2]]
+                } else if let Some(marks) = marks.as_ref().filter(|_| !b.fetch.is_empty()) {
+                    gpu.wait_mark(Lane::Stream, &marks[i][1]).map_err(&ord)?;
+                    slots
+                } else {
+                    t.fetch(gpu, layer, slots, &b.fetch, Lane::Stream)?;
+                    slots
+                };
                 // Routes of this batch's experts, named by slot; the others are skipped.
                 let (gu, dn, grouped) = self.prompt_tiles(&b.slots_of(routes), k);
                 if !gu.is_empty() {
                     self.put_tiles(&gu, ta)?;
                     self.put_tiles(&dn, tb)?;
-                    self.mm_tiles_into(&m.gate_exps, x, xq, ta, gu.len(), grouped, &g)?;
-                    self.mm_tiles_into(&m.up_exps, x, xq, ta, gu.len(), grouped, &u)?;
+                    self.mm_tiles_into(mats[0], x, xq, ta, gu.len(), grouped, &g)?;
+                    self.mm_tiles_into(mats[1], x, xq, ta, gu.len(), grouped, &u)?;
                     // Rows of other batches are recomputed alike (element- and row-wise ops).
                     self.swiglu_into(&g, &u, &act)?;
                     if !is_float(m.down_exps.ty) {
@@ -1014,13 +1055,22 @@ impl CudaBackend {
                             .quantize_act(act.ptr, act.rows, act.cols, aq)
                             .map_err(cuda_err("quantize_act"))?;
                     }
-                    self.mm_tiles_into(&m.down_exps, &act, aq, tb, dn.len(), grouped, &down)?;
+                    self.mm_tiles_into(mats[2], &act, aq, tb, dn.len(), grouped, &down)?;
                 }
-                // Issued after this batch's products so that the host's reads of
-                // file misses overlap them too.
-                if let Some(n) = next {
-                    t.fetch(gpu, layer, m, &n.fetch, Lane::Copier)?;
-                    gpu.wait_copier().map_err(cuda_err("order expert copies"))?;
+                if b.pool {
+                    t.pool_read(gpu)?;
+                }
+                if let Some(marks) = &marks {
+                    let later: Vec<usize> = (i + 1..batches.len())
+                        .filter(|&j| batches[j].after == Some(i) && !batches[j].fetch.is_empty())
+                        .collect();
+                    if !later.is_empty() {
+                        gpu.mark(Lane::Stream, &marks[i][0]).map_err(&ord)?;
+                        gpu.wait_mark(Lane::Copier, &marks[i][0]).map_err(&ord)?;
+                        for j in later {
+                            copy(j)?;
+                        }
+                    }
                 }
                 Ok(())
             };
@@ -1475,6 +1525,16 @@ impl Backend for CudaBackend {
         self.top.set(0);
         self.persist.set(0);
         self.normed_q.set(None);
+        // A long prompt chunk: the first layer's experts start on their way to the
+        // prompt pool (later layers' from the layer before; see `routed_tiered`).
+        if let Some(t) = &self.tiered {
+            if tokens.len() > 1 && !self.gpu.is_capturing() {
+                t.prefetch(&self.gpu, 0, &self.w.layers[0].moe, tokens.len())?;
+            } else {
+                // Left by a step that failed part way: not for this one.
+                t.store.borrow_mut().drop_pool();
+            }
+        }
         let t = &self.w.token_embd;
         let x = self.alloc(tokens.len(), t.n_cols, "embed")?;
         let h = self.alloc(tokens.len(), t.n_cols, "embed")?;

@@ -52,6 +52,46 @@ fn prompt_chunk_for(
             scratch_for(gpu, cfg, n_ctx, MAX_STEP_TOKENS),
         ))
 }
+/// The prompt pool (see `ExpertStore::prefetch`) holds at most this share of a
+/// layer's experts: enough for the copy engine to stay busy through a mixer.
+const POOL_EXPERT_SHARE: usize = 4;
+/// ... and at most this share of the VRAM left for experts.
+const POOL_VRAM_SHARE: u64 = 16;
+
+/// Bytes of the tiered store's prompt pool: `POOL_EXPERT_SHARE` of a layer's
+/// experts (each as large as the largest layer's) within `POOL_VRAM_SHARE` of
+/// `left`, the VRAM left for experts. None when prompt chunks of `chunk` tokens are
+/// too short to prefetch, when every expert fits in `left` anyway, or when the pool
+/// would hold fewer than top-k experts. `SCORIA_PROMPT_POOL` (a number of experts;
+/// 0 turns the pool off) overrides the rule, for tests and experiments.
+fn prompt_pool_bytes(index: &ExpertIndex, cfg: &ModelConfig, chunk: usize, left: u64) -> u64 {
+    let sizes = index.trunk_expert_bytes();
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let all: u64 = sizes.iter().map(|b| b * cfg.n_expert as u64).sum();
+    let set = std::env::var("SCORIA_PROMPT_POOL")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    let experts = match set {
+        Some(n) => n,
+        None if chunk * cfg.n_expert_used
+            < crate::experts::PREFETCH_ROUTES_PER_EXPERT * cfg.n_expert
+            || all <= left =>
+        {
+            0
+        }
+        None => {
+            let n = ((cfg.n_expert / POOL_EXPERT_SHARE) as u64)
+                .min((left / POOL_VRAM_SHARE).checked_div(largest).unwrap_or(0));
+            if n < cfg.n_expert_used as u64 {
+                0
+            } else {
+                n
+            }
+        }
+    };
+    experts * largest
+}
+
 /// VRAM the CUDA context, the loaded kernels and allocation rounding take beyond
 /// what scoria allocates (measured with nvidia-smi on an H200: about 0.9 GiB with
 /// the executor's own 16 GiB). An explicit --vram-budget covers it.
@@ -78,6 +118,8 @@ pub struct VramAccount {
     pub weights: u64,
     /// VRAM slots of the tiered expert store (0 when every expert is resident).
     pub expert_slots: u64,
+    /// The tiered store's prompt pool (0 when there is none).
+    pub prompt_pool: u64,
     pub state: u64,
     pub scratch: u64,
     pub total: u64,
@@ -256,6 +298,7 @@ impl CudaExecutor {
         let vram = VramAccount {
             weights: w_bytes,
             expert_slots: 0,
+            prompt_pool: 0,
             state,
             scratch: be.arena_bytes() + be.rope_bytes(),
             total,
@@ -308,16 +351,31 @@ impl CudaExecutor {
             None => 0,
         });
         let map_ok = crate::experts::cpu_may_read_map(avail, ram, RAM_HEADROOM);
-        let req = PlanRequest::for_index(&index, cfg.n_expert_used, budget - fixed, ram);
+        let pool = prompt_pool_bytes(&index, cfg, chunk, budget - fixed);
+        if fixed + pool >= budget {
+            return Err(mem(format!(
+                "the VRAM budget is {:.2} GiB, but the dense weights, KV/state and scratch ({:.2} GiB) and the prompt pool ({:.2} GiB) leave nothing for expert slots: raise --vram-budget or lower SCORIA_PROMPT_POOL",
+                gib(budget),
+                gib(fixed),
+                gib(pool)
+            )));
+        }
+        let req = PlanRequest::for_index(&index, cfg.n_expert_used, budget - fixed - pool, ram);
         let plan = plan(&req, budgets.profile).map_err(|e| mem(e.to_string()))?;
         let context = budgets.vram.map_or(0, |_| CONTEXT_VRAM);
+        let pool_experts = (0..index.n_layer())
+            .filter_map(|l| index.expert_bytes(l))
+            .filter_map(|b| pool.checked_div(b))
+            .min()
+            .unwrap_or(0);
         tracing::info!(
-            "cuda:{ordinal} {name}: VRAM budget {:.2} GiB: CUDA context {:.2} GiB, dense weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB for prompt chunks of {chunk} tokens, expert slots {:.2} GiB\n{plan}",
+            "cuda:{ordinal} {name}: VRAM budget {:.2} GiB: CUDA context {:.2} GiB, dense weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB for prompt chunks of {chunk} tokens, prompt pool {:.2} GiB ({pool_experts} experts, filled while a layer's mixer runs), expert slots {:.2} GiB\n{plan}",
             gib(budget + context),
             gib(context),
             gib(dense),
             gib(state),
             gib(scratch),
+            gib(pool),
             gib(plan.vram_used)
         );
         let slots: Vec<usize> = plan.layers.iter().map(|l| l.slots).collect();
@@ -326,7 +384,11 @@ impl CudaExecutor {
             bar.set_position(done)
         })?;
         let warm = budgets.profile.map(|_| plan.resident_order.clone());
-        let store = ExpertStore::new(index, plan);
+        let store = ExpertStore::new(index, plan).with_pool(pool);
+        let pool_mem = (pool > 0)
+            .then(|| gpu.alloc::<u8>(pool as usize, "prompt pool"))
+            .transpose()
+            .map_err(cuda_err("allocate the prompt pool"))?;
         // The largest slot block, still empty, for measuring copies into VRAM.
         let probe = w
             .layers
@@ -337,6 +399,7 @@ impl CudaExecutor {
         let t = Tiered::new(
             &gpu,
             store,
+            pool_mem,
             weights,
             budgets.cpu_share,
             probe,
@@ -348,7 +411,13 @@ impl CudaExecutor {
         if let Some(order) = warm {
             let fetches = t.store.borrow_mut().warm(&order);
             for (l, f) in fetches {
-                t.fetch(&gpu, l, &w.layers[l].moe, &[f], Lane::Stream)?;
+                t.fetch(
+                    &gpu,
+                    l,
+                    tiered::matrices(&w.layers[l].moe),
+                    &[f],
+                    Lane::Stream,
+                )?;
             }
         }
         tracing::info!(
@@ -361,6 +430,7 @@ impl CudaExecutor {
         let vram = VramAccount {
             weights: dense,
             expert_slots: slot_bytes,
+            prompt_pool: pool,
             state,
             scratch: be.arena_bytes() + be.rope_bytes(),
             total,
@@ -639,7 +709,11 @@ impl Executor for CudaExecutor {
             device: Device::Cuda(self.ordinal),
             name: self.name.clone(),
             vram_used: Some(
-                self.vram.weights + self.vram.expert_slots + self.vram.state + self.vram.scratch,
+                self.vram.weights
+                    + self.vram.expert_slots
+                    + self.vram.prompt_pool
+                    + self.vram.state
+                    + self.vram.scratch,
             ),
             vram_total: Some(self.vram.total),
         }

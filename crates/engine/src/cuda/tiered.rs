@@ -21,10 +21,11 @@ use crate::cpu::team::Team;
 use crate::cpu::TokenExperts;
 use crate::experts::io::{DirectReader, ReadRequest, ALIGN};
 use crate::experts::{Batch, CostModel, ExpertStore, Fetch, Home, TierStats};
-use cuda::{Gpu, Lane, PinnedBuf};
+use cuda::{DevBuf, Gpu, Lane, Mark, PinnedBuf};
 use model::weights::Weight;
 use model::{ExecError, ModelWeights};
 use std::cell::{RefCell, RefMut};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Pinned staging for file reads: room for this many experts at once (more misses
@@ -59,6 +60,17 @@ pub(crate) struct Tiered {
     /// waiting for the kernels before them. The next step's routing download waits
     /// for the stream, so a row is never rewritten before its copy has read it.
     outs: RefCell<Option<PinnedBuf>>,
+    /// The prompt pool (see `ExpertStore::prefetch`): VRAM outside the slots that a
+    /// layer's experts are copied into while its mixer runs.
+    pool: Option<Arc<DevBuf<u8>>>,
+    /// Recorded on the stream after the last batch computing in the pool (the
+    /// pool's next fill waits for it), and on the copier after the fill (the pool's
+    /// batch waits for it).
+    pool_free: Mark,
+    pool_filled: Mark,
+    /// Per batch of a step: its products done (stream) and its copies landed
+    /// (copier); grown to the most batches a step has had.
+    marks: RefCell<Vec<[Mark; 2]>>,
 }
 
 /// The pinned buffer held in `held`, replaced by a new one of `bytes` bytes when it
@@ -89,16 +101,19 @@ fn pinned<'a>(
 
 /// A layer's three slot matrices (gate, up, down), in the order of an expert's bytes
 /// in the RAM copy and in a slot.
-fn matrices(m: &MoeDev) -> [&DevWeight; 3] {
+pub(super) fn matrices(m: &MoeDev) -> [&DevWeight; 3] {
     [&m.gate_exps, &m.up_exps, &m.down_exps]
 }
 
 impl Tiered {
     /// Allocates and fills the pinned RAM copy the store's plan asks for (from the
-    /// memory-mapped file), and the staging for file reads.
+    /// memory-mapped file), and the staging for file reads; `pool` is the prompt
+    /// pool's VRAM (the store's `with_pool` bytes).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         store: ExpertStore,
+        pool: Option<DevBuf<u8>>,
         weights: &ModelWeights,
         cpu_share: Option<f64>,
         probe: (u64, usize),
@@ -171,6 +186,10 @@ impl Tiered {
             outs: RefCell::new(None),
             inbox: RefCell::new(None),
             slot_ids: RefCell::new(None),
+            pool: pool.map(Arc::new),
+            pool_free: gpu.new_mark().map_err(cuda_err("prompt pool"))?,
+            pool_filled: gpu.new_mark().map_err(cuda_err("prompt pool"))?,
+            marks: RefCell::new(Vec::new()),
             team: Team::new(rayon::current_num_threads().saturating_sub(1)),
         };
         t.measure(gpu, probe, map_ok)?;
@@ -466,21 +485,99 @@ impl Tiered {
         self.store.borrow().stats()
     }
 
+    pub fn pool_bytes(&self) -> u64 {
+        self.pool.as_ref().map_or(0, |p| p.len() as u64)
+    }
+
+    /// Layer `m`'s slot matrices over the prompt pool (entry i where slot i is).
+    pub fn pool_mats(&self, m: &MoeDev) -> Option<[DevWeight; 3]> {
+        let pool = self.pool.as_ref()?;
+        let mats = matrices(m);
+        let base = mats[0].ptr;
+        Some(mats.map(|w| w.moved(pool, pool.ptr() + (w.ptr - base))))
+    }
+
+    /// At least `n` pairs of per-batch marks (see `marks`).
+    pub fn marks(&self, gpu: &Gpu, n: usize) -> Result<RefMut<'_, Vec<[Mark; 2]>>, ExecError> {
+        let mut marks = self.marks.borrow_mut();
+        while marks.len() < n {
+            let mark = || gpu.new_mark().map_err(cuda_err("order expert copies"));
+            marks.push([mark()?, mark()?]);
+        }
+        Ok(marks)
+    }
+
+    /// Copies layer `layer`'s prefetched experts into the prompt pool on the copier
+    /// (when the store prefetches for a chunk of `n_tokens`; see
+    /// `ExpertStore::prefetch`), after the pool's last batch has computed. Issued
+    /// before the layer's mixer, so the copies run beside it.
+    pub fn prefetch(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        m: &MoeDev,
+        n_tokens: usize,
+    ) -> Result<(), ExecError> {
+        let Some(mats) = self.pool_mats(m) else {
+            return Ok(());
+        };
+        let fetch = self.store.borrow_mut().prefetch(layer, n_tokens);
+        if fetch.is_empty() {
+            return Ok(());
+        }
+        let cap = self.pool_bytes() / mats[0].stride;
+        let filled = (|| {
+            if fetch.iter().any(|f| u64::from(f.slot) >= cap) {
+                return Err(ExecError::new(
+                    "prompt pool",
+                    format!("layer {layer}: more experts than the pool's {cap}"),
+                ));
+            }
+            gpu.wait_mark(Lane::Copier, &self.pool_free)
+                .map_err(cuda_err("order expert copies"))?;
+            self.fetch(
+                gpu,
+                layer,
+                [&mats[0], &mats[1], &mats[2]],
+                &fetch,
+                Lane::Copier,
+            )?;
+            gpu.mark(Lane::Copier, &self.pool_filled)
+                .map_err(cuda_err("order expert copies"))
+        })();
+        if filled.is_err() {
+            self.store.borrow_mut().drop_pool();
+        }
+        filled
+    }
+
+    /// Makes the stream wait for the pool's fill (before its batch computes).
+    pub fn wait_pool(&self, gpu: &Gpu) -> Result<(), ExecError> {
+        gpu.wait_mark(Lane::Stream, &self.pool_filled)
+            .map_err(cuda_err("order expert copies"))
+    }
+
+    /// Marks the stream after the pool's batch (the next fill waits for it).
+    pub fn pool_read(&self, gpu: &Gpu) -> Result<(), ExecError> {
+        gpu.mark(Lane::Stream, &self.pool_free)
+            .map_err(cuda_err("order expert copies"))
+    }
+
     /// Copies the experts of `fetch` into their slots of layer `layer` (whose slot
-    /// matrices are `m`), on `lane`: on the stream, ordered before anything issued
-    /// after; on the copier, ordered by the caller (`Gpu::copier_waits` before,
-    /// `Gpu::wait_copier` before the batch computes). On a failure the caller makes
+    /// matrices are `mats`: the layer's, or the pool's), on `lane`: on the stream,
+    /// ordered before anything issued after; on the copier, ordered by the caller
+    /// (the copier made to wait before, the stream made to wait before the batch
+    /// computes). On a failure the caller makes
     /// the store forget the step's fetches (`ExpertStore::forget`), so that no later
     /// step computes with bytes that did not arrive.
     pub fn fetch(
         &self,
         gpu: &Gpu,
         layer: usize,
-        m: &MoeDev,
+        mats: [&DevWeight; 3],
         fetch: &[Fetch],
         lane: Lane,
     ) -> Result<(), ExecError> {
-        let mats = matrices(m);
         let mut from_file = Vec::new();
         for f in fetch {
             match f.from {

@@ -51,6 +51,16 @@ impl DevWeight {
         }
     }
 
+    /// The same matrices at `ptr` inside `mem`: another block laid out as this
+    /// one (the prompt pool, holding slots of a layer's layout).
+    pub fn moved(&self, mem: &Arc<DevBuf<u8>>, ptr: u64) -> DevWeight {
+        DevWeight {
+            mem: Arc::clone(mem),
+            ptr,
+            ..*self
+        }
+    }
+
     /// The matrix as the fused kernels take it.
     pub fn mat(&self) -> cuda::Mat {
         cuda::Mat {

@@ -27,7 +27,9 @@ pub use io::{AlignedBuf, DirectReader, ReadError, ReadRequest, ReaderOptions};
 pub use plan::{plan, LayerPlan, Plan, PlanError, PlanRequest, SlotRule};
 pub use profile::{ProfileError, RoutingCounts, RoutingProfile};
 pub use record::{record_profile, ProfileInput, Recorded};
-pub use store::{Batch, ExpertStore, Fetch, Home, TierStats, FREQ_WEIGHT, HALF_LIFE};
+pub use store::{
+    Batch, ExpertStore, Fetch, Home, TierStats, FREQ_WEIGHT, HALF_LIFE, PREFETCH_ROUTES_PER_EXPERT,
+};
 
 /// MemAvailable from /proc/meminfo, in bytes (`None` where it cannot be read).
 pub fn mem_available() -> Option<u64> {

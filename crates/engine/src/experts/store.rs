@@ -17,6 +17,17 @@
 //! slots while the batch is computed. Within a step, experts already in a slot come
 //! first, so a prompt uses what is cached before it evicts anything.
 //!
+//! # The prompt pool
+//!
+//! A tiered executor may keep a *pool*: VRAM for a few experts outside every layer's
+//! slots. Before a long prompt chunk reaches a layer, [`ExpertStore::prefetch`] picks
+//! experts of that layer that are in no slot but in the RAM copy (with that many
+//! routes, nearly every expert is used) and the executor copies them into the pool
+//! while the layer's mixer runs, when the copy engine would otherwise be idle. The
+//! layer's step then computes the routed ones as a batch of their own
+//! ([`Batch::pool`]) and the pool is free again. The pool is not a cache: what it
+//! held is forgotten after the step, and nothing in it is ever a slot.
+//!
 //! # Replacement
 //!
 //! A miss takes a free slot, else evicts the slot with the lowest score among those not
@@ -27,6 +38,11 @@
 
 use super::plan::Plan;
 use super::ExpertIndex;
+
+/// A chunk prefetches into the pool when it has at least this many routes per
+/// expert of the layer: with uniform routing, the share of experts a chunk leaves
+/// unused is then e^-4, under 2%.
+pub const PREFETCH_ROUTES_PER_EXPERT: usize = 4;
 
 /// Steps of recency one unit of (decayed) use count is worth when choosing a victim.
 pub const FREQ_WEIGHT: f64 = 4.0;
@@ -65,6 +81,14 @@ pub struct Batch {
     /// Misses computed by the CPU from the RAM copy instead: (expert, offset in the
     /// layer's RAM buffer). They take no slot.
     pub cpu: Vec<(u32, usize)>,
+    /// The batch computes in the prompt pool: `slot_of` names pool entries, filled
+    /// by the layer's [`ExpertStore::prefetch`] (its `fetch` is empty).
+    pub pool: bool,
+    /// The batch of the same step (an index into the step's batches) that computes
+    /// last, before this one, with a slot this batch's fetches overwrite: the
+    /// fetches must wait for its products. `None`: no earlier batch of the step
+    /// uses those slots.
+    pub after: Option<usize>,
 }
 
 impl Batch {
@@ -110,6 +134,12 @@ pub struct TierStats {
     pub step_ns: u64,
     pub wait_ns: u64,
     pub cpu_ns: u64,
+    /// Experts copied into the prompt pool ahead of their step (each routed one is
+    /// also a RAM miss, and its bytes are in `ram_bytes`), and of those, the ones
+    /// the step did not route to (copied for nothing; their bytes are in
+    /// `ram_bytes` too).
+    pub prefetched: u64,
+    pub prefetch_unused: u64,
 }
 
 impl TierStats {
@@ -136,6 +166,8 @@ impl TierStats {
             step_ns: self.step_ns - before.step_ns,
             wait_ns: self.wait_ns - before.wait_ns,
             cpu_ns: self.cpu_ns - before.cpu_ns,
+            prefetched: self.prefetched - before.prefetched,
+            prefetch_unused: self.prefetch_unused - before.prefetch_unused,
         }
     }
 }
@@ -227,6 +259,10 @@ pub struct ExpertStore {
     ram_bytes: Vec<usize>,
     layers: Vec<LayerSlots>,
     stats: TierStats,
+    /// Per layer: the experts the prompt pool has room for (0: no pool).
+    pool_cap: Vec<usize>,
+    /// What the pool holds: the layer, and the expert of each entry.
+    pooled: Option<(usize, Vec<u32>)>,
 }
 
 impl ExpertStore {
@@ -264,7 +300,68 @@ impl ExpertStore {
             ram_bytes,
             layers,
             stats: TierStats::default(),
+            pool_cap: Vec::new(),
+            pooled: None,
         }
+    }
+
+    /// Gives the store a prompt pool of `bytes` bytes (see the module docs): room
+    /// for as many whole experts of each layer as fit.
+    pub fn with_pool(mut self, bytes: u64) -> ExpertStore {
+        self.pool_cap = self
+            .plan
+            .layers
+            .iter()
+            .map(|l| bytes.checked_div(l.expert_bytes).unwrap_or(0) as usize)
+            .collect();
+        self
+    }
+
+    /// The experts layer `layer` can have in the prompt pool at once.
+    pub fn pool_entries(&self, layer: usize) -> usize {
+        self.pool_cap.get(layer).copied().unwrap_or(0)
+    }
+
+    /// Fills the prompt pool for layer `layer`'s next step, a chunk of `n_tokens`
+    /// tokens, when the chunk is long enough
+    /// ([`PREFETCH_ROUTES_PER_EXPERT`]): with experts that are in no slot and in
+    /// the RAM copy, the most recently routed first (then in expert order). Returns
+    /// the copies to make (`slot` is the pool entry), none when the chunk is short,
+    /// the layer has no pool, or every such expert is in a slot. Whatever the pool
+    /// held before is forgotten.
+    pub fn prefetch(&mut self, layer: usize, n_tokens: usize) -> Vec<Fetch> {
+        self.pooled = None;
+        let cap = self.pool_entries(layer);
+        let n_expert = self.plan.n_expert;
+        if cap == 0 || n_tokens * self.plan.top_k < PREFETCH_ROUTES_PER_EXPERT * n_expert {
+            return Vec::new();
+        }
+        let ls = &self.layers[layer];
+        let mut pick: Vec<(u32, usize)> = (0..n_expert as u32)
+            .filter(|&e| ls.slot_of[e as usize] < 0)
+            .filter_map(|e| self.ram_off[layer][e as usize].map(|o| (e, o)))
+            .collect();
+        pick.sort_by_key(|&(e, _)| (std::cmp::Reverse(ls.seen[e as usize]), e));
+        pick.truncate(cap);
+        if pick.is_empty() {
+            return Vec::new();
+        }
+        self.stats.prefetched += pick.len() as u64;
+        self.stats.ram_bytes += pick.len() as u64 * self.plan.layers[layer].expert_bytes;
+        self.pooled = Some((layer, pick.iter().map(|&(e, _)| e).collect()));
+        pick.iter()
+            .enumerate()
+            .map(|(i, &(expert, o))| Fetch {
+                expert,
+                slot: i as u32,
+                from: Home::Ram(o),
+            })
+            .collect()
+    }
+
+    /// Forgets what the pool holds (its copies failed, or will not be waited for).
+    pub fn drop_pool(&mut self) {
+        self.pooled = None;
     }
 
     pub fn index(&self) -> &ExpertIndex {
@@ -340,8 +437,12 @@ impl ExpertStore {
     /// run in order. When there are several, consecutive batches use disjoint slots
     /// (each at most half of the layer's), so a batch's copies need only wait for the
     /// computation of the batch before the previous one; with one batch, its copies
-    /// wait for everything before (one stream does both by itself). Experts outside
-    /// the layer's range are an error (they would index past the slot table).
+    /// wait for everything before (one stream does both by itself). Each batch's
+    /// [`Batch::after`] names the batch its copies wait for. When the pool holds
+    /// this layer's prefetched experts, the routed ones are one more batch
+    /// ([`Batch::pool`]), first or second, and the pool is empty afterwards. Experts
+    /// outside the layer's range are an error (they would index past the slot
+    /// table).
     ///
     /// `to_cpu(m)` is asked, when the step is one batch, how many of its `m` misses
     /// that are in the RAM copy the CPU should compute instead of copying them to
@@ -363,6 +464,25 @@ impl ExpertStore {
         for &e in routes {
             uses[e as usize] += 1;
         }
+        let bytes = self.plan.layers[layer].expert_bytes;
+        // The pool's routed experts: a batch of their own, copied in already.
+        let mut pool = Batch {
+            pool: true,
+            ..Batch::default()
+        };
+        if let Some((_, held)) = self.pooled.take().filter(|&(l, _)| l == layer) {
+            for (i, &e) in held.iter().enumerate() {
+                match uses[e as usize] {
+                    0 => self.stats.prefetch_unused += 1,
+                    n => {
+                        self.stats.ram_misses += 1;
+                        self.stats.hits += n as u64 - 1;
+                        pool.slot_of.push((e, i as u32));
+                        uses[e as usize] = 0;
+                    }
+                }
+            }
+        }
         let slots_now = &self.layers[layer].slot_of;
         let mut distinct: Vec<u32> = (0..n_expert as u32)
             .filter(|&e| uses[e as usize] > 0)
@@ -376,10 +496,9 @@ impl ExpertStore {
         let double = distinct.len() > n_slots && n_slots >= 2;
         let cap = if double { n_slots / 2 } else { n_slots };
         let mut out = Vec::new();
-        let bytes = self.plan.layers[layer].expert_bytes;
         // One batch: the CPU may take some of the misses held in RAM.
         let mut cpu = Vec::new();
-        if distinct.len() <= n_slots {
+        if distinct.len() <= n_slots && pool.slot_of.is_empty() {
             let ls = &self.layers[layer];
             let mut ram_misses: Vec<u32> = distinct
                 .iter()
@@ -395,6 +514,9 @@ impl ExpertStore {
         distinct.retain(|e| !cpu.contains(e));
         let ls = &mut self.layers[layer];
         ls.step += 1;
+        for &(e, _) in &pool.slot_of {
+            ls.seen[e as usize] = ls.step;
+        }
         let mut cpu_batch = Vec::with_capacity(cpu.len());
         for &e in &cpu {
             ls.seen[e as usize] = ls.step;
@@ -406,10 +528,14 @@ impl ExpertStore {
             }
         }
         if distinct.is_empty() {
-            out.push(Batch {
-                cpu: cpu_batch,
-                ..Batch::default()
-            });
+            if pool.slot_of.is_empty() {
+                out.push(Batch {
+                    cpu: cpu_batch,
+                    ..Batch::default()
+                });
+            } else {
+                out.push(pool);
+            }
             return Ok(out);
         }
         // The previous batch's slots (double buffering).
@@ -483,6 +609,25 @@ impl ExpertStore {
                 batch.cpu = std::mem::take(&mut cpu_batch);
             }
             out.push(batch);
+        }
+        if !pool.slot_of.is_empty() {
+            // First, so the slot batches' copies run while it computes; second when
+            // the first slot batch copies nothing, so the copies into its slots
+            // start earlier still.
+            let at = usize::from(out.len() > 1 && out[0].fetch.is_empty());
+            out.insert(at, pool);
+        }
+        // What each batch's copies wait for: the last earlier batch using a slot
+        // they overwrite.
+        let mut last = vec![None; self.layers[layer].slots.len()];
+        for (j, b) in out.iter_mut().enumerate() {
+            if b.pool {
+                continue;
+            }
+            b.after = b.fetch.iter().filter_map(|f| last[f.slot as usize]).max();
+            for &(_, s) in &b.slot_of {
+                last[s as usize] = Some(j);
+            }
         }
         Ok(out)
     }

@@ -117,6 +117,8 @@ fn tiered_expert_counters_reach_metrics_and_the_snapshot() {
         step_ns: 9_000_000,
         wait_ns: 4_000_000,
         cpu_ns: 2_000_000,
+        prefetched: 7,
+        prefetch_unused: 1,
     });
     let text = s.render_prometheus(10);
     assert!(
@@ -139,8 +141,13 @@ fn tiered_expert_counters_reach_metrics_and_the_snapshot() {
         !text.contains("expert_miss_bytes_total{tier=\"vram\"}"),
         "{text}"
     );
+    assert!(
+        text.contains("scoria:expert_prefetched_total{tier=\"ram\"} 7\n"),
+        "{text}"
+    );
     let snap = s.snapshot();
     assert_eq!(snap["experts"]["tiers"]["vram"]["hit_rate"], 0.6);
+    assert_eq!(snap["experts"]["tiers"]["ram"]["prefetch_unused"], 1);
     assert_eq!(snap["experts"]["tiers"]["disk"]["read_ms"], 3.0);
     assert_eq!(snap["experts"]["tiers"]["cpu"]["compute_ms"], 2.0);
 }
