@@ -343,3 +343,14 @@ fn batch_copies_wait_for_the_last_batch_using_their_slots() {
         check_after(&batches);
     }
 }
+
+#[test]
+fn each_route_gets_its_batch_slot_or_none() {
+    let b = Batch {
+        slot_of: vec![(7, 0), (2, 3), (11, 1)],
+        ..Batch::default()
+    };
+    let routes = [2, 5, 11, 7, 7, 0, 12, 2, 40];
+    assert_eq!(b.slots_of(&routes), vec![3, -1, 1, 0, 0, -1, -1, 3, -1]);
+    assert!(Batch::default().slots_of(&routes).iter().all(|&s| s == -1));
+}

@@ -102,9 +102,16 @@ impl Batch {
     /// Each route's slot in this batch (`routes`: one expert per route), -1 for a
     /// route whose expert the batch does not compute in a slot.
     pub fn slots_of(&self, routes: &[u32]) -> Vec<i32> {
+        // A table by expert: a prompt chunk has tens of thousands of routes and a
+        // batch a hundred experts, too many for a search per route.
+        let n = self.slot_of.iter().map(|&(e, _)| e as usize + 1).max();
+        let mut table = vec![-1i32; n.unwrap_or(0)];
+        for &(e, s) in &self.slot_of {
+            table[e as usize] = s as i32;
+        }
         routes
             .iter()
-            .map(|&e| self.slot(e).map_or(-1, |s| s as i32))
+            .map(|&e| table.get(e as usize).copied().unwrap_or(-1))
             .collect()
     }
 }
