@@ -53,8 +53,10 @@ fn prompt_chunk_for(
         ))
 }
 /// The prompt pool (see `ExpertStore::prefetch`) holds at most this share of a
-/// layer's experts: enough for the copy engine to stay busy through a mixer.
-const POOL_EXPERT_SHARE: usize = 4;
+/// layer's experts. Measured on N80 W16 pp4096 (bench/RESULTS.md, 2026-12-03):
+/// a half (256 experts) 3,687 t/s, a quarter 3,207, three quarters 3,282 (fewer
+/// slots), none 2,907–2,921.
+const POOL_EXPERT_SHARE: usize = 2;
 /// ... and at most this share of the VRAM left for experts.
 const POOL_VRAM_SHARE: u64 = 16;
 
