@@ -247,11 +247,18 @@ fn assert_same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
 }
 
 fn trunk_experts(path: &Path) -> (u64, model::ModelConfig) {
+    let (bytes, _, cfg) = trunk_experts_and_largest(path);
+    (bytes, cfg)
+}
+
+/// [`trunk_experts`] with the bytes of one expert of the largest layer.
+fn trunk_experts_and_largest(path: &Path) -> (u64, u64, model::ModelConfig) {
     let file = gguf::GgufFile::open(path).expect("open");
     let cfg = model::ModelConfig::from_gguf(&file).expect("config");
     let index = engine::experts::ExpertIndex::build(&file, &cfg).expect("index");
-    let bytes = index.trunk_expert_bytes().iter().sum::<u64>() * cfg.n_expert as u64;
-    (bytes, cfg)
+    let sizes = index.trunk_expert_bytes();
+    let bytes = sizes.iter().sum::<u64>() * cfg.n_expert as u64;
+    (bytes, sizes.into_iter().max().unwrap_or(0), cfg)
 }
 
 /// Invariant 1 for the tiered expert store: budgets that keep every expert in VRAM,
@@ -273,7 +280,7 @@ fn tiered_experts_give_the_resident_bits() {
             "{geometry}: resident run is tiered"
         );
         let used = full.device_report().vram_used.expect("vram");
-        let (experts, cfg) = trunk_experts(&path);
+        let (experts, largest, cfg) = trunk_experts_and_largest(&path);
         let (k, n) = (cfg.n_expert_used as u64, cfg.n_expert as u64);
         // What the resident run holds besides the experts, plus the context's share.
         let fixed = used - experts + engine::cuda::CONTEXT_VRAM;
@@ -283,15 +290,7 @@ fn tiered_experts_give_the_resident_bits() {
         let (want_tokens, want_steps) = decode(&mut full, &prompt, 12);
         // A prompt pool of 5 experts (the prompt's 160 routes use nearly every one
         // of the 16 experts, so it prefetches), in VRAM beside the slots.
-        let pool = 5 * engine::experts::ExpertIndex::build(
-            &gguf::GgufFile::open(&path).expect("open"),
-            &cfg,
-        )
-        .expect("index")
-        .trunk_expert_bytes()
-        .into_iter()
-        .max()
-        .expect("experts");
+        let pool = 5 * largest;
         let cases = [
             (
                 "top-k slots, nothing in RAM",

@@ -60,13 +60,14 @@ const POOL_EXPERT_SHARE: usize = 2;
 /// ... and at most this share of the VRAM left for experts.
 const POOL_VRAM_SHARE: u64 = 16;
 
-/// Bytes of the tiered store's prompt pool: `POOL_EXPERT_SHARE` of a layer's
+/// The tiered store's prompt pool, as experts of the largest layer and their bytes:
+/// `POOL_EXPERT_SHARE` of a layer's
 /// experts (each as large as the largest layer's) within `POOL_VRAM_SHARE` of
 /// `left`, the VRAM left for experts. None when prompt chunks of `chunk` tokens are
 /// too short to prefetch, when every expert fits in `left` anyway, or when the pool
 /// would hold fewer than top-k experts. `SCORIA_PROMPT_POOL` (a number of experts;
 /// 0 turns the pool off) overrides the rule, for tests and experiments.
-fn prompt_pool_bytes(index: &ExpertIndex, cfg: &ModelConfig, chunk: usize, left: u64) -> u64 {
+fn prompt_pool(index: &ExpertIndex, cfg: &ModelConfig, chunk: usize, left: u64) -> (u64, u64) {
     let sizes = index.trunk_expert_bytes();
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let all: u64 = sizes.iter().map(|b| b * cfg.n_expert as u64).sum();
@@ -91,7 +92,7 @@ fn prompt_pool_bytes(index: &ExpertIndex, cfg: &ModelConfig, chunk: usize, left:
             }
         }
     };
-    experts * largest
+    (experts, experts * largest)
 }
 
 /// VRAM the CUDA context, the loaded kernels and allocation rounding take beyond
@@ -353,7 +354,7 @@ impl CudaExecutor {
             None => 0,
         });
         let map_ok = crate::experts::cpu_may_read_map(avail, ram, RAM_HEADROOM);
-        let pool = prompt_pool_bytes(&index, cfg, chunk, budget - fixed);
+        let (pool_experts, pool) = prompt_pool(&index, cfg, chunk, budget - fixed);
         if fixed + pool >= budget {
             return Err(mem(format!(
                 "the VRAM budget is {:.2} GiB, but the dense weights, KV/state and scratch ({:.2} GiB) and the prompt pool ({:.2} GiB) leave nothing for expert slots: raise --vram-budget or lower SCORIA_PROMPT_POOL",
@@ -365,13 +366,8 @@ impl CudaExecutor {
         let req = PlanRequest::for_index(&index, cfg.n_expert_used, budget - fixed - pool, ram);
         let plan = plan(&req, budgets.profile).map_err(|e| mem(e.to_string()))?;
         let context = budgets.vram.map_or(0, |_| CONTEXT_VRAM);
-        let pool_experts = (0..index.n_layer())
-            .filter_map(|l| index.expert_bytes(l))
-            .filter_map(|b| pool.checked_div(b))
-            .min()
-            .unwrap_or(0);
         tracing::info!(
-            "cuda:{ordinal} {name}: VRAM budget {:.2} GiB: CUDA context {:.2} GiB, dense weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB for prompt chunks of {chunk} tokens, prompt pool {:.2} GiB ({pool_experts} experts, filled while a layer's mixer runs), expert slots {:.2} GiB\n{plan}",
+            "cuda:{ordinal} {name}: VRAM budget {:.2} GiB: CUDA context {:.2} GiB, dense weights {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB for prompt chunks of {chunk} tokens, prompt pool {:.2} GiB ({pool_experts} experts of the largest layer, filled while a layer's mixer runs), expert slots {:.2} GiB\n{plan}",
             gib(budget + context),
             gib(context),
             gib(dense),
