@@ -77,9 +77,10 @@ fn init_driver() -> Result<bool, CudaError> {
 pub enum Lane {
     /// The stream every kernel runs on: in issue order with them.
     Stream,
-    /// The copier: after its earlier copies and what [`Gpu::copier_waits`] made it
-    /// wait for, and before the stream's work only through [`Gpu::wait_copier`].
-    /// Not during capture.
+    /// The copier: after its earlier copies and what [`Gpu::copier_waits`] or
+    /// [`Gpu::wait_mark`] made it wait for, and before the stream's work only
+    /// through a mark ([`Gpu::mark`] on the copier, [`Gpu::wait_mark`] on the
+    /// stream). Not during capture.
     Copier,
 }
 
@@ -88,11 +89,10 @@ pub enum Lane {
 pub struct Gpu {
     pub(crate) ctx: Arc<Ctx>,
     pub(crate) stream: sys::CUstream,
-    /// The second stream, for copies that overlap the stream's kernels, and one
-    /// event each way to order the two (see [`Gpu::copier_waits`]).
+    /// The second stream, for copies that overlap the stream's kernels, and the
+    /// event [`Gpu::copier_waits`] orders it after the stream with.
     copier: sys::CUstream,
     stream_mark: sys::CUevent,
-    copier_mark: sys::CUevent,
     /// Work was issued on the copier since it was last waited for (`sync` waits
     /// for the copier only then: a decode step syncs once a layer when tiered).
     copier_busy: AtomicBool,
@@ -189,13 +189,12 @@ impl Gpu {
             result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(|e| CudaError::driver("cuEventCreate", e))
         };
-        let (stream_mark, copier_mark) = (event()?, event()?);
+        let stream_mark = event()?;
         let mut gpu = Gpu {
             ctx,
             stream,
             copier,
             stream_mark,
-            copier_mark,
             copier_busy: AtomicBool::new(false),
             modules: Vec::new(),
             funcs: Functions::empty(),
@@ -446,11 +445,6 @@ impl Gpu {
     pub fn copier_waits(&self) -> Result<(), CudaError> {
         self.copier_busy.store(true, Ordering::Relaxed);
         self.order("copier_waits", self.stream, self.stream_mark, self.copier)
-    }
-
-    /// Makes the stream's later work wait for every copy issued on the copier so far.
-    pub fn wait_copier(&self) -> Result<(), CudaError> {
-        self.order("wait_copier", self.copier, self.copier_mark, self.stream)
     }
 
     /// A point in a lane's work for another lane to wait for, recorded with
@@ -790,7 +784,6 @@ impl Drop for Gpu {
             let _ = result::stream::destroy(self.copier);
             let _ = result::stream::destroy(self.stream);
             let _ = result::event::destroy(self.stream_mark);
-            let _ = result::event::destroy(self.copier_mark);
             for m in self.modules.drain(..) {
                 let _ = result::module::unload(m);
             }
