@@ -19,26 +19,15 @@
 // state is [conv_dim][d_conv-1] (oldest first), taps [conv_dim][d_conv]. The first
 // run also writes the new state (the last d_conv-1 inputs), after reading the old one.
 // `out` may be `qkv` only with one run (gridDim.y == 1): runs read their
-// predecessors' inputs. With `state_tab`, blockIdx.y is instead row y of qkv and out:
-// one token of a sequence of its own, whose state is at state_tab[y] (a batched decode
-// step; each row gets the one-token bits).
-template <bool ROWS>
-__device__ __forceinline__ void dn_conv_body(const float* qkv, float* __restrict__ state,
+// predecessors' inputs. (A batched decode step's rows take the conv inside
+// matvec_multi_rows, each on its own state.)
+extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, float* __restrict__ state,
                                                           const float* __restrict__ taps, int n_tok,
-                                                          int conv_dim, int d_conv, int tpb, float* out,
-                                                          const unsigned long long* __restrict__ state_tab) {
-  
+                                                          int conv_dim, int d_conv, int tpb, float* out) {
+  sc_pdl_enter();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
-  int run = blockIdx.y, runs = gridDim.y;
-  if (ROWS) {
-    qkv += (size_t)blockIdx.y * conv_dim;
-    out += (size_t)blockIdx.y * conv_dim;
-    state = (float*)state_tab[blockIdx.y];
-    n_tok = 1;
-    run = 0;
-    runs = 1;
-  }
+  const int run = blockIdx.y, runs = gridDim.y;
   const int hist = d_conv - 1;
   const int t0 = run * tpb, t1 = min(n_tok, t0 + tpb);
   float st[SC_MAX_DCONV], w[SC_MAX_DCONV];
@@ -82,21 +71,6 @@ __device__ __forceinline__ void dn_conv_body(const float* qkv, float* __restrict
     for (int j = 0; j < SC_MAX_DCONV; j++)
       if (j < hist) state[(size_t)c * hist + j] = runs == 1 ? st[j] : tail[j];
   }
-}
-// The one-token launch, and the rows launch (see above).
-extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, float* __restrict__ state,
-                                                          const float* __restrict__ taps, int n_tok,
-                                                          int conv_dim, int d_conv, int tpb, float* out,
-                                                          const unsigned long long* __restrict__ state_tab) {
-  sc_pdl_enter();
-  dn_conv_body<false>(qkv, state, taps, n_tok, conv_dim, d_conv, tpb, out, state_tab);
-}
-extern "C" __global__ void __launch_bounds__(128) dn_conv_rows(const float* qkv, float* __restrict__ state,
-                                                          const float* __restrict__ taps, int n_tok,
-                                                          int conv_dim, int d_conv, int tpb, float* out,
-                                                          const unsigned long long* __restrict__ state_tab) {
-  sc_pdl_enter();
-  dn_conv_body<true>(qkv, state, taps, n_tok, conv_dim, d_conv, tpb, out, state_tab);
 }
 
 // --------------------------------------------------------------------- dn_qk_norm

@@ -37,9 +37,67 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
   sc_ld128(p + 16, a + 4);
 }
 
+// ------------------------------------------------------- staged activations
+// A kernel that multiplies a few tokens (a batched decode step's rows) may first copy
+// their quantized activations into dynamic shared memory, when the launch gives it
+// some (the host does when they fit): each warp then meets every token of a weight
+// sub-block with shared-memory loads instead of round trips to L2. Same values, so
+// the same bits.
+extern __shared__ __align__(16) uint8_t sc_stage_smem[];
+
+// The launch's dynamic shared memory in bytes.
+__device__ __forceinline__ uint32_t sc_dyn_smem() {
+  uint32_t r;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+  return r;
+}
+
+struct StagedAct {
+  const int8_t* q;
+  const float* d;
+  const int* s;
+};
+
+// n_tok tokens' int8 values (n_cols each), then their block scales and sums (n_cols/32
+// each), copied by every thread of the block, which then waits at a barrier: call it
+// from all of them, before any returns.
+__device__ __forceinline__ StagedAct sc_stage_act(int n_tok, int n_cols, const int8_t* __restrict__ xq,
+                                                  const float* __restrict__ xd, const int* __restrict__ xs) {
+  const int nb = n_tok * (n_cols >> 5);
+  int8_t* q = (int8_t*)sc_stage_smem;
+  float* d = (float*)(sc_stage_smem + (size_t)n_tok * n_cols);
+  int* sm = (int*)(d + nb);
+  for (int i = threadIdx.x; i < nb * 2; i += blockDim.x) ((uint4*)q)[i] = __ldg((const uint4*)xq + i);
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+    d[i] = __ldg(xd + i);
+    sm[i] = __ldg(xs + i);
+  }
+  __syncthreads();
+  return StagedAct{q, d, sm};
+}
+
+// Activation block `ab` (32 int8 values) as 8 words, and one scale or sum: from global
+// memory (the read-only path), or (SH) from a staged copy in shared memory.
+template <bool SH>
+__device__ __forceinline__ void sc_lda(const int8_t* xq, size_t ab, uint32_t* a) {
+  if (SH) {
+    const uint4* p = (const uint4*)(xq + ab * 32);
+    const uint4 u = p[0], v = p[1];
+    a[0] = u.x, a[1] = u.y, a[2] = u.z, a[3] = u.w;
+    a[4] = v.x, a[5] = v.y, a[6] = v.z, a[7] = v.w;
+  } else {
+    sc_load_act(xq, ab, a);
+  }
+}
+template <bool SH, class T>
+__device__ __forceinline__ T sc_ldv(const T* p) {
+  return SH ? *p : __ldg(p);
+}
+
 // Quantized rows: lane `lane` is accumulator `lane` and takes sub-blocks lane,
 // lane + 32, ... in increasing order; each sub-block is decoded once and meets every
-// token of the tile.
+// token of the tile. SC_SH (a constexpr bool where the body expands): xq/xd/xs are a
+// staged copy in shared memory.
 #define SC_QDOT(W, LOAD, CONTRIB)                                                        \
   _Pragma("unroll 2") for (int s = lane; s < n_sub; s += 32) {                          \
     W w;                                                                                 \
@@ -48,8 +106,8 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
       if (j < nt) {                                                                      \
         const size_t ab = (size_t)in_r[j] * n_sub + s;                                   \
         uint32_t a[8];                                                                   \
-        sc_load_act(xq, ab, a);                                                          \
-        acc[j] = sc_add(acc[j], CONTRIB(w, a, __ldg(xd + ab), __ldg(xs + ab)));          \
+        sc_lda<SC_SH>(xq, ab, a);                                                        \
+        acc[j] = sc_add(acc[j], CONTRIB(w, a, sc_ldv<SC_SH>(xd + ab), sc_ldv<SC_SH>(xs + ab))); \
       }                                                                                  \
     }                                                                                    \
   }
@@ -89,26 +147,7 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
 // so more warps in flight, the TL = 4 ones (_t4) 2 to 4 tokens of a plain matrix (a
 // batched decode step of several sequences). All perform the same operations per
 // (row, token).
-#define SC_MATVEC_KERNEL_T(NAME, TLV, BODY)                                               \
-  extern "C" __global__ void __launch_bounds__(128)                                      \
-      NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes,               \
-           unsigned long long row_bytes, int n_rows, int n_cols, const float* __restrict__ x, \
-           const int8_t* __restrict__ xq, const float* __restrict__ xd,                  \
-           const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,        \
-           int n_tiles, float* __restrict__ out) {                                       \
-    const int lane = threadIdx.x & 31;                                                   \
-    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
-    /* One token of a plain matrix: its row into L2 while the kernel before runs. */     \
-    if (TLV <= 4 && tiles == nullptr && r < n_rows) sc_prefetch_l2(w + (unsigned long long)r * row_bytes, row_bytes); \
-    sc_pdl_enter();                                                                      \
-    constexpr int TL = TLV;                                                              \
-    if (r >= n_rows) return;                                                             \
-    const int n_sub = n_cols >> 5;                                                       \
-    (void)n_sub;                                                                         \
-    (void)x;                                                                             \
-    (void)xq;                                                                            \
-    (void)xd;                                                                            \
-    (void)xs;                                                                            \
+#define SC_MATVEC_LOOP(BODY)                                                              \
     const int n_units = tiles ? n_tiles : (n_tok + SC_TILE - 1) / SC_TILE;               \
     for (int u = blockIdx.y; u < n_units; u += gridDim.y) {                              \
       int n_in, expert = 0;                                                              \
@@ -139,16 +178,61 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
           }                                                                              \
         }                                                                                \
       }                                                                                  \
+    }
+#define SC_MATVEC_KERNEL_T(NAME, TLV, LB, BODY)                                           \
+  extern "C" __global__ void LB                                                          \
+      NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes,               \
+           unsigned long long row_bytes, int n_rows, int n_cols, const float* __restrict__ x, \
+           const int8_t* __restrict__ xq, const float* __restrict__ xd,                  \
+           const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,        \
+           int n_tiles, float* __restrict__ out) {                                       \
+    const int lane = threadIdx.x & 31;                                                   \
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
+    /* One token of a plain matrix: its row into L2 while the kernel before runs. */     \
+    if (TLV <= 4 && tiles == nullptr && r < n_rows) sc_prefetch_l2(w + (unsigned long long)r * row_bytes, row_bytes); \
+    sc_pdl_enter();                                                                      \
+    constexpr int TL = TLV;                                                              \
+    const int n_sub = n_cols >> 5;                                                       \
+    (void)n_sub;                                                                         \
+    (void)x;                                                                             \
+    /* A batched decode step's rows (2 to 4 tokens of a plain quantized matrix): the */  \
+    /* tokens' activations staged when the launch gives shared memory for them. */      \
+    if (TLV == 4 && tiles == nullptr && sc_dyn_smem() > 0) {                             \
+      const StagedAct st_ = sc_stage_act(n_tok, n_cols, xq, xd, xs);                     \
+      if (r >= n_rows) return;                                                           \
+      constexpr bool SC_SH = true;                                                       \
+      (void)SC_SH;                                                                       \
+      const int8_t* const xq = st_.q;                                                    \
+      const float* const xd = st_.d;                                                     \
+      const int* const xs = st_.s;                                                       \
+      (void)xq;                                                                          \
+      (void)xd;                                                                          \
+      (void)xs;                                                                          \
+      SC_MATVEC_LOOP(BODY)                                                               \
+      return;                                                                            \
     }                                                                                    \
+    if (r >= n_rows) return;                                                             \
+    constexpr bool SC_SH = false;                                                        \
+    (void)SC_SH;                                                                         \
+    (void)xq;                                                                            \
+    (void)xd;                                                                            \
+    (void)xs;                                                                            \
+    SC_MATVEC_LOOP(BODY)                                                                 \
   }
-#define SC_MATVEC_KERNEL(NAME, BODY)                                                      \
-  SC_MATVEC_KERNEL_T(NAME, 8, BODY)                                                      \
-  SC_MATVEC_KERNEL_T(NAME##_t4, 4, BODY)                                                 \
-  SC_MATVEC_KERNEL_T(NAME##_t1, 1, BODY)
+// T4LB: the _t4 kernel's launch bounds. The quantized ones ask for 8 blocks an SM (64
+// registers, 32 warps in flight), which their bodies fit without spilling; the float
+// ones do not.
+#define SC_LB_128 __launch_bounds__(128)
+#define SC_LB_128_8 __launch_bounds__(128, 8)
+#define SC_MATVEC_KERNEL_M(NAME, T4LB, BODY)                                              \
+  SC_MATVEC_KERNEL_T(NAME, 8, SC_LB_128, BODY)                                           \
+  SC_MATVEC_KERNEL_T(NAME##_t4, 4, T4LB, BODY)                                           \
+  SC_MATVEC_KERNEL_T(NAME##_t1, 1, SC_LB_128, BODY)
+#define SC_MATVEC_KERNEL(NAME, BODY) SC_MATVEC_KERNEL_M(NAME, SC_LB_128_8, BODY)
 
-SC_MATVEC_KERNEL(matvec_f32, SC_FDOT(sc_get_f32))
-SC_MATVEC_KERNEL(matvec_f16, SC_FDOT(sc_get_f16))
-SC_MATVEC_KERNEL(matvec_bf16, SC_FDOT(sc_get_bf16))
+SC_MATVEC_KERNEL_M(matvec_f32, SC_LB_128, SC_FDOT(sc_get_f32))
+SC_MATVEC_KERNEL_M(matvec_f16, SC_LB_128, SC_FDOT(sc_get_f16))
+SC_MATVEC_KERNEL_M(matvec_bf16, SC_LB_128, SC_FDOT(sc_get_bf16))
 SC_MATVEC_KERNEL(matvec_q8_0, SC_QDOT(WQ8_0, sc_load_q8_0, sc_contrib_q8_0))
 SC_MATVEC_KERNEL(matvec_q4_0, SC_QDOT(WQ4_0, sc_load_q4_0, sc_contrib_q4_0))
 SC_MATVEC_KERNEL(matvec_q4_k, SC_QDOT(WK, sc_load_q4_k, sc_contrib_k))
@@ -360,7 +444,7 @@ __device__ __forceinline__ void sc_dot_rows(int ty, const uint8_t* const* rows, 
 // activations one after another, n_sub blocks each): every weight sub-block is loaded
 // once for all the tokens, and token t's sum takes the operations of sc_qdot_rows
 // for it alone (the same bits).
-template <class F, int NT>
+template <class F, int NT, bool SH>
 __device__ __forceinline__ void sc_qdot_toks(const uint8_t* row, int n_sub, const int8_t* xq, const float* xd,
                                              const int* xs, int nt, int lane, float* acc) {
   for (int s = lane; s < n_sub; s += 32) {
@@ -371,28 +455,29 @@ __device__ __forceinline__ void sc_qdot_toks(const uint8_t* row, int n_sub, cons
       if (t < nt) {
         const size_t b = (size_t)t * n_sub + s;
         uint32_t a[8];
-        sc_load_act(xq + (size_t)t * n_sub * 32, s, a);
-        acc[t] = sc_add(acc[t], F::contrib(w, a, __ldg(xd + b), __ldg(xs + b)));
+        sc_lda<SH>(xq, b, a);
+        acc[t] = sc_add(acc[t], F::contrib(w, a, sc_ldv<SH>(xd + b), sc_ldv<SH>(xs + b)));
       }
     }
   }
 }
 
 // sc_dot_rows of one row against each of nt <= NT tokens (rows of x, or of its
-// quantized copy, n_cols values apart): acc[t] is token t's lane sum, its one-token bits.
-template <int NT>
+// quantized copy, n_cols values apart; SH: the copy staged in shared memory): acc[t]
+// is token t's lane sum, its one-token bits.
+template <int NT, bool SH>
 __device__ __forceinline__ void sc_dot_toks(int ty, const uint8_t* row, int n_cols, const float* x,
                                             const int8_t* xq, const float* xd, const int* xs, int nt,
                                             int lane, float* acc) {
   const int n_sub = n_cols >> 5;
   const uint8_t* rows[1] = {row};
   switch (ty) {
-    case SC_T_Q8_0: sc_qdot_toks<FmtQ8_0, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q4_0: sc_qdot_toks<FmtQ4_0, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q4_K: sc_qdot_toks<FmtQ4K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q5_K: sc_qdot_toks<FmtQ5K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q6_K: sc_qdot_toks<FmtQ6K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_IQ4_XS: sc_qdot_toks<FmtIq4Xs, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q8_0: sc_qdot_toks<FmtQ8_0, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q4_0: sc_qdot_toks<FmtQ4_0, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q4_K: sc_qdot_toks<FmtQ4K, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q5_K: sc_qdot_toks<FmtQ5K, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q6_K: sc_qdot_toks<FmtQ6K, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_IQ4_XS: sc_qdot_toks<FmtIq4Xs, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
     default:
       // Float rows: token by token.
       for (int t = 0; t < nt; t++) {
@@ -470,28 +555,10 @@ __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gat
                 float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
                 const int* __restrict__ ids_in) {
   
-  if (ROWS && blockIdx.z) {
-    const size_t tk = blockIdx.z;
-    const size_t aw = (size_t)k * n_ff + (sgate ? n_sff : 0);
-    if (logits) logits += tk * n_expert;
-    if (wts_out) wts_out += tk * k;
-    if (ids_out) ids_out += tk * k;
-    if (ids_in) ids_in += tk * k;
-    x += tk * n_cols;
-    if (xq) {
-      xq += tk * n_cols;
-      xd += tk * (n_cols / 32);
-      xs += tk * (n_cols / 32);
-    }
-    if (shared_logit) shared_logit += tk;
-    act += tk * aw;
-    if (aq) {
-      aq += tk * aw;
-      ad += tk * aw / 32;
-      as += tk * aw / 32;
-    }
-    if (plane_done) plane_done += tk * (k + 1);
-  }
+  // Token tk's rows (0 alone): offsets taken where each pointer is used, so that
+  // the rows launch keeps the one-token launch's registers.
+  const size_t tk = ROWS ? blockIdx.z : 0;
+  const size_t aw = (size_t)k * n_ff + (sgate ? n_sff : 0);
   __shared__ float sp[SC_FUSED_MAX_EXPERT];
   __shared__ bool s_last;
   __shared__ int sid[SC_MAX_K];
@@ -502,16 +569,16 @@ __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gat
   const bool shared = plane == k;
   if (!shared) {
     if (ids_in) {
-      if ((int)threadIdx.x < k) s_ids[threadIdx.x] = ids_in[threadIdx.x];
+      if ((int)threadIdx.x < k) s_ids[threadIdx.x] = ids_in[tk * k + threadIdx.x];
     } else if (threadIdx.x < 32) {
       float wt = 0.0f;
       int id = 0;
-      sc_route_warp<SC_FUSED_MAX_EXPERT / 32>(logits, n_expert, k, sp, sid, wt, id);
+      sc_route_warp<SC_FUSED_MAX_EXPERT / 32>(logits + tk * n_expert, n_expert, k, sp, sid, wt, id);
       if (lane < k) {
         s_ids[lane] = id;
         if (blockIdx.x == 0 && plane == 0) {
-          wts_out[lane] = wt;
-          ids_out[lane] = id;
+          wts_out[tk * k + lane] = wt;
+          ids_out[tk * k + lane] = id;
         }
       }
     }
@@ -523,9 +590,10 @@ __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gat
   const int n_rows = shared ? n_sff : n_ff;
   if (shared && gate_inp && r == n_rows) {
     float acc = 0.0f;
-    for (int i = lane; i < n_cols; i += 32) acc = sc_add(acc, sc_mul(x[i], __ldg(gate_inp + i)));
+    const float* xt = x + tk * n_cols;
+    for (int i = lane; i < n_cols; i += 32) acc = sc_add(acc, sc_mul(xt[i], __ldg(gate_inp + i)));
     acc = sc_warp_sum(acc);
-    if (lane == 0) *shared_logit = acc;
+    if (lane == 0) shared_logit[tk] = acc;
   } else if (r < n_rows) {
     const uint8_t* rows[2];
     int t;
@@ -541,10 +609,12 @@ __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gat
       t = ty;
     }
     float acc[2] = {0.0f, 0.0f};
-    sc_dot_rows<2>(t, rows, n_cols, x, xq, xd, xs, lane, acc);
+    const size_t xo = tk * n_cols;
+    sc_dot_rows<2>(t, rows, n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + xo / 32 : nullptr,
+                   xs ? xs + xo / 32 : nullptr, lane, acc);
     const float g = sc_warp_sum(acc[0]);
     const float u = sc_warp_sum(acc[1]);
-    if (lane == 0) act[(size_t)plane * n_ff + r] = sc_mul(sc_silu(g), u);
+    if (lane == 0) act[tk * aw + (size_t)plane * n_ff + r] = sc_mul(sc_silu(g), u);
   }
   if (!aq) return;
   // The last block of a plane to finish quantizes the plane's activations (the
@@ -552,10 +622,11 @@ __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gat
   // and the last one resets the count for the next launch).
   __threadfence();
   __syncthreads();
+  plane_done += tk * (k + 1);
   if (threadIdx.x == 0) s_last = atomicAdd(plane_done + plane, 1) == (int)gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
-  const size_t base = (size_t)plane * n_ff;
+  const size_t base = tk * aw + (size_t)plane * n_ff;
   for (int b = threadIdx.x >> 5; b < (n_rows >> 5); b += blockDim.x >> 5) {
     const size_t at = base + (size_t)b * 32;
     sc_quant_block(__ldcg(act + at + (threadIdx.x & 31)), threadIdx.x & 31, aq + at, ad + at / 32, as + at / 32);
@@ -694,7 +765,9 @@ extern "C" __global__ void __launch_bounds__(1024) moe_down_combine(const uint8_
   sc_pdl_enter();
   moe_down_combine_body<false>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
 }
-extern "C" __global__ void __launch_bounds__(1024) moe_down_combine_rows(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
+// The rows launch at 56 registers, so that more of its blocks fit an SM (Q35: four
+// blocks of nine warps, not three; the one-token launch fits one wave either way).
+extern "C" __global__ void __maxnreg__(56) moe_down_combine_rows(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
                      unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
                      unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
                      const float* __restrict__ wts, int k, const float* __restrict__ act,
@@ -806,8 +879,10 @@ SC_ROUTER(router_bf16, FmtBf16)
 // channel c before it is written (model::deltanet::conv_step, as dn_conv does it
 // for one token): acc = Σ_j hist[j]·taps[j] in j order (products rounded, then
 // added), acc += x·taps[d_conv-1], out = silu(acc); the history shifts and takes x.
-// matvec_multi_rows: n_tok tokens (rows of x and its copy), no conv; matrix p's output
-// has a row of its n_rows_p values per token, each the one-token bits.
+// matvec_multi_rows: n_tok tokens (rows of x and its copy); matrix p's output has a
+// row of its n_rows_p values per token, each the one-token bits, and with conv_tab
+// (n_tok state addresses) token t's row of matrix 0 passes through the conv with the
+// state at conv_tab[t] (each sequence its own).
 // This warp's weight row into L2 while the kernel before runs (what matvec_multi
 // may do before sc_pdl_enter(): weights are memory no kernel writes).
 __device__ __forceinline__ void matvec_multi_prefetch(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
@@ -823,6 +898,18 @@ __device__ __forceinline__ void matvec_multi_prefetch(const uint8_t* w0, const u
   if (g < end3) sc_prefetch_l2(w + (unsigned long long)r * rb, rb);
 }
 
+// One channel's causal conv step (see above): the history `st` (d_conv − 1 values)
+// against `taps` (d_conv), then x; the history shifts and takes x. Returns silu(conv).
+__device__ __forceinline__ float sc_conv_channel(float* st, const float* taps, int d_conv, float x) {
+  const int hist = d_conv - 1;
+  float c = 0.0f;
+  for (int j = 0; j < hist; j++) c = sc_add(c, sc_mul(st[j], taps[j]));
+  c = sc_add(c, sc_mul(x, taps[hist]));
+  for (int j = 0; j + 1 < hist; j++) st[j] = st[j + 1];
+  if (hist > 0) st[hist - 1] = x;
+  return sc_silu(c);
+}
+
 template <bool ROWS>
 __device__ __forceinline__ void matvec_multi_body(
     const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, const uint8_t* __restrict__ w2,
@@ -831,13 +918,19 @@ __device__ __forceinline__ void matvec_multi_body(
     float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
     float* __restrict__ out3, int n_cols, const float* __restrict__ x,
     const int8_t* __restrict__ xq, const float* __restrict__ xd, const int* __restrict__ xs,
-    float* __restrict__ conv_state, const float* __restrict__ conv_taps, int d_conv, int n_tok) {
+    float* __restrict__ conv_state, const float* __restrict__ conv_taps, int d_conv, int n_tok,
+    const unsigned long long* __restrict__ conv_tab) {
   const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int p = g < end0 ? 0 : g < end1 ? 1 : g < end2 ? 2 : 3;
   const int r = g - (p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2);
   const uint8_t* w = p == 0 ? w0 : p == 1 ? w1 : p == 2 ? w2 : w3;
   const unsigned long long rb = p == 0 ? rb0 : p == 1 ? rb1 : p == 2 ? rb2 : rb3;
   const int lane = threadIdx.x & 31;
+  // Rows: the tokens' quantized activations staged when the launch gives shared
+  // memory for them (by every thread, before any returns).
+  const bool staged = ROWS && sc_dyn_smem() > 0;
+  StagedAct sa{xq, xd, xs};
+  if (staged) sa = sc_stage_act(n_tok, n_cols, xq, xd, xs);
   if (g >= end3) return;
   float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
   const uint8_t* rows[1] = {w + (unsigned long long)r * rb};
@@ -845,18 +938,29 @@ __device__ __forceinline__ void matvec_multi_body(
     // Token t's row of x (and of its copy) against this weight row, into row t of
     // the matrix's output (n_rows_p values a row): each token's one-token bits.
     const int n_rows_p = p == 0 ? end0 : p == 1 ? end1 - end0 : p == 2 ? end2 - end1 : end3 - end2;
+    const int ty = (tys >> (8 * p)) & 0xff;
     constexpr int NT = 4;  // tokens per pass over the weight row
     for (int t0 = 0; t0 < n_tok; t0 += NT) {
       const size_t xo = (size_t)t0 * n_cols, bo = xo / 32;
       float acc[NT] = {0.0f, 0.0f, 0.0f, 0.0f};
       const int nt = min(NT, n_tok - t0);
-      sc_dot_toks<NT>((tys >> (8 * p)) & 0xff, rows[0], n_cols, x + xo, xq ? xq + xo : nullptr,
-                      xd ? xd + bo : nullptr, xs ? xs + bo : nullptr, nt, lane, acc);
+      if (staged) {
+        sc_dot_toks<NT, true>(ty, rows[0], n_cols, x + xo, sa.q + xo, sa.d + bo, sa.s + bo, nt, lane, acc);
+      } else {
+        sc_dot_toks<NT, false>(ty, rows[0], n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + bo : nullptr,
+                               xs ? xs + bo : nullptr, nt, lane, acc);
+      }
 #pragma unroll
       for (int t = 0; t < NT; t++) {
         if (t < nt) {
-          const float v = sc_warp_sum(acc[t]);
-          if (lane == 0) out[(t0 + t) * (size_t)n_rows_p + r] = v;
+          float v = sc_warp_sum(acc[t]);
+          if (lane == 0) {
+            if (p == 0 && conv_tab) {
+              float* st = reinterpret_cast<float*>(conv_tab[t0 + t]) + (size_t)r * (d_conv - 1);
+              v = sc_conv_channel(st, conv_taps + (size_t)r * d_conv, d_conv, v);
+            }
+            out[(t0 + t) * (size_t)n_rows_p + r] = v;
+          }
         }
       }
     }
@@ -867,21 +971,13 @@ __device__ __forceinline__ void matvec_multi_body(
   float v = sc_warp_sum(acc[0]);
   if (lane != 0) return;
   if (p == 0 && conv_state) {
-    const int hist = d_conv - 1;
-    float* st = conv_state + (size_t)r * hist;
-    const float* taps = conv_taps + (size_t)r * d_conv;
-    float c = 0.0f;
-    for (int j = 0; j < hist; j++) c = sc_add(c, sc_mul(st[j], taps[j]));
-    c = sc_add(c, sc_mul(v, taps[hist]));
-    for (int j = 0; j + 1 < hist; j++) st[j] = st[j + 1];
-    if (hist > 0) st[hist - 1] = v;
-    v = sc_silu(c);
+    v = sc_conv_channel(conv_state + (size_t)r * (d_conv - 1), conv_taps + (size_t)r * d_conv, d_conv, v);
   }
   out[r] = v;
 }
 
-#define SC_MATVEC_MULTI(NAME, ROWS)                                                                  \
-  extern "C" __global__ void __launch_bounds__(128)                                                 \
+#define SC_MATVEC_MULTI(NAME, ROWS, LB)                                                              \
+  extern "C" __global__ void LB                                                                     \
       NAME(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,                          \
            const uint8_t* __restrict__ w2, const uint8_t* __restrict__ w3, int tys,                 \
            unsigned long long rb0, unsigned long long rb1, unsigned long long rb2,                  \
@@ -890,12 +986,15 @@ __device__ __forceinline__ void matvec_multi_body(
            float* __restrict__ out3, int n_cols, const float* __restrict__ x,                       \
            const int8_t* __restrict__ xq, const float* __restrict__ xd,                             \
            const int* __restrict__ xs, float* __restrict__ conv_state,                              \
-           const float* __restrict__ conv_taps, int d_conv, int n_tok) {                            \
+           const float* __restrict__ conv_taps, int d_conv, int n_tok,                              \
+           const unsigned long long* __restrict__ conv_tab) {                                       \
     matvec_multi_prefetch(w0, w1, w2, w3, rb0, rb1, rb2, rb3, end0, end1, end2, end3);             \
     sc_pdl_enter();                                                                                 \
     matvec_multi_body<ROWS>(w0, w1, w2, w3, tys, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0,  \
                             out1, out2, out3, n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv, \
-                            n_tok);                                                                 \
+                            n_tok, conv_tab);                                                       \
   }
-SC_MATVEC_MULTI(matvec_multi, false)
-SC_MATVEC_MULTI(matvec_multi_rows, true)
+// The rows launch at six blocks an SM: its staged branch spills at 64 registers.
+#define SC_LB_128_6 __launch_bounds__(128, 6)
+SC_MATVEC_MULTI(matvec_multi, false, SC_LB_128)
+SC_MATVEC_MULTI(matvec_multi_rows, true, SC_LB_128_6)

@@ -8,12 +8,23 @@
 #define SC_MAX_EXPERT 1024
 #define SC_MAX_K 32
 
-// Larger probability first, the lower expert on ties (a stable descending sort).
-__device__ __forceinline__ void sc_route_better(float& bv, int& bi, float v, int i) {
-  if (v > bv || (v == bv && i < bi)) {
-    bv = v;
-    bi = i;
-  }
+// The warp's largest / smallest of one u32 a lane (every lane gets it): one
+// reduction instruction from sm_80, a butterfly of shuffles before.
+__device__ __forceinline__ uint32_t sc_warp_max_u32(uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+  for (int w = 16; w > 0; w >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+#endif
+}
+__device__ __forceinline__ uint32_t sc_warp_min_u32(uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_min_sync(0xffffffffu, v);
+#else
+  for (int w = 16; w > 0; w >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+#endif
 }
 
 // One full warp routes one token's n_expert logits `l` (model::moe::route): softmax
@@ -60,22 +71,28 @@ __device__ __forceinline__ void sc_route_warp(const float* __restrict__ l, int n
   }
   __syncwarp();
 
-  // k rounds of a warp argmax over the experts not yet chosen.
+  // k rounds of a warp argmax over the experts not yet chosen. A probability is
+  // e^(..)·(1/sum) >= +0, so its bits order as it does: key = bits + 1 for a
+  // candidate (0: none; NaN never wins), each lane's best key held with its lowest
+  // expert (q ascending, strict >), then the warp's largest key and the lowest expert
+  // holding it: larger probability first, the lower expert on ties.
   for (int r = 0; r < k; r++) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
+    uint32_t lk = 0;
+    int li = 0x7fffffff;
 #pragma unroll
     for (int q = 0; q < PER; q++) {
-      if (!(taken & (1u << q))) sc_route_better(bv, bi, pv[q], lane + 32 * q);
+      const float v = pv[q];
+      const uint32_t key = __float_as_uint(v) + 1u;
+      if (!(taken & (1u << q)) && v == v && key > lk) {
+        lk = key;
+        li = lane + 32 * q;
+      }
     }
-    for (int w = 16; w > 0; w >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, w);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, w);
-      sc_route_better(bv, bi, ov, oi);
-    }
+    const uint32_t mk = sc_warp_max_u32(lk);
+    int bi = (int)sc_warp_min_u32(lk == mk && mk != 0 ? (uint32_t)li : 0xffffffffu);
     // Only if every remaining probability is NaN does no expert win; take the
     // lowest untaken index then (memory safety; NaN routing is unspecified).
-    if (bi == 0x7fffffff) {
+    if (mk == 0) {
       bi = 0;
       for (bool again = true; again;) {
         again = false;

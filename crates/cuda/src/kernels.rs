@@ -101,7 +101,6 @@ kernels! {
     AttnCoreRowsHd256 = "attn_core_rows_hd256",
     AttnCombine = "attn_combine",
     DnConv = "dn_conv",
-    DnConvRows = "dn_conv_rows",
     DnQkNorm = "dn_qk_norm",
     DnRecurrenceDk32 = "dn_recurrence_dk32",
     DnRecurrenceDk64 = "dn_recurrence_dk64",

@@ -100,59 +100,11 @@ impl Gpu {
             Arg::I32(int(KN, "d_conv", d_conv)?),
             Arg::I32(int(KN, "tokens per run", tpb)?),
             Arg::P(addr(KN, "out", out, 4)?),
-            Arg::P(0),
         ];
         let runs = n_tok.div_ceil(tpb);
         self.launch(
             K::DnConv,
             [blocks(conv_dim, 128)?, runs as u32, 1],
-            128,
-            0,
-            &args,
-        )
-    }
-
-    /// [`Gpu::dn_conv`] of one token for each of `n_rows` sequences: row y of `qkv`
-    /// and `out` (f32 [n_rows][conv_dim]) with the conv state at `state_tab[y]`
-    /// (device u64 [n_rows]), each row the bits of its one-token call.
-    #[allow(clippy::too_many_arguments)]
-    pub fn dn_conv_rows(
-        &self,
-        qkv: u64,
-        state_tab: u64,
-        taps: u64,
-        n_rows: usize,
-        conv_dim: usize,
-        d_conv: usize,
-        out: u64,
-    ) -> Result<(), CudaError> {
-        const KN: &str = "dn_conv_rows";
-        if d_conv == 0 || d_conv > MAX_D_CONV {
-            return Err(CudaError::bad(
-                KN,
-                format!("d_conv {d_conv} (1..={MAX_D_CONV} supported)"),
-            ));
-        }
-        if n_rows > super::MAX_GRID_YZ {
-            return Err(CudaError::bad(KN, format!("{n_rows} rows in one launch")));
-        }
-        if n_rows == 0 || conv_dim == 0 {
-            return Ok(());
-        }
-        let args = [
-            Arg::P(addr(KN, "qkv", qkv, 4)?),
-            Arg::P(0),
-            Arg::P(addr(KN, "taps", taps, 4)?),
-            Arg::I32(1),
-            Arg::I32(int(KN, "conv_dim", conv_dim)?),
-            Arg::I32(int(KN, "d_conv", d_conv)?),
-            Arg::I32(1),
-            Arg::P(addr(KN, "out", out, 4)?),
-            Arg::P(addr(KN, "state_tab", state_tab, 8)?),
-        ];
-        self.launch(
-            K::DnConvRows,
-            [blocks(conv_dim, 128)?, n_rows as u32, 1],
             128,
             0,
             &args,

@@ -55,6 +55,22 @@ unsafe impl ValidAsZeroBits for Tile {}
 
 /// What the kernels know of a weight type: its kernel, the type code of
 /// kernels/sc_formats.cuh, values per block and the alignment its loads need.
+/// The most shared memory a launch gets for staging its tokens' quantized activations
+/// (the default limit: no opt-in attribute needed).
+const STAGE_MAX_BYTES: usize = 48 * 1024;
+
+/// The dynamic shared memory that stages `n_tok` tokens' quantized activations of
+/// `n_cols` values (kernels/quant.cu sc_stage_act: the int8 values, then a scale and a
+/// sum per 32), or 0 (no staging) when that is more than [`STAGE_MAX_BYTES`].
+fn stage_bytes(n_tok: usize, n_cols: usize) -> u32 {
+    let b = n_tok * (n_cols + n_cols / 32 * 8);
+    if b <= STAGE_MAX_BYTES {
+        b as u32
+    } else {
+        0
+    }
+}
+
 pub(crate) struct TypeInfo {
     k: K,
     /// The same kernel for one token per tile (decode).
@@ -509,19 +525,28 @@ impl Gpu {
         // One token per tile (decode): the kernel that keeps one accumulator per
         // lane runs more warps at once; same bits per (row, token).
         let one = (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == TileShape::Single);
-        let k = if one {
-            ti.k1
+        // 2 to 4 tokens of a plain matrix (a batched decode step's rows): the _t4
+        // kernel, which stages quantized activations in the shared memory it is given.
+        let (k, smem) = if one {
+            (ti.k1, 0)
         } else if tiles == 0 && n_tok <= 4 {
-            ti.k4
+            (
+                ti.k4,
+                if ti.float {
+                    0
+                } else {
+                    stage_bytes(n_tok, n_cols)
+                },
+            )
         } else {
-            ti.k
+            (ti.k, 0)
         };
         let grid = [
             blocks(n_rows, MV_ROWS_PER_BLOCK)?,
             units.min(MAX_GRID_YZ) as u32,
             1,
         ];
-        self.launch(k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, 0, &args)
+        self.launch(k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, smem, &args)
     }
 
     /// One token against up to four matrices that read it, in one launch:
@@ -539,12 +564,14 @@ impl Gpu {
         xq: QAct,
         conv: Option<(u64, u64, usize)>,
     ) -> Result<(), CudaError> {
-        self.matvec_multi_launch(mats, outs, x, xq, conv, 1)
+        self.matvec_multi_launch(mats, outs, x, xq, conv, None)
     }
 
-    /// [`Gpu::matvec_multi`] without the conv for each of `n_tok` tokens (rows of `x`
-    /// and `xq`): `outs[p]` gets a row of matrix p's `n_rows` values per token, each
-    /// with the one-token bits (a batched decode step of several sequences).
+    /// [`Gpu::matvec_multi`] for each of `n_tok` tokens (rows of `x` and `xq`):
+    /// `outs[p]` gets a row of matrix p's `n_rows` values per token, each with the
+    /// one-token bits (a batched decode step of several sequences). With `conv` =
+    /// (state table, taps, d_conv), token t's conv state is at the table's entry t
+    /// (device u64 [n_tok]): each sequence's conv advances on its own state.
     pub fn matvec_multi_rows(
         &self,
         mats: &[&Mat],
@@ -552,8 +579,9 @@ impl Gpu {
         x: u64,
         xq: QAct,
         n_tok: usize,
+        conv: Option<(u64, u64, usize)>,
     ) -> Result<(), CudaError> {
-        self.matvec_multi_launch(mats, outs, x, xq, None, n_tok)
+        self.matvec_multi_launch(mats, outs, x, xq, conv, Some(n_tok))
     }
 
     fn matvec_multi_launch(
@@ -563,9 +591,11 @@ impl Gpu {
         x: u64,
         xq: QAct,
         conv: Option<(u64, u64, usize)>,
-        n_tok: usize,
+        rows: Option<usize>,
     ) -> Result<(), CudaError> {
         const KN: &str = "matvec_multi";
+        // Rows: that many tokens, and a conv state table; else one token.
+        let n_tok = rows.unwrap_or(1);
         if mats.is_empty() || mats.len() > 4 || outs.len() != mats.len() {
             return Err(CudaError::bad(
                 KN,
@@ -596,6 +626,7 @@ impl Gpu {
         for p in mats.len()..4 {
             ends[p] = ends[p - 1];
         }
+        // One token: the conv state itself; rows: a table of their states.
         let (cs, ct, dc) = match conv {
             Some((s, t, d)) => {
                 if d == 0 || d > super::MAX_D_CONV {
@@ -604,18 +635,18 @@ impl Gpu {
                         format!("d_conv {d} (1..={} supported)", super::MAX_D_CONV),
                     ));
                 }
-                (
-                    if d > 1 {
-                        addr(KN, "conv state", s, 4)?
-                    } else {
-                        s
-                    },
-                    addr(KN, "conv taps", t, 4)?,
-                    d,
-                )
+                let s = if rows.is_some() {
+                    addr(KN, "conv state table", s, 8)?
+                } else if d > 1 {
+                    addr(KN, "conv state", s, 4)?
+                } else {
+                    s
+                };
+                (s, addr(KN, "conv taps", t, 4)?, d)
             }
             None => (0, 0, 0),
         };
+        let (cs, ctab) = if rows.is_some() { (0, cs) } else { (cs, 0) };
         let [q0, q1, q2] = qact_args(KN, xq, need_q)?;
         let mut args = vec![
             Arg::P(w[0]),
@@ -637,19 +668,26 @@ impl Gpu {
             Arg::P(ct),
             Arg::I32(dc as i32),
             Arg::I32(int(KN, "n_tok", n_tok)?),
+            Arg::P(ctab),
         ]);
         if end == 0 || n_tok == 0 {
             return Ok(());
         }
+        // Rows with a quantized matrix: their activations staged in shared memory.
+        let smem = if rows.is_some() && need_q {
+            stage_bytes(n_tok, n_cols)
+        } else {
+            0
+        };
         self.launch(
-            if n_tok == 1 {
-                K::MatvecMulti
-            } else {
+            if rows.is_some() {
                 K::MatvecMultiRows
+            } else {
+                K::MatvecMulti
             },
             [blocks(end, MV_ROWS_PER_BLOCK)?, 1, 1],
             (32 * MV_ROWS_PER_BLOCK) as u32,
-            0,
+            smem,
             &args,
         )
     }

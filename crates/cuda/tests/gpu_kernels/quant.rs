@@ -1024,7 +1024,8 @@ fn matvec_multi_matches_the_cpu() {
                 &format!("conv state of {shapes:?}"),
             );
         }
-        // Three tokens in one launch (matvec_multi_rows): each token's matvec.
+        // Three tokens in one launch (matvec_multi_rows): each token's matvec, and
+        // with the conv, each token's conv step on a state of its own (a table).
         let x3 = activations(3, n_cols, &mut rng);
         let dx3 = up(&g, &x3);
         let q3: Vec<_> = x3.chunks(n_cols).map(quant::quantize_act).collect();
@@ -1033,19 +1034,38 @@ fn matvec_multi_matches_the_cpu() {
             .iter()
             .map(|&(_, rows)| poisoned(&g, 3 * rows))
             .collect();
+        let states3: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(rows0 * (d_conv - 1), 2.0)).collect();
+        let dstates3: Vec<_> = states3.iter().map(|st| up(&g, st)).collect();
+        let tab = up(&g, &dstates3.iter().map(|b| b.ptr()).collect::<Vec<u64>>());
         g.matvec_multi_rows(
             &mats.iter().collect::<Vec<_>>(),
             &outs3.iter().map(|o| o.ptr()).collect::<Vec<_>>(),
             dx3.ptr(),
             dq3.q(),
             3,
+            conv.then_some((tab.ptr(), dtaps.ptr(), d_conv)),
         )
         .unwrap();
         for (p, (o, (&(ty, rows), w))) in outs3.iter().zip(shapes.iter().zip(&ws)).enumerate() {
+            let mut want = cpu_matmul(ty, w, rows, n_cols, &x3, 3);
+            if p == 0 && conv {
+                for (t, st) in states3.iter().enumerate() {
+                    let mut st = st.clone();
+                    let mut o = vec![0f32; rows];
+                    let row = &want[t * rows..(t + 1) * rows];
+                    model::deltanet::conv_step(&mut st, &taps, row, d_conv, &mut o);
+                    want[t * rows..(t + 1) * rows].copy_from_slice(&o);
+                    assert_bits(
+                        &down(&g, &dstates3[t]),
+                        &st,
+                        &format!("matvec_multi_rows conv state of token {t}, {shapes:?}"),
+                    );
+                }
+            }
             assert_bits(
                 &down(&g, o),
-                &cpu_matmul(ty, w, rows, n_cols, &x3, 3),
-                &format!("matvec_multi_rows matrix {p} of {shapes:?}"),
+                &want,
+                &format!("matvec_multi_rows matrix {p} of {shapes:?}, conv {conv}"),
             );
         }
     }

@@ -1365,8 +1365,15 @@ impl CudaBackend {
     }
 
     /// The input projections of a mixer in rows mode: every row of `x` against each
-    /// of `ws` (at most four) in one launch, into `outs`.
-    fn multi_rows(&self, ws: &[&DevWeight], x: &DBuf, xq: QAct) -> Result<Vec<DBuf>, ExecError> {
+    /// of `ws` (at most four) in one launch, into `outs`; with `conv` (state table,
+    /// taps, d_conv) matrix 0's rows go through each row's DeltaNet conv.
+    fn multi_rows(
+        &self,
+        ws: &[&DevWeight],
+        x: &DBuf,
+        xq: QAct,
+        conv: Option<(u64, u64, usize)>,
+    ) -> Result<Vec<DBuf>, ExecError> {
         let outs: Vec<DBuf> = ws
             .iter()
             .map(|w| self.alloc(x.rows, w.n_rows, "matvec_multi_rows"))
@@ -1374,7 +1381,14 @@ impl CudaBackend {
         let mats: Vec<cuda::Mat> = ws.iter().map(|w| w.mat()).collect();
         let ptrs: Vec<u64> = outs.iter().map(|o| o.ptr).collect();
         self.gpu
-            .matvec_multi_rows(&mats.iter().collect::<Vec<_>>(), &ptrs, x.ptr, xq, x.rows)
+            .matvec_multi_rows(
+                &mats.iter().collect::<Vec<_>>(),
+                &ptrs,
+                x.ptr,
+                xq,
+                x.rows,
+                conv,
+            )
             .map_err(cuda_err("matvec_multi_rows"))?;
         Ok(outs)
     }
@@ -1400,22 +1414,10 @@ impl CudaBackend {
         }
         let n = x.rows;
         let xq = self.prepare(&ws, x)?;
-        let outs = self.multi_rows(&ws, x, xq)?;
-        let (qkv, z, proj) = (&outs[0], &outs[1], &outs[2..]);
-        let conv_dim = ssm.conv_dim();
-        let conv = self.alloc(n, conv_dim, "delta_net")?;
         let (conv_tab, ssm_tab) = self.dn_tabs(slot);
-        self.gpu
-            .dn_conv_rows(
-                qkv.ptr,
-                conv_tab,
-                d.conv.ptr(),
-                n,
-                conv_dim,
-                ssm.d_conv,
-                conv.ptr,
-            )
-            .map_err(cuda_err("dn_conv_rows"))?;
+        let outs = self.multi_rows(&ws, x, xq, Some((conv_tab, d.conv.ptr(), ssm.d_conv)))?;
+        let (conv, z, proj) = (&outs[0], &outs[1], &outs[2..]);
+        let conv_dim = ssm.conv_dim();
         let (y, yq, step) = self.dn_step_args(d, ssm, proj, z, n)?;
         let rows = cuda::DnRows {
             n,
@@ -1457,7 +1459,7 @@ impl CudaBackend {
         }
         let ws = [&a.q, &a.k, &a.v];
         let xq = self.prepare(&ws, x)?;
-        let outs = self.multi_rows(&ws, x, xq)?;
+        let outs = self.multi_rows(&ws, x, xq, None)?;
         let raw = (&outs[0], &outs[1], &outs[2]);
         let tab = self.kv_tab(slot);
         self.attention_core(a, raw, self.pos.ptr(), (0, 0), tab, n_ctx)
