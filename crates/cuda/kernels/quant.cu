@@ -37,67 +37,9 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
   sc_ld128(p + 16, a + 4);
 }
 
-// ------------------------------------------------------- staged activations
-// A kernel that multiplies a few tokens (a batched decode step's rows) may first copy
-// their quantized activations into dynamic shared memory, when the launch gives it
-// some (the host does when they fit): each warp then meets every token of a weight
-// sub-block with shared-memory loads instead of round trips to L2. Same values, so
-// the same bits.
-extern __shared__ __align__(16) uint8_t sc_stage_smem[];
-
-// The launch's dynamic shared memory in bytes.
-__device__ __forceinline__ uint32_t sc_dyn_smem() {
-  uint32_t r;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-  return r;
-}
-
-struct StagedAct {
-  const int8_t* q;
-  const float* d;
-  const int* s;
-};
-
-// n_tok tokens' int8 values (n_cols each), then their block scales and sums (n_cols/32
-// each), copied by every thread of the block, which then waits at a barrier: call it
-// from all of them, before any returns.
-__device__ __forceinline__ StagedAct sc_stage_act(int n_tok, int n_cols, const int8_t* __restrict__ xq,
-                                                  const float* __restrict__ xd, const int* __restrict__ xs) {
-  const int nb = n_tok * (n_cols >> 5);
-  int8_t* q = (int8_t*)sc_stage_smem;
-  float* d = (float*)(sc_stage_smem + (size_t)n_tok * n_cols);
-  int* sm = (int*)(d + nb);
-  for (int i = threadIdx.x; i < nb * 2; i += blockDim.x) ((uint4*)q)[i] = __ldg((const uint4*)xq + i);
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
-    d[i] = __ldg(xd + i);
-    sm[i] = __ldg(xs + i);
-  }
-  __syncthreads();
-  return StagedAct{q, d, sm};
-}
-
-// Activation block `ab` (32 int8 values) as 8 words, and one scale or sum: from global
-// memory (the read-only path), or (SH) from a staged copy in shared memory.
-template <bool SH>
-__device__ __forceinline__ void sc_lda(const int8_t* xq, size_t ab, uint32_t* a) {
-  if (SH) {
-    const uint4* p = (const uint4*)(xq + ab * 32);
-    const uint4 u = p[0], v = p[1];
-    a[0] = u.x, a[1] = u.y, a[2] = u.z, a[3] = u.w;
-    a[4] = v.x, a[5] = v.y, a[6] = v.z, a[7] = v.w;
-  } else {
-    sc_load_act(xq, ab, a);
-  }
-}
-template <bool SH, class T>
-__device__ __forceinline__ T sc_ldv(const T* p) {
-  return SH ? *p : __ldg(p);
-}
-
 // Quantized rows: lane `lane` is accumulator `lane` and takes sub-blocks lane,
 // lane + 32, ... in increasing order; each sub-block is decoded once and meets every
-// token of the tile. SC_SH (a constexpr bool where the body expands): xq/xd/xs are a
-// staged copy in shared memory.
+// token of the tile.
 #define SC_QDOT(W, LOAD, CONTRIB)                                                        \
   _Pragma("unroll 2") for (int s = lane; s < n_sub; s += 32) {                          \
     W w;                                                                                 \
@@ -106,8 +48,8 @@ __device__ __forceinline__ T sc_ldv(const T* p) {
       if (j < nt) {                                                                      \
         const size_t ab = (size_t)in_r[j] * n_sub + s;                                   \
         uint32_t a[8];                                                                   \
-        sc_lda<SC_SH>(xq, ab, a);                                                        \
-        acc[j] = sc_add(acc[j], CONTRIB(w, a, sc_ldv<SC_SH>(xd + ab), sc_ldv<SC_SH>(xs + ab))); \
+        sc_load_act(xq, ab, a);                                                          \
+        acc[j] = sc_add(acc[j], CONTRIB(w, a, __ldg(xd + ab), __ldg(xs + ab)));          \
       }                                                                                  \
     }                                                                                    \
   }
@@ -147,7 +89,26 @@ __device__ __forceinline__ T sc_ldv(const T* p) {
 // so more warps in flight, the TL = 4 ones (_t4) 2 to 4 tokens of a plain matrix (a
 // batched decode step of several sequences). All perform the same operations per
 // (row, token).
-#define SC_MATVEC_LOOP(BODY)                                                              \
+#define SC_MATVEC_KERNEL_T(NAME, TLV, LB, BODY)                                           \
+  extern "C" __global__ void LB                                                          \
+      NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes,               \
+           unsigned long long row_bytes, int n_rows, int n_cols, const float* __restrict__ x, \
+           const int8_t* __restrict__ xq, const float* __restrict__ xd,                  \
+           const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,        \
+           int n_tiles, float* __restrict__ out) {                                       \
+    const int lane = threadIdx.x & 31;                                                   \
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
+    /* One token of a plain matrix: its row into L2 while the kernel before runs. */     \
+    if (TLV <= 4 && tiles == nullptr && r < n_rows) sc_prefetch_l2(w + (unsigned long long)r * row_bytes, row_bytes); \
+    sc_pdl_enter();                                                                      \
+    constexpr int TL = TLV;                                                              \
+    if (r >= n_rows) return;                                                             \
+    const int n_sub = n_cols >> 5;                                                       \
+    (void)n_sub;                                                                         \
+    (void)x;                                                                             \
+    (void)xq;                                                                            \
+    (void)xd;                                                                            \
+    (void)xs;                                                                            \
     const int n_units = tiles ? n_tiles : (n_tok + SC_TILE - 1) / SC_TILE;               \
     for (int u = blockIdx.y; u < n_units; u += gridDim.y) {                              \
       int n_in, expert = 0;                                                              \
@@ -178,46 +139,7 @@ __device__ __forceinline__ T sc_ldv(const T* p) {
           }                                                                              \
         }                                                                                \
       }                                                                                  \
-    }
-#define SC_MATVEC_KERNEL_T(NAME, TLV, LB, BODY)                                           \
-  extern "C" __global__ void LB                                                          \
-      NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes,               \
-           unsigned long long row_bytes, int n_rows, int n_cols, const float* __restrict__ x, \
-           const int8_t* __restrict__ xq, const float* __restrict__ xd,                  \
-           const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,        \
-           int n_tiles, float* __restrict__ out) {                                       \
-    const int lane = threadIdx.x & 31;                                                   \
-    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                   \
-    /* One token of a plain matrix: its row into L2 while the kernel before runs. */     \
-    if (TLV <= 4 && tiles == nullptr && r < n_rows) sc_prefetch_l2(w + (unsigned long long)r * row_bytes, row_bytes); \
-    sc_pdl_enter();                                                                      \
-    constexpr int TL = TLV;                                                              \
-    const int n_sub = n_cols >> 5;                                                       \
-    (void)n_sub;                                                                         \
-    (void)x;                                                                             \
-    /* A batched decode step's rows (2 to 4 tokens of a plain quantized matrix): the */  \
-    /* tokens' activations staged when the launch gives shared memory for them. */      \
-    if (TLV == 4 && tiles == nullptr && sc_dyn_smem() > 0) {                             \
-      const StagedAct st_ = sc_stage_act(n_tok, n_cols, xq, xd, xs);                     \
-      if (r >= n_rows) return;                                                           \
-      constexpr bool SC_SH = true;                                                       \
-      (void)SC_SH;                                                                       \
-      const int8_t* const xq = st_.q;                                                    \
-      const float* const xd = st_.d;                                                     \
-      const int* const xs = st_.s;                                                       \
-      (void)xq;                                                                          \
-      (void)xd;                                                                          \
-      (void)xs;                                                                          \
-      SC_MATVEC_LOOP(BODY)                                                               \
-      return;                                                                            \
     }                                                                                    \
-    if (r >= n_rows) return;                                                             \
-    constexpr bool SC_SH = false;                                                        \
-    (void)SC_SH;                                                                         \
-    (void)xq;                                                                            \
-    (void)xd;                                                                            \
-    (void)xs;                                                                            \
-    SC_MATVEC_LOOP(BODY)                                                                 \
   }
 // T4LB: the _t4 kernel's launch bounds. The quantized ones ask for 8 blocks an SM (64
 // registers, 32 warps in flight), which their bodies fit without spilling; the float
@@ -444,7 +366,7 @@ __device__ __forceinline__ void sc_dot_rows(int ty, const uint8_t* const* rows, 
 // activations one after another, n_sub blocks each): every weight sub-block is loaded
 // once for all the tokens, and token t's sum takes the operations of sc_qdot_rows
 // for it alone (the same bits).
-template <class F, int NT, bool SH>
+template <class F, int NT>
 __device__ __forceinline__ void sc_qdot_toks(const uint8_t* row, int n_sub, const int8_t* xq, const float* xd,
                                              const int* xs, int nt, int lane, float* acc) {
   for (int s = lane; s < n_sub; s += 32) {
@@ -455,29 +377,28 @@ __device__ __forceinline__ void sc_qdot_toks(const uint8_t* row, int n_sub, cons
       if (t < nt) {
         const size_t b = (size_t)t * n_sub + s;
         uint32_t a[8];
-        sc_lda<SH>(xq, b, a);
-        acc[t] = sc_add(acc[t], F::contrib(w, a, sc_ldv<SH>(xd + b), sc_ldv<SH>(xs + b)));
+        sc_load_act(xq + (size_t)t * n_sub * 32, s, a);
+        acc[t] = sc_add(acc[t], F::contrib(w, a, __ldg(xd + b), __ldg(xs + b)));
       }
     }
   }
 }
 
 // sc_dot_rows of one row against each of nt <= NT tokens (rows of x, or of its
-// quantized copy, n_cols values apart; SH: the copy staged in shared memory): acc[t]
-// is token t's lane sum, its one-token bits.
-template <int NT, bool SH>
+// quantized copy, n_cols values apart): acc[t] is token t's lane sum, its one-token bits.
+template <int NT>
 __device__ __forceinline__ void sc_dot_toks(int ty, const uint8_t* row, int n_cols, const float* x,
                                             const int8_t* xq, const float* xd, const int* xs, int nt,
                                             int lane, float* acc) {
   const int n_sub = n_cols >> 5;
   const uint8_t* rows[1] = {row};
   switch (ty) {
-    case SC_T_Q8_0: sc_qdot_toks<FmtQ8_0, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q4_0: sc_qdot_toks<FmtQ4_0, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q4_K: sc_qdot_toks<FmtQ4K, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q5_K: sc_qdot_toks<FmtQ5K, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q6_K: sc_qdot_toks<FmtQ6K, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_IQ4_XS: sc_qdot_toks<FmtIq4Xs, NT, SH>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q8_0: sc_qdot_toks<FmtQ8_0, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q4_0: sc_qdot_toks<FmtQ4_0, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q4_K: sc_qdot_toks<FmtQ4K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q5_K: sc_qdot_toks<FmtQ5K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_Q6_K: sc_qdot_toks<FmtQ6K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
+    case SC_T_IQ4_XS: sc_qdot_toks<FmtIq4Xs, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
     default:
       // Float rows: token by token.
       for (int t = 0; t < nt; t++) {
@@ -926,11 +847,6 @@ __device__ __forceinline__ void matvec_multi_body(
   const uint8_t* w = p == 0 ? w0 : p == 1 ? w1 : p == 2 ? w2 : w3;
   const unsigned long long rb = p == 0 ? rb0 : p == 1 ? rb1 : p == 2 ? rb2 : rb3;
   const int lane = threadIdx.x & 31;
-  // Rows: the tokens' quantized activations staged when the launch gives shared
-  // memory for them (by every thread, before any returns).
-  const bool staged = ROWS && sc_dyn_smem() > 0;
-  StagedAct sa{xq, xd, xs};
-  if (staged) sa = sc_stage_act(n_tok, n_cols, xq, xd, xs);
   if (g >= end3) return;
   float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
   const uint8_t* rows[1] = {w + (unsigned long long)r * rb};
@@ -944,12 +860,8 @@ __device__ __forceinline__ void matvec_multi_body(
       const size_t xo = (size_t)t0 * n_cols, bo = xo / 32;
       float acc[NT] = {0.0f, 0.0f, 0.0f, 0.0f};
       const int nt = min(NT, n_tok - t0);
-      if (staged) {
-        sc_dot_toks<NT, true>(ty, rows[0], n_cols, x + xo, sa.q + xo, sa.d + bo, sa.s + bo, nt, lane, acc);
-      } else {
-        sc_dot_toks<NT, false>(ty, rows[0], n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + bo : nullptr,
-                               xs ? xs + bo : nullptr, nt, lane, acc);
-      }
+      sc_dot_toks<NT>(ty, rows[0], n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + bo : nullptr,
+                      xs ? xs + bo : nullptr, nt, lane, acc);
 #pragma unroll
       for (int t = 0; t < NT; t++) {
         if (t < nt) {
@@ -976,8 +888,8 @@ __device__ __forceinline__ void matvec_multi_body(
   out[r] = v;
 }
 
-#define SC_MATVEC_MULTI(NAME, ROWS, LB)                                                              \
-  extern "C" __global__ void LB                                                                     \
+#define SC_MATVEC_MULTI(NAME, ROWS)                                                                  \
+  extern "C" __global__ void __launch_bounds__(128)                                                 \
       NAME(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,                          \
            const uint8_t* __restrict__ w2, const uint8_t* __restrict__ w3, int tys,                 \
            unsigned long long rb0, unsigned long long rb1, unsigned long long rb2,                  \
@@ -994,7 +906,5 @@ __device__ __forceinline__ void matvec_multi_body(
                             out1, out2, out3, n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv, \
                             n_tok, conv_tab);                                                       \
   }
-// The rows launch at six blocks an SM: its staged branch spills at 64 registers.
-#define SC_LB_128_6 __launch_bounds__(128, 6)
-SC_MATVEC_MULTI(matvec_multi, false, SC_LB_128)
-SC_MATVEC_MULTI(matvec_multi_rows, true, SC_LB_128_6)
+SC_MATVEC_MULTI(matvec_multi, false)
+SC_MATVEC_MULTI(matvec_multi_rows, true)

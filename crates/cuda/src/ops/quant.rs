@@ -55,22 +55,6 @@ unsafe impl ValidAsZeroBits for Tile {}
 
 /// What the kernels know of a weight type: its kernel, the type code of
 /// kernels/sc_formats.cuh, values per block and the alignment its loads need.
-/// The most shared memory a launch gets for staging its tokens' quantized activations
-/// (the default limit: no opt-in attribute needed).
-const STAGE_MAX_BYTES: usize = 48 * 1024;
-
-/// The dynamic shared memory that stages `n_tok` tokens' quantized activations of
-/// `n_cols` values (kernels/quant.cu sc_stage_act: the int8 values, then a scale and a
-/// sum per 32), or 0 (no staging) when that is more than [`STAGE_MAX_BYTES`].
-fn stage_bytes(n_tok: usize, n_cols: usize) -> u32 {
-    let b = n_tok * (n_cols + n_cols / 32 * 8);
-    if b <= STAGE_MAX_BYTES {
-        b as u32
-    } else {
-        0
-    }
-}
-
 pub(crate) struct TypeInfo {
     k: K,
     /// The same kernel for one token per tile (decode).
@@ -525,28 +509,19 @@ impl Gpu {
         // One token per tile (decode): the kernel that keeps one accumulator per
         // lane runs more warps at once; same bits per (row, token).
         let one = (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == TileShape::Single);
-        // 2 to 4 tokens of a plain matrix (a batched decode step's rows): the _t4
-        // kernel, which stages quantized activations in the shared memory it is given.
-        let (k, smem) = if one {
-            (ti.k1, 0)
+        let k = if one {
+            ti.k1
         } else if tiles == 0 && n_tok <= 4 {
-            (
-                ti.k4,
-                if ti.float {
-                    0
-                } else {
-                    stage_bytes(n_tok, n_cols)
-                },
-            )
+            ti.k4
         } else {
-            (ti.k, 0)
+            ti.k
         };
         let grid = [
             blocks(n_rows, MV_ROWS_PER_BLOCK)?,
             units.min(MAX_GRID_YZ) as u32,
             1,
         ];
-        self.launch(k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, smem, &args)
+        self.launch(k, grid, (32 * MV_ROWS_PER_BLOCK) as u32, 0, &args)
     }
 
     /// One token against up to four matrices that read it, in one launch:
@@ -673,12 +648,6 @@ impl Gpu {
         if end == 0 || n_tok == 0 {
             return Ok(());
         }
-        // Rows with a quantized matrix: their activations staged in shared memory.
-        let smem = if rows.is_some() && need_q {
-            stage_bytes(n_tok, n_cols)
-        } else {
-            0
-        };
         self.launch(
             if rows.is_some() {
                 K::MatvecMultiRows
@@ -687,7 +656,7 @@ impl Gpu {
             },
             [blocks(end, MV_ROWS_PER_BLOCK)?, 1, 1],
             (32 * MV_ROWS_PER_BLOCK) as u32,
-            smem,
+            0,
             &args,
         )
     }
