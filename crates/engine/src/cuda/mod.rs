@@ -53,15 +53,16 @@ fn prompt_chunk_for(
         ))
 }
 /// The prompt pool (see `ExpertStore::prefetch`) holds at most this share of a
-/// layer's experts. Measured on N80 W16 pp4096 (bench/RESULTS.md, 2026-12-03):
-/// a half (256 experts) 3,687 t/s, a quarter 3,207, three quarters 3,282 (fewer
-/// slots), none 2,907–2,921.
-const POOL_EXPERT_SHARE: usize = 2;
+/// layer's experts (eighths). Measured on N80 W16 pp4096 (bench/RESULTS.md,
+/// 2026-12-03, sessions 27 and 28): five eighths (320 experts) 4,039–4,069 t/s, a half
+/// 3,835–3,837, three quarters 3,351 (not profiled: fewer slots, more copies), a
+/// quarter 3,207 and none 2,907–2,921 on an earlier build.
+const POOL_EXPERT_EIGHTHS: usize = 5;
 /// ... and at most this share of the VRAM left for experts.
 const POOL_VRAM_SHARE: u64 = 16;
 
 /// The tiered store's prompt pool, as experts of the largest layer and their bytes:
-/// `POOL_EXPERT_SHARE` of a layer's
+/// `POOL_EXPERT_EIGHTHS` of a layer's
 /// experts (each as large as the largest layer's) within `POOL_VRAM_SHARE` of
 /// `left`, the VRAM left for experts. None when prompt chunks of `chunk` tokens are
 /// too short to prefetch, when every expert fits in `left` anyway, or when the pool
@@ -83,7 +84,7 @@ fn prompt_pool(index: &ExpertIndex, cfg: &ModelConfig, chunk: usize, left: u64) 
             0
         }
         None => {
-            let n = ((cfg.n_expert / POOL_EXPERT_SHARE) as u64)
+            let n = ((cfg.n_expert * POOL_EXPERT_EIGHTHS / 8) as u64)
                 .min((left / POOL_VRAM_SHARE).checked_div(largest).unwrap_or(0));
             if n < cfg.n_expert_used as u64 {
                 0
