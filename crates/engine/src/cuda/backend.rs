@@ -1393,9 +1393,10 @@ impl CudaBackend {
         Ok(outs)
     }
 
-    /// Rows mode of a DeltaNet layer: the input projections once over every row, then
-    /// each row's conv, recurrence and gated norm on its own state in one launch each
-    /// (the one-token kernels' bits), and the output projection over every row.
+    /// Rows mode of a DeltaNet layer: the input projections once over every row with
+    /// each row's conv on its own state, then each row's recurrence and gated norm on
+    /// its own state in one launch (the one-token kernels' bits), and the output
+    /// projection over every row.
     /// None when the layer's shape has no one-token kernel.
     fn delta_net_rows(
         &self,
