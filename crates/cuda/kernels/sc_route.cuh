@@ -8,21 +8,17 @@
 #define SC_MAX_EXPERT 1024
 #define SC_MAX_K 32
 
-// The warp's largest / smallest of one u32 a lane (every lane gets it): one
+// The warp's largest (MAX) or smallest of one u32 a lane (every lane gets it): one
 // reduction instruction from sm_80, a butterfly of shuffles before.
-__device__ __forceinline__ uint32_t sc_warp_max_u32(uint32_t v) {
+template <bool MAX>
+__device__ __forceinline__ uint32_t sc_warp_ext_u32(uint32_t v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(0xffffffffu, v);
+  return MAX ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
-  for (int w = 16; w > 0; w >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, w));
-  return v;
-#endif
-}
-__device__ __forceinline__ uint32_t sc_warp_min_u32(uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-  for (int w = 16; w > 0; w >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, w));
+  for (int w = 16; w > 0; w >>= 1) {
+    const uint32_t o = __shfl_xor_sync(0xffffffffu, v, w);
+    v = MAX ? max(v, o) : min(v, o);
+  }
   return v;
 #endif
 }
@@ -88,8 +84,8 @@ __device__ __forceinline__ void sc_route_warp(const float* __restrict__ l, int n
         li = lane + 32 * q;
       }
     }
-    const uint32_t mk = sc_warp_max_u32(lk);
-    int bi = (int)sc_warp_min_u32(lk == mk && mk != 0 ? (uint32_t)li : 0xffffffffu);
+    const uint32_t mk = sc_warp_ext_u32<true>(lk);
+    int bi = (int)sc_warp_ext_u32<false>(lk == mk && mk != 0 ? (uint32_t)li : 0xffffffffu);
     // Only if every remaining probability is NaN does no expert win; take the
     // lowest untaken index then (memory safety; NaN routing is unspecified).
     if (mk == 0) {

@@ -262,6 +262,14 @@ const MMF_K: usize = 128;
 /// groups of this many.
 pub const TILE_GROUP: usize = MMQ_TOKENS / TILE_TOKENS;
 
+/// Where `matvec_multi_launch` finds the DeltaNet conv's history: one token's state,
+/// or a device table of each token's state address.
+#[derive(Clone, Copy)]
+enum ConvAt {
+    State(u64),
+    Table(u64),
+}
+
 impl Gpu {
     /// `q` = quantize_act of each of `rows` rows of `cols` values at `x` (f32).
     pub fn quantize_act(&self, x: u64, rows: usize, cols: usize, q: QAct) -> Result<(), CudaError> {
@@ -539,7 +547,8 @@ impl Gpu {
         xq: QAct,
         conv: Option<(u64, u64, usize)>,
     ) -> Result<(), CudaError> {
-        self.matvec_multi_launch(mats, outs, x, xq, conv, None)
+        let conv = conv.map(|(state, taps, d)| (ConvAt::State(state), taps, d));
+        self.matvec_multi_launch(mats, outs, x, xq, conv, 1)
     }
 
     /// [`Gpu::matvec_multi`] for each of `n_tok` tokens (rows of `x` and `xq`):
@@ -556,21 +565,24 @@ impl Gpu {
         n_tok: usize,
         conv: Option<(u64, u64, usize)>,
     ) -> Result<(), CudaError> {
-        self.matvec_multi_launch(mats, outs, x, xq, conv, Some(n_tok))
+        let conv = conv.map(|(table, taps, d)| (ConvAt::Table(table), taps, d));
+        self.matvec_multi_launch(mats, outs, x, xq, conv, n_tok)
     }
 
+    /// `matvec_multi` (one token, `conv` at a [`ConvAt::State`]) or
+    /// `matvec_multi_rows` (`n_tok` tokens, `conv` at a [`ConvAt::Table`]).
     fn matvec_multi_launch(
         &self,
         mats: &[&Mat],
         outs: &[u64],
         x: u64,
         xq: QAct,
-        conv: Option<(u64, u64, usize)>,
-        rows: Option<usize>,
+        conv: Option<(ConvAt, u64, usize)>,
+        n_tok: usize,
     ) -> Result<(), CudaError> {
         const KN: &str = "matvec_multi";
-        // Rows: that many tokens, and a conv state table; else one token.
-        let n_tok = rows.unwrap_or(1);
+        // The rows kernel for several tokens, or for the states of a table.
+        let rows = n_tok > 1 || matches!(conv, Some((ConvAt::Table(_), ..)));
         if mats.is_empty() || mats.len() > 4 || outs.len() != mats.len() {
             return Err(CudaError::bad(
                 KN,
@@ -601,27 +613,25 @@ impl Gpu {
         for p in mats.len()..4 {
             ends[p] = ends[p - 1];
         }
-        // One token: the conv state itself; rows: a table of their states.
-        let (cs, ct, dc) = match conv {
-            Some((s, t, d)) => {
+        // One token: the conv state itself (absent when d_conv is 1: no history);
+        // rows: a table of their states.
+        let (cs, ctab, ct, dc) = match conv {
+            Some((at, t, d)) => {
                 if d == 0 || d > super::MAX_D_CONV {
                     return Err(CudaError::bad(
                         KN,
                         format!("d_conv {d} (1..={} supported)", super::MAX_D_CONV),
                     ));
                 }
-                let s = if rows.is_some() {
-                    addr(KN, "conv state table", s, 8)?
-                } else if d > 1 {
-                    addr(KN, "conv state", s, 4)?
-                } else {
-                    s
+                let (cs, ctab) = match at {
+                    ConvAt::Table(tab) => (0, addr(KN, "conv state table", tab, 8)?),
+                    ConvAt::State(st) if d > 1 => (addr(KN, "conv state", st, 4)?, 0),
+                    ConvAt::State(st) => (st, 0),
                 };
-                (s, addr(KN, "conv taps", t, 4)?, d)
+                (cs, ctab, addr(KN, "conv taps", t, 4)?, d)
             }
-            None => (0, 0, 0),
+            None => (0, 0, 0, 0),
         };
-        let (cs, ctab) = if rows.is_some() { (0, cs) } else { (cs, 0) };
         let [q0, q1, q2] = qact_args(KN, xq, need_q)?;
         let mut args = vec![
             Arg::P(w[0]),
@@ -649,7 +659,7 @@ impl Gpu {
             return Ok(());
         }
         self.launch(
-            if rows.is_some() {
+            if rows {
                 K::MatvecMultiRows
             } else {
                 K::MatvecMulti

@@ -61,13 +61,13 @@ const POOL_EXPERT_EIGHTHS: usize = 5;
 /// ... and at most this share of the VRAM left for experts.
 const POOL_VRAM_SHARE: u64 = 16;
 
-/// The tiered store's prompt pool, as experts of the largest layer and their bytes:
-/// `POOL_EXPERT_EIGHTHS` of a layer's
-/// experts (each as large as the largest layer's) within `POOL_VRAM_SHARE` of
-/// `left`, the VRAM left for experts. None when prompt chunks of `chunk` tokens are
-/// too short to prefetch, when every expert fits in `left` anyway, or when the pool
-/// would hold fewer than top-k experts. `SCORIA_PROMPT_POOL` (a number of experts;
-/// 0 turns the pool off) overrides the rule, for tests and experiments.
+/// The tiered store's prompt pool: how many experts it holds (each as large as the
+/// largest layer's) and their bytes. `POOL_EXPERT_EIGHTHS` of a layer's experts,
+/// within `POOL_VRAM_SHARE` of `left` (the VRAM left for experts). (0, 0), no
+/// pool, when prompt chunks of `chunk` tokens are too short to prefetch, when every
+/// expert fits in `left` anyway, or when the pool would hold fewer than top-k
+/// experts. `SCORIA_PROMPT_POOL` (a number of experts; 0 turns the pool off)
+/// overrides the rule, for tests and experiments.
 fn prompt_pool(index: &ExpertIndex, cfg: &ModelConfig, chunk: usize, left: u64) -> (u64, u64) {
     let sizes = index.trunk_expert_bytes();
     let largest = sizes.iter().copied().max().unwrap_or(0);
