@@ -14,7 +14,8 @@ pub const MAX_EXPERTS: usize = 1024;
 pub const MAX_TOP_K: usize = 32;
 /// The most experts [`Gpu::moe_gate_up`] routes (kernels/quant.cu SC_FUSED_MAX_EXPERT).
 pub const FUSED_MAX_EXPERTS: usize = 512;
-/// The most tokens [`Gpu::router`] takes (kernels/quant.cu SC_RT_MAX_TOK).
+/// The most tokens [`Gpu::router`] takes (a block row each; a longer prompt's router
+/// is a plain matrix product).
 pub const ROUTER_MAX_TOKENS: usize = 16;
 
 /// Gate and up of one expert set: the same type, row size and shape.
@@ -316,8 +317,8 @@ impl Gpu {
     /// n_expert]) = x (f32 [n_tok × n_cols], 16-byte aligned) · routerᵀ for a float
     /// router (F32, F16 or BF16, one row per expert), the bits of [`Gpu::matvec`]. Each
     /// warp reads its expert row before waiting for the kernel before (programmatic
-    /// dependent launch), so the router's weights stream in while that kernel runs,
-    /// and the block reads the tokens' values once into shared memory.
+    /// dependent launch), so the router's weights stream in while that kernel runs;
+    /// each token is a row of blocks, which read its values once into shared memory.
     pub fn router(&self, router: &Mat, x: u64, n_tok: usize, logits: u64) -> Result<(), CudaError> {
         const KN: &str = "router";
         let kernel = match router.ty {
@@ -347,10 +348,10 @@ impl Gpu {
             Arg::I32(int(KN, "n_expert", router.n_rows)?),
             Arg::I32(int(KN, "n_cols", router.n_cols)?),
             Arg::P(addr(KN, "x", x, 16)?),
-            Arg::I32(int(KN, "n_tok", n_tok)?),
             Arg::P(addr(KN, "logits", logits, 4)?),
         ];
-        self.launch(kernel, [blocks(router.n_rows, 4)?, 1, 1], 128, 0, &args)
+        let grid = [blocks(router.n_rows, 4)?, n_tok as u32, 1];
+        self.launch(kernel, grid, 128, 0, &args)
     }
 
     /// `model::moe::route` of each of `n_tok` rows of `n_expert` router logits:

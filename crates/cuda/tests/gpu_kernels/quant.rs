@@ -1072,9 +1072,8 @@ fn matvec_multi_matches_the_cpu() {
 }
 
 /// The router kernel against the CPU's matvec, bit for bit: float routers of each
-/// type, widths wider than one register load of a row (2,048 values), every token
-/// count up to the most it takes (more than one group staged in shared memory), and
-/// refusals by name.
+/// type, widths wider than one register load of a row (2,048 values), token counts
+/// up to the most it takes (a row of blocks each), and refusals by name.
 #[test]
 fn router_matches_the_cpu_matvec() {
     let Some(g) = gpu("router") else { return };
