@@ -103,12 +103,8 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
     sc_pdl_enter();                                                                      \
     constexpr int TL = TLV;                                                              \
     if (r >= n_rows) return;                                                             \
-    const int n_sub = n_cols >> 5;                                                       \
+    const int n_sub = n_cols >> 5; /* the quantized bodies' */                           \
     (void)n_sub;                                                                         \
-    (void)x;                                                                             \
-    (void)xq;                                                                            \
-    (void)xd;                                                                            \
-    (void)xs;                                                                            \
     const int n_units = tiles ? n_tiles : (n_tok + SC_TILE - 1) / SC_TILE;               \
     for (int u = blockIdx.y; u < n_units; u += gridDim.y) {                              \
       int n_in, expert = 0;                                                              \
@@ -708,8 +704,8 @@ extern "C" __global__ void __maxnreg__(56) moe_down_combine_rows(const uint8_t* 
 // memory (one round trip for the block) rather than loaded by every warp. The logit
 // takes the operations of SC_FDOT (accumulator `lane` takes elements lane, lane + 32,
 // ... as fma(w, x, acc) in increasing order, then sc_warp_sum): the matvec bits.
-// Several tokens run as several block rows rather than in one block: 4 tokens decoded
-// ~2% faster (Q35, measured 2026-12-03), and a block's warps stay one token's.
+// Several tokens run as several block rows rather than one block staging them all
+// (Q35, 2026-12-03, bench/RESULTS.md: four streams 802 -> 846 t/s, one 360 -> 371).
 #define SC_RT_WARPS 4
 #define SC_RT_PER 64
 // This lane's share of the 32·SC_RT_PER columns from c0 of this warp's router row
