@@ -86,9 +86,9 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
 // only on host values; a tile with n <= 0 is skipped. A tile's tokens meet each
 // decoded weight sub-block in groups of TL: the TL = 8 kernels serve prompts, the
 // TL = 1 kernels (suffix _t1) single tokens (decode), with fewer live registers and
-// so more warps in flight, the TL = 4 ones (_t4) 2 to 4 tokens of a plain matrix (a
-// batched decode step of several sequences). All perform the same operations per
-// (row, token).
+// so more warps in flight, the TL = 4 ones (_t4) 2 to 4 tokens of a plain float matrix
+// (a batched decode step of several sequences; quantized ones take matvec_r2_body).
+// All perform the same operations per (row, token).
 #define SC_MATVEC_KERNEL_T(NAME, TLV, LB, BODY)                                           \
   extern "C" __global__ void LB                                                          \
       NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes,               \
@@ -137,20 +137,19 @@ __device__ __forceinline__ void sc_load_act(const int8_t* __restrict__ xq, size_
       }                                                                                  \
     }                                                                                    \
   }
-// T4LB: the _t4 kernel's launch bounds. The quantized ones ask for 8 blocks an SM (64
-// registers, 32 warps in flight), which their bodies fit without spilling; the float
-// ones do not.
-#define SC_LB_128 __launch_bounds__(128)
-#define SC_LB_128_8 __launch_bounds__(128, 8)
-#define SC_MATVEC_KERNEL_M(NAME, T4LB, BODY)                                              \
-  SC_MATVEC_KERNEL_T(NAME, 8, SC_LB_128, BODY)                                           \
-  SC_MATVEC_KERNEL_T(NAME##_t4, 4, T4LB, BODY)                                           \
-  SC_MATVEC_KERNEL_T(NAME##_t1, 1, SC_LB_128, BODY)
-#define SC_MATVEC_KERNEL(NAME, BODY) SC_MATVEC_KERNEL_M(NAME, SC_LB_128_8, BODY)
+// Float types: the three kernels. Quantized types: the TL = 8 and _t1 kernels here;
+// their _t4 kernels take two rows a warp (matvec_r2_body, below).
+#define SC_MATVEC_KERNEL_F(NAME, BODY)                                                    \
+  SC_MATVEC_KERNEL_T(NAME, 8, __launch_bounds__(128), BODY)                              \
+  SC_MATVEC_KERNEL_T(NAME##_t4, 4, __launch_bounds__(128), BODY)                         \
+  SC_MATVEC_KERNEL_T(NAME##_t1, 1, __launch_bounds__(128), BODY)
+#define SC_MATVEC_KERNEL(NAME, BODY)                                                      \
+  SC_MATVEC_KERNEL_T(NAME, 8, __launch_bounds__(128), BODY)                              \
+  SC_MATVEC_KERNEL_T(NAME##_t1, 1, __launch_bounds__(128), BODY)
 
-SC_MATVEC_KERNEL_M(matvec_f32, SC_LB_128, SC_FDOT(sc_get_f32))
-SC_MATVEC_KERNEL_M(matvec_f16, SC_LB_128, SC_FDOT(sc_get_f16))
-SC_MATVEC_KERNEL_M(matvec_bf16, SC_LB_128, SC_FDOT(sc_get_bf16))
+SC_MATVEC_KERNEL_F(matvec_f32, SC_FDOT(sc_get_f32))
+SC_MATVEC_KERNEL_F(matvec_f16, SC_FDOT(sc_get_f16))
+SC_MATVEC_KERNEL_F(matvec_bf16, SC_FDOT(sc_get_bf16))
 SC_MATVEC_KERNEL(matvec_q8_0, SC_QDOT(WQ8_0, sc_load_q8_0, sc_contrib_q8_0))
 SC_MATVEC_KERNEL(matvec_q4_0, SC_QDOT(WQ4_0, sc_load_q4_0, sc_contrib_q4_0))
 SC_MATVEC_KERNEL(matvec_q4_k, SC_QDOT(WK, sc_load_q4_k, sc_contrib_k))
@@ -358,52 +357,105 @@ __device__ __forceinline__ void sc_dot_rows(int ty, const uint8_t* const* rows, 
   }
 }
 
-// The lane sums of one quantized row against each of nt <= NT tokens (their quantized
-// activations one after another, n_sub blocks each): every weight sub-block is loaded
-// once for all the tokens, and token t's sum takes the operations of sc_qdot_rows
-// for it alone (the same bits).
-template <class F, int NT>
-__device__ __forceinline__ void sc_qdot_toks(const uint8_t* row, int n_sub, const int8_t* xq, const float* xd,
-                                             const int* xs, int nt, int lane, float* acc) {
+// Two rows against nt <= 4 tokens at once (a batched decode step's dense rows): acc[t]
+// and acc[4 + t] are row r0's and row r1's lane sums for token t, each with the
+// operations of sc_qdot_rows for that row and token alone (the one-token bits). Each
+// token's activation sub-block is loaded once for both rows. Without r1, one row.
+template <class F>
+__device__ __forceinline__ void sc_qdot_toks_r2(const uint8_t* r0, const uint8_t* r1, int n_sub,
+                                                const int8_t* xq, const float* xd, const int* xs,
+                                                int nt, int lane, float (&acc)[8]) {
+#pragma unroll 1
   for (int s = lane; s < n_sub; s += 32) {
-    typename F::W w;
-    F::load(row, s, w);
+    typename F::W w0, w1;
+    F::load(r0, s, w0);
+    if (r1) F::load(r1, s, w1);
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; t < 4; t++) {
       if (t < nt) {
         const size_t b = (size_t)t * n_sub + s;
         uint32_t a[8];
-        sc_load_act(xq + (size_t)t * n_sub * 32, s, a);
-        acc[t] = sc_add(acc[t], F::contrib(w, a, __ldg(xd + b), __ldg(xs + b)));
+        sc_load_act(xq, b, a);
+        const float d = __ldg(xd + b);
+        const int sum = __ldg(xs + b);
+        acc[t] = sc_add(acc[t], F::contrib(w0, a, d, sum));
+        if (r1) acc[4 + t] = sc_add(acc[4 + t], F::contrib(w1, a, d, sum));
       }
     }
   }
 }
 
-// sc_dot_rows of one row against each of nt <= NT tokens (rows of x, or of its
-// quantized copy, n_cols values apart): acc[t] is token t's lane sum, its one-token bits.
-template <int NT>
-__device__ __forceinline__ void sc_dot_toks(int ty, const uint8_t* row, int n_cols, const float* x,
-                                            const int8_t* xq, const float* xd, const int* xs, int nt,
-                                            int lane, float* acc) {
-  const int n_sub = n_cols >> 5;
-  const uint8_t* rows[1] = {row};
-  switch (ty) {
-    case SC_T_Q8_0: sc_qdot_toks<FmtQ8_0, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q4_0: sc_qdot_toks<FmtQ4_0, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q4_K: sc_qdot_toks<FmtQ4K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q5_K: sc_qdot_toks<FmtQ5K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_Q6_K: sc_qdot_toks<FmtQ6K, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    case SC_T_IQ4_XS: sc_qdot_toks<FmtIq4Xs, NT>(row, n_sub, xq, xd, xs, nt, lane, acc); return;
-    default:
-      // Float rows: token by token.
-      for (int t = 0; t < nt; t++) {
-        float a[1] = {0.0f};
-        sc_dot_rows<1>(ty, rows, n_cols, x + (size_t)t * n_cols, nullptr, nullptr, nullptr, lane, a);
-        acc[t] = a[0];
+// The same for float rows (each token's float activations, n_cols apart): SC_FDOT per
+// row and token, as sc_fdot_rows computes it for one token.
+template <class F>
+__device__ __forceinline__ void sc_fdot_toks_r2(const uint8_t* r0, const uint8_t* r1, int n_cols,
+                                                const float* x, int nt, int lane, float (&acc)[8]) {
+#pragma unroll 1
+  for (int t = 0; t < nt; t++) {
+    const uint8_t* rows[2] = {r0, r1};
+    float a[2] = {0.0f, 0.0f};
+    if (r1) {
+      sc_fdot_rows<F, 2>(rows, n_cols, x + (size_t)t * n_cols, lane, a);
+    } else {
+      sc_fdot_rows<F, 1>(rows, n_cols, x + (size_t)t * n_cols, lane, a);
+    }
+    // acc indexed by constants only, so that it stays in registers.
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (u == t) {
+        acc[u] = a[0];
+        acc[4 + u] = a[1];
       }
+    }
   }
 }
+
+// Several tokens (a batched decode step: rows of xq, n_cols values apart) of a plain
+// quantized matrix, two weight rows a warp: token t's value of row r is in lanes
+// 4·(4·(r − r0) + t) .. + 3 after sc_warp_sum_split<8>, each (row, token) with the
+// one-token bits. Tokens go four at a time.
+template <class F>
+__device__ __forceinline__ void matvec_r2_body(const uint8_t* __restrict__ w, unsigned long long row_bytes,
+                                               int n_rows, int n_cols, const int8_t* __restrict__ xq,
+                                               const float* __restrict__ xd, const int* __restrict__ xs,
+                                               int n_tok, float* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int r0 = 2 * (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));
+  if (r0 >= n_rows) return;
+  const bool two = r0 + 1 < n_rows;
+  const uint8_t* row0 = w + (unsigned long long)r0 * row_bytes;
+  const uint8_t* row1 = two ? row0 + row_bytes : nullptr;
+  const int n_sub = n_cols >> 5;
+  const int i = lane >> 2, rr = i >> 2, t = i & 3;
+  for (int t0 = 0; t0 < n_tok; t0 += 4) {
+    const int nt = min(4, n_tok - t0);
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const size_t bo = (size_t)t0 * n_sub;
+    sc_qdot_toks_r2<F>(row0, row1, n_sub, xq + bo * 32, xd + bo, xs + bo, nt, lane, acc);
+    const float v = sc_warp_sum_split<8>(acc);
+    if ((lane & 3) == 0 && t < nt && (rr == 0 || two)) out[(size_t)(t0 + t) * n_rows + r0 + rr] = v;
+  }
+}
+// The _t4 kernels' arguments (tiles unused: plain matrices only); the two rows into
+// L2 while the kernel before runs. Six blocks an SM (Q4_K: 61 registers, no spills).
+#define SC_MATVEC_R2(NAME, FMT)                                                                     \
+  extern "C" __global__ void __launch_bounds__(128, 6)                                             \
+      NAME(const uint8_t* __restrict__ w, unsigned long long expert_bytes,                         \
+           unsigned long long row_bytes, int n_rows, int n_cols, const float* __restrict__ x,      \
+           const int8_t* __restrict__ xq, const float* __restrict__ xd,                           \
+           const int* __restrict__ xs, int n_tok, const Tile* __restrict__ tiles,                  \
+           int n_tiles, float* __restrict__ out) {                                                \
+    const int r0 = 2 * (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));                     \
+    if (r0 < n_rows) sc_prefetch_l2(w + (unsigned long long)r0 * row_bytes, row_bytes * min(2, n_rows - r0)); \
+    sc_pdl_enter();                                                                                \
+    matvec_r2_body<FMT>(w, row_bytes, n_rows, n_cols, xq, xd, xs, n_tok, out);                     \
+  }
+SC_MATVEC_R2(matvec_q8_0_t4, FmtQ8_0)
+SC_MATVEC_R2(matvec_q4_0_t4, FmtQ4_0)
+SC_MATVEC_R2(matvec_q4_k_t4, FmtQ4K)
+SC_MATVEC_R2(matvec_q5_k_t4, FmtQ5K)
+SC_MATVEC_R2(matvec_q6_k_t4, FmtQ6K)
+SC_MATVEC_R2(matvec_iq4_xs_t4, FmtIq4Xs)
 
 // The contributions of sub-block s of two quantized rows (each only where its flag is
 // set) against one token's quantized activations, the loads issued together: one step
@@ -529,9 +581,10 @@ __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gat
     const size_t xo = tk * n_cols;
     sc_dot_rows<2>(t, rows, n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + xo / 32 : nullptr,
                    xs ? xs + xo / 32 : nullptr, lane, acc);
-    const float g = sc_warp_sum(acc[0]);
-    const float u = sc_warp_sum(acc[1]);
-    if (lane == 0) act[tk * aw + (size_t)plane * n_ff + r] = sc_mul(sc_silu(g), u);
+    // Gate's sum in lanes 0..15, up's in 16..31 (sc_warp_sum's bits each).
+    const float gu = sc_warp_sum_split<2>(acc);
+    const float u = __shfl_sync(0xffffffffu, gu, 16);
+    if (lane == 0) act[tk * aw + (size_t)plane * n_ff + r] = sc_mul(sc_silu(gu), u);
   }
   if (!aq) return;
   // The last block of a plane to finish quantizes the plane's activations (the
@@ -756,19 +809,50 @@ __device__ __forceinline__ void router_body(RouterRow& wv, const uint8_t* __rest
   const float v = sc_warp_sum(acc);
   if (r < n_rows && lane == 0) logits[r] = v;
 }
-#define SC_ROUTER(NAME, FMT)                                                                          \
+// The router_*_r kernels route each token too, in the last block of its row to finish
+// (counted in counter[t], zero before the launch and zero again after it: the
+// threadfence-reduction pattern), by sc_route_warp as route_topk does it, into
+// wts_out / ids_out (k each); n_expert <= 256 (the host checks). Several tokens of a
+// decode step save route_topk's launch (Q35, four streams, 2026-12-03: +2.3%).
+__device__ __forceinline__ void router_route_tail(const float* __restrict__ logits, int n_expert, int k,
+                                                  float* __restrict__ wts_out, int* __restrict__ ids_out,
+                                                  int* __restrict__ counter) {
+  __shared__ bool s_last;
+  __shared__ float sp[256];
+  __shared__ int sid[SC_MAX_K];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(counter + blockIdx.y, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!s_last || threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  float wt = 0.0f;
+  int id = 0;
+  sc_route_warp<8>(logits, n_expert, k, sp, sid, wt, id);  // n_expert <= 256 (the host checks)
+  if (lane < k) {
+    wts_out[(size_t)blockIdx.y * k + lane] = wt;
+    ids_out[(size_t)blockIdx.y * k + lane] = id;
+  }
+  if (lane == 0) counter[blockIdx.y] = 0;
+}
+#define SC_ROUTER(NAME, FMT, ROUTE)                                                                        \
   extern "C" __global__ void __launch_bounds__(32 * SC_RT_WARPS)                                     \
       NAME(const uint8_t* __restrict__ w, unsigned long long row_bytes, int n_rows, int n_cols,      \
-           const float* __restrict__ x, float* __restrict__ logits) {                                \
+           const float* __restrict__ x, float* __restrict__ logits, int k, float* __restrict__ wts_out, \
+           int* __restrict__ ids_out, int* __restrict__ counter) {                                   \
     RouterRow wv;                                                                                    \
     router_row_load<FMT>(wv, w, row_bytes, n_rows, n_cols, 0);                                       \
     sc_pdl_enter();                                                                                  \
     router_body<FMT>(wv, w, row_bytes, n_rows, n_cols, x + (size_t)blockIdx.y * n_cols,             \
                      logits + (size_t)blockIdx.y * n_rows);                                          \
+    if (ROUTE) router_route_tail(logits + (size_t)blockIdx.y * n_rows, n_rows, k, wts_out, ids_out, counter); \
   }
-SC_ROUTER(router_f32, FmtF32)
-SC_ROUTER(router_f16, FmtF16)
-SC_ROUTER(router_bf16, FmtBf16)
+SC_ROUTER(router_f32, FmtF32, false)
+SC_ROUTER(router_f16, FmtF16, false)
+SC_ROUTER(router_bf16, FmtBf16, false)
+SC_ROUTER(router_f32_r, FmtF32, true)
+SC_ROUTER(router_f16_r, FmtF16, true)
+SC_ROUTER(router_bf16_r, FmtBf16, true)
 
 // ------------------------------------------------------------------ matvec_multi
 // One token against up to four matrices that read it (a mixer's input projections)
@@ -810,7 +894,6 @@ __device__ __forceinline__ float sc_conv_channel(float* st, const float* taps, i
   return sc_silu(c);
 }
 
-template <bool ROWS>
 __device__ __forceinline__ void matvec_multi_body(
     const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, const uint8_t* __restrict__ w2,
     const uint8_t* __restrict__ w3, int tys, unsigned long long rb0, unsigned long long rb1,
@@ -818,8 +901,7 @@ __device__ __forceinline__ void matvec_multi_body(
     float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
     float* __restrict__ out3, int n_cols, const float* __restrict__ x,
     const int8_t* __restrict__ xq, const float* __restrict__ xd, const int* __restrict__ xs,
-    float* __restrict__ conv_state, const float* __restrict__ conv_taps, int d_conv, int n_tok,
-    const unsigned long long* __restrict__ conv_tab) {
+    float* __restrict__ conv_state, const float* __restrict__ conv_taps, int d_conv) {
   const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int p = g < end0 ? 0 : g < end1 ? 1 : g < end2 ? 2 : 3;
   const int r = g - (p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2);
@@ -829,34 +911,6 @@ __device__ __forceinline__ void matvec_multi_body(
   if (g >= end3) return;
   float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
   const uint8_t* rows[1] = {w + (unsigned long long)r * rb};
-  if (ROWS) {
-    // Token t's row of x (and of its copy) against this weight row, into row t of
-    // the matrix's output (n_rows_p values a row): each token's one-token bits.
-    const int n_rows_p = p == 0 ? end0 : p == 1 ? end1 - end0 : p == 2 ? end2 - end1 : end3 - end2;
-    const int ty = (tys >> (8 * p)) & 0xff;
-    constexpr int NT = 4;  // tokens per pass over the weight row
-    for (int t0 = 0; t0 < n_tok; t0 += NT) {
-      const size_t xo = (size_t)t0 * n_cols, bo = xo / 32;
-      float acc[NT] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const int nt = min(NT, n_tok - t0);
-      sc_dot_toks<NT>(ty, rows[0], n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + bo : nullptr,
-                      xs ? xs + bo : nullptr, nt, lane, acc);
-#pragma unroll
-      for (int t = 0; t < NT; t++) {
-        if (t < nt) {
-          float v = sc_warp_sum(acc[t]);
-          if (lane == 0) {
-            if (p == 0 && conv_tab) {
-              float* st = reinterpret_cast<float*>(conv_tab[t0 + t]) + (size_t)r * (d_conv - 1);
-              v = sc_conv_channel(st, conv_taps + (size_t)r * d_conv, d_conv, v);
-            }
-            out[(t0 + t) * (size_t)n_rows_p + r] = v;
-          }
-        }
-      }
-    }
-    return;
-  }
   float acc[1] = {0.0f};
   sc_dot_rows<1>((tys >> (8 * p)) & 0xff, rows, n_cols, x, xq, xd, xs, lane, acc);
   float v = sc_warp_sum(acc[0]);
@@ -867,23 +921,121 @@ __device__ __forceinline__ void matvec_multi_body(
   out[r] = v;
 }
 
-#define SC_MATVEC_MULTI(NAME, ROWS)                                                                  \
-  extern "C" __global__ void __launch_bounds__(128)                                                 \
-      NAME(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,                          \
-           const uint8_t* __restrict__ w2, const uint8_t* __restrict__ w3, int tys,                 \
-           unsigned long long rb0, unsigned long long rb1, unsigned long long rb2,                  \
-           unsigned long long rb3, int end0, int end1, int end2, int end3,                          \
-           float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,            \
-           float* __restrict__ out3, int n_cols, const float* __restrict__ x,                       \
-           const int8_t* __restrict__ xq, const float* __restrict__ xd,                             \
-           const int* __restrict__ xs, float* __restrict__ conv_state,                              \
-           const float* __restrict__ conv_taps, int d_conv, int n_tok,                              \
-           const unsigned long long* __restrict__ conv_tab) {                                       \
-    matvec_multi_prefetch(w0, w1, w2, w3, rb0, rb1, rb2, rb3, end0, end1, end2, end3);             \
-    sc_pdl_enter();                                                                                 \
-    matvec_multi_body<ROWS>(w0, w1, w2, w3, tys, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0,  \
-                            out1, out2, out3, n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv, \
-                            n_tok, conv_tab);                                                       \
+// The kernels' shared argument list (the rows kernels use n_tok and conv_tab, the
+// one-token kernel conv_state).
+#define SC_MULTI_ARGS                                                                                \
+  const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, const uint8_t *__restrict__ w2,   \
+      const uint8_t *__restrict__ w3, int tys, unsigned long long rb0, unsigned long long rb1,      \
+      unsigned long long rb2, unsigned long long rb3, int end0, int end1, int end2, int end3,       \
+      float *__restrict__ out0, float *__restrict__ out1, float *__restrict__ out2,                 \
+      float *__restrict__ out3, int n_cols, const float *__restrict__ x,                            \
+      const int8_t *__restrict__ xq, const float *__restrict__ xd, const int *__restrict__ xs,      \
+      float *__restrict__ conv_state, const float *__restrict__ conv_taps, int d_conv, int n_tok,   \
+      const unsigned long long *__restrict__ conv_tab
+
+extern "C" __global__ void __launch_bounds__(128) matvec_multi(SC_MULTI_ARGS) {
+  matvec_multi_prefetch(w0, w1, w2, w3, rb0, rb1, rb2, rb3, end0, end1, end2, end3);
+  sc_pdl_enter();
+  matvec_multi_body(w0, w1, w2, w3, tys, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0, out1, out2, out3,
+                    n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv);
+}
+
+// matvec_multi_rows: two rows of the joint row space a warp (rows 2g and 2g + 1), all of
+// one type F (the host launches once per type): two rows of one matrix share each
+// token's activation loads (sc_qdot_toks_r2) and one sc_warp_sum_split<8>, and their
+// 8 values a group of four tokens are written, conv included, by 8 lanes at once; a
+// pair that straddles two matrices takes its rows one at a time. One type a kernel
+// keeps the registers of that type's loop (Q35, 2026-12-03: 80 against 128 with
+// spills for all types in one kernel, and four streams 895 -> 927 t/s).
+// Rows r .. r + n − 1 (n = 1 or 2) of one matrix, all tokens, into `out` (n_rows_p
+// values a token), through the conv when `taps`.
+template <class F, bool FLOAT>
+__device__ __forceinline__ void multi_rows_run(const uint8_t* __restrict__ row0, unsigned long long rb, int n,
+                                               int r, float* __restrict__ out, int n_rows_p, int n_cols,
+                                               const float* __restrict__ x, const int8_t* __restrict__ xq,
+                                               const float* __restrict__ xd, const int* __restrict__ xs,
+                                               const float* __restrict__ taps, int d_conv, int n_tok,
+                                               const unsigned long long* __restrict__ conv_tab) {
+  const int lane = threadIdx.x & 31;
+  const int i = lane >> 2, rr = i >> 2, t = i & 3;  // this lane's (row, token) after the split
+  const uint8_t* row1 = n == 2 ? row0 + rb : nullptr;
+  const int n_sub = n_cols >> 5;
+#pragma unroll 1
+  for (int t0 = 0; t0 < n_tok; t0 += 4) {
+    const int nt = min(4, n_tok - t0);
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (FLOAT) {
+      sc_fdot_toks_r2<F>(row0, row1, n_cols, x + (size_t)t0 * n_cols, nt, lane, acc);
+    } else {
+      const size_t bo = (size_t)t0 * n_sub;
+      sc_qdot_toks_r2<F>(row0, row1, n_sub, xq + bo * 32, xd + bo, xs + bo, nt, lane, acc);
+    }
+    float v = sc_warp_sum_split<8>(acc);
+    if ((lane & 3) == 0 && t < nt && rr < n) {
+      if (taps) {
+        float* st = reinterpret_cast<float*>(conv_tab[t0 + t]) + (size_t)(r + rr) * (d_conv - 1);
+        v = sc_conv_channel(st, taps + (size_t)(r + rr) * d_conv, d_conv, v);
+      }
+      out[(t0 + t) * (size_t)n_rows_p + r + rr] = v;
+    }
   }
-SC_MATVEC_MULTI(matvec_multi, false)
-SC_MATVEC_MULTI(matvec_multi_rows, true)
+}
+
+template <class F, bool FLOAT>
+__device__ __forceinline__ void matvec_multi_rows_body(
+    const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, const uint8_t* __restrict__ w2,
+    const uint8_t* __restrict__ w3, unsigned long long rb0, unsigned long long rb1,
+    unsigned long long rb2, unsigned long long rb3, int end0, int end1, int end2, int end3,
+    float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
+    float* __restrict__ out3, int n_cols, const float* __restrict__ x,
+    const int8_t* __restrict__ xq, const float* __restrict__ xd, const int* __restrict__ xs,
+    const float* __restrict__ conv_taps, int d_conv, int n_tok,
+    const unsigned long long* __restrict__ conv_tab) {
+  const int ga = 2 * (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));
+  if (ga >= end3) return;
+  auto mat_of = [&](int g) { return g < end0 ? 0 : g < end1 ? 1 : g < end2 ? 2 : 3; };
+  const bool pair = ga + 1 < end3 && mat_of(ga + 1) == mat_of(ga);
+  const int n_calls = pair ? 1 : ga + 1 < end3 ? 2 : 1;
+#pragma unroll 1
+  for (int c = 0; c < n_calls; c++) {
+    const int g = ga + c;
+    const int p = mat_of(g);
+    const int start = p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2;
+    const int r = g - start;
+    const uint8_t* w = p == 0 ? w0 : p == 1 ? w1 : p == 2 ? w2 : w3;
+    const unsigned long long rb = p == 0 ? rb0 : p == 1 ? rb1 : p == 2 ? rb2 : rb3;
+    float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
+    const int n_rows_p = (p == 0 ? end0 : p == 1 ? end1 : p == 2 ? end2 : end3) - start;
+    const float* taps = p == 0 && conv_tab ? conv_taps : nullptr;
+    multi_rows_run<F, FLOAT>(w + (unsigned long long)r * rb, rb, pair ? 2 : 1, r, out, n_rows_p, n_cols, x, xq,
+                             xd, xs, taps, d_conv, n_tok, conv_tab);
+  }
+}
+
+// Six blocks an SM (at most 80 registers; Q5_K, which would spill there, five).
+#define SC_MULTI_ROWS(NAME, F, FLOAT, BLOCKS)                                                         \
+  extern "C" __global__ void __launch_bounds__(128, BLOCKS) NAME(SC_MULTI_ARGS) {                   \
+    /* Both rows into L2 while the kernel before runs. */                                           \
+    const int ga = 2 * (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));                       \
+    for (int g = ga; g < ga + 2 && g < end3; g++) {                                                 \
+      const int p = g < end0 ? 0 : g < end1 ? 1 : g < end2 ? 2 : 3;                                 \
+      const int r = g - (p == 0 ? 0 : p == 1 ? end0 : p == 2 ? end1 : end2);                        \
+      const uint8_t* w = p == 0 ? w0 : p == 1 ? w1 : p == 2 ? w2 : w3;                              \
+      const unsigned long long rb = p == 0 ? rb0 : p == 1 ? rb1 : p == 2 ? rb2 : rb3;               \
+      sc_prefetch_l2(w + (unsigned long long)r * rb, rb);                                           \
+    }                                                                                               \
+    sc_pdl_enter();                                                                                 \
+    (void)tys;                                                                                      \
+    (void)conv_state;                                                                               \
+    matvec_multi_rows_body<F, FLOAT>(w0, w1, w2, w3, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0, out1, \
+                                     out2, out3, n_cols, x, xq, xd, xs, conv_taps, d_conv, n_tok, conv_tab); \
+  }
+SC_MULTI_ROWS(matvec_multi_rows_f32, FmtF32, true, 6)
+SC_MULTI_ROWS(matvec_multi_rows_f16, FmtF16, true, 6)
+SC_MULTI_ROWS(matvec_multi_rows_bf16, FmtBf16, true, 6)
+SC_MULTI_ROWS(matvec_multi_rows_q8_0, FmtQ8_0, false, 6)
+SC_MULTI_ROWS(matvec_multi_rows_q4_0, FmtQ4_0, false, 6)
+SC_MULTI_ROWS(matvec_multi_rows_q4_k, FmtQ4K, false, 6)
+SC_MULTI_ROWS(matvec_multi_rows_q5_k, FmtQ5K, false, 5)
+SC_MULTI_ROWS(matvec_multi_rows_q6_k, FmtQ6K, false, 6)
+SC_MULTI_ROWS(matvec_multi_rows_iq4_xs, FmtIq4Xs, false, 6)

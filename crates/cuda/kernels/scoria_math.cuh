@@ -153,6 +153,36 @@ __device__ __forceinline__ float sc_warp_sum(float acc) {
     return acc;
 }
 
+// sc_warp_sum of N lane values at once (N = 2, 4 or 8: v[i] is sum i's value in this
+// lane), in log2(N) + 5 shuffles instead of 5·N. At each of the first log2(N) steps
+// the lanes with bit w set keep the upper half of their values and hand the lower
+// half to lane l ^ w, which keeps the lower half: every node is still the sum of the
+// same two values (commutative), so each sum has the bits sc_warp_sum gives it. Sum i
+// ends in lanes i·(32/N) .. i·(32/N) + 32/N − 1; the return value is this lane's.
+template <int N>
+__device__ __forceinline__ float sc_warp_sum_split(const float (&v)[N]) {
+    static_assert(N == 2 || N == 4 || N == 8, "sc_warp_sum_split: N is 2, 4 or 8");
+    const int lane = threadIdx.x & 31;
+    float k[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) k[i] = v[i];
+#pragma unroll
+    for (int h = N / 2, w = 16; h >= 1; h >>= 1, w >>= 1) {
+        const bool up = (lane & w) != 0;
+#pragma unroll
+        for (int i = 0; i < h; i++) {
+            const float keep = up ? k[h + i] : k[i];
+            const float give = up ? k[i] : k[h + i];
+            k[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, give, w));
+        }
+    }
+#pragma unroll
+    for (int w = 16 / N; w >= 1; w >>= 1) {
+        k[0] = __fadd_rn(k[0], __shfl_xor_sync(0xffffffffu, k[0], w));
+    }
+    return k[0];
+}
+
 // Σ x[i] over i in 0..n in the canonical order, by one full warp; mirror of
 // `model::math::sum`. Every lane returns the result.
 __device__ __forceinline__ float sc_warp_sum_n(const float* x, int n) {

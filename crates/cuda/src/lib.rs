@@ -24,8 +24,9 @@ pub use gguf::GgmlType;
 pub use gpu::{DevBuf, Gpu, Graph, Lane, Mark, PinnedBuf};
 #[cfg(feature = "cuda")]
 pub use ops::{
-    DnRows, DnStep, Mat, MoeRoute, QAct, Tile, TileShape, FUSED_MAX_EXPERTS, MAX_D_CONV,
-    MAX_EXPERTS, MAX_TOP_K, ROUTER_MAX_TOKENS, TILE_GROUP, TILE_TOKENS,
+    DnRows, DnStep, Mat, MoeRoute, QAct, RouterRoute, Tile, TileShape, FUSED_MAX_EXPERTS,
+    MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K, ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT, TILE_GROUP,
+    TILE_TOKENS,
 };
 
 /// True when this build has the CUDA executor (feature `cuda`).

@@ -12,7 +12,10 @@ mod norm;
 mod quant;
 
 pub use deltanet::{DnRows, DnStep, MAX_D_CONV};
-pub use moe::{MoeRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K, ROUTER_MAX_TOKENS};
+pub use moe::{
+    MoeRoute, RouterRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K, ROUTER_MAX_TOKENS,
+    ROUTE_IN_ROUTER_MAX_EXPERT,
+};
 pub use quant::{Mat, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 
 use crate::kernels::K;

@@ -17,6 +17,20 @@ pub const FUSED_MAX_EXPERTS: usize = 512;
 /// The most tokens [`Gpu::router`] takes (a block row each; a longer prompt's router
 /// is a plain matrix product).
 pub const ROUTER_MAX_TOKENS: usize = 16;
+/// The most experts [`Gpu::router_routed`] routes (kernels/quant.cu router_route_tail).
+pub const ROUTE_IN_ROUTER_MAX_EXPERT: usize = 256;
+
+/// Where [`Gpu::router_routed`] writes each token's routing: `weights_out` (f32 [n_tok
+/// × k]) and `ids_out` (i32 [n_tok × k]) in rank order, as [`Gpu::route_topk`] does;
+/// `counter` (i32 [n_tok]) counts each row's finished blocks and must be zero before
+/// the launch (it is zero again after it).
+#[derive(Clone, Copy, Debug)]
+pub struct RouterRoute {
+    pub k: usize,
+    pub weights_out: u64,
+    pub ids_out: u64,
+    pub counter: u64,
+}
 
 /// Gate and up of one expert set: the same type, row size and shape.
 fn check_pair(kn: &'static str, gate: &Mat, up: &Mat) -> Result<TypeInfo, CudaError> {
@@ -320,12 +334,30 @@ impl Gpu {
     /// dependent launch), so the router's weights stream in while that kernel runs;
     /// each token is a row of blocks, which read its values once into shared memory.
     pub fn router(&self, router: &Mat, x: u64, n_tok: usize, logits: u64) -> Result<(), CudaError> {
+        self.router_routed(router, x, n_tok, logits, None)
+    }
+
+    /// [`Gpu::router`], and with `route`, each token routed too (`model::moe::route`,
+    /// [`Gpu::route_topk`]'s bits) by the last block of its row to finish: a decode
+    /// step of several rows without `route_topk`'s launch. At most
+    /// [`ROUTE_IN_ROUTER_MAX_EXPERT`] experts.
+    pub fn router_routed(
+        &self,
+        router: &Mat,
+        x: u64,
+        n_tok: usize,
+        logits: u64,
+        route: Option<RouterRoute>,
+    ) -> Result<(), CudaError> {
         const KN: &str = "router";
-        let kernel = match router.ty {
-            GgmlType::F32 => K::RouterF32,
-            GgmlType::F16 => K::RouterF16,
-            GgmlType::BF16 => K::RouterBf16,
-            other => {
+        let kernel = match (router.ty, route.is_some()) {
+            (GgmlType::F32, false) => K::RouterF32,
+            (GgmlType::F16, false) => K::RouterF16,
+            (GgmlType::BF16, false) => K::RouterBf16,
+            (GgmlType::F32, true) => K::RouterF32R,
+            (GgmlType::F16, true) => K::RouterF16R,
+            (GgmlType::BF16, true) => K::RouterBf16R,
+            (other, _) => {
                 return Err(CudaError::bad(
                     KN,
                     format!("a {other} router (F32, F16 or BF16 only)"),
@@ -339,6 +371,26 @@ impl Gpu {
                 format!("{n_tok} tokens (at most {ROUTER_MAX_TOKENS})"),
             ));
         }
+        if let Some(r) = route {
+            let n_expert = router.n_rows;
+            if n_expert > ROUTE_IN_ROUTER_MAX_EXPERT
+                || r.k == 0
+                || r.k > n_expert
+                || r.k > MAX_TOP_K
+            {
+                return Err(CudaError::bad(
+                    KN,
+                    format!(
+                        "routing top-{} of {n_expert} experts (at most {MAX_TOP_K} of {ROUTE_IN_ROUTER_MAX_EXPERT}; \
+                         route_topk takes more)",
+                        r.k
+                    ),
+                ));
+            }
+            addr(KN, "weights_out", r.weights_out, 4)?;
+            addr(KN, "ids_out", r.ids_out, 4)?;
+            addr(KN, "counter", r.counter, 4)?;
+        }
         if n_tok == 0 {
             return Ok(());
         }
@@ -349,6 +401,10 @@ impl Gpu {
             Arg::I32(int(KN, "n_cols", router.n_cols)?),
             Arg::P(addr(KN, "x", x, 16)?),
             Arg::P(addr(KN, "logits", logits, 4)?),
+            Arg::I32(route.map_or(0, |r| r.k as i32)),
+            Arg::P(route.map_or(0, |r| r.weights_out)),
+            Arg::P(route.map_or(0, |r| r.ids_out)),
+            Arg::P(route.map_or(0, |r| r.counter)),
         ];
         let grid = [blocks(router.n_rows, 4)?, n_tok as u32, 1];
         self.launch(kernel, grid, 128, 0, &args)

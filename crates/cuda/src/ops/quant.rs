@@ -59,8 +59,11 @@ pub(crate) struct TypeInfo {
     k: K,
     /// The same kernel for one token per tile (decode).
     k1: K,
-    /// The same kernel for 2 to 4 tokens of a plain matrix (batched decode).
+    /// The kernel for 2 to 4 tokens of a plain matrix (batched decode): one row a
+    /// warp for float types, two for quantized ones.
     k4: K,
+    /// `matvec_multi_rows` for matrices of this type.
+    mr: K,
     /// The kernel for many tokens, same bits: the int8 tensor-core GEMM
     /// (kernels/mmq.cu) for quantized types, the shared-memory float matmul (`mm_*` in
     /// kernels/quant.cu, plain matrices only) for float types.
@@ -73,58 +76,106 @@ pub(crate) struct TypeInfo {
 
 fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     use GgmlType as T;
-    let ((k, k1, k4, mm), code, block, align, float) = match ty {
+    let ((k, k1, k4, mm, mr), code, block, align, float) = match ty {
         T::F32 => (
-            (K::MatvecF32, K::MatvecF32T1, K::MatvecF32T4, K::MmF32),
+            (
+                K::MatvecF32,
+                K::MatvecF32T1,
+                K::MatvecF32T4,
+                K::MmF32,
+                K::MatvecMultiRowsF32,
+            ),
             0,
             1,
             4,
             true,
         ),
         T::F16 => (
-            (K::MatvecF16, K::MatvecF16T1, K::MatvecF16T4, K::MmF16),
+            (
+                K::MatvecF16,
+                K::MatvecF16T1,
+                K::MatvecF16T4,
+                K::MmF16,
+                K::MatvecMultiRowsF16,
+            ),
             1,
             1,
             2,
             true,
         ),
         T::BF16 => (
-            (K::MatvecBf16, K::MatvecBf16T1, K::MatvecBf16T4, K::MmBf16),
+            (
+                K::MatvecBf16,
+                K::MatvecBf16T1,
+                K::MatvecBf16T4,
+                K::MmBf16,
+                K::MatvecMultiRowsBf16,
+            ),
             2,
             1,
             2,
             true,
         ),
         T::Q8_0 => (
-            (K::MatvecQ8_0, K::MatvecQ8_0T1, K::MatvecQ8_0T4, K::MmqQ8_0),
+            (
+                K::MatvecQ8_0,
+                K::MatvecQ8_0T1,
+                K::MatvecQ8_0T4,
+                K::MmqQ8_0,
+                K::MatvecMultiRowsQ8_0,
+            ),
             3,
             32,
             2,
             false,
         ),
         T::Q4_0 => (
-            (K::MatvecQ4_0, K::MatvecQ4_0T1, K::MatvecQ4_0T4, K::MmqQ4_0),
+            (
+                K::MatvecQ4_0,
+                K::MatvecQ4_0T1,
+                K::MatvecQ4_0T4,
+                K::MmqQ4_0,
+                K::MatvecMultiRowsQ4_0,
+            ),
             4,
             32,
             2,
             false,
         ),
         T::Q4_K => (
-            (K::MatvecQ4K, K::MatvecQ4KT1, K::MatvecQ4KT4, K::MmqQ4K),
+            (
+                K::MatvecQ4K,
+                K::MatvecQ4KT1,
+                K::MatvecQ4KT4,
+                K::MmqQ4K,
+                K::MatvecMultiRowsQ4K,
+            ),
             5,
             256,
             16,
             false,
         ),
         T::Q5_K => (
-            (K::MatvecQ5K, K::MatvecQ5KT1, K::MatvecQ5KT4, K::MmqQ5K),
+            (
+                K::MatvecQ5K,
+                K::MatvecQ5KT1,
+                K::MatvecQ5KT4,
+                K::MmqQ5K,
+                K::MatvecMultiRowsQ5K,
+            ),
             6,
             256,
             16,
             false,
         ),
         T::Q6_K => (
-            (K::MatvecQ6K, K::MatvecQ6KT1, K::MatvecQ6KT4, K::MmqQ6K),
+            (
+                K::MatvecQ6K,
+                K::MatvecQ6KT1,
+                K::MatvecQ6KT4,
+                K::MmqQ6K,
+                K::MatvecMultiRowsQ6K,
+            ),
             7,
             256,
             2,
@@ -136,6 +187,7 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
                 K::MatvecIq4XsT1,
                 K::MatvecIq4XsT4,
                 K::MmqIq4Xs,
+                K::MatvecMultiRowsIq4Xs,
             ),
             8,
             256,
@@ -149,6 +201,7 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
         k1,
         k4,
         mm,
+        mr,
         code,
         block,
         align,
@@ -239,6 +292,21 @@ pub enum TileShape {
     /// Tiles `TILE_GROUP·u .. TILE_GROUP·(u+1)` share one expert (empty tiles of that
     /// expert pad a group).
     Grouped,
+}
+
+/// `matvec_multi`'s 1 to 4 matrices, an output each.
+fn check_multi_counts(mats: &[&Mat], outs: &[u64]) -> Result<(), CudaError> {
+    if mats.is_empty() || mats.len() > 4 || outs.len() != mats.len() {
+        return Err(CudaError::bad(
+            "matvec_multi",
+            format!(
+                "{} matrices and {} outputs (1 to 4 of each)",
+                mats.len(),
+                outs.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Warps (rows) per matvec block.
@@ -517,15 +585,18 @@ impl Gpu {
         // One token per tile (decode): the kernel that keeps one accumulator per
         // lane runs more warps at once; same bits per (row, token).
         let one = (tiles == 0 && n_tok == 1) || (tiles != 0 && shape == TileShape::Single);
+        let four = !one && tiles == 0 && n_tok <= 4;
         let k = if one {
             ti.k1
-        } else if tiles == 0 && n_tok <= 4 {
+        } else if four {
             ti.k4
         } else {
             ti.k
         };
+        // The quantized _t4 kernels take two rows a warp.
+        let rows_per_warp = if four && !ti.float { 2 } else { 1 };
         let grid = [
-            blocks(n_rows, MV_ROWS_PER_BLOCK)?,
+            blocks(n_rows, MV_ROWS_PER_BLOCK * rows_per_warp)?,
             units.min(MAX_GRID_YZ) as u32,
             1,
         ];
@@ -566,7 +637,25 @@ impl Gpu {
         conv: Option<(u64, u64, usize)>,
     ) -> Result<(), CudaError> {
         let conv = conv.map(|(table, taps, d)| (ConvAt::Table(table), taps, d));
-        self.matvec_multi_launch(mats, outs, x, xq, conv, n_tok)
+        check_multi_counts(mats, outs)?;
+        // One launch per weight type, in the order of each type's first matrix: a
+        // kernel of one type keeps that type's registers (the conv goes with matrix 0,
+        // always first in its group).
+        let mut done = [false; 4];
+        for i in 0..mats.len() {
+            if done[i] {
+                continue;
+            }
+            let group: Vec<usize> = (i..mats.len())
+                .filter(|&j| !done[j] && mats[j].ty == mats[i].ty)
+                .collect();
+            group.iter().for_each(|&j| done[j] = true);
+            let sub: Vec<&Mat> = group.iter().map(|&j| mats[j]).collect();
+            let so: Vec<u64> = group.iter().map(|&j| outs[j]).collect();
+            let c = if i == 0 { conv } else { None };
+            self.matvec_multi_launch(&sub, &so, x, xq, c, n_tok)?;
+        }
+        Ok(())
     }
 
     /// `matvec_multi` (one token, `conv` at a [`ConvAt::State`]) or
@@ -583,16 +672,7 @@ impl Gpu {
         const KN: &str = "matvec_multi";
         // The rows kernel for several tokens, or for the states of a table.
         let rows = n_tok > 1 || matches!(conv, Some((ConvAt::Table(_), ..)));
-        if mats.is_empty() || mats.len() > 4 || outs.len() != mats.len() {
-            return Err(CudaError::bad(
-                KN,
-                format!(
-                    "{} matrices and {} outputs (1 to 4 of each)",
-                    mats.len(),
-                    outs.len()
-                ),
-            ));
-        }
+        check_multi_counts(mats, outs)?;
         let n_cols = mats[0].n_cols;
         let (mut w, mut rb, mut ends, mut o) = ([0u64; 4], [0u64; 4], [0i32; 4], [0u64; 4]);
         let (mut tys, mut need_q, mut end) = (0i32, false, 0usize);
@@ -658,13 +738,22 @@ impl Gpu {
         if end == 0 || n_tok == 0 {
             return Ok(());
         }
+        // The rows kernels are one type's (the caller groups the matrices), two rows a
+        // warp.
+        let (kernel, rows_per_warp) = if rows {
+            if mats.iter().any(|m| m.ty != mats[0].ty) {
+                return Err(CudaError::bad(
+                    KN,
+                    "the rows launch takes matrices of one type".to_string(),
+                ));
+            }
+            (check_mat(KN, "matrix", mats[0])?.mr, 2)
+        } else {
+            (K::MatvecMulti, 1)
+        };
         self.launch(
-            if rows {
-                K::MatvecMultiRows
-            } else {
-                K::MatvecMulti
-            },
-            [blocks(end, MV_ROWS_PER_BLOCK)?, 1, 1],
+            kernel,
+            [blocks(end, MV_ROWS_PER_BLOCK * rows_per_warp)?, 1, 1],
             (32 * MV_ROWS_PER_BLOCK) as u32,
             0,
             &args,

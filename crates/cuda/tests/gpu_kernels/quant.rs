@@ -968,7 +968,7 @@ fn matvec_multi_matches_the_cpu() {
         let n_cols = 512;
         let count = 1 + i % 4;
         let shapes: Vec<(GgmlType, usize)> = (0..count)
-            .map(|p| (TYPES[(i + 2 * p) % n], [96, 64, 8, 40][p]))
+            .map(|p| (TYPES[(i + 2 * p) % n], [96, 63, 8, 41][p]))
             .collect();
         let ws: Vec<Vec<u8>> = shapes
             .iter()
@@ -1024,17 +1024,21 @@ fn matvec_multi_matches_the_cpu() {
                 &format!("conv state of {shapes:?}"),
             );
         }
-        // Three tokens in one launch (matvec_multi_rows): each token's matvec, and
-        // with the conv, each token's conv step on a state of its own (a table).
-        let x3 = activations(3, n_cols, &mut rng);
+        // Several tokens in one launch (matvec_multi_rows; 3, or 6 to take a second
+        // group of four): each token's matvec, and with the conv, each token's conv
+        // step on a state of its own (a table).
+        let nt = if i % 2 == 0 { 3 } else { 6 };
+        let x3 = activations(nt, n_cols, &mut rng);
         let dx3 = up(&g, &x3);
         let q3: Vec<_> = x3.chunks(n_cols).map(quant::quantize_act).collect();
         let dq3 = DevQAct::upload(&g, &q3);
         let outs3: Vec<_> = shapes
             .iter()
-            .map(|&(_, rows)| poisoned(&g, 3 * rows))
+            .map(|&(_, rows)| poisoned(&g, nt * rows))
             .collect();
-        let states3: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(rows0 * (d_conv - 1), 2.0)).collect();
+        let states3: Vec<Vec<f32>> = (0..nt)
+            .map(|_| rng.vec(rows0 * (d_conv - 1), 2.0))
+            .collect();
         let dstates3: Vec<_> = states3.iter().map(|st| up(&g, st)).collect();
         let tab = up(&g, &dstates3.iter().map(|b| b.ptr()).collect::<Vec<u64>>());
         g.matvec_multi_rows(
@@ -1042,12 +1046,12 @@ fn matvec_multi_matches_the_cpu() {
             &outs3.iter().map(|o| o.ptr()).collect::<Vec<_>>(),
             dx3.ptr(),
             dq3.q(),
-            3,
+            nt,
             conv.then_some((tab.ptr(), dtaps.ptr(), d_conv)),
         )
         .unwrap();
         for (p, (o, (&(ty, rows), w))) in outs3.iter().zip(shapes.iter().zip(&ws)).enumerate() {
-            let mut want = cpu_matmul(ty, w, rows, n_cols, &x3, 3);
+            let mut want = cpu_matmul(ty, w, rows, n_cols, &x3, nt);
             if p == 0 && conv {
                 for (t, st) in states3.iter().enumerate() {
                     let mut st = st.clone();
@@ -1105,6 +1109,46 @@ fn router_matches_the_cpu_matvec() {
             &want,
             &format!("{ty} {n_expert}×{n_cols}, {n_tok} tokens"),
         );
+        // The routed launch (at most 256 experts): the same logits, and each token's
+        // model::moe::route from its last block, twice (the counts return to zero).
+        if n_expert > cuda::ROUTE_IN_ROUTER_MAX_EXPERT {
+            continue;
+        }
+        let k = n_expert.min(8);
+        let counter = filled::<i32>(&g, n_tok, 0);
+        for round in 0..2 {
+            let logits = poisoned(&g, n_tok * n_expert);
+            let (dw, di) = (poisoned(&g, n_tok * k), filled::<i32>(&g, n_tok * k, 0xff));
+            let route = cuda::RouterRoute {
+                k,
+                weights_out: dw.ptr(),
+                ids_out: di.ptr(),
+                counter: counter.ptr(),
+            };
+            g.router_routed(
+                &mat(ty, &up(&g, &w), n_expert, n_cols),
+                dx.ptr(),
+                n_tok,
+                logits.ptr(),
+                Some(route),
+            )
+            .unwrap();
+            let what = format!("routed {ty} {n_expert}×{n_cols}, {n_tok} tokens, round {round}");
+            assert_bits(&down(&g, &logits), &want, &what);
+            let (gw, gi) = (down(&g, &dw), down(&g, &di));
+            for t in 0..n_tok {
+                let r = model::moe::route(&want[t * n_expert..(t + 1) * n_expert], k);
+                let ids: Vec<i32> = r.iter().map(|x| x.0 as i32).collect();
+                let wts: Vec<f32> = r.iter().map(|x| x.1).collect();
+                assert_eq!(&gi[t * k..(t + 1) * k], &ids[..], "ids, {what}, token {t}");
+                assert_bits(
+                    &gw[t * k..(t + 1) * k],
+                    &wts,
+                    &format!("weights, {what}, token {t}"),
+                );
+            }
+            assert_eq!(down(&g, &counter), vec![0; n_tok], "counts, {what}");
+        }
     }
     let w = weights(GgmlType::Q8_0, 8, 64, false, &mut rng);
     let dw = up(&g, &w);
@@ -1125,4 +1169,21 @@ fn router_matches_the_cpu_matvec() {
     };
     let e = g.router(&wf, x.ptr(), 17, out.ptr()).unwrap_err();
     assert!(e.to_string().contains("17 tokens"), "{e}");
+    let wb = up(&g, &vec![0f32; 512 * 64]);
+    let big = cuda::Mat {
+        ptr: wb.ptr(),
+        expert_bytes: 512 * 256,
+        n_rows: 512,
+        ..wf
+    };
+    let route = cuda::RouterRoute {
+        k: 8,
+        weights_out: out.ptr(),
+        ids_out: out.ptr(),
+        counter: out.ptr(),
+    };
+    let e = g
+        .router_routed(&big, x.ptr(), 2, out.ptr(), Some(route))
+        .unwrap_err();
+    assert!(e.to_string().contains("of 512 experts"), "{e}");
 }

@@ -111,6 +111,9 @@ pub struct CudaBackend {
     /// Finished-block counts of the fused gate/up kernel's planes (zero between
     /// launches; see `Gpu::moe_gate_up`).
     plane_done: DevBuf<i32>,
+    /// The router's finished blocks per row (zero between launches), for the rows it
+    /// routes (`Gpu::router_routed`).
+    route_done: DevBuf<i32>,
     /// One token takes the fused kernels (`moe_fused`, `delta_net_step`, the
     /// attention's joint projections); `SCORIA_NO_FUSED_DECODE=1` sends it through the
     /// prompt path's kernels instead, which give the same bits (a test compares them).
@@ -232,6 +235,9 @@ impl CudaBackend {
         let plane_done = gpu
             .alloc::<i32>(MAX_ROWS * (cuda::MAX_TOP_K + 1), "expert plane counts")
             .map_err(cuda_err("allocate step inputs"))?;
+        let route_done = gpu
+            .alloc::<i32>(cuda::ROUTER_MAX_TOKENS, "router counts")
+            .map_err(cuda_err("allocate step inputs"))?;
         let tables = 2 * (cfg.n_attention_layers() + n_delta_net(&cfg));
         let state_tab = gpu
             .alloc::<u64>(tables.max(1) * MAX_ROWS, "state tables")
@@ -257,6 +263,7 @@ impl CudaBackend {
             normed_q: Cell::new(None),
             h_fixed_q: Cell::new(QAct::NONE),
             plane_done,
+            route_done,
             fused: !std::env::var("SCORIA_NO_FUSED_DECODE").is_ok_and(|v| v == "1"),
         })
     }
@@ -705,7 +712,8 @@ impl CudaBackend {
     /// when every expert is in VRAM, in three launches: the router; the routing with
     /// every expert's gate/up/SwiGLU (the shared one and its gate logit included) and
     /// their quantized copy; the down products combined. Several rows are routed
-    /// once, by one more launch, rather than in every block of the gate/up launch,
+    /// once, by the router's last block of each row (or by `route_topk` for more
+    /// experts than it routes), rather than in every block of the gate/up launch,
     /// whose blocks multiply with the rows (4 rows decoded 15% slower that way on
     /// Q35, measured 2026-12-02; 8% after the routing's warp reductions, 2026-12-03).
     /// A float router takes `Gpu::router`. The bits of the
@@ -721,25 +729,37 @@ impl CudaBackend {
     ) -> Result<DBuf, ExecError> {
         let (n, k) = (x.rows, self.cfg.n_expert_used);
         let logits = self.alloc(n, m.router.n_rows, "matvec")?;
-        if is_float(m.router.ty) && n <= cuda::ROUTER_MAX_TOKENS {
+        // A float router of up to ROUTER_MAX_TOKENS rows: the router kernel, which also
+        // routes several rows when the expert count allows (no route_topk launch).
+        let float_router = is_float(m.router.ty) && n <= cuda::ROUTER_MAX_TOKENS;
+        let routed = float_router && n > 1 && self.cfg.n_expert <= cuda::ROUTE_IN_ROUTER_MAX_EXPERT;
+        if float_router {
+            let route = routed.then_some(cuda::RouterRoute {
+                k,
+                weights_out: wts.ptr,
+                ids_out: ids,
+                counter: self.route_done.ptr(),
+            });
             self.gpu
-                .router(&m.router.mat(), x.ptr, n, logits.ptr)
+                .router_routed(&m.router.mat(), x.ptr, n, logits.ptr, route)
                 .map_err(cuda_err("router"))?;
         } else {
             self.mm_q_into(&m.router, x, xq, &logits)?;
         }
-        let route = if n > 1 {
-            self.gpu
-                .route_topk(logits.ptr, n, self.cfg.n_expert, k, wts.ptr, ids, 0, 0)
-                .map_err(cuda_err("route_topk"))?;
-            MoeRoute::Given { ids }
-        } else {
+        let route = if n == 1 {
             MoeRoute::Logits {
                 logits: logits.ptr,
                 n_expert: self.cfg.n_expert,
                 wts_out: wts.ptr,
                 ids_out: ids,
             }
+        } else {
+            if !routed {
+                self.gpu
+                    .route_topk(logits.ptr, n, self.cfg.n_expert, k, wts.ptr, ids, 0, 0)
+                    .map_err(cuda_err("route_topk"))?;
+            }
+            MoeRoute::Given { ids }
         };
         let a = self.fused_gate_up(m, x, xq, route)?;
         self.fused_down(m, &a, ids, wts.ptr, 0)
