@@ -424,6 +424,12 @@ impl Gpu {
         if self.copier_busy.load(Ordering::Relaxed) {
             self.sync_copier()?;
         }
+        self.sync_stream()
+    }
+
+    /// Waits until the stream's work has finished (not the copier's).
+    fn sync_stream(&self) -> Result<(), CudaError> {
+        self.ctx.bind()?;
         // SAFETY: the stream is alive while self is.
         unsafe { result::stream::synchronize(self.stream) }
             .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
@@ -654,7 +660,9 @@ impl Gpu {
 
     /// Reads the device ranges `srcs` ((address, bytes)) into `dst`, one after
     /// another from offset 0, after everything issued before them on the stream, and
-    /// waits for them: one synchronisation for all. Not allowed during capture.
+    /// waits for them: one synchronisation for all, of the stream alone (copies on
+    /// the copier that the stream does not wait for may still be running). Not
+    /// allowed during capture.
     pub fn download_pinned(
         &self,
         srcs: &[(u64, usize)],
@@ -683,7 +691,7 @@ impl Gpu {
             .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync(download_pinned)", e))?;
             at += n;
         }
-        self.sync()
+        self.sync_stream()
     }
 
     /// Launches kernel `k` on the stream. `args` are the kernel's parameters in order.

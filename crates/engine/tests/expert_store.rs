@@ -354,3 +354,49 @@ fn each_route_gets_its_batch_slot_or_none() {
     assert_eq!(b.slots_of(&routes), vec![3, -1, 1, 0, 0, -1, -1, 3, -1]);
     assert!(Batch::default().slots_of(&routes).iter().all(|&s| s == -1));
 }
+
+/// Guessed experts held in RAM and in no slot take slots before the step (those in a
+/// slot already, or only in the file, are skipped); at the step each one routed to
+/// is a RAM miss whose other uses hit, each other one is counted unused, and the
+/// guess is used once.
+#[test]
+fn guessed_experts_take_slots_before_the_step_and_are_counted_once() {
+    let (mut s, k, n) = store(2);
+    assert!(n >= 8 && k >= 2, "{n} experts, top-{k}");
+    // Expert 2 (even: in RAM) is in a slot already.
+    s.step(0, &[2], &|_| 0).expect("step");
+    let before = s.stats();
+    // 1 and 3 are odd (only in the file): never copied ahead.
+    let f = s.ahead(0, &[2, 4, 1, 6, 3]);
+    let got: Vec<u32> = f.iter().map(|f| f.expert).collect();
+    assert_eq!(got, [4, 6], "the guesses in RAM and in no slot, in order");
+    for f in &f {
+        assert!(matches!(f.from, Home::Ram(_)));
+        assert_eq!(s.home(0, f.expert), Home::Slot(f.slot));
+    }
+    assert_ne!(f[0].slot, f[1].slot);
+    let eb = s.plan().layers[0].expert_bytes;
+    // A step routed twice to 4, once to 2, not to 6: 4 is a RAM miss and a hit,
+    // 2 a hit, 6 unused.
+    let batches = s.step(0, &[4, 2, 4], &|_| 0).expect("step");
+    assert_eq!(batches.len(), 1);
+    assert!(batches[0].fetch.is_empty(), "nothing left to copy");
+    check_batch(&s, 0, &batches[0]);
+    let d = s.stats().minus(&before);
+    assert_eq!(d.uses(), 3, "every route is counted once");
+    assert_eq!((d.hits, d.ram_misses), (2, 1));
+    assert_eq!((d.prefetched, d.prefetch_unused), (2, 1));
+    assert_eq!(d.ram_bytes, 2 * eb, "both copies ahead moved their bytes");
+    // The guess is used once: the next step counts 4 and 6 as plain hits.
+    let before = s.stats();
+    s.step(0, &[4, 6], &|_| 0).expect("step");
+    let d = s.stats().minus(&before);
+    assert_eq!((d.hits, d.ram_misses, d.prefetch_unused), (2, 0, 0));
+    // A guess for another layer is not counted at this one's step.
+    let g = s.ahead(1, &[8]);
+    assert_eq!(g.len(), 1);
+    let before = s.stats();
+    s.step(0, &[8], &|_| 0).expect("step");
+    let d = s.stats().minus(&before);
+    assert_eq!((d.prefetch_unused, d.hits), (0, 0));
+}

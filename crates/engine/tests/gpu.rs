@@ -264,8 +264,9 @@ fn trunk_experts_and_largest(path: &Path) -> (u64, u64, model::ModelConfig) {
 /// Invariant 1 for the tiered expert store: budgets that keep every expert in VRAM,
 /// almost none (top-k slots per layer, nothing in RAM: every miss read from the
 /// file) and mixes, with the CPU computing none, some or all of the misses held in
-/// RAM, give the same logits, bit for bit, for a prompt read in pieces (several slot
-/// batches per layer) and for decode steps.
+/// RAM, with a prompt pool, and with decode steps copying the next layer's guessed
+/// experts ahead, give the same logits, bit for bit, for a prompt read in pieces
+/// (several slot batches per layer) and for decode steps.
 #[test]
 fn tiered_experts_give_the_resident_bits() {
     if gpu().is_none() {
@@ -298,12 +299,14 @@ fn tiered_experts_give_the_resident_bits() {
                 0,
                 None,
                 0,
+                0,
             ),
             (
                 "half in slots and RAM, CPU half",
                 fixed + experts / 2,
                 experts / 2,
                 Some(0.5),
+                0,
                 0,
             ),
             (
@@ -312,12 +315,14 @@ fn tiered_experts_give_the_resident_bits() {
                 experts,
                 Some(1.0),
                 0,
+                0,
             ),
             (
                 "1/4 in slots, all in RAM, cost model",
                 fixed + experts / 4,
                 experts,
                 None,
+                0,
                 0,
             ),
             (
@@ -326,6 +331,7 @@ fn tiered_experts_give_the_resident_bits() {
                 experts,
                 None,
                 5,
+                0,
             ),
             (
                 "top-k slots, half in RAM, prompt pool",
@@ -333,11 +339,29 @@ fn tiered_experts_give_the_resident_bits() {
                 experts / 2,
                 None,
                 5,
+                0,
+            ),
+            (
+                "1/4 in slots, all in RAM, cost model, 3 guesses ahead",
+                fixed + experts / 4,
+                experts,
+                None,
+                0,
+                3,
+            ),
+            (
+                "top-k slots, half in RAM, CPU half, 4 guesses ahead",
+                fixed + (k + 1) * experts / n,
+                experts / 2,
+                Some(0.5),
+                0,
+                4,
             ),
         ];
-        for (case, vram, ram, share, pool) in cases {
+        for (case, vram, ram, share, pool, guesses) in cases {
             // Read at load: the tests run one at a time on the GPU machine.
             std::env::set_var("SCORIA_PROMPT_POOL", pool.to_string());
+            std::env::set_var("SCORIA_GUESS_EXPERTS", guesses.to_string());
             let t = Engine::load(
                 &path,
                 &EngineConfig {
@@ -352,6 +376,7 @@ fn tiered_experts_give_the_resident_bits() {
             )
             .unwrap_or_else(|e| panic!("{geometry}, {case}: {e}"));
             std::env::remove_var("SCORIA_PROMPT_POOL");
+            std::env::remove_var("SCORIA_GUESS_EXPERTS");
             let mut t = t;
             assert!(t.expert_stats().is_some(), "{geometry}, {case}: not tiered");
             let got = t.logits_all(&prompt).expect("tiered logits");
@@ -377,8 +402,8 @@ fn tiered_experts_give_the_resident_bits() {
             );
             assert_eq!(
                 s.prefetched > 0,
-                pool > 0,
-                "{geometry}, {case}: prefetched {} with a pool of {pool}",
+                pool > 0 || guesses > 0,
+                "{geometry}, {case}: prefetched {} with a pool of {pool} and {guesses} guesses",
                 s.prefetched
             );
             assert!(

@@ -188,7 +188,10 @@ pub(crate) fn scratch_bytes(
         + t * k * e * f
         + 3 * t * sh * f
         + q(t, sh.max(32))
-        + 3 * t * e * f;
+        + 3 * t * e * f
+        // A tiered decode token's guess of the next layer's routing.
+        + (cfg.n_expert + 2 * k) * f
+        + 3 * ALIGN;
     let norm = t * e * f;
     let layer = norm + attn.max(dn) + norm + moe;
     // x, the fixed norm output and its quantized copy, the logits.
@@ -912,19 +915,25 @@ impl CudaBackend {
         logits: &DBuf,
         wts: &DBuf,
         ids: u64,
+        guess: bool,
     ) -> Result<Routed, ExecError> {
         let cfg = &self.cfg;
         let (t_n, k) = (x.rows, cfg.n_expert_used);
         let rows = t_n * k;
+        // With a guess, `logits` holds a second row: the next layer's (see `moe`).
+        let route_rows = t_n + usize::from(guess);
         self.gpu
-            .route_topk(logits.ptr, t_n, cfg.n_expert, k, wts.ptr, ids, 0, 0)
+            .route_topk(logits.ptr, route_rows, cfg.n_expert, k, wts.ptr, ids, 0, 0)
             .map_err(cuda_err("route_topk"))?;
         self.seg_break()?;
         let t0 = Instant::now();
         // A decode step may leave experts to the CPU: its input comes with the routes.
         let x_in = (t_n == 1).then_some((x.ptr, x.rows * x.cols));
-        let (routes, x_host) = t.read_routes(&self.gpu, ids, rows, x_in)?;
+        let n_guess = if guess { k } else { 0 };
+        let got = t.read_routes(&self.gpu, ids, rows, n_guess, x_in)?;
+        let (routes, x_host) = (got.routes, got.x);
         let wait = t0.elapsed();
+        t.wait_ahead(&self.gpu, layer)?;
         let mut store = t.store.borrow_mut();
         let bytes = store.plan().layers[layer].expert_bytes;
         let batches = store
@@ -957,9 +966,15 @@ impl CudaBackend {
             }
         }
         let routed = routed?;
+        let next = layer + 1;
+        // A decode token: the next layer's guessed experts start on their way to its
+        // slots now, beside this layer's last products and the next layer's mixer.
+        if !got.guesses.is_empty() {
+            let n = t.guesses.min(got.guesses.len());
+            t.copy_ahead(&self.gpu, next, &self.w.layers[next].moe, &got.guesses[..n])?;
+        }
         // A long prompt chunk: the next layer's experts start on their way to the
         // pool now, beside this layer's last products and the next layer's mixer.
-        let next = layer + 1;
         if t_n > 1 && next < t.store.borrow().n_layer() {
             t.prefetch(&self.gpu, next, &self.w.layers[next].moe, t_n)?;
         }
@@ -1844,15 +1859,29 @@ impl Backend for CudaBackend {
             ws.extend([&s.gate, &s.up]);
         }
         let xq = self.prepare(&ws, x)?;
-        let wts = self.alloc(t_n, k, "route")?;
-        let ids = self.alloc_bytes(t_n * k * 4, "route")?;
+        // A tiered decode token guesses the next layer's routing: the next router
+        // applied to this layer's expert input, in the same launches as this layer's
+        // routing (a second row of logits, weights and ids). The guess only decides
+        // which experts are copied ahead (`Tiered::copy_ahead`).
+        let guess = match &self.tiered {
+            Some(t) if t_n == 1 && t.guesses > 0 => self
+                .w
+                .layers
+                .get(layer + 1)
+                .and_then(|next| m.router.joined(&next.moe.router)),
+            _ => None,
+        };
+        let route_rows = t_n + usize::from(guess.is_some());
+        let wts = self.alloc(route_rows, k, "route")?;
+        let ids = self.alloc_bytes(route_rows * k * 4, "route")?;
         // A token or a batched decode step's rows: routed and computed on the device.
         if t_n <= MAX_ROWS && self.fused && self.tiered.is_none() && fused_moe(m, cfg.n_expert, k) {
             return self.moe_fused(m, x, xq, &wts, ids);
         }
-        let logits = self.mm_q(&m.router, x, xq)?;
+        let logits = self.mm_q(guess.as_ref().unwrap_or(&m.router), x, xq)?;
+        let guessed = guess.is_some();
         let (down, (shared, logit)) = match &self.tiered {
-            Some(t) => match self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids)? {
+            Some(t) => match self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids, guessed)? {
                 Routed::Combined(out) => return Ok(out),
                 Routed::Parts(down, shared) => (down, shared),
             },

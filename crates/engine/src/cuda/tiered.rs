@@ -24,7 +24,7 @@ use crate::experts::{Batch, CostModel, ExpertStore, Fetch, Home, TierStats};
 use cuda::{DevBuf, Gpu, Lane, Mark, PinnedBuf};
 use model::weights::Weight;
 use model::{ExecError, ModelWeights};
-use std::cell::{RefCell, RefMut};
+use std::cell::{Cell, RefCell, RefMut};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -71,7 +71,29 @@ pub(crate) struct Tiered {
     /// Per batch of a step: its products done (stream) and its copies landed
     /// (copier); grown to the most batches a step has had.
     marks: RefCell<Vec<[Mark; 2]>>,
+    /// How many of the next layer's likeliest experts a decode step guesses and
+    /// copies ahead (`SCORIA_GUESS_EXPERTS`; 0: none).
+    pub guesses: usize,
+    /// Recorded on the copier after the guessed experts' copies, and the layer they
+    /// are for (its step makes the stream wait for the mark).
+    ahead_done: Mark,
+    ahead_for: Cell<Option<usize>>,
 }
+
+/// A decode step's routing as read back: its routes, the next layer's guessed
+/// experts, and the experts' input.
+pub(crate) struct StepRoutes {
+    pub routes: Vec<u32>,
+    pub guesses: Vec<u32>,
+    pub x: Vec<f32>,
+}
+
+/// The guesses a decode step copies ahead unless `SCORIA_GUESS_EXPERTS` says: none.
+/// On N80 at a 16 GiB budget under random routing the guesses are right 95% of the
+/// time and take 30% of the CPU's bytes, but each token waited longer for its
+/// routing by about as much, and decode ran 2–10% slower (bench/RESULTS.md,
+/// 2026-12-03, session 31). Off until the cost model counts the copies ahead.
+pub const DEFAULT_GUESSES: usize = 0;
 
 /// The pinned buffer held in `held`, replaced by a new one of `bytes` bytes when it
 /// is smaller (or absent): transfers grow it once, then reuse it.
@@ -190,6 +212,12 @@ impl Tiered {
             pool_free: gpu.new_mark().map_err(cuda_err("prompt pool"))?,
             pool_filled: gpu.new_mark().map_err(cuda_err("prompt pool"))?,
             marks: RefCell::new(Vec::new()),
+            guesses: std::env::var("SCORIA_GUESS_EXPERTS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(DEFAULT_GUESSES),
+            ahead_done: gpu.new_mark().map_err(cuda_err("guessed experts"))?,
+            ahead_for: Cell::new(None),
             team: Team::new(rayon::current_num_threads().saturating_sub(1)),
         };
         t.measure(gpu, probe, map_ok)?;
@@ -409,32 +437,80 @@ impl Tiered {
     }
 
     /// Waits for the device's routing of a step: the `n_routes` expert ids at `ids`
-    /// and, with `x` ((address, values)), the experts' input, read together.
+    /// and the `n_guess` ids of the next layer's guess after them, and with `x`
+    /// ((address, values)) the experts' input, read together.
     pub fn read_routes(
         &self,
         gpu: &Gpu,
         ids: u64,
         n_routes: usize,
+        n_guess: usize,
         x: Option<(u64, usize)>,
-    ) -> Result<(Vec<u32>, Vec<f32>), ExecError> {
+    ) -> Result<StepRoutes, ExecError> {
         let n_x = x.map_or(0, |(_, n)| n);
-        let bytes = 4 * (n_routes + n_x);
+        let bytes = 4 * (n_routes + n_guess + n_x);
         let mut buf = pinned(gpu, &self.inbox, bytes, "pinned buffer for the routing")?;
-        let mut srcs = vec![(ids, 4 * n_routes)];
+        let mut srcs = vec![(ids, 4 * (n_routes + n_guess))];
         srcs.extend(x.map(|(p, n)| (p, 4 * n)));
         gpu.download_pinned(&srcs, &mut buf)
             .map_err(cuda_err("download routes"))?;
         let word = |c: &[u8]| [c[0], c[1], c[2], c[3]];
-        let (r, xb) = buf.as_slice()[..bytes].split_at(4 * n_routes);
-        let routes = r
-            .chunks_exact(4)
-            .map(|c| i32::from_ne_bytes(word(c)) as u32)
-            .collect();
-        let xs = xb
-            .chunks_exact(4)
-            .map(|c| f32::from_ne_bytes(word(c)))
-            .collect();
-        Ok((routes, xs))
+        let ids = |b: &[u8]| -> Vec<u32> {
+            b.chunks_exact(4)
+                .map(|c| i32::from_ne_bytes(word(c)) as u32)
+                .collect()
+        };
+        let (r, rest) = buf.as_slice()[..bytes].split_at(4 * n_routes);
+        let (g, xb) = rest.split_at(4 * n_guess);
+        Ok(StepRoutes {
+            routes: ids(r),
+            guesses: ids(g),
+            x: xb
+                .chunks_exact(4)
+                .map(|c| f32::from_ne_bytes(word(c)))
+                .collect(),
+        })
+    }
+
+    /// Copies layer `layer`'s guessed experts (`guesses`, likeliest first; see
+    /// `ExpertStore::ahead`) into its slots on the copier. Issued once the step of
+    /// the layer before has issued its own copies and products and its CPU share is
+    /// done, so they run beside its last products and this layer's mixer, when the
+    /// copy engine and the RAM would otherwise wait for the routing. This layer's
+    /// step makes the stream wait for them ([`Self::wait_ahead`]).
+    pub fn copy_ahead(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        m: &MoeDev,
+        guesses: &[u32],
+    ) -> Result<(), ExecError> {
+        let fetch = self.store.borrow_mut().ahead(layer, guesses);
+        if fetch.is_empty() {
+            return Ok(());
+        }
+        let copied = self
+            .fetch(gpu, layer, matrices(m), &fetch, Lane::Copier)
+            .and_then(|()| {
+                gpu.mark(Lane::Copier, &self.ahead_done)
+                    .map_err(cuda_err("order expert copies"))
+            });
+        match copied {
+            Ok(()) => self.ahead_for.set(Some(layer)),
+            Err(_) => self.store.borrow_mut().drop_ahead(layer, &fetch),
+        }
+        copied
+    }
+
+    /// Makes the stream wait for the copies [`Self::copy_ahead`] issued for layer
+    /// `layer`, if any (before the step's products read its slots).
+    pub fn wait_ahead(&self, gpu: &Gpu, layer: usize) -> Result<(), ExecError> {
+        if self.ahead_for.get() != Some(layer) {
+            return Ok(());
+        }
+        self.ahead_for.set(None);
+        gpu.wait_mark(Lane::Stream, &self.ahead_done)
+            .map_err(cuda_err("order expert copies"))
     }
 
     /// Queues the CPU's expert outputs `outs` (one per expert of `cpu`) as rows of

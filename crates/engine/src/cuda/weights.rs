@@ -61,6 +61,25 @@ impl DevWeight {
         }
     }
 
+    /// This matrix and `next` as one matrix of both's rows, when `next` follows it
+    /// in VRAM with rows of the same type and width (the upload puts the layers'
+    /// routers back to back): one launch computes both products, each row with the
+    /// bits it has alone.
+    pub fn joined(&self, next: &DevWeight) -> Option<DevWeight> {
+        let follows = next.ptr == self.ptr + self.matrix_bytes
+            && Arc::ptr_eq(&self.mem, &next.mem)
+            && next.ty == self.ty
+            && next.row_bytes == self.row_bytes
+            && next.n_cols == self.n_cols;
+        follows.then(|| DevWeight {
+            mem: Arc::clone(&self.mem),
+            n_rows: self.n_rows + next.n_rows,
+            matrix_bytes: self.matrix_bytes + next.matrix_bytes,
+            stride: self.matrix_bytes + next.matrix_bytes,
+            ..*self
+        })
+    }
+
     /// The matrix as the fused kernels take it.
     pub fn mat(&self) -> cuda::Mat {
         cuda::Mat {
@@ -242,6 +261,37 @@ impl Uploader<'_> {
         Ok(DevWeight::new(w, buf))
     }
 
+    /// The layers' routers (`ws`, in layer order) in one block, back to back, so that
+    /// a layer's router and the next one's are one matrix ([`DevWeight::joined`]);
+    /// each in its own block when their types or shapes differ.
+    fn routers(&mut self, ws: &[&Weight]) -> Result<Vec<DevWeight>, ExecError> {
+        let len = |w: &Weight| w.n_rows() * w.row_bytes();
+        let alike = ws.windows(2).all(|p| {
+            p[0].ty == p[1].ty && p[0].row_bytes() == p[1].row_bytes() && len(p[0]) == len(p[1])
+        }) && ws.iter().all(|w| w.bytes().len() == len(w));
+        let Some(first) = ws.first().filter(|_| alike) else {
+            return ws.iter().map(|w| self.weight(w)).collect();
+        };
+        let each = len(first);
+        let mem = Arc::new(
+            self.gpu
+                .alloc::<u8>(each * ws.len(), &first.name)
+                .map_err(cuda_err("upload weights"))?,
+        );
+        let mut out = Vec::with_capacity(ws.len());
+        for (i, w) in ws.iter().enumerate() {
+            check_width(w)?;
+            let ptr = mem.ptr() + (i * each) as u64;
+            self.gpu
+                .copy_to_device(w.bytes(), ptr)
+                .map_err(cuda_err("upload weights"))?;
+            self.done += each as u64;
+            (self.progress)(self.done);
+            out.push(DevWeight::within(w, Arc::clone(&mem), ptr, each as u64));
+        }
+        Ok(out)
+    }
+
     /// Room for `n` experts of a layer's gate, up and down tensors (VRAM slots), not
     /// filled: one block of `n` slots, each holding an expert's three matrices one
     /// after another as the pinned RAM copy does, so one copy fills a slot.
@@ -296,6 +346,8 @@ pub(crate) fn upload(
         Some(up.weight(&w.output)?)
     };
     let output_norm = up.f32s(&w.output_norm, "output_norm")?;
+    let routers: Vec<&Weight> = w.layers.iter().map(|l| &l.moe.router).collect();
+    let mut routers = up.routers(&routers)?.into_iter();
     let mut layers = Vec::with_capacity(w.layers.len());
     for (i, l) in w.layers.iter().enumerate() {
         let mixer = match &l.mixer {
@@ -369,6 +421,9 @@ pub(crate) fn upload(
             }
         };
         let m = &l.moe;
+        let router = routers
+            .next()
+            .ok_or_else(|| ExecError::new("upload weights", format!("layer {i}: no router")))?;
         let shared = match &m.shared {
             Some(s) => Some(SharedDev {
                 gate_inp: up.f32s(&s.gate_inp, "ffn_gate_inp_shexp")?,
@@ -387,7 +442,7 @@ pub(crate) fn upload(
                     let [gate_exps, up_exps, down_exps] =
                         up.slots([&m.gate_exps, &m.up_exps, &m.down_exps], n)?;
                     MoeDev {
-                        router: up.weight(&m.router)?,
+                        router,
                         gate_exps,
                         up_exps,
                         down_exps,
@@ -395,7 +450,7 @@ pub(crate) fn upload(
                     }
                 }
                 None => MoeDev {
-                    router: up.weight(&m.router)?,
+                    router,
                     gate_exps: up.weight(&m.gate_exps)?,
                     up_exps: up.weight(&m.up_exps)?,
                     down_exps: up.weight(&m.down_exps)?,

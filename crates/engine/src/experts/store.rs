@@ -141,10 +141,11 @@ pub struct TierStats {
     pub step_ns: u64,
     pub wait_ns: u64,
     pub cpu_ns: u64,
-    /// Experts copied into the prompt pool ahead of their step (each routed one is
-    /// also a RAM miss, and its bytes are in `ram_bytes`), and of those, the ones
-    /// the step did not route to (copied for nothing; their bytes are in
-    /// `ram_bytes` too).
+    /// Experts copied ahead of their step — into the prompt pool for a prompt chunk,
+    /// into slots on a guess of a decode token's routing ([`ExpertStore::ahead`]) —
+    /// (each routed one is also a RAM miss, and its bytes are in `ram_bytes`), and of
+    /// those, the ones the step did not route to (copied for nothing; their bytes
+    /// are in `ram_bytes` too).
     pub prefetched: u64,
     pub prefetch_unused: u64,
 }
@@ -233,6 +234,22 @@ impl LayerSlots {
         s.last = self.step;
     }
 
+    /// Puts `expert` into `slot` (its bytes still to be copied), evicting what the
+    /// slot held: fresh, used at this step, no count yet.
+    fn assign(&mut self, slot: usize, expert: u32) {
+        let old = self.slots[slot].expert;
+        if old != FREE {
+            self.slot_of[old as usize] = -1;
+        }
+        self.slots[slot] = SlotUse {
+            expert,
+            last: self.step,
+            count: 0.0,
+            at: self.step,
+        };
+        self.slot_of[expert as usize] = slot as i32;
+    }
+
     /// The slot to reuse for a miss: a free one (lowest index), else the lowest score
     /// (recency plus decayed frequency; the lower index on a tie) among slots not in
     /// `busy`. `scores` holds every slot's score once a batch has needed them: they
@@ -270,6 +287,9 @@ pub struct ExpertStore {
     pool_cap: Vec<usize>,
     /// What the pool holds: the layer, and the expert of each entry.
     pooled: Option<(usize, Vec<u32>)>,
+    /// The experts put into slots ahead of a layer's next step on a guess
+    /// ([`ExpertStore::ahead`]): the layer, and the experts.
+    guessed: Option<(usize, Vec<u32>)>,
 }
 
 impl ExpertStore {
@@ -309,6 +329,7 @@ impl ExpertStore {
             stats: TierStats::default(),
             pool_cap: Vec::new(),
             pooled: None,
+            guessed: None,
         }
     }
 
@@ -369,6 +390,50 @@ impl ExpertStore {
     /// Forgets what the pool holds (its copies failed, or will not be waited for).
     pub fn drop_pool(&mut self) {
         self.pooled = None;
+    }
+
+    /// Slots for layer `layer`'s guessed experts before its next step is routed
+    /// (`guesses`: a decode token's likeliest experts first): each guess held in the
+    /// RAM copy and in no slot takes the slot a miss would (free, else the lowest
+    /// score), and the copies to make are returned. Their bytes count as RAM copies
+    /// now; at the layer's step each one routed to counts as a RAM miss (its other
+    /// uses as hits), each other one as [`TierStats::prefetch_unused`]. Guesses never
+    /// change which experts compute, only where their bytes are.
+    pub fn ahead(&mut self, layer: usize, guesses: &[u32]) -> Vec<Fetch> {
+        let n_expert = self.plan.n_expert;
+        let ls = &mut self.layers[layer];
+        let mut busy = vec![false; ls.slots.len()];
+        let mut scores = Vec::new();
+        let mut out = Vec::new();
+        for &e in guesses {
+            let ei = e as usize;
+            if ei >= n_expert || ls.slot_of[ei] >= 0 {
+                continue;
+            }
+            let Some(o) = self.ram_off[layer][ei] else {
+                continue;
+            };
+            let Some(s) = ls.victim(&busy, &mut scores) else {
+                break;
+            };
+            ls.assign(s, e);
+            busy[s] = true;
+            out.push(Fetch {
+                expert: e,
+                slot: s as u32,
+                from: Home::Ram(o),
+            });
+        }
+        self.stats.prefetched += out.len() as u64;
+        self.stats.ram_bytes += out.len() as u64 * self.plan.layers[layer].expert_bytes;
+        self.guessed = (!out.is_empty()).then(|| (layer, out.iter().map(|f| f.expert).collect()));
+        out
+    }
+
+    /// Forgets the guessed experts' slots (their copies failed): see [`Self::forget`].
+    pub fn drop_ahead(&mut self, layer: usize, fetch: &[Fetch]) {
+        self.guessed = None;
+        self.forget(layer, fetch);
     }
 
     pub fn index(&self) -> &ExpertIndex {
@@ -490,6 +555,19 @@ impl ExpertStore {
                 }
             }
         }
+        // Guessed experts this step routes to were copied ahead: a RAM miss each
+        // (the batch loop below counts their uses as hits).
+        let mut guessed_used = 0u64;
+        if let Some((_, held)) = self.guessed.take().filter(|&(l, _)| l == layer) {
+            for e in held {
+                let here = self.layers[layer].slot_of[e as usize] >= 0;
+                match uses[e as usize] {
+                    n if n > 0 && here => guessed_used += 1,
+                    _ => self.stats.prefetch_unused += 1,
+                }
+            }
+        }
+        self.stats.ram_misses += guessed_used;
         let slots_now = &self.layers[layer].slot_of;
         let mut distinct: Vec<u32> = (0..n_expert as u32)
             .filter(|&e| uses[e as usize] > 0)
@@ -571,17 +649,7 @@ impl ExpertStore {
                         let s = ls.victim(&busy, &mut scores).ok_or_else(|| {
                             format!("layer {layer}: no slot free for a batch of {}", chunk.len())
                         })?;
-                        let old = ls.slots[s].expert;
-                        if old != FREE {
-                            ls.slot_of[old as usize] = -1;
-                        }
-                        ls.slots[s] = SlotUse {
-                            expert: e,
-                            last: ls.step,
-                            count: 0.0,
-                            at: ls.step,
-                        };
-                        ls.slot_of[e as usize] = s as i32;
+                        ls.assign(s, e);
                         busy[s] = true;
                         let from = match self.ram_off[layer][e as usize] {
                             Some(o) => Home::Ram(o),
@@ -617,6 +685,7 @@ impl ExpertStore {
             }
             out.push(batch);
         }
+        self.stats.hits -= guessed_used;
         if !pool.slot_of.is_empty() {
             // First, so the slot batches' copies run while it computes; second when
             // the first slot batch copies nothing, so the copies into its slots
