@@ -560,8 +560,9 @@ impl Stats {
     /// `cpu`: misses the CPU computed from RAM (`compute_ms`: from the start of its
     /// products to their end, summed over steps);
     /// `disk`: misses read from the file (`read_ms`). The RAM tier also says how
-    /// many experts were copied ahead into the prompt pool (`prefetched`) and how
-    /// many of those no route used (`prefetch_unused`).
+    /// many experts were copied ahead of their step, into the prompt pool or on a
+    /// guess of a decode token's routing (`prefetched`), and how many of those no
+    /// route used (`prefetch_unused`).
     pub fn set_expert_stats(&self, t: &engine::experts::TierStats) {
         let uses = t.uses().max(1) as f64;
         let tier = |n: u64, bytes: Option<u64>| {
