@@ -498,6 +498,28 @@ impl Gpu {
         .map_err(|e| CudaError::driver("cuStreamWaitEvent(wait_mark)", e))
     }
 
+    /// A mark that also takes the time the device reaches it (for
+    /// [`Gpu::elapsed_us`]; a little slower to record than [`Gpu::new_mark`]'s).
+    pub fn new_timed_mark(&self) -> Result<Mark, CudaError> {
+        self.ctx.bind()?;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(|e| CudaError::driver("cuEventCreate", e))?;
+        Ok(Mark {
+            ev,
+            ctx: Arc::clone(&self.ctx),
+        })
+    }
+
+    /// Microseconds from `a`'s latest record to `b`'s, both timed marks the device
+    /// has reached (after a synchronisation that covers them).
+    pub fn elapsed_us(&self, a: &Mark, b: &Mark) -> Result<f64, CudaError> {
+        self.ctx.bind()?;
+        // SAFETY: both events are alive and belong to this context.
+        unsafe { result::event::elapsed(a.ev, b.ev) }
+            .map(|ms| f64::from(ms) * 1e3)
+            .map_err(|e| CudaError::driver("cuEventElapsedTime", e))
+    }
+
     /// Makes `waiter`'s later work wait for what `first` has been given so far,
     /// through `mark` (an event of this pair's direction).
     fn order(
@@ -661,12 +683,14 @@ impl Gpu {
     /// Reads the device ranges `srcs` ((address, bytes)) into `dst`, one after
     /// another from offset 0, after everything issued before them on the stream, and
     /// waits for them: one synchronisation for all, of the stream alone (copies on
-    /// the copier that the stream does not wait for may still be running). Not
-    /// allowed during capture.
+    /// the copier that the stream does not wait for may still be running). With
+    /// `stamp`, records that mark right after the copies (a timed mark says when
+    /// they landed). Not allowed during capture.
     pub fn download_pinned(
         &self,
         srcs: &[(u64, usize)],
         dst: &mut PinnedBuf,
+        stamp: Option<&Mark>,
     ) -> Result<(), CudaError> {
         self.refuse_in_capture("download_pinned")?;
         let total: usize = srcs.iter().map(|&(_, n)| n).sum();
@@ -690,6 +714,9 @@ impl Gpu {
             .result()
             .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync(download_pinned)", e))?;
             at += n;
+        }
+        if let Some(m) = stamp {
+            self.mark(Lane::Stream, m)?;
         }
         self.sync_stream()
     }

@@ -15,7 +15,8 @@
 //! step can be captured as a CUDA graph. A prompt (several tokens) downloads its
 //! routing once per layer to group tokens by expert.
 
-use super::tiered::{matrices, Tiered};
+use super::tiered::{matrices, RowsTo, Tiered};
+use super::trace::{DevPoint, HostPoint};
 use super::weights::{cuda_err, AttnDev, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
 use crate::experts::Batch;
 use cuda::{DevBuf, Gpu, Graph, Lane, MoeRoute, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
@@ -883,16 +884,25 @@ impl CudaBackend {
         let issue = || -> Result<FusedAct, ExecError> {
             t.fetch(&self.gpu, layer, matrices(m), &b.fetch, Lane::Stream)?;
             t.upload_slots(&self.gpu, &slots, dev_slots)?;
-            self.fused_gate_up(m, x, xq, MoeRoute::Given { ids: dev_slots })
+            let a = self.fused_gate_up(m, x, xq, MoeRoute::Given { ids: dev_slots })?;
+            t.trace_dev(&self.gpu, layer, DevPoint::Products)?;
+            Ok(a)
         };
         let a = if b.cpu.is_empty() {
             issue()?
         } else {
-            let dst = (given.ptr, given.cols);
-            let (a, ()) = t.cpu_beside(&self.gpu, layer, b, x_host, routes, dst, issue, || ())?;
+            // `given` holds only the CPU's rows: they may go in one copy.
+            let to = RowsTo {
+                dst: given.ptr,
+                cols: given.cols,
+                spare: true,
+            };
+            let (a, ()) = t.cpu_beside(&self.gpu, layer, b, x_host, routes, to, issue, || ())?;
             a?
         };
-        self.fused_down(m, &a, dev_slots, wts, given.ptr)
+        let out = self.fused_down(m, &a, dev_slots, wts, given.ptr)?;
+        t.trace_dev(&self.gpu, layer, DevPoint::Down)?;
+        Ok(out)
     }
 
     /// The routed experts of a tiered layer: the host reads the step's routing, the
@@ -926,11 +936,13 @@ impl CudaBackend {
             .route_topk(logits.ptr, route_rows, cfg.n_expert, k, wts.ptr, ids, 0, 0)
             .map_err(cuda_err("route_topk"))?;
         self.seg_break()?;
+        t.trace_dev(&self.gpu, layer, DevPoint::SegEnd)?;
         let t0 = Instant::now();
         // A decode step may leave experts to the CPU: its input comes with the routes.
         let x_in = (t_n == 1).then_some((x.ptr, x.rows * x.cols));
         let n_guess = if guess { k } else { 0 };
-        let got = t.read_routes(&self.gpu, ids, rows, n_guess, x_in)?;
+        let got = t.read_routes(&self.gpu, layer, ids, rows, n_guess, x_in)?;
+        t.trace_host(layer, HostPoint::Read);
         let (routes, x_host) = (got.routes, got.x);
         let wait = t0.elapsed();
         t.wait_ahead(&self.gpu, layer)?;
@@ -1120,17 +1132,14 @@ impl CudaBackend {
                 // The CPU computes its experts on its team while this thread issues
                 // the device's work: gate/up beside the copies and the slots'
                 // products, down beside the shared expert.
-                let dst = (down.ptr, down.cols);
-                let (issued, s) = t.cpu_beside(
-                    &self.gpu,
-                    layer,
-                    b,
-                    x_host,
-                    routes,
-                    dst,
-                    issue,
-                    shared_issue,
-                )?;
+                // The GPU's products fill the other rows of `down`: a copy a row.
+                let to = RowsTo {
+                    dst: down.ptr,
+                    cols: down.cols,
+                    spare: false,
+                };
+                let (issued, s) =
+                    t.cpu_beside(&self.gpu, layer, b, x_host, routes, to, issue, shared_issue)?;
                 issued?;
                 s?
             };

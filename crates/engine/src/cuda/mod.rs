@@ -7,6 +7,7 @@
 
 mod backend;
 mod tiered;
+mod trace;
 mod weights;
 
 pub use backend::{CudaBackend, CudaState, DBuf};
@@ -636,6 +637,9 @@ impl CudaExecutor {
             next: 0,
         });
         let gpu = &self.be.gpu;
+        if let Some(t) = &self.be.tiered {
+            t.begin_token(gpu, !record)?;
+        }
         let begin = if record {
             gpu.begin_capture()
                 .map_err(cuda_err("capture a step segment"))
@@ -675,6 +679,9 @@ impl CudaExecutor {
             graphs: run.graphs,
             out,
         });
+        if let Some(t) = &self.be.tiered {
+            t.end_token(&self.be.gpu)?;
+        }
         Ok(out)
     }
 
@@ -1033,7 +1040,7 @@ fn download_f32s(
             .iter()
             .map(|&(i, first, n)| (parts[i].0 + 4 * first as u64, 4 * n))
             .collect();
-        gpu.download_pinned(&srcs, pb)
+        gpu.download_pinned(&srcs, pb, None)
             .map_err(cuda_err("snapshot"))?;
         let bytes = pb.as_slice();
         let spare = outs.iter_mut().map(|v| v.spare_capacity_mut()).collect();

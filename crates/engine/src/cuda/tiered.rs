@@ -16,6 +16,7 @@
 //! it. A failed read ends the step with an error naming the file and offset: no slot is
 //! ever computed with bytes that did not arrive.
 
+use super::trace::{DecodeTrace, DevPoint, HostPoint};
 use super::weights::{cuda_err, DevWeight, MoeDev};
 use crate::cpu::team::Team;
 use crate::cpu::TokenExperts;
@@ -78,6 +79,18 @@ pub(crate) struct Tiered {
     /// are for (its step makes the stream wait for the mark).
     ahead_done: Mark,
     ahead_for: Cell<Option<usize>>,
+    /// `SCORIA_TRACE_DECODE=1`: the per-layer time line of decode tokens.
+    trace: Option<RefCell<DecodeTrace>>,
+}
+
+/// Where a decode step's CPU rows go: row r (for route r) of the device matrix at
+/// `dst`, `cols` floats a row. With `spare`, the matrix's other rows are unused
+/// scratch, so one copy may cover all the CPU's rows and the rows between.
+#[derive(Clone, Copy)]
+pub(crate) struct RowsTo {
+    pub dst: u64,
+    pub cols: usize,
+    pub spare: bool,
 }
 
 /// A decode step's routing as read back: its routes, the next layer's guessed
@@ -88,12 +101,12 @@ pub(crate) struct StepRoutes {
     pub x: Vec<f32>,
 }
 
-/// The guesses a decode step copies ahead unless `SCORIA_GUESS_EXPERTS` says: none.
-/// On N80 at a 16 GiB budget under random routing the guesses are right 95% of the
-/// time and take 30% of the CPU's bytes, but each token waited longer for its
-/// routing by about as much, and decode ran 2–10% slower (bench/RESULTS.md,
-/// 2026-12-03, session 31). Off until the cost model counts the copies ahead.
-pub const DEFAULT_GUESSES: usize = 0;
+/// The guesses a decode step copies ahead unless `SCORIA_GUESS_EXPERTS` says. On N80
+/// at a 16 GiB budget under random routing, 3 guesses decoded 6.8% faster than none
+/// and 2 guesses 5.3% (bench/RESULTS.md, 2026-12-04, session 32), once the copies
+/// ahead waited for the step's own work (see [`Tiered::copy_ahead`]); before that
+/// they slowed the CPU's rows on the copy engine and decode ran 2–10% slower.
+pub const DEFAULT_GUESSES: usize = 3;
 
 /// The pinned buffer held in `held`, replaced by a new one of `bytes` bytes when it
 /// is smaller (or absent): transfers grow it once, then reuse it.
@@ -218,6 +231,14 @@ impl Tiered {
                 .unwrap_or(DEFAULT_GUESSES),
             ahead_done: gpu.new_mark().map_err(cuda_err("guessed experts"))?,
             ahead_for: Cell::new(None),
+            trace: if std::env::var("SCORIA_TRACE_DECODE").is_ok_and(|v| v == "1") {
+                Some(RefCell::new(DecodeTrace::new(
+                    gpu,
+                    weights.layers.len() + 1,
+                )?))
+            } else {
+                None
+            },
             team: Team::new(rayon::current_num_threads().saturating_sub(1)),
         };
         t.measure(gpu, probe, map_ok)?;
@@ -388,9 +409,9 @@ impl Tiered {
     /// The experts of batch `b` that the CPU computes (layer `layer`, one token
     /// `x`), on the team while this thread runs `first` (beside the gate/up
     /// products) and then `second` (beside the down products); their output rows
-    /// are then queued to the device matrix at `dst` (`cols` floats a row, row r for
-    /// route r of `routes`). Returns what `first` and `second` returned; the time
-    /// from the first products' start to the last's end goes to the statistics.
+    /// are then queued to the device as `to` says (row r for route r of `routes`).
+    /// Returns what `first` and `second` returned; the time from the first
+    /// products' start to the last's end goes to the statistics.
     #[allow(clippy::too_many_arguments)]
     pub fn cpu_beside<A, B>(
         &self,
@@ -399,18 +420,21 @@ impl Tiered {
         b: &Batch,
         x: &[f32],
         routes: &[u32],
-        (dst, cols): (u64, usize),
+        to: RowsTo,
         first: impl FnOnce() -> A,
         second: impl FnOnce() -> B,
     ) -> Result<(A, B), ExecError> {
         let t0 = Instant::now();
+        self.trace_host(layer, HostPoint::CpuStart);
         let (mats, n_ff) = self.cpu_mats(layer, &b.cpu);
         let mut te = TokenExperts::new(x, &mats, n_ff);
         let a = te.gate_up(&self.team, first);
         let (outs, r) = te.down(&self.team, second);
         let ns = t0.elapsed().as_nanos() as u64;
+        self.trace_host(layer, HostPoint::CpuEnd);
         self.store.borrow_mut().add_cpu_time(ns);
-        self.upload_outputs(gpu, &b.cpu, &outs, routes, dst, cols)?;
+        self.upload_outputs(gpu, &b.cpu, &outs, routes, to)?;
+        self.trace_dev(gpu, layer, DevPoint::Handed)?;
         Ok((a, r))
     }
 
@@ -439,9 +463,11 @@ impl Tiered {
     /// Waits for the device's routing of a step: the `n_routes` expert ids at `ids`
     /// and the `n_guess` ids of the next layer's guess after them, and with `x`
     /// ((address, values)) the experts' input, read together.
+    #[allow(clippy::too_many_arguments)]
     pub fn read_routes(
         &self,
         gpu: &Gpu,
+        layer: usize,
         ids: u64,
         n_routes: usize,
         n_guess: usize,
@@ -452,8 +478,13 @@ impl Tiered {
         let mut buf = pinned(gpu, &self.inbox, bytes, "pinned buffer for the routing")?;
         let mut srcs = vec![(ids, 4 * (n_routes + n_guess))];
         srcs.extend(x.map(|(p, n)| (p, 4 * n)));
-        gpu.download_pinned(&srcs, &mut buf)
+        let mut trace = self.trace.as_ref().map(RefCell::borrow_mut);
+        let stamp = trace
+            .as_mut()
+            .and_then(|t| t.stamp(layer, DevPoint::Routed));
+        gpu.download_pinned(&srcs, &mut buf, stamp)
             .map_err(cuda_err("download routes"))?;
+        drop(trace);
         let word = |c: &[u8]| [c[0], c[1], c[2], c[3]];
         let ids = |b: &[u8]| -> Vec<u32> {
             b.chunks_exact(4)
@@ -474,10 +505,13 @@ impl Tiered {
 
     /// Copies layer `layer`'s guessed experts (`guesses`, likeliest first; see
     /// `ExpertStore::ahead`) into its slots on the copier. Issued once the step of
-    /// the layer before has issued its own copies and products and its CPU share is
-    /// done, so they run beside its last products and this layer's mixer, when the
-    /// copy engine and the RAM would otherwise wait for the routing. This layer's
-    /// step makes the stream wait for them ([`Self::wait_ahead`]).
+    /// the layer before has issued all its work (its CPU share is done), and started
+    /// only after that work has run on the device: started beside it, they held up
+    /// the CPU's rows (a small copy on the step's path) on the copy engine, 62.8 µs
+    /// from the CPU's end to its rows on the device against 31.9 µs when they wait
+    /// (`SCORIA_TRACE_DECODE`). So they run beside this layer's mixer, when the copy
+    /// engine and the RAM would otherwise wait for the routing. This layer's step
+    /// makes the stream wait for them ([`Self::wait_ahead`]).
     pub fn copy_ahead(
         &self,
         gpu: &Gpu,
@@ -489,8 +523,11 @@ impl Tiered {
         if fetch.is_empty() {
             return Ok(());
         }
-        let copied = self
-            .fetch(gpu, layer, matrices(m), &fetch, Lane::Copier)
+        // After everything the step issued (see above).
+        let copied = gpu
+            .copier_waits()
+            .map_err(cuda_err("order expert copies"))
+            .and_then(|()| self.fetch(gpu, layer, matrices(m), &fetch, Lane::Copier))
             .and_then(|()| {
                 gpu.mark(Lane::Copier, &self.ahead_done)
                     .map_err(cuda_err("order expert copies"))
@@ -514,25 +551,26 @@ impl Tiered {
     }
 
     /// Queues the CPU's expert outputs `outs` (one per expert of `cpu`) as rows of
-    /// the device matrix at `down` (`cols` floats a row): each goes to every row
-    /// `r` whose route `routes[r]` is its expert. The copies read pinned memory, so
-    /// the host does not wait for the stream to reach them.
+    /// the device matrix `to` names: each goes to every row `r` whose route
+    /// `routes[r]` is its expert, in one copy from the first such row to the last
+    /// where `to.spare` allows, else one copy a row. The copies read pinned memory,
+    /// so the host does not wait for the stream to reach them.
     fn upload_outputs(
         &self,
         gpu: &Gpu,
         cpu: &[(u32, usize)],
         outs: &[Vec<f32>],
         routes: &[u32],
-        down: u64,
-        cols: usize,
+        to: RowsTo,
     ) -> Result<(), ExecError> {
-        let row_bytes = cols * 4;
+        let row_bytes = to.cols * 4;
         let mut buf = pinned(
             gpu,
             &self.outs,
             routes.len() * row_bytes,
             "pinned buffer for CPU expert outputs",
         )?;
+        let mut rows = Vec::new();
         for (&(e, _), out) in cpu.iter().zip(outs) {
             for (r, _) in routes.iter().enumerate().filter(|(_, &re)| re == e) {
                 let at = r * row_bytes;
@@ -542,11 +580,56 @@ impl Tiered {
                 {
                     d.copy_from_slice(&v.to_ne_bytes());
                 }
-                gpu.copy_pinned_to_device(Lane::Stream, &buf, at, row_bytes, down + at as u64)
-                    .map_err(cuda_err("upload CPU expert output"))?;
+                rows.push(r);
             }
         }
+        let spans: Vec<(usize, usize)> = match (rows.iter().min(), rows.iter().max()) {
+            (Some(&lo), Some(&hi)) if to.spare => vec![(lo, hi + 1)],
+            _ => rows.iter().map(|&r| (r, r + 1)).collect(),
+        };
+        for (lo, hi) in spans {
+            let at = lo * row_bytes;
+            gpu.copy_pinned_to_device(
+                Lane::Stream,
+                &buf,
+                at,
+                (hi - lo) * row_bytes,
+                to.dst + at as u64,
+            )
+            .map_err(cuda_err("upload CPU expert output"))?;
+        }
         Ok(())
+    }
+
+    /// A decode token begins; a traced one puts the device's and the host's clocks
+    /// on one line.
+    pub fn begin_token(&self, gpu: &Gpu, traced: bool) -> Result<(), ExecError> {
+        match &self.trace {
+            Some(tr) if traced => tr.borrow_mut().begin(gpu),
+            _ => Ok(()),
+        }
+    }
+
+    /// A decode token ended (its output read back).
+    pub fn end_token(&self, gpu: &Gpu) -> Result<(), ExecError> {
+        match &self.trace {
+            Some(tr) => tr.borrow_mut().end(gpu),
+            None => Ok(()),
+        }
+    }
+
+    /// Stamps the stream for the trace (nothing unless a token is traced).
+    pub fn trace_dev(&self, gpu: &Gpu, layer: usize, p: DevPoint) -> Result<(), ExecError> {
+        match &self.trace {
+            Some(tr) => tr.borrow_mut().dev(gpu, layer, p),
+            None => Ok(()),
+        }
+    }
+
+    pub fn trace_host(&self, layer: usize, p: HostPoint) {
+        if let Some(tr) = &self.trace {
+            tr.borrow_mut().host(layer, p);
+        }
     }
 
     pub fn ram_bytes(&self) -> u64 {
