@@ -456,9 +456,12 @@ impl Gpu {
     /// A point in a lane's work for another lane to wait for, recorded with
     /// [`Gpu::mark`] (until then, waiting for it waits for nothing).
     pub fn new_mark(&self) -> Result<Mark, CudaError> {
+        self.mark_of(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+    }
+
+    fn mark_of(&self, flags: sys::CUevent_flags) -> Result<Mark, CudaError> {
         self.ctx.bind()?;
-        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|e| CudaError::driver("cuEventCreate", e))?;
+        let ev = result::event::create(flags).map_err(|e| CudaError::driver("cuEventCreate", e))?;
         Ok(Mark {
             ev,
             ctx: Arc::clone(&self.ctx),
@@ -501,13 +504,7 @@ impl Gpu {
     /// A mark that also takes the time the device reaches it (for
     /// [`Gpu::elapsed_us`]; a little slower to record than [`Gpu::new_mark`]'s).
     pub fn new_timed_mark(&self) -> Result<Mark, CudaError> {
-        self.ctx.bind()?;
-        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-            .map_err(|e| CudaError::driver("cuEventCreate", e))?;
-        Ok(Mark {
-            ev,
-            ctx: Arc::clone(&self.ctx),
-        })
+        self.mark_of(sys::CUevent_flags::CU_EVENT_DEFAULT)
     }
 
     /// Microseconds from `a`'s latest record to `b`'s, both timed marks the device
