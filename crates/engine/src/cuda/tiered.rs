@@ -232,10 +232,7 @@ impl Tiered {
             ahead_done: gpu.new_mark().map_err(cuda_err("guessed experts"))?,
             ahead_for: Cell::new(None),
             trace: if std::env::var("SCORIA_TRACE_DECODE").is_ok_and(|v| v == "1") {
-                Some(RefCell::new(DecodeTrace::new(
-                    gpu,
-                    weights.layers.len() + 1,
-                )?))
+                Some(RefCell::new(DecodeTrace::new(gpu, weights.layers.len())?))
             } else {
                 None
             },

@@ -4,8 +4,9 @@
 //!
 //! Each MoE layer's host part stamps the device's stream with timed marks (the
 //! end of the dense segment, the routing's download, the expert products, the
-//! CPU's rows handed over, the down products) and takes host instants (routing
-//! asked for and read, the CPU's work begun and ended). At a token's start the
+//! CPU's rows on the device, the down products) and takes host instants (the
+//! routing read, the CPU's work begun and ended); a step is named by its trunk
+//! layer (every layer of the tiered archs has routed experts). At a token's start the
 //! stream is idle, so a mark recorded then and the host's clock at that moment
 //! put both on one time line (to within a few microseconds). The marks cost the
 //! host about a microsecond each, so a traced token is a little slower than an
@@ -39,16 +40,16 @@ pub(crate) enum DevPoint {
 pub(crate) enum HostPoint {
     /// The routing read back.
     Read,
-    /// The CPU team started on its experts.
+    /// The host started the CPU's experts (`Tiered::cpu_beside`).
     CpuStart,
-    /// The CPU team finished.
+    /// The CPU's experts are done.
     CpuEnd,
 }
 
 const N_DEV: usize = 5;
 const N_HOST: usize = 3;
 
-/// The phases of a layer step, as printed: (label, the phase's value for step i).
+/// The phases of a layer step, as printed (their values: see `DecodeTrace::end`).
 const PHASES: [&str; 8] = [
     "device: dense part (previous layer's down products to routing)",
     "device: routing download",
@@ -73,8 +74,7 @@ pub(crate) struct DecodeTrace {
 }
 
 impl DecodeTrace {
-    /// A trace for steps 0..n (one per trunk layer, and one for the segment after
-    /// the last).
+    /// A trace for steps 0..n (one per trunk layer).
     pub fn new(gpu: &Gpu, n: usize) -> Result<DecodeTrace, ExecError> {
         let mark = || gpu.new_timed_mark().map_err(cuda_err("decode trace"));
         let mut dev = Vec::with_capacity(n);
