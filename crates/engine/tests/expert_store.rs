@@ -400,3 +400,63 @@ fn guessed_experts_take_slots_before_the_step_and_are_counted_once() {
     let d = s.stats().minus(&before);
     assert_eq!((d.prefetch_unused, d.hits), (0, 0));
 }
+
+/// How long the host takes to plan one decode step of a Qwen3-Next-80B-shaped layer
+/// (512 experts, top-10, 195 slots: N80 at a 16 GiB budget) under random routing,
+/// half of each step's misses left to the CPU. A measurement, not a check: it runs
+/// only when asked (`cargo test --release -p scoria-engine --test expert_store --
+/// --ignored --nocapture planning_a_decode_step`) and writes a 1.2 GB file.
+#[test]
+#[ignore]
+fn planning_a_decode_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut g = Geometry::by_name(Some(Arch::Qwen3Next), "qwen3-next-80b-a3b").expect("geometry");
+    g.n_layer = 1;
+    let path = dir.path().join("m.gguf");
+    let opts = SynthOptions {
+        preset: Preset::Q4KM,
+        seed: 1,
+        sync: false,
+    };
+    synthesize(&path, &g, &opts, &|_, _| {}).expect("synthesize");
+    let file = GgufFile::open(&path).expect("open");
+    let cfg = ModelConfig::from_gguf(&file).expect("config");
+    let index = ExpertIndex::build(&file, &cfg).expect("index");
+    let (k, n) = (cfg.n_expert_used, cfg.n_expert);
+    let bytes = index.trunk_expert_bytes();
+    let req = PlanRequest {
+        expert_bytes: bytes.clone(),
+        n_expert: n,
+        top_k: k,
+        vram_budget: bytes.iter().map(|b| b * 195).sum(),
+        ram_budget: bytes.iter().sum::<u64>() * n as u64,
+        mem_available: None,
+    };
+    let mut s = ExpertStore::new(index, plan(&req, None).expect("plan"));
+    let mut x = 12345u64;
+    let steps: Vec<Vec<u32>> = (0..20_000)
+        .map(|_| {
+            let mut r = Vec::with_capacity(k);
+            while r.len() < k {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let e = (x % n as u64) as u32;
+                if !r.contains(&e) {
+                    r.push(e);
+                }
+            }
+            r
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    for r in &steps {
+        s.step(0, r, &|m| m / 2).expect("step");
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / steps.len() as f64;
+    let st = s.stats();
+    eprintln!(
+        "planning a decode step: {us:.2} µs ({:.1}% slot hits)",
+        100.0 * st.hits as f64 / (steps.len() * k) as f64
+    );
+}

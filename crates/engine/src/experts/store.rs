@@ -250,26 +250,39 @@ impl LayerSlots {
         self.slot_of[expert as usize] = slot as i32;
     }
 
-    /// The slot to reuse for a miss: a free one (lowest index), else the lowest score
-    /// (recency plus decayed frequency; the lower index on a tie) among slots not in
-    /// `busy`. `scores` holds every slot's score once a batch has needed them: they
-    /// do not change while the batch is assigned (the layer's step is fixed and every
-    /// slot the batch touches is busy), so they are computed once a batch, not once
-    /// a miss (the decay is an `exp` per slot).
-    fn victim(&self, busy: &[bool], scores: &mut Vec<f64>) -> Option<usize> {
-        if let Some(i) = self.slots.iter().position(|s| s.expert == FREE) {
-            return Some(i);
+    /// The slots to reuse for `misses` misses of one batch, in the order they are
+    /// taken: free ones (lowest index first), then the lowest scores (recency plus
+    /// decayed frequency; the lower index on a tie) among slots not in `busy` (the
+    /// batch's hits, and the slots the batch before is still reading). Fewer when
+    /// too few slots are left. The scores do not change while the batch is
+    /// assigned (the layer's step is fixed, and every slot the batch touches is
+    /// busy or chosen here), so picking all victims at once from one scoring gives
+    /// the victims of picking the lowest afresh for each miss; only the misses'
+    /// victims are ordered, not every slot.
+    fn victims(&self, busy: &[bool], misses: usize) -> Vec<usize> {
+        let mut out: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].expert == FREE)
+            .take(misses)
+            .collect();
+        let need = misses - out.len();
+        if need == 0 {
+            return out;
         }
-        if scores.is_empty() {
-            scores.extend(
-                self.slots
-                    .iter()
-                    .map(|s| s.last as f64 + FREQ_WEIGHT * self.decayed(s)),
-            );
+        let mut scored: Vec<(f64, usize)> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].expert != FREE && !busy[i])
+            .map(|i| {
+                let s = &self.slots[i];
+                (s.last as f64 + FREQ_WEIGHT * self.decayed(s), i)
+            })
+            .collect();
+        let order = |a: &(f64, usize), b: &(f64, usize)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+        if need < scored.len() {
+            scored.select_nth_unstable_by(need, order);
+            scored.truncate(need);
         }
-        (0..self.slots.len())
-            .filter(|&i| !busy[i])
-            .min_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(a.cmp(&b)))
+        scored.sort_unstable_by(order);
+        out.extend(scored.iter().map(|&(_, i)| i));
+        out
     }
 }
 
@@ -402,22 +415,21 @@ impl ExpertStore {
     pub fn ahead(&mut self, layer: usize, guesses: &[u32]) -> Vec<Fetch> {
         let n_expert = self.plan.n_expert;
         let ls = &mut self.layers[layer];
-        let mut busy = vec![false; ls.slots.len()];
-        let mut scores = Vec::new();
-        let mut out = Vec::new();
+        // The guesses to copy: held in RAM, in no slot, each once.
+        let mut wanted: Vec<(u32, usize)> = Vec::new();
         for &e in guesses {
             let ei = e as usize;
-            if ei >= n_expert || ls.slot_of[ei] >= 0 {
+            if ei >= n_expert || ls.slot_of[ei] >= 0 || wanted.iter().any(|w| w.0 == e) {
                 continue;
             }
-            let Some(o) = self.ram_off[layer][ei] else {
-                continue;
-            };
-            let Some(s) = ls.victim(&busy, &mut scores) else {
-                break;
-            };
+            if let Some(o) = self.ram_off[layer][ei] {
+                wanted.push((e, o));
+            }
+        }
+        let victims = ls.victims(&vec![false; ls.slots.len()], wanted.len());
+        let mut out = Vec::with_capacity(victims.len());
+        for ((e, o), s) in wanted.into_iter().zip(victims) {
             ls.assign(s, e);
-            busy[s] = true;
             out.push(Fetch {
                 expert: e,
                 slot: s as u32,
@@ -631,12 +643,14 @@ impl ExpertStore {
                 ls.step += 1;
             }
             let mut busy = std::mem::replace(&mut prev, vec![false; ls.slots.len()]);
-            let mut scores = Vec::new();
+            let mut misses = 0;
             for &e in chunk {
-                if let Ok(s) = usize::try_from(ls.slot_of[e as usize]) {
-                    busy[s] = true;
+                match usize::try_from(ls.slot_of[e as usize]) {
+                    Ok(s) => busy[s] = true,
+                    Err(_) => misses += 1,
                 }
             }
+            let mut victims = ls.victims(&busy, misses).into_iter();
             let mut batch = Batch::default();
             for &e in chunk {
                 let n = uses[e as usize] as u64;
@@ -646,11 +660,10 @@ impl ExpertStore {
                         s
                     }
                     Err(_) => {
-                        let s = ls.victim(&busy, &mut scores).ok_or_else(|| {
+                        let s = victims.next().ok_or_else(|| {
                             format!("layer {layer}: no slot free for a batch of {}", chunk.len())
                         })?;
                         ls.assign(s, e);
-                        busy[s] = true;
                         let from = match self.ram_off[layer][e as usize] {
                             Some(o) => Home::Ram(o),
                             None => Home::File,
@@ -764,8 +777,8 @@ impl ExpertStore {
 mod tests {
     use super::{LayerSlots, SlotUse, FREQ_WEIGHT};
 
-    /// Victims picked one after another from scores computed once a batch are the
-    /// victims of scoring every slot afresh for each miss.
+    /// A batch's victims picked at once from one scoring are the victims of scoring
+    /// every slot afresh for each miss and taking the lowest.
     #[test]
     fn victims_from_the_batch_scores_are_those_of_fresh_scores() {
         let mut x: u64 = 7;
@@ -775,7 +788,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) % m
         };
-        for round in 0..200 {
+        for round in 0..400 {
             let n = 1 + next(40) as usize;
             let mut ls = LayerSlots::new(n, 64);
             ls.step = 100 + next(200);
@@ -800,14 +813,13 @@ mod tests {
                     .filter(|&i| !busy[i])
                     .min_by(|&a, &b| score(a).total_cmp(&score(b)).then(a.cmp(&b)))
             };
-            // The batch's scores are computed at its first pick; every later pick
-            // sees the slots the batch has filled since.
-            let mut scores = Vec::new();
-            loop {
-                let got = ls.victim(&busy, &mut scores);
-                assert_eq!(got, fresh(&ls, &busy), "round {round}");
-                let Some(v) = got else { break };
-                // Fill the slot as a miss does: it holds a new expert and is busy.
+            let misses = next(n as u64 + 3) as usize;
+            let got = ls.victims(&busy, misses);
+            // One miss at a time: the lowest fresh score, filled and busy before the
+            // next pick.
+            let mut want = Vec::new();
+            while want.len() < misses {
+                let Some(v) = fresh(&ls, &busy) else { break };
                 ls.slots[v] = SlotUse {
                     expert: 1000 + v as u32,
                     last: ls.step,
@@ -816,7 +828,9 @@ mod tests {
                 };
                 ls.touch(v);
                 busy[v] = true;
+                want.push(v);
             }
+            assert_eq!(got, want, "round {round}: {misses} misses of {n} slots");
         }
     }
 }
