@@ -460,7 +460,6 @@ impl Tiered {
     /// Waits for the device's routing of a step: the `n_routes` expert ids at `ids`
     /// and the `n_guess` ids of the next layer's guess after them, and with `x`
     /// ((address, values)) the experts' input, read together.
-    #[allow(clippy::too_many_arguments)]
     pub fn read_routes(
         &self,
         gpu: &Gpu,
@@ -567,7 +566,9 @@ impl Tiered {
             routes.len() * row_bytes,
             "pinned buffer for CPU expert outputs",
         )?;
-        let mut rows = Vec::new();
+        // Row spans to copy: one from the first CPU row to the last when the rows
+        // between are spare, else one a row.
+        let mut spans: Vec<(usize, usize)> = Vec::new();
         for (&(e, _), out) in cpu.iter().zip(outs) {
             for (r, _) in routes.iter().enumerate().filter(|(_, &re)| re == e) {
                 let at = r * row_bytes;
@@ -577,13 +578,12 @@ impl Tiered {
                 {
                     d.copy_from_slice(&v.to_ne_bytes());
                 }
-                rows.push(r);
+                match spans.first_mut() {
+                    Some((lo, hi)) if to.spare => (*lo, *hi) = ((*lo).min(r), (*hi).max(r + 1)),
+                    _ => spans.push((r, r + 1)),
+                }
             }
         }
-        let spans: Vec<(usize, usize)> = match (rows.iter().min(), rows.iter().max()) {
-            (Some(&lo), Some(&hi)) if to.spare => vec![(lo, hi + 1)],
-            _ => rows.iter().map(|&r| (r, r + 1)).collect(),
-        };
         for (lo, hi) in spans {
             let at = lo * row_bytes;
             gpu.copy_pinned_to_device(
