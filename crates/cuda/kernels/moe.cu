@@ -76,3 +76,18 @@ extern "C" __global__ void __launch_bounds__(256)
     out[i] = o;
   }
 }
+
+// The words of a (n_a) and then b (n_b) copied to mapped host memory at host[4..],
+// then host[0] set to 1 once they are visible there: one block. The host polls
+// host[0] (Gpu::wait_word), reads the words, and clears it before the next launch.
+// A tiered decode step hands its routing and expert input to the host this way,
+// without a copy on the copy engine or an event.
+extern "C" __global__ void __launch_bounds__(256)
+    publish_words(const uint32_t* __restrict__ a, int n_a, const uint32_t* __restrict__ b, int n_b,
+                  volatile uint32_t* host) {
+  sc_pdl_enter();
+  for (int i = threadIdx.x; i < n_a + n_b; i += blockDim.x) host[4 + i] = i < n_a ? a[i] : b[i - n_a];
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) host[0] = 1u;
+}

@@ -435,6 +435,40 @@ impl Gpu {
             .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
     }
 
+    /// Waits until a kernel on the stream sets word `i` of `buf` (non-zero) and
+    /// returns it, spinning: the host sees the word within a microsecond or so of
+    /// its landing, where an event or a stream synchronisation takes several. Every
+    /// few thousand spins the stream is asked whether it failed, or finished without
+    /// setting the word (an error naming `what`).
+    pub fn wait_word(&self, buf: &PinnedBuf, i: usize, what: &str) -> Result<u32, CudaError> {
+        loop {
+            for _ in 0..4096 {
+                let w = buf.load_word(i);
+                if w != 0 {
+                    return Ok(w);
+                }
+                std::hint::spin_loop();
+            }
+            self.ctx.bind()?;
+            // SAFETY: the stream is alive while self is.
+            match unsafe { sys::cuStreamQuery(self.stream) } {
+                CUresult::CUDA_ERROR_NOT_READY => {}
+                CUresult::CUDA_SUCCESS => {
+                    let w = buf.load_word(i);
+                    return if w != 0 {
+                        Ok(w)
+                    } else {
+                        Err(CudaError::bad(
+                            "wait_word",
+                            format!("the stream finished without {what}"),
+                        ))
+                    };
+                }
+                e => return Err(CudaError::driver("cuStreamQuery(wait_word)", result::DriverError(e))),
+            }
+        }
+    }
+
     /// Waits until every copy issued on the copier has finished (not the stream's
     /// work).
     pub fn sync_copier(&self) -> Result<(), CudaError> {
@@ -616,12 +650,14 @@ impl Gpu {
             return Ok(PinnedBuf {
                 ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
                 len: 0,
+                dev: 0,
                 ctx: self.ctx.clone(),
             });
         }
-        // SAFETY: a plain pinned allocation; PORTABLE makes it pinned for every context.
-        let ptr =
-            unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(|e| {
+        // SAFETY: a plain pinned allocation; PORTABLE makes it pinned for every
+        // context, DEVICEMAP readable and writable by kernels (`PinnedBuf::dev_ptr`).
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        let ptr = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| {
                 CudaError::driver(
                     format!(
                         "cuMemHostAlloc({} of pinned host memory)",
@@ -632,11 +668,17 @@ impl Gpu {
             })?;
         // SAFETY: `ptr` holds `bytes` bytes; zeroing makes every byte initialised.
         unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
-        Ok(PinnedBuf {
+        let mut buf = PinnedBuf {
             ptr: ptr as *mut u8,
             len: bytes,
+            dev: 0,
             ctx: self.ctx.clone(),
-        })
+        };
+        // SAFETY: `ptr` was allocated mapped above; `dev` receives its device address.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut buf.dev, ptr, 0) }
+            .result()
+            .map_err(|e| CudaError::driver("cuMemHostGetDevicePointer", e))?;
+        Ok(buf)
     }
 
     /// Copies `bytes` bytes of `src` from `offset` to device address `dst`,
@@ -897,6 +939,8 @@ impl<T> Drop for DevBuf<T> {
 pub struct PinnedBuf {
     ptr: *mut u8,
     len: usize,
+    /// The same bytes' address for kernels (mapped memory: every access crosses PCIe).
+    dev: u64,
     ctx: Arc<Ctx>,
 }
 
@@ -918,6 +962,30 @@ impl PinnedBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above; &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// The buffer's address for kernels. A kernel reading bytes the host rewrites
+    /// between launches must bypass the caches (`__ldcv`); one writing bytes the host
+    /// polls fences them (`__threadfence_system`) before the word the host polls.
+    pub fn dev_ptr(&self) -> u64 {
+        self.dev
+    }
+
+    /// Word `i` (4 bytes at `4·i`), read afresh: a kernel may write it at any time.
+    pub fn load_word(&self, i: usize) -> u32 {
+        assert!(4 * i + 4 <= self.len, "word {i} is past the buffer");
+        // SAFETY: in bounds (checked), 4-aligned (the allocation is page-aligned).
+        let w = unsafe { std::ptr::read_volatile((self.ptr as *const u32).add(i)) };
+        // The words after it are read after it (the kernel wrote them before it).
+        std::sync::atomic::fence(Ordering::Acquire);
+        w
+    }
+
+    /// Sets word `i` (see [`Self::load_word`]).
+    pub fn store_word(&mut self, i: usize, v: u32) {
+        assert!(4 * i + 4 <= self.len, "word {i} is past the buffer");
+        // SAFETY: in bounds, 4-aligned, and &mut self.
+        unsafe { std::ptr::write_volatile((self.ptr as *mut u32).add(i), v) };
     }
 }
 

@@ -76,6 +76,7 @@ kernels! {
     RouterF16 = "router_f16",
     RouterBf16 = "router_bf16",
     MoeCombine = "moe_combine",
+    PublishWords = "publish_words",
     MoeGateUp = "moe_gate_up",
     MoeGateUpRows = "moe_gate_up_rows",
     MoeDownCombine = "moe_down_combine",

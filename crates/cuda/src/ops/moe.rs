@@ -466,6 +466,29 @@ impl Gpu {
         self.launch(K::RouteTopk, [blocks(n_tok, 4)?, 1, 1], 128, 0, &args)
     }
 
+    /// Copies `n_a` words at `a`, then `n_b` at `b`, to the mapped pinned buffer
+    /// `host` (a `PinnedBuf::dev_ptr`) from word 4 on, then sets its word 0 to 1 once
+    /// they are visible to the host (`Gpu::wait_word`; the host clears word 0 before
+    /// the next launch). Ordered after the stream's work before it.
+    pub fn publish_words(
+        &self,
+        a: u64,
+        n_a: usize,
+        b: u64,
+        n_b: usize,
+        host: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "publish_words";
+        let args = [
+            Arg::P(addr(KN, "a", a, 4)?),
+            Arg::I32(int(KN, "n_a", n_a)?),
+            Arg::P(opt_addr(KN, "b", b, 4)?),
+            Arg::I32(int(KN, "n_b", n_b)?),
+            Arg::P(addr(KN, "host", host, 16)?),
+        ];
+        self.launch(K::PublishWords, [1, 1, 1], 256, 0, &args)
+    }
+
     /// `out[t] = Σ_r weights[t][r] · down[t·k + r]` in rank order from 0.0 (each
     /// product rounded, then added), then `+ sigmoid(shared_logit[t]) · shared[t]`
     /// when `shared` is non-zero (`+ shared[t]` when `shared_logit` is 0), as the CPU's

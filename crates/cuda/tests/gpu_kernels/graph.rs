@@ -293,3 +293,42 @@ fn out_of_memory_names_the_allocation() {
     );
     assert!(!g.name().is_empty());
 }
+
+#[test]
+fn published_words_reach_the_host_from_a_replayed_graph() {
+    let Some(g) = gpu("publish words") else { return };
+    let mut rng = Rng::new(41);
+    let (n_a, n_b) = (20, 2048);
+    let a = filled::<i32>(&g, n_a, 0);
+    let b = poisoned(&g, n_b);
+    let mut mailbox = g.alloc_pinned(4 * (4 + n_a + n_b)).unwrap();
+    g.begin_capture().unwrap();
+    g.publish_words(a.ptr(), n_a, b.ptr(), n_b, mailbox.dev_ptr())
+        .unwrap();
+    let graph = g.end_capture().unwrap();
+    // New words each round, read as soon as the flag is up (no synchronisation):
+    // every word is this round's, never the last round's.
+    for round in 0..4 {
+        let av: Vec<i32> = (0..n_a).map(|_| rng.below(512) as i32).collect();
+        let bv = rng.vec(n_b, 1.0 + round as f32);
+        g.copy_to_device(&av, a.ptr()).unwrap();
+        g.copy_to_device(&bv, b.ptr()).unwrap();
+        graph.launch(&g).unwrap();
+        assert_eq!(g.wait_word(&mailbox, 0, "the words").unwrap(), 1);
+        let words: Vec<u32> = mailbox.as_slice()[16..16 + 4 * (n_a + n_b)]
+            .chunks_exact(4)
+            .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let want: Vec<u32> = av
+            .iter()
+            .map(|&v| v as u32)
+            .chain(bv.iter().map(|v| v.to_bits()))
+            .collect();
+        assert_eq!(words, want, "round {round}");
+        mailbox.store_word(0, 0);
+    }
+    // A stream that ends without setting the word is an error, not a hang.
+    g.sync().unwrap();
+    let err = g.wait_word(&mailbox, 0, "the words").unwrap_err();
+    assert!(err.to_string().contains("without the words"), "{err}");
+}

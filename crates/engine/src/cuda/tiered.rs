@@ -60,6 +60,18 @@ pub(crate) struct Tiered {
     /// A decode step's routing and expert input on their way to the host (pinned:
     /// both read with one synchronisation).
     inbox: RefCell<Option<PinnedBuf>>,
+    /// Where a decode step's kernel writes its routing and expert input for the
+    /// host (mapped pinned memory: word 0 the flag, the words from 4 on), unless
+    /// `SCORIA_PUBLISH=0`; allocated before any capture, since the kernel that
+    /// writes it is captured in the step's graph segment.
+    mailbox: Option<RefCell<PinnedBuf>>,
+    /// How the CPU's rows reach a fused decode step's down products
+    /// (`SCORIA_ROWS`: stream, copier or mapped).
+    pub rows: RowsVia,
+    rows_done: Mark,
+    /// A routing was published and not read (a step failed between): the kernel
+    /// may still set the flag, so the next token waits for the device first.
+    unread: Cell<bool>,
     /// A decode step's slot per rank on its way to the device (pinned, like `outs`).
     slot_ids: RefCell<Option<PinnedBuf>>,
     /// The threads that compute misses on the CPU (awake while a decode runs).
@@ -93,13 +105,30 @@ pub(crate) struct Tiered {
 
 /// Where a decode step's CPU rows go: row r (for route r) of the device matrix at
 /// `dst`, `cols` floats a row. With `spare`, the matrix's other rows are unused
-/// scratch, so one copy may cover all the CPU's rows and the rows between.
+/// scratch, so one copy may cover all the CPU's rows and the rows between. `via`
+/// says how they get there ([`RowsVia::Mapped`]: nowhere; the kernels read them at
+/// [`Tiered::mapped_rows`]).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTo {
     pub dst: u64,
     pub cols: usize,
     pub spare: bool,
+    pub via: RowsVia,
 }
+
+/// How a fused decode step's CPU rows reach the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsVia {
+    /// Copied on the stream, after the device's own products.
+    Stream,
+    /// Copied on the copier, beside the device's own products.
+    Copier,
+    /// Read in place from mapped pinned memory by the down products.
+    Mapped,
+}
+
+/// Words of the mailbox before the published ones (word 0 is the flag).
+const MAILBOX_HEAD: usize = 4;
 
 /// A decode step's routing as read back: its routes, the next layer's guessed
 /// experts, and the experts' input.
@@ -115,6 +144,26 @@ pub(crate) struct StepRoutes {
 /// ahead waited for the step's own work (see [`Tiered::copy_ahead`]); before that
 /// they slowed the CPU's rows on the copy engine and decode ran 2–10% slower.
 pub const DEFAULT_GUESSES: usize = 3;
+
+/// A step's routing from its words: `n_routes` ids, `n_guess` ids, then the input.
+fn parse_routes(words: &[u8], n_routes: usize, n_guess: usize) -> StepRoutes {
+    let word = |c: &[u8]| [c[0], c[1], c[2], c[3]];
+    let ids = |b: &[u8]| -> Vec<u32> {
+        b.chunks_exact(4)
+            .map(|c| i32::from_ne_bytes(word(c)) as u32)
+            .collect()
+    };
+    let (r, rest) = words.split_at(4 * n_routes);
+    let (g, xb) = rest.split_at(4 * n_guess);
+    StepRoutes {
+        routes: ids(r),
+        guesses: ids(g),
+        x: xb
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes(word(c)))
+            .collect(),
+    }
+}
 
 /// The pinned buffer held in `held`, replaced by a new one of `bytes` bytes when it
 /// is smaller (or absent): transfers grow it once, then reuse it.
@@ -206,6 +255,26 @@ impl Tiered {
             .alloc_pinned(span * STAGING_EXPERTS)
             .map_err(cuda_err("pinned staging for expert reads"))?;
         let n_shards = store.index().shard_paths().len();
+        // The most words a step publishes: two rows of routes (its own and the guess)
+        // of at most 32 ranks, and the expert input.
+        let n_embd = (0..store.n_layer())
+            .filter_map(|l| store.index().expert(l, 0).map(|m| m[0].cols))
+            .max()
+            .unwrap_or(0);
+        let mailbox = if std::env::var("SCORIA_PUBLISH").is_ok_and(|v| v == "0") {
+            None
+        } else {
+            let words = MAILBOX_HEAD + 2 * 32 + n_embd;
+            let buf = gpu
+                .alloc_pinned(4 * words)
+                .map_err(cuda_err("pinned mailbox for the routing"))?;
+            Some(RefCell::new(buf))
+        };
+        let rows = match std::env::var("SCORIA_ROWS").as_deref() {
+            Ok("copier") => RowsVia::Copier,
+            Ok("mapped") => RowsVia::Mapped,
+            _ => RowsVia::Stream,
+        };
         let mut t = Tiered {
             store: RefCell::new(store),
             cost: Cell::new(CostModel {
@@ -236,6 +305,10 @@ impl Tiered {
             staging: RefCell::new(staging),
             outs: RefCell::new(None),
             inbox: RefCell::new(None),
+            mailbox,
+            rows,
+            rows_done: gpu.new_mark().map_err(cuda_err("CPU expert rows"))?,
+            unread: Cell::new(false),
             slot_ids: RefCell::new(None),
             pool: pool.map(Arc::new),
             pool_free: gpu.new_mark().map_err(cuda_err("prompt pool"))?,
@@ -485,6 +558,72 @@ impl Tiered {
             .map_err(cuda_err("upload the step's slots"))
     }
 
+    /// Whether decode steps publish their routing from a kernel
+    /// ([`Self::publish_routes`]) rather than download it.
+    pub fn publishes(&self) -> bool {
+        self.mailbox.is_some()
+    }
+
+    /// Queues the kernel that writes a decode step's routing (`n_ids` ids at `ids`:
+    /// the step's routes, then the guess) and its expert input (`n_x` floats at `x`)
+    /// to the mailbox, for [`Self::read_published`]. Part of the step's graph segment.
+    pub fn publish_routes(
+        &self,
+        gpu: &Gpu,
+        ids: u64,
+        n_ids: usize,
+        x: u64,
+        n_x: usize,
+    ) -> Result<(), ExecError> {
+        let mailbox = self
+            .mailbox
+            .as_ref()
+            .ok_or_else(|| ExecError::new("publish routes", "no mailbox"))?
+            .borrow();
+        if 4 * (MAILBOX_HEAD + n_ids + n_x) > mailbox.len() {
+            return Err(ExecError::new(
+                "publish routes",
+                format!(
+                    "{n_ids} ids and {n_x} values do not fit the {}-byte mailbox",
+                    mailbox.len()
+                ),
+            ));
+        }
+        self.unread.set(true);
+        gpu.publish_words(ids, n_ids, x, n_x, mailbox.dev_ptr())
+            .map_err(cuda_err("publish_words"))
+    }
+
+    /// Waits for the routing a step's kernel published ([`Self::publish_routes`]):
+    /// `n_routes` routes, `n_guess` guessed ids and `n_x` input values. The device
+    /// has then run everything before that kernel, as after a download's
+    /// synchronisation.
+    pub fn read_published(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        n_routes: usize,
+        n_guess: usize,
+        n_x: usize,
+    ) -> Result<StepRoutes, ExecError> {
+        let mut mailbox = self
+            .mailbox
+            .as_ref()
+            .ok_or_else(|| ExecError::new("read routes", "no mailbox"))?
+            .borrow_mut();
+        gpu.wait_word(&mailbox, 0, "publishing the routing")
+            .map_err(cuda_err("read routes"))?;
+        if let Some(t) = &self.trace {
+            // The routing is on the host as the step's segment ends.
+            t.borrow_mut().dev(gpu, layer, DevPoint::Routed)?;
+        }
+        let words = &mailbox.as_slice()[4 * MAILBOX_HEAD..4 * (MAILBOX_HEAD + n_routes + n_guess + n_x)];
+        let routes = parse_routes(words, n_routes, n_guess);
+        mailbox.store_word(0, 0);
+        self.unread.set(false);
+        Ok(routes)
+    }
+
     /// Waits for the device's routing of a step: the `n_routes` expert ids at `ids`
     /// and the `n_guess` ids of the next layer's guess after them, and with `x`
     /// ((address, values)) the experts' input, read together.
@@ -509,22 +648,7 @@ impl Tiered {
         gpu.download_pinned(&srcs, &mut buf, stamp)
             .map_err(cuda_err("download routes"))?;
         drop(trace);
-        let word = |c: &[u8]| [c[0], c[1], c[2], c[3]];
-        let ids = |b: &[u8]| -> Vec<u32> {
-            b.chunks_exact(4)
-                .map(|c| i32::from_ne_bytes(word(c)) as u32)
-                .collect()
-        };
-        let (r, rest) = buf.as_slice()[..bytes].split_at(4 * n_routes);
-        let (g, xb) = rest.split_at(4 * n_guess);
-        Ok(StepRoutes {
-            routes: ids(r),
-            guesses: ids(g),
-            x: xb
-                .chunks_exact(4)
-                .map(|c| f32::from_ne_bytes(word(c)))
-                .collect(),
-        })
+        Ok(parse_routes(&buf.as_slice()[..bytes], n_routes, n_guess))
     }
 
     /// Copies layer `layer`'s guessed experts (`guesses`, likeliest first; see
@@ -574,6 +698,18 @@ impl Tiered {
             .map_err(cuda_err("order expert copies"))
     }
 
+    /// The device address of the pinned rows matrix ([`RowsVia::Mapped`]) that a
+    /// step of `n_rows` routes writes its CPU rows to, `cols` floats a row.
+    pub fn mapped_rows(&self, gpu: &Gpu, n_rows: usize, cols: usize) -> Result<u64, ExecError> {
+        let buf = pinned(
+            gpu,
+            &self.outs,
+            n_rows * cols * 4,
+            "pinned buffer for CPU expert outputs",
+        )?;
+        Ok(buf.dev_ptr())
+    }
+
     /// Queues the CPU's expert outputs `outs` (one per expert of `cpu`) as rows of
     /// the device matrix `to` names: each goes to every row `r` whose route
     /// `routes[r]` is its expert, in one copy from the first such row to the last
@@ -612,16 +748,21 @@ impl Tiered {
                 }
             }
         }
+        let lane = match to.via {
+            // The kernels read the rows where they are.
+            RowsVia::Mapped => return Ok(()),
+            RowsVia::Copier => Lane::Copier,
+            RowsVia::Stream => Lane::Stream,
+        };
         for (lo, hi) in spans {
             let at = lo * row_bytes;
-            gpu.copy_pinned_to_device(
-                Lane::Stream,
-                &buf,
-                at,
-                (hi - lo) * row_bytes,
-                to.dst + at as u64,
-            )
-            .map_err(cuda_err("upload CPU expert output"))?;
+            gpu.copy_pinned_to_device(lane, &buf, at, (hi - lo) * row_bytes, to.dst + at as u64)
+                .map_err(cuda_err("upload CPU expert output"))?;
+        }
+        if lane == Lane::Copier {
+            gpu.mark(Lane::Copier, &self.rows_done)
+                .and_then(|()| gpu.wait_mark(Lane::Stream, &self.rows_done))
+                .map_err(cuda_err("order CPU expert rows"))?;
         }
         Ok(())
     }
@@ -672,6 +813,14 @@ impl Tiered {
     /// A decode token begins; a traced one puts the device's and the host's clocks
     /// on one line.
     pub fn begin_token(&self, gpu: &Gpu, traced: bool) -> Result<(), ExecError> {
+        if self.unread.get() {
+            // A failed step's routing: let its kernel finish, then clear its flag.
+            gpu.sync().map_err(cuda_err("decode"))?;
+            if let Some(m) = &self.mailbox {
+                m.borrow_mut().store_word(0, 0);
+            }
+            self.unread.set(false);
+        }
         match &self.trace {
             Some(tr) if traced => tr.borrow_mut().begin(gpu),
             _ => Ok(()),
