@@ -683,9 +683,8 @@ __device__ __forceinline__ void moe_down_combine_body(const uint8_t* __restrict_
   const int c0 = blockIdx.x * rows;
   // part[j][w] is rank w's product for row c0 + j (both modes below).
   if (id < 0) {
-    // A rank computed elsewhere: its products are row w of `given`, read afresh
-    // (it may be mapped host memory that the host rewrote since an earlier read).
-    if (lane < rows) part[lane][w] = c0 + lane < n_out ? __ldcv(given + (size_t)w * n_out + c0 + lane) : 0.0f;
+    // A rank computed elsewhere: its products are row w of `given`.
+    if (lane < rows) part[lane][w] = c0 + lane < n_out ? given[(size_t)w * n_out + c0 + lane] : 0.0f;
   } else if (pair) {
     // Half h of the warp takes rows c0 + h and c0 + 2 + h.
     const int half = lane >> 4, hl = lane & 15;

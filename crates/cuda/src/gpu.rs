@@ -464,7 +464,12 @@ impl Gpu {
                         ))
                     };
                 }
-                e => return Err(CudaError::driver("cuStreamQuery(wait_word)", result::DriverError(e))),
+                e => {
+                    return Err(CudaError::driver(
+                        "cuStreamQuery(wait_word)",
+                        result::DriverError(e),
+                    ))
+                }
             }
         }
     }
@@ -658,14 +663,14 @@ impl Gpu {
         // context, DEVICEMAP readable and writable by kernels (`PinnedBuf::dev_ptr`).
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         let ptr = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| {
-                CudaError::driver(
-                    format!(
-                        "cuMemHostAlloc({} of pinned host memory)",
-                        gib(bytes as u64)
-                    ),
-                    e,
-                )
-            })?;
+            CudaError::driver(
+                format!(
+                    "cuMemHostAlloc({} of pinned host memory)",
+                    gib(bytes as u64)
+                ),
+                e,
+            )
+        })?;
         // SAFETY: `ptr` holds `bytes` bytes; zeroing makes every byte initialised.
         unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
         let mut buf = PinnedBuf {

@@ -296,7 +296,9 @@ fn out_of_memory_names_the_allocation() {
 
 #[test]
 fn published_words_reach_the_host_from_a_replayed_graph() {
-    let Some(g) = gpu("publish words") else { return };
+    let Some(g) = gpu("publish words") else {
+        return;
+    };
     let mut rng = Rng::new(41);
     let (n_a, n_b) = (20, 2048);
     let a = filled::<i32>(&g, n_a, 0);

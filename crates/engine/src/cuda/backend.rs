@@ -15,7 +15,7 @@
 //! step can be captured as a CUDA graph. A prompt (several tokens) downloads its
 //! routing once per layer to group tokens by expert.
 
-use super::tiered::{matrices, RowsTo, RowsVia, Tiered};
+use super::tiered::{matrices, RowsTo, Tiered};
 use super::trace::{DevPoint, HostPoint};
 use super::weights::{cuda_err, AttnDev, DevWeight, DnDev, MixerDev, MoeDev, WeightsDev};
 use crate::experts::Batch;
@@ -896,17 +896,14 @@ impl CudaBackend {
                 dst: given.ptr,
                 cols: given.cols,
                 spare: true,
-                via: t.rows,
+                // Beside the slots' products: 7–9% faster decode than after them
+                // on the stream (bench/RESULTS.md, 2026-12-04).
+                lane: Lane::Copier,
             };
             let (a, ()) = t.cpu_beside(&self.gpu, layer, b, x_host, routes, to, issue, || ())?;
             a?
         };
-        let given = if t.rows == RowsVia::Mapped && !b.cpu.is_empty() {
-            t.mapped_rows(&self.gpu, routes.len(), given.cols)?
-        } else {
-            given.ptr
-        };
-        let out = self.fused_down(m, &a, dev_slots, wts, given)?;
+        let out = self.fused_down(m, &a, dev_slots, wts, given.ptr)?;
         t.trace_dev(&self.gpu, layer, DevPoint::Down)?;
         Ok(out)
     }
@@ -943,8 +940,9 @@ impl CudaBackend {
             .map_err(cuda_err("route_topk"))?;
         let n_guess = if guess { k } else { 0 };
         // A decode step may leave experts to the CPU: its input comes with the routes,
-        // written to the host by a kernel at the segment's end where the mailbox is on.
-        let publish = t_n == 1 && t.publishes();
+        // written to the host by a kernel at the segment's end. The host sees them
+        // as they land, sooner than a download's synchronisation would tell it.
+        let publish = t_n == 1;
         if publish {
             t.publish_routes(&self.gpu, ids, rows + n_guess, x.ptr, x.cols)?;
         }
@@ -954,8 +952,7 @@ impl CudaBackend {
         let got = if publish {
             t.read_published(&self.gpu, layer, rows, n_guess, x.cols)?
         } else {
-            let x_in = (t_n == 1).then_some((x.ptr, x.rows * x.cols));
-            t.read_routes(&self.gpu, layer, ids, rows, n_guess, x_in)?
+            t.read_routes(&self.gpu, layer, ids, rows, n_guess)?
         };
         t.trace_host(layer, HostPoint::Read);
         t.observe_copies(&self.gpu);
@@ -1153,7 +1150,7 @@ impl CudaBackend {
                     dst: down.ptr,
                     cols: down.cols,
                     spare: false,
-                    via: RowsVia::Stream,
+                    lane: Lane::Stream,
                 };
                 let (issued, s) =
                     t.cpu_beside(&self.gpu, layer, b, x_host, routes, to, issue, shared_issue)?;

@@ -61,13 +61,11 @@ pub(crate) struct Tiered {
     /// both read with one synchronisation).
     inbox: RefCell<Option<PinnedBuf>>,
     /// Where a decode step's kernel writes its routing and expert input for the
-    /// host (mapped pinned memory: word 0 the flag, the words from 4 on), unless
-    /// `SCORIA_PUBLISH=0`; allocated before any capture, since the kernel that
-    /// writes it is captured in the step's graph segment.
-    mailbox: Option<RefCell<PinnedBuf>>,
-    /// How the CPU's rows reach a fused decode step's down products
-    /// (`SCORIA_ROWS`: stream, copier or mapped).
-    pub rows: RowsVia,
+    /// host (mapped pinned memory: word 0 the flag, the words from 4 on); allocated
+    /// before any capture, since the kernel that writes it is captured in the
+    /// step's graph segment.
+    mailbox: RefCell<PinnedBuf>,
+    /// The CPU's rows copied on the copier ([`RowsTo::lane`]), for the stream to wait on.
     rows_done: Mark,
     /// A routing was published and not read (a step failed between): the kernel
     /// may still set the flag, so the next token waits for the device first.
@@ -105,26 +103,15 @@ pub(crate) struct Tiered {
 
 /// Where a decode step's CPU rows go: row r (for route r) of the device matrix at
 /// `dst`, `cols` floats a row. With `spare`, the matrix's other rows are unused
-/// scratch, so one copy may cover all the CPU's rows and the rows between. `via`
-/// says how they get there ([`RowsVia::Mapped`]: nowhere; the kernels read them at
-/// [`Tiered::mapped_rows`]).
+/// scratch, so one copy may cover all the CPU's rows and the rows between. The
+/// copies go on `lane`: on the copier they run beside the device's own products
+/// queued before them (the stream waits for them where it reads the rows).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTo {
     pub dst: u64,
     pub cols: usize,
     pub spare: bool,
-    pub via: RowsVia,
-}
-
-/// How a fused decode step's CPU rows reach the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowsVia {
-    /// Copied on the stream, after the device's own products.
-    Stream,
-    /// Copied on the copier, beside the device's own products.
-    Copier,
-    /// Read in place from mapped pinned memory by the down products.
-    Mapped,
+    pub lane: Lane,
 }
 
 /// Words of the mailbox before the published ones (word 0 is the flag).
@@ -261,20 +248,9 @@ impl Tiered {
             .filter_map(|l| store.index().expert(l, 0).map(|m| m[0].cols))
             .max()
             .unwrap_or(0);
-        let mailbox = if std::env::var("SCORIA_PUBLISH").is_ok_and(|v| v == "0") {
-            None
-        } else {
-            let words = MAILBOX_HEAD + 2 * 32 + n_embd;
-            let buf = gpu
-                .alloc_pinned(4 * words)
-                .map_err(cuda_err("pinned mailbox for the routing"))?;
-            Some(RefCell::new(buf))
-        };
-        let rows = match std::env::var("SCORIA_ROWS").as_deref() {
-            Ok("copier") => RowsVia::Copier,
-            Ok("mapped") => RowsVia::Mapped,
-            _ => RowsVia::Stream,
-        };
+        let mailbox = gpu
+            .alloc_pinned(4 * (MAILBOX_HEAD + 2 * 32 + n_embd))
+            .map_err(cuda_err("pinned mailbox for the routing"))?;
         let mut t = Tiered {
             store: RefCell::new(store),
             cost: Cell::new(CostModel {
@@ -305,8 +281,7 @@ impl Tiered {
             staging: RefCell::new(staging),
             outs: RefCell::new(None),
             inbox: RefCell::new(None),
-            mailbox,
-            rows,
+            mailbox: RefCell::new(mailbox),
             rows_done: gpu.new_mark().map_err(cuda_err("CPU expert rows"))?,
             unread: Cell::new(false),
             slot_ids: RefCell::new(None),
@@ -558,12 +533,6 @@ impl Tiered {
             .map_err(cuda_err("upload the step's slots"))
     }
 
-    /// Whether decode steps publish their routing from a kernel
-    /// ([`Self::publish_routes`]) rather than download it.
-    pub fn publishes(&self) -> bool {
-        self.mailbox.is_some()
-    }
-
     /// Queues the kernel that writes a decode step's routing (`n_ids` ids at `ids`:
     /// the step's routes, then the guess) and its expert input (`n_x` floats at `x`)
     /// to the mailbox, for [`Self::read_published`]. Part of the step's graph segment.
@@ -575,11 +544,7 @@ impl Tiered {
         x: u64,
         n_x: usize,
     ) -> Result<(), ExecError> {
-        let mailbox = self
-            .mailbox
-            .as_ref()
-            .ok_or_else(|| ExecError::new("publish routes", "no mailbox"))?
-            .borrow();
+        let mailbox = self.mailbox.borrow();
         if 4 * (MAILBOX_HEAD + n_ids + n_x) > mailbox.len() {
             return Err(ExecError::new(
                 "publish routes",
@@ -606,27 +571,24 @@ impl Tiered {
         n_guess: usize,
         n_x: usize,
     ) -> Result<StepRoutes, ExecError> {
-        let mut mailbox = self
-            .mailbox
-            .as_ref()
-            .ok_or_else(|| ExecError::new("read routes", "no mailbox"))?
-            .borrow_mut();
+        let mut mailbox = self.mailbox.borrow_mut();
         gpu.wait_word(&mailbox, 0, "publishing the routing")
             .map_err(cuda_err("read routes"))?;
         if let Some(t) = &self.trace {
             // The routing is on the host as the step's segment ends.
             t.borrow_mut().dev(gpu, layer, DevPoint::Routed)?;
         }
-        let words = &mailbox.as_slice()[4 * MAILBOX_HEAD..4 * (MAILBOX_HEAD + n_routes + n_guess + n_x)];
+        let words =
+            &mailbox.as_slice()[4 * MAILBOX_HEAD..4 * (MAILBOX_HEAD + n_routes + n_guess + n_x)];
         let routes = parse_routes(words, n_routes, n_guess);
         mailbox.store_word(0, 0);
         self.unread.set(false);
         Ok(routes)
     }
 
-    /// Waits for the device's routing of a step: the `n_routes` expert ids at `ids`
-    /// and the `n_guess` ids of the next layer's guess after them, and with `x`
-    /// ((address, values)) the experts' input, read together.
+    /// Waits for the device's routing of a prompt's step: the `n_routes` expert ids
+    /// at `ids` and the `n_guess` ids of the next layer's guess after them (a
+    /// download; decode steps publish theirs, [`Self::publish_routes`]).
     pub fn read_routes(
         &self,
         gpu: &Gpu,
@@ -634,13 +596,10 @@ impl Tiered {
         ids: u64,
         n_routes: usize,
         n_guess: usize,
-        x: Option<(u64, usize)>,
     ) -> Result<StepRoutes, ExecError> {
-        let n_x = x.map_or(0, |(_, n)| n);
-        let bytes = 4 * (n_routes + n_guess + n_x);
+        let bytes = 4 * (n_routes + n_guess);
         let mut buf = pinned(gpu, &self.inbox, bytes, "pinned buffer for the routing")?;
-        let mut srcs = vec![(ids, 4 * (n_routes + n_guess))];
-        srcs.extend(x.map(|(p, n)| (p, 4 * n)));
+        let srcs = [(ids, bytes)];
         let mut trace = self.trace.as_ref().map(RefCell::borrow_mut);
         let stamp = trace
             .as_mut()
@@ -698,18 +657,6 @@ impl Tiered {
             .map_err(cuda_err("order expert copies"))
     }
 
-    /// The device address of the pinned rows matrix ([`RowsVia::Mapped`]) that a
-    /// step of `n_rows` routes writes its CPU rows to, `cols` floats a row.
-    pub fn mapped_rows(&self, gpu: &Gpu, n_rows: usize, cols: usize) -> Result<u64, ExecError> {
-        let buf = pinned(
-            gpu,
-            &self.outs,
-            n_rows * cols * 4,
-            "pinned buffer for CPU expert outputs",
-        )?;
-        Ok(buf.dev_ptr())
-    }
-
     /// Queues the CPU's expert outputs `outs` (one per expert of `cpu`) as rows of
     /// the device matrix `to` names: each goes to every row `r` whose route
     /// `routes[r]` is its expert, in one copy from the first such row to the last
@@ -748,18 +695,12 @@ impl Tiered {
                 }
             }
         }
-        let lane = match to.via {
-            // The kernels read the rows where they are.
-            RowsVia::Mapped => return Ok(()),
-            RowsVia::Copier => Lane::Copier,
-            RowsVia::Stream => Lane::Stream,
-        };
         for (lo, hi) in spans {
             let at = lo * row_bytes;
-            gpu.copy_pinned_to_device(lane, &buf, at, (hi - lo) * row_bytes, to.dst + at as u64)
+            gpu.copy_pinned_to_device(to.lane, &buf, at, (hi - lo) * row_bytes, to.dst + at as u64)
                 .map_err(cuda_err("upload CPU expert output"))?;
         }
-        if lane == Lane::Copier {
+        if to.lane == Lane::Copier {
             gpu.mark(Lane::Copier, &self.rows_done)
                 .and_then(|()| gpu.wait_mark(Lane::Stream, &self.rows_done))
                 .map_err(cuda_err("order CPU expert rows"))?;
@@ -816,9 +757,7 @@ impl Tiered {
         if self.unread.get() {
             // A failed step's routing: let its kernel finish, then clear its flag.
             gpu.sync().map_err(cuda_err("decode"))?;
-            if let Some(m) = &self.mailbox {
-                m.borrow_mut().store_word(0, 0);
-            }
+            self.mailbox.borrow_mut().store_word(0, 0);
             self.unread.set(false);
         }
         match &self.trace {
