@@ -882,7 +882,7 @@ impl CudaBackend {
         let dev_slots = self.alloc_bytes(4 * slots.len(), "route")?;
         let given = self.alloc(routes.len(), self.cfg.n_embd, "expert products")?;
         let issue = || -> Result<FusedAct, ExecError> {
-            t.fetch_step(&self.gpu, layer, matrices(m), &b.fetch)?;
+            t.fetch(&self.gpu, layer, matrices(m), &b.fetch, Lane::Stream)?;
             t.upload_slots(&self.gpu, &slots, dev_slots)?;
             let a = self.fused_gate_up(m, x, xq, MoeRoute::Given { ids: dev_slots })?;
             t.trace_dev(&self.gpu, layer, DevPoint::Products)?;
@@ -955,7 +955,6 @@ impl CudaBackend {
             t.read_routes(&self.gpu, layer, ids, rows, n_guess)?
         };
         t.trace_host(layer, HostPoint::Read);
-        t.observe_copies(&self.gpu);
         let (routes, x_host) = (got.routes, got.x);
         let wait = t0.elapsed();
         t.wait_ahead(&self.gpu, layer)?;

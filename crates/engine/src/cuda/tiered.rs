@@ -35,15 +35,7 @@ const STAGING_EXPERTS: usize = 16;
 
 pub(crate) struct Tiered {
     pub store: RefCell<ExpertStore>,
-    /// The split's rates: measured alone at load, then (unless
-    /// `SCORIA_ADAPT_SPLIT=0`) followed through the decode steps, where the CPU and
-    /// the copies share the RAM ([`CostModel::observe_pcie`]).
-    pub cost: Cell<CostModel>,
-    adapt: bool,
-    /// Timed marks around a decode step's own copies from RAM, and their bytes:
-    /// read at the next step (the stream has passed them by its routing).
-    copy_marks: [Mark; 2],
-    copy_timed: Cell<Option<u64>>,
+    pub cost: CostModel,
     /// A fixed share of each decode step's RAM misses for the CPU instead of the
     /// cost model's split (tests and experiments).
     pub cpu_share: Option<f64>,
@@ -253,19 +245,11 @@ impl Tiered {
             .map_err(cuda_err("pinned mailbox for the routing"))?;
         let mut t = Tiered {
             store: RefCell::new(store),
-            cost: Cell::new(CostModel {
+            cost: CostModel {
                 pcie_bps: 25e9,
                 cpu_fixed_s: 50e-6,
                 cpu_s_per_byte: 1.0 / 30e9,
-            }),
-            adapt: !std::env::var("SCORIA_ADAPT_SPLIT").is_ok_and(|v| v == "0"),
-            copy_marks: [
-                gpu.new_timed_mark()
-                    .map_err(cuda_err("time expert copies"))?,
-                gpu.new_timed_mark()
-                    .map_err(cuda_err("time expert copies"))?,
-            ],
-            copy_timed: Cell::new(None),
+            },
             cpu_share,
             ram,
             mapped: weights
@@ -332,9 +316,7 @@ impl Tiered {
             gpu.sync().map_err(cuda_err("measure PCIe"))?;
             best = best.min(t0.elapsed().as_secs_f64());
         }
-        let mut cost = self.cost.get();
-        cost.pcie_bps = n as f64 / best.max(1e-9);
-        self.cost.set(cost);
+        self.cost.pcie_bps = n as f64 / best.max(1e-9);
         let store = self.store.borrow();
         // Experts for the timed calls, taken in turn (from the far end of the layer,
         // away from the bytes the copies above read): 3 repetitions of 1 and 8 for
@@ -392,14 +374,12 @@ impl Tiered {
                 if self.cpu_from_map { "mapped file" } else { "pinned copy" }
             );
         }
-        let mut cost = self.cost.get();
-        (cost.cpu_fixed_s, cost.cpu_s_per_byte) = chosen;
-        self.cost.set(cost);
+        (self.cost.cpu_fixed_s, self.cost.cpu_s_per_byte) = chosen;
         tracing::info!(
             "expert miss costs (measured): PCIe {:.1} GB/s from pinned RAM; CPU {:.1} GB/s + {:.0} µs per call{}",
-            cost.pcie_bps / 1e9,
-            1e-9 / cost.cpu_s_per_byte,
-            cost.cpu_fixed_s * 1e6,
+            self.cost.pcie_bps / 1e9,
+            1e-9 / self.cost.cpu_s_per_byte,
+            self.cost.cpu_fixed_s * 1e6,
             if map_ok {
                 ""
             } else {
@@ -433,7 +413,7 @@ impl Tiered {
         if let Some(f) = self.cpu_share {
             return ((misses as f64 * f).round() as usize).min(misses);
         }
-        self.cost.get().split(misses, bytes)
+        self.cost.split(misses, bytes)
     }
 
     /// The gate, up and down matrices (type, bytes) of the experts `cpu` ((expert,
@@ -497,15 +477,7 @@ impl Tiered {
         let (outs, r) = te.down(&self.team, second);
         let ns = t0.elapsed().as_nanos() as u64;
         self.trace_host(layer, HostPoint::CpuEnd);
-        let mut store = self.store.borrow_mut();
-        store.add_cpu_time(ns);
-        if self.adapt {
-            let bytes = b.cpu.len() as u64 * store.plan().layers[layer].expert_bytes;
-            let mut cost = self.cost.get();
-            cost.observe_cpu(bytes, ns as f64 * 1e-9);
-            self.cost.set(cost);
-        }
-        drop(store);
+        self.store.borrow_mut().add_cpu_time(ns);
         self.upload_outputs(gpu, &b.cpu, &outs, routes, to)?;
         self.trace_dev(gpu, layer, DevPoint::Handed)?;
         Ok((a, r))
@@ -706,49 +678,6 @@ impl Tiered {
                 .map_err(cuda_err("order CPU expert rows"))?;
         }
         Ok(())
-    }
-
-    /// Copies a decode step's misses from RAM into their slots on the stream (see
-    /// [`Self::fetch`]), timed for the cost model when it follows the steps.
-    pub fn fetch_step(
-        &self,
-        gpu: &Gpu,
-        layer: usize,
-        mats: [&DevWeight; 3],
-        fetch: &[Fetch],
-    ) -> Result<(), ExecError> {
-        let from_ram = fetch
-            .iter()
-            .filter(|f| matches!(f.from, Home::Ram(_)))
-            .count() as u64;
-        let timed = self.adapt && from_ram > 0 && fetch.len() as u64 == from_ram;
-        let stamp = |i: usize| {
-            gpu.mark(Lane::Stream, &self.copy_marks[i])
-                .map_err(cuda_err("time expert copies"))
-        };
-        if timed {
-            stamp(0)?;
-        }
-        self.fetch(gpu, layer, mats, fetch, Lane::Stream)?;
-        if timed {
-            stamp(1)?;
-            let bytes = from_ram * self.store.borrow().plan().layers[layer].expert_bytes;
-            self.copy_timed.set(Some(bytes));
-        }
-        Ok(())
-    }
-
-    /// Folds the last timed step copies into the cost model (call once the stream
-    /// has passed them: after a routing download).
-    pub fn observe_copies(&self, gpu: &Gpu) {
-        let Some(bytes) = self.copy_timed.take() else {
-            return;
-        };
-        if let Ok(us) = gpu.elapsed_us(&self.copy_marks[0], &self.copy_marks[1]) {
-            let mut cost = self.cost.get();
-            cost.observe_pcie(bytes, us * 1e-6);
-            self.cost.set(cost);
-        }
     }
 
     /// A decode token begins; a traced one puts the device's and the host's clocks

@@ -13,38 +13,7 @@ pub struct CostModel {
     pub cpu_s_per_byte: f64,
 }
 
-/// How far one decode step's measurement moves the model: an exponential average
-/// over about this many steps (a token's worth of layers keeps it current, and one
-/// odd step moves it little).
-const ADAPT_STEPS: f64 = 16.0;
-
-/// Steps that moved fewer bytes than this say more about latency than rate: not
-/// folded in.
-const MIN_OBSERVED_BYTES: u64 = 256 << 10;
-
 impl CostModel {
-    /// Folds in a decode step's copies into slots: `bytes` in `secs`, timed on the
-    /// device while the CPU computed beside them. The rates measured at load are of
-    /// each side alone; in a step the two share the host's RAM and each runs
-    /// slower, by an amount that depends on the host and on the split itself.
-    pub fn observe_pcie(&mut self, bytes: u64, secs: f64) {
-        if bytes < MIN_OBSERVED_BYTES || secs.is_nan() || secs <= 0.0 {
-            return;
-        }
-        self.pcie_bps += (bytes as f64 / secs - self.pcie_bps) / ADAPT_STEPS;
-    }
-
-    /// Folds in a decode step's CPU share: `bytes` of experts in `secs` (see
-    /// [`CostModel::observe_pcie`]). The call's fixed cost stays as measured at
-    /// load; the rest of the time goes to the bytes.
-    pub fn observe_cpu(&mut self, bytes: u64, secs: f64) {
-        if bytes < MIN_OBSERVED_BYTES || secs.is_nan() || secs <= 0.0 {
-            return;
-        }
-        let per_byte = (secs - self.cpu_fixed_s).max(secs / 4.0) / bytes as f64;
-        self.cpu_s_per_byte += (per_byte - self.cpu_s_per_byte) / ADAPT_STEPS;
-    }
-
     /// Of `m` misses of `bytes` each, how many the CPU should compute so that the
     /// CPU and the copies of the rest (which run at once) finish soonest.
     pub fn split(&self, m: usize, bytes: u64) -> usize {
@@ -90,37 +59,6 @@ mod tests {
         ));
         // Unknown memory: the pinned copy.
         assert!(!cpu_may_read_map(None, 0, 0));
-    }
-
-    #[test]
-    fn steps_measured_under_load_move_the_split() {
-        let mb = 1u64 << 20;
-        let mut m = CostModel {
-            pcie_bps: 55e9,
-            cpu_fixed_s: 25e-6,
-            cpu_s_per_byte: 1.0 / 95e9,
-        };
-        let alone = m.split(6, 2 * mb);
-        // The copies run at 40 GB/s beside the CPU, the CPU at 60: after enough
-        // steps the model holds those rates.
-        for _ in 0..200 {
-            m.observe_pcie(4 * mb, (4 * mb) as f64 / 40e9);
-            m.observe_cpu(6 * mb, 25e-6 + (6 * mb) as f64 / 60e9);
-        }
-        assert!((m.pcie_bps / 40e9 - 1.0).abs() < 1e-3, "{}", m.pcie_bps);
-        assert!((m.cpu_s_per_byte * 60e9 - 1.0).abs() < 1e-3);
-        assert_eq!(m.cpu_fixed_s, 25e-6);
-        // The split follows the rates: at load's the CPU takes 4 of 6 misses (113
-        // µs against the copies' 76), under load 3 (130 against 157; 4 would take
-        // the CPU 165).
-        assert_eq!(alone, 4);
-        assert_eq!(m.split(6, 2 * mb), 3);
-        // Small or broken measurements are ignored.
-        let before = m;
-        m.observe_pcie(mb / 8, 1e-6);
-        m.observe_pcie(4 * mb, 0.0);
-        m.observe_cpu(4 * mb, f64::NAN);
-        assert_eq!(m, before);
     }
 
     #[test]
