@@ -49,8 +49,7 @@ pub(crate) struct Tiered {
     /// Per shard, opened at the first read from it.
     readers: RefCell<Vec<Option<DirectReader>>>,
     staging: RefCell<PinnedBuf>,
-    /// A decode step's routing and expert input on their way to the host (pinned:
-    /// both read with one synchronisation).
+    /// A prompt step's routing on its way to the host (pinned).
     inbox: RefCell<Option<PinnedBuf>>,
     /// Where a decode step's kernel writes its routing and expert input for the
     /// host (mapped pinned memory: word 0 the flag, the words from 4 on); allocated
