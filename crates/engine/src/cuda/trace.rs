@@ -25,7 +25,9 @@ pub const REPORT_EVERY: u64 = 128;
 pub(crate) enum DevPoint {
     /// The dense segment before the layer's routing (mixer, norm, router, top-k).
     SegEnd,
-    /// The routing downloaded to the host's pinned memory.
+    /// The routing on the host: a decode step's mailbox seen set (recorded by the
+    /// host as it sees it, so the next row only means something added to this one),
+    /// or a prompt's download done.
     Routed,
     /// The gate/up products of the experts the device computes (after their copies).
     Products,
@@ -52,7 +54,7 @@ const N_HOST: usize = 3;
 /// The phases of a layer step, as printed (their values: see `DecodeTrace::end`).
 const PHASES: [&str; 8] = [
     "device: dense part (previous layer's down products to routing)",
-    "device: routing download",
+    "device: routing handed to the host",
     "host: routing seen after it landed",
     "host: plan and issue until the CPU starts",
     "host: CPU computes its experts",
