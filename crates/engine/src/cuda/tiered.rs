@@ -21,7 +21,7 @@ use super::weights::{cuda_err, DevWeight, MoeDev};
 use crate::cpu::team::Team;
 use crate::cpu::TokenExperts;
 use crate::experts::io::{DirectReader, ReadRequest, ALIGN};
-use crate::experts::{Batch, CostModel, ExpertStore, Fetch, Home, TierStats};
+use crate::experts::{fit_cpu, Batch, CostModel, ExpertStore, Fetch, Home, TierStats};
 use cuda::{DevBuf, Gpu, Lane, Mark, PinnedBuf};
 use model::weights::Weight;
 use model::{ExecError, ModelWeights};
@@ -291,7 +291,7 @@ impl Tiered {
 
     /// Measures the cost model on this machine: a pinned copy of experts into
     /// `probe` (device address and bytes: empty slots, so no VRAM beyond the
-    /// budget), and the CPU computing 1 and 8 experts of one layer, from the pinned
+    /// budget), and the CPU computing 1, 2, 4 and 8 experts of one layer, from the pinned
     /// copy and, when `map_ok` (the page cache can keep the file's experts beside
     /// the pinned copy), from the mapped file.
     ///
@@ -318,10 +318,10 @@ impl Tiered {
         self.cost.pcie_bps = n as f64 / best.max(1e-9);
         let store = self.store.borrow();
         // Experts for the timed calls, taken in turn (from the far end of the layer,
-        // away from the bytes the copies above read): 3 repetitions of 1 and 8 for
-        // each source, fewer distinct ones only when the layer holds fewer.
+        // away from the bytes the copies above read), each call on new ones while
+        // the layer has them.
         let resident: Vec<(u32, usize)> = store.ram_layout(l).collect();
-        let bytes = store.plan().layers[l].expert_bytes as f64;
+        let bytes = store.plan().layers[l].expert_bytes;
         drop(store);
         let k = resident.len().min(8);
         if k < 2 {
@@ -340,22 +340,29 @@ impl Tiered {
                 })
                 .collect()
         };
-        // Best of 3 seconds for a call computing `c` experts, each call on new ones.
-        let time = |t: &Tiered, c: usize| {
-            let mut best = f64::MAX;
-            for _ in 0..3 {
-                let set = take(c);
-                let t0 = Instant::now();
-                std::hint::black_box(t.cpu_experts(l, &set, &x));
-                best = best.min(t0.elapsed().as_secs_f64());
-            }
-            best
-        };
-        // (seconds per call, seconds per byte) of the CPU reading one source.
+        // (seconds per call, seconds per byte) of the CPU reading one source: two
+        // calls to wake the team and touch its buffers, then calls of 1, 2, 4 and k
+        // experts in turn, five rounds, and the line through the fastest of each
+        // size. A cold start or one slow call cannot set the fit alone.
+        let mut sizes = vec![1, 2, 4, k];
+        sizes.dedup();
+        sizes.retain(|&c| c <= k);
         let fit = |t: &Tiered| {
-            let (t1, tk) = (time(t, 1), time(t, k));
-            let slope = ((tk - t1) / (k - 1) as f64).max(1e-12);
-            ((t1 - slope).max(0.0), slope / bytes)
+            for _ in 0..2 {
+                std::hint::black_box(t.cpu_experts(l, &take(k), &x));
+            }
+            let mut best = vec![f64::MAX; sizes.len()];
+            for _ in 0..5 {
+                for (b, &c) in best.iter_mut().zip(&sizes) {
+                    let set = take(c);
+                    let t0 = Instant::now();
+                    std::hint::black_box(t.cpu_experts(l, &set, &x));
+                    *b = b.min(t0.elapsed().as_secs_f64());
+                }
+            }
+            let points: Vec<(usize, f64)> = sizes.iter().copied().zip(best).collect();
+            tracing::debug!("CPU expert calls (experts, fastest µs): {points:?}");
+            fit_cpu(&points, bytes)
         };
         let pinned = fit(self);
         let mut chosen = pinned;

@@ -21,7 +21,7 @@ mod profile;
 mod record;
 mod store;
 
-pub use cost::{cpu_may_read_map, CostModel};
+pub use cost::{cpu_may_read_map, fit_cpu, CostModel};
 pub use index::{ExpertIndex, IndexError, MatrixLoc, MATRICES};
 pub use io::{AlignedBuf, DirectReader, ReadError, ReadRequest, ReaderOptions};
 pub use plan::{plan, LayerPlan, Plan, PlanError, PlanRequest, SlotRule};
