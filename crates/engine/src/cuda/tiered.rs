@@ -361,7 +361,13 @@ impl Tiered {
                 }
             }
             let points: Vec<(usize, f64)> = sizes.iter().copied().zip(best).collect();
-            tracing::debug!("CPU expert calls (experts, fastest µs): {points:?}");
+            tracing::debug!(
+                "CPU expert calls (experts, fastest µs): {:?}",
+                points
+                    .iter()
+                    .map(|&(c, t)| (c, (t * 1e6).round()))
+                    .collect::<Vec<_>>()
+            );
             fit_cpu(&points, bytes)
         };
         let pinned = fit(self);
