@@ -344,9 +344,8 @@ impl Tiered {
         // calls to wake the team and touch its buffers, then calls of 1, 2, 4 and k
         // experts in turn, five rounds, and the line through the fastest of each
         // size. A cold start or one slow call cannot set the fit alone.
-        let mut sizes = vec![1, 2, 4, k];
+        let mut sizes: Vec<usize> = [1, 2, 4, k].into_iter().filter(|&c| c <= k).collect();
         sizes.dedup();
-        sizes.retain(|&c| c <= k);
         let fit = |t: &Tiered| {
             for _ in 0..2 {
                 std::hint::black_box(t.cpu_experts(l, &take(k), &x));
