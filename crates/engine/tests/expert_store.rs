@@ -220,47 +220,6 @@ fn the_cpu_takes_ram_misses_seen_least_recently_and_no_slot() {
 }
 
 #[test]
-fn the_cpu_takes_the_experts_read_ahead_first() {
-    let (mut s, k, _) = store(0);
-    let others: Vec<u32> = (10..10 + k as u32).collect();
-    // 2 routed to before (evicted since), 4 and 6 never: the split alone would give
-    // the CPU 4 and 6. Expert 9 is odd (only in the file), 2 is guessed twice.
-    s.step(0, &[2], &|_| 0).expect("step");
-    s.step(0, &others, &|_| 0).expect("step");
-    let likely = s.cpu_likely(0, &[9, 2, 6, 2], &|m| {
-        assert_eq!(m, 2, "two guesses are in RAM and in no slot");
-        1
-    });
-    let off = |e: u32| match s.home(0, e) {
-        Home::Ram(o) => o,
-        h => panic!("expert {e} is at {h:?}"),
-    };
-    assert_eq!(
-        likely,
-        vec![(6, off(6))],
-        "the split's pick among the guesses"
-    );
-    let before = s.stats();
-    let b = s.step(0, &[2, 4, 6], &|_| 1).expect("step");
-    let cpu: Vec<u32> = b[0].cpu.iter().map(|&(e, _)| e).collect();
-    assert_eq!(
-        cpu,
-        vec![6],
-        "the expert read ahead before the never-seen 4"
-    );
-    let d = s.stats().minus(&before);
-    assert_eq!((d.cpu_misses, d.cpu_read_ahead), (1, 1));
-    // Only the next step of that layer prefers it: all three seen at that step now,
-    // the split alone picks the lowest.
-    s.step(0, &others, &|_| 0).expect("step");
-    let b = s.step(0, &[2, 4, 6], &|_| 1).expect("step");
-    assert_eq!(
-        b[0].cpu.iter().map(|&(e, _)| e).collect::<Vec<_>>(),
-        vec![2]
-    );
-}
-
-#[test]
 fn a_failed_fetch_leaves_no_slot_behind() {
     let (mut s, k, _) = store(0);
     let b = s

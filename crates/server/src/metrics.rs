@@ -558,9 +558,7 @@ impl Stats {
     /// tier's share of expert uses (`hit_rate`, what the stats page shows), uses and
     /// bytes moved. `vram`: slot hits; `ram`: misses copied from the pinned copy;
     /// `cpu`: misses the CPU computed from RAM (`compute_ms`: from the start of its
-    /// products to their end, summed over steps; `read_ahead`: those whose bytes it
-    /// read into its caches while the device computed their input, and
-    /// `read_ahead_bytes`, the bytes it read so);
+    /// products to their end, summed over steps);
     /// `disk`: misses read from the file (`read_ms`). The RAM tier also says how
     /// many experts were copied ahead of their step, into the prompt pool or on a
     /// guess of a decode token's routing (`prefetched`), and how many of those no
@@ -578,8 +576,6 @@ impl Stats {
         disk["read_ms"] = json!(t.disk_ns as f64 / 1e6);
         let mut cpu = tier(t.cpu_misses, Some(t.cpu_bytes));
         cpu["compute_ms"] = json!(t.cpu_ns as f64 / 1e6);
-        cpu["read_ahead"] = json!(t.cpu_read_ahead);
-        cpu["read_ahead_bytes"] = json!(t.read_ahead_bytes);
         let mut ram = tier(t.ram_misses, Some(t.ram_bytes));
         ram["prefetched"] = json!(t.prefetched);
         ram["prefetch_unused"] = json!(t.prefetch_unused);

@@ -107,12 +107,10 @@ impl TestResult {
         let mb = |b: u64| b as f64 / 1e6;
         let ms = |ns: u64| ns as f64 / 1e6;
         Some(format!(
-            "experts: {:.1}% VRAM slot hits; misses per timed token {:.1} computed by the CPU ({:.1} MB; {:.1} of them read into its caches ahead, {:.1} MB read so), {:.1} copied from RAM ({:.1} MB; {:.1} copied ahead (into the prompt pool, or on a guess of the routing), {:.2} of those unused), {:.1} from disk ({:.1} MB, {:.1} ms reading); host per timed token {:.2} ms in expert steps, {:.2} ms of it waiting for the routing, {:.2} ms while the CPU computed (issuing the GPU's part beside it)",
+            "experts: {:.1}% VRAM slot hits; misses per timed token {:.1} computed by the CPU ({:.1} MB), {:.1} copied from RAM ({:.1} MB; {:.1} copied ahead (into the prompt pool, or on a guess of the routing), {:.2} of those unused), {:.1} from disk ({:.1} MB, {:.1} ms reading); host per timed token {:.2} ms in expert steps, {:.2} ms of it waiting for the routing, {:.2} ms while the CPU computed (issuing the GPU's part beside it)",
             100.0 * e.hit_rate(),
             e.cpu_misses as f64 / tokens,
             mb(e.cpu_bytes) / tokens,
-            e.cpu_read_ahead as f64 / tokens,
-            mb(e.read_ahead_bytes) / tokens,
             e.ram_misses as f64 / tokens,
             mb(e.ram_bytes) / tokens,
             e.prefetched as f64 / tokens,

@@ -14,7 +14,7 @@ mod snapshot;
 pub(crate) mod team;
 
 #[cfg(feature = "cuda")]
-pub(crate) use moe::{read_ahead, TokenExperts};
+pub(crate) use moe::TokenExperts;
 
 use model::weights::{Mixer, Weight};
 use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm, SegmentRows};

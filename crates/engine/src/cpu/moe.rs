@@ -432,71 +432,6 @@ impl SharedOut {
     }
 }
 
-/// Bytes of one task of [`read_ahead`]: small, so that the team is free again
-/// within a microsecond or two of being told to stop.
-#[cfg(any(feature = "cuda", test))]
-const READ_TASK_BYTES: usize = 4 * 1024;
-
-/// Reads `parts` into the CPU's shared cache on the team, in tasks of
-/// [`READ_TASK_BYTES`] in order, while `beside` runs on the caller's thread (a
-/// wait); the tasks not begun when `beside` returns are skipped. Returns `beside`'s
-/// value and the bytes read. A tiered decode step reads the experts the CPU is
-/// likely to compute this way while the device computes their input, so that its
-/// products, on whichever threads, read them from cache instead of from RAM.
-#[cfg(any(feature = "cuda", test))]
-pub(crate) fn read_ahead<R>(
-    team: &super::team::Team,
-    parts: &[&[u8]],
-    beside: impl FnOnce() -> R,
-) -> (R, usize) {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    let tasks: Vec<&[u8]> = parts
-        .iter()
-        .flat_map(|p| p.chunks(READ_TASK_BYTES))
-        .collect();
-    let stop = AtomicBool::new(false);
-    let read = AtomicUsize::new(0);
-    let f = |t: usize| {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        read_to_shared_cache(tasks[t]);
-        read.fetch_add(tasks[t].len(), Ordering::Relaxed);
-    };
-    let r = team.run_beside(tasks.len(), &f, || {
-        let r = beside();
-        stop.store(true, Ordering::Relaxed);
-        r
-    });
-    (r, read.into_inner())
-}
-
-/// Reads a byte of every cache line of `b`, then (x86-64) moves the lines from
-/// this core's private caches to the shared last-level cache with `cldemote`, so
-/// that any core finds them there (a hint: a no-op on CPUs without it).
-#[cfg(any(feature = "cuda", test))]
-fn read_to_shared_cache(b: &[u8]) {
-    const LINE: usize = 64;
-    let mut acc = 0u8;
-    for at in (0..b.len()).step_by(LINE) {
-        // SAFETY: `at` is inside `b`.
-        acc ^= unsafe { std::ptr::read_volatile(b.as_ptr().add(at)) };
-    }
-    std::hint::black_box(acc);
-    #[cfg(target_arch = "x86_64")]
-    for at in (0..b.len()).step_by(LINE) {
-        // SAFETY: `at` is inside `b`; `cldemote` is a hint that never faults and
-        // changes no data (a no-op where the CPU lacks it).
-        unsafe {
-            std::arch::asm!(
-                "cldemote [{}]",
-                in(reg) b.as_ptr().add(at),
-                options(nostack, preserves_flags, readonly)
-            )
-        };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::TokenExperts;
@@ -521,23 +456,6 @@ mod tests {
             quant::quantize_row(ty, src, dst);
         }
         out
-    }
-
-    #[test]
-    fn read_ahead_reads_while_the_caller_waits_and_stops_after() {
-        let a = vec![1u8; 1 << 20];
-        let b = vec![2u8; 100_003];
-        let parts: [&[u8]; 2] = [&a, &b];
-        // Alone, the caller's thread waits first: the loop then finds the stop.
-        let (r, read) = super::read_ahead(&Team::new(0), &parts, || "waited");
-        assert_eq!((r, read), ("waited", 0));
-        // Two threads and a long wait read every byte of both parts, tails included.
-        let team = Team::new(2);
-        let (r, read) = super::read_ahead(&team, &parts, || {
-            std::thread::sleep(std::time::Duration::from_secs(2));
-            5
-        });
-        assert_eq!((r, read), (5, a.len() + b.len()));
     }
 
     #[test]

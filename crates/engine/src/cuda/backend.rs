@@ -950,10 +950,7 @@ impl CudaBackend {
         t.trace_dev(&self.gpu, layer, DevPoint::SegEnd)?;
         let t0 = Instant::now();
         let got = if publish {
-            // The team reads the experts it will likely compute meanwhile.
-            t.wait_reading(layer, || {
-                t.read_published(&self.gpu, layer, rows, n_guess, x.cols)
-            })?
+            t.read_published(&self.gpu, layer, rows, n_guess, x.cols)?
         } else {
             t.read_routes(&self.gpu, layer, ids, rows, n_guess)?
         };
@@ -999,8 +996,6 @@ impl CudaBackend {
         if !got.guesses.is_empty() {
             let n = t.guesses.min(got.guesses.len());
             t.copy_ahead(&self.gpu, next, &self.w.layers[next].moe, &got.guesses[..n])?;
-            let bytes = t.store.borrow().plan().layers[next].expert_bytes;
-            t.plan_read_ahead(next, &got.guesses, bytes);
         }
         // A long prompt chunk: the next layer's experts start on their way to the
         // pool now, beside this layer's last products and the next layer's mixer.

@@ -19,7 +19,7 @@
 use super::trace::{DecodeTrace, DevPoint, HostPoint};
 use super::weights::{cuda_err, DevWeight, MoeDev};
 use crate::cpu::team::Team;
-use crate::cpu::{read_ahead, TokenExperts};
+use crate::cpu::TokenExperts;
 use crate::experts::io::{DirectReader, ReadRequest, ALIGN};
 use crate::experts::{fit_cpu, Batch, CostModel, ExpertStore, Fetch, Home, TierStats};
 use cuda::{DevBuf, Gpu, Lane, Mark, PinnedBuf};
@@ -88,12 +88,6 @@ pub(crate) struct Tiered {
     /// are for (its step makes the stream wait for the mark).
     ahead_done: Mark,
     ahead_for: Cell<Option<usize>>,
-    /// Whether the team reads the experts it is likely to compute at a decode step
-    /// into the CPU's caches while the device computes the step's input
-    /// (`SCORIA_READ_AHEAD=0`: never), and which those are: the layer, and each
-    /// expert with its RAM offset ([`Tiered::plan_read_ahead`]).
-    read_ahead: bool,
-    cpu_ahead: RefCell<Option<(usize, Vec<Held>)>>,
     /// `SCORIA_TRACE_DECODE=1`: the per-layer time line of decode tokens.
     trace: Option<RefCell<DecodeTrace>>,
 }
@@ -110,9 +104,6 @@ pub(crate) struct RowsTo {
     pub spare: bool,
     pub lane: Lane,
 }
-
-/// An expert held in RAM: its id and offset in its layer's RAM copy.
-type Held = (u32, usize);
 
 /// Words of the mailbox before the published ones (word 0 is the flag).
 const MAILBOX_HEAD: usize = 4;
@@ -287,8 +278,6 @@ impl Tiered {
                 .unwrap_or(DEFAULT_GUESSES),
             ahead_done: gpu.new_mark().map_err(cuda_err("guessed experts"))?,
             ahead_for: Cell::new(None),
-            read_ahead: std::env::var("SCORIA_READ_AHEAD").map_or(true, |v| v.trim() != "0"),
-            cpu_ahead: RefCell::new(None),
             trace: if std::env::var("SCORIA_TRACE_DECODE").is_ok_and(|v| v == "1") {
                 Some(RefCell::new(DecodeTrace::new(gpu, weights.layers.len())?))
             } else {
@@ -638,39 +627,6 @@ impl Tiered {
             Err(_) => self.store.borrow_mut().drop_ahead(layer, &fetch),
         }
         copied
-    }
-
-    /// Picks the experts of layer `layer`'s guessed routing (`guesses`, after
-    /// [`Self::copy_ahead`]) that its decode step would leave to the CPU
-    /// (`ExpertStore::cpu_likely`, `bytes` each), for [`Self::wait_reading`] to
-    /// read into the CPU's caches while the device computes the step's input.
-    pub fn plan_read_ahead(&self, layer: usize, guesses: &[u32], bytes: u64) {
-        let ahead = if self.read_ahead && !guesses.is_empty() {
-            let likely = self
-                .store
-                .borrow_mut()
-                .cpu_likely(layer, guesses, &|m| self.to_cpu(m, bytes));
-            (!likely.is_empty()).then_some((layer, likely))
-        } else {
-            None
-        };
-        *self.cpu_ahead.borrow_mut() = ahead;
-    }
-
-    /// Runs `wait` (waiting for layer `layer`'s routing) while the team reads the
-    /// experts [`Self::plan_read_ahead`] picked for this layer into the CPU's caches,
-    /// gate and up matrices first (the order the CPU computes them in). The team
-    /// stops when `wait` returns.
-    pub fn wait_reading<R>(&self, layer: usize, wait: impl FnOnce() -> R) -> R {
-        let Some((_, ahead)) = self.cpu_ahead.take().filter(|&(l, _)| l == layer) else {
-            return wait();
-        };
-        let (mats, _) = self.cpu_mats(layer, &ahead);
-        let gate_up = mats.iter().flat_map(|m| [m[0].1, m[1].1]);
-        let parts: Vec<&[u8]> = gate_up.chain(mats.iter().map(|m| m[2].1)).collect();
-        let (r, read) = read_ahead(&self.team, &parts, wait);
-        self.store.borrow_mut().add_read_ahead(read as u64);
-        r
     }
 
     /// Makes the stream wait for the copies [`Self::copy_ahead`] issued for layer

@@ -130,11 +130,6 @@ pub struct TierStats {
     /// Misses computed by the CPU from the RAM copy (no copy to VRAM), and their bytes.
     pub cpu_misses: u64,
     pub cpu_bytes: u64,
-    /// Of the CPU's misses, those whose bytes the CPU read into its caches while the
-    /// device computed the layer's input ([`ExpertStore::cpu_likely`]), and the bytes
-    /// it read so (it stops when the routing lands, so some may be partly read).
-    pub cpu_read_ahead: u64,
-    pub read_ahead_bytes: u64,
     /// Nanoseconds the host spent reading misses from the file.
     pub disk_ns: u64,
     /// Nanoseconds the host spent in tiered expert steps (`step_ns`), and of those,
@@ -175,8 +170,6 @@ impl TierStats {
             disk_bytes: self.disk_bytes - before.disk_bytes,
             cpu_misses: self.cpu_misses - before.cpu_misses,
             cpu_bytes: self.cpu_bytes - before.cpu_bytes,
-            cpu_read_ahead: self.cpu_read_ahead - before.cpu_read_ahead,
-            read_ahead_bytes: self.read_ahead_bytes - before.read_ahead_bytes,
             disk_ns: self.disk_ns - before.disk_ns,
             step_ns: self.step_ns - before.step_ns,
             wait_ns: self.wait_ns - before.wait_ns,
@@ -310,10 +303,6 @@ pub struct ExpertStore {
     /// The experts put into slots ahead of a layer's next step on a guess
     /// ([`ExpertStore::ahead`]): the layer, and the experts.
     guessed: Option<(usize, Vec<u32>)>,
-    /// The experts the CPU was expected to compute at a layer's next step and whose
-    /// bytes were read into its caches ahead ([`ExpertStore::cpu_likely`]): the
-    /// layer, and the experts, which that step gives the CPU first.
-    cpu_ahead: Option<(usize, Vec<u32>)>,
 }
 
 impl ExpertStore {
@@ -354,7 +343,6 @@ impl ExpertStore {
             pool_cap: Vec::new(),
             pooled: None,
             guessed: None,
-            cpu_ahead: None,
         }
     }
 
@@ -454,39 +442,6 @@ impl ExpertStore {
         out
     }
 
-    /// The experts of `guesses` (layer `layer`'s guessed routing, after
-    /// [`Self::ahead`]) that its next step would leave to the CPU if routed as
-    /// guessed: of those held in RAM and in no slot, the `to_cpu(n)` that the step's
-    /// own split picks (routed to least recently), with their RAM offsets. The step
-    /// then gives the CPU these first among its real misses, so bytes read into the
-    /// CPU's caches ahead are the ones it computes. Never changes which experts
-    /// compute, only where their bytes are read from.
-    pub fn cpu_likely(
-        &mut self,
-        layer: usize,
-        guesses: &[u32],
-        to_cpu: &dyn Fn(usize) -> usize,
-    ) -> Vec<(u32, usize)> {
-        let n_expert = self.plan.n_expert;
-        let ls = &self.layers[layer];
-        let mut misses: Vec<(u32, usize)> = Vec::new();
-        for &e in guesses {
-            let ei = e as usize;
-            if ei >= n_expert || ls.slot_of[ei] >= 0 || misses.iter().any(|m| m.0 == e) {
-                continue;
-            }
-            if let Some(o) = self.ram_off[layer][ei] {
-                misses.push((e, o));
-            }
-        }
-        let n = to_cpu(misses.len()).min(misses.len());
-        misses.sort_by_key(|&(e, _)| (ls.seen[e as usize], e));
-        misses.truncate(n);
-        self.cpu_ahead =
-            (!misses.is_empty()).then(|| (layer, misses.iter().map(|m| m.0).collect()));
-        misses
-    }
-
     /// Forgets the guessed experts' slots (their copies failed): see [`Self::forget`].
     pub fn drop_ahead(&mut self, layer: usize, fetch: &[Fetch]) {
         self.guessed = None;
@@ -560,12 +515,6 @@ impl ExpertStore {
         self.stats.cpu_ns += ns;
     }
 
-    /// Adds bytes the CPU read into its caches ahead of a step (see
-    /// [`TierStats::read_ahead_bytes`]).
-    pub fn add_read_ahead(&mut self, bytes: u64) {
-        self.stats.read_ahead_bytes += bytes;
-    }
-
     /// One step of layer `layer` routed to `routes` (the experts of every token, in
     /// any order, repeats allowed): the batches to compute, in order, with their slot
     /// assignments and fetches. The store's slot table is updated as if the batches
@@ -631,11 +580,6 @@ impl ExpertStore {
             }
         }
         self.stats.ram_misses += guessed_used;
-        let ahead = self
-            .cpu_ahead
-            .take()
-            .filter(|&(l, _)| l == layer)
-            .map_or_else(Vec::new, |(_, w)| w);
         let slots_now = &self.layers[layer].slot_of;
         let mut distinct: Vec<u32> = (0..n_expert as u32)
             .filter(|&e| uses[e as usize] > 0)
@@ -661,8 +605,7 @@ impl ExpertStore {
                 })
                 .collect();
             let n = to_cpu(ram_misses.len()).min(ram_misses.len());
-            // Those read into the CPU's caches ahead first, then the least recent.
-            ram_misses.sort_by_key(|&e| (!ahead.contains(&e), ls.seen[e as usize], e));
+            ram_misses.sort_by_key(|&e| (ls.seen[e as usize], e));
             cpu = ram_misses[..n].to_vec();
         }
         distinct.retain(|e| !cpu.contains(e));
@@ -676,7 +619,6 @@ impl ExpertStore {
             ls.seen[e as usize] = ls.step;
             self.stats.cpu_misses += 1;
             self.stats.cpu_bytes += bytes;
-            self.stats.cpu_read_ahead += u64::from(ahead.contains(&e));
             self.stats.hits += uses[e as usize] as u64 - 1;
             if let Some(o) = self.ram_off[layer][e as usize] {
                 cpu_batch.push((e, o));

@@ -113,8 +113,6 @@ fn tiered_expert_counters_reach_metrics_and_the_snapshot() {
         disk_bytes: 500,
         cpu_misses: 15,
         cpu_bytes: 1500,
-        cpu_read_ahead: 9,
-        read_ahead_bytes: 800,
         disk_ns: 3_000_000,
         step_ns: 9_000_000,
         wait_ns: 4_000_000,
@@ -150,8 +148,6 @@ fn tiered_expert_counters_reach_metrics_and_the_snapshot() {
     let snap = s.snapshot();
     assert_eq!(snap["experts"]["tiers"]["vram"]["hit_rate"], 0.6);
     assert_eq!(snap["experts"]["tiers"]["ram"]["prefetch_unused"], 1);
-    assert_eq!(snap["experts"]["tiers"]["cpu"]["read_ahead"], 9);
-    assert_eq!(snap["experts"]["tiers"]["cpu"]["read_ahead_bytes"], 800);
     assert_eq!(snap["experts"]["tiers"]["disk"]["read_ms"], 3.0);
     assert_eq!(snap["experts"]["tiers"]["cpu"]["compute_ms"], 2.0);
 }
