@@ -220,6 +220,20 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
         tm.predicted_per_second(),
         completion.finish
     );
+    if let Some(e) = &completion.timings.experts {
+        let gb = |b: u64| b as f64 / 1e9;
+        eprintln!(
+            "experts: {:.1}% of {} uses hit a VRAM slot; {} copied from RAM ({:.2} GB), {} computed by the CPU ({:.2} GB), {} read from disk ({:.2} GB)",
+            100.0 * e.hit_rate(),
+            e.uses(),
+            e.ram_misses,
+            gb(e.ram_bytes),
+            e.cpu_misses,
+            gb(e.cpu_bytes),
+            e.disk_misses,
+            gb(e.disk_bytes),
+        );
+    }
     if a.print_ids {
         let ids: Vec<String> = completion.tokens.iter().map(|t| t.to_string()).collect();
         println!("ids: {}", ids.join(","));

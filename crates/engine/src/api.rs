@@ -276,6 +276,11 @@ pub struct Timings {
     pub predicted_ms: f64,
     /// Prompt tokens reused from the previous request's state.
     pub cache_n: usize,
+    /// Tiered experts: where the routed experts of the engine's steps came from
+    /// from this request's admission to its end — its prompt and tokens, and those
+    /// of requests decoding beside it in the same steps (an expert fetched once
+    /// serves every sequence of a step). `None` when every expert is resident.
+    pub experts: Option<crate::experts::TierStats>,
 }
 
 impl Timings {

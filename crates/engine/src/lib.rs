@@ -566,7 +566,12 @@ impl Engine {
                     self.info.n_ctx,
                     act.seq
                 );
-                sched::end(act, &mut **sink, FinishReason::ContextFull);
+                sched::end(
+                    act,
+                    &mut **sink,
+                    FinishReason::ContextFull,
+                    self.exec.expert_stats(),
+                );
                 done.ended[i] = true;
             }
         }
@@ -653,7 +658,8 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let mut act = Active::new(seq, req, keep, &self.limits, logits, marks);
+        let experts = self.exec.expert_stats();
+        let mut act = Active::new(seq, req, keep, &self.limits, logits, marks, experts);
         let c = &mut self.seqs[seq];
         if sched::start_cached(&mut act, c, &self.limits, sink) {
             return Ok(None);
@@ -1167,6 +1173,9 @@ fn open_executor(
         }
     }
 }
+
+#[cfg(test)]
+mod expert_account_tests;
 
 #[cfg(test)]
 mod cgroup_tests {

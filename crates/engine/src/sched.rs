@@ -19,6 +19,7 @@ use model::{ExecError, Logits};
 
 use crate::constraint::{ConstraintRun, LogitMask};
 use crate::exec::{SeqSnapshot, SeqStep, StepOut, Want};
+use crate::experts::TierStats;
 use crate::sampler::Sampler;
 use crate::{
     ms, Completion, EngineError, FinishReason, Flow, GenerateRequest, PromptProgress, Timings,
@@ -183,6 +184,8 @@ pub(crate) struct Active {
     /// What the executor returns for this request's steps.
     want: Want,
     timings: Timings,
+    /// The executor's tiered-expert counts at admission (None: not tiered).
+    experts_at_start: Option<TierStats>,
     t0: Instant,
     t1: Instant,
     /// Prompt tokens in the state (cached and evaluated).
@@ -246,7 +249,8 @@ impl Limits {
 }
 
 impl Active {
-    /// Starts `req` in slot `seq`, whose state holds `cached` tokens of its prompt.
+    /// Starts `req` in slot `seq`, whose state holds `cached` tokens of its prompt;
+    /// `experts` is the executor's tiered-expert count now.
     pub fn new(
         seq: usize,
         req: GenerateRequest,
@@ -254,6 +258,7 @@ impl Active {
         lim: &Limits,
         logits: bool,
         marks: Vec<(usize, bool)>,
+        experts: Option<TierStats>,
     ) -> Active {
         let seed = req.sampling.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -282,6 +287,7 @@ impl Active {
                 prompt_n: req.prompt.len() - cached,
                 ..Timings::default()
             },
+            experts_at_start: experts,
             req,
             sampler,
             seed,
@@ -310,6 +316,14 @@ impl Active {
             finish,
             timings: self.timings.clone(),
             seed: self.seed,
+        }
+    }
+
+    /// Puts the tiered experts' traffic since admission into a finished request's
+    /// timings: `now` is the executor's count after the request's last step.
+    fn account_experts(&self, r: &mut Result<Completion, EngineError>, now: Option<TierStats>) {
+        if let (Ok(c), Some(start), Some(now)) = (r, self.experts_at_start, now) {
+            c.timings.experts = Some(now.minus(&start));
         }
     }
 
@@ -635,7 +649,8 @@ pub(crate) fn step(
             }
             act.advance(cache, out, lim, &mut **sink)
         };
-        if let Outcome::Done(r) = outcome {
+        if let Outcome::Done(mut r) = outcome {
+            act.account_experts(&mut r, exec.expert_stats());
             sink.done(r);
             ended[e.item] = true;
         }
@@ -647,10 +662,17 @@ pub(crate) fn step(
     }
 }
 
-/// Ends `act` now with `finish` (the context pool cannot give it room).
-pub(crate) fn end(act: &mut Active, sink: &mut dyn Sink, finish: FinishReason) {
-    let c = act.completion(finish);
-    sink.done(Ok(c));
+/// Ends `act` now with `finish` (the context pool cannot give it room); `experts`
+/// is the executor's tiered-expert count now.
+pub(crate) fn end(
+    act: &mut Active,
+    sink: &mut dyn Sink,
+    finish: FinishReason,
+    experts: Option<TierStats>,
+) {
+    let mut r = Ok(act.completion(finish));
+    act.account_experts(&mut r, experts);
+    sink.done(r);
 }
 
 /// Keeps a snapshot of slot `seq`'s recurrent state at `pos` (its history's
@@ -698,7 +720,9 @@ pub(crate) fn start_cached(
     };
     match act.start_decoding(cache, StepOut::Logits(l), lim, sink) {
         Outcome::Running => false,
-        Outcome::Done(r) => {
+        Outcome::Done(mut r) => {
+            // No step ran for it.
+            act.account_experts(&mut r, act.experts_at_start);
             sink.done(r);
             true
         }

@@ -63,6 +63,8 @@ struct Record {
     /// The engine's account, once it finished.
     cached: usize,
     generated: usize,
+    /// Tiered experts: where the experts of the steps it ran in came from.
+    experts: Option<engine::experts::TierStats>,
     finish: Option<String>,
     /// Output reached the route (the first piece of the answer).
     output_started: bool,
@@ -90,6 +92,7 @@ impl RequestLog {
         let mut r = self.lock();
         r.cached = f.timings.cache_n;
         r.generated = f.completion_tokens;
+        r.experts = f.timings.experts;
         r.finish = Some(match (f.finish, &f.stop_hit) {
             (_, Some(_)) => "stop_sequence".into(),
             (engine::FinishReason::Eog, _) => "end_of_turn".into(),
@@ -150,6 +153,17 @@ impl Line {
         if let Some(p) = r.prompt {
             let _ = write!(out, " prompt={p} cached={}", r.cached);
             let _ = write!(out, " generated={}", r.generated);
+        }
+        if let Some(e) = &r.experts {
+            let mb = |b: u64| b as f64 / 1e6;
+            let _ = write!(
+                out,
+                " experts_vram={:.1}% ram_mb={:.1} cpu_mb={:.1} disk_mb={:.1}",
+                100.0 * e.hit_rate(),
+                mb(e.ram_bytes),
+                mb(e.cpu_bytes),
+                mb(e.disk_bytes)
+            );
         }
         if let Some(f) = &r.finish {
             let _ = write!(out, " finish={f}");
@@ -284,5 +298,64 @@ impl HttpBody for Logged {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::experts::TierStats;
+
+    fn line_after(experts: Option<TierStats>) -> String {
+        let log = RequestLog::default();
+        log.queued(8);
+        log.finished(&Finished {
+            finish: engine::FinishReason::Eog,
+            stop_hit: None,
+            prompt_tokens: 8,
+            completion_tokens: 3,
+            reasoning_tokens: 0,
+            timings: engine::Timings {
+                cache_n: 2,
+                experts,
+                ..Default::default()
+            },
+            seed: 1,
+        });
+        let line = Line {
+            sink: Arc::new(|_, _| {}),
+            method: Method::POST,
+            path: "/v1/chat/completions".into(),
+            started: Instant::now(),
+            log,
+            status: Some(StatusCode::OK),
+            error: None,
+            complete: true,
+        };
+        line.text()
+    }
+
+    #[test]
+    fn a_generation_line_says_where_its_experts_came_from_when_they_are_tiered() {
+        let l = line_after(None);
+        assert!(
+            l.ends_with("prompt=8 cached=2 generated=3 finish=end_of_turn"),
+            "{l}"
+        );
+        let e = TierStats {
+            hits: 30,
+            ram_misses: 6,
+            ram_bytes: 12_000_000,
+            cpu_misses: 4,
+            cpu_bytes: 8_000_000,
+            ..Default::default()
+        };
+        let l = line_after(Some(e));
+        assert!(
+            l.ends_with(
+                "generated=3 experts_vram=75.0% ram_mb=12.0 cpu_mb=8.0 disk_mb=0.0 finish=end_of_turn"
+            ),
+            "{l}"
+        );
     }
 }

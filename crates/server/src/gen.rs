@@ -416,10 +416,12 @@ pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
     Ok(c)
 }
 
-/// llama-server's `timings` object.
+/// llama-server's `timings` object, with `experts` (where the routed experts of
+/// the steps the request ran in came from, [`crate::metrics::expert_tiers`]) when
+/// they are tiered.
 pub fn timings_json(t: &Timings) -> Value {
     let per_token = |n: usize, ms: f64| if n > 0 { ms / n as f64 } else { 0.0 };
-    json!({
+    let mut v = json!({
         "cache_n": t.cache_n,
         "prompt_n": t.prompt_n,
         "prompt_ms": t.prompt_ms,
@@ -429,7 +431,11 @@ pub fn timings_json(t: &Timings) -> Value {
         "predicted_ms": t.predicted_ms,
         "predicted_per_token_ms": per_token(t.predicted_n, t.predicted_ms),
         "predicted_per_second": t.predicted_per_second(),
-    })
+    });
+    if let Some(e) = &t.experts {
+        v["experts"] = crate::metrics::expert_tiers(e);
+    }
+    v
 }
 
 /// OpenAI chat / completions `usage`.
@@ -506,5 +512,38 @@ pub fn json_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
         Err(e) => Err(ApiError::bad_request(format!(
             "the request body is not valid JSON: {e}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod timings_tests {
+    use super::timings_json;
+    use engine::experts::TierStats;
+    use engine::Timings;
+
+    #[test]
+    fn timings_carry_the_request_s_expert_tiers_only_when_tiered() {
+        let mut t = Timings {
+            prompt_n: 4,
+            prompt_ms: 2.0,
+            ..Default::default()
+        };
+        let v = timings_json(&t);
+        assert_eq!(v["prompt_per_token_ms"], 0.5);
+        assert!(v.get("experts").is_none(), "{v}");
+        t.experts = Some(TierStats {
+            hits: 6,
+            disk_misses: 2,
+            disk_bytes: 4096,
+            ..Default::default()
+        });
+        let e = &timings_json(&t)["experts"];
+        assert_eq!(e["vram"]["uses"], 6);
+        assert_eq!(e["vram"]["hit_rate"], 0.75);
+        assert_eq!(
+            (&e["disk"]["uses"], &e["disk"]["bytes"]),
+            (&2.into(), &4096.into())
+        );
+        assert_eq!(e["ram"]["uses"], 0);
     }
 }

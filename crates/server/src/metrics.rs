@@ -554,37 +554,10 @@ impl Stats {
         self.lock().expert_tiers = Some(tiers);
     }
 
-    /// The tiered expert store's counters (at load, then after every request): each
-    /// tier's share of expert uses (`hit_rate`, what the stats page shows), uses and
-    /// bytes moved. `vram`: slot hits; `ram`: misses copied from the pinned copy;
-    /// `cpu`: misses the CPU computed from RAM (`compute_ms`: from the start of its
-    /// products to their end, summed over steps);
-    /// `disk`: misses read from the file (`read_ms`). The RAM tier also says how
-    /// many experts were copied ahead of their step, into the prompt pool or on a
-    /// guess of a decode token's routing (`prefetched`), and how many of those no
-    /// route used (`prefetch_unused`).
+    /// The tiered expert store's counters (at load, then after every request), in
+    /// the shape of [`expert_tiers`].
     pub fn set_expert_stats(&self, t: &engine::experts::TierStats) {
-        let uses = t.uses().max(1) as f64;
-        let tier = |n: u64, bytes: Option<u64>| {
-            let mut v = json!({"hit_rate": n as f64 / uses, "uses": n});
-            if let Some(b) = bytes {
-                v["bytes"] = json!(b);
-            }
-            v
-        };
-        let mut disk = tier(t.disk_misses, Some(t.disk_bytes));
-        disk["read_ms"] = json!(t.disk_ns as f64 / 1e6);
-        let mut cpu = tier(t.cpu_misses, Some(t.cpu_bytes));
-        cpu["compute_ms"] = json!(t.cpu_ns as f64 / 1e6);
-        let mut ram = tier(t.ram_misses, Some(t.ram_bytes));
-        ram["prefetched"] = json!(t.prefetched);
-        ram["prefetch_unused"] = json!(t.prefetch_unused);
-        self.set_expert_tiers(json!({
-            "vram": tier(t.hits, None),
-            "ram": ram,
-            "cpu": cpu,
-            "disk": disk,
-        }));
+        self.set_expert_tiers(expert_tiers(t));
     }
 
     /// The engine's device report (at load, then after every request).
@@ -1282,3 +1255,36 @@ fn escape_label(s: &str) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// Tiered experts' counts as JSON, per tier: each tier's share of expert uses
+/// (`hit_rate`, what the stats page shows), its `uses` and, for misses, the `bytes`
+/// moved. `vram`: slot hits; `ram`: misses copied from the pinned copy, with how
+/// many experts were copied ahead of their step, into the prompt pool or on a guess
+/// of a decode token's routing (`prefetched`), and how many of those no route used
+/// (`prefetch_unused`); `cpu`: misses the CPU computed from RAM (`compute_ms`: from
+/// the start of its products to their end, summed over steps); `disk`: misses read
+/// from the file (`read_ms`). The stats page and a request's `timings.experts`
+/// have this shape.
+pub fn expert_tiers(t: &engine::experts::TierStats) -> Value {
+    let uses = t.uses().max(1) as f64;
+    let tier = |n: u64, bytes: Option<u64>| {
+        let mut v = json!({"hit_rate": n as f64 / uses, "uses": n});
+        if let Some(b) = bytes {
+            v["bytes"] = json!(b);
+        }
+        v
+    };
+    let mut disk = tier(t.disk_misses, Some(t.disk_bytes));
+    disk["read_ms"] = json!(t.disk_ns as f64 / 1e6);
+    let mut cpu = tier(t.cpu_misses, Some(t.cpu_bytes));
+    cpu["compute_ms"] = json!(t.cpu_ns as f64 / 1e6);
+    let mut ram = tier(t.ram_misses, Some(t.ram_bytes));
+    ram["prefetched"] = json!(t.prefetched);
+    ram["prefetch_unused"] = json!(t.prefetch_unused);
+    json!({
+        "vram": tier(t.hits, None),
+        "ram": ram,
+        "cpu": cpu,
+        "disk": disk,
+    })
+}

@@ -633,6 +633,7 @@ pub(crate) mod testing {
                     predicted_n: tokens.len(),
                     predicted_ms: 2.0,
                     cache_n: 0,
+                    experts: None,
                 },
                 seed: 7,
             })

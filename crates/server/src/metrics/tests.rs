@@ -7,6 +7,7 @@ fn timings(prompt_n: usize, predicted_n: usize) -> engine::Timings {
         predicted_n,
         predicted_ms: 200.0,
         cache_n: 3,
+        experts: None,
     }
 }
 

@@ -214,6 +214,7 @@ async fn metrics_text_and_counters() {
         predicted_n: 1,
         predicted_ms: 5.0,
         cache_n: 0,
+        experts: None,
     };
     st.stats.request_finished(1, &t, "stop", 9);
     let r = call(addr, "GET", "/metrics", None).await;
