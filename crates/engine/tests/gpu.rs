@@ -422,6 +422,25 @@ fn tiered_experts_give_the_resident_bits() {
                     "{geometry}, {case}: the CPU computed nothing"
                 );
             }
+            // A request alone gets the whole of the executor's counts over its life.
+            t.reset().expect("reset");
+            let req = GenerateRequest {
+                prompt: prompt.clone(),
+                max_tokens: 6,
+                sampling: SamplingParams::default(),
+                stop_at_eog: false,
+                constraint: None,
+                logprobs: None,
+            };
+            let before = t.expert_stats().expect("stats");
+            let c = t.generate(&req, &mut |_| Flow::Continue).expect("generate");
+            let after = t.expert_stats().expect("stats");
+            assert_eq!(
+                c.timings.experts,
+                Some(after.minus(&before)),
+                "{geometry}, {case}: the request's expert account"
+            );
+            assert!(after.uses() > before.uses(), "{geometry}, {case}");
         }
     }
 }
