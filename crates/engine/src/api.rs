@@ -179,6 +179,22 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
 }
 
+impl GenerateRequest {
+    /// `max_tokens` greedy tokens after `prompt`, every one of them (no stop at an
+    /// end-of-generation token), free of any grammar, without log-probabilities:
+    /// what tests, benchmarks and routing records decode.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+        GenerateRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop_at_eog: false,
+            constraint: None,
+            logprobs: None,
+        }
+    }
+}
+
 /// The most alternatives a token's [`TokenLogprobs`] list.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -276,10 +292,11 @@ pub struct Timings {
     pub predicted_ms: f64,
     /// Prompt tokens reused from the previous request's state.
     pub cache_n: usize,
-    /// Tiered experts: where the routed experts of the engine's steps came from
-    /// from this request's admission to its end — its prompt and tokens, and those
-    /// of requests decoding beside it in the same steps (an expert fetched once
-    /// serves every sequence of a step). `None` when every expert is resident.
+    /// Tiered experts: where the routed experts came from in the engine's steps
+    /// between this request's admission and its end — for its prompt and tokens,
+    /// and for those of requests decoding beside it in the same steps (an expert
+    /// fetched once serves every sequence of a step). `None` when every expert is
+    /// resident.
     pub experts: Option<crate::experts::TierStats>,
 }
 

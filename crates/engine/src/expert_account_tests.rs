@@ -91,14 +91,8 @@ impl Sink for Watch {
 }
 
 fn request(prompt_len: usize, max_tokens: usize, salt: u32) -> GenerateRequest {
-    GenerateRequest {
-        prompt: (0..prompt_len as u32).map(|i| 100 + i * 7 + salt).collect(),
-        max_tokens,
-        sampling: crate::SamplingParams::default(),
-        stop_at_eog: false,
-        constraint: None,
-        logprobs: None,
-    }
+    let prompt = (0..prompt_len as u32).map(|i| 100 + i * 7 + salt).collect();
+    GenerateRequest::greedy(prompt, max_tokens)
 }
 
 #[test]

@@ -16,7 +16,7 @@ mod common;
 
 use common::{bits, decode, synth};
 use cuda::{Gpu, QAct, Tile};
-use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
+use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest};
 use model::synth::Preset;
 use quant::GgmlType;
 use std::path::Path;
@@ -424,14 +424,7 @@ fn tiered_experts_give_the_resident_bits() {
             }
             // A request alone gets the whole of the executor's counts over its life.
             t.reset().expect("reset");
-            let req = GenerateRequest {
-                prompt: prompt.clone(),
-                max_tokens: 6,
-                sampling: SamplingParams::default(),
-                stop_at_eog: false,
-                constraint: None,
-                logprobs: None,
-            };
+            let req = GenerateRequest::greedy(prompt.clone(), 6);
             let before = t.expert_stats().expect("stats");
             let c = t.generate(&req, &mut |_| Flow::Continue).expect("generate");
             let after = t.expert_stats().expect("stats");
@@ -510,14 +503,7 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
     assert_same_bits(&logits, &logits_e, "graph replay differs from eager launch");
     // Plain greedy picks the token on the device (only its id comes back).
     graphed.reset().expect("reset");
-    let req = GenerateRequest {
-        prompt: prompt.clone(),
-        max_tokens: 12,
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-        constraint: None,
-        logprobs: None,
-    };
+    let req = GenerateRequest::greedy(prompt.clone(), 12);
     let c = graphed
         .generate(&req, &mut |_| Flow::Continue)
         .expect("generate");

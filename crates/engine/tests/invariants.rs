@@ -6,7 +6,7 @@
 mod common;
 
 use common::{bits, decode, synth, synth_geometry, test_device};
-use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
+use engine::{Engine, EngineConfig, Flow, GenerateRequest};
 use model::geometry::{Arch, Geometry, LinearAttention};
 use model::synth::Preset;
 
@@ -87,14 +87,7 @@ fn check_model(path: &std::path::Path, geometry: &str, preset: Preset) {
     // A prompt equal to the evaluated history starts from the cached logits: no
     // prompt token is evaluated again, and the tokens are the cold-start ones.
     eng.logits_all(&prompt).expect("logits_all");
-    let req = GenerateRequest {
-        prompt: prompt.clone(),
-        max_tokens: 6,
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-        constraint: None,
-        logprobs: None,
-    };
+    let req = GenerateRequest::greedy(prompt.clone(), 6);
     let c = eng
         .generate(&req, &mut |_| Flow::Continue)
         .expect("generate");
@@ -219,14 +212,7 @@ fn forced_tokens_and_stop() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = synth(dir.path(), "tiny-qwen3moe", Preset::Q8_0, 7);
     let mut eng = load(&path);
-    let req = GenerateRequest {
-        prompt: vec![1, 2, 3],
-        max_tokens: 10,
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-        constraint: None,
-        logprobs: None,
-    };
+    let req = GenerateRequest::greedy(vec![1, 2, 3], 10);
     let mut seen = Vec::new();
     let c = eng
         .generate(&req, &mut |ev| {
@@ -266,14 +252,7 @@ fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
         .expect("load")
     };
     let prompt: Vec<u32> = (0..1300u32).map(|i| (i * 7919 + 13) % 5000).collect();
-    let req = GenerateRequest {
-        prompt: prompt.clone(),
-        max_tokens: 4,
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-        constraint: None,
-        logprobs: None,
-    };
+    let req = GenerateRequest::greedy(prompt.clone(), 4);
     let mut cold = open();
     let want = cold
         .generate(&req, &mut |_| Flow::Continue)

@@ -16,7 +16,7 @@ mod common;
 
 use common::test_device;
 use engine::cpu::Precision;
-use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
+use engine::{Engine, EngineConfig, Flow, GenerateRequest};
 use std::path::{Path, PathBuf};
 
 /// `tests/fixtures/<arch>` of this checkout; `SCORIA_REPO_ROOT` moves it (test
@@ -119,14 +119,7 @@ fn check_f32(arch: &str) {
 
     // Greedy generation through the decode path.
     let (_, stepped) = npy(arch, "logits.npy");
-    let req = GenerateRequest {
-        prompt: r.prompt.clone(),
-        max_tokens: r.greedy.len(),
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-        constraint: None,
-        logprobs: None,
-    };
+    let req = GenerateRequest::greedy(r.prompt.clone(), r.greedy.len());
     let mut rows: Vec<f32> = Vec::new();
     let c = eng
         .generate_with_logits(&req, &mut |_| Flow::Continue, &mut |l| {

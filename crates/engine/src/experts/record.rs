@@ -5,7 +5,7 @@
 //! whichever device will serve.
 
 use super::profile::RoutingProfile;
-use crate::{Device, Engine, EngineConfig, EngineError, Flow, GenerateRequest, SamplingParams};
+use crate::{Device, Engine, EngineConfig, EngineError, Flow, GenerateRequest};
 use model::ExecError;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
@@ -75,14 +75,7 @@ pub fn record_profile(
     };
     // The prompt in one pass per chunk, then n_decode single-token steps: the last
     // of the n_decode + 1 greedy tokens is chosen but never fed.
-    let req = GenerateRequest {
-        prompt: prompt.clone(),
-        max_tokens: n_decode + 1,
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-        constraint: None,
-        logprobs: None,
-    };
+    let req = GenerateRequest::greedy(prompt.clone(), n_decode + 1);
     let done = engine.generate(&req, &mut |_| Flow::Continue)?;
     let mut generated = done.tokens;
     generated.truncate(n_decode);

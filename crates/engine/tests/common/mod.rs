@@ -2,7 +2,7 @@
 // Each test target uses a different subset.
 #![allow(dead_code)]
 
-use engine::{Engine, Flow, GenerateRequest, SamplingParams};
+use engine::{Engine, Flow, GenerateRequest};
 use model::geometry::Geometry;
 use model::synth::{synthesize, Preset, SynthOptions};
 use std::path::{Path, PathBuf};
@@ -58,14 +58,7 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
 /// Greedy-generates `n` tokens, returning them and the logits the decode path
 /// produced for each generated position (from single-token steps).
 pub fn decode(eng: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let req = GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_tokens: n,
-        sampling: SamplingParams::default(),
-        stop_at_eog: false,
-        constraint: None,
-        logprobs: None,
-    };
+    let req = GenerateRequest::greedy(prompt.to_vec(), n);
     let mut logits = Vec::new();
     let c = eng
         .generate_with_logits(&req, &mut |_| Flow::Continue, &mut |l| {
