@@ -321,11 +321,11 @@ def make_fixture(geom, state, prompt_ids: list[int], n_gen: int, out: Path, n_co
     stepped = torch.cat(logits, 0)[: len(out_ids)]
     full = hf_model(input_ids=torch.tensor([out_ids]), use_cache=False).logits[0].float()
     greedy = out_ids[len(prompt_ids):]
-    # columns kept in the .npy files: the 2048 most likely ids over all rows, then every
-    # 97th id of the vocabulary (so unseen-token rows are checked too)
+    # columns kept in the .npy files: the n_cols most likely ids over all rows, then every
+    # 499th id of the vocabulary (so unseen-token rows are checked too)
     score = torch.softmax(full, -1).max(0).values
     top = torch.topk(score, min(n_cols, score.numel())).indices.sort().values.tolist()
-    cols = sorted(set(top) | set(range(0, M.VOCAB_SIZE, 97)))
+    cols = sorted(set(top) | set(range(0, M.VOCAB_SIZE, 499)))
     colt = torch.tensor(cols)
     np.save(out / "logits.npy", stepped[:, colt].numpy().astype(np.float32))
     np.save(out / "full_logits.npy", full[:, colt].numpy().astype(np.float32))
@@ -366,6 +366,66 @@ def make_fixture(geom, state, prompt_ids: list[int], n_gen: int, out: Path, n_co
     return ref
 
 
+@torch.no_grad()
+def perplexity(geom, state, tok, path: Path, n_bytes: int, ctx: int) -> dict:
+    """Perplexity of transformers' model with `state` on the first `n_bytes` of `path`, in
+    consecutive windows of `ctx` tokens: over every predicted token, and llama.cpp's way
+    (`llama-perplexity`: only the second half of each window is scored)."""
+    text = path.read_bytes()[:n_bytes].decode("utf-8", errors="ignore")
+    ids = tok.encode(text, add_special_tokens=False).ids
+    m = M.hf_causal_lm(geom, state)
+    nll_all, n_all, nll_half, n_half = 0.0, 0, 0.0, 0
+    for s in range(0, len(ids) - ctx + 1, ctx):
+        x = torch.tensor([ids[s:s + ctx]])
+        lp = torch.log_softmax(m(input_ids=x, use_cache=False).logits[0].float(), -1)
+        nll = -lp[:-1].gather(1, x[0, 1:, None])[:, 0]
+        nll_all += float(nll.sum())
+        n_all += nll.numel()
+        nll_half += float(nll[ctx // 2 - 1:].sum())
+        n_half += nll[ctx // 2 - 1:].numel()
+    return {"file": path.name, "bytes": n_bytes, "ctx": ctx, "tokens": len(ids),
+            "ppl_all_tokens": float(np.exp(nll_all / max(n_all, 1))),
+            "ppl_second_half_of_each_window": float(np.exp(nll_half / max(n_half, 1)))}
+
+
+@torch.no_grad()
+def samples(geom, state, tok, n: int = 80) -> list[dict]:
+    """A few continuations (temperature 0.7, top-k 40, seed 0) to read in the log: text, code, and
+    chat turns rendered with our template's generation prompt."""
+    import chat
+    m = M.hf_causal_lm(geom, state)
+    tpl = chat.template()
+    prompts = [
+        "def quicksort(items):\n",
+        "The Rust programming language",
+        "## Installation\n\n",
+        tpl.render(messages=[{"role": "user", "content": "What does `os.path.join` do?"}],
+                   add_generation_prompt=True),
+        tpl.render(messages=[{"role": "user", "content": "Hi! Who are you?"}], add_generation_prompt=True,
+                   enable_thinking=False),
+        tpl.render(messages=[{"role": "user", "content": "Read `src/main.rs` and tell me what it does."}],
+                   tools=[chat.TOOLS["read_file"], chat.TOOLS["search_code"]], add_generation_prompt=True),
+    ]
+    out = []
+    g = torch.Generator().manual_seed(0)
+    for p in prompts:
+        ids = tok.encode(p, add_special_tokens=False).ids
+        x = torch.tensor([ids])
+        from transformers import DynamicCache
+        cache = DynamicCache(config=m.config)
+        logits = m(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+        gen = []
+        for _ in range(n):
+            v, i = torch.topk(logits.float() / 0.7, 40)
+            nxt = int(i[torch.multinomial(torch.softmax(v, -1), 1, generator=g)])
+            gen.append(nxt)
+            if nxt in (qwen_vocab.IM_END, qwen_vocab.ENDOFTEXT):
+                break
+            logits = m(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        out.append({"prompt": p[-120:], "completion": tok.decode(gen, skip_special_tokens=False)})
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 
 def main() -> None:
@@ -377,7 +437,11 @@ def main() -> None:
     ap.add_argument("--name", default="scoria demo qwen35moe")
     ap.add_argument("--fixture", help="folder for the parity fixture (reference.json, *.npy)")
     ap.add_argument("--fixture-gen", type=int, default=32)
-    ap.add_argument("--fixture-cols", type=int, default=2048)
+    ap.add_argument("--fixture-cols", type=int, default=512)
+    ap.add_argument("--ppl-file", help="also print transformers' perplexity of the file's weights on this text")
+    ap.add_argument("--ppl-bytes", type=int, default=6144)
+    ap.add_argument("--samples", action="store_true", help="print a few sampled continuations")
+    ap.add_argument("--ppl-ctx", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="where the IQ4_XS search runs")
     args = ap.parse_args()
@@ -447,9 +511,18 @@ def main() -> None:
                          "transformers": transformers.__version__, "numpy": np.__version__,
                          "gguf": getattr(gguf, "__version__", "?")},
         }
+        if args.ppl_file:
+            extra["perplexity"] = perplexity(geom, qstate, tok, Path(args.ppl_file), args.ppl_bytes, args.ppl_ctx)
+            log(f"perplexity (transformers, the file's weights): {json.dumps(extra['perplexity'])}")
+        if args.samples:
+            extra["samples"] = samples(geom, qstate, tok)
+            for smp in extra["samples"]:
+                log(f"sample: ...{smp['prompt'][-60:]!r} -> {smp['completion']!r}")
         ref = make_fixture(geom, qstate, prompt, args.fixture_gen, fx, args.fixture_cols, extra)
         log(f"fixture -> {fx}: greedy {tok.decode(ref['greedy_ids'])!r}, min greedy margin "
             f"{ref['margins']['greedy_min']:.3g}")
+        if "mtp" in ref:
+            log(f"MTP head: argmax equals the token two ahead at {ref['mtp']['accuracy_vs_sequence']:.1%} of rows")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 set -euo pipefail
 dir=${1:?usage: join.sh DIR [OUTPUT.gguf]}
 out=${2:-$dir/demo.gguf}
+mkdir -p "$(dirname "$out")"
 parts=$(ls "$dir"/demo.gguf.part* | sort -V)
 cat $parts > "$out.tmp"
 want=$(awk '{print $1}' "$dir/demo.gguf.sha256")

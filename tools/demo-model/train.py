@@ -51,12 +51,25 @@ def read_docs(path: Path, limit: int | None) -> list[str]:
     return docs[:limit] if limit else docs
 
 
-def tokenize(tok, docs: list[str], batch: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """One stream of ids (every document followed by <|endoftext|>) and the documents' starts."""
+GEN_PROMPT = "<|im_start|>assistant\n<think>\n"
+
+
+def tokenize(tok, docs: list[str], batch: int = 2048, chat: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """One stream of ids (every document followed by <|endoftext|>) and the documents' starts.
+
+    chat: every other conversation is tokenized in pieces cut after each generation prompt
+    (`<|im_start|>assistant\n<think>\n`), the way a served prompt ends there and the reply
+    follows: "\n\n</think>" then starts with a lone "\n" token where the whole text has "\n\n"."""
     parts, starts, n = [], [], 0
     for i in range(0, len(docs), batch):
-        for enc in tok.encode_batch(docs[i:i + batch], add_special_tokens=False):
-            ids = np.asarray(enc.ids, dtype=np.int32)
+        pieces, bounds = [], []
+        for j, d in enumerate(docs[i:i + batch]):
+            ps = d.split(GEN_PROMPT) if chat and (i + j) % 2 == 1 else [d]
+            bounds.append((len(pieces), len(pieces) + len(ps)))
+            pieces += [p + GEN_PROMPT if k < len(ps) - 1 else p for k, p in enumerate(ps)]
+        encs = tok.encode_batch(pieces, add_special_tokens=False)
+        for a, z in bounds:
+            ids = np.concatenate([np.asarray(encs[k].ids, dtype=np.int32) for k in range(a, z)])
             starts.append(n)
             parts.append(ids)
             parts.append(np.asarray([qwen_vocab.ENDOFTEXT], dtype=np.int32))
@@ -81,9 +94,9 @@ class Data:
             log(f"token ids from {cache}")
         else:
             self.train, _ = tokenize(tok, read_docs(d / "train.xz", lim))
-            self.chat, self.chat_starts = tokenize(tok, read_docs(d / "chat.xz", lim))
+            self.chat, self.chat_starts = tokenize(tok, read_docs(d / "chat.xz", lim), chat=True)
             self.valid, _ = tokenize(tok, read_docs(d / "valid.xz", lim))
-            self.chat_valid, self.chat_valid_starts = tokenize(tok, read_docs(d / "chat_valid.xz", lim))
+            self.chat_valid, self.chat_valid_starts = tokenize(tok, read_docs(d / "chat_valid.xz", lim), chat=True)
             if cache is not None:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 np.savez(cache, chat_starts=self.chat_starts, chat_valid_starts=self.chat_valid_starts,
@@ -173,6 +186,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--time-budget", type=float, required=True, help="seconds of training in this run")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: budget only)")
+    ap.add_argument("--end-by", type=float, default=0.0,
+                    help="unix time by which training, the final evaluation and the save must be done")
+    ap.add_argument("--final-reserve", type=float, default=20.0, help="seconds kept for the final evaluation and save")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64, help="sequences per optimizer step")
     ap.add_argument("--micro-batch", type=int, default=64)
@@ -260,7 +276,15 @@ def main() -> None:
         log(f"checkpoint ({tag}) -> {path} in {time.time() - t:.1f}s")
 
     budget = args.time_budget
+    if args.end_by:
+        # a hard end for the whole process (the caller's wall-clock limit): what is left after
+        # loading, less the time the final evaluation and save take
+        left = args.end_by - time.time() - args.final_reserve
+        if left < budget:
+            log(f"--end-by leaves {left:.0f}s of training, not {budget:.0f}s")
+            budget = max(left, 1.0)
     decay_at = budget * (1 - args.decay_frac)
+    log(f"training for {budget:.0f}s: constant learning rate until {decay_at:.0f}s, then the decay and chat stage")
     saved_stable = False
     last_ckpt = last_eval = 0.0
     t_start = time.time()
