@@ -4,14 +4,17 @@
 Sources (every one permissively licensed; `manifest.json` lists each file's source,
 package version and licence):
 
-* `python-stdlib`: the Python standard library's source of the Python running this script
-  (PSF-2.0), tests excluded.
+* `python-stdlib`, `python-tests`: the Python standard library's source and its test suite,
+  of the Python running this script (PSF-2.0).
 * `python-docs`: the reStructuredText sources of the Python documentation, from the Debian
   package `python3.11-doc` (PSF-2.0).
-* `rust-docs`, `rust-std`: the Markdown sources of the Rust books (The Rust Programming
-  Language, the Reference, the Rustonomicon, Rust by Example, ...) and the source of
-  `core`, `alloc`, `std`, `proc_macro` and `test`, from the Debian package `rust-src`
-  (MIT OR Apache-2.0).
+* `sphinx-docs`: the reStructuredText sources in the Debian documentation packages of
+  pandas, pytest, Sphinx, Flask, Click, Jinja2, attrs and Requests (SPHINX_DEBS: BSD, MIT,
+  Apache-2.0).
+* `rust-docs`, `rust-std`, `rust-compiler`: the Markdown sources of the Rust books (The Rust
+  Programming Language, the Reference, the Rustonomicon, Rust by Example, ...), the source
+  of `core`, `alloc`, `std`, `proc_macro` and `test`, and of the compiler, from the Debian
+  package `rust-src` (MIT OR Apache-2.0).
 * `crates`: Rust crates in cargo's local registry cache (`$CARGO_HOME/registry/src`), the
   newest version of each crate whose `license` field allows MIT, Apache-2.0 or BSD terms
   alone; `.rs` files and Markdown documentation.
@@ -21,7 +24,7 @@ they are there already. Output (`--out`, default `.demo-data/` at the repository
 which git ignores):
 
 * `train.xz`, `valid.xz`: documents separated by NUL bytes, in a fixed shuffled order;
-  0.5% of documents (chosen by a hash of their source and path) are held out in `valid.xz`.
+  1% of documents (chosen by a hash of their source and path) are held out in `valid.xz`.
 * `chat.xz`, `chat_valid.xz`: conversations rendered with the repository's qwen35 chat
   template (`crates/model/assets/templates/qwen35.jinja`), NUL-separated (see `chat.py`).
 * `manifest.json`: sources, versions, licences, per-source counts and bytes, every file
