@@ -389,7 +389,7 @@ def perplexity(geom, state, tok, path: Path, n_bytes: int, ctx: int) -> dict:
 
 
 @torch.no_grad()
-def samples(geom, state, tok, n: int = 80) -> list[dict]:
+def samples(geom, state, tok, n: int = 80, time_limit: float = 40.0) -> list[dict]:
     """A few continuations (temperature 0.7, top-k 40, seed 0) to read in the log: text, code, and
     chat turns rendered with our template's generation prompt."""
     import chat
@@ -408,7 +408,10 @@ def samples(geom, state, tok, n: int = 80) -> list[dict]:
     ]
     out = []
     g = torch.Generator().manual_seed(0)
+    t_end = time.time() + time_limit
     for p in prompts:
+        if time.time() > t_end:
+            break
         ids = tok.encode(p, add_special_tokens=False).ids
         x = torch.tensor([ids])
         from transformers import DynamicCache
@@ -446,6 +449,7 @@ def main() -> None:
                     help="where the IQ4_XS search runs")
     args = ap.parse_args()
 
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
     ck = torch.load(args.ckpt, map_location="cpu", weights_only=False)
     geom = M.Geometry(**ck["geometry"])
     mtp = geom.mtp and not args.no_mtp
