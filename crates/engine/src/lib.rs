@@ -238,10 +238,10 @@ impl Engine {
         }
         // Positions are one pool the slots share (the CPU's K/V grow with use);
         // recurrent state is per slot.
-        let per_position = cpu::bytes_per_position(&mcfg);
-        let recurrent = cpu::recurrent_bytes(&mcfg);
+        let per_position = mcfg.kv_bytes_per_position();
+        let recurrent = mcfg.recurrent_state_bytes();
         let state_bytes =
-            cpu::state_bytes(&mcfg, n_ctx).saturating_add(recurrent.saturating_mul(parallel - 1));
+            mcfg.seq_state_bytes(n_ctx).saturating_add(recurrent.saturating_mul(parallel - 1));
         if state_bytes > isize::MAX as usize {
             // No allocation can be this large (the count saturated or nearly so).
             return Err(EngineError::Memory(format!(
@@ -276,7 +276,7 @@ impl Engine {
         // The executor's slots (a tiered GPU takes one unless asked for more): the account
         // counts those (no more than the check above did).
         let parallel = exec.sequences();
-        let state_bytes = (cpu::state_bytes(&mcfg, n_ctx) + recurrent * (parallel - 1)) as u64;
+        let state_bytes = (mcfg.seq_state_bytes(n_ctx) + recurrent * (parallel - 1)) as u64;
         let name = file
             .get("general.name")
             .and_then(|v| v.as_str())
