@@ -2,9 +2,9 @@
 //!
 //! One `Engine` owns one loaded model and its slots: `submit` queues requests and
 //! `step` decodes them side by side (`sched`); `generate` runs one request to its end.
-//! Every token is reported through a callback (a `Sink`), which can stop the request
-//! or force tokens into it (the server uses that to close a thinking block when a
-//! budget runs out).
+//! Every token is reported through a request's callbacks (`RequestCallbacks`), which
+//! can stop the request or force tokens into it (the server uses that to close a
+//! thinking block when a budget runs out).
 
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 use crate::exec::{Executor, SeqStep, StepOut};
 use crate::experts::TierStats;
 use crate::{
-    Completion, DeviceReport, Engine, EngineConfig, EngineError, Flow, GenerateRequest, Sink,
-    TokenEvent,
+    Completion, DeviceReport, Engine, EngineConfig, EngineError, Flow, GenerateRequest,
+    RequestCallbacks, TokenEvent,
 };
 use model::geometry::Geometry;
 use model::synth::{synthesize, Preset, SynthOptions};
@@ -76,7 +76,7 @@ struct Watch {
     seen: Arc<Mutex<Seen>>,
 }
 
-impl Sink for Watch {
+impl RequestCallbacks for Watch {
     fn admitted(&mut self, _: usize, _: usize) {
         self.seen.lock().unwrap().admitted = Some(*self.stats.lock().unwrap());
     }

@@ -20,8 +20,8 @@ use exec::{Executor, SeqStep, StepOut, Want};
 use model::chat::ChatTemplate;
 use model::tokenizer::Tokenizer;
 use model::{ExecError, Logits, ModelConfig, ModelWeights};
-pub use sched::Sink;
-use sched::{Active, Callbacks, Limits, LogitsSink, SeqCache};
+pub use sched::RequestCallbacks;
+use sched::{Active, Closures, Limits, LogitsFn, SeqCache};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
@@ -103,7 +103,7 @@ impl MemoryAccount {
 }
 
 /// A request waiting for a slot.
-type Queued = (GenerateRequest, Box<dyn Sink + Send>);
+type Queued = (GenerateRequest, Box<dyn RequestCallbacks + Send>);
 
 /// One loaded model and its slots: `submit` queues requests, `step` decodes one
 /// token for each running request (`sched`); `generate*` runs one request to its
@@ -123,7 +123,7 @@ pub struct Engine {
     /// Requests waiting for a slot, in arrival order.
     queue: VecDeque<Queued>,
     /// Requests decoding, in admission order.
-    running: Vec<(Active, Box<dyn Sink + Send>)>,
+    running: Vec<(Active, Box<dyn RequestCallbacks + Send>)>,
     /// Admissions so far (orders the slots' last use).
     tick: u64,
     /// Conversations no slot holds any more (None: off, or the executor cannot
@@ -240,8 +240,9 @@ impl Engine {
         // recurrent state is per slot.
         let per_position = mcfg.kv_bytes_per_position();
         let recurrent = mcfg.recurrent_state_bytes();
-        let state_bytes =
-            mcfg.seq_state_bytes(n_ctx).saturating_add(recurrent.saturating_mul(parallel - 1));
+        let state_bytes = mcfg
+            .seq_state_bytes(n_ctx)
+            .saturating_add(recurrent.saturating_mul(parallel - 1));
         if state_bytes > isize::MAX as usize {
             // No allocation can be this large (the count saturated or nearly so).
             return Err(EngineError::Memory(format!(
@@ -494,8 +495,8 @@ impl Engine {
     }
 
     /// Queues `req`; `step` admits it to a slot in arrival order and reports to
-    /// `sink` until it ends (`Sink::done`, exactly once).
-    pub fn submit(&mut self, req: GenerateRequest, sink: Box<dyn Sink + Send>) {
+    /// `sink` until it ends (`RequestCallbacks::done`, exactly once).
+    pub fn submit(&mut self, req: GenerateRequest, sink: Box<dyn RequestCallbacks + Send>) {
         self.queue.push_back((req, sink));
     }
 
@@ -541,9 +542,9 @@ impl Engine {
         }
         self.make_room();
         let mut running = std::mem::take(&mut self.running);
-        let mut items: Vec<(&mut Active, &mut dyn Sink)> = running
+        let mut items: Vec<(&mut Active, &mut dyn RequestCallbacks)> = running
             .iter_mut()
-            .map(|(a, s)| (a, s.as_mut() as &mut dyn Sink))
+            .map(|(a, s)| (a, s.as_mut() as &mut dyn RequestCallbacks))
             .collect();
         let room = self
             .info
@@ -645,7 +646,7 @@ impl Engine {
         seq: usize,
         req: GenerateRequest,
         logits: bool,
-        sink: &mut dyn Sink,
+        sink: &mut dyn RequestCallbacks,
     ) -> Result<Option<Active>, EngineError> {
         self.limits.validate(&req)?;
         let keep = self.prepare_seq(seq, &req.prompt)?;
@@ -883,10 +884,10 @@ impl Engine {
         req: &GenerateRequest,
         on_prompt: &'a mut dyn FnMut(&PromptProgress) -> Flow,
         on_token: &'a mut dyn FnMut(&TokenEvent) -> Flow,
-        on_logits: Option<LogitsSink<'a>>,
+        on_logits: Option<LogitsFn<'a>>,
     ) -> Result<Completion, EngineError> {
         self.check_idle()?;
-        let mut sink = Callbacks {
+        let mut sink = Closures {
             on_prompt,
             on_token,
             on_logits,
@@ -896,7 +897,8 @@ impl Engine {
         let logits = sink.wants_logits();
         if let Some(mut act) = self.admit(seq, req.clone(), logits, &mut sink)? {
             loop {
-                let mut items: [(&mut Active, &mut dyn Sink); 1] = [(&mut act, &mut sink)];
+                let mut items: [(&mut Active, &mut dyn RequestCallbacks); 1] =
+                    [(&mut act, &mut sink)];
                 // Alone: the whole context is this request's.
                 let room = self.info.n_ctx.saturating_sub(self.seqs[seq].history.len());
                 let done = sched::step(

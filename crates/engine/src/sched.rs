@@ -26,9 +26,9 @@ use crate::{
     TokenEvent, TokenLogprobs,
 };
 
-/// Where a request's progress goes: the engine calls it from the thread that
-/// steps the engine.
-pub trait Sink {
+/// A request's callbacks: where its progress goes, and whether it still wants to go
+/// on. The engine calls them from the thread that steps the engine.
+pub trait RequestCallbacks {
     /// The request took slot `slot`; `cached` of its prompt's tokens are reused
     /// from the slot's state.
     fn admitted(&mut self, _slot: usize, _cached: usize) {}
@@ -334,7 +334,7 @@ impl Active {
         cache: &mut SeqCache,
         next: StepOut,
         lim: &Limits,
-        sink: &mut dyn Sink,
+        sink: &mut dyn RequestCallbacks,
     ) -> Outcome {
         self.timings.prompt_ms = ms(self.t0.elapsed());
         self.t1 = Instant::now();
@@ -359,7 +359,7 @@ impl Active {
         cache: &mut SeqCache,
         mut next: StepOut,
         lim: &Limits,
-        sink: &mut dyn Sink,
+        sink: &mut dyn RequestCallbacks,
     ) -> Outcome {
         let mut masked = false;
         // Log-probabilities are the model's: kept from before a grammar mask.
@@ -469,7 +469,7 @@ pub(crate) fn step(
     exec: &mut dyn crate::exec::Executor,
     seqs: &mut [SeqCache],
     lim: &Limits,
-    items: &mut [(&mut Active, &mut dyn Sink)],
+    items: &mut [(&mut Active, &mut dyn RequestCallbacks)],
     mut room: usize,
 ) -> Stepped {
     let mut ended = vec![false; items.len()];
@@ -666,7 +666,7 @@ pub(crate) fn step(
 /// is the executor's tiered-expert count now.
 pub(crate) fn end(
     act: &mut Active,
-    sink: &mut dyn Sink,
+    sink: &mut dyn RequestCallbacks,
     finish: FinishReason,
     experts: Option<TierStats>,
 ) {
@@ -705,12 +705,12 @@ fn keep_mark(
 
 /// Starts `act` at once when its prompt is entirely cached and the logits at its
 /// end are known (nothing to evaluate). True when the request already ended
-/// (its sink was told).
+/// (its callbacks were told).
 pub(crate) fn start_cached(
     act: &mut Active,
     cache: &mut SeqCache,
     lim: &Limits,
-    sink: &mut dyn Sink,
+    sink: &mut dyn RequestCallbacks,
 ) -> bool {
     if act.fed < act.req.prompt.len() {
         return false;
@@ -730,17 +730,18 @@ pub(crate) fn start_cached(
 }
 
 /// Where `Engine::generate_with_logits` hands each set of logits.
-pub(crate) type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
+pub(crate) type LogitsFn<'a> = &'a mut dyn FnMut(&[f32]);
 
-/// A sink over the borrowed callbacks of `Engine::generate*`; keeps the result.
-pub(crate) struct Callbacks<'a> {
+/// [`RequestCallbacks`] over the borrowed closures of `Engine::generate*`; keeps
+/// the result.
+pub(crate) struct Closures<'a> {
     pub on_prompt: &'a mut dyn FnMut(&PromptProgress) -> Flow,
     pub on_token: &'a mut dyn FnMut(&TokenEvent) -> Flow,
-    pub on_logits: Option<LogitsSink<'a>>,
+    pub on_logits: Option<LogitsFn<'a>>,
     pub result: Option<Result<Completion, EngineError>>,
 }
 
-impl Sink for Callbacks<'_> {
+impl RequestCallbacks for Closures<'_> {
     fn prompt(&mut self, p: &PromptProgress) -> Flow {
         (self.on_prompt)(p)
     }
