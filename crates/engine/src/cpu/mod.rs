@@ -20,8 +20,8 @@ use model::weights::{Mixer, Weight};
 use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm, SegmentRows};
 use rayon::prelude::*;
 
+use crate::api::{Device, DeviceReport, Precision};
 use crate::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
-use crate::{Device, DeviceReport};
 
 /// Activations: `rows` tokens × `cols` features, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -265,18 +265,6 @@ impl CpuState {
             .sum();
         kv + dn
     }
-}
-
-/// How matrix products treat activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Precision {
-    /// The canonical kernels: activations quantized to 32-value int8 blocks for
-    /// quantized weights (docs/design.md's reduction order). What serving uses.
-    #[default]
-    Canonical,
-    /// Weights dequantized and multiplied with f32 activations. Slow; for checking
-    /// a quantized file's weights against a float reference.
-    ReferenceF32,
 }
 
 /// The CPU executor's backend: the memory-mapped weights and the kernels that

@@ -350,7 +350,7 @@ impl CudaExecutor {
         let routed: u64 = (0..index.n_layer())
             .filter_map(|l| index.block_bytes(l))
             .sum();
-        let avail = crate::mem_available();
+        let avail = crate::memory::mem_available();
         let ram = budgets.ram.unwrap_or_else(|| match avail {
             Some(a) => routed.min(a.saturating_sub(RAM_HEADROOM)),
             None => 0,
