@@ -317,7 +317,7 @@ struct StreamOut {
 /// Collects a stream's tokens for `run_streams`.
 struct Collect(std::sync::Arc<std::sync::Mutex<StreamOut>>);
 
-impl engine::Sink for Collect {
+impl engine::RequestCallbacks for Collect {
     fn token(&mut self, ev: &engine::TokenEvent) -> Flow {
         if let Ok(mut o) = self.0.lock() {
             o.tokens.push(ev.token);

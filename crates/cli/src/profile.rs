@@ -3,7 +3,7 @@
 //! random ids) and some greedy decode steps, and writes the counts as JSON.
 
 use anyhow::{bail, Context, Result};
-use engine::experts::{record_profile, ProfileInput};
+use engine::{record_profile, ProfileInput};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]

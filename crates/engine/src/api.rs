@@ -2,11 +2,15 @@
 //!
 //! One `Engine` owns one loaded model and its slots: `submit` queues requests and
 //! `step` decodes them side by side (`sched`); `generate` runs one request to its end.
-//! Every token is reported through a callback (a `Sink`), which can stop the request
-//! or force tokens into it (the server uses that to close a thinking block when a
-//! budget runs out).
+//! Every token is reported through a request's callbacks (`RequestCallbacks`), which
+//! can stop the request or force tokens into it (the server uses that to close a
+//! thinking block when a budget runs out).
 
 use std::time::Duration;
+
+use crate::constraint::Constraint;
+use crate::experts::TierStats;
+pub use crate::sampler::SamplingParams;
 
 /// Settings chosen at load time.
 #[derive(Debug, Clone, Default)]
@@ -25,7 +29,7 @@ pub struct EngineConfig {
     /// Where the prompt cache persists, so a restart resumes warm (None: memory only).
     pub prompt_cache_dir: Option<std::path::PathBuf>,
     /// How the CPU kernels treat activations (tests use `ReferenceF32`).
-    pub precision: crate::cpu::Precision,
+    pub precision: Precision,
     /// Where model steps run (None: the GPU when the build has CUDA and one is
     /// present, else the CPU).
     pub device: Option<Device>,
@@ -48,6 +52,18 @@ pub struct EngineConfig {
     /// bandwidths measured at load decides each step). For tests and experiments;
     /// the output is the same either way.
     pub cpu_expert_share: Option<f64>,
+}
+
+/// How matrix products treat activations (on the CPU executor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// The canonical kernels: activations quantized to 32-value int8 blocks for
+    /// quantized weights (docs/design.md's reduction order). What serving uses.
+    #[default]
+    Canonical,
+    /// Weights dequantized and multiplied with f32 activations. Slow; for checking
+    /// a quantized file's weights against a float reference.
+    ReferenceF32,
 }
 
 /// The executor a loaded engine runs on, for startup lines, `/props` and the
@@ -121,46 +137,6 @@ pub struct ModelInfo {
     pub synthetic: bool,
 }
 
-/// Sampling settings for one request. `temperature <= 0` is greedy (argmax,
-/// lowest id wins a tie) and ignores the rest except penalties and logit bias.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SamplingParams {
-    pub temperature: f32,
-    /// 0 = off.
-    pub top_k: usize,
-    /// 1.0 = off.
-    pub top_p: f32,
-    /// 0.0 = off.
-    pub min_p: f32,
-    /// OpenAI-style penalties over the generated tokens (0.0 = off).
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    /// llama.cpp-style repetition penalty over the last `repeat_last_n` tokens (1.0 = off).
-    pub repeat_penalty: f32,
-    pub repeat_last_n: usize,
-    /// Added to the logit of each token before sampling (f32::NEG_INFINITY bans it).
-    pub logit_bias: Vec<(u32, f32)>,
-    /// None: a seed is drawn from the clock and reported back.
-    pub seed: Option<u64>,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
-            logit_bias: Vec::new(),
-            seed: None,
-        }
-    }
-}
-
 /// One request to decode.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
@@ -173,7 +149,7 @@ pub struct GenerateRequest {
     pub stop_at_eog: bool,
     /// Structured output: only tokens this grammar allows are sampled (None: free).
     /// The engine decodes with a copy; the request keeps the initial state.
-    pub constraint: Option<crate::constraint::Constraint>,
+    pub constraint: Option<Constraint>,
     /// Report each generated token's log-probability and this many of the most
     /// likely tokens at its position (at most [`MAX_TOP_LOGPROBS`]); None: none.
     pub logprobs: Option<usize>,
@@ -297,7 +273,7 @@ pub struct Timings {
     /// and for those of requests decoding beside it in the same steps (an expert
     /// fetched once serves every sequence of a step). `None` when every expert is
     /// resident.
-    pub experts: Option<crate::experts::TierStats>,
+    pub experts: Option<TierStats>,
 }
 
 impl Timings {

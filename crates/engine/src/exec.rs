@@ -8,7 +8,7 @@
 //! scheduler with several slots use the same call. Today the engine sends one
 //! entry at a time.
 
-use crate::DeviceReport;
+use crate::api::DeviceReport;
 use model::{ExecError, Logits};
 
 /// What one sequence's step should return.

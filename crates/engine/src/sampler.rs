@@ -6,9 +6,48 @@
 //! id on ties) → temperature → top-k → softmax → top-p → min-p → renormalise →
 //! draw with the seeded generator.
 
-use crate::SamplingParams;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
+
+/// Sampling settings for one request. `temperature <= 0` is greedy (argmax,
+/// lowest id wins a tie) and ignores the rest except penalties and logit bias.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    /// OpenAI-style penalties over the generated tokens (0.0 = off).
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// llama.cpp-style repetition penalty over the last `repeat_last_n` tokens (1.0 = off).
+    pub repeat_penalty: f32,
+    pub repeat_last_n: usize,
+    /// Added to the logit of each token before sampling (f32::NEG_INFINITY bans it).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// None: a seed is drawn from the clock and reported back.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            logit_bias: Vec::new(),
+            seed: None,
+        }
+    }
+}
 
 pub struct Sampler {
     params: SamplingParams,

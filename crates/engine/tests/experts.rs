@@ -8,9 +8,10 @@
 mod common;
 
 use engine::experts::{
-    record_profile, AlignedBuf, DirectReader, ExpertIndex, ProfileInput, ReadError, ReadRequest,
-    ReaderOptions, RoutingProfile, MATRICES,
+    AlignedBuf, DirectReader, ExpertIndex, ReadError, ReadRequest, ReaderOptions, RoutingProfile,
+    MATRICES,
 };
+use engine::{record_profile, ProfileInput};
 use gguf::GgufFile;
 use model::geometry::ARCHS;
 use model::synth::Preset;

@@ -15,7 +15,7 @@
 mod common;
 
 use common::test_device;
-use engine::cpu::Precision;
+use engine::Precision;
 use engine::{Engine, EngineConfig, Flow, GenerateRequest};
 use std::path::{Path, PathBuf};
 

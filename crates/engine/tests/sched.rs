@@ -12,8 +12,8 @@ mod common;
 
 use common::bits;
 use engine::{
-    Completion, Engine, EngineConfig, EngineError, Flow, GenerateRequest, SamplingParams, Sink,
-    TokenEvent,
+    Completion, Engine, EngineConfig, EngineError, Flow, GenerateRequest, RequestCallbacks,
+    SamplingParams, TokenEvent,
 };
 use model::geometry::ARCHS;
 use model::synth::Preset;
@@ -87,7 +87,7 @@ struct Collect {
     cancel_after: Option<usize>,
 }
 
-impl Sink for Collect {
+impl RequestCallbacks for Collect {
     fn token(&mut self, ev: &TokenEvent) -> Flow {
         self.seen.lock().unwrap().tokens.push(ev.token);
         Flow::Continue
@@ -343,7 +343,7 @@ type Events = Vec<(u32, Option<engine::TokenLogprobs>)>;
 /// Records each token event's log-probabilities.
 struct Logprobs(Arc<Mutex<Events>>);
 
-impl Sink for Logprobs {
+impl RequestCallbacks for Logprobs {
     fn token(&mut self, ev: &TokenEvent) -> Flow {
         self.0.lock().unwrap().push((ev.token, ev.logprobs));
         Flow::Continue

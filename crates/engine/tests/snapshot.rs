@@ -7,9 +7,7 @@
 
 mod common;
 
-use engine::cpu::{
-    bytes_per_position, recurrent_bytes, state_bytes, CpuBackend, CpuExecutor, KV_PAGE,
-};
+use engine::cpu::{CpuBackend, CpuExecutor, KV_PAGE};
 use engine::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
 use engine::prompt_cache::PromptCache;
 use gguf::GgufFile;
@@ -89,7 +87,7 @@ fn check_restores(arch: Arch) {
     assert_eq!(snap.rewindable(), !hybrid, "{arch:?}");
     assert_eq!(
         snap.bytes(),
-        20 * bytes_per_position(&cfg) + recurrent_bytes(&cfg),
+        20 * cfg.kv_bytes_per_position() + cfg.recurrent_state_bytes(),
         "{arch:?}: snapshot size"
     );
     step(&mut ex, 0, &other, 20, Want::Greedy);
@@ -114,7 +112,7 @@ fn check_restores(arch: Arch) {
     step(&mut ex, 0, &t[..20], 0, Want::Greedy);
     let rec = ex.snapshot_recurrent(0, 20).expect("recurrent snapshot");
     assert_eq!(rec.kv_pos, 0);
-    assert_eq!(rec.bytes(), recurrent_bytes(&cfg));
+    assert_eq!(rec.bytes(), cfg.recurrent_state_bytes());
     step(&mut ex, 0, &other, 20, Want::Greedy);
     ex.restore_recurrent(0, &rec).expect("restore recurrent");
     assert_eq!(
@@ -202,9 +200,9 @@ fn growing_cache_matches_preallocated() {
         let (grow, full) = (0, 1);
         ex.reserve(full, N_CTX).expect("reserve");
         assert_eq!(ex.capacity(full), Some(N_CTX));
-        assert_eq!(ex.seq_bytes(full), Some(state_bytes(&cfg, N_CTX)));
+        assert_eq!(ex.seq_bytes(full), Some(cfg.seq_state_bytes(N_CTX)));
         assert_eq!(ex.capacity(grow), Some(0));
-        assert_eq!(ex.seq_bytes(grow), Some(recurrent_bytes(&cfg)));
+        assert_eq!(ex.seq_bytes(grow), Some(cfg.recurrent_state_bytes()));
 
         let t = tokens(610, 2);
         let last = Want::Logits(Logits::Last);
@@ -226,7 +224,7 @@ fn growing_cache_matches_preallocated() {
         assert_eq!(ex.capacity(grow), Some(768), "{arch:?}");
         assert_eq!(
             ex.seq_bytes(grow),
-            Some(768 * bytes_per_position(&cfg) + recurrent_bytes(&cfg))
+            Some(768 * cfg.kv_bytes_per_position() + cfg.recurrent_state_bytes())
         );
         assert_eq!(
             ex.state_bytes_held(),
@@ -243,7 +241,7 @@ fn growing_cache_matches_preallocated() {
         for seq in [grow, full] {
             ex.clear(seq).unwrap();
             assert_eq!(ex.capacity(seq), Some(0));
-            assert_eq!(ex.seq_bytes(seq), Some(recurrent_bytes(&cfg)));
+            assert_eq!(ex.seq_bytes(seq), Some(cfg.recurrent_state_bytes()));
         }
     }
 }

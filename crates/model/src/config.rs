@@ -325,4 +325,53 @@ impl ModelConfig {
             .filter(|k| **k == LayerKind::Attention)
             .count()
     }
+
+    // A sequence's state as every executor keeps it, in f32: the memory accounts at
+    // startup count with these. Each saturates at `usize::MAX` instead of wrapping: a
+    // context too large to count is too large to allocate, and the memory checks then
+    // refuse it (a wrapped product used to pass them and fail in the allocator).
+
+    /// Bytes one position of one sequence takes: K and V (f32) of every attention
+    /// layer. A sequence's K/V memory is this times its allocated positions.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        product(&[
+            self.n_attention_layers(),
+            2,
+            self.n_head_kv,
+            self.head_dim,
+            4,
+        ])
+    }
+
+    /// Bytes of one sequence's fixed recurrent state (f32 conv history and DeltaNet
+    /// state of every DeltaNet layer), held whatever its length; 0 for archs without
+    /// DeltaNet layers.
+    pub fn recurrent_state_bytes(&self) -> usize {
+        match &self.ssm {
+            Some(s) => {
+                let n = self
+                    .layer_kinds
+                    .iter()
+                    .filter(|k| **k == LayerKind::DeltaNet)
+                    .count();
+                let per_layer = product(&[s.conv_dim(), s.d_conv.saturating_sub(1)])
+                    .saturating_add(product(&[s.n_v_heads, s.d_state, s.d_state]));
+                product(&[n, per_layer, 4])
+            }
+            None => 0,
+        }
+    }
+
+    /// Bytes a sequence of `n_ctx` positions needs at most: every position allocated
+    /// plus the recurrent state.
+    pub fn seq_state_bytes(&self, n_ctx: usize) -> usize {
+        self.kv_bytes_per_position()
+            .saturating_mul(n_ctx)
+            .saturating_add(self.recurrent_state_bytes())
+    }
+}
+
+/// The product of `xs`, saturating.
+fn product(xs: &[usize]) -> usize {
+    xs.iter().fold(1usize, |acc, &x| acc.saturating_mul(x))
 }

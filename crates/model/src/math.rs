@@ -50,22 +50,10 @@
 //! order; `rms_norm`, `l2_norm` and `softmax` use them.
 
 use crate::simd::multiversion;
-
+// Step 2 is defined once, beside the quantized kernels' canonical order.
+use quant::combine_lanes;
 /// Number of accumulators (lanes) of the canonical reduction order.
-pub const LANES: usize = 32;
-
-/// Combine the 32 lane accumulators by the fixed tree (w = 16, 8, 4, 2, 1).
-#[inline]
-fn combine_lanes(mut acc: [f32; LANES]) -> f32 {
-    let mut w = LANES / 2;
-    while w > 0 {
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-        w /= 2;
-    }
-    acc[0]
-}
+pub use quant::LANES;
 
 /// Σ x_i in the canonical 32-lane order.
 #[inline]

@@ -138,7 +138,7 @@ pub(crate) mod imp {
         for s in done..total {
             a[s % 32] += contrib(s);
         }
-        scalar::tree(a)
+        crate::combine_lanes(a)
     }
 
     #[inline]
@@ -759,7 +759,7 @@ pub(crate) mod imp {
             _mm256_storeu_ps(a.as_mut_ptr().add(8 * k), acc[k]);
         }
         scalar::float_tail(&mut a, whole..n, x, weight);
-        scalar::tree(a)
+        crate::combine_lanes(a)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -1028,7 +1028,7 @@ macro_rules! avx512_kernels {
                     _mm512_storeu_ps(a.as_mut_ptr().add(16), acc1);
                 }
                 scalar::float_tail(&mut a, whole..n, x, weight);
-                scalar::tree(a)
+                crate::combine_lanes(a)
             }
 
             #[target_feature(enable = $feat)]

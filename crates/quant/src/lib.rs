@@ -135,6 +135,24 @@ mod scalar;
 pub use gguf::GgmlType;
 pub use isa::{kernel_isa, Isa};
 
+/// The accumulators of the canonical order.
+pub const LANES: usize = 32;
+
+/// The canonical order's **Combine** (the crate docs): `acc[l] = acc[l] + acc[l + w]`
+/// for w = 16, 8, 4, 2, 1 and l < w; the result is `acc[0]`. Every scalar kernel here
+/// and every canonical sum of `model::math` ends with it.
+#[inline]
+pub fn combine_lanes(mut acc: [f32; LANES]) -> f32 {
+    let mut w = LANES / 2;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
 /// Activations quantized once per step into 32-value blocks (see the crate docs):
 /// `qs` holds one int8 per value, `d` and `sums` one entry per 32-value block.
 #[derive(Debug, Clone, Default)]

@@ -4,20 +4,7 @@
 //! the SIMD kernels must reproduce their results bit for bit.
 
 use crate::formats::*;
-use crate::ActQ8;
-
-/// The fixed combine tree: acc[l] += acc[l + w] for w = 16, 8, 4, 2, 1; acc[0] is the result.
-#[inline]
-pub(crate) fn tree(mut acc: [f32; 32]) -> f32 {
-    let mut w = 16;
-    while w > 0 {
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-        w /= 2;
-    }
-    acc[0]
-}
+use crate::{combine_lanes, ActQ8};
 
 #[inline]
 fn idot_i8(w: &[i8], a: &[i8]) -> i32 {
@@ -60,7 +47,7 @@ pub(crate) fn dot_q8_0(row: &[u8], xq: &ActQ8) -> f32 {
     for (s, blk) in row.chunks_exact(Q8_0_BYTES).enumerate() {
         acc[s % 32] += q8_0_contrib(blk, s, xq);
     }
-    tree(acc)
+    combine_lanes(acc)
 }
 
 pub(crate) fn dot_q4_0(row: &[u8], xq: &ActQ8) -> f32 {
@@ -68,7 +55,7 @@ pub(crate) fn dot_q4_0(row: &[u8], xq: &ActQ8) -> f32 {
     for (s, blk) in row.chunks_exact(Q4_0_BYTES).enumerate() {
         acc[s % 32] += q4_0_contrib(blk, s, xq);
     }
-    tree(acc)
+    combine_lanes(acc)
 }
 
 /// Q4_K and Q5_K: per sub-block j of a block (sub-block s of the row)
@@ -97,7 +84,7 @@ fn dot_k(five_bits: bool, row: &[u8], xq: &ActQ8) -> f32 {
             acc[s % 32] += c;
         }
     }
-    tree(acc)
+    combine_lanes(acc)
 }
 
 pub(crate) fn dot_q4_k(row: &[u8], xq: &ActQ8) -> f32 {
@@ -124,7 +111,7 @@ pub(crate) fn dot_q6_k(row: &[u8], xq: &ActQ8) -> f32 {
             acc[s % 32] += (d * xq.d[s]) * isum as f32;
         }
     }
-    tree(acc)
+    combine_lanes(acc)
 }
 
 /// IQ4_XS: `isum = (ls - 32)·Σ K[q]·a` (exact), `c = (d * da) * isum`.
@@ -145,7 +132,7 @@ pub(crate) fn dot_iq4_xs(row: &[u8], xq: &ActQ8) -> f32 {
             acc[s % 32] += (d * xq.d[s]) * isum as f32;
         }
     }
-    tree(acc)
+    combine_lanes(acc)
 }
 
 /// Element `i` of an F32 row.
@@ -186,7 +173,7 @@ pub(crate) fn float_tail(
 fn dot_float(n: usize, x: &[f32], weight: impl Fn(usize) -> f32) -> f32 {
     let mut acc = [0f32; 32];
     float_tail(&mut acc, 0..n, x, weight);
-    tree(acc)
+    combine_lanes(acc)
 }
 
 pub(crate) fn dot_f32(row: &[u8], x: &[f32]) -> f32 {

@@ -308,7 +308,7 @@ impl Stats {
         );
     }
 
-    /// Request `id` took slot `slot` (the engine's `Sink::admitted`). A busy
+    /// Request `id` took slot `slot` (the engine's `RequestCallbacks::admitted`). A busy
     /// slot in `set_slots` without a request id is linked to the live request
     /// that took it; without a slot list, requests show in their own slots.
     pub fn request_slot(&self, id: u64, slot: usize) {

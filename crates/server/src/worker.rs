@@ -44,12 +44,12 @@ pub trait Backend: Send + 'static {
             sink.finish(Ok(stopped(req.sampling.seed.unwrap_or(0))));
             return;
         }
-        engine::Sink::admitted(sink.as_mut(), 0, 0);
+        engine::RequestCallbacks::admitted(sink.as_mut(), 0, 0);
         let cell = RefCell::new(sink.as_mut());
         let r = self.generate(
             &req,
-            &mut |p| engine::Sink::prompt(&mut **cell.borrow_mut(), p),
-            &mut |t| engine::Sink::token(&mut **cell.borrow_mut(), t),
+            &mut |p| engine::RequestCallbacks::prompt(&mut **cell.borrow_mut(), p),
+            &mut |t| engine::RequestCallbacks::token(&mut **cell.borrow_mut(), t),
         );
         sink.finish(r);
     }
@@ -477,7 +477,7 @@ impl Drop for JobSink {
     }
 }
 
-impl engine::Sink for JobSink {
+impl engine::RequestCallbacks for JobSink {
     fn admitted(&mut self, slot: usize, cached: usize) {
         self.started = true;
         self.prompt_done = cached;

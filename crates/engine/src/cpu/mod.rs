@@ -20,8 +20,8 @@ use model::weights::{Mixer, Weight};
 use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm, SegmentRows};
 use rayon::prelude::*;
 
+use crate::api::{Device, DeviceReport, Precision};
 use crate::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
-use crate::{Device, DeviceReport};
 
 /// Activations: `rows` tokens × `cols` features, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -265,57 +265,6 @@ impl CpuState {
             .sum();
         kv + dn
     }
-}
-
-/// Bytes one position of one sequence takes: K and V (f32) of every attention layer.
-/// A sequence's K/V memory is this times its allocated positions.
-pub fn bytes_per_position(cfg: &ModelConfig) -> usize {
-    [cfg.n_attention_layers(), 2, cfg.n_head_kv, cfg.head_dim, 4]
-        .iter()
-        .fold(1usize, |acc, &x| acc.saturating_mul(x))
-}
-
-/// Bytes of one sequence's fixed recurrent state (f32 conv history and DeltaNet
-/// state of every DeltaNet layer), held whatever its length; 0 for archs without
-/// DeltaNet layers.
-pub fn recurrent_bytes(cfg: &ModelConfig) -> usize {
-    let product = |xs: &[usize]| xs.iter().fold(1usize, |acc, &x| acc.saturating_mul(x));
-    match &cfg.ssm {
-        Some(s) => {
-            let n = cfg
-                .layer_kinds
-                .iter()
-                .filter(|k| **k == LayerKind::DeltaNet)
-                .count();
-            let per_layer = product(&[s.conv_dim(), s.d_conv.saturating_sub(1)])
-                .saturating_add(product(&[s.n_v_heads, s.d_state, s.d_state]));
-            product(&[n, per_layer, 4])
-        }
-        None => 0,
-    }
-}
-
-/// Bytes a sequence of `n_ctx` positions needs at most (for the startup memory
-/// accounts): every position allocated plus the recurrent state. Saturates at
-/// `usize::MAX` instead of wrapping: a context too large to count is too large to
-/// allocate, and the memory checks then refuse it (a wrapped product used to pass
-/// them and fail in the allocator).
-pub fn state_bytes(cfg: &ModelConfig, n_ctx: usize) -> usize {
-    bytes_per_position(cfg)
-        .saturating_mul(n_ctx)
-        .saturating_add(recurrent_bytes(cfg))
-}
-
-/// How matrix products treat activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Precision {
-    /// The canonical kernels: activations quantized to 32-value int8 blocks for
-    /// quantized weights (docs/design.md's reduction order). What serving uses.
-    #[default]
-    Canonical,
-    /// Weights dequantized and multiplied with f32 activations. Slow; for checking
-    /// a quantized file's weights against a float reference.
-    ReferenceF32,
 }
 
 /// The CPU executor's backend: the memory-mapped weights and the kernels that

@@ -242,7 +242,7 @@ impl CudaExecutor {
         let name = gpu.name();
         let (free, total) = gpu.mem_info().map_err(dev)?;
         let w_bytes = weights::upload_bytes(weights);
-        let state_one = crate::cpu::state_bytes(cfg, n_ctx) as u64;
+        let state_one = cfg.seq_state_bytes(n_ctx) as u64;
         let state = state_one * n_seq as u64;
         let (_, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let budget = match budgets.vram {
@@ -350,7 +350,7 @@ impl CudaExecutor {
         let routed: u64 = (0..index.n_layer())
             .filter_map(|l| index.block_bytes(l))
             .sum();
-        let avail = crate::mem_available();
+        let avail = crate::memory::mem_available();
         let ram = budgets.ram.unwrap_or_else(|| match avail {
             Some(a) => routed.min(a.saturating_sub(RAM_HEADROOM)),
             None => 0,

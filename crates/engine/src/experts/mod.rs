@@ -5,8 +5,8 @@
 //! - [`io`]: [`DirectReader`], batches of ranges read with `O_DIRECT` through io_uring
 //!   into 4 KiB-aligned buffers (pinned memory later), with the fallbacks;
 //! - [`RoutingCounts`] / [`RoutingProfile`] (`profile.rs`): routing counts per (layer,
-//!   expert), recorded by the CPU executor's MoE, saved and validated against a model;
-//!   [`record_profile`] (`record.rs`) runs the CPU executor to record one;
+//!   expert), recorded by the CPU executor's MoE, saved and validated against a model
+//!   (`crate::record` runs an engine on the CPU to record one);
 //! - [`plan()`] (`plan.rs`): VRAM slots per layer by measured demand, the pinned RAM
 //!   copy most used first, and the account of where every GiB goes; budgets are
 //!   granted or refused, never trimmed;
@@ -18,7 +18,6 @@ mod index;
 pub mod io;
 mod plan;
 mod profile;
-mod record;
 mod store;
 
 pub use cost::{cpu_may_read_map, fit_cpu, CostModel};
@@ -26,12 +25,6 @@ pub use index::{ExpertIndex, IndexError, MatrixLoc, MATRICES};
 pub use io::{AlignedBuf, DirectReader, ReadError, ReadRequest, ReaderOptions};
 pub use plan::{plan, LayerPlan, Plan, PlanError, PlanRequest, SlotRule};
 pub use profile::{ProfileError, RoutingCounts, RoutingProfile};
-pub use record::{record_profile, ProfileInput, Recorded};
 pub use store::{
     Batch, ExpertStore, Fetch, Home, TierStats, FREQ_WEIGHT, HALF_LIFE, PREFETCH_ROUTES_PER_EXPERT,
 };
-
-/// MemAvailable from /proc/meminfo, in bytes (`None` where it cannot be read).
-pub fn mem_available() -> Option<u64> {
-    crate::mem_available()
-}

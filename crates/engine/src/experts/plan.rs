@@ -76,7 +76,7 @@ impl PlanRequest {
             top_k,
             vram_budget,
             ram_budget,
-            mem_available: super::mem_available(),
+            mem_available: crate::memory::mem_available(),
         }
     }
 }

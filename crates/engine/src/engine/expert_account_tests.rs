@@ -2,12 +2,14 @@
 //! it ran in, alone and beside another request. The CPU executor keeps no such
 //! counts, so a wrapper around it counts every step as a tiered executor would.
 
+use super::Engine;
+use crate::api::{
+    Completion, Device, DeviceReport, EngineConfig, Flow, GenerateRequest, TokenEvent,
+};
+use crate::error::EngineError;
 use crate::exec::{Executor, SeqStep, StepOut};
 use crate::experts::TierStats;
-use crate::{
-    Completion, DeviceReport, Engine, EngineConfig, EngineError, Flow, GenerateRequest, Sink,
-    TokenEvent,
-};
+use crate::sched::RequestCallbacks;
 use model::geometry::Geometry;
 use model::synth::{synthesize, Preset, SynthOptions};
 use model::ExecError;
@@ -76,7 +78,7 @@ struct Watch {
     seen: Arc<Mutex<Seen>>,
 }
 
-impl Sink for Watch {
+impl RequestCallbacks for Watch {
     fn admitted(&mut self, _: usize, _: usize) {
         self.seen.lock().unwrap().admitted = Some(*self.stats.lock().unwrap());
     }
@@ -109,7 +111,7 @@ fn a_request_s_expert_traffic_is_that_of_the_steps_it_ran_in() {
     let cfg = EngineConfig {
         max_context: Some(256),
         parallel: Some(2),
-        device: Some(crate::Device::Cpu),
+        device: Some(Device::Cpu),
         prompt_cache: Some(0),
         ..Default::default()
     };

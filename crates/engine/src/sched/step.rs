@@ -1,15 +1,12 @@
-//! The scheduler: slots, each an executor sequence that decodes one request at a
-//! time; a step decodes one token for every decoding slot and reads one piece of
-//! one waiting prompt, all in one executor call; admission in arrival order.
+//! One step of the scheduler over the running requests: a token for every decoding
+//! request and one piece of the first waiting prompt, in one executor call; and each
+//! running request's own state (`Active`: its sampler, constraint, timings, forced
+//! tokens) and what each output of the executor does to it.
 //!
-//! Batching is invisible (docs/design.md, invariant 3): a request gets the bits it
-//! gets alone. The executor's batched step is exact per sequence, sampling state is
-//! per request, and a prompt is read in the pieces a solo run cuts (from its first
-//! uncached token, `Executor::prompt_chunk` at a time), so neither the company a
-//! request keeps nor when it arrived changes its tokens.
-//!
-//! A slot keeps its sequence's tokens after a request ends (the prompt cache): the
-//! next request goes to the free slot whose state it can reuse the most of.
+//! A prompt is cut where a solo run cuts it (`Executor::prompt_chunk` pieces from its
+//! first uncached token, and at its marks), so a request's tokens do not depend on the
+//! company it keeps (invariant 3); the constraints' masks for the logits a step
+//! returns are computed beside it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -17,165 +14,20 @@ use std::time::Instant;
 
 use model::{ExecError, Logits};
 
-use crate::constraint::{ConstraintRun, LogitMask};
-use crate::exec::{SeqSnapshot, SeqStep, StepOut, Want};
+use super::seq_cache::{Mark, SeqCache, MAX_MARKS};
+use super::{Limits, RequestCallbacks};
+use crate::api::{
+    ms, Completion, FinishReason, Flow, GenerateRequest, PromptProgress, Timings, TokenEvent,
+    TokenLogprobs,
+};
+use crate::constraint::{ConstraintError, ConstraintRun, LogitMask};
+use crate::error::EngineError;
+use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::experts::TierStats;
 use crate::sampler::Sampler;
-use crate::{
-    ms, Completion, EngineError, FinishReason, Flow, GenerateRequest, PromptProgress, Timings,
-    TokenEvent, TokenLogprobs,
-};
-
-/// Where a request's progress goes: the engine calls it from the thread that
-/// steps the engine.
-pub trait Sink {
-    /// The request took slot `slot`; `cached` of its prompt's tokens are reused
-    /// from the slot's state.
-    fn admitted(&mut self, _slot: usize, _cached: usize) {}
-    /// After each piece of the prompt is read. `Flow::Stop` ends the request
-    /// before its first token (finish `Stopped`, no tokens); the pieces read stay
-    /// in the slot's cache. `Flow::Force` is read as `Continue`.
-    fn prompt(&mut self, _progress: &PromptProgress) -> Flow {
-        Flow::Continue
-    }
-    /// After each token: continue, stop, or force tokens in next.
-    fn token(&mut self, ev: &TokenEvent) -> Flow;
-    /// True when `logits` should get every set of logits a token was chosen from
-    /// (the prompt's last position, then each generated token's but the last).
-    fn wants_logits(&self) -> bool {
-        false
-    }
-    fn logits(&mut self, _logits: &[f32]) {}
-    /// The request is no longer wanted (its client left): checked while it waits
-    /// and before each step; it then ends with finish `Stopped`.
-    fn cancelled(&self) -> bool {
-        false
-    }
-    /// The request ended: its completion, or why it failed. Called exactly once.
-    fn done(&mut self, result: Result<Completion, EngineError>);
-}
-
-/// What one slot's sequence holds.
-#[derive(Debug, Default)]
-pub(crate) struct SeqCache {
-    /// Tokens whose effect is in the sequence's state, in order.
-    pub history: Vec<u32>,
-    /// The logits at the end of `history`, when known, so a prompt equal to the
-    /// history needs no evaluation.
-    pub last_logits: Option<Vec<f32>>,
-    /// When a request last used this slot (scheduler ticks): the least recently
-    /// used free slot is the one given to a request that can reuse none.
-    pub last_used: u64,
-    /// A request is decoding here.
-    pub busy: bool,
-    /// Snapshots of the recurrent state at positions of `history` where a later
-    /// prompt may diverge (message starts, prompt ends), oldest first: the slot
-    /// can go back to any of them, its own K/V below being still in place.
-    pub marks: Vec<Mark>,
-}
-
-/// The recurrent state after `pos` tokens of a slot's history.
-#[derive(Debug, Clone)]
-pub(crate) struct Mark {
-    pub pos: usize,
-    pub snap: Arc<SeqSnapshot>,
-    /// At a message start (not a prompt end).
-    pub boundary: bool,
-}
-
-/// Marks a slot keeps (each holds one copy of the recurrent state).
-pub(crate) const MAX_MARKS: usize = 4;
-
-/// How a slot serves a prompt: keep `keep` tokens of its history, going back to
-/// mark `mark` first when one is named.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Reuse {
-    pub keep: usize,
-    pub mark: Option<usize>,
-}
-
-/// How much of `prompt` the slot `c` can serve from its state. `recurrent`: the
-/// model has state that cannot be rewound (DeltaNet), so the slot keeps its whole
-/// history or goes back to one of its marks.
-pub(crate) fn reusable(c: &SeqCache, prompt: &[u32], recurrent: bool) -> Reuse {
-    let h = &c.history;
-    if h.is_empty() {
-        return Reuse::default();
-    }
-    if prompt.starts_with(h) && (h.len() < prompt.len() || c.last_logits.is_some()) {
-        return Reuse {
-            keep: h.len(),
-            mark: None,
-        };
-    }
-    // At least one prompt token is evaluated, to get logits.
-    let common = h
-        .iter()
-        .zip(prompt)
-        .take_while(|(a, b)| a == b)
-        .count()
-        .min(prompt.len() - 1);
-    if !recurrent {
-        // Attention only: K/V past a position are never read.
-        return Reuse {
-            keep: common,
-            mark: None,
-        };
-    }
-    c.marks
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.pos <= common && m.pos > 0)
-        .max_by_key(|(_, m)| m.pos)
-        .map(|(i, m)| Reuse {
-            keep: m.pos,
-            mark: Some(i),
-        })
-        .unwrap_or_default()
-}
-
-/// Where a request's prompt should leave marks: before each of the last two
-/// message starts (`boundary`, e.g. `<|im_start|>`) and at its end. Only models
-/// with recurrent state need them.
-pub(crate) fn mark_positions(prompt: &[u32], boundary: Option<u32>) -> Vec<(usize, bool)> {
-    let mut at: Vec<(usize, bool)> = match boundary {
-        Some(b) => prompt
-            .iter()
-            .enumerate()
-            .filter(|&(i, &t)| t == b && i > 0)
-            .map(|(i, _)| (i, true))
-            .collect(),
-        None => Vec::new(),
-    };
-    let n = at.len();
-    at.drain(..n.saturating_sub(2));
-    at.push((prompt.len(), false));
-    at
-}
-
-/// The marks of `at` (from [`mark_positions`]) worth taking after `cached` prompt
-/// tokens: each at least `gap` positions past the one before it (or past
-/// `cached`), earlier ones first. A mark closer than that would save re-reading
-/// fewer tokens than its snapshot costs on the executor.
-pub(crate) fn spaced_marks(
-    at: Vec<(usize, bool)>,
-    cached: usize,
-    gap: usize,
-) -> Vec<(usize, bool)> {
-    let mut last = cached;
-    at.into_iter()
-        .filter(|&(p, _)| {
-            let keep = p >= last + gap.max(1);
-            if keep {
-                last = p;
-            }
-            keep
-        })
-        .collect()
-}
 
 /// One request being decoded in a slot.
-pub(crate) struct Active {
+pub(super) struct Active {
     pub seq: usize,
     pub req: GenerateRequest,
     sampler: Sampler,
@@ -208,44 +60,6 @@ pub(crate) struct Active {
 enum Outcome {
     Running,
     Done(Result<Completion, EngineError>),
-}
-
-/// The facts about the model a step needs.
-pub(crate) struct Limits {
-    pub n_ctx: usize,
-    pub n_vocab: usize,
-    /// End-of-generation tokens.
-    pub eog: Vec<u32>,
-}
-
-impl Limits {
-    pub fn check(&self, tokens: &[u32]) -> Result<(), EngineError> {
-        match tokens.iter().find(|&&id| id as usize >= self.n_vocab) {
-            Some(&id) => Err(EngineError::BadToken {
-                id,
-                n_vocab: self.n_vocab,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Refuses a request that cannot run (before it takes a slot).
-    pub fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
-        if req.prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        self.check(&req.prompt)?;
-        if req.prompt.len() >= self.n_ctx {
-            return Err(EngineError::PromptTooLong {
-                prompt: req.prompt.len(),
-                n_ctx: self.n_ctx,
-            });
-        }
-        for &(id, _) in &req.sampling.logit_bias {
-            self.check(&[id])?;
-        }
-        Ok(())
-    }
 }
 
 impl Active {
@@ -334,7 +148,7 @@ impl Active {
         cache: &mut SeqCache,
         next: StepOut,
         lim: &Limits,
-        sink: &mut dyn Sink,
+        sink: &mut dyn RequestCallbacks,
     ) -> Outcome {
         self.timings.prompt_ms = ms(self.t0.elapsed());
         self.t1 = Instant::now();
@@ -359,7 +173,7 @@ impl Active {
         cache: &mut SeqCache,
         mut next: StepOut,
         lim: &Limits,
-        sink: &mut dyn Sink,
+        sink: &mut dyn RequestCallbacks,
     ) -> Outcome {
         let mut masked = false;
         // Log-probabilities are the model's: kept from before a grammar mask.
@@ -452,7 +266,7 @@ struct Entry {
 }
 
 /// What one step did.
-pub(crate) struct Stepped {
+pub(super) struct Stepped {
     /// For each item: it ended (its sink has been told).
     pub ended: Vec<bool>,
     /// Entries the executor ran.
@@ -465,11 +279,11 @@ pub(crate) struct Stepped {
 /// request feeds its pending token, and the first request still reading its prompt
 /// feeds its next piece, in one executor call, as far as `room` (free positions
 /// of the shared context pool) allows; the others wait.
-pub(crate) fn step(
-    exec: &mut dyn crate::exec::Executor,
+pub(super) fn run(
+    exec: &mut dyn Executor,
     seqs: &mut [SeqCache],
     lim: &Limits,
-    items: &mut [(&mut Active, &mut dyn Sink)],
+    items: &mut [(&mut Active, &mut dyn RequestCallbacks)],
     mut room: usize,
 ) -> Stepped {
     let mut ended = vec![false; items.len()];
@@ -572,10 +386,9 @@ pub(crate) fn step(
                 ended[i] = true;
             }
             Err(_) => {
-                sink.done(Err(crate::constraint::ConstraintError(
-                    "the grammar failed (panic)".into(),
-                )
-                .into()));
+                sink.done(Err(
+                    ConstraintError("the grammar failed (panic)".into()).into()
+                ));
                 ended[i] = true;
             }
         }
@@ -664,9 +477,9 @@ pub(crate) fn step(
 
 /// Ends `act` now with `finish` (the context pool cannot give it room); `experts`
 /// is the executor's tiered-expert count now.
-pub(crate) fn end(
+pub(super) fn end(
     act: &mut Active,
-    sink: &mut dyn Sink,
+    sink: &mut dyn RequestCallbacks,
     finish: FinishReason,
     experts: Option<TierStats>,
 ) {
@@ -678,7 +491,7 @@ pub(crate) fn end(
 /// Keeps a snapshot of slot `seq`'s recurrent state at `pos` (its history's
 /// length) as a mark; the oldest marks go beyond `MAX_MARKS`.
 fn keep_mark(
-    exec: &mut dyn crate::exec::Executor,
+    exec: &mut dyn Executor,
     seq: usize,
     cache: &mut SeqCache,
     pos: usize,
@@ -705,12 +518,12 @@ fn keep_mark(
 
 /// Starts `act` at once when its prompt is entirely cached and the logits at its
 /// end are known (nothing to evaluate). True when the request already ended
-/// (its sink was told).
-pub(crate) fn start_cached(
+/// (its callbacks were told).
+pub(super) fn start_cached(
     act: &mut Active,
     cache: &mut SeqCache,
     lim: &Limits,
-    sink: &mut dyn Sink,
+    sink: &mut dyn RequestCallbacks,
 ) -> bool {
     if act.fed < act.req.prompt.len() {
         return false;
@@ -726,55 +539,5 @@ pub(crate) fn start_cached(
             sink.done(r);
             true
         }
-    }
-}
-
-/// Where `Engine::generate_with_logits` hands each set of logits.
-pub(crate) type LogitsSink<'a> = &'a mut dyn FnMut(&[f32]);
-
-/// A sink over the borrowed callbacks of `Engine::generate*`; keeps the result.
-pub(crate) struct Callbacks<'a> {
-    pub on_prompt: &'a mut dyn FnMut(&PromptProgress) -> Flow,
-    pub on_token: &'a mut dyn FnMut(&TokenEvent) -> Flow,
-    pub on_logits: Option<LogitsSink<'a>>,
-    pub result: Option<Result<Completion, EngineError>>,
-}
-
-impl Sink for Callbacks<'_> {
-    fn prompt(&mut self, p: &PromptProgress) -> Flow {
-        (self.on_prompt)(p)
-    }
-    fn token(&mut self, ev: &TokenEvent) -> Flow {
-        (self.on_token)(ev)
-    }
-    fn wants_logits(&self) -> bool {
-        self.on_logits.is_some()
-    }
-    fn logits(&mut self, l: &[f32]) {
-        if let Some(f) = self.on_logits.as_mut() {
-            f(l);
-        }
-    }
-    fn done(&mut self, r: Result<Completion, EngineError>) {
-        self.result = Some(r);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::spaced_marks;
-
-    #[test]
-    fn marks_closer_than_the_gap_are_not_taken() {
-        let at = vec![(31, true), (40, true), (42, false)];
-        assert_eq!(spaced_marks(at.clone(), 0, 1), at);
-        assert_eq!(spaced_marks(at.clone(), 0, 16), vec![(31, true)]);
-        assert_eq!(
-            spaced_marks(at.clone(), 0, 10),
-            vec![(31, true), (42, false)]
-        );
-        // Counted from what the slot already holds.
-        assert_eq!(spaced_marks(at.clone(), 20, 16), vec![(40, true)]);
-        assert_eq!(spaced_marks(vec![(1, false)], 0, 32), vec![]);
     }
 }

@@ -4,8 +4,10 @@
 //! invariant 4: the same `model::moe::route` every executor uses), so it is the same
 //! whichever device will serve.
 
-use super::profile::RoutingProfile;
-use crate::{Device, Engine, EngineConfig, EngineError, Flow, GenerateRequest};
+use crate::api::{Device, EngineConfig, Flow, GenerateRequest};
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::experts::RoutingProfile;
 use model::ExecError;
 use rand::{Rng, SeedableRng};
 use std::path::Path;

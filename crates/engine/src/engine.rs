@@ -1,0 +1,488 @@
+//! `Engine`: one loaded model — its configuration, tokenizer and chat template, the
+//! executor its steps run on (chosen and opened here), and the scheduler of its slots,
+//! to which `submit` and `step` delegate.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use model::chat::ChatTemplate;
+use model::tokenizer::Tokenizer;
+use model::{ModelConfig, ModelWeights};
+
+use crate::api::{
+    Completion, Device, DeviceReport, EngineConfig, Flow, GenerateRequest, ModelInfo,
+    PromptProgress, TokenEvent,
+};
+use crate::cpu::{CpuBackend, CpuExecutor};
+use crate::error::EngineError;
+use crate::exec::Executor;
+use crate::experts;
+use crate::memory::{self, MemoryAccount, GIB};
+use crate::prompt_cache::{self, PromptCache};
+use crate::sched::{CacheReport, Limits, RequestCallbacks, Scheduler, SlotInfo};
+
+#[cfg(feature = "cuda")]
+use crate::cuda;
+
+#[cfg(test)]
+mod expert_account_tests;
+
+/// One loaded model and its slots: `submit` queues requests, `step` decodes one
+/// token for each running request (the scheduler, `sched`); `generate*` runs one
+/// request to its end when nothing else is queued.
+pub struct Engine {
+    info: ModelInfo,
+    cfg: ModelConfig,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<Arc<ChatTemplate>>,
+    /// Runs the model steps (CPU or CUDA); holds the weights and the state of
+    /// every slot's sequence.
+    exec: Box<dyn Executor>,
+    /// The routing recorder, with `EngineConfig::record_routing`.
+    routing: Option<Arc<experts::RoutingCounts>>,
+    /// The slots, the queue, the running requests and the prompt cache.
+    sched: Scheduler,
+    memory: MemoryAccount,
+}
+
+impl Engine {
+    /// Loads a GGUF model (first shard of a split model, or the single file).
+    pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Engine, EngineError> {
+        if let Some(n) = cfg.threads {
+            check_threads(n)?;
+            // Fails only if the pool already exists (a second engine in one process).
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global();
+        }
+        let file = Arc::new(gguf::GgufFile::open(path)?);
+        let mcfg = ModelConfig::from_gguf(&file)?;
+        let weights = ModelWeights::load(&file, &mcfg)?;
+        let tokenizer =
+            Tokenizer::from_gguf(&file).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let template = ChatTemplate::from_gguf(&file)
+            .map_err(|e| EngineError::Template(e.to_string()))?
+            .map(Arc::new);
+
+        let n_ctx = match cfg.max_context {
+            Some(n) => {
+                if n < 16 {
+                    return Err(EngineError::Memory(format!(
+                        "--max-context {n} is too small (at least 16)"
+                    )));
+                }
+                n
+            }
+            None => mcfg.n_ctx_train.min(4096),
+        };
+        // The slots when none are asked for (the memory check below counts them; a
+        // GPU executor takes one instead when that many would push experts out of VRAM).
+        let parallel = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
+        if parallel == 0 || parallel > MAX_PARALLEL {
+            return Err(EngineError::Settings(format!(
+                "--parallel {parallel}: the number of slots must be 1 to {MAX_PARALLEL}"
+            )));
+        }
+        let available = memory::mem_available();
+        memory::check_state(&mcfg, n_ctx, parallel, available)?;
+        let routing = cfg
+            .record_routing
+            .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
+        let exec = open_executor(cfg, &mcfg, weights, n_ctx, routing.clone())?;
+        // The executor's slots (a tiered GPU takes one unless asked for more): the account
+        // counts those (no more than the check above did).
+        let parallel = exec.sequences();
+        let name = file
+            .get("general.name")
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        let synthetic = file
+            .get("scoria.synthetic")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let info = ModelInfo {
+            arch: mcfg.arch.name().to_string(),
+            name,
+            path: path.display().to_string(),
+            file_bytes: file.file_size(),
+            n_ctx_train: mcfg.n_ctx_train,
+            n_ctx,
+            n_vocab: mcfg.n_vocab,
+            n_layer: mcfg.n_layer,
+            n_embd: mcfg.n_embd,
+            n_expert: mcfg.n_expert,
+            n_expert_used: mcfg.n_expert_used,
+            synthetic,
+        };
+        // Snapshots restore only where the same kernels computed them: the CPU's
+        // bits do not depend on its ISA (invariant 1), a GPU's may differ from the
+        // CPU's and from another GPU model's.
+        let report = exec.report();
+        if report.device == Device::Cpu {
+            memory::populate_weights(&file, available);
+        }
+        let numerics = match report.device {
+            Device::Cpu => "cpu".to_string(),
+            Device::Cuda(_) => format!("cuda {}", report.name),
+        };
+        let model_id = format!(
+            "{}:{}:{}:{}:{numerics}",
+            info.arch, info.name, info.file_bytes, info.n_vocab
+        );
+        let boundary = tokenizer.token_id("<|im_start|>");
+        let limits = Limits {
+            n_ctx,
+            n_vocab: mcfg.n_vocab,
+            eog: tokenizer.eog_ids().to_vec(),
+        };
+        let store = open_prompt_cache(cfg, exec.as_ref(), &model_id, available)?;
+        let prompt_cache = store.as_ref().map_or(0, |s| s.budget() as u64);
+        let store_writer = match (&store, &cfg.prompt_cache_dir) {
+            (Some(_), Some(dir)) => Some(prompt_cache::Writer::new(dir.clone(), model_id.clone())),
+            _ => None,
+        };
+        let memory = MemoryAccount::new(&file, &mcfg, n_ctx, parallel, prompt_cache, available);
+        let sched = Scheduler::new(
+            parallel,
+            limits,
+            mcfg.ssm.is_some(),
+            boundary,
+            store,
+            store_writer,
+        );
+        Ok(Engine {
+            info,
+            cfg: mcfg,
+            tokenizer: Arc::new(tokenizer),
+            template,
+            exec,
+            routing,
+            sched,
+            memory,
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+    pub fn memory(&self) -> &MemoryAccount {
+        &self.memory
+    }
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+    /// A shared handle to the tokenizer (for threads that tokenize while the engine decodes).
+    pub fn tokenizer_arc(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
+    }
+    /// The chat template embedded in the file, if any.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.template.as_deref()
+    }
+    pub fn chat_template_arc(&self) -> Option<Arc<ChatTemplate>> {
+        self.template.clone()
+    }
+    /// Every routing decision counted since load, with `EngineConfig::record_routing`.
+    pub fn routing_counts(&self) -> Option<&experts::RoutingCounts> {
+        self.routing.as_deref()
+    }
+
+    /// The most prompt tokens the executor reads in one step (a longer prompt is
+    /// read in pieces of this many).
+    pub fn prompt_chunk(&self) -> usize {
+        self.exec.prompt_chunk()
+    }
+
+    /// Where steps run and what device memory they hold.
+    pub fn device_report(&self) -> DeviceReport {
+        self.exec.report()
+    }
+
+    /// Where the routed experts computed so far came from, when they are tiered
+    /// (VRAM slots in front of pinned RAM and the file); `None` otherwise.
+    pub fn expert_stats(&self) -> Option<experts::TierStats> {
+        self.exec.expert_stats()
+    }
+
+    /// The ISA the CPU kernels use.
+    pub fn kernel_isa(&self) -> &'static str {
+        quant::kernel_isa()
+    }
+
+    /// Forgets every slot's cached sequence (no request may be running).
+    pub fn reset(&mut self) -> Result<(), EngineError> {
+        self.sched.reset(self.exec.as_mut())
+    }
+
+    /// The slots: how many there are.
+    pub fn parallel(&self) -> usize {
+        self.sched.parallel()
+    }
+
+    /// What each slot holds now.
+    pub fn slots(&self) -> Vec<SlotInfo> {
+        self.sched.slots()
+    }
+
+    /// Waits until the prompt cache's files mirror what it holds now (its writes
+    /// run on a thread of their own; dropping the engine also waits for them).
+    pub fn flush_prompt_cache(&self) {
+        self.sched.flush_prompt_cache()
+    }
+
+    /// How prompts were served from cached state so far.
+    pub fn cache_report(&self) -> CacheReport {
+        self.sched.cache_report()
+    }
+
+    /// Sequences the last `step` ran in its executor call (0: none).
+    pub fn last_step_size(&self) -> usize {
+        self.sched.last_step_size()
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.sched.queued()
+    }
+
+    /// True while requests are queued or running.
+    pub fn busy(&self) -> bool {
+        self.sched.busy()
+    }
+
+    /// Queues `req`; `step` admits it to a slot in arrival order and reports to
+    /// `sink` until it ends (`RequestCallbacks::done`, exactly once).
+    pub fn submit(&mut self, req: GenerateRequest, sink: Box<dyn RequestCallbacks + Send>) {
+        self.sched.submit(req, sink)
+    }
+
+    /// Admits what fits, then decodes one token of every running request (and one
+    /// piece of the first waiting prompt) in one executor step. True while work
+    /// remains.
+    pub fn step(&mut self) -> bool {
+        self.sched.step(self.exec.as_mut())
+    }
+
+    /// Evaluates `tokens` from an empty state and returns the logits of every
+    /// position (n_vocab each), for parity tests and `--dump-logits`.
+    pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.sched.logits_all(self.exec.as_mut(), tokens)
+    }
+
+    /// Decodes `req`, calling `on_token` after every token.
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+    ) -> Result<Completion, EngineError> {
+        self.generate_with_progress(req, &mut |_| Flow::Continue, on_token)
+    }
+
+    /// As `generate`, also calling `on_prompt` after each piece of the prompt is
+    /// evaluated (a long prompt takes minutes on a CPU). `Flow::Stop` there ends the
+    /// request before its first token (finish `Stopped`, no tokens); the pieces already
+    /// evaluated stay in the prompt cache. `Flow::Force` is read as `Continue`.
+    pub fn generate_with_progress(
+        &mut self,
+        req: &GenerateRequest,
+        on_prompt: &mut dyn FnMut(&PromptProgress) -> Flow,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+    ) -> Result<Completion, EngineError> {
+        self.sched
+            .run_alone(self.exec.as_mut(), req, on_prompt, on_token, None)
+    }
+
+    /// As `generate`, also handing to `on_logits` every set of logits a token was
+    /// chosen from: the prompt's last position, then the position of each
+    /// generated token but the last (use `logits_all` for every prompt position).
+    pub fn generate_with_logits(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Flow,
+        on_logits: &mut dyn FnMut(&[f32]),
+    ) -> Result<Completion, EngineError> {
+        self.sched.run_alone(
+            self.exec.as_mut(),
+            req,
+            &mut |_| Flow::Continue,
+            on_token,
+            Some(on_logits),
+        )
+    }
+}
+
+/// Prompt-cache budget when none is set: at most this, and at most a quarter of
+/// the memory available at load.
+pub const DEFAULT_PROMPT_CACHE: u64 = 8 << 30;
+
+/// The prompt cache `cfg` asks for, loaded from its directory when it has one.
+fn open_prompt_cache(
+    cfg: &EngineConfig,
+    exec: &dyn Executor,
+    model_id: &str,
+    available: Option<u64>,
+) -> Result<Option<PromptCache>, EngineError> {
+    let budget = cfg.prompt_cache.unwrap_or_else(|| {
+        DEFAULT_PROMPT_CACHE.min(available.map_or(DEFAULT_PROMPT_CACHE, |a| a / 4))
+    });
+    if budget == 0 {
+        return Ok(None);
+    }
+    if !exec.snapshots() {
+        tracing::info!(
+            "prompt cache: off on this executor (it cannot snapshot sequences); each slot still reuses its own last conversation"
+        );
+        return Ok(None);
+    }
+    if let Some(avail) = available {
+        if budget > avail {
+            return Err(EngineError::Memory(format!(
+                "--prompt-cache {:.2} GiB is more than the {:.2} GiB of RAM available; lower it (0 turns it off)",
+                budget as f64 / GIB,
+                avail as f64 / GIB
+            )));
+        }
+    }
+    let mut store = PromptCache::new(usize::try_from(budget).unwrap_or(usize::MAX));
+    if let Some(dir) = &cfg.prompt_cache_dir {
+        match store.load_dir(dir, model_id) {
+            Ok(r) => tracing::info!(
+                "prompt cache: {} conversation(s) loaded from {} ({} file(s) skipped)",
+                r.loaded,
+                dir.display(),
+                r.skipped
+            ),
+            Err(e) => {
+                return Err(EngineError::Settings(format!(
+                    "--prompt-cache-dir {}: {e}",
+                    dir.display()
+                )))
+            }
+        }
+    }
+    Ok(Some(store))
+}
+
+/// Slots on the CPU when `EngineConfig::parallel` is None.
+pub const DEFAULT_PARALLEL_CPU: usize = 4;
+
+/// The most slots `--parallel` may ask for.
+pub const MAX_PARALLEL: usize = 64;
+
+/// More kernel threads than this many per CPU thread of the machine are refused: they
+/// only take turns on the cores (and thousands of them take seconds just to start).
+pub const MAX_THREADS_PER_CPU: usize = 4;
+
+/// Checks a thread count the user asked for (`-t` / `--threads`, the config file's
+/// `threads`): at least 1 and at most [`MAX_THREADS_PER_CPU`] × the CPU threads this
+/// machine has.
+pub fn check_threads(n: usize) -> Result<(), EngineError> {
+    // Where the machine's count is unknown, allow what a large server has.
+    let cpus = std::thread::available_parallelism().map_or(256, |c| c.get());
+    let max = cpus.saturating_mul(MAX_THREADS_PER_CPU);
+    if n == 0 {
+        return Err(EngineError::Settings(format!(
+            "-t/--threads 0: at least 1 thread is needed (leave it out to use all {cpus} CPU threads)"
+        )));
+    }
+    if n > max {
+        return Err(EngineError::Settings(format!(
+            "-t/--threads {n} is more than {MAX_THREADS_PER_CPU}× the {cpus} CPU threads of this machine \
+             (at most {max}); leave it out to use all {cpus}"
+        )));
+    }
+    Ok(())
+}
+
+/// The routing profile `cfg.expert_profile` names, checked against the model.
+#[cfg(feature = "cuda")]
+fn load_profile(
+    cfg: &EngineConfig,
+    mcfg: &ModelConfig,
+) -> Result<Option<experts::RoutingProfile>, EngineError> {
+    cfg.expert_profile
+        .as_deref()
+        .map(|p| {
+            experts::RoutingProfile::load(p, mcfg)
+                .map_err(|e| EngineError::Settings(format!("--profile {}: {e}", p.display())))
+        })
+        .transpose()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_budgets<'a>(
+    cfg: &EngineConfig,
+    profile: Option<&'a experts::RoutingProfile>,
+) -> cuda::Budgets<'a> {
+    cuda::Budgets {
+        vram: cfg.vram_budget,
+        ram: cfg.ram_budget,
+        profile,
+        cpu_share: cfg.cpu_expert_share,
+        slots_flexible: cfg.parallel.is_none(),
+    }
+}
+
+/// Opens the executor `cfg.device` names, or the best one present: the GPU when
+/// the build has CUDA and one answers, else the CPU.
+fn open_executor(
+    cfg: &EngineConfig,
+    mcfg: &ModelConfig,
+    weights: ModelWeights,
+    n_ctx: usize,
+    routing: Option<Arc<experts::RoutingCounts>>,
+) -> Result<Box<dyn Executor>, EngineError> {
+    let cpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
+    #[cfg(feature = "cuda")]
+    let gpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
+    let recording = routing.is_some();
+    let cpu = |weights| -> Result<Box<dyn Executor>, EngineError> {
+        let backend = CpuBackend {
+            cfg: mcfg.clone(),
+            weights,
+            precision: cfg.precision,
+            routing,
+        };
+        Ok(Box::new(CpuExecutor::new(backend, n_ctx, cpu_seqs)?))
+    };
+    match cfg.device {
+        Some(Device::Cpu) => cpu(weights),
+        Some(Device::Cuda(_)) if recording => Err(EngineError::Device(
+            "routing is recorded by the CPU executor: use --device cpu".into(),
+        )),
+        #[cfg(feature = "cuda")]
+        Some(Device::Cuda(n)) => {
+            let profile = load_profile(cfg, mcfg)?;
+            let budgets = cuda_budgets(cfg, profile.as_ref());
+            Ok(Box::new(cuda::CudaExecutor::open(
+                n, mcfg, &weights, n_ctx, gpu_seqs, budgets,
+            )?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Some(Device::Cuda(_)) => Err(EngineError::Device(
+            "this build of scoria has no CUDA support: rebuild with `--features cuda` \
+             (see the README) or use --device cpu"
+                .into(),
+        )),
+        None => {
+            #[cfg(feature = "cuda")]
+            if cfg.precision == crate::api::Precision::Canonical && !recording {
+                let profile = load_profile(cfg, mcfg)?;
+                let budgets = cuda_budgets(cfg, profile.as_ref());
+                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, gpu_seqs, budgets) {
+                    Ok(e) => return Ok(Box::new(e)),
+                    Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),
+                }
+            }
+            cpu(weights)
+        }
+    }
+}

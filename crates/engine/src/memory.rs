@@ -1,0 +1,266 @@
+//! Host memory: where a loaded model's memory goes (`MemoryAccount`), the check that
+//! its K/V and recurrent state fit before anything is allocated (invariant 5), how
+//! much this process may still take (MemAvailable, or a tighter cgroup limit), and
+//! mapping the weights into memory ahead of the CPU executor's first reads.
+
+use model::ModelConfig;
+use std::path::Path;
+
+use crate::error::EngineError;
+
+pub(crate) const GIB: f64 = (1u64 << 30) as f64;
+
+/// Where the memory of a loaded model goes (printed at startup).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MemoryAccount {
+    /// Model file, memory-mapped (pages in on use; counted once).
+    pub weights_mapped: u64,
+    /// Of which routed experts.
+    pub expert_bytes: u64,
+    /// KV cache and recurrent state at most: the context pool's positions (shared
+    /// by the slots) and every slot's recurrent state.
+    pub state_bytes: u64,
+    /// Slots, and the positions of the context pool they share.
+    pub parallel: usize,
+    pub pool_positions: usize,
+    /// K/V bytes of one position, and recurrent-state bytes of one slot.
+    pub bytes_per_position: u64,
+    pub recurrent_bytes: u64,
+    /// RAM the prompt cache may hold (0: off).
+    pub prompt_cache: u64,
+    /// MemAvailable when loading, if known.
+    pub available: Option<u64>,
+}
+
+impl MemoryAccount {
+    /// The account of `file` loaded with a context pool of `n_ctx` positions shared by
+    /// `parallel` slots and a prompt cache of `prompt_cache` bytes.
+    pub(crate) fn new(
+        file: &gguf::GgufFile,
+        mcfg: &ModelConfig,
+        n_ctx: usize,
+        parallel: usize,
+        prompt_cache: u64,
+        available: Option<u64>,
+    ) -> MemoryAccount {
+        let expert_bytes = file
+            .tensors()
+            .iter()
+            .filter(|t| model::tensors::is_routed_expert(&t.name))
+            .map(|t| t.size)
+            .sum();
+        MemoryAccount {
+            weights_mapped: file.tensors().iter().map(|t| t.size).sum(),
+            expert_bytes,
+            state_bytes: pool_state_bytes(mcfg, n_ctx, parallel) as u64,
+            parallel,
+            pool_positions: n_ctx,
+            bytes_per_position: mcfg.kv_bytes_per_position() as u64,
+            recurrent_bytes: mcfg.recurrent_state_bytes() as u64,
+            prompt_cache,
+            available,
+        }
+    }
+
+    /// One line for the startup log: where the memory goes.
+    pub fn describe(&self) -> String {
+        let gib = |b: u64| b as f64 / GIB;
+        format!(
+            "weights {:.2} GiB memory-mapped ({:.2} GiB routed experts, {:.2} GiB dense); \
+             KV + recurrent state up to {:.3} GiB ({} positions shared by {} slot(s) × {:.1} KiB, \
+             + {:.1} MiB recurrent per slot); prompt cache up to {:.2} GiB{}",
+            gib(self.weights_mapped),
+            gib(self.expert_bytes),
+            gib(self.weights_mapped.saturating_sub(self.expert_bytes)),
+            gib(self.state_bytes),
+            self.pool_positions,
+            self.parallel,
+            self.bytes_per_position as f64 / 1024.0,
+            self.recurrent_bytes as f64 / (1u64 << 20) as f64,
+            gib(self.prompt_cache),
+            self.available
+                .map(|a| format!("; {:.2} GiB RAM available", gib(a)))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// The K/V and recurrent state of a context pool of `n_ctx` positions shared by
+/// `parallel` slots: the positions are one pool (the CPU's K/V grow with use),
+/// recurrent state is per slot. Saturates instead of wrapping (see
+/// `ModelConfig::seq_state_bytes`).
+fn pool_state_bytes(mcfg: &ModelConfig, n_ctx: usize, parallel: usize) -> usize {
+    mcfg.seq_state_bytes(n_ctx)
+        .saturating_add(mcfg.recurrent_state_bytes().saturating_mul(parallel - 1))
+}
+
+/// Refuses a context pool of `n_ctx` positions shared by `parallel` slots whose
+/// state could not be allocated, or would not fit the `available` memory, naming
+/// both numbers and the remedy.
+pub(crate) fn check_state(
+    mcfg: &ModelConfig,
+    n_ctx: usize,
+    parallel: usize,
+    available: Option<u64>,
+) -> Result<(), EngineError> {
+    let state_bytes = pool_state_bytes(mcfg, n_ctx, parallel);
+    if state_bytes > isize::MAX as usize {
+        // No allocation can be this large (the count saturated or nearly so).
+        return Err(EngineError::Memory(format!(
+            "--max-context {n_ctx} is far too large: its KV cache and recurrent state would \
+             need more memory than a 64-bit address space holds; lower --max-context \
+             (this model was trained for {} tokens)",
+            mcfg.n_ctx_train
+        )));
+    }
+    if let Some(avail) = available {
+        if state_bytes as u64 > avail {
+            return Err(EngineError::Memory(format!(
+                "the KV cache and recurrent state of a context of --max-context {n_ctx} positions shared by {parallel} slot(s) need {:.2} GiB, but only {:.2} GiB of RAM is available; lower --max-context or --parallel",
+                state_bytes as f64 / GIB,
+                avail as f64 / GIB
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Memory this process may still take: MemAvailable, or less inside a cgroup whose
+/// memory limit leaves less room (`None` where neither can be read).
+pub(crate) fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok();
+    let avail = s.and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    });
+    let cg = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| cgroup_headroom(&c, Path::new("/sys/fs/cgroup")));
+    match (avail, cg) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// The least room (limit − usage) of the memory limits on this process's cgroup and
+/// its ancestors, from `/proc/self/cgroup`'s text and the cgroup mount `root` (v2:
+/// `memory.max`/`memory.current`; v1: the memory controller's `limit_in_bytes` and
+/// `usage_in_bytes`); `None` when no limit is set.
+fn cgroup_headroom(self_cgroup: &str, root: &Path) -> Option<u64> {
+    let read = |p: &Path| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    let mut best: Option<u64> = None;
+    for line in self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrl, path) = (parts.next(), parts.next()?, parts.next()?);
+        let (base, max, cur) = match ctrl {
+            "" => (root.to_path_buf(), "memory.max", "memory.current"),
+            c if c.split(',').any(|x| x == "memory") => (
+                root.join("memory"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            ),
+            _ => continue,
+        };
+        let mut dir = base.join(path.trim_start_matches('/'));
+        loop {
+            if let (Some(m), Some(c)) = (read(&dir.join(max)), read(&dir.join(cur))) {
+                // v1 reports "no limit" as a huge number; v2 as "max" (unparsed: None).
+                if m < (1u64 << 60) {
+                    let room = m.saturating_sub(c);
+                    best = Some(best.map_or(room, |b| b.min(room)));
+                }
+            }
+            if dir == base || !dir.pop() {
+                break;
+            }
+        }
+    }
+    best
+}
+
+/// The CPU executor reads every weight from the file's mapping: when the file fits
+/// in the available memory, its pages are mapped now (pieces of 64 MiB on every
+/// core, with a progress bar) rather than by page faults inside the first tokens'
+/// parallel loops (a fault per few pages of every expert a token reaches for the
+/// first time). A file larger than memory is left to be paged in as it is read.
+pub(crate) fn populate_weights(file: &gguf::GgufFile, available: Option<u64>) {
+    use rayon::prelude::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const PIECE: usize = 64 << 20;
+    let size = file.file_size();
+    if available.is_none_or(|a| size > a) {
+        return;
+    }
+    let pieces: Vec<(usize, usize, usize)> = (0..file.shards().len())
+        .flat_map(|k| {
+            let len = file.shard_bytes(k).map_or(0, <[u8]>::len);
+            (0..len)
+                .step_by(PIECE)
+                .map(move |at| (k, at, PIECE.min(len - at)))
+        })
+        .collect();
+    let bar = indicatif::ProgressBar::new(size);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "mapping weights into memory {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t0 = std::time::Instant::now();
+    let done = AtomicU64::new(0);
+    let outcome: std::io::Result<Vec<bool>> = pieces
+        .par_iter()
+        .map(|&(k, at, len)| {
+            let ok = file.populate(k, at, len)?;
+            bar.set_position(done.fetch_add(len as u64, Ordering::Relaxed) + len as u64);
+            Ok(ok)
+        })
+        .collect();
+    bar.finish_and_clear();
+    match outcome {
+        Ok(oks) if oks.iter().all(|&ok| ok) => tracing::info!(
+            "mapped {:.2} GiB of weights in {:.1} s",
+            size as f64 / GIB,
+            t0.elapsed().as_secs_f64()
+        ),
+        // A system that cannot: the pages come in as they are read.
+        Ok(_) => {}
+        Err(e) => tracing::warn!("could not map the weights ahead of use: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cgroup_headroom;
+
+    #[test]
+    fn the_tightest_limit_of_the_cgroup_and_its_ancestors_counts() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let leaf = d.path().join("a/b");
+        std::fs::create_dir_all(&leaf).expect("mkdir");
+        let w = |p: &std::path::Path, name: &str, v: &str| {
+            std::fs::write(p.join(name), v).expect("write")
+        };
+        w(&leaf, "memory.max", "max");
+        w(&leaf, "memory.current", "100");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), None, "no limit set");
+        w(&d.path().join("a"), "memory.max", "17179869184");
+        w(&d.path().join("a"), "memory.current", "1073741824");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(15 << 30));
+        w(&leaf, "memory.max", "4096");
+        assert_eq!(cgroup_headroom("0::/a/b\n", d.path()), Some(3996));
+        // cgroup v1: the memory controller's own hierarchy.
+        let v1 = d.path().join("memory/job");
+        std::fs::create_dir_all(&v1).expect("mkdir");
+        w(&v1, "memory.limit_in_bytes", "2000");
+        w(&v1, "memory.usage_in_bytes", "500");
+        assert_eq!(cgroup_headroom("4:memory:/job\n", d.path()), Some(1500));
+        w(&v1, "memory.limit_in_bytes", "9223372036854771712");
+        assert_eq!(
+            cgroup_headroom("4:memory:/job\n", d.path()),
+            None,
+            "v1's 'unlimited'"
+        );
+    }
+}
