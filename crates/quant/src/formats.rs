@@ -197,7 +197,10 @@ pub(crate) fn dequantize(ty: gguf::GgmlType, src: &[u8], dst: &mut [f32]) {
                 }
             }
         }
-        other => unreachable!("dequantize called for unsupported type {other}"),
+        other => match crate::lowbit::spec(other) {
+            Some(sp) => crate::lowbit::dequantize(&sp, src, dst),
+            None => unreachable!("dequantize called for unsupported type {other}"),
+        },
     }
 }
 
@@ -260,7 +263,10 @@ pub(crate) fn quantize(ty: gguf::GgmlType, src: &[f32], dst: &mut [u8]) {
         T::Q4_K | T::Q5_K => quantize_k(ty == T::Q5_K, src, dst),
         T::Q6_K => quantize_q6_k(src, dst),
         T::IQ4_XS => quantize_iq4_xs(src, dst),
-        other => unreachable!("quantize called for unsupported type {other}"),
+        other => match crate::lowbit::spec(other) {
+            Some(sp) => crate::lowbit::quantize(&sp, src, dst),
+            None => unreachable!("quantize called for unsupported type {other}"),
+        },
     }
 }
 

@@ -128,7 +128,10 @@ mod amx;
 mod avx2;
 mod avx512;
 mod formats;
+mod grids;
 mod isa;
+mod lowbit;
+mod lowbit_simd;
 pub mod par;
 mod scalar;
 
@@ -167,8 +170,38 @@ pub fn is_supported(ty: GgmlType) -> bool {
     matches!(
         ty,
         T::F32 | T::F16 | T::BF16 | T::Q8_0 | T::Q4_0 | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS
-    )
+    ) || lowbit::spec(ty).is_some()
 }
+
+/// Every type with kernels: the float types, then the quantized types in the order of
+/// the canonical-order table.
+pub const SUPPORTED: [GgmlType; 25] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::MXFP4,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+];
 
 fn is_float(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -266,6 +299,15 @@ impl Kernel {
 }
 
 fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
+    if lowbit::spec(ty).is_some() {
+        let k = match isa {
+            Isa::Avx512 | Isa::Amx => lowbit_simd::avx512_kernel(ty, isa::avx512_proof()),
+            Isa::Avx512Bw => lowbit_simd::avx512bw_kernel(ty, isa::avx512bw_proof()),
+            Isa::Avx2 => lowbit_simd::avx2_kernel(ty, isa::avx2_proof()),
+            Isa::Scalar => None,
+        };
+        return k.unwrap_or_else(|| scalar_kernel(ty));
+    }
     match isa {
         // AMX differs from AVX-512 only in prompt matmuls (`try_matmul_with`).
         Isa::Avx512 | Isa::Amx => avx512::vnni_kernel(ty, isa::avx512_proof()),
@@ -278,6 +320,15 @@ fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
 /// The many-token kernel of `ty` at `isa`, where one exists (else `matmul` runs the
 /// single-row kernel per token).
 fn multi_kernel(isa: Isa, ty: GgmlType) -> Option<Multi> {
+    if lowbit::spec(ty).is_some() {
+        // The low-bit types have no AMX kernel: their prompts run on AVX-512.
+        return match isa {
+            Isa::Avx512 | Isa::Amx => lowbit_simd::avx512_multi(ty, isa::avx512_proof()),
+            Isa::Avx512Bw => lowbit_simd::avx512bw_multi(ty, isa::avx512bw_proof()),
+            Isa::Avx2 => lowbit_simd::avx2_multi(ty, isa::avx2_proof()),
+            Isa::Scalar => None,
+        };
+    }
     match isa {
         Isa::Avx512 | Isa::Amx => avx512::vnni_multi(ty, isa::avx512_proof()),
         Isa::Avx512Bw => avx512::bw_multi(ty, isa::avx512bw_proof()),
@@ -298,7 +349,10 @@ fn scalar_kernel(ty: GgmlType) -> Kernel {
         T::Q5_K => Kernel::Q(scalar::dot_q5_k),
         T::Q6_K => Kernel::Q(scalar::dot_q6_k),
         T::IQ4_XS => Kernel::Q(scalar::dot_iq4_xs),
-        other => unreachable!("no kernel for {other}: callers check is_supported"),
+        other => match lowbit::scalar_kernel(other) {
+            Some(f) => Kernel::Q(f),
+            None => unreachable!("no kernel for {other}: callers check is_supported"),
+        },
     }
 }
 
