@@ -156,7 +156,6 @@ pub(crate) const fn spec_of(ty: GgmlType) -> Spec {
     }
 }
 
-
 #[inline]
 fn u16_at(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
@@ -180,7 +179,8 @@ pub(crate) fn e8m0_half(e: u8) -> f32 {
 }
 
 /// The MXFP4 (e2m1) levels, doubled so that they are integers.
-pub(crate) const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_MXFP4: [i8; 16] =
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// Eight codebook bytes (value i in byte i) with sign bits `s` (bit i set: value i
 /// negative) into `w`.

@@ -97,7 +97,10 @@ fn dequantization_equals_the_gguf_package_bitwise() {
     }
     let text = run(&["check", dir.to_str().unwrap()]);
     eprint!("{text}");
-    assert!(text.contains(&format!("{} types checked, 0 with differences", types.len())));
+    assert!(text.contains(&format!(
+        "{} types checked, 0 with differences",
+        types.len()
+    )));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -125,13 +128,30 @@ fn blocks_the_gguf_package_quantized_dequantize_to_its_values() {
         let mut y = vec![0f32; want.len()];
         quant::dequantize_row(ty, &blocks, &mut y);
         for (i, (a, &b)) in y.iter().zip(&want).enumerate() {
-            assert_eq!(a.to_bits(), b, "{ty} value {i}: {a} vs gguf {}", f32::from_bits(b));
+            assert_eq!(
+                a.to_bits(),
+                b,
+                "{ty} value {i}: {a} vs gguf {}",
+                f32::from_bits(b)
+            );
         }
         seen.push(ty);
     }
     // The package quantizes these (ggml's reference quantizers, reproduced in numpy).
-    for ty in [T::Q8_0, T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1, T::TQ1_0, T::TQ2_0, T::MXFP4] {
-        assert!(seen.contains(&ty), "the gguf package quantized no {ty} blocks");
+    for ty in [
+        T::Q8_0,
+        T::Q4_0,
+        T::Q4_1,
+        T::Q5_0,
+        T::Q5_1,
+        T::TQ1_0,
+        T::TQ2_0,
+        T::MXFP4,
+    ] {
+        assert!(
+            seen.contains(&ty),
+            "the gguf package quantized no {ty} blocks"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
