@@ -154,7 +154,7 @@ fn expected_type(name: &str, dims: &[u64], preset: Preset, n_blocks: i64) -> Ggm
                 GgmlType::Q4_K
             }
         }
-        Preset::Uniform(t) if dims[0] % t.block_size() as u64 == 0 => t,
+        Preset::Uniform(t) if dims[0].is_multiple_of(t.block_size() as u64) => t,
         Preset::Uniform(_) => GgmlType::Q8_0,
         Preset::Mix(m) => {
             let routed = name.contains("_exps.");

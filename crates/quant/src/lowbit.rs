@@ -900,7 +900,7 @@ fn pack_trits(t: &[u8]) -> u8 {
     for n in 0..5 {
         v = 3 * v + t.get(n).copied().unwrap_or(0) as u16;
     }
-    ((v * 256 + 242) / 243) as u8
+    (v * 256).div_ceil(243) as u8
 }
 
 fn quantize_tq1_0(x: &[f32], b: &mut [u8]) {

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{f16_bytes, quant_types, rand_floats, random_row, set_scales};
+use common::{quant_types, rand_floats, random_row, set_scales};
 use quant::{ActQ8, GgmlType as T, Isa, QuantError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
