@@ -30,7 +30,7 @@
 use gguf::GgmlType;
 use half::f16;
 
-use crate::formats::{f16_at, KVALUES_IQ4NL, QK_K, SUB};
+use crate::formats::{KVALUES_IQ4NL, QK_K, SUB};
 use crate::grids::*;
 use crate::ActQ8;
 
@@ -156,6 +156,30 @@ pub(crate) const fn spec_of(ty: GgmlType) -> Spec {
     }
 }
 
+/// An f16 to f32, exactly, in plain integer and float operations (the decoders run
+/// outside any target-feature function, where a library conversion may not use the
+/// CPU's conversion instruction).
+#[inline]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1F) as u32;
+    let man = (h & 0x3FF) as u32;
+    let mag = if exp == 0 {
+        // Zero and subnormals: man · 2^-24, exact.
+        (man as f32 * (1.0 / 16_777_216.0)).to_bits()
+    } else if exp == 31 {
+        0x7F80_0000 | (man << 13)
+    } else {
+        ((exp + 112) << 23) | (man << 13)
+    };
+    f32::from_bits(sign | mag)
+}
+
+#[inline]
+fn f16_at(b: &[u8], off: usize) -> f32 {
+    f16_to_f32(u16_at(b, off))
+}
+
 #[inline]
 fn u16_at(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
@@ -259,22 +283,33 @@ fn decode_q3_k(b: &[u8], _: usize, g: &mut Group) {
     }
 }
 
-/// The 4-bit quant of value j (< 32) of a 32-value block whose 16 nibble bytes start at
-/// `qs`: low nibbles are values 0..15, high nibbles 16..31.
+/// The 4-bit quants of a 32-value block whose 16 nibble bytes start at `qs`: low
+/// nibbles are values 0..15, high nibbles 16..31. (Fixed-size, branch-free loops: the
+/// decoders are the SIMD kernels' front end.)
 #[inline]
-fn nibble(b: &[u8], qs: usize, j: usize) -> u8 {
-    if j < 16 {
-        b[qs + j] & 0xF
-    } else {
-        b[qs + j - 16] >> 4
+fn nibbles(b: &[u8], qs: usize) -> [u8; 32] {
+    let q: &[u8; 16] = b[qs..qs + 16].try_into().unwrap();
+    let mut out = [0u8; 32];
+    for i in 0..16 {
+        out[i] = q[i] & 0xF;
+        out[i + 16] = q[i] >> 4;
     }
+    out
+}
+
+/// Sub-block j's 32 weights.
+#[inline]
+fn sub_w(g: &mut Group, j: usize) -> &mut [i8; 32] {
+    (&mut g.w[32 * j..32 * j + 32]).try_into().unwrap()
 }
 
 /// Q4_1 (20 B / 32): `d` @0, `m` @2, `qs[16]` @4; `y = (d * q) + m`.
 /// Canonical: w = q (0..15), mul = 1, d = d, e = m (Min::Asum).
 fn decode_q4_1(b: &[u8], j: usize, g: &mut Group) {
+    let q = nibbles(b, 4);
+    let w = sub_w(g, j);
     for i in 0..32 {
-        g.w[32 * j + i] = nibble(b, 4, i) as i8;
+        w[i] = q[i] as i8;
     }
     g.mul[2 * j] = 1;
     g.mul[2 * j + 1] = 1;
@@ -282,17 +317,24 @@ fn decode_q4_1(b: &[u8], j: usize, g: &mut Group) {
     g.e[j] = f16_at(b, 2);
 }
 
-/// The 5-bit quant of value i of a Q5_0/Q5_1 block (`qh` u32 at `qh`, nibbles at `qs`).
+/// The 5-bit quants of a Q5_0/Q5_1 block (`qh` u32 at `qh`: bit i is value i's bit 4).
 #[inline]
-fn q5(b: &[u8], qh: usize, qs: usize, i: usize) -> u8 {
-    nibble(b, qs, i) | ((((u32_at(b, qh) >> i) & 1) as u8) << 4)
+fn q5(b: &[u8], qh: usize, qs: usize) -> [u8; 32] {
+    let mut q = nibbles(b, qs);
+    let h = u32_at(b, qh);
+    for (i, v) in q.iter_mut().enumerate() {
+        *v |= (((h >> i) & 1) as u8) << 4;
+    }
+    q
 }
 
 /// Q5_0 (22 B / 32): `d` @0, `qh` (u32) @2, `qs[16]` @6; q = nibble | bit i of qh << 4;
 /// `y = d * (q − 16)`. Canonical: w = q − 16, mul = 1, d = d.
 fn decode_q5_0(b: &[u8], j: usize, g: &mut Group) {
+    let q = q5(b, 2, 6);
+    let w = sub_w(g, j);
     for i in 0..32 {
-        g.w[32 * j + i] = q5(b, 2, 6, i) as i8 - 16;
+        w[i] = q[i] as i8 - 16;
     }
     g.mul[2 * j] = 1;
     g.mul[2 * j + 1] = 1;
@@ -302,8 +344,10 @@ fn decode_q5_0(b: &[u8], j: usize, g: &mut Group) {
 /// Q5_1 (24 B / 32): `d` @0, `m` @2, `qh` @4, `qs[16]` @8; `y = (d * q) + m`.
 /// Canonical: w = q (0..31), mul = 1, d = d, e = m (Min::Asum).
 fn decode_q5_1(b: &[u8], j: usize, g: &mut Group) {
+    let q = q5(b, 4, 8);
+    let w = sub_w(g, j);
     for i in 0..32 {
-        g.w[32 * j + i] = q5(b, 4, 8, i) as i8;
+        w[i] = q[i] as i8;
     }
     g.mul[2 * j] = 1;
     g.mul[2 * j + 1] = 1;
@@ -314,8 +358,10 @@ fn decode_q5_1(b: &[u8], j: usize, g: &mut Group) {
 /// IQ4_NL (18 B / 32): `d` @0, `qs[16]` @2; `y = d * K[q]` (the IQ4_XS levels).
 /// Canonical: w = K[q], mul = 1, d = d.
 fn decode_iq4_nl(b: &[u8], j: usize, g: &mut Group) {
+    let q = nibbles(b, 2);
+    let w = sub_w(g, j);
     for i in 0..32 {
-        g.w[32 * j + i] = KVALUES_IQ4NL[nibble(b, 2, i) as usize];
+        w[i] = KVALUES_IQ4NL[(q[i] & 0xF) as usize];
     }
     g.mul[2 * j] = 1;
     g.mul[2 * j + 1] = 1;
@@ -325,8 +371,10 @@ fn decode_iq4_nl(b: &[u8], j: usize, g: &mut Group) {
 /// MXFP4 (17 B / 32): `e` (e8m0) @0, `qs[16]` @1; `y = 2^(e−128) * K2[q]` with K2 the
 /// doubled e2m1 levels. Canonical: w = K2[q], mul = 1, d = 2^(e−128).
 fn decode_mxfp4(b: &[u8], j: usize, g: &mut Group) {
+    let q = nibbles(b, 1);
+    let w = sub_w(g, j);
     for i in 0..32 {
-        g.w[32 * j + i] = KVALUES_MXFP4[nibble(b, 1, i) as usize];
+        w[i] = KVALUES_MXFP4[(q[i] & 0xF) as usize];
     }
     g.mul[2 * j] = 1;
     g.mul[2 * j + 1] = 1;
@@ -519,7 +567,7 @@ pub(crate) fn iq1_m_d(b: &[u8]) -> f32 {
     for u in 0..4 {
         bits |= (u16_at(b, 48 + 2 * u) & 0xF000) >> (12 - 4 * u);
     }
-    f16::from_bits(bits).to_f32()
+    f16_to_f32(bits)
 }
 
 /// IQ1_M (56 B / 256): `qs[32]` @0 (low 8 bits of row r's index), `qh[16]` @32 (nibble
@@ -1129,6 +1177,21 @@ fn quantize_iq1(x: &[f32], b: &mut [u8], m: bool) {
                 qh |= ((idx >> 8) as u16 & 7) << (3 * k);
             }
             b[34 + 2 * j..36 + 2 * j].copy_from_slice(&qh.to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn f16_conversion_is_exact_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = super::f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
         }
     }
 }
