@@ -78,6 +78,10 @@ pub(crate) struct Spec {
     /// Decodes one block into the group: a 256-value block fills sub-blocks 0..8 (`j`
     /// is 0); a 32-value block fills sub-block `j`.
     pub decode: fn(&[u8], usize, &mut Group),
+    /// For 32-value blocks whose weights are a 16-entry table of their nibbles (IQ4_NL,
+    /// MXFP4): the table, the offset of the 16 nibble bytes, and a decoder of the
+    /// block's scales alone (the SIMD kernels look the weights up with a byte shuffle).
+    pub lut: Option<(&'static [i8; 16], usize, fn(&[u8], usize, &mut Group))>,
 }
 
 impl Spec {
@@ -95,7 +99,7 @@ impl Spec {
 
     /// Decodes the first `n_sub` sub-blocks of the group whose bytes start `src`
     /// (`n_sub` < 8 only for a row's last group of 32-value blocks).
-    #[inline]
+    #[inline(always)]
     pub fn decode_group(&self, src: &[u8], n_sub: usize, g: &mut Group) {
         if self.block_vals == QK_K {
             (self.decode)(&src[..self.block_bytes], 0, g);
@@ -121,6 +125,19 @@ const fn mk(
         block_vals,
         min,
         decode,
+        lut: None,
+    }
+}
+
+const fn with_lut(
+    s: Spec,
+    table: &'static [i8; 16],
+    qs: usize,
+    scales: fn(&[u8], usize, &mut Group),
+) -> Spec {
+    Spec {
+        lut: Some((table, qs, scales)),
+        ..s
     }
 }
 
@@ -133,8 +150,18 @@ pub(crate) const fn spec(ty: GgmlType) -> Option<Spec> {
         T::Q4_1 => mk(ty, 20, SUB, Min::Asum, decode_q4_1),
         T::Q5_0 => mk(ty, 22, SUB, Min::None, decode_q5_0),
         T::Q5_1 => mk(ty, 24, SUB, Min::Asum, decode_q5_1),
-        T::IQ4_NL => mk(ty, 18, SUB, Min::None, decode_iq4_nl),
-        T::MXFP4 => mk(ty, 17, SUB, Min::None, decode_mxfp4),
+        T::IQ4_NL => with_lut(
+            mk(ty, 18, SUB, Min::None, decode_iq4_nl),
+            &KVALUES_IQ4NL,
+            2,
+            scales_iq4_nl,
+        ),
+        T::MXFP4 => with_lut(
+            mk(ty, 17, SUB, Min::None, decode_mxfp4),
+            &KVALUES_MXFP4,
+            1,
+            scales_mxfp4,
+        ),
         T::TQ1_0 => mk(ty, 54, QK_K, Min::None, decode_tq1_0),
         T::TQ2_0 => mk(ty, 66, QK_K, Min::None, decode_tq2_0),
         T::IQ2_XXS => mk(ty, 66, QK_K, Min::None, decode_iq2_xxs),
@@ -206,23 +233,68 @@ pub(crate) fn e8m0_half(e: u8) -> f32 {
 pub(crate) const KVALUES_MXFP4: [i8; 16] =
     [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
-/// Eight codebook bytes (value i in byte i) with sign bits `s` (bit i set: value i
-/// negative) into `w`.
-#[inline]
-fn signed8(row: u64, s: u8, w: &mut [i8]) {
-    for (i, o) in w[..8].iter_mut().enumerate() {
-        let v = (row >> (8 * i)) as u8 as i8;
-        *o = if (s >> i) & 1 != 0 { -v } else { v };
+/// Byte masks of the 256 sign patterns: byte i is 0xFF where bit i is set.
+static SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut i = 0;
+        while i < 8 {
+            if (s >> i) & 1 != 0 {
+                t[s] |= 0xFF << (8 * i);
+            }
+            i += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+const LOW_BITS: u64 = 0x0101_0101_0101_0101;
+
+/// Codebook bytes (each 1..=127) negated where `m` has 0xFF: `x ^ 0xFF` is −x − 1 and
+/// adding 1 cannot carry out of a byte whose value was at least 1.
+#[inline(always)]
+fn negate_bytes(row: u64, m: u64) -> u64 {
+    (row ^ m).wrapping_add(m & LOW_BITS)
+}
+
+/// Writes eight bytes (value i in byte i) as weights.
+#[inline(always)]
+fn put8(w: &mut [i8], v: u64) {
+    for (o, b) in w[..8].iter_mut().zip(v.to_le_bytes()) {
+        *o = b as i8;
     }
 }
 
+/// Eight codebook bytes with sign bits `s` (bit i set: value i negative) into `w`.
+#[inline(always)]
+fn signed8(row: u64, s: u8, w: &mut [i8]) {
+    put8(w, negate_bytes(row, SIGN_MASKS[s as usize]));
+}
+
 /// Four codebook bytes with the sign bits `s` (bit i: value i) into `w`.
-#[inline]
+#[inline(always)]
 fn signed4(row: u32, s: u8, w: &mut [i8]) {
-    for (i, o) in w[..4].iter_mut().enumerate() {
-        let v = (row >> (8 * i)) as u8 as i8;
-        *o = if (s >> i) & 1 != 0 { -v } else { v };
+    let v = negate_bytes(row as u64, SIGN_MASKS[(s & 0xF) as usize]) as u32;
+    for (o, b) in w[..4].iter_mut().zip(v.to_le_bytes()) {
+        *o = b as i8;
     }
+}
+
+/// Bytewise `a + b` (mod 256 in every byte, no carry between bytes).
+#[inline(always)]
+fn add_bytes(a: u64, b: u64) -> u64 {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    ((a & !HIGH).wrapping_add(b & !HIGH)) ^ ((a ^ b) & HIGH)
+}
+
+/// An IQ1 codebook row (bytes −1, 0, +1) as the weights 8·grid + δ (δ = ±1): the
+/// shift's spill into the next byte lands in the bits the mask clears.
+#[inline(always)]
+fn iq1_row(row: u64, delta_neg: bool) -> u64 {
+    let g8 = (row << 3) & 0xF8F8_F8F8_F8F8_F8F8;
+    add_bytes(g8, if delta_neg { u64::MAX } else { LOW_BITS })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -235,6 +307,7 @@ fn signed4(row: u32, s: u8, w: &mut [i8]) {
 /// l < 32) is `q = (qs[32c + l] >> 2k) & 3`; group g = value / 16;
 /// `y = (d * sc_g) * q − (dmin * m_g)`.
 /// Canonical: w = q, mul = sc, d = d, e = −dmin, emul = m.
+#[inline(always)]
 fn decode_q2_k(b: &[u8], _: usize, g: &mut Group) {
     let d = f16_at(b, 80);
     let dmin = f16_at(b, 82);
@@ -267,6 +340,7 @@ pub(crate) fn q3_k_scale(s: &[u8], i: usize) -> i32 {
 /// v = 128c + 32k + l: `q = ((qs[32c + l] >> 2k) & 3) − (bit v/32 of hmask[l] ? 0 : 4)`
 /// (−4..3); `y = (d * s_g) * q` with g = v / 16.
 /// Canonical: w = q, mul = s, d = d.
+#[inline(always)]
 fn decode_q3_k(b: &[u8], _: usize, g: &mut Group) {
     let d = f16_at(b, 108);
     let sc = &b[96..108];
@@ -305,6 +379,7 @@ fn sub_w(g: &mut Group, j: usize) -> &mut [i8; 32] {
 
 /// Q4_1 (20 B / 32): `d` @0, `m` @2, `qs[16]` @4; `y = (d * q) + m`.
 /// Canonical: w = q (0..15), mul = 1, d = d, e = m (Min::Asum).
+#[inline(always)]
 fn decode_q4_1(b: &[u8], j: usize, g: &mut Group) {
     let q = nibbles(b, 4);
     let w = sub_w(g, j);
@@ -330,6 +405,7 @@ fn q5(b: &[u8], qh: usize, qs: usize) -> [u8; 32] {
 
 /// Q5_0 (22 B / 32): `d` @0, `qh` (u32) @2, `qs[16]` @6; q = nibble | bit i of qh << 4;
 /// `y = d * (q − 16)`. Canonical: w = q − 16, mul = 1, d = d.
+#[inline(always)]
 fn decode_q5_0(b: &[u8], j: usize, g: &mut Group) {
     let q = q5(b, 2, 6);
     let w = sub_w(g, j);
@@ -343,6 +419,7 @@ fn decode_q5_0(b: &[u8], j: usize, g: &mut Group) {
 
 /// Q5_1 (24 B / 32): `d` @0, `m` @2, `qh` @4, `qs[16]` @8; `y = (d * q) + m`.
 /// Canonical: w = q (0..31), mul = 1, d = d, e = m (Min::Asum).
+#[inline(always)]
 fn decode_q5_1(b: &[u8], j: usize, g: &mut Group) {
     let q = q5(b, 4, 8);
     let w = sub_w(g, j);
@@ -357,12 +434,18 @@ fn decode_q5_1(b: &[u8], j: usize, g: &mut Group) {
 
 /// IQ4_NL (18 B / 32): `d` @0, `qs[16]` @2; `y = d * K[q]` (the IQ4_XS levels).
 /// Canonical: w = K[q], mul = 1, d = d.
+#[inline(always)]
 fn decode_iq4_nl(b: &[u8], j: usize, g: &mut Group) {
     let q = nibbles(b, 2);
     let w = sub_w(g, j);
     for i in 0..32 {
         w[i] = KVALUES_IQ4NL[(q[i] & 0xF) as usize];
     }
+    scales_iq4_nl(b, j, g);
+}
+
+#[inline(always)]
+fn scales_iq4_nl(b: &[u8], j: usize, g: &mut Group) {
     g.mul[2 * j] = 1;
     g.mul[2 * j + 1] = 1;
     g.d[j] = f16_at(b, 0);
@@ -370,12 +453,18 @@ fn decode_iq4_nl(b: &[u8], j: usize, g: &mut Group) {
 
 /// MXFP4 (17 B / 32): `e` (e8m0) @0, `qs[16]` @1; `y = 2^(e−128) * K2[q]` with K2 the
 /// doubled e2m1 levels. Canonical: w = K2[q], mul = 1, d = 2^(e−128).
+#[inline(always)]
 fn decode_mxfp4(b: &[u8], j: usize, g: &mut Group) {
     let q = nibbles(b, 1);
     let w = sub_w(g, j);
     for i in 0..32 {
         w[i] = KVALUES_MXFP4[(q[i] & 0xF) as usize];
     }
+    scales_mxfp4(b, j, g);
+}
+
+#[inline(always)]
+fn scales_mxfp4(b: &[u8], j: usize, g: &mut Group) {
     g.mul[2 * j] = 1;
     g.mul[2 * j + 1] = 1;
     g.d[j] = e8m0_half(b[0]);
@@ -415,6 +504,7 @@ fn tq1_0_values(b: &[u8], w: &mut [i8]) {
 /// TQ1_0 (54 B / 256): `qs[48]` @0 (five base-3 digits per byte, read as
 /// `((byte · 3^n mod 256) · 3) >> 8`), `qh[4]` @48 (four digits each), `d` @52;
 /// `y = d * (digit − 1)`. Canonical: w = digit − 1, mul = 1, d = d.
+#[inline(always)]
 fn decode_tq1_0(b: &[u8], _: usize, g: &mut Group) {
     tq1_0_values(b, &mut g.w);
     g.mul = [1; 16];
@@ -423,6 +513,7 @@ fn decode_tq1_0(b: &[u8], _: usize, g: &mut Group) {
 
 /// TQ2_0 (66 B / 256): `qs[64]` @0, `d` @64; value 128c + 32k + l is
 /// `((qs[32c + l] >> 2k) & 3) − 1`; `y = d * q`. Canonical: w = q, mul = 1, d = d.
+#[inline(always)]
 fn decode_tq2_0(b: &[u8], _: usize, g: &mut Group) {
     for j in 0..8 {
         let (c, k) = (j / 4, j % 4);
@@ -438,6 +529,7 @@ fn decode_tq2_0(b: &[u8], _: usize, g: &mut Group) {
 /// codebook rows, one byte each, 8 values per row) and `a1` (four 7-bit sign indices at
 /// bits 7k, `ls` in bits 28..32). `y = ((d * (0.5 + ls)) * 0.25) * grid * sign`.
 /// Canonical: w = grid·sign, mul = 2·ls + 1, d = d / 8.
+#[inline(always)]
 fn decode_iq2_xxs(b: &[u8], _: usize, g: &mut Group) {
     let d = f16_at(b, 0);
     for j in 0..8 {
@@ -459,6 +551,7 @@ fn decode_iq2_xxs(b: &[u8], _: usize, g: &mut Group) {
 /// `q & 511`, sign index `q >> 9` (values 8r..8r+8) —, `scales[8]` @66 (sub-block j:
 /// low nibble the first 16 values, high the second). `y = ((d * (0.5 + ls)) * 0.25) *
 /// grid * sign`. Canonical: w = grid·sign, mul = 2·ls + 1 per half, d = d / 8.
+#[inline(always)]
 fn decode_iq2_xs(b: &[u8], _: usize, g: &mut Group) {
     let d = f16_at(b, 0);
     for j in 0..8 {
@@ -477,6 +570,7 @@ fn decode_iq2_xs(b: &[u8], _: usize, g: &mut Group) {
 /// IQ2_S (82 B / 256): `d` @0, `qs[32]` @2 (low 8 bits of row r's codebook index),
 /// `signs[32]` @34 (row r's 8 sign bits), `qh[8]` @66 (bits 2·(r % 4) of byte r / 4:
 /// the index's bits 8, 9), `scales[8]` @74 (as IQ2_XS). Canonical as IQ2_XS.
+#[inline(always)]
 fn decode_iq2_s(b: &[u8], _: usize, g: &mut Group) {
     let d = f16_at(b, 0);
     for j in 0..8 {
@@ -497,6 +591,7 @@ fn decode_iq2_s(b: &[u8], _: usize, g: &mut Group) {
 /// indices (bits 7k, each for 8 values) and `ls` (bits 28..32).
 /// `y = ((d * (0.5 + ls)) * 0.5) * grid * sign`.
 /// Canonical: w = grid·sign, mul = 2·ls + 1, d = d / 4.
+#[inline(always)]
 fn decode_iq3_xxs(b: &[u8], _: usize, g: &mut Group) {
     let d = f16_at(b, 0);
     for j in 0..8 {
@@ -519,6 +614,7 @@ fn decode_iq3_xxs(b: &[u8], _: usize, g: &mut Group) {
 /// row), `qh[8]` @66 (bit r % 8 of byte r / 8: the index's bit 8), `signs[32]` @74
 /// (byte t: values 8t..8t+8), `scales[4]` @106 (sub-block j: nibble j % 2 of byte j / 2).
 /// `y = ((d * (1 + 2·sc)) * grid) * sign`. Canonical: w = grid·sign, mul = 1 + 2·sc, d = d.
+#[inline(always)]
 fn decode_iq3_s(b: &[u8], _: usize, g: &mut Group) {
     let d = f16_at(b, 0);
     for j in 0..8 {
@@ -541,6 +637,7 @@ fn decode_iq3_s(b: &[u8], _: usize, g: &mut Group) {
 /// 8..10 of row 4j + k, bits 12..14 `s`, bit 15 the sign of δ —;
 /// `y = (d * (2s + 1)) * (grid + δ)` with δ = ±0.125.
 /// Canonical: w = 8·grid ± 1 (the sign of δ), mul = 2s + 1, d = d / 8.
+#[inline(always)]
 fn decode_iq1_s(b: &[u8], _: usize, g: &mut Group) {
     let d = f16_at(b, 0);
     for j in 0..8 {
@@ -548,10 +645,10 @@ fn decode_iq1_s(b: &[u8], _: usize, g: &mut Group) {
         let delta: i8 = if qh & 0x8000 != 0 { -1 } else { 1 };
         for k in 0..4 {
             let idx = b[2 + 4 * j + k] as usize | ((((qh >> (3 * k)) & 7) as usize) << 8);
-            let row = IQ1S_GRID[idx];
-            for i in 0..8 {
-                g.w[32 * j + 8 * k + i] = 8 * ((row >> (8 * i)) as u8 as i8) + delta;
-            }
+            put8(
+                &mut g.w[32 * j + 8 * k..],
+                iq1_row(IQ1S_GRID[idx], delta < 0),
+            );
         }
         let m = 2 * ((qh >> 12) & 7) as i16 + 1;
         g.mul[2 * j] = m;
@@ -576,6 +673,7 @@ pub(crate) fn iq1_m_d(b: &[u8]) -> f32 {
 /// i / 4, the f16 `d` in the words' top nibbles (word u's in bits 4u..4u+4).
 /// `y = (d * (2s + 1)) * (grid + δ)`. Canonical: w = 8·grid ± 1, mul = 2s + 1 per half,
 /// d = d / 8.
+#[inline(always)]
 fn decode_iq1_m(b: &[u8], _: usize, g: &mut Group) {
     let d = iq1_m_d(b);
     for j in 0..8 {
@@ -584,10 +682,7 @@ fn decode_iq1_m(b: &[u8], _: usize, g: &mut Group) {
             let nib = (b[32 + r / 2] >> (4 * (r % 2))) & 0xF;
             let idx = b[r] as usize | (((nib & 7) as usize) << 8);
             let delta: i8 = if nib & 8 != 0 { -1 } else { 1 };
-            let row = IQ1S_GRID[idx];
-            for i in 0..8 {
-                g.w[8 * r + i] = 8 * ((row >> (8 * i)) as u8 as i8) + delta;
-            }
+            put8(&mut g.w[8 * r..], iq1_row(IQ1S_GRID[idx], delta < 0));
         }
         for h in 0..2 {
             let i = 2 * j + h;
@@ -596,6 +691,35 @@ fn decode_iq1_m(b: &[u8], _: usize, g: &mut Group) {
         }
         g.d[j] = d * 0.125;
     }
+}
+
+/// A low-bit type as a compile-time constant: the SIMD kernels are built per type, so
+/// its decoder is inlined into them (and compiled for their vector level).
+pub(crate) trait Kind {
+    const SPEC: Spec;
+}
+
+/// The [`Kind`] of each type, named as the type.
+#[allow(non_camel_case_types)]
+pub(crate) mod kinds {
+    use super::{spec_of, Kind, Spec};
+    use gguf::GgmlType;
+
+    macro_rules! kinds {
+        ($($t:ident),+) => {
+            $(
+                pub(crate) struct $t;
+                impl Kind for $t {
+                    const SPEC: Spec = spec_of(GgmlType::$t);
+                }
+            )+
+        };
+    }
+
+    kinds!(
+        Q2_K, Q3_K, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+        IQ3_S, IQ1_S, IQ1_M
+    );
 }
 
 // ---------------------------------------------------------------------------------------

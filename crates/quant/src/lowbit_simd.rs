@@ -92,7 +92,7 @@ macro_rules! by_type {
     };
 }
 
-/// The `kernel` and `multi` of one level: safe wrappers around `$dot::<N>(&SPEC, row,
+/// The `kernel` and `multi` of one level: safe wrappers around `$dot::<Kind, N>(row,
 /// tokens)`. The caller's SAFETY note covers the unsafe calls.
 #[cfg(target_arch = "x86_64")]
 macro_rules! level_fns {
@@ -101,8 +101,7 @@ macro_rules! level_fns {
             macro_rules! k {
                 ($t:ident) => {{
                     fn w(row: &[u8], xq: &ActQ8) -> f32 {
-                        const SP: Spec = spec_of(GgmlType::$t);
-                        unsafe { $dot::<1>(&SP, row, [xq])[0] }
+                        unsafe { $dot::<kinds::$t, 1>(row, [xq])[0] }
                     }
                     Some(Kernel::Q(w))
                 }};
@@ -114,13 +113,12 @@ macro_rules! level_fns {
             macro_rules! m {
                 ($t:ident) => {{
                     fn w(row: &[u8], xqs: &[ActQ8], _ta: &[Vec<i8>], out: &mut [f32]) {
-                        const SP: Spec = spec_of(GgmlType::$t);
                         assert_eq!(xqs.len(), out.len());
                         let mut t = 0;
                         $(
                             while xqs.len() - t >= $n {
                                 let tile: [&ActQ8; $n] = std::array::from_fn(|i| &xqs[t + i]);
-                                let r = unsafe { $dot::<$n>(&SP, row, tile) };
+                                let r = unsafe { $dot::<kinds::$t, $n>(row, tile) };
                                 out[t..t + $n].copy_from_slice(&r);
                                 t += $n;
                             }
@@ -141,12 +139,52 @@ mod imp {
     use crate::avx2::imp::{hsum8x8, tree};
     use crate::formats::SUB;
     use crate::isa::{Avx2Proof, Avx512BwProof, Avx512Proof};
-    use crate::lowbit::{add_group, spec_of, Group, Min, Spec};
+    use crate::lowbit::{add_group, kinds, Group, Kind, Min, Spec};
     use crate::{scalar, ActQ8, GgmlType, Kernel, Multi};
 
     /// These kernels read the activations as quantized: no extra layout.
     fn no_layout(_qs: &[i8]) -> Vec<i8> {
         Vec::new()
+    }
+
+    /// Decodes a whole group: the generic decoder, or for the table types a byte
+    /// shuffle of their nibbles through the table (the same integers).
+    #[inline(always)]
+    unsafe fn decode<K: Kind>(src: &[u8], g: &mut Group) {
+        match K::SPEC.lut {
+            Some((table, qs, scales)) => decode_lut(src, K::SPEC.block_bytes, table, qs, scales, g),
+            None => K::SPEC.decode_group(src, 8, g),
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn decode_lut(
+        src: &[u8],
+        bb: usize,
+        table: &[i8; 16],
+        qs: usize,
+        scales: fn(&[u8], usize, &mut Group),
+        g: &mut Group,
+    ) {
+        assert!(src.len() >= 8 * bb && qs + 16 <= bb);
+        // SAFETY: every load reads 16 bytes at qs of a block inside `src` (asserted);
+        // every store writes 16 bytes inside `g.w`.
+        unsafe {
+            let t = _mm_loadu_si128(table.as_ptr() as *const __m128i);
+            let m4 = _mm_set1_epi8(0x0F);
+            for j in 0..8 {
+                let q = _mm_loadu_si128(src.as_ptr().add(j * bb + qs) as *const __m128i);
+                let lo = _mm_shuffle_epi8(t, _mm_and_si128(q, m4));
+                let hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+                let w = g.w.as_mut_ptr().add(32 * j);
+                _mm_storeu_si128(w as *mut __m128i, lo);
+                _mm_storeu_si128(w.add(16) as *mut __m128i, hi);
+            }
+        }
+        for j in 0..8 {
+            scales(&src[j * bb..(j + 1) * bb], j, g);
+        }
     }
 
     /// Sub-blocks of a row, after checking every token's activations cover them.
@@ -224,11 +262,11 @@ mod imp {
 
     /// The AVX2 kernel of every low-bit type: N tokens against one row.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_avx2<const N: usize>(
-        sp: &Spec,
+    pub(crate) unsafe fn dot_avx2<K: Kind, const N: usize>(
         row: &[u8],
         xq: [&ActQ8; N],
     ) -> [f32; N] {
+        let sp = &K::SPEC;
         let n_sub = check(sp, row, &xq);
         let groups = n_sub / 8;
         let gb = sp.group_bytes();
@@ -236,7 +274,7 @@ mod imp {
         let mut acc = [[_mm256_setzero_ps(); 4]; N];
         let mut g = Group::default();
         for gi in 0..groups {
-            sp.decode_group(&row[gi * gb..], 8, &mut g);
+            decode::<K>(&row[gi * gb..], &mut g);
             let mut w = [_mm256_setzero_si256(); 8];
             let mut aw = [_mm256_setzero_si256(); 8];
             let mut mulv = [_mm256_setzero_si256(); 8];
@@ -323,11 +361,11 @@ mod imp {
 
             /// The AVX-512 kernel of every low-bit type: N tokens against one row.
             #[target_feature(enable = $feat)]
-            pub(crate) unsafe fn $dot<const N: usize>(
-                sp: &Spec,
+            pub(crate) unsafe fn $dot<K: Kind, const N: usize>(
                 row: &[u8],
                 xq: [&ActQ8; N],
             ) -> [f32; N] {
+                let sp = &K::SPEC;
                 let n_sub = check(sp, row, &xq);
                 let groups = n_sub / 8;
                 let gb = sp.group_bytes();
@@ -336,7 +374,7 @@ mod imp {
                 let mut acc = [[_mm256_setzero_ps(); 4]; N];
                 let mut g = Group::default();
                 for gi in 0..groups {
-                    sp.decode_group(&row[gi * gb..], 8, &mut g);
+                    decode::<K>(&row[gi * gb..], &mut g);
                     let mut aw = [zero; 4];
                     let mut neg = [0u64; 4];
                     let mut m16 = [zero; 4];
