@@ -77,12 +77,15 @@ pub(crate) struct Spec {
     pub min: Min,
     /// Decodes one block into the group: a 256-value block fills sub-blocks 0..8 (`j`
     /// is 0); a 32-value block fills sub-block `j`.
-    pub decode: fn(&[u8], usize, &mut Group),
+    pub decode: DecodeFn,
     /// For 32-value blocks whose weights are a 16-entry table of their nibbles (IQ4_NL,
     /// MXFP4): the table, the offset of the 16 nibble bytes, and a decoder of the
     /// block's scales alone (the SIMD kernels look the weights up with a byte shuffle).
-    pub lut: Option<(&'static [i8; 16], usize, fn(&[u8], usize, &mut Group))>,
+    pub lut: Option<(&'static [i8; 16], usize, DecodeFn)>,
 }
+
+/// A block decoder (see [`Spec::decode`]).
+pub(crate) type DecodeFn = fn(&[u8], usize, &mut Group);
 
 impl Spec {
     /// Blocks per group of 8 sub-blocks.
