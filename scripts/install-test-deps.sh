@@ -2,7 +2,9 @@
 # Installs what the server test suite needs on a fresh Debian machine:
 #   - Debian's Chromium (the browser check drives /usr/bin/chromium; no browser download),
 #   - Debian's nodejs and npm, when `node` is missing,
-#   - the Python packages in tests/server/requirements.txt (openai, anthropic, pytest, requests),
+#   - the Python packages in tests/server/requirements.txt (openai, anthropic, pytest, requests)
+#     and crates/quant/tests/requirements.txt (gguf and numpy, pinned: the dequantization
+#     oracle of crates/quant/tests/oracle.rs),
 #   - playwright-core from npm, under target/server-tests/node (outside the source tree),
 #   - the agent clients Claude Code and Codex CLI from npm at pinned versions, under
 #     target/agent-clients (scripts/agent-clients.sh --install-only).
@@ -29,7 +31,8 @@ fi
 node --version
 
 echo "== python packages"
-timeout 600 python3 -m pip install -q -r "$ROOT/tests/server/requirements.txt"
+timeout 600 python3 -m pip install -q -r "$ROOT/tests/server/requirements.txt" \
+  -r "$ROOT/crates/quant/tests/requirements.txt"
 
 if [ ! -d "$NODE_DIR/node_modules/playwright-core" ]; then
   echo "== playwright-core (npm) into $NODE_DIR"

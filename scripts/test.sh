@@ -3,7 +3,8 @@
 #   1. installs what the server suite needs (Debian chromium and nodejs, the
 #      openai/anthropic SDKs and pytest, playwright-core, the agent clients) —
 #      skipped when already present;
-#   2. cargo test: kernels against their scalar reference, GGUF reader/writer,
+#   2. cargo test: kernels against their scalar reference, dequantization against
+#      the gguf package's (crates/quant/tests/oracle.rs), GGUF reader/writer,
 #      tokenizer and chat templates, parity with transformers for the three
 #      archs, the engine's byte-level invariants;
 #   3. bench/compare.py on llama-bench- and scoria-shaped files (bench/test_compare.py),

@@ -17,7 +17,9 @@ pub struct SynthArgs {
     /// Geometry name, e.g. qwen3.6-35b-a3b, qwen3-next-80b-a3b, qwen3-30b-a3b, tiny.
     #[arg(long, short = 'g')]
     pub geometry: Option<String>,
-    /// Quantization preset: q4_k_m, q8_0, f32, f16, bf16.
+    /// Quantization preset: q4_k_m, q8_0, f32, f16, bf16, a mix (ud_q2_k_xl, ud_q3_k_xl,
+    /// ud_iq2_xxs, mxfp4_moe) or one quantized type for every matrix (q2_k, iq2_xxs, ...;
+    /// `scoria synth --list` lists them).
     #[arg(long, short = 'q', default_value = "q4_k_m")]
     pub quant: String,
     /// Seed of the random weights (same seed, same bytes).
@@ -73,7 +75,8 @@ fn list() {
         println!("{name:<20} {:<10} {p:>10} {nv:>10}  {desc}", arch.name());
     }
     println!();
-    println!("presets: q4_k_m (default), q8_0, f32, f16, bf16");
+    let presets: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+    println!("presets: {} (default q4_k_m)", presets.join(", "));
 }
 
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {

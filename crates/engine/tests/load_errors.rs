@@ -72,14 +72,14 @@ fn load_err(path: &Path) -> String {
 fn unsupported_type_is_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = tiny(dir.path());
-    let dst = dir.path().join("q2k.gguf");
+    let dst = dir.path().join("q8k.gguf");
     rewrite(&src, &dst, |name, ty, data| {
         if name == "blk.1.ffn_up_exps.weight" {
-            // Same element count, stored as Q2_K (a type with no kernel here).
+            // Same element count, stored as Q8_K (a type with no kernel here).
             let n = data.len() / ty.type_size() * ty.block_size();
             Some((
-                GgmlType::Q2_K,
-                vec![0u8; n / 256 * GgmlType::Q2_K.type_size()],
+                GgmlType::Q8_K,
+                vec![0u8; n / 256 * GgmlType::Q8_K.type_size()],
             ))
         } else {
             Some((ty, data.to_vec()))
@@ -87,7 +87,7 @@ fn unsupported_type_is_refused_by_name() {
     });
     let e = load_err(&dst);
     assert!(
-        e.contains("blk.1.ffn_up_exps.weight") && e.contains("Q2_K"),
+        e.contains("blk.1.ffn_up_exps.weight") && e.contains("Q8_K"),
         "{e}"
     );
 }

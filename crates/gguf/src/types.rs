@@ -152,6 +152,44 @@ impl std::fmt::Display for GgmlType {
 #[cfg(test)]
 mod tests {
     use super::*;
+    /// Block bytes from each layout's fields (f16 = 2 bytes): the table's sizes are
+    /// what the blocks hold.
+    #[test]
+    fn block_bytes_are_the_sum_of_the_layout_fields() {
+        let k = 256;
+        let fields: [(GgmlType, usize, usize); 22] = [
+            (GgmlType::Q4_0, 32, 2 + 16),
+            (GgmlType::Q4_1, 32, 2 + 2 + 16),
+            (GgmlType::Q5_0, 32, 2 + 4 + 16),
+            (GgmlType::Q5_1, 32, 2 + 2 + 4 + 16),
+            (GgmlType::Q8_0, 32, 2 + 32),
+            (GgmlType::Q8_1, 32, 2 + 2 + 32),
+            (GgmlType::Q2_K, k, k / 16 + k / 4 + 2 + 2),
+            (GgmlType::Q3_K, k, k / 8 + k / 4 + 12 + 2),
+            (GgmlType::Q4_K, k, 2 + 2 + 12 + k / 2),
+            (GgmlType::Q5_K, k, 2 + 2 + 12 + k / 8 + k / 2),
+            (GgmlType::Q6_K, k, k / 2 + k / 4 + k / 16 + 2),
+            (GgmlType::Q8_K, k, 4 + k + 2 * k / 16),
+            (GgmlType::IQ2_XXS, k, 2 + 2 * k / 8),
+            (GgmlType::IQ2_XS, k, 2 + 2 * k / 8 + k / 32),
+            (GgmlType::IQ2_S, k, 2 + k / 4 + k / 32 + k / 32),
+            (GgmlType::IQ3_XXS, k, 2 + 3 * k / 8),
+            (GgmlType::IQ3_S, k, 2 + k / 4 + k / 32 + k / 8 + k / 64),
+            (GgmlType::IQ1_S, k, 2 + k / 8 + k / 16),
+            (GgmlType::IQ1_M, k, k / 8 + k / 16 + k / 32),
+            (GgmlType::IQ4_NL, 32, 2 + 16),
+            (GgmlType::IQ4_XS, k, 2 + 2 + k / 64 + k / 2),
+            (GgmlType::TQ2_0, k, k / 4 + 2),
+        ];
+        for (t, block, bytes) in fields {
+            assert_eq!((t.block_size(), t.type_size()), (block, bytes), "{t}");
+        }
+        // TQ1_0: five base-3 digits per byte for 240 values, four per byte for 16, d.
+        assert_eq!(GgmlType::TQ1_0.type_size(), 240 / 5 + 16 / 4 + 2);
+        // MXFP4: one e8m0 scale byte and 32 four-bit codes.
+        assert_eq!(GgmlType::MXFP4.type_size(), 1 + 16);
+    }
+
     #[test]
     fn ids_round_trip_and_are_unique() {
         for t in GgmlType::ALL {

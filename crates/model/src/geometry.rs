@@ -170,6 +170,7 @@ impl Geometry {
             qwen3_next_80b_a3b(),
             qwen36_35b_a3b(),
             qwen35_122b_a10b(),
+            qwen35_397b_a17b(),
             qwen3_30b_a3b(),
         ]
     }
@@ -224,6 +225,7 @@ impl Geometry {
             "qwen3-next-80b-a3b" => "Qwen3-Next-80B-A3B: 48 layers, 512 experts top-10",
             "qwen3.6-35b-a3b" => "Qwen3.5/3.6-35B-A3B: 40 layers + MTP, 256 experts top-8",
             "qwen3.5-122b-a10b" => "Qwen3.5-122B-A10B: 48 layers + MTP, 256 experts top-8",
+            "qwen3.5-397b-a17b" => "Qwen3.5-397B-A17B: 60 layers + MTP, 512 experts top-10",
             "qwen3-30b-a3b" => "Qwen3-30B-A3B: 48 layers, 128 experts top-8",
             _ => "",
         }
@@ -398,6 +400,31 @@ fn qwen35_122b_a10b() -> Geometry {
     }
 }
 
+/// Qwen3.5-397B-A17B (the released config: hidden 4096, 60 layers with every fourth
+/// full attention, 32 query / 2 KV heads of 256, 512 experts of 1024 with top-10 and a
+/// shared expert of 1024, linear attention 16 key / 64 value heads of 128, one MTP
+/// layer, the Qwen3.5 vocabulary).
+fn qwen35_397b_a17b() -> Geometry {
+    Geometry {
+        name: "qwen3.5-397b-a17b",
+        n_layer: 60,
+        n_embd: 4096,
+        n_head: 32,
+        n_head_kv: 2,
+        n_expert: 512,
+        n_expert_used: 10,
+        expert_ff: 1024,
+        shared_ff: 1024,
+        linear: Some(LinearAttention {
+            n_k_heads: 16,
+            n_v_heads: 64,
+            head_dim: 128,
+            conv_kernel: 4,
+        }),
+        ..qwen36_35b_a3b()
+    }
+}
+
 fn qwen3_30b_a3b() -> Geometry {
     Geometry {
         name: "qwen3-30b-a3b",
@@ -479,6 +506,26 @@ mod tests {
             .unwrap();
         assert_eq!(q.ssm.as_ref().unwrap().conv_dim(), 8192);
         assert_eq!((q.n_layer, q.n_nextn), (40, 1));
+    }
+
+    #[test]
+    fn the_big_qwen35_geometries_have_their_released_sizes() {
+        // Parameter counts of the released checkpoints' text towers with MTP: about
+        // 122B and 397B (the names round them; 10B and 17B are active).
+        for (name, total_b, n_attn, kv) in [
+            ("qwen3.5-122b-a10b", 122.0, 12, 2),
+            ("qwen3.5-397b-a17b", 397.0, 15, 2),
+        ] {
+            let g = Geometry::by_name(None, name).unwrap();
+            let (_, total) = g.n_params().unwrap();
+            let b = total as f64 / 1e9;
+            assert!((b - total_b).abs() / total_b < 0.03, "{name}: {b:.1}B");
+            let c = g.config().unwrap();
+            assert_eq!(c.n_attention_layers(), n_attn, "{name}");
+            assert_eq!(c.n_head_kv, kv, "{name}");
+            assert_eq!(c.n_embd % 256, 0);
+            assert_eq!(c.n_ff_exp % 256, 0);
+        }
     }
 
     #[test]

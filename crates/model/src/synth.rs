@@ -50,16 +50,91 @@ pub enum Preset {
     F16,
     /// Converter `--outtype bf16`.
     Bf16,
+    /// Every quantizable tensor in one quantized type (`--quant iq2_xxs`, ...): a tensor
+    /// whose rows are not whole blocks of it falls back to Q8_0.
+    Uniform(GgmlType),
+    /// A mix as people download them: each tensor role's type from the published files
+    /// (see [`Mix`]).
+    Mix(Mix),
+}
+
+/// The per-role mixes of the downloaded low-bit files (`plan::mix_type` gives each
+/// role's type and where the assignment comes from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mix {
+    /// Unsloth's UD-Q2_K_XL.
+    UdQ2KXL,
+    /// Unsloth's UD-Q3_K_XL.
+    UdQ3KXL,
+    /// Unsloth's UD-IQ2_XXS.
+    UdIq2Xxs,
+    /// `llama-quantize MXFP4_MOE`: routed experts MXFP4, the rest Q8_0.
+    Mxfp4Moe,
+}
+
+/// The quantized types `--quant` takes by name, with the `general.file_type`
+/// (llama_ftype) a file of mostly that type carries.
+const UNIFORM: [(GgmlType, &str, u32); 21] = [
+    (GgmlType::Q4_0, "q4_0", 2),
+    (GgmlType::Q4_1, "q4_1", 3),
+    (GgmlType::Q5_0, "q5_0", 8),
+    (GgmlType::Q5_1, "q5_1", 9),
+    (GgmlType::Q2_K, "q2_k", 10),
+    (GgmlType::Q3_K, "q3_k", 11),
+    (GgmlType::Q4_K, "q4_k", 14),
+    (GgmlType::Q5_K, "q5_k", 16),
+    (GgmlType::Q6_K, "q6_k", 18),
+    (GgmlType::IQ2_XXS, "iq2_xxs", 19),
+    (GgmlType::IQ2_XS, "iq2_xs", 20),
+    (GgmlType::IQ3_XXS, "iq3_xxs", 23),
+    (GgmlType::IQ1_S, "iq1_s", 24),
+    (GgmlType::IQ4_NL, "iq4_nl", 25),
+    (GgmlType::IQ3_S, "iq3_s", 26),
+    (GgmlType::IQ2_S, "iq2_s", 28),
+    (GgmlType::IQ4_XS, "iq4_xs", 30),
+    (GgmlType::IQ1_M, "iq1_m", 31),
+    (GgmlType::TQ1_0, "tq1_0", 36),
+    (GgmlType::TQ2_0, "tq2_0", 37),
+    (GgmlType::MXFP4, "mxfp4", 38),
+];
+
+const fn uniform_entry(ty: GgmlType) -> (&'static str, u32) {
+    let mut i = 0;
+    while i < UNIFORM.len() {
+        if UNIFORM[i].0 as u32 == ty as u32 {
+            return (UNIFORM[i].1, UNIFORM[i].2);
+        }
+        i += 1;
+    }
+    ("?", 0)
 }
 
 impl Preset {
-    pub const ALL: [Preset; 5] = [
-        Preset::Q4KM,
-        Preset::Q8_0,
-        Preset::F32,
-        Preset::F16,
-        Preset::Bf16,
-    ];
+    pub const ALL: [Preset; 30] = {
+        let mut all = [Preset::Q4KM; 30];
+        let head = [
+            Preset::Q4KM,
+            Preset::Q8_0,
+            Preset::F32,
+            Preset::F16,
+            Preset::Bf16,
+            Preset::Mix(Mix::UdQ2KXL),
+            Preset::Mix(Mix::UdQ3KXL),
+            Preset::Mix(Mix::UdIq2Xxs),
+            Preset::Mix(Mix::Mxfp4Moe),
+        ];
+        let mut i = 0;
+        while i < head.len() {
+            all[i] = head[i];
+            i += 1;
+        }
+        let mut j = 0;
+        while j < UNIFORM.len() {
+            all[head.len() + j] = Preset::Uniform(UNIFORM[j].0);
+            j += 1;
+        }
+        all
+    };
 
     /// The name `--quant` takes.
     pub const fn name(self) -> &'static str {
@@ -69,6 +144,11 @@ impl Preset {
             Preset::F32 => "f32",
             Preset::F16 => "f16",
             Preset::Bf16 => "bf16",
+            Preset::Uniform(ty) => uniform_entry(ty).0,
+            Preset::Mix(Mix::UdQ2KXL) => "ud_q2_k_xl",
+            Preset::Mix(Mix::UdQ3KXL) => "ud_q3_k_xl",
+            Preset::Mix(Mix::UdIq2Xxs) => "ud_iq2_xxs",
+            Preset::Mix(Mix::Mxfp4Moe) => "mxfp4_moe",
         }
     }
 
@@ -80,11 +160,17 @@ impl Preset {
             Preset::Q8_0 => 7,
             Preset::Q4KM => 15,
             Preset::Bf16 => 32,
+            Preset::Uniform(ty) => uniform_entry(ty).1,
+            // Q2_K, Q3_K_M, IQ2_XXS, MXFP4_MOE: the file types the mixes are made from.
+            Preset::Mix(Mix::UdQ2KXL) => 10,
+            Preset::Mix(Mix::UdQ3KXL) => 12,
+            Preset::Mix(Mix::UdIq2Xxs) => 19,
+            Preset::Mix(Mix::Mxfp4Moe) => 38,
         }
     }
 
     pub const fn is_quantized(self) -> bool {
-        matches!(self, Preset::Q4KM | Preset::Q8_0)
+        !matches!(self, Preset::F32 | Preset::F16 | Preset::Bf16)
     }
 }
 

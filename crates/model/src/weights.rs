@@ -535,7 +535,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("blk.3.attn_output.weight"), "{e}");
-        let e = check_kernel_rows("x", GgmlType::Q4_1, 256)
+        let e = check_kernel_rows("x", GgmlType::Q8_1, 256)
             .unwrap_err()
             .to_string();
         assert!(e.contains("no CPU kernel"), "{e}");

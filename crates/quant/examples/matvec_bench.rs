@@ -8,7 +8,8 @@
 //! The matmul cases (prompt processing: one expert's tokens, a dense projection)
 //! report (row, token) dots per second and the effective GFLOP/s (2·rows·cols·tokens).
 //! `--matmul` runs only those; `--tail` the cost of a matmul's last partial group of
-//! tokens at the AMX level (see `tail_bench`).
+//! tokens at the AMX level (see `tail_bench`); `--lowbit` one thread's speed on every
+//! quantized type.
 
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,47 @@ fn time_it(budget: Duration, mut f: impl FnMut()) -> f64 {
     best
 }
 
+/// One thread's matvec speed on a 1024 x 4096 matrix of every quantized type (Q4_K
+/// first, for reference), in weight GB/s and in weights per nanosecond, at the AVX2
+/// and AVX-512 levels.
+fn lowbit_bench(budget: Duration) {
+    let (rows, cols) = (1024usize, 4096usize);
+    let mut s = 7u64;
+    let x: Vec<f32> = (0..cols)
+        .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let xq = quant::quantize_act(&x);
+    println!(
+        "{:<8} {:<9} {:>9} {:>12}",
+        "type", "isa", "GB/s", "weights/ns"
+    );
+    for ty in quant::SUPPORTED {
+        if matches!(ty, T::F32 | T::F16 | T::BF16) {
+            continue;
+        }
+        let w = random_matrix(ty, rows, cols, 42);
+        let rb = w.len() / rows;
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            if !isa.is_available() {
+                continue;
+            }
+            let mut out = vec![0f32; rows];
+            let t = time_it(budget, || {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(rb)) {
+                    *o = quant::dot_with(isa, ty, row, &x, &xq);
+                }
+            });
+            println!(
+                "{:<8} {:<9} {:>9.2} {:>12.2}",
+                ty.name(),
+                isa.name(),
+                w.len() as f64 / 1e9 / t,
+                (rows * cols) as f64 / 1e9 / t
+            );
+        }
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let budget = Duration::from_millis(if quick { 100 } else { 400 });
@@ -66,6 +108,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "--tail") {
         tail_bench(budget);
+        return;
+    }
+    if std::env::args().any(|a| a == "--lowbit") {
+        lowbit_bench(budget);
         return;
     }
     println!(

@@ -1,5 +1,8 @@
-//! Block layouts of the supported types: byte offsets, scale unpacking,
-//! dequantization and the simple round-to-nearest quantizers.
+//! Block layouts of the first supported types (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K,
+//! Q6_K, IQ4_XS): byte offsets, scale unpacking, dequantization and the simple
+//! round-to-nearest quantizers. The low-bit types added after them (Q2_K, Q3_K, Q4_1,
+//! Q5_0, Q5_1, IQ4_NL, MXFP4, TQ1_0, TQ2_0 and the IQ1/IQ2/IQ3 types) are in `lowbit.rs`,
+//! which `dequantize` and `quantize` hand them to.
 //!
 //! Layouts follow the ggml block structs exactly (see section C.2 of the format
 //! notes); all multi-byte fields are little-endian.
@@ -197,7 +200,10 @@ pub(crate) fn dequantize(ty: gguf::GgmlType, src: &[u8], dst: &mut [f32]) {
                 }
             }
         }
-        other => unreachable!("dequantize called for unsupported type {other}"),
+        other => match crate::lowbit::spec(other) {
+            Some(sp) => crate::lowbit::dequantize(&sp, src, dst),
+            None => unreachable!("dequantize called for unsupported type {other}"),
+        },
     }
 }
 
@@ -260,7 +266,10 @@ pub(crate) fn quantize(ty: gguf::GgmlType, src: &[f32], dst: &mut [u8]) {
         T::Q4_K | T::Q5_K => quantize_k(ty == T::Q5_K, src, dst),
         T::Q6_K => quantize_q6_k(src, dst),
         T::IQ4_XS => quantize_iq4_xs(src, dst),
-        other => unreachable!("quantize called for unsupported type {other}"),
+        other => match crate::lowbit::spec(other) {
+            Some(sp) => crate::lowbit::quantize(&sp, src, dst),
+            None => unreachable!("quantize called for unsupported type {other}"),
+        },
     }
 }
 

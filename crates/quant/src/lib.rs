@@ -18,8 +18,8 @@
 //! The block stores `d` (f32) and `sum`.
 //!
 //! **Sub-blocks.** A weight row of `n_cols` values is cut into sub-blocks of 32 values,
-//! s = 0..n_cols/32 (a Q8_0/Q4_0 block is one sub-block; a 256-value K-quant or IQ4_XS
-//! block is 8). Sub-block s meets activation block s: `a` = its int8 values,
+//! s = 0..n_cols/32 (a 32-value block — Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 — is
+//! one sub-block; a 256-value block — the K-quants, the IQ types, TQ1_0, TQ2_0 — is 8). Sub-block s meets activation block s: `a` = its int8 values,
 //! `da` = its scale, `asum` = its integer sum. Each sub-block yields one f32
 //! contribution `c` (d, dmin and the f16 block scales are converted to f32 exactly):
 //!
@@ -30,6 +30,37 @@
 //! | Q4_K, Q5_K | `is = sc · Σ q·a`, `im = m · asum` (sc, m: the sub-block's 6-bit scale and min; q: 0..15 / 0..31) | `c = (d * da) * is`; `c = fma(-(dmin * da), im, c)` |
 //! | Q6_K | `isum = sc_lo · Σ_{i<16} q·a + sc_hi · Σ_{i≥16} q·a` (q: -32..31; sc_lo, sc_hi: the two int8 scales of the sub-block's 16-value groups) | `c = (d * da) * isum` |
 //! | IQ4_XS | `isum = (ls - 32) · Σ K[q]·a` | `c = (d * da) * isum` |
+//!
+//! **The low-bit types** (`lowbit.rs`) are written in one form. Each value has an
+//! integer weight w, each 16-value half h of the sub-block an integer multiplier
+//! `mul_h`, and the sub-block a float scale D (with a minimum: E); then
+//! `is = mul_0 · Σ_{i<16} w·a + mul_1 · Σ_{i≥16} w·a` and
+//!
+//! | type | w | mul_0, mul_1 | D | float sequence |
+//! |---|---|---|---|---|
+//! | Q2_K | q (0..3) | the halves' 4-bit scales sc | d | `c = (D * da) * is`; `c = fma(E * da, ie, c)` with E = −dmin, `ie = m_0 · Σ_{i<16} a + m_1 · Σ_{i≥16} a` (m: the halves' 4-bit mins) |
+//! | Q3_K | q (−4..3) | the halves' scales s − 32 | d | `c = (D * da) * is` |
+//! | Q4_1, Q5_1 | q (0..15 / 0..31) | 1 | d | `c = (D * da) * is`; `c = fma(E * da, asum, c)` with E = m |
+//! | Q5_0 | q − 16 | 1 | d | `c = (D * da) * is` |
+//! | IQ4_NL | `K[q]` | 1 | d | same |
+//! | MXFP4 | `K2[q]` (doubled e2m1 levels: 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12) | 1 | 2^(e − 128) | same |
+//! | TQ1_0, TQ2_0 | q (−1..1 / −1..2) | 1 | d | same |
+//! | IQ2_XXS | grid · sign | 2·ls + 1 (one per sub-block) | d / 8 | same |
+//! | IQ2_XS, IQ2_S | grid · sign | the halves' 2·ls + 1 | d / 8 | same |
+//! | IQ3_XXS | grid · sign | 2·ls + 1 | d / 4 | same |
+//! | IQ3_S | grid · sign | 1 + 2·sc | d | same |
+//! | IQ1_S | 8·grid ± 1 (the sign of δ) | 2·s + 1 | d / 8 | same |
+//! | IQ1_M | 8·grid ± 1 (each row's δ) | the halves' 2·s + 1 | d / 8 | same |
+//!
+//! D is exact: an f16 (or e8m0) scale converted to f32 times a power of two. The
+//! types whose scales are per 16 values (Q2_K, Q3_K, IQ2_XS, IQ2_S, IQ1_M) keep both
+//! halves in the *integer* part, so every type has one float sequence per 32-value
+//! sub-block. The integer weights and multipliers are each layout's dequantization
+//! formula with the common float factor taken out (`y = D · mul · w` for the
+//! multiplier of the value's half, plus the minimum: IQ2's `d · (0.5 + ls) / 4 ·
+//! grid · sign` is `d/8 · (2·ls + 1) · (grid · sign)`, IQ1's `d · (2s + 1) · (grid ±
+//! 1/8)` is `d/8 · (2s + 1) · (8·grid ± 1)`). Bounds: |w| ≤ 127, |mul| ≤ 32, |is| <
+//! 2^23 (IQ3_XXS: 31 · 62 · 127 · 32), |ie| < 2^16.
 //!
 //! Every integer above is below 2^24 in magnitude, so its conversion to f32 is exact.
 //!
@@ -43,8 +74,8 @@
 //! **Combine.** For w = 16, 8, 4, 2, 1: `acc[l] = acc[l] + acc[l + w]` for l < w;
 //! the result is `acc[0]`.
 //!
-//! For quantized types `n_cols` must be a multiple of 32 (256 for the K-quants and
-//! IQ4_XS): a whole number of blocks and of 32-value sub-blocks. Float rows may have
+//! For quantized types `n_cols` must be a multiple of 32 (256 for the 256-value block
+//! types): a whole number of blocks and of 32-value sub-blocks. Float rows may have
 //! any length (checkpoints have e.g. 6 heads of 40 = 240 values): the rule above puts
 //! every element in its accumulator whether or not the last group of 32 is full, and
 //! the SIMD kernels finish a partial last group with the scalar fmas.
@@ -66,7 +97,10 @@
 //! them AMX-INT8 for prompt matmuls (`amx.rs`: the tile unit computes the exact
 //! integer dots of 16 rows × 16 tokens, AVX-512 the float sequence);
 //! `SCORIA_ISA=scalar|avx2|avx512bw|avx512|amx` forces a lower level. Tests check every
-//! level the CPU has against the scalar kernels bit for bit.
+//! level the CPU has against the scalar kernels bit for bit. The low-bit types have one
+//! kernel body per level over their canonical integer form (`lowbit_simd.rs`); they
+//! have no AMX kernel, and their prompt matmuls at the AMX level run on the AVX-512
+//! kernels.
 //!
 //! **Many tokens** ([`matmul`], prompt processing). The quantized AVX2 and AVX-512
 //! kernels are generic over a tile of N tokens (N = 1 is the single-row dot): each
@@ -128,7 +162,10 @@ mod amx;
 mod avx2;
 mod avx512;
 mod formats;
+mod grids;
 mod isa;
+mod lowbit;
+mod lowbit_simd;
 pub mod par;
 mod scalar;
 
@@ -185,8 +222,38 @@ pub fn is_supported(ty: GgmlType) -> bool {
     matches!(
         ty,
         T::F32 | T::F16 | T::BF16 | T::Q8_0 | T::Q4_0 | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS
-    )
+    ) || lowbit::spec(ty).is_some()
 }
+
+/// Every type with kernels: the float types, then the quantized types in the order of
+/// the canonical-order table.
+pub const SUPPORTED: [GgmlType; 25] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::MXFP4,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+];
 
 fn is_float(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -284,6 +351,15 @@ impl Kernel {
 }
 
 fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
+    if lowbit::spec(ty).is_some() {
+        let k = match isa {
+            Isa::Avx512 | Isa::Amx => lowbit_simd::avx512_kernel(ty, isa::avx512_proof()),
+            Isa::Avx512Bw => lowbit_simd::avx512bw_kernel(ty, isa::avx512bw_proof()),
+            Isa::Avx2 => lowbit_simd::avx2_kernel(ty, isa::avx2_proof()),
+            Isa::Scalar => None,
+        };
+        return k.unwrap_or_else(|| scalar_kernel(ty));
+    }
     match isa {
         // AMX differs from AVX-512 only in prompt matmuls (`try_matmul_with`).
         Isa::Avx512 | Isa::Amx => avx512::vnni_kernel(ty, isa::avx512_proof()),
@@ -296,6 +372,15 @@ fn kernel(isa: Isa, ty: GgmlType) -> Kernel {
 /// The many-token kernel of `ty` at `isa`, where one exists (else `matmul` runs the
 /// single-row kernel per token).
 fn multi_kernel(isa: Isa, ty: GgmlType) -> Option<Multi> {
+    if lowbit::spec(ty).is_some() {
+        // The low-bit types have no AMX kernel: their prompts run on AVX-512.
+        return match isa {
+            Isa::Avx512 | Isa::Amx => lowbit_simd::avx512_multi(ty, isa::avx512_proof()),
+            Isa::Avx512Bw => lowbit_simd::avx512bw_multi(ty, isa::avx512bw_proof()),
+            Isa::Avx2 => lowbit_simd::avx2_multi(ty, isa::avx2_proof()),
+            Isa::Scalar => None,
+        };
+    }
     match isa {
         Isa::Avx512 | Isa::Amx => avx512::vnni_multi(ty, isa::avx512_proof()),
         Isa::Avx512Bw => avx512::bw_multi(ty, isa::avx512bw_proof()),
@@ -316,7 +401,10 @@ fn scalar_kernel(ty: GgmlType) -> Kernel {
         T::Q5_K => Kernel::Q(scalar::dot_q5_k),
         T::Q6_K => Kernel::Q(scalar::dot_q6_k),
         T::IQ4_XS => Kernel::Q(scalar::dot_iq4_xs),
-        other => unreachable!("no kernel for {other}: callers check is_supported"),
+        other => match lowbit::scalar_kernel(other) {
+            Some(f) => Kernel::Q(f),
+            None => unreachable!("no kernel for {other}: callers check is_supported"),
+        },
     }
 }
 

@@ -126,18 +126,9 @@ impl Rng {
     }
 }
 
-/// Types the generator can produce.
+/// Types the generator can produce: every type with kernels.
 pub fn supports(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16
-            | GgmlType::Q8_0
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-    )
+    quant::is_supported(ty)
 }
 
 /// Blocks per chunk for a type: fixed, so chunking never depends on the machine.
@@ -193,6 +184,7 @@ pub fn generate(ty: GgmlType, init: &Init, n_blocks: usize, rng: &mut Rng, out: 
         GgmlType::Q4_K => q4_k(buf, std, rng),
         GgmlType::Q5_K => q5_k(buf, std, rng),
         GgmlType::Q6_K => q6_k(buf, std, rng),
+        t if quant::is_supported(t) => scaled_random(t, buf, std, rng),
         _ => out.truncate(start),
     }
 }
@@ -290,6 +282,103 @@ fn q6_k(buf: &mut [u8], std: f32, rng: &mut Rng) {
     }
 }
 
+/// The other quantized types: random codes (every field), a block scale of 1 (and the
+/// minimum that centres the values where the type has one), then every scale field
+/// multiplied by the factor that gives the block's dequantized values the target
+/// RMS, with the per-block jitter. Zero mean comes from the codes' symmetry (random
+/// signs, signed scales, a scale of random sign) or the minimum.
+fn scaled_random(ty: GgmlType, buf: &mut [u8], std: f32, rng: &mut Rng) {
+    let mut y = vec![0f32; ty.block_size()];
+    for b in buf.chunks_exact_mut(ty.type_size()) {
+        rng.fill_bytes(b);
+        let fields = unit_scales(ty, b, rng);
+        quant::dequantize_row(ty, b, &mut y);
+        let ms = y.iter().map(|v| v * v).sum::<f32>() / y.len() as f32;
+        let f = if ms > 0.0 {
+            std * jitter(rng) / ms.sqrt()
+        } else {
+            0.0
+        };
+        match ty {
+            // e = 128 is a scale of 1: powers of two only.
+            GgmlType::MXFP4 => b[0] = (128.0 + f.log2().round()).clamp(1.0, 254.0) as u8,
+            GgmlType::IQ1_M => set_iq1_m_d(b, f),
+            _ => {
+                // Without a minimum, a scale of random sign cancels the codes' own mean
+                // (Q4_0's q − 8 averages −0.5).
+                let has_min = matches!(ty, GgmlType::Q2_K | GgmlType::Q4_1 | GgmlType::Q5_1);
+                let sign = if has_min || rng.next_u64() & 1 == 0 {
+                    1.0
+                } else {
+                    -1.0
+                };
+                for &(off, unit) in fields {
+                    put_f16(&mut b[off..off + 2], sign * unit * f);
+                }
+            }
+        }
+    }
+}
+
+/// Writes a block's unit scales and code constraints; returns its f16 fields as
+/// (offset, value at scale 1).
+fn unit_scales(ty: GgmlType, b: &mut [u8], rng: &mut Rng) -> &'static [(usize, f32)] {
+    use GgmlType as T;
+    let fields: &'static [(usize, f32)] = match ty {
+        // y = (d·sc)·q − (dmin·m), q uniform on 0..=3 (mean 1.5): sc in 8..=15 and
+        // dmin·m ≈ d·sc·1.5 with m ≤ 15.
+        T::Q2_K => {
+            const DMIN: f32 = 1.5 * 16.0 / 15.0;
+            for s in &mut b[..16] {
+                let sc = 8 + (rng.next_u64() % 8) as u8;
+                let m = (f32::from(sc) * 1.5 / DMIN).round().min(15.0) as u8;
+                *s = sc | (m << 4);
+            }
+            &[(80, 1.0), (82, DMIN)]
+        }
+        T::Q3_K => &[(108, 1.0)],
+        // y = d·q + m with q uniform on 0..=15 / 0..=31.
+        T::Q4_1 => &[(0, 1.0), (2, -7.5)],
+        T::Q5_1 => &[(0, 1.0), (2, -15.5)],
+        // Codes 0..=2 (−1, 0, +1): TQ2_0's code 3 is not a ternary value.
+        T::TQ2_0 => {
+            for q in &mut b[..64] {
+                let mut v = 0u8;
+                for k in 0..4 {
+                    v |= ((rng.next_u64() % 3) as u8) << (2 * k);
+                }
+                *q = v;
+            }
+            &[(64, 1.0)]
+        }
+        T::TQ1_0 => &[(52, 1.0)],
+        T::MXFP4 => {
+            b[0] = 128;
+            &[]
+        }
+        T::IQ1_M => {
+            set_iq1_m_d(b, 1.0);
+            &[]
+        }
+        _ => &[(0, 1.0)],
+    };
+    for &(off, unit) in fields {
+        put_f16(&mut b[off..off + 2], unit);
+    }
+    fields
+}
+
+/// IQ1_M keeps its f16 scale in the top nibbles of its four scale words.
+fn set_iq1_m_d(b: &mut [u8], d: f32) {
+    let bits = f16::from_f32(d).to_bits();
+    for u in 0..4 {
+        let at = 48 + 2 * u;
+        let w = u16::from_le_bytes([b[at], b[at + 1]]) & 0x0FFF;
+        let w = w | (((bits >> (4 * u)) & 0xF) << 12);
+        b[at..at + 2].copy_from_slice(&w.to_le_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,6 +389,37 @@ mod tests {
         assert!(a.windows(2).all(|w| w[0] == w[1]));
         assert_ne!(Rng::new(1, 2, 3).next_u64(), Rng::new(1, 2, 4).next_u64());
         assert_ne!(Rng::new(1, 2, 3).next_u64(), Rng::new(2, 2, 3).next_u64());
+    }
+
+    #[test]
+    fn every_quantized_type_is_generated_at_the_target_statistics() {
+        for &ty in &quant::SUPPORTED {
+            if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+                continue;
+            }
+            let std = 0.03f32;
+            let n_blocks = 4096 / ty.block_size().min(256) * 4;
+            let mut out = Vec::new();
+            let mut rng = Rng::new(5, name_hash(ty.name()), 0);
+            generate(ty, &Init::with_std(std), n_blocks, &mut rng, &mut out);
+            assert_eq!(out.len(), n_blocks * ty.type_size(), "{ty}");
+            let mut y = vec![0f32; n_blocks * ty.block_size()];
+            quant::dequantize_row(ty, &out, &mut y);
+            let n = y.len() as f64;
+            let mean = y.iter().map(|&v| v as f64).sum::<f64>() / n;
+            let sd = (y.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+            // MXFP4's scale is a power of two: within a factor √2 of the target.
+            let (lo, hi) = if ty == GgmlType::MXFP4 {
+                (0.65, 1.5)
+            } else {
+                (0.85, 1.15)
+            };
+            assert!(
+                (lo * std as f64..hi * std as f64).contains(&sd),
+                "{ty}: std {sd} (target {std})"
+            );
+            assert!(mean.abs() < 0.1 * std as f64, "{ty}: mean {mean}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 use gguf::GgmlType;
 
 use super::gen::Init;
-use super::Preset;
+use super::{Mix, Preset};
 use crate::geometry::Geometry;
 use crate::tensors::{self, block_of, QuantRule, Role, TensorId, TensorInstance};
 
@@ -88,6 +88,47 @@ pub fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
         || (i_layer - n_layers / 8).rem_euclid(3) == 2
 }
 
+/// The type of a quantizable tensor of `role` in the mix `m`.
+///
+/// Where the assignments come from: Unsloth's published description of its Qwen3.5
+/// dynamic quants (the "Qwen3.5 GGUF Benchmarks" page of its docs, March 2026: routed
+/// `ffn_up_exps`/`ffn_gate_exps` take the low-bit type, `ffn_down_exps` is more
+/// sensitive and gets more bits, `ssm_out` and every `attn_*` stay at high precision
+/// in hybrid models) and the tensor listings of published Qwen3.5 UD files quoted in
+/// public issue threads (huggingface/candle#3821: a Qwen3.5-35B-A3B UD file with its
+/// attention, DeltaNet projections, `ssm_out` and shared expert in Q8_0 and its gate/up
+/// experts in IQ3_XXS; a dense Qwen3.5 UD-IQ2_XXS file with gate/up in IQ2_XXS and
+/// down in IQ3_S). The real files vary a few tensors by layer through their
+/// importance-matrix search; these mixes keep one type per role, which is what the
+/// kernels and the tiered expert store care about:
+///
+/// | role | UD-Q2_K_XL | UD-Q3_K_XL | UD-IQ2_XXS | MXFP4_MOE |
+/// |---|---|---|---|---|
+/// | routed gate, up | Q2_K | Q3_K | IQ2_XXS | MXFP4 |
+/// | routed down | Q3_K | Q4_K | IQ3_S | MXFP4 |
+/// | shared expert, attention, DeltaNet (incl. `ssm_out`), MTP | Q8_0 | Q8_0 | Q8_0 | Q8_0 |
+/// | `token_embd` | Q4_K | Q4_K | Q4_K | Q8_0 |
+/// | `output` | Q6_K | Q6_K | Q6_K | Q8_0 |
+///
+/// (`MXFP4_MOE` is llama-quantize's own rule: MXFP4 experts, Q8_0 elsewhere.)
+pub fn mix_type(m: Mix, role: Role) -> GgmlType {
+    use crate::tensors::ExpertMatrix as E;
+    use GgmlType as T;
+    match (m, role) {
+        (Mix::Mxfp4Moe, Role::RoutedExpert(_)) => T::MXFP4,
+        (Mix::Mxfp4Moe, _) => T::Q8_0,
+        (_, Role::Embedding) => T::Q4_K,
+        (_, Role::Output) => T::Q6_K,
+        (Mix::UdQ2KXL, Role::RoutedExpert(E::Gate | E::Up)) => T::Q2_K,
+        (Mix::UdQ2KXL, Role::RoutedExpert(E::Down)) => T::Q3_K,
+        (Mix::UdQ3KXL, Role::RoutedExpert(E::Gate | E::Up)) => T::Q3_K,
+        (Mix::UdQ3KXL, Role::RoutedExpert(E::Down)) => T::Q4_K,
+        (Mix::UdIq2Xxs, Role::RoutedExpert(E::Gate | E::Up)) => T::IQ2_XXS,
+        (Mix::UdIq2Xxs, Role::RoutedExpert(E::Down)) => T::IQ3_S,
+        _ => T::Q8_0,
+    }
+}
+
 /// Why a plan cannot be made.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PlanError {
@@ -120,7 +161,7 @@ pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> 
         let float = match preset {
             Preset::F32 => GgmlType::F32,
             Preset::F16 => GgmlType::F16,
-            Preset::Bf16 | Preset::Q8_0 | Preset::Q4KM => GgmlType::BF16,
+            _ => GgmlType::BF16,
         };
         let ty = match (d.def.quant, preset) {
             (QuantRule::KeepF32, _) => GgmlType::F32,
@@ -152,6 +193,19 @@ pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> 
                 }
             }
             (QuantRule::Weight, Preset::Q4KM) => GgmlType::Q4_K,
+            (_, Preset::Uniform(t)) => t,
+            (_, Preset::Mix(m)) => mix_type(m, d.def.role),
+        };
+        // llama-quantize falls back to another type for rows that are not whole blocks
+        // of the chosen one; these presets fall back to Q8_0 (every row here is whole
+        // 32-value blocks).
+        let ty = match preset {
+            Preset::Uniform(_) | Preset::Mix(_)
+                if !(d.dims[0] as u64).is_multiple_of(ty.block_size() as u64) =>
+            {
+                GgmlType::Q8_0
+            }
+            _ => ty,
         };
         let init = init(&d);
         let dims: Vec<u64> = d.dims.iter().map(|&x| x as u64).collect();

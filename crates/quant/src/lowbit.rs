@@ -1,0 +1,1324 @@
+//! The block types added for the files people download at 1.5–5 bits: Q2_K, Q3_K, Q4_1,
+//! Q5_0, Q5_1, IQ4_NL, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S
+//! and IQ1_M: their layouts, the decoding of a block into the *canonical integer form*
+//! every dot kernel reads, the scalar reference dot, dequantization and the simple
+//! quantizers.
+//!
+//! # The canonical integer form
+//!
+//! Whatever the layout, a run of 8 sub-blocks of 32 values (one 256-value block, or 8
+//! consecutive 32-value blocks) decodes into a [`Group`]:
+//! - `w[i]`: one signed integer weight per value (|w| ≤ 127);
+//! - `mul[2j]`, `mul[2j + 1]`: the integer multipliers of the two 16-value halves of
+//!   sub-block j (equal for types with one scale per 32 values);
+//! - `d[j]`: the sub-block's float scale D (an f16 or e8m0 scale converted to f32, times
+//!   a power of two, all exact);
+//! - for types with a minimum: `e[j]` (its float scale E) and, for Q2_K, `emul[2j]`,
+//!   `emul[2j + 1]` (the halves' integer mins).
+//!
+//! Against activation sub-block s (`a`, `da`, `asum`; see the crate docs) sub-block j
+//! contributes
+//! ```text
+//! is = mul[2j]·Σ_{i<16} w·a + mul[2j+1]·Σ_{i≥16} w·a          (exact integer)
+//! c  = (d[j] * da) * is
+//! Min::Asum   (Q4_1, Q5_1): c = fma(e[j] * da, asum, c)
+//! Min::Halves (Q2_K):       c = fma(e[j] * da, emul[2j]·Σ_{i<16} a + emul[2j+1]·Σ_{i≥16} a, c)
+//! ```
+//! and the row's contributions are accumulated and combined as for every other type.
+//! The crate docs' table gives each type's w, mul, d and e.
+
+use gguf::GgmlType;
+use half::f16;
+
+use crate::formats::{KVALUES_IQ4NL, QK_K, SUB};
+use crate::grids::*;
+use crate::ActQ8;
+
+/// How a type's minimum enters the float sequence.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Min {
+    /// No minimum.
+    None,
+    /// `c = fma(e * da, asum, c)`: a minimum per 32 values (Q4_1, Q5_1).
+    Asum,
+    /// `c = fma(e * da, ie, c)`, `ie` from the halves' integer mins (Q2_K).
+    Halves,
+}
+
+/// Eight sub-blocks in the canonical integer form (see the module docs).
+#[derive(Clone)]
+pub(crate) struct Group {
+    pub w: [i8; QK_K],
+    pub mul: [i16; 16],
+    pub d: [f32; 8],
+    pub e: [f32; 8],
+    pub emul: [i16; 16],
+}
+
+impl Default for Group {
+    fn default() -> Self {
+        Group {
+            w: [0; QK_K],
+            mul: [0; 16],
+            d: [0.0; 8],
+            e: [0.0; 8],
+            emul: [0; 16],
+        }
+    }
+}
+
+/// One type: its block geometry, minimum kind and decoder.
+#[derive(Clone, Copy)]
+pub(crate) struct Spec {
+    pub ty: GgmlType,
+    pub block_bytes: usize,
+    /// 32 or 256.
+    pub block_vals: usize,
+    pub min: Min,
+    /// Decodes one block into the group: a 256-value block fills sub-blocks 0..8 (`j`
+    /// is 0); a 32-value block fills sub-block `j`.
+    pub decode: DecodeFn,
+    /// For 32-value blocks whose weights are a 16-entry table of their nibbles (IQ4_NL,
+    /// MXFP4): the table, the offset of the 16 nibble bytes, and a decoder of the
+    /// block's scales alone (the SIMD kernels look the weights up with a byte shuffle).
+    pub lut: Option<(&'static [i8; 16], usize, DecodeFn)>,
+}
+
+/// A block decoder (see [`Spec::decode`]).
+pub(crate) type DecodeFn = fn(&[u8], usize, &mut Group);
+
+impl Spec {
+    /// Blocks per group of 8 sub-blocks.
+    #[inline]
+    pub fn blocks_per_group(&self) -> usize {
+        QK_K / self.block_vals
+    }
+
+    /// Bytes of a whole group.
+    #[inline]
+    pub fn group_bytes(&self) -> usize {
+        self.blocks_per_group() * self.block_bytes
+    }
+
+    /// Decodes the first `n_sub` sub-blocks of the group whose bytes start `src`
+    /// (`n_sub` < 8 only for a row's last group of 32-value blocks).
+    #[inline(always)]
+    pub fn decode_group(&self, src: &[u8], n_sub: usize, g: &mut Group) {
+        if self.block_vals == QK_K {
+            (self.decode)(&src[..self.block_bytes], 0, g);
+        } else {
+            for j in 0..n_sub {
+                let b = &src[j * self.block_bytes..(j + 1) * self.block_bytes];
+                (self.decode)(b, j, g);
+            }
+        }
+    }
+}
+
+const fn mk(
+    ty: GgmlType,
+    block_bytes: usize,
+    block_vals: usize,
+    min: Min,
+    decode: fn(&[u8], usize, &mut Group),
+) -> Spec {
+    Spec {
+        ty,
+        block_bytes,
+        block_vals,
+        min,
+        decode,
+        lut: None,
+    }
+}
+
+const fn with_lut(
+    s: Spec,
+    table: &'static [i8; 16],
+    qs: usize,
+    scales: fn(&[u8], usize, &mut Group),
+) -> Spec {
+    Spec {
+        lut: Some((table, qs, scales)),
+        ..s
+    }
+}
+
+/// The spec of `ty`, if it is one of this module's types.
+pub(crate) const fn spec(ty: GgmlType) -> Option<Spec> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q2_K => mk(ty, 84, QK_K, Min::Halves, decode_q2_k),
+        T::Q3_K => mk(ty, 110, QK_K, Min::None, decode_q3_k),
+        T::Q4_1 => mk(ty, 20, SUB, Min::Asum, decode_q4_1),
+        T::Q5_0 => mk(ty, 22, SUB, Min::None, decode_q5_0),
+        T::Q5_1 => mk(ty, 24, SUB, Min::Asum, decode_q5_1),
+        T::IQ4_NL => with_lut(
+            mk(ty, 18, SUB, Min::None, decode_iq4_nl),
+            &KVALUES_IQ4NL,
+            2,
+            scales_iq4_nl,
+        ),
+        T::MXFP4 => with_lut(
+            mk(ty, 17, SUB, Min::None, decode_mxfp4),
+            &KVALUES_MXFP4,
+            1,
+            scales_mxfp4,
+        ),
+        T::TQ1_0 => mk(ty, 54, QK_K, Min::None, decode_tq1_0),
+        T::TQ2_0 => mk(ty, 66, QK_K, Min::None, decode_tq2_0),
+        T::IQ2_XXS => mk(ty, 66, QK_K, Min::None, decode_iq2_xxs),
+        T::IQ2_XS => mk(ty, 74, QK_K, Min::None, decode_iq2_xs),
+        T::IQ2_S => mk(ty, 82, QK_K, Min::None, decode_iq2_s),
+        T::IQ3_XXS => mk(ty, 98, QK_K, Min::None, decode_iq3_xxs),
+        T::IQ3_S => mk(ty, 110, QK_K, Min::None, decode_iq3_s),
+        T::IQ1_S => mk(ty, 50, QK_K, Min::None, decode_iq1_s),
+        T::IQ1_M => mk(ty, 56, QK_K, Min::None, decode_iq1_m),
+        _ => return None,
+    })
+}
+
+/// [`spec`] of a type known to be one of this module's (for constants).
+pub(crate) const fn spec_of(ty: GgmlType) -> Spec {
+    match spec(ty) {
+        Some(s) => s,
+        None => panic!("not a low-bit type"),
+    }
+}
+
+/// An f16 to f32, exactly, in plain integer and float operations (the decoders run
+/// outside any target-feature function, where a library conversion may not use the
+/// CPU's conversion instruction).
+#[inline]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1F) as u32;
+    let man = (h & 0x3FF) as u32;
+    let mag = if exp == 0 {
+        // Zero and subnormals: man · 2^-24, exact.
+        (man as f32 * (1.0 / 16_777_216.0)).to_bits()
+    } else if exp == 31 {
+        0x7F80_0000 | (man << 13)
+    } else {
+        ((exp + 112) << 23) | (man << 13)
+    };
+    f32::from_bits(sign | mag)
+}
+
+#[inline]
+fn f16_at(b: &[u8], off: usize) -> f32 {
+    f16_to_f32(u16_at(b, off))
+}
+
+#[inline]
+fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+#[inline]
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// The value of an MXFP4 block's e8m0 scale with the halving the doubled levels need:
+/// 2^(e − 128), exact for every e (subnormal for e < 2).
+#[inline]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        ((e as u32) - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// The MXFP4 (e2m1) levels, doubled so that they are integers.
+pub(crate) const KVALUES_MXFP4: [i8; 16] =
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Byte masks of the 256 sign patterns: byte i is 0xFF where bit i is set.
+static SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut i = 0;
+        while i < 8 {
+            if (s >> i) & 1 != 0 {
+                t[s] |= 0xFF << (8 * i);
+            }
+            i += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+const LOW_BITS: u64 = 0x0101_0101_0101_0101;
+
+/// Codebook bytes (each 1..=127) negated where `m` has 0xFF: `x ^ 0xFF` is −x − 1 and
+/// adding 1 cannot carry out of a byte whose value was at least 1.
+#[inline(always)]
+fn negate_bytes(row: u64, m: u64) -> u64 {
+    (row ^ m).wrapping_add(m & LOW_BITS)
+}
+
+/// Writes eight bytes (value i in byte i) as weights.
+#[inline(always)]
+fn put8(w: &mut [i8], v: u64) {
+    for (o, b) in w[..8].iter_mut().zip(v.to_le_bytes()) {
+        *o = b as i8;
+    }
+}
+
+/// Eight codebook bytes with sign bits `s` (bit i set: value i negative) into `w`.
+#[inline(always)]
+fn signed8(row: u64, s: u8, w: &mut [i8]) {
+    put8(w, negate_bytes(row, SIGN_MASKS[s as usize]));
+}
+
+/// Four codebook bytes with the sign bits `s` (bit i: value i) into `w`.
+#[inline(always)]
+fn signed4(row: u32, s: u8, w: &mut [i8]) {
+    let v = negate_bytes(row as u64, SIGN_MASKS[(s & 0xF) as usize]) as u32;
+    for (o, b) in w[..4].iter_mut().zip(v.to_le_bytes()) {
+        *o = b as i8;
+    }
+}
+
+/// Bytewise `a + b` (mod 256 in every byte, no carry between bytes).
+#[inline(always)]
+fn add_bytes(a: u64, b: u64) -> u64 {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    ((a & !HIGH).wrapping_add(b & !HIGH)) ^ ((a ^ b) & HIGH)
+}
+
+/// An IQ1 codebook row (bytes −1, 0, +1) as the weights 8·grid + δ (δ = ±1): the
+/// shift's spill into the next byte lands in the bits the mask clears.
+#[inline(always)]
+fn iq1_row(row: u64, delta_neg: bool) -> u64 {
+    let g8 = (row << 3) & 0xF8F8_F8F8_F8F8_F8F8;
+    add_bytes(g8, if delta_neg { u64::MAX } else { LOW_BITS })
+}
+
+// ---------------------------------------------------------------------------------------
+// Layouts and decoders. Offsets are bytes from the block's start; every field is
+// little-endian; "value v" is the v-th value of the block in row order.
+// ---------------------------------------------------------------------------------------
+
+/// Q2_K (84 B / 256): `scales[16]` @0 (low nibble: the 16-value group's scale, high: its
+/// min), `qs[64]` @16, `d` @80, `dmin` @82 (f16). Value 128c + 32k + l (c < 2, k < 4,
+/// l < 32) is `q = (qs[32c + l] >> 2k) & 3`; group g = value / 16;
+/// `y = (d * sc_g) * q − (dmin * m_g)`.
+/// Canonical: w = q, mul = sc, d = d, e = −dmin, emul = m.
+#[inline(always)]
+fn decode_q2_k(b: &[u8], _: usize, g: &mut Group) {
+    let d = f16_at(b, 80);
+    let dmin = f16_at(b, 82);
+    for j in 0..8 {
+        let (c, k) = (j / 4, j % 4);
+        for l in 0..32 {
+            g.w[32 * j + l] = ((b[16 + 32 * c + l] >> (2 * k)) & 3) as i8;
+        }
+        for h in 0..2 {
+            let s = b[2 * j + h];
+            g.mul[2 * j + h] = (s & 0xF) as i16;
+            g.emul[2 * j + h] = (s >> 4) as i16;
+        }
+        g.d[j] = d;
+        g.e[j] = -dmin;
+    }
+}
+
+/// The 16 signed 6-bit scales (−32..31) of a Q3_K block (`scales[12]` at s): group i's
+/// low four bits are nibble i / 8 of byte i % 8, its high two bits are bits
+/// 2·(i / 4) of byte 8 + i % 4.
+#[inline]
+pub(crate) fn q3_k_scale(s: &[u8], i: usize) -> i32 {
+    let lo = (s[i % 8] >> (4 * (i / 8))) & 0xF;
+    let hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    (lo | (hi << 4)) as i32 - 32
+}
+
+/// Q3_K (110 B / 256): `hmask[32]` @0, `qs[64]` @32, `scales[12]` @96, `d` @108. Value
+/// v = 128c + 32k + l: `q = ((qs[32c + l] >> 2k) & 3) − (bit v/32 of hmask[l] ? 0 : 4)`
+/// (−4..3); `y = (d * s_g) * q` with g = v / 16.
+/// Canonical: w = q, mul = s, d = d.
+#[inline(always)]
+fn decode_q3_k(b: &[u8], _: usize, g: &mut Group) {
+    let d = f16_at(b, 108);
+    let sc = &b[96..108];
+    for j in 0..8 {
+        let (c, k) = (j / 4, j % 4);
+        for l in 0..32 {
+            let lo = ((b[32 + 32 * c + l] >> (2 * k)) & 3) as i8;
+            let hbit = (b[l] >> j) & 1;
+            g.w[32 * j + l] = lo - if hbit != 0 { 0 } else { 4 };
+        }
+        g.mul[2 * j] = q3_k_scale(sc, 2 * j) as i16;
+        g.mul[2 * j + 1] = q3_k_scale(sc, 2 * j + 1) as i16;
+        g.d[j] = d;
+    }
+}
+
+/// The 4-bit quants of a 32-value block whose 16 nibble bytes start at `qs`: low
+/// nibbles are values 0..15, high nibbles 16..31. (Fixed-size, branch-free loops: the
+/// decoders are the SIMD kernels' front end.)
+#[inline]
+fn nibbles(b: &[u8], qs: usize) -> [u8; 32] {
+    let q: &[u8; 16] = b[qs..qs + 16].try_into().unwrap();
+    let mut out = [0u8; 32];
+    for i in 0..16 {
+        out[i] = q[i] & 0xF;
+        out[i + 16] = q[i] >> 4;
+    }
+    out
+}
+
+/// Sub-block j's 32 weights.
+#[inline]
+fn sub_w(g: &mut Group, j: usize) -> &mut [i8; 32] {
+    (&mut g.w[32 * j..32 * j + 32]).try_into().unwrap()
+}
+
+/// Q4_1 (20 B / 32): `d` @0, `m` @2, `qs[16]` @4; `y = (d * q) + m`.
+/// Canonical: w = q (0..15), mul = 1, d = d, e = m (Min::Asum).
+#[inline(always)]
+fn decode_q4_1(b: &[u8], j: usize, g: &mut Group) {
+    let q = nibbles(b, 4);
+    let w = sub_w(g, j);
+    for i in 0..32 {
+        w[i] = q[i] as i8;
+    }
+    g.mul[2 * j] = 1;
+    g.mul[2 * j + 1] = 1;
+    g.d[j] = f16_at(b, 0);
+    g.e[j] = f16_at(b, 2);
+}
+
+/// The 5-bit quants of a Q5_0/Q5_1 block (`qh` u32 at `qh`: bit i is value i's bit 4).
+#[inline]
+fn q5(b: &[u8], qh: usize, qs: usize) -> [u8; 32] {
+    let mut q = nibbles(b, qs);
+    let h = u32_at(b, qh);
+    for (i, v) in q.iter_mut().enumerate() {
+        *v |= (((h >> i) & 1) as u8) << 4;
+    }
+    q
+}
+
+/// Q5_0 (22 B / 32): `d` @0, `qh` (u32) @2, `qs[16]` @6; q = nibble | bit i of qh << 4;
+/// `y = d * (q − 16)`. Canonical: w = q − 16, mul = 1, d = d.
+#[inline(always)]
+fn decode_q5_0(b: &[u8], j: usize, g: &mut Group) {
+    let q = q5(b, 2, 6);
+    let w = sub_w(g, j);
+    for i in 0..32 {
+        w[i] = q[i] as i8 - 16;
+    }
+    g.mul[2 * j] = 1;
+    g.mul[2 * j + 1] = 1;
+    g.d[j] = f16_at(b, 0);
+}
+
+/// Q5_1 (24 B / 32): `d` @0, `m` @2, `qh` @4, `qs[16]` @8; `y = (d * q) + m`.
+/// Canonical: w = q (0..31), mul = 1, d = d, e = m (Min::Asum).
+#[inline(always)]
+fn decode_q5_1(b: &[u8], j: usize, g: &mut Group) {
+    let q = q5(b, 4, 8);
+    let w = sub_w(g, j);
+    for i in 0..32 {
+        w[i] = q[i] as i8;
+    }
+    g.mul[2 * j] = 1;
+    g.mul[2 * j + 1] = 1;
+    g.d[j] = f16_at(b, 0);
+    g.e[j] = f16_at(b, 2);
+}
+
+/// IQ4_NL (18 B / 32): `d` @0, `qs[16]` @2; `y = d * K[q]` (the IQ4_XS levels).
+/// Canonical: w = K[q], mul = 1, d = d.
+#[inline(always)]
+fn decode_iq4_nl(b: &[u8], j: usize, g: &mut Group) {
+    let q = nibbles(b, 2);
+    let w = sub_w(g, j);
+    for i in 0..32 {
+        w[i] = KVALUES_IQ4NL[(q[i] & 0xF) as usize];
+    }
+    scales_iq4_nl(b, j, g);
+}
+
+#[inline(always)]
+fn scales_iq4_nl(b: &[u8], j: usize, g: &mut Group) {
+    g.mul[2 * j] = 1;
+    g.mul[2 * j + 1] = 1;
+    g.d[j] = f16_at(b, 0);
+}
+
+/// MXFP4 (17 B / 32): `e` (e8m0) @0, `qs[16]` @1; `y = 2^(e−128) * K2[q]` with K2 the
+/// doubled e2m1 levels. Canonical: w = K2[q], mul = 1, d = 2^(e−128).
+#[inline(always)]
+fn decode_mxfp4(b: &[u8], j: usize, g: &mut Group) {
+    let q = nibbles(b, 1);
+    let w = sub_w(g, j);
+    for i in 0..32 {
+        w[i] = KVALUES_MXFP4[(q[i] & 0xF) as usize];
+    }
+    scales_mxfp4(b, j, g);
+}
+
+#[inline(always)]
+fn scales_mxfp4(b: &[u8], j: usize, g: &mut Group) {
+    g.mul[2 * j] = 1;
+    g.mul[2 * j + 1] = 1;
+    g.d[j] = e8m0_half(b[0]);
+}
+
+const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+
+/// Trit n (0..=4) of a TQ1_0 byte, as −1, 0 or +1.
+#[inline]
+fn trit(byte: u8, n: usize) -> i8 {
+    let q = byte.wrapping_mul(POW3[n]);
+    ((q as u16 * 3) >> 8) as i8 - 1
+}
+
+/// The 256 ternary values of a TQ1_0 block in row order.
+fn tq1_0_values(b: &[u8], w: &mut [i8]) {
+    // Values 0..160: trit n of qs[l] is value 32n + l (l < 32).
+    for n in 0..5 {
+        for l in 0..32 {
+            w[32 * n + l] = trit(b[l], n);
+        }
+    }
+    // Values 160..240: trit n of qs[32 + l] is value 160 + 16n + l (l < 16).
+    for n in 0..5 {
+        for l in 0..16 {
+            w[160 + 16 * n + l] = trit(b[32 + l], n);
+        }
+    }
+    // Values 240..256: trit n (< 4) of qh[l] is value 240 + 4n + l (l < 4).
+    for n in 0..4 {
+        for l in 0..4 {
+            w[240 + 4 * n + l] = trit(b[48 + l], n);
+        }
+    }
+}
+
+/// TQ1_0 (54 B / 256): `qs[48]` @0 (five base-3 digits per byte, read as
+/// `((byte · 3^n mod 256) · 3) >> 8`), `qh[4]` @48 (four digits each), `d` @52;
+/// `y = d * (digit − 1)`. Canonical: w = digit − 1, mul = 1, d = d.
+#[inline(always)]
+fn decode_tq1_0(b: &[u8], _: usize, g: &mut Group) {
+    tq1_0_values(b, &mut g.w);
+    g.mul = [1; 16];
+    g.d = [f16_at(b, 52); 8];
+}
+
+/// TQ2_0 (66 B / 256): `qs[64]` @0, `d` @64; value 128c + 32k + l is
+/// `((qs[32c + l] >> 2k) & 3) − 1`; `y = d * q`. Canonical: w = q, mul = 1, d = d.
+#[inline(always)]
+fn decode_tq2_0(b: &[u8], _: usize, g: &mut Group) {
+    for j in 0..8 {
+        let (c, k) = (j / 4, j % 4);
+        for l in 0..32 {
+            g.w[32 * j + l] = ((b[32 * c + l] >> (2 * k)) & 3) as i8 - 1;
+        }
+    }
+    g.mul = [1; 16];
+    g.d = [f16_at(b, 64); 8];
+}
+
+/// IQ2_XXS (66 B / 256): `d` @0, then per sub-block j two u32 at 2 + 8j: `a0` (four
+/// codebook rows, one byte each, 8 values per row) and `a1` (four 7-bit sign indices at
+/// bits 7k, `ls` in bits 28..32). `y = ((d * (0.5 + ls)) * 0.25) * grid * sign`.
+/// Canonical: w = grid·sign, mul = 2·ls + 1, d = d / 8.
+#[inline(always)]
+fn decode_iq2_xxs(b: &[u8], _: usize, g: &mut Group) {
+    let d = f16_at(b, 0);
+    for j in 0..8 {
+        let a0 = u32_at(b, 2 + 8 * j);
+        let a1 = u32_at(b, 6 + 8 * j);
+        for k in 0..4 {
+            let row = IQ2XXS_GRID[((a0 >> (8 * k)) & 0xFF) as usize];
+            let s = ksigns(a1 >> (7 * k));
+            signed8(row, s, &mut g.w[32 * j + 8 * k..]);
+        }
+        let m = (2 * (a1 >> 28) + 1) as i16;
+        g.mul[2 * j] = m;
+        g.mul[2 * j + 1] = m;
+        g.d[j] = d * 0.125;
+    }
+}
+
+/// IQ2_XS (74 B / 256): `d` @0, `qs[32]` (u16) @2 — row r of the block: codebook row
+/// `q & 511`, sign index `q >> 9` (values 8r..8r+8) —, `scales[8]` @66 (sub-block j:
+/// low nibble the first 16 values, high the second). `y = ((d * (0.5 + ls)) * 0.25) *
+/// grid * sign`. Canonical: w = grid·sign, mul = 2·ls + 1 per half, d = d / 8.
+#[inline(always)]
+fn decode_iq2_xs(b: &[u8], _: usize, g: &mut Group) {
+    let d = f16_at(b, 0);
+    for j in 0..8 {
+        for k in 0..4 {
+            let q = u16_at(b, 2 + 2 * (4 * j + k));
+            let row = IQ2XS_GRID[(q & 511) as usize];
+            signed8(row, ksigns((q >> 9) as u32), &mut g.w[32 * j + 8 * k..]);
+        }
+        let s = b[66 + j];
+        g.mul[2 * j] = 2 * (s & 0xF) as i16 + 1;
+        g.mul[2 * j + 1] = 2 * (s >> 4) as i16 + 1;
+        g.d[j] = d * 0.125;
+    }
+}
+
+/// IQ2_S (82 B / 256): `d` @0, `qs[32]` @2 (low 8 bits of row r's codebook index),
+/// `signs[32]` @34 (row r's 8 sign bits), `qh[8]` @66 (bits 2·(r % 4) of byte r / 4:
+/// the index's bits 8, 9), `scales[8]` @74 (as IQ2_XS). Canonical as IQ2_XS.
+#[inline(always)]
+fn decode_iq2_s(b: &[u8], _: usize, g: &mut Group) {
+    let d = f16_at(b, 0);
+    for j in 0..8 {
+        for k in 0..4 {
+            let r = 4 * j + k;
+            let idx = b[2 + r] as usize | ((((b[66 + j] >> (2 * k)) & 3) as usize) << 8);
+            signed8(IQ2S_GRID[idx], b[34 + r], &mut g.w[32 * j + 8 * k..]);
+        }
+        let s = b[74 + j];
+        g.mul[2 * j] = 2 * (s & 0xF) as i16 + 1;
+        g.mul[2 * j + 1] = 2 * (s >> 4) as i16 + 1;
+        g.d[j] = d * 0.125;
+    }
+}
+
+/// IQ3_XXS (98 B / 256): `d` @0, `qs[64]` @2 (one codebook row of 4 values per byte;
+/// sub-block j: bytes 8j..8j+8), then per sub-block j a u32 @66 + 4j: four 7-bit sign
+/// indices (bits 7k, each for 8 values) and `ls` (bits 28..32).
+/// `y = ((d * (0.5 + ls)) * 0.5) * grid * sign`.
+/// Canonical: w = grid·sign, mul = 2·ls + 1, d = d / 4.
+#[inline(always)]
+fn decode_iq3_xxs(b: &[u8], _: usize, g: &mut Group) {
+    let d = f16_at(b, 0);
+    for j in 0..8 {
+        let aux = u32_at(b, 66 + 4 * j);
+        for k in 0..4 {
+            let s = ksigns(aux >> (7 * k));
+            let r0 = IQ3XXS_GRID[b[2 + 8 * j + 2 * k] as usize];
+            let r1 = IQ3XXS_GRID[b[2 + 8 * j + 2 * k + 1] as usize];
+            signed4(r0, s, &mut g.w[32 * j + 8 * k..]);
+            signed4(r1, s >> 4, &mut g.w[32 * j + 8 * k + 4..]);
+        }
+        let m = (2 * (aux >> 28) + 1) as i16;
+        g.mul[2 * j] = m;
+        g.mul[2 * j + 1] = m;
+        g.d[j] = d * 0.25;
+    }
+}
+
+/// IQ3_S (110 B / 256): `d` @0, `qs[64]` @2 (low 8 bits of row r's index, 4 values per
+/// row), `qh[8]` @66 (bit r % 8 of byte r / 8: the index's bit 8), `signs[32]` @74
+/// (byte t: values 8t..8t+8), `scales[4]` @106 (sub-block j: nibble j % 2 of byte j / 2).
+/// `y = ((d * (1 + 2·sc)) * grid) * sign`. Canonical: w = grid·sign, mul = 1 + 2·sc, d = d.
+#[inline(always)]
+fn decode_iq3_s(b: &[u8], _: usize, g: &mut Group) {
+    let d = f16_at(b, 0);
+    for j in 0..8 {
+        for k in 0..8 {
+            let r = 8 * j + k;
+            let idx = b[2 + r] as usize | ((((b[66 + j] >> k) & 1) as usize) << 8);
+            let s = b[74 + r / 2] >> (4 * (r % 2));
+            signed4(IQ3S_GRID[idx], s, &mut g.w[4 * r..]);
+        }
+        let sc = (b[106 + j / 2] >> (4 * (j % 2))) & 0xF;
+        let m = 1 + 2 * sc as i16;
+        g.mul[2 * j] = m;
+        g.mul[2 * j + 1] = m;
+        g.d[j] = d;
+    }
+}
+
+/// IQ1_S (50 B / 256): `d` @0, `qs[32]` @2 (low 8 bits of row r's index, 8 values of
+/// −1, 0, +1 per row), `qh[8]` (u16) @34 — sub-block j: bits 3k..3k+3 the index's bits
+/// 8..10 of row 4j + k, bits 12..14 `s`, bit 15 the sign of δ —;
+/// `y = (d * (2s + 1)) * (grid + δ)` with δ = ±0.125.
+/// Canonical: w = 8·grid ± 1 (the sign of δ), mul = 2s + 1, d = d / 8.
+#[inline(always)]
+fn decode_iq1_s(b: &[u8], _: usize, g: &mut Group) {
+    let d = f16_at(b, 0);
+    for j in 0..8 {
+        let qh = u16_at(b, 34 + 2 * j);
+        let delta: i8 = if qh & 0x8000 != 0 { -1 } else { 1 };
+        for k in 0..4 {
+            let idx = b[2 + 4 * j + k] as usize | ((((qh >> (3 * k)) & 7) as usize) << 8);
+            put8(
+                &mut g.w[32 * j + 8 * k..],
+                iq1_row(IQ1S_GRID[idx], delta < 0),
+            );
+        }
+        let m = 2 * ((qh >> 12) & 7) as i16 + 1;
+        g.mul[2 * j] = m;
+        g.mul[2 * j + 1] = m;
+        g.d[j] = d * 0.125;
+    }
+}
+
+/// The f16 scale of an IQ1_M block: the top nibbles of its four u16 scale words.
+#[inline]
+pub(crate) fn iq1_m_d(b: &[u8]) -> f32 {
+    let mut bits = 0u16;
+    for u in 0..4 {
+        bits |= (u16_at(b, 48 + 2 * u) & 0xF000) >> (12 - 4 * u);
+    }
+    f16_to_f32(bits)
+}
+
+/// IQ1_M (56 B / 256): `qs[32]` @0 (low 8 bits of row r's index), `qh[16]` @32 (nibble
+/// r % 2 of byte r / 2: bits 0..2 the index's bits 8..10, bit 3 the sign of row r's δ),
+/// `scales` (four u16) @48: 3-bit scale i (16-value group i) at bits 3·(i % 4) of word
+/// i / 4, the f16 `d` in the words' top nibbles (word u's in bits 4u..4u+4).
+/// `y = (d * (2s + 1)) * (grid + δ)`. Canonical: w = 8·grid ± 1, mul = 2s + 1 per half,
+/// d = d / 8.
+#[inline(always)]
+fn decode_iq1_m(b: &[u8], _: usize, g: &mut Group) {
+    let d = iq1_m_d(b);
+    for j in 0..8 {
+        for k in 0..4 {
+            let r = 4 * j + k;
+            let nib = (b[32 + r / 2] >> (4 * (r % 2))) & 0xF;
+            let idx = b[r] as usize | (((nib & 7) as usize) << 8);
+            let delta: i8 = if nib & 8 != 0 { -1 } else { 1 };
+            put8(&mut g.w[8 * r..], iq1_row(IQ1S_GRID[idx], delta < 0));
+        }
+        for h in 0..2 {
+            let i = 2 * j + h;
+            let s = (u16_at(b, 48 + 2 * (i / 4)) >> (3 * (i % 4))) & 7;
+            g.mul[i] = 2 * s as i16 + 1;
+        }
+        g.d[j] = d * 0.125;
+    }
+}
+
+/// A low-bit type as a compile-time constant: the SIMD kernels are built per type, so
+/// its decoder is inlined into them (and compiled for their vector level).
+pub(crate) trait Kind {
+    const SPEC: Spec;
+}
+
+/// The [`Kind`] of each type, named as the type.
+#[allow(non_camel_case_types)]
+pub(crate) mod kinds {
+    use super::{spec_of, Kind, Spec};
+    use gguf::GgmlType;
+
+    macro_rules! kinds {
+        ($($t:ident),+) => {
+            $(
+                pub(crate) struct $t;
+                impl Kind for $t {
+                    const SPEC: Spec = spec_of(GgmlType::$t);
+                }
+            )+
+        };
+    }
+
+    kinds!(
+        Q2_K, Q3_K, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+        IQ3_S, IQ1_S, IQ1_M
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The scalar reference dot.
+// ---------------------------------------------------------------------------------------
+
+/// The contribution of decoded sub-block j against activation sub-block s (the
+/// sequence of the module docs).
+#[inline]
+pub(crate) fn contrib(min: Min, g: &Group, j: usize, xq: &ActQ8, s: usize) -> f32 {
+    let a = &xq.qs[SUB * s..SUB * s + SUB];
+    let w = &g.w[SUB * j..SUB * j + SUB];
+    let mut lo = 0i32;
+    let mut hi = 0i32;
+    for i in 0..16 {
+        lo += w[i] as i32 * a[i] as i32;
+        hi += w[i + 16] as i32 * a[i + 16] as i32;
+    }
+    let is = g.mul[2 * j] as i32 * lo + g.mul[2 * j + 1] as i32 * hi;
+    let da = xq.d[s];
+    let mut c = (g.d[j] * da) * is as f32;
+    match min {
+        Min::None => {}
+        Min::Asum => c = (g.e[j] * da).mul_add(xq.sums[s] as f32, c),
+        Min::Halves => {
+            let alo: i32 = a[..16].iter().map(|&v| v as i32).sum();
+            let ahi: i32 = a[16..].iter().map(|&v| v as i32).sum();
+            let ie = g.emul[2 * j] as i32 * alo + g.emul[2 * j + 1] as i32 * ahi;
+            c = (g.e[j] * da).mul_add(ie as f32, c);
+        }
+    }
+    c
+}
+
+/// Adds the contributions of sub-blocks `s0..s0 + n_sub` of a row (decoded in `g`) to
+/// their accumulators.
+#[inline]
+pub(crate) fn add_group(
+    min: Min,
+    g: &Group,
+    n_sub: usize,
+    xq: &ActQ8,
+    s0: usize,
+    acc: &mut [f32; 32],
+) {
+    for j in 0..n_sub {
+        let s = s0 + j;
+        acc[s % 32] += contrib(min, g, j, xq, s);
+    }
+}
+
+/// The scalar dot of one row of `sp`'s type (the reference every level reproduces).
+pub(crate) fn dot(sp: &Spec, row: &[u8], xq: &ActQ8) -> f32 {
+    let n_sub = row.len() / sp.block_bytes * sp.block_vals / SUB;
+    let gb = sp.group_bytes();
+    let mut acc = [0f32; 32];
+    let mut g = Group::default();
+    let mut s0 = 0;
+    while s0 < n_sub {
+        let n = (n_sub - s0).min(8);
+        let off = s0 / 8 * gb;
+        sp.decode_group(&row[off..], n, &mut g);
+        add_group(sp.min, &g, n, xq, s0, &mut acc);
+        s0 += n;
+    }
+    crate::scalar::tree(acc)
+}
+
+/// Generates the `fn(&[u8], &ActQ8) -> f32` scalar kernel of each type.
+macro_rules! scalar_fns {
+    ($($name:ident => $ty:ident),+ $(,)?) => {
+        $(
+            pub(crate) fn $name(row: &[u8], xq: &ActQ8) -> f32 {
+                const SP: Spec = spec_of(GgmlType::$ty);
+                dot(&SP, row, xq)
+            }
+        )+
+        /// The scalar kernel of a type of this module.
+        pub(crate) fn scalar_kernel(ty: GgmlType) -> Option<fn(&[u8], &ActQ8) -> f32> {
+            Some(match ty {
+                $(GgmlType::$ty => $name,)+
+                _ => return None,
+            })
+        }
+    };
+}
+
+scalar_fns!(
+    dot_q2_k => Q2_K,
+    dot_q3_k => Q3_K,
+    dot_q4_1 => Q4_1,
+    dot_q5_0 => Q5_0,
+    dot_q5_1 => Q5_1,
+    dot_iq4_nl => IQ4_NL,
+    dot_mxfp4 => MXFP4,
+    dot_tq1_0 => TQ1_0,
+    dot_tq2_0 => TQ2_0,
+    dot_iq2_xxs => IQ2_XXS,
+    dot_iq2_xs => IQ2_XS,
+    dot_iq2_s => IQ2_S,
+    dot_iq3_xxs => IQ3_XXS,
+    dot_iq3_s => IQ3_S,
+    dot_iq1_s => IQ1_S,
+    dot_iq1_m => IQ1_M,
+);
+
+// ---------------------------------------------------------------------------------------
+// Dequantization: per value, the float operations of each layout's formula in the
+// order written there (products rounded one by one, never fused).
+// ---------------------------------------------------------------------------------------
+
+/// Dequantizes whole blocks of `sp`'s type: `dst.len()` values from `src`.
+pub(crate) fn dequantize(sp: &Spec, src: &[u8], dst: &mut [f32]) {
+    use GgmlType as T;
+    let mut g = Group::default();
+    for (b, blk) in src.chunks_exact(sp.block_bytes).enumerate() {
+        let y = &mut dst[b * sp.block_vals..(b + 1) * sp.block_vals];
+        // A 32-value block decodes into sub-block 0 of the group.
+        (sp.decode)(blk, 0, &mut g);
+        let n_sub = sp.block_vals / SUB;
+        for j in 0..n_sub {
+            let w = &g.w[SUB * j..SUB * j + SUB];
+            let ys = &mut y[SUB * j..SUB * j + SUB];
+            for (i, (o, &q)) in ys.iter_mut().zip(w).enumerate() {
+                let h = 2 * j + i / 16;
+                let (m, q) = (g.mul[h] as f32, q as f32);
+                *o = match sp.ty {
+                    // (d * sc) * q - (dmin * m); e = -dmin.
+                    T::Q2_K => (g.d[j] * m) * q - (-g.e[j] * g.emul[h] as f32),
+                    T::Q3_K => (g.d[j] * m) * q,
+                    T::Q4_1 | T::Q5_1 => (g.d[j] * q) + g.e[j],
+                    T::Q5_0 | T::IQ4_NL | T::MXFP4 | T::TQ1_0 | T::TQ2_0 => g.d[j] * q,
+                    T::IQ2_XXS | T::IQ2_XS | T::IQ2_S => {
+                        // d = 8·D; ls = (mul − 1) / 2.
+                        let ls = ((g.mul[h] - 1) / 2) as f32;
+                        let db = ((g.d[j] * 8.0) * (0.5 + ls)) * 0.25;
+                        (db * q.abs()) * q.signum()
+                    }
+                    T::IQ3_XXS => {
+                        let ls = ((g.mul[h] - 1) / 2) as f32;
+                        let db = ((g.d[j] * 4.0) * (0.5 + ls)) * 0.5;
+                        (db * q.abs()) * q.signum()
+                    }
+                    T::IQ3_S => ((g.d[j] * m) * q.abs()) * q.signum(),
+                    // (d * (2s + 1)) * (grid + δ), grid + δ = w / 8 (exact).
+                    T::IQ1_S | T::IQ1_M => ((g.d[j] * 8.0) * m) * (q * 0.125),
+                    other => unreachable!("{other} is not a low-bit type"),
+                };
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Quantizers: simple searches for tests and synthetic models. Not llama.cpp's (no
+// importance weights, no scale search); every output is a valid block, and together
+// they reach every code (levels, scales, codebook rows, signs).
+// ---------------------------------------------------------------------------------------
+
+fn put_f16(dst: &mut [u8], off: usize, v: f32) -> f32 {
+    let h = f16::from_f32(v);
+    dst[off..off + 2].copy_from_slice(&h.to_bits().to_le_bytes());
+    h.to_f32()
+}
+
+fn amax(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// The value of largest magnitude, with its sign.
+fn signed_max(x: &[f32]) -> f32 {
+    x.iter()
+        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
+}
+
+fn inv(d: f32) -> f32 {
+    if d == 0.0 {
+        0.0
+    } else {
+        1.0 / d
+    }
+}
+
+/// Quantizes whole blocks of `sp`'s type.
+pub(crate) fn quantize(sp: &Spec, src: &[f32], dst: &mut [u8]) {
+    for (blk, x) in dst
+        .chunks_exact_mut(sp.block_bytes)
+        .zip(src.chunks_exact(sp.block_vals))
+    {
+        blk.fill(0);
+        match sp.ty {
+            GgmlType::Q2_K => quantize_q2_k(x, blk),
+            GgmlType::Q3_K => quantize_q3_k(x, blk),
+            GgmlType::Q4_1 => quantize_affine32(x, blk, false),
+            GgmlType::Q5_1 => quantize_affine32(x, blk, true),
+            GgmlType::Q5_0 => quantize_q5_0(x, blk),
+            GgmlType::IQ4_NL => quantize_iq4_nl(x, blk),
+            GgmlType::MXFP4 => quantize_mxfp4(x, blk),
+            GgmlType::TQ1_0 => quantize_tq1_0(x, blk),
+            GgmlType::TQ2_0 => quantize_tq2_0(x, blk),
+            GgmlType::IQ2_XXS => quantize_iq2(x, blk, Iq2::Xxs),
+            GgmlType::IQ2_XS => quantize_iq2(x, blk, Iq2::Xs),
+            GgmlType::IQ2_S => quantize_iq2(x, blk, Iq2::S),
+            GgmlType::IQ3_XXS => quantize_iq3_xxs(x, blk),
+            GgmlType::IQ3_S => quantize_iq3_s(x, blk),
+            GgmlType::IQ1_S => quantize_iq1(x, blk, false),
+            GgmlType::IQ1_M => quantize_iq1(x, blk, true),
+            other => unreachable!("{other} is not a low-bit type"),
+        }
+    }
+}
+
+/// Q2_K: per 16-value group an affine range [−min, −min + 3·scale] covering 0.
+fn quantize_q2_k(x: &[f32], b: &mut [u8]) {
+    let mut scale = [0f32; 16];
+    let mut minv = [0f32; 16];
+    for gi in 0..16 {
+        let xs = &x[16 * gi..16 * gi + 16];
+        let lo = xs.iter().fold(0.0f32, |m, &v| m.min(v));
+        let hi = xs.iter().fold(0.0f32, |m, &v| m.max(v));
+        scale[gi] = (hi - lo) / 3.0;
+        minv[gi] = -lo;
+    }
+    let d = put_f16(b, 80, scale.iter().fold(0.0f32, |m, &v| m.max(v)) / 15.0);
+    let dmin = put_f16(b, 82, minv.iter().fold(0.0f32, |m, &v| m.max(v)) / 15.0);
+    for gi in 0..16 {
+        let sc = (scale[gi] * inv(d)).round().clamp(0.0, 15.0) as u8;
+        let m = (minv[gi] * inv(dmin)).round().clamp(0.0, 15.0) as u8;
+        b[gi] = sc | (m << 4);
+        let (dl, ml) = (d * sc as f32, dmin * m as f32);
+        for l in 0..16 {
+            let v = 16 * gi + l;
+            let q = ((x[v] + ml) * inv(dl)).round().clamp(0.0, 3.0) as u8;
+            let (c, k, l32) = (v / 128, (v / 32) % 4, v % 32);
+            b[16 + 32 * c + l32] |= q << (2 * k);
+        }
+    }
+}
+
+/// Q3_K: per 16-value group a signed scale taking the group's extreme to −4.
+fn quantize_q3_k(x: &[f32], b: &mut [u8]) {
+    let mut gs = [0f32; 16];
+    for (gi, s) in gs.iter_mut().enumerate() {
+        *s = signed_max(&x[16 * gi..16 * gi + 16]) / -4.0;
+    }
+    let d = put_f16(b, 108, amax(&gs) / 32.0);
+    for gi in 0..16 {
+        let sc = (gs[gi] * inv(d)).round().clamp(-32.0, 31.0) as i32;
+        let u = (sc + 32) as u8;
+        b[96 + gi % 8] |= (u & 0xF) << (4 * (gi / 8));
+        b[96 + 8 + gi % 4] |= (u >> 4) << (2 * (gi / 4));
+        let ds = d * sc as f32;
+        for l in 0..16 {
+            let v = 16 * gi + l;
+            let q = (x[v] * inv(ds)).round().clamp(-4.0, 3.0) as i32;
+            let (c, k, l32, j) = (v / 128, (v / 32) % 4, v % 32, v / 32);
+            let (lo, h) = if q >= 0 { (q, 1) } else { (q + 4, 0) };
+            b[32 + 32 * c + l32] |= (lo as u8) << (2 * k);
+            b[l32] |= h << j;
+        }
+    }
+}
+
+/// Q4_1 / Q5_1: d = (max − min) / levels, m = min.
+fn quantize_affine32(x: &[f32], b: &mut [u8], five: bool) {
+    let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+    let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let nmax = if five { 31.0 } else { 15.0 };
+    let d = put_f16(b, 0, (hi - lo) / nmax);
+    let m = put_f16(b, 2, lo);
+    let (qh, qs) = if five { (4, 8) } else { (0, 4) };
+    let mut bits = 0u32;
+    for (i, &v) in x.iter().enumerate() {
+        let q = ((v - m) * inv(d)).round().clamp(0.0, nmax) as u8;
+        b[qs + i % 16] |= (q & 0xF) << (4 * (i / 16));
+        bits |= ((q >> 4) as u32 & 1) << i;
+    }
+    if five {
+        b[qh..qh + 4].copy_from_slice(&bits.to_le_bytes());
+    }
+}
+
+/// Q5_0: the block's extreme to −16.
+fn quantize_q5_0(x: &[f32], b: &mut [u8]) {
+    let d = put_f16(b, 0, signed_max(x) / -16.0);
+    let id = inv(d);
+    let mut bits = 0u32;
+    for (i, &v) in x.iter().enumerate() {
+        let q = (v * id + 16.5).floor().clamp(0.0, 31.0) as u8;
+        b[6 + i % 16] |= (q & 0xF) << (4 * (i / 16));
+        bits |= ((q >> 4) as u32) << i;
+    }
+    b[2..6].copy_from_slice(&bits.to_le_bytes());
+}
+
+/// The index of the level nearest `v` (first of equals).
+fn nearest(levels: impl Iterator<Item = f32>, v: f32) -> usize {
+    let mut best = 0;
+    let mut err = f32::INFINITY;
+    for (k, l) in levels.enumerate() {
+        let e = (v - l).abs();
+        if e < err {
+            err = e;
+            best = k;
+        }
+    }
+    best
+}
+
+/// IQ4_NL: the block's extreme to K[0] = −127.
+fn quantize_iq4_nl(x: &[f32], b: &mut [u8]) {
+    let d = put_f16(b, 0, signed_max(x) / -127.0);
+    for (i, &v) in x.iter().enumerate() {
+        let q = nearest(KVALUES_IQ4NL.iter().map(|&k| d * k as f32), v) as u8;
+        b[2 + i % 16] |= q << (4 * (i / 16));
+    }
+}
+
+/// MXFP4: the power of two that puts the block's largest magnitude in [8, 16) doubled
+/// levels (as llama.cpp's quantizer picks it), then the nearest level.
+fn quantize_mxfp4(x: &[f32], b: &mut [u8]) {
+    let m = amax(x);
+    let e = if m > 0.0 {
+        (m.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8
+    } else {
+        0
+    };
+    b[0] = e;
+    let d = e8m0_half(e);
+    for (i, &v) in x.iter().enumerate() {
+        let q = nearest(KVALUES_MXFP4.iter().map(|&k| d * k as f32), v) as u8;
+        b[1 + i % 16] |= q << (4 * (i / 16));
+    }
+}
+
+/// Ternary values (0, 1, 2 for −1, 0, +1) of a block scaled by its largest magnitude.
+fn ternary(x: &[f32]) -> (f32, [u8; QK_K]) {
+    let d = amax(x);
+    let id = inv(d);
+    let mut t = [0u8; QK_K];
+    for (o, &v) in t.iter_mut().zip(x) {
+        *o = ((v * id).round().clamp(-1.0, 1.0) as i32 + 1) as u8;
+    }
+    (d, t)
+}
+
+/// Packs up to five base-3 digits (digit n most significant first) into a TQ1_0 byte.
+fn pack_trits(t: &[u8]) -> u8 {
+    let mut v = 0u16;
+    for n in 0..5 {
+        v = 3 * v + t.get(n).copied().unwrap_or(0) as u16;
+    }
+    (v * 256).div_ceil(243) as u8
+}
+
+fn quantize_tq1_0(x: &[f32], b: &mut [u8]) {
+    let (d, t) = ternary(x);
+    for l in 0..32 {
+        let digits: Vec<u8> = (0..5).map(|n| t[32 * n + l]).collect();
+        b[l] = pack_trits(&digits);
+    }
+    for l in 0..16 {
+        let digits: Vec<u8> = (0..5).map(|n| t[160 + 16 * n + l]).collect();
+        b[32 + l] = pack_trits(&digits);
+    }
+    for l in 0..4 {
+        let digits: Vec<u8> = (0..4).map(|n| t[240 + 4 * n + l]).collect();
+        b[48 + l] = pack_trits(&digits);
+    }
+    put_f16(b, 52, d);
+}
+
+fn quantize_tq2_0(x: &[f32], b: &mut [u8]) {
+    let (d, t) = ternary(x);
+    for (v, &q) in t.iter().enumerate() {
+        let (c, k, l) = (v / 128, (v / 32) % 4, v % 32);
+        b[32 * c + l] |= q << (2 * k);
+    }
+    put_f16(b, 64, d);
+}
+
+/// The codebook row nearest (least squares) to `t` among `rows` (values as bytes).
+fn nearest_row<const K: usize>(rows: impl Iterator<Item = [i8; K]>, t: &[f32]) -> usize {
+    let mut best = 0;
+    let mut err = f32::INFINITY;
+    for (r, row) in rows.enumerate() {
+        let mut e = 0.0f32;
+        for i in 0..K {
+            let dv = t[i] - row[i] as f32;
+            e += dv * dv;
+        }
+        if e < err {
+            err = e;
+            best = r;
+        }
+    }
+    best
+}
+
+fn row8(v: u64) -> [i8; 8] {
+    v.to_le_bytes().map(|b| b as i8)
+}
+
+fn row4(v: u32) -> [i8; 4] {
+    v.to_le_bytes().map(|b| b as i8)
+}
+
+/// Sign bits of `x` (bit i: x[i] < 0). With `even`, the count of set bits is made even by
+/// flipping the bit of the value of least magnitude (IQ2_XXS, IQ2_XS, IQ3_XXS store 7 bits
+/// and derive the eighth from the parity).
+fn sign_bits(x: &[f32], even: bool) -> u8 {
+    let mut s = 0u8;
+    for (i, &v) in x.iter().enumerate() {
+        if v < 0.0 {
+            s |= 1 << i;
+        }
+    }
+    if even && s.count_ones() % 2 == 1 {
+        let i = (0..x.len())
+            .min_by(|&a, &b| x[a].abs().total_cmp(&x[b].abs()))
+            .unwrap_or(0);
+        s ^= 1 << i;
+    }
+    s
+}
+
+/// Per-scale integer codes `k` (0..=kmax) and the block's f16 scale for a scale of the
+/// form `d · (2k + 1) · unit`, given each scale's ideal value `want`.
+fn odd_scales(want: &[f32], kmax: f32, unit: f32) -> (f32, Vec<u8>) {
+    let top = want.iter().fold(0.0f32, |m, &v| m.max(v));
+    let d = f16::from_f32(top / ((2.0 * kmax + 1.0) * unit)).to_f32();
+    let ks = want
+        .iter()
+        .map(|&w| ((w * inv(d * unit) - 1.0) / 2.0).round().clamp(0.0, kmax) as u8)
+        .collect();
+    (d, ks)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Iq2 {
+    Xxs,
+    Xs,
+    S,
+}
+
+/// IQ2_XXS / IQ2_XS / IQ2_S: scales put each scale group's extreme on the top level
+/// (43), then every 8 values take their signs and the nearest codebook row.
+fn quantize_iq2(x: &[f32], b: &mut [u8], kind: Iq2) {
+    let per = if kind == Iq2::Xxs { 32 } else { 16 };
+    let want: Vec<f32> = x.chunks(per).map(|c| amax(c) / 43.0).collect();
+    let (d, ks) = odd_scales(&want, 15.0, 0.125);
+    put_f16(b, 0, d);
+    let grid: &[u64] = match kind {
+        Iq2::Xxs => &IQ2XXS_GRID,
+        Iq2::Xs => &IQ2XS_GRID,
+        Iq2::S => &IQ2S_GRID,
+    };
+    for r in 0..32 {
+        let xs = &x[8 * r..8 * r + 8];
+        let k = ks[8 * r / per] as f32;
+        let id = inv(d * (2.0 * k + 1.0) * 0.125);
+        let t: Vec<f32> = xs.iter().map(|v| v.abs() * id).collect();
+        let idx = nearest_row(grid.iter().map(|&v| row8(v)), &t);
+        let s = sign_bits(xs, kind != Iq2::S);
+        let (j, k4) = (r / 4, r % 4);
+        match kind {
+            Iq2::Xxs => {
+                b[2 + 8 * j + k4] = idx as u8;
+                let a1 = u32_at(b, 6 + 8 * j) | (((s & 0x7F) as u32) << (7 * k4));
+                b[6 + 8 * j..10 + 8 * j].copy_from_slice(&a1.to_le_bytes());
+            }
+            Iq2::Xs => {
+                let q = idx as u16 | (((s & 0x7F) as u16) << 9);
+                b[2 + 2 * r..4 + 2 * r].copy_from_slice(&q.to_le_bytes());
+            }
+            Iq2::S => {
+                b[2 + r] = idx as u8;
+                b[66 + j] |= ((idx >> 8) as u8 & 3) << (2 * k4);
+                b[34 + r] = s;
+            }
+        }
+    }
+    for j in 0..8 {
+        match kind {
+            Iq2::Xxs => {
+                let a1 = u32_at(b, 6 + 8 * j) | ((ks[j] as u32) << 28);
+                b[6 + 8 * j..10 + 8 * j].copy_from_slice(&a1.to_le_bytes());
+            }
+            Iq2::Xs => b[66 + j] = ks[2 * j] | (ks[2 * j + 1] << 4),
+            Iq2::S => b[74 + j] = ks[2 * j] | (ks[2 * j + 1] << 4),
+        }
+    }
+}
+
+fn quantize_iq3_xxs(x: &[f32], b: &mut [u8]) {
+    let want: Vec<f32> = x.chunks(32).map(|c| amax(c) / 62.0).collect();
+    let (d, ks) = odd_scales(&want, 15.0, 0.25);
+    put_f16(b, 0, d);
+    for j in 0..8 {
+        let id = inv(d * (2.0 * ks[j] as f32 + 1.0) * 0.25);
+        let mut aux = (ks[j] as u32) << 28;
+        for k in 0..4 {
+            let xs = &x[32 * j + 8 * k..32 * j + 8 * k + 8];
+            for h in 0..2 {
+                let t: Vec<f32> = xs[4 * h..4 * h + 4].iter().map(|v| v.abs() * id).collect();
+                b[2 + 8 * j + 2 * k + h] =
+                    nearest_row(IQ3XXS_GRID.iter().map(|&v| row4(v)), &t) as u8;
+            }
+            aux |= ((sign_bits(xs, true) & 0x7F) as u32) << (7 * k);
+        }
+        b[66 + 4 * j..70 + 4 * j].copy_from_slice(&aux.to_le_bytes());
+    }
+}
+
+fn quantize_iq3_s(x: &[f32], b: &mut [u8]) {
+    let want: Vec<f32> = x.chunks(32).map(|c| amax(c) / 15.0).collect();
+    // d · (1 + 2·sc) = d · (2·sc + 1).
+    let (d, ks) = odd_scales(&want, 15.0, 1.0);
+    put_f16(b, 0, d);
+    for j in 0..8 {
+        b[106 + j / 2] |= ks[j] << (4 * (j % 2));
+        let id = inv(d * (2.0 * ks[j] as f32 + 1.0));
+        for k in 0..8 {
+            let r = 8 * j + k;
+            let xs = &x[4 * r..4 * r + 4];
+            let t: Vec<f32> = xs.iter().map(|v| v.abs() * id).collect();
+            let idx = nearest_row(IQ3S_GRID.iter().map(|&v| row4(v)), &t);
+            b[2 + r] = idx as u8;
+            b[66 + j] |= ((idx >> 8) as u8 & 1) << k;
+            b[74 + r / 2] |= sign_bits(xs, false) << (4 * (r % 2));
+        }
+    }
+}
+
+/// IQ1_S / IQ1_M: scales put each scale group's extreme at 1.125; every 8 values take
+/// the nearest row of grid + δ (δ's sign: the sub-block's mean for IQ1_S, the better
+/// of both per row for IQ1_M).
+fn quantize_iq1(x: &[f32], b: &mut [u8], m: bool) {
+    let per = if m { 16 } else { 32 };
+    let want: Vec<f32> = x.chunks(per).map(|c| amax(c) / 1.125).collect();
+    let (d, ks) = odd_scales(&want, 7.0, 1.0);
+    let rows = || IQ1S_GRID.iter().map(|&v| row8(v));
+    let fit = |xs: &[f32], dl: f32, delta: f32| -> (usize, f32) {
+        let t: Vec<f32> = xs.iter().map(|v| v * inv(dl) - delta).collect();
+        let idx = nearest_row(rows(), &t);
+        let row = row8(IQ1S_GRID[idx]);
+        let err = (0..8).map(|i| (t[i] - row[i] as f32).powi(2)).sum();
+        (idx, err)
+    };
+    if m {
+        let dh = f16::from_f32(d).to_bits();
+        for u in 0..4 {
+            let mut w = ((dh >> (4 * u)) & 0xF) << 12;
+            for t in 0..4 {
+                w |= (ks[4 * u + t] as u16) << (3 * t);
+            }
+            b[48 + 2 * u..50 + 2 * u].copy_from_slice(&w.to_le_bytes());
+        }
+        for r in 0..32 {
+            let xs = &x[8 * r..8 * r + 8];
+            let dl = d * (2.0 * ks[r / 2] as f32 + 1.0);
+            let (ip, ep) = fit(xs, dl, 0.125);
+            let (in_, en) = fit(xs, dl, -0.125);
+            let (idx, neg) = if en < ep { (in_, 8u8) } else { (ip, 0) };
+            b[r] = idx as u8;
+            b[32 + r / 2] |= (((idx >> 8) as u8 & 7) | neg) << (4 * (r % 2));
+        }
+    } else {
+        put_f16(b, 0, d);
+        for j in 0..8 {
+            let xs = &x[32 * j..32 * j + 32];
+            let neg = xs.iter().sum::<f32>() < 0.0;
+            let delta = if neg { -0.125 } else { 0.125 };
+            let dl = d * (2.0 * ks[j] as f32 + 1.0);
+            let mut qh = ((ks[j] as u16) << 12) | if neg { 0x8000 } else { 0 };
+            for k in 0..4 {
+                let (idx, _) = fit(&xs[8 * k..8 * k + 8], dl, delta);
+                b[2 + 4 * j + k] = idx as u8;
+                qh |= ((idx >> 8) as u16 & 7) << (3 * k);
+            }
+            b[34 + 2 * j..36 + 2 * j].copy_from_slice(&qh.to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn f16_conversion_is_exact_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = super::f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
+        }
+    }
+}
