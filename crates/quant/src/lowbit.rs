@@ -788,7 +788,7 @@ pub(crate) fn dot(sp: &Spec, row: &[u8], xq: &ActQ8) -> f32 {
         add_group(sp.min, &g, n, xq, s0, &mut acc);
         s0 += n;
     }
-    crate::scalar::tree(acc)
+    crate::combine_lanes(acc)
 }
 
 /// Generates the `fn(&[u8], &ActQ8) -> f32` scalar kernel of each type.

@@ -140,7 +140,7 @@ mod imp {
     use crate::formats::SUB;
     use crate::isa::{Avx2Proof, Avx512BwProof, Avx512Proof};
     use crate::lowbit::{add_group, kinds, Group, Kind, Min, Spec};
-    use crate::{scalar, ActQ8, GgmlType, Kernel, Multi};
+    use crate::{ActQ8, GgmlType, Kernel, Multi};
 
     /// These kernels read the activations as quantized: no extra layout.
     fn no_layout(_qs: &[i8]) -> Vec<i8> {
@@ -255,7 +255,7 @@ mod imp {
                 _mm256_storeu_ps(a.as_mut_ptr().add(8 * k), acc[t][k]);
             }
             add_group(sp.min, g, rest, xq[t], 8 * groups, &mut a);
-            out[t] = scalar::tree(a);
+            out[t] = crate::combine_lanes(a);
         }
         out
     }
