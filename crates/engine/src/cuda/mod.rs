@@ -6,10 +6,10 @@
 //! with the numbers and the remedy (docs/design.md invariant 5).
 
 mod backend;
-mod tiered;
 mod trace;
 mod weights;
 
+use backend::tiered::{self, Tiered};
 pub use backend::{CudaBackend, CudaState, DBuf};
 use backend::{SegRun, MAX_ROWS};
 
@@ -21,7 +21,6 @@ use crate::{Device, DeviceReport, EngineError};
 use cuda::{Gpu, Graph, Lane};
 use model::{ExecError, Logits, ModelConfig, ModelWeights, Segment};
 use std::collections::HashMap;
-use tiered::Tiered;
 use weights::cuda_err;
 
 /// Tokens per step the scratch arena is sized for with every expert resident (a
@@ -401,6 +400,7 @@ impl CudaExecutor {
             store,
             pool_mem,
             weights,
+            cfg.n_embd,
             budgets.cpu_share,
             probe,
             map_ok,
@@ -461,7 +461,7 @@ impl CudaExecutor {
             gib(vram.expert_slots),
             gib(vram.state),
             gib(vram.scratch),
-            be.max_tokens,
+            be.chunk_tokens,
             gib(vram.total)
         );
         Ok(CudaExecutor {
@@ -726,7 +726,7 @@ impl Executor for CudaExecutor {
     }
 
     fn prompt_chunk(&self) -> usize {
-        self.be.max_tokens
+        self.be.chunk_tokens
     }
 
     fn expert_stats(&self) -> Option<TierStats> {
@@ -1081,7 +1081,7 @@ impl CudaExecutor {
         let piece = if s.want == Want::Logits(Logits::All) {
             MAX_LOGIT_ROWS
         } else {
-            self.be.max_tokens
+            self.be.chunk_tokens
         };
         crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {
             self.be.load_inputs(chunk, pos0)?;
