@@ -12,7 +12,8 @@ use crate::cuda::weights::{cuda_err, DevWeight, MixerDev};
 use cuda::{ActQ8, DevBuf, Gpu};
 use model::{ExecError, ModelConfig, SegmentRows};
 
-/// The most sequences one batched decode pass takes.
+/// The most sequences one batched decode pass takes (one token each, their states
+/// named by the device tables; see [`CudaBackend::load_rows`]).
 pub(crate) const MAX_ROWS: usize = 16;
 
 /// Rows mode's state: the device tables of each row's state and which states they
