@@ -9,7 +9,7 @@
 // fixed and spelled out with sc_mul / sc_add / sc_fma.
 //
 // Alignment each load needs (the host checks the row base): Q4_K, Q5_K: 16 bytes;
-// IQ4_XS: 8; Q8_0, Q4_0, Q6_K, F16, BF16: 2; F32: 4. Activation blocks (QAct.qs): 16.
+// IQ4_XS: 8; Q8_0, Q4_0, Q6_K, F16, BF16: 2; F32: 4. Activation blocks (ActQ8.qs): 16.
 #pragma once
 
 #include "sc_common.cuh"

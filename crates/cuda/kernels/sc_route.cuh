@@ -1,5 +1,5 @@
-// The routing of one token (model::moe::route) by one warp, shared by route_topk
-// (moe.cu) and the fused decode MoE (quant.cu).
+// The routing of one token (model::moe::route) by one warp, shared by route_topk,
+// the fused decode MoE and the router (moe.cu).
 #pragma once
 
 #include "sc_common.cuh"

@@ -78,9 +78,9 @@ pub enum Lane {
     /// The stream every kernel runs on: in issue order with them.
     Stream,
     /// The copier: after its earlier copies and what [`Gpu::copier_waits`] or
-    /// [`Gpu::wait_mark`] made it wait for, and before the stream's work only
-    /// through a mark ([`Gpu::mark`] on the copier, [`Gpu::wait_mark`] on the
-    /// stream). Not during capture.
+    /// [`Gpu::wait_event`] made it wait for, and before the stream's work only
+    /// through an event ([`Gpu::stream_waits`], or [`Gpu::record`] on the copier and
+    /// [`Gpu::wait_event`] on the stream). Not during capture.
     Copier,
 }
 
@@ -90,9 +90,11 @@ pub struct Gpu {
     pub(crate) ctx: Arc<Ctx>,
     pub(crate) stream: sys::CUstream,
     /// The second stream, for copies that overlap the stream's kernels, and the
-    /// event [`Gpu::copier_waits`] orders it after the stream with.
+    /// events [`Gpu::copier_waits`] and [`Gpu::stream_waits`] order one stream after
+    /// the other with.
     copier: sys::CUstream,
-    stream_mark: sys::CUevent,
+    stream_event: sys::CUevent,
+    copier_event: sys::CUevent,
     /// Work was issued on the copier since it was last waited for (`sync` waits
     /// for the copier only then: a decode step syncs once a layer when tiered).
     copier_busy: AtomicBool,
@@ -189,12 +191,14 @@ impl Gpu {
             result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(|e| CudaError::driver("cuEventCreate", e))
         };
-        let stream_mark = event()?;
+        let stream_event = event()?;
+        let copier_event = event()?;
         let mut gpu = Gpu {
             ctx,
             stream,
             copier,
-            stream_mark,
+            stream_event,
+            copier_event,
             copier_busy: AtomicBool::new(false),
             modules: Vec::new(),
             funcs: Functions::empty(),
@@ -489,19 +493,25 @@ impl Gpu {
     /// far (not during capture: the copier is not captured).
     pub fn copier_waits(&self) -> Result<(), CudaError> {
         self.copier_busy.store(true, Ordering::Relaxed);
-        self.order("copier_waits", self.stream, self.stream_mark, self.copier)
+        self.order("copier_waits", self.stream, self.stream_event, self.copier)
+    }
+
+    /// Makes the stream's later work wait for everything issued on the copier so
+    /// far (not during capture).
+    pub fn stream_waits(&self) -> Result<(), CudaError> {
+        self.order("stream_waits", self.copier, self.copier_event, self.stream)
     }
 
     /// A point in a lane's work for another lane to wait for, recorded with
-    /// [`Gpu::mark`] (until then, waiting for it waits for nothing).
-    pub fn new_mark(&self) -> Result<Mark, CudaError> {
-        self.mark_of(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+    /// [`Gpu::record`] (until then, waiting for it waits for nothing).
+    pub fn new_event(&self) -> Result<Event, CudaError> {
+        self.event_of(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
     }
 
-    fn mark_of(&self, flags: sys::CUevent_flags) -> Result<Mark, CudaError> {
+    fn event_of(&self, flags: sys::CUevent_flags) -> Result<Event, CudaError> {
         self.ctx.bind()?;
         let ev = result::event::create(flags).map_err(|e| CudaError::driver("cuEventCreate", e))?;
-        Ok(Mark {
+        Ok(Event {
             ev,
             ctx: Arc::clone(&self.ctx),
         })
@@ -518,37 +528,37 @@ impl Gpu {
         })
     }
 
-    /// Records `mark` after everything issued on `lane` so far (again, if it was
+    /// Records `event` after everything issued on `lane` so far (again, if it was
     /// recorded before: later waits take this record). Not during capture.
-    pub fn mark(&self, lane: Lane, mark: &Mark) -> Result<(), CudaError> {
-        let s = self.lane(lane, "mark")?;
+    pub fn record(&self, lane: Lane, event: &Event) -> Result<(), CudaError> {
+        let s = self.lane(lane, "record")?;
         self.ctx.bind()?;
-        // SAFETY: the event and the stream are alive while `mark` and self are.
-        unsafe { result::event::record(mark.ev, s) }
-            .map_err(|e| CudaError::driver("cuEventRecord(mark)", e))
+        // SAFETY: the event and the stream are alive while `event` and self are.
+        unsafe { result::event::record(event.ev, s) }
+            .map_err(|e| CudaError::driver("cuEventRecord(record)", e))
     }
 
-    /// Makes `lane`'s later work wait for `mark`'s latest record at the time of
+    /// Makes `lane`'s later work wait for `event`'s latest record at the time of
     /// this call (nothing, if it was never recorded). Not during capture.
-    pub fn wait_mark(&self, lane: Lane, mark: &Mark) -> Result<(), CudaError> {
-        let s = self.lane(lane, "wait_mark")?;
+    pub fn wait_event(&self, lane: Lane, event: &Event) -> Result<(), CudaError> {
+        let s = self.lane(lane, "wait_event")?;
         self.ctx.bind()?;
-        // SAFETY: as in `mark`.
+        // SAFETY: as in `record`.
         unsafe {
-            result::stream::wait_event(s, mark.ev, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            result::stream::wait_event(s, event.ev, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
         }
-        .map_err(|e| CudaError::driver("cuStreamWaitEvent(wait_mark)", e))
+        .map_err(|e| CudaError::driver("cuStreamWaitEvent(wait_event)", e))
     }
 
-    /// A mark that also takes the time the device reaches it (for
-    /// [`Gpu::elapsed_us`]; a little slower to record than [`Gpu::new_mark`]'s).
-    pub fn new_timed_mark(&self) -> Result<Mark, CudaError> {
-        self.mark_of(sys::CUevent_flags::CU_EVENT_DEFAULT)
+    /// An event that also takes the time the device reaches it (for
+    /// [`Gpu::elapsed_us`]; a little slower to record than [`Gpu::new_event`]'s).
+    pub fn new_timed_event(&self) -> Result<Event, CudaError> {
+        self.event_of(sys::CUevent_flags::CU_EVENT_DEFAULT)
     }
 
-    /// Microseconds from `a`'s latest record to `b`'s, both timed marks the device
+    /// Microseconds from `a`'s latest record to `b`'s, both timed events the device
     /// has reached (after a synchronisation that covers them).
-    pub fn elapsed_us(&self, a: &Mark, b: &Mark) -> Result<f64, CudaError> {
+    pub fn elapsed_us(&self, a: &Event, b: &Event) -> Result<f64, CudaError> {
         self.ctx.bind()?;
         // SAFETY: both events are alive and belong to this context.
         unsafe { result::event::elapsed(a.ev, b.ev) }
@@ -557,12 +567,12 @@ impl Gpu {
     }
 
     /// Makes `waiter`'s later work wait for what `first` has been given so far,
-    /// through `mark` (an event of this pair's direction).
+    /// through `event` (an event of this pair's direction).
     fn order(
         &self,
         what: &str,
         first: sys::CUstream,
-        mark: sys::CUevent,
+        event: sys::CUevent,
         waiter: sys::CUstream,
     ) -> Result<(), CudaError> {
         self.refuse_in_capture(what)?;
@@ -571,10 +581,10 @@ impl Gpu {
         // event's latest record at the time of the call, so the event may be
         // recorded again afterwards.
         unsafe {
-            result::event::record(mark, first).and_then(|()| {
+            result::event::record(event, first).and_then(|()| {
                 result::stream::wait_event(
                     waiter,
-                    mark,
+                    event,
                     sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                 )
             })
@@ -728,13 +738,13 @@ impl Gpu {
     /// another from offset 0, after everything issued before them on the stream, and
     /// waits for them: one synchronisation for all, of the stream alone (copies on
     /// the copier that the stream does not wait for may still be running). With
-    /// `stamp`, records that mark right after the copies (a timed mark says when
+    /// `stamp`, records that event right after the copies (a timed event says when
     /// they landed). Not allowed during capture.
     pub fn download_pinned(
         &self,
         srcs: &[(u64, usize)],
         dst: &mut PinnedBuf,
-        stamp: Option<&Mark>,
+        stamp: Option<&Event>,
     ) -> Result<(), CudaError> {
         self.refuse_in_capture("download_pinned")?;
         let total: usize = srcs.iter().map(|&(_, n)| n).sum();
@@ -760,7 +770,7 @@ impl Gpu {
             at += n;
         }
         if let Some(m) = stamp {
-            self.mark(Lane::Stream, m)?;
+            self.record(Lane::Stream, m)?;
         }
         self.sync_stream()
     }
@@ -862,7 +872,8 @@ impl Drop for Gpu {
             let _ = result::stream::synchronize(self.stream);
             let _ = result::stream::destroy(self.copier);
             let _ = result::stream::destroy(self.stream);
-            let _ = result::event::destroy(self.stream_mark);
+            let _ = result::event::destroy(self.stream_event);
+            let _ = result::event::destroy(self.copier_event);
             for m in self.modules.drain(..) {
                 let _ = result::module::unload(m);
             }
@@ -994,18 +1005,18 @@ impl PinnedBuf {
     }
 }
 
-/// A recorded point in one lane's work ([`Gpu::new_mark`]).
-pub struct Mark {
+/// A recorded point in one lane's work, a CUDA event ([`Gpu::new_event`]).
+pub struct Event {
     ev: sys::CUevent,
     ctx: Arc<Ctx>,
 }
 
-impl Drop for Mark {
+impl Drop for Event {
     fn drop(&mut self) {
         if self.ctx.bind().is_err() {
             return;
         }
-        // SAFETY: created by new_mark, destroyed once; a pending record completes
+        // SAFETY: created by new_event, destroyed once; a pending record completes
         // on its own (the driver defers the release).
         unsafe {
             let _ = result::event::destroy(self.ev);

@@ -21,12 +21,12 @@ pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use gguf::GgmlType;
 #[cfg(feature = "cuda")]
-pub use gpu::{DevBuf, Gpu, Graph, Lane, Mark, PinnedBuf};
+pub use gpu::{DevBuf, Event, Gpu, Graph, Lane, PinnedBuf};
 #[cfg(feature = "cuda")]
 pub use ops::{
-    DnRows, DnStep, Mat, MoeRoute, QAct, RouterRoute, Tile, TileShape, FUSED_MAX_EXPERTS,
-    MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K, ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT, TILE_GROUP,
-    TILE_TOKENS,
+    ActQ8, DnRows, DnStep, Mat, MoeRoute, RouterRoute, Tile, TileShape, FUSED_MAX_EXPERTS,
+    MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS, ROUTER_MAX_TOKENS,
+    ROUTE_IN_ROUTER_MAX_EXPERT, TILE_GROUP, TILE_TOKENS,
 };
 
 /// True when this build has the CUDA executor (feature `cuda`).

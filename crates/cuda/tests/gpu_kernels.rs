@@ -19,7 +19,7 @@ mod quant_kernels;
 #[path = "gpu_kernels/rows.rs"]
 mod rows;
 
-use cuda::{DevBuf, DeviceRepr, Gpu, QAct, ValidAsZeroBits};
+use cuda::{ActQ8, DevBuf, DeviceRepr, Gpu, ValidAsZeroBits};
 
 /// A GPU for one test (each test has its own stream), or None (with a SKIP line)
 /// when the machine has none and SCORIA_REQUIRE_GPU is not 1.
@@ -143,8 +143,8 @@ impl QOut {
             sums: filled(g, n / 32, 0x80),
         }
     }
-    pub fn q(&self) -> QAct {
-        QAct {
+    pub fn q(&self) -> ActQ8 {
+        ActQ8 {
             qs: self.qs.ptr(),
             d: self.d.ptr(),
             sums: self.sums.ptr(),
@@ -176,25 +176,25 @@ impl QOut {
 }
 
 /// Activations quantized on the CPU, uploaded in the device layout (rows concatenated).
-pub struct DevQAct {
+pub struct DevActQ8 {
     pub qs: DevBuf<i8>,
     pub d: DevBuf<f32>,
     pub sums: DevBuf<i32>,
 }
 
-impl DevQAct {
-    pub fn upload(g: &Gpu, rows: &[quant::ActQ8]) -> DevQAct {
+impl DevActQ8 {
+    pub fn upload(g: &Gpu, rows: &[quant::ActQ8]) -> DevActQ8 {
         let qs: Vec<i8> = rows.iter().flat_map(|r| r.qs.iter().copied()).collect();
         let d: Vec<f32> = rows.iter().flat_map(|r| r.d.iter().copied()).collect();
         let sums: Vec<i32> = rows.iter().flat_map(|r| r.sums.iter().copied()).collect();
-        DevQAct {
+        DevActQ8 {
             qs: up(g, &qs),
             d: up(g, &d),
             sums: up(g, &sums),
         }
     }
-    pub fn q(&self) -> QAct {
-        QAct {
+    pub fn q(&self) -> ActQ8 {
+        ActQ8 {
             qs: self.qs.ptr(),
             d: self.d.ptr(),
             sums: self.sums.ptr(),

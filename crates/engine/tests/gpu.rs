@@ -15,7 +15,7 @@
 mod common;
 
 use common::{bits, decode, synth};
-use cuda::{Gpu, QAct, Tile};
+use cuda::{ActQ8, Gpu, Tile};
 use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest};
 use model::synth::Preset;
 use quant::GgmlType;
@@ -143,7 +143,7 @@ fn expert_ffn_is_bit_identical_for_every_type() {
         let qs = g.alloc::<i8>(k * f.max(e), "qs").expect("alloc");
         let qd = g.alloc::<f32>(k * f.max(e) / 32, "qd").expect("alloc");
         let qsum = g.alloc::<i32>(k * f.max(e) / 32, "qsum").expect("alloc");
-        let q = QAct {
+        let q = ActQ8 {
             qs: qs.ptr(),
             d: qd.ptr(),
             sums: qsum.ptr(),

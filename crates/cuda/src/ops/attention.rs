@@ -2,11 +2,11 @@
 //! bit-identical to the CPU's norm and rope) and `attn_core` (causal softmax attention
 //! over the cache, flash-style; deterministic, within float tolerance of the CPU).
 
-use super::{addr, blocks, int, opt_addr, qact_args, MAX_GRID_YZ};
+use super::{act_q8_args, addr, blocks, int, opt_addr, MAX_GRID_YZ};
 use crate::error::{gib, CudaError};
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
-use crate::ops::quant::QAct;
+use crate::ops::quant::ActQ8;
 
 /// Query rows and keys per attn_core tile (kernels/attention.cu SC_AQ, SC_AK), the
 /// query rows of the wide launches that prompts of one key range take (16 warps),
@@ -203,7 +203,7 @@ impl Gpu {
     /// Deterministic, not bit-identical to the CPU (online softmax). When the keys
     /// are split (the partial results merged by a second kernel), that kernel also
     /// writes `out`'s quantized copy to `oq` ([`Gpu::quantize_act`]'s bits) unless
-    /// `oq` is [`QAct::NONE`]; returns whether it did (the caller quantizes otherwise).
+    /// `oq` is [`ActQ8::NONE`]; returns whether it did (the caller quantizes otherwise).
     ///
     /// With a non-zero `kv_tab` (rows mode, as in [`Gpu::attn_prep`]) each of the
     /// `n_tok` tokens is one token of its own sequence, at position `pos0_dev[t]` over
@@ -226,7 +226,7 @@ impl Gpu {
         q_stride: usize,
         out: u64,
         scratch: u64,
-        oq: QAct,
+        oq: ActQ8,
         kv_tab: u64,
     ) -> Result<bool, CudaError> {
         const KN: &str = "attn_core";
@@ -322,7 +322,7 @@ impl Gpu {
             Arg::I32(n_split as i32),
             Arg::P(opt_addr(KN, "kv_tab", kv_tab, 8)?),
         ];
-        let q_out = qact_args(KN, oq, false)?;
+        let q_out = act_q8_args(KN, oq, false)?;
         let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];
         self.launch(k, grid, threads, smem, &args)?;
         if n_split > 1 {
@@ -343,6 +343,6 @@ impl Gpu {
                 .map_err(|_| CudaError::bad(KN, "too many (token, head) rows"))?;
             self.launch(K::AttnCombine, [rows, 1, 1], head_dim as u32, 0, &args)?;
         }
-        Ok(n_split > 1 && oq != QAct::NONE)
+        Ok(n_split > 1 && oq != ActQ8::NONE)
     }
 }

@@ -5,7 +5,7 @@ use super::{addr, blocks, int, opt_addr};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
-use crate::ops::quant::QAct;
+use crate::ops::quant::ActQ8;
 
 /// The most conv taps dn_conv takes (kernels/deltanet.cu SC_MAX_DCONV).
 pub const MAX_D_CONV: usize = 8;
@@ -246,14 +246,14 @@ impl Gpu {
     /// ([`Gpu::dn_qk_norm`]'s bits) read from `conv_out` (the conv output [q | k | v],
     /// left as it is), the recurrence on `state` and the gated norm
     /// ([`Gpu::dn_recurrence`]'s bits) into `out` (f32 [Hv·d_state]), and unless `q`
-    /// is [`QAct::NONE`] its quantized copy ([`Gpu::quantize_act`]'s bits).
+    /// is [`ActQ8::NONE`] its quantized copy ([`Gpu::quantize_act`]'s bits).
     pub fn dn_step(
         &self,
         conv_out: u64,
         d: &DnStep,
         state: u64,
         out: u64,
-        q: QAct,
+        q: ActQ8,
     ) -> Result<(), CudaError> {
         self.dn_step_launch(conv_out, d, state, None, out, q)
     }
@@ -266,7 +266,7 @@ impl Gpu {
         d: &DnStep,
         rows: &DnRows,
         out: u64,
-        q: QAct,
+        q: ActQ8,
     ) -> Result<(), CudaError> {
         self.dn_step_launch(conv_out, d, 0, Some(rows), out, q)
     }
@@ -278,7 +278,7 @@ impl Gpu {
         state: u64,
         rows: Option<&DnRows>,
         out: u64,
-        q: QAct,
+        q: ActQ8,
     ) -> Result<(), CudaError> {
         const KN: &str = "dn_step";
         let k = match (d.d_state, rows.is_some()) {

@@ -13,10 +13,10 @@ mod quant;
 
 pub use deltanet::{DnRows, DnStep, MAX_D_CONV};
 pub use moe::{
-    MoeRoute, RouterRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K, ROUTER_MAX_TOKENS,
-    ROUTE_IN_ROUTER_MAX_EXPERT,
+    MoeRoute, RouterRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS,
+    ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT,
 };
-pub use quant::{Mat, QAct, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
+pub use quant::{ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 
 use crate::kernels::K;
 
@@ -84,15 +84,15 @@ pub(crate) fn opt_addr(
 }
 
 /// A quantized copy's three kernel parameters (qs, d, sums). `required`: the kernel
-/// reads it, so every address must be there and aligned. Otherwise `QAct::NONE` gives
+/// reads it, so every address must be there and aligned. Otherwise `ActQ8::NONE` gives
 /// three nulls (the kernel skips it), and a copy with only some addresses is refused.
-pub(crate) fn qact_args(
+pub(crate) fn act_q8_args(
     kernel: &'static str,
-    q: quant::QAct,
+    q: ActQ8,
     required: bool,
 ) -> Result<[crate::gpu::Arg; 3], CudaError> {
     use crate::gpu::Arg;
-    if q == quant::QAct::NONE && !required {
+    if q == ActQ8::NONE && !required {
         return Ok([Arg::P(0), Arg::P(0), Arg::P(0)]);
     }
     if q.qs == 0 || q.d == 0 || q.sums == 0 {

@@ -1,8 +1,10 @@
-//! Routing and the combination of expert outputs, bit-identical to the CPU
-//! (`model::moe::route`, `engine/src/cpu/moe.rs`).
+//! The MoE block's launches (kernels/moe.cu), bit-identical to the CPU
+//! (`model::moe::route`, `engine/src/cpu/moe.rs`): routing, the combination of
+//! expert outputs, the fused one-token (or per-row) expert kernels and the decode
+//! router, and the hand-off of a tiered step's routing to the host.
 
-use super::quant::{check_mat, Mat, QAct, TypeInfo};
-use super::{addr, blocks, int, opt_addr, qact_args, MAX_GRID_YZ};
+use super::quant::{check_mat, ActQ8, Mat, TypeInfo};
+use super::{act_q8_args, addr, blocks, int, opt_addr, MAX_GRID_YZ};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
@@ -12,13 +14,16 @@ use gguf::GgmlType;
 pub const MAX_EXPERTS: usize = 1024;
 /// The largest k `route_topk` takes (kernels/moe.cu SC_MAX_K).
 pub const MAX_TOP_K: usize = 32;
-/// The most experts [`Gpu::moe_gate_up`] routes (kernels/quant.cu SC_FUSED_MAX_EXPERT).
+/// The most experts [`Gpu::moe_gate_up`] routes (kernels/moe.cu SC_FUSED_MAX_EXPERT).
 pub const FUSED_MAX_EXPERTS: usize = 512;
 /// The most tokens [`Gpu::router`] takes (a block row each; a longer prompt's router
 /// is a plain matrix product).
 pub const ROUTER_MAX_TOKENS: usize = 16;
-/// The most experts [`Gpu::router_routed`] routes (kernels/quant.cu router_route_tail).
+/// The most experts [`Gpu::router_routed`] routes (kernels/moe.cu router_route_tail).
 pub const ROUTE_IN_ROUTER_MAX_EXPERT: usize = 256;
+/// Words of a [`Gpu::publish_words`] buffer before the published ones: word 0 is the
+/// flag the kernel sets last (kernels/moe.cu `publish_words` writes `host[4 + i]`).
+pub const PUBLISH_HEAD_WORDS: usize = 4;
 
 /// Where [`Gpu::router_routed`] writes each token's routing: `weights_out` (f32 [n_tok
 /// × k]) and `ids_out` (i32 [n_tok × k]) in rank order, as [`Gpu::route_topk`] does;
@@ -79,7 +84,7 @@ impl Gpu {
     /// with `gate_inp` (f32, x's width) also `*shared_logit = x·gate_inp`. The bits of
     /// [`Gpu::matvec`] (one token), [`Gpu::swiglu`] and [`Gpu::dot_rows`]. `x` is the
     /// token's f32 row, `xq` its quantized copy (needed when a type is quantized).
-    /// Unless `act_q` is [`QAct::NONE`], `act`'s quantized copy is written there too
+    /// Unless `act_q` is [`ActQ8::NONE`], `act`'s quantized copy is written there too
     /// ([`Gpu::quantize_act`] of the whole row; every expert width a multiple of 32),
     /// and `done` (i32 [k + 1], zero) counts each plane's finished blocks, zero again
     /// when the kernel ends.
@@ -99,10 +104,10 @@ impl Gpu {
         k: usize,
         n_tok: usize,
         x: u64,
-        xq: QAct,
+        xq: ActQ8,
         shared_logit: u64,
         act: u64,
-        act_q: QAct,
+        act_q: ActQ8,
         done: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "moe_gate_up";
@@ -155,8 +160,8 @@ impl Gpu {
                 "gate_inp and shared_logit come together, with a shared expert",
             ));
         }
-        let [q0, q1, q2] = qact_args(KN, xq, need_q)?;
-        let quantize = act_q != QAct::NONE;
+        let [q0, q1, q2] = act_q8_args(KN, xq, need_q)?;
+        let quantize = act_q != ActQ8::NONE;
         if quantize && (!gate.n_rows.is_multiple_of(32) || !s_rows.is_multiple_of(32)) {
             return Err(CudaError::bad(
                 KN,
@@ -166,7 +171,7 @@ impl Gpu {
                 ),
             ));
         }
-        let [aq0, aq1, aq2] = qact_args(KN, act_q, false)?;
+        let [aq0, aq1, aq2] = act_q8_args(KN, act_q, false)?;
         let args = [
             Arg::P(gate.ptr),
             Arg::P(up.ptr),
@@ -246,7 +251,7 @@ impl Gpu {
         k: usize,
         n_tok: usize,
         act: u64,
-        aq: QAct,
+        aq: ActQ8,
         shared_logit: u64,
         out: u64,
         given: u64,
@@ -284,7 +289,7 @@ impl Gpu {
         if shared_logit != 0 && sdown.is_none() {
             return Err(CudaError::bad(KN, "shared_logit without a shared expert"));
         }
-        let [q0, q1, q2] = qact_args(KN, aq, need_q)?;
+        let [q0, q1, q2] = act_q8_args(KN, aq, need_q)?;
         let args = [
             Arg::P(down.ptr),
             Arg::I32(ti.code),
@@ -467,7 +472,7 @@ impl Gpu {
     }
 
     /// Copies `n_a` words at `a`, then `n_b` at `b`, to the mapped pinned buffer
-    /// `host` (a `PinnedBuf::dev_ptr`) from word 4 on, then sets its word 0 to 1 once
+    /// `host` (a `PinnedBuf::dev_ptr`) from word [`PUBLISH_HEAD_WORDS`] on, then sets its word 0 to 1 once
     /// they are visible to the host (`Gpu::wait_word`; the host clears word 0 before
     /// the next launch). Ordered after the stream's work before it.
     pub fn publish_words(

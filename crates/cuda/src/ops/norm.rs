@@ -1,25 +1,25 @@
 //! Row reductions and elementwise steps: rms_norm, dot_rows, add, swiglu (bit-identical
 //! to `model::math`), argmax (the greedy choice of `engine::sampler::argmax`).
 
-use super::{addr, blocks, int, qact_args};
+use super::{act_q8_args, addr, blocks, int};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
-use crate::ops::quant::QAct;
+use crate::ops::quant::ActQ8;
 
 /// Threads of the one-block-per-row reductions (SC_ROW_THREADS in norm.cu).
 const ROW_THREADS: u32 = 1024;
 
 /// The norm kernels' arguments followed by the quantized copy's (null for none).
-fn with_q(kn: &'static str, args: &[Arg], cols: usize, q: QAct) -> Result<Vec<Arg>, CudaError> {
-    if q != QAct::NONE && !cols.is_multiple_of(32) {
+fn with_q(kn: &'static str, args: &[Arg], cols: usize, q: ActQ8) -> Result<Vec<Arg>, CudaError> {
+    if q != ActQ8::NONE && !cols.is_multiple_of(32) {
         return Err(CudaError::bad(
             kn,
             format!("a row of {cols} values is not whole 32-value blocks to quantize"),
         ));
     }
     let mut v = args.to_vec();
-    v.extend(qact_args(kn, q, false)?);
+    v.extend(act_q8_args(kn, q, false)?);
     Ok(v)
 }
 
@@ -34,7 +34,7 @@ impl Gpu {
     /// `out[r] = model::math::rms_norm(x[r], w, eps)` for `rows` rows of `cols` f32,
     /// bit-identical (sum of squares in the canonical 32-lane order, scale =
     /// 1/sqrt(ss/cols + eps), `(v·scale)·w`). `out` may be `x`. Unless `q` is
-    /// [`QAct::NONE`], the output is also quantized into `q` in the same launch, as
+    /// [`ActQ8::NONE`], the output is also quantized into `q` in the same launch, as
     /// [`Gpu::quantize_act`] would (cols a multiple of 32).
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm(
@@ -45,7 +45,7 @@ impl Gpu {
         w: u64,
         eps: f32,
         out: u64,
-        q: QAct,
+        q: ActQ8,
     ) -> Result<(), CudaError> {
         const KN: &str = "rms_norm";
         if rows == 0 || cols == 0 {
@@ -78,7 +78,7 @@ impl Gpu {
         w: u64,
         eps: f32,
         out: u64,
-        q: QAct,
+        q: ActQ8,
     ) -> Result<(), CudaError> {
         const KN: &str = "add_rms_norm";
         if rows == 0 || cols == 0 {

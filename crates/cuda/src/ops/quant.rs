@@ -2,7 +2,7 @@
 //! output bit-identical to `quant::quantize_act`, `quant::matvec` and
 //! `quant::dequantize_row`.
 
-use super::{addr, blocks, int, qact_args, MAX_GRID_YZ};
+use super::{act_q8_args, addr, blocks, int, MAX_GRID_YZ};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
@@ -12,19 +12,20 @@ use gguf::GgmlType;
 /// Tokens a matvec tile multiplies with one weight load.
 pub const TILE_TOKENS: usize = 8;
 
-/// Quantized activations on the device, exactly `quant::quantize_act` per row:
-/// `qs` i8 [rows × cols], `d` f32 [rows × cols/32], `sums` i32 [rows × cols/32].
-/// `qs` must be 16-byte aligned, `d` and `sums` 4-byte aligned.
+/// Quantized activations on the device: `quant::ActQ8` (what `quant::quantize_act`
+/// makes of each row) as the addresses of its three arrays, `qs` i8 [rows × cols],
+/// `d` f32 [rows × cols/32], `sums` i32 [rows × cols/32]. `qs` must be 16-byte
+/// aligned, `d` and `sums` 4-byte aligned.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct QAct {
+pub struct ActQ8 {
     pub qs: u64,
     pub d: u64,
     pub sums: u64,
 }
 
-impl QAct {
+impl ActQ8 {
     /// No quantized activations (float weights read `x`).
-    pub const NONE: QAct = QAct {
+    pub const NONE: ActQ8 = ActQ8 {
         qs: 0,
         d: 0,
         sums: 0,
@@ -235,9 +236,9 @@ pub(crate) fn check_weights(
     Ok(ti)
 }
 
-/// Activation arguments: `x` for float weights, the QAct for quantized ones (the
+/// Activation arguments: `x` for float weights, the ActQ8 for quantized ones (the
 /// other may be 0).
-fn act_args(kernel: &'static str, float: bool, x: u64, xq: QAct) -> Result<[Arg; 4], CudaError> {
+fn act_args(kernel: &'static str, float: bool, x: u64, xq: ActQ8) -> Result<[Arg; 4], CudaError> {
     if float {
         Ok([
             Arg::P(addr(kernel, "x", x, 4)?),
@@ -246,7 +247,7 @@ fn act_args(kernel: &'static str, float: bool, x: u64, xq: QAct) -> Result<[Arg;
             Arg::P(0),
         ])
     } else {
-        let [qs, d, sums] = qact_args(kernel, xq, true)?;
+        let [qs, d, sums] = act_q8_args(kernel, xq, true)?;
         Ok([Arg::P(0), qs, d, sums])
     }
 }
@@ -340,7 +341,13 @@ enum ConvAt {
 
 impl Gpu {
     /// `q` = quantize_act of each of `rows` rows of `cols` values at `x` (f32).
-    pub fn quantize_act(&self, x: u64, rows: usize, cols: usize, q: QAct) -> Result<(), CudaError> {
+    pub fn quantize_act(
+        &self,
+        x: u64,
+        rows: usize,
+        cols: usize,
+        q: ActQ8,
+    ) -> Result<(), CudaError> {
         const KN: &str = "quantize_act";
         if !cols.is_multiple_of(32) {
             return Err(CudaError::bad(
@@ -375,7 +382,7 @@ impl Gpu {
         n_rows: usize,
         n_cols: usize,
         x: u64,
-        xq: QAct,
+        xq: ActQ8,
         n_tok: usize,
         out: u64,
     ) -> Result<(), CudaError> {
@@ -413,7 +420,7 @@ impl Gpu {
         n_rows: usize,
         n_cols: usize,
         x: u64,
-        xq: QAct,
+        xq: ActQ8,
         tiles: u64,
         n_tiles: usize,
         out: u64,
@@ -449,7 +456,7 @@ impl Gpu {
         n_rows: usize,
         n_cols: usize,
         x: u64,
-        xq: QAct,
+        xq: ActQ8,
         tiles: u64,
         n_tiles: usize,
         out: u64,
@@ -485,7 +492,7 @@ impl Gpu {
         n_rows: usize,
         n_cols: usize,
         x: u64,
-        xq: QAct,
+        xq: ActQ8,
         n_tok: usize,
         tiles: u64,
         n_tiles: usize,
@@ -615,7 +622,7 @@ impl Gpu {
         mats: &[&Mat],
         outs: &[u64],
         x: u64,
-        xq: QAct,
+        xq: ActQ8,
         conv: Option<(u64, u64, usize)>,
     ) -> Result<(), CudaError> {
         let conv = conv.map(|(state, taps, d)| (ConvAt::State(state), taps, d));
@@ -632,7 +639,7 @@ impl Gpu {
         mats: &[&Mat],
         outs: &[u64],
         x: u64,
-        xq: QAct,
+        xq: ActQ8,
         n_tok: usize,
         conv: Option<(u64, u64, usize)>,
     ) -> Result<(), CudaError> {
@@ -665,7 +672,7 @@ impl Gpu {
         mats: &[&Mat],
         outs: &[u64],
         x: u64,
-        xq: QAct,
+        xq: ActQ8,
         conv: Option<(ConvAt, u64, usize)>,
         n_tok: usize,
     ) -> Result<(), CudaError> {
@@ -712,7 +719,7 @@ impl Gpu {
             }
             None => (0, 0, 0, 0),
         };
-        let [q0, q1, q2] = qact_args(KN, xq, need_q)?;
+        let [q0, q1, q2] = act_q8_args(KN, xq, need_q)?;
         let mut args = vec![
             Arg::P(w[0]),
             Arg::P(w[1]),

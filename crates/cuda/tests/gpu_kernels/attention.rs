@@ -2,7 +2,7 @@
 //! an f64 softmax attention within 1e-5 of the output's scale.
 
 use crate::{assert_bits, down, gpu, poisoned, up, QOut, Rng};
-use cuda::QAct;
+use cuda::ActQ8;
 
 /// The host's rope table [n_ctx][n_rot/2][2] = (cos, sin), as model::math computes them.
 pub fn rope_table(n_ctx: usize, n_rot: usize, theta: f32) -> Vec<f32> {
@@ -357,7 +357,7 @@ fn attn_core_matches_softmax_attention() {
                     q_stride,
                     out.ptr(),
                     0,
-                    QAct::NONE,
+                    ActQ8::NONE,
                     0,
                 )
                 .unwrap();

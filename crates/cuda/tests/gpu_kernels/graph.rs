@@ -5,7 +5,7 @@
 
 use crate::quant_kernels::weights;
 use crate::{assert_bits, down, filled, gpu, poisoned, up, Rng};
-use cuda::{GgmlType, QAct, Tile};
+use cuda::{ActQ8, GgmlType, Tile};
 
 #[test]
 fn captured_graph_replays_with_new_inputs() {
@@ -19,7 +19,7 @@ fn captured_graph_replays_with_new_inputs() {
     let x = poisoned(&g, n_cols);
     let qs = filled::<i8>(&g, n_cols, 0);
     let (qd, qsum) = (poisoned(&g, n_cols / 32), filled::<i32>(&g, n_cols / 32, 0));
-    let q = QAct {
+    let q = ActQ8 {
         qs: qs.ptr(),
         d: qd.ptr(),
         sums: qsum.ptr(),
@@ -31,7 +31,7 @@ fn captured_graph_replays_with_new_inputs() {
     g.quantize_act(x.ptr(), 1, n_cols, q).unwrap();
     g.matvec(ty, dw.ptr(), rb, n_rows, n_cols, x.ptr(), q, 1, y.ptr())
         .unwrap();
-    g.rms_norm(y.ptr(), 1, n_rows, dnw.ptr(), 1e-6, y.ptr(), QAct::NONE)
+    g.rms_norm(y.ptr(), 1, n_rows, dnw.ptr(), 1e-6, y.ptr(), ActQ8::NONE)
         .unwrap();
     g.argmax(y.ptr(), n_rows, best.ptr()).unwrap();
     let graph = g.end_capture().unwrap();
@@ -69,7 +69,7 @@ fn routing_tiles_written_on_the_device_drive_the_experts() {
     let x = poisoned(&g, e);
     let qs = filled::<i8>(&g, e, 0);
     let (qd, qsum) = (poisoned(&g, e / 32), filled::<i32>(&g, e / 32, 0));
-    let q = QAct {
+    let q = ActQ8 {
         qs: qs.ptr(),
         d: qd.ptr(),
         sums: qsum.ptr(),
@@ -87,7 +87,7 @@ fn routing_tiles_written_on_the_device_drive_the_experts() {
         n_exp,
         e,
         x.ptr(),
-        QAct::NONE,
+        ActQ8::NONE,
         1,
         logits.ptr(),
     )
@@ -212,7 +212,7 @@ fn attention_graph_follows_the_position_on_the_device() {
             q_stride,
             out,
             sp,
-            QAct::NONE,
+            ActQ8::NONE,
             0,
         )
         .unwrap();
@@ -303,7 +303,9 @@ fn published_words_reach_the_host_from_a_replayed_graph() {
     let (n_a, n_b) = (20, 2048);
     let a = filled::<i32>(&g, n_a, 0);
     let b = poisoned(&g, n_b);
-    let mut mailbox = g.alloc_pinned(4 * (4 + n_a + n_b)).unwrap();
+    // The words land after the head the launcher names (the kernel writes there).
+    let head = cuda::PUBLISH_HEAD_WORDS;
+    let mut mailbox = g.alloc_pinned(4 * (head + n_a + n_b)).unwrap();
     g.begin_capture().unwrap();
     g.publish_words(a.ptr(), n_a, b.ptr(), n_b, mailbox.dev_ptr())
         .unwrap();
@@ -317,7 +319,7 @@ fn published_words_reach_the_host_from_a_replayed_graph() {
         g.copy_to_device(&bv, b.ptr()).unwrap();
         graph.launch(&g).unwrap();
         assert_eq!(g.wait_word(&mailbox, 0, "the words").unwrap(), 1);
-        let words: Vec<u32> = mailbox.as_slice()[16..16 + 4 * (n_a + n_b)]
+        let words: Vec<u32> = mailbox.as_slice()[4 * head..4 * (head + n_a + n_b)]
             .chunks_exact(4)
             .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
             .collect();

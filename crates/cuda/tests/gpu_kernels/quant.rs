@@ -1,7 +1,7 @@
 //! quantize_act, matvec, matvec_tiles and embed against the quant crate, bit for bit.
 
-use crate::{assert_bits, down, filled, gpu, poisoned, up, DevQAct, QOut, Rng};
-use cuda::{GgmlType, MoeRoute, QAct, Tile, TileShape};
+use crate::{assert_bits, down, filled, gpu, poisoned, up, DevActQ8, QOut, Rng};
+use cuda::{ActQ8, GgmlType, MoeRoute, Tile, TileShape};
 
 const TYPES: [GgmlType; 9] = [
     GgmlType::F32,
@@ -164,7 +164,7 @@ fn gpu_matvec(
     let dw = up(g, w);
     let dx = up(g, x);
     let xq: Vec<quant::ActQ8> = x.chunks_exact(n_cols).map(quant::quantize_act).collect();
-    let dq = DevQAct::upload(g, &xq);
+    let dq = DevActQ8::upload(g, &xq);
     let out = poisoned(g, n_tok * n_rows);
     let rb = (w.len() / n_rows) as u64;
     g.matvec(
@@ -287,7 +287,7 @@ fn matvec_tiles_gathers_and_scatters_by_expert() {
         let dw = up(&g, &w);
         let dx = up(&g, &x);
         let xq: Vec<quant::ActQ8> = x.chunks_exact(n_cols).map(quant::quantize_act).collect();
-        let dq = DevQAct::upload(&g, &xq);
+        let dq = DevActQ8::upload(&g, &xq);
         let dt = up(&g, &tiles);
         let out = poisoned(&g, n_out * n_rows);
         g.matvec_tiles(
@@ -410,7 +410,7 @@ fn grouped_tiles_share_an_expert() {
         let dw = up(&g, &w);
         let dx = up(&g, &x);
         let xq: Vec<quant::ActQ8> = x.chunks_exact(n_cols).map(quant::quantize_act).collect();
-        let dq = DevQAct::upload(&g, &xq);
+        let dq = DevActQ8::upload(&g, &xq);
         let dt = up(&g, &tiles);
         let out = poisoned(&g, n_out * n_rows);
         g.matvec_tiles_as(
@@ -489,7 +489,7 @@ fn matvec_refuses_bad_shapes_by_name() {
             4,
             256,
             x.ptr(),
-            QAct::NONE,
+            ActQ8::NONE,
             1,
             out.ptr(),
         )
@@ -504,7 +504,7 @@ fn matvec_refuses_bad_shapes_by_name() {
             4,
             200,
             x.ptr(),
-            QAct::NONE,
+            ActQ8::NONE,
             1,
             out.ptr(),
         )
@@ -519,7 +519,7 @@ fn matvec_refuses_bad_shapes_by_name() {
             3,
             256,
             x.ptr(),
-            QAct::NONE,
+            ActQ8::NONE,
             1,
             out.ptr(),
         )
@@ -534,7 +534,7 @@ fn matvec_refuses_bad_shapes_by_name() {
             4,
             256,
             x.ptr(),
-            QAct::NONE,
+            ActQ8::NONE,
             1,
             out.ptr(),
         )
@@ -682,7 +682,7 @@ fn fused_decode_moe_matches_the_cpu() {
         let (dsg, dsu, dsd) = (up(&g, &sg), up(&g, &su), up(&g, &sd));
         let (dx, dgi, dlogits) = (up(&g, &x), up(&g, &gate_inp), up(&g, &logits));
         let (dwts_out, dids_out) = (poisoned(&g, k), filled::<i32>(&g, k, 0xff));
-        let dq = DevQAct::upload(&g, &[quant::quantize_act(&x)]);
+        let dq = DevActQ8::upload(&g, &[quant::quantize_act(&x)]);
         let n_act = k * fe + sh;
         let dact = poisoned(&g, n_act);
         let dlg = poisoned(&g, 1);
@@ -869,7 +869,7 @@ fn fused_decode_moe_matches_the_cpu() {
         let nt = toks.len();
         let dx3 = up(&g, &toks.concat());
         let dl3 = up(&g, &lgts.concat());
-        let dq3 = DevQAct::upload(
+        let dq3 = DevActQ8::upload(
             &g,
             &toks
                 .iter()
@@ -1001,7 +1001,7 @@ fn matvec_multi_matches_the_cpu() {
             .collect();
         let outs: Vec<_> = shapes.iter().map(|&(_, rows)| poisoned(&g, rows)).collect();
         let (dx, dst, dtaps) = (up(&g, &x), up(&g, &state0), up(&g, &taps));
-        let dq = DevQAct::upload(&g, &[quant::quantize_act(&x)]);
+        let dq = DevActQ8::upload(&g, &[quant::quantize_act(&x)]);
         g.matvec_multi(
             &mats.iter().collect::<Vec<_>>(),
             &outs.iter().map(|o| o.ptr()).collect::<Vec<_>>(),
@@ -1031,7 +1031,7 @@ fn matvec_multi_matches_the_cpu() {
         let x3 = activations(nt, n_cols, &mut rng);
         let dx3 = up(&g, &x3);
         let q3: Vec<_> = x3.chunks(n_cols).map(quant::quantize_act).collect();
-        let dq3 = DevQAct::upload(&g, &q3);
+        let dq3 = DevActQ8::upload(&g, &q3);
         let outs3: Vec<_> = shapes
             .iter()
             .map(|&(_, rows)| poisoned(&g, nt * rows))

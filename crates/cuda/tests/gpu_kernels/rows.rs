@@ -2,7 +2,7 @@
 //! CPU (model::math, model::moe, the engine's MoE combination), bit for bit.
 
 use crate::{assert_bits, down, filled, gpu, poisoned, up, QOut, Rng};
-use cuda::{QAct, Tile};
+use cuda::{ActQ8, Tile};
 
 #[test]
 fn rms_norm_matches_model_math() {
@@ -17,11 +17,11 @@ fn rms_norm_matches_model_math() {
         }
         let (dx, dw) = (up(&g, &x), up(&g, &w));
         let out = poisoned(&g, rows * cols);
-        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr(), QAct::NONE)
+        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, out.ptr(), ActQ8::NONE)
             .unwrap();
         assert_bits(&down(&g, &out), &want, &format!("rms_norm {rows}×{cols}"));
         // In place.
-        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, dx.ptr(), QAct::NONE)
+        g.rms_norm(dx.ptr(), rows, cols, dw.ptr(), 1e-6, dx.ptr(), ActQ8::NONE)
             .unwrap();
         assert_bits(
             &down(&g, &dx),
@@ -53,7 +53,7 @@ fn add_rms_norm_equals_add_then_rms_norm() {
             dw.ptr(),
             1e-6,
             out.ptr(),
-            QAct::NONE,
+            ActQ8::NONE,
         )
         .unwrap();
         assert_bits(
@@ -118,7 +118,7 @@ fn norms_quantize_their_output_like_quantize_act() {
             b.ptr(),
             1e-6,
             b.ptr(),
-            QAct {
+            ActQ8 {
                 qs: b.ptr(),
                 d: b.ptr(),
                 sums: b.ptr(),

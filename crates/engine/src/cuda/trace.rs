@@ -2,25 +2,25 @@
 //! layer, on the device and on the host, printed (to stderr) every
 //! [`REPORT_EVERY`] traced tokens.
 //!
-//! Each MoE layer's host part stamps the device's stream with timed marks (the
+//! Each MoE layer's host part stamps the device's stream with timed events (the
 //! end of the dense segment, the routing's download, the expert products, the
 //! CPU's rows on the device, the down products) and takes host instants (the
 //! routing read, the CPU's work begun and ended); a step is named by its trunk
 //! layer (every layer of the tiered archs has routed experts). At a token's start the
-//! stream is idle, so a mark recorded then and the host's clock at that moment
-//! put both on one time line (to within a few microseconds). The marks cost the
+//! stream is idle, so an event recorded then and the host's clock at that moment
+//! put both on one time line (to within a few microseconds). The events cost the
 //! host about a microsecond each, so a traced token is a little slower than an
 //! untraced one; the trace is for finding the gaps, not for timing the whole.
 
 use super::weights::cuda_err;
-use cuda::{Gpu, Lane, Mark};
+use cuda::{Event, Gpu, Lane};
 use model::ExecError;
 use std::time::Instant;
 
 /// Traced tokens per report.
 pub const REPORT_EVERY: u64 = 128;
 
-/// A point in a layer step's device work (a timed mark on the stream).
+/// A point in a layer step's device work (a timed event on the stream).
 #[derive(Clone, Copy)]
 pub(crate) enum DevPoint {
     /// The dense segment before the layer's routing (mixer, norm, router, top-k).
@@ -64,9 +64,9 @@ const PHASES: [&str; 8] = [
 ];
 
 pub(crate) struct DecodeTrace {
-    base: Mark,
+    base: Event,
     base_at: Option<Instant>,
-    dev: Vec<[Mark; N_DEV]>,
+    dev: Vec<[Event; N_DEV]>,
     dev_set: Vec<[bool; N_DEV]>,
     host: Vec<[Option<Instant>; N_HOST]>,
     /// Per phase: sum of µs and count; and the layer period's.
@@ -78,13 +78,13 @@ pub(crate) struct DecodeTrace {
 impl DecodeTrace {
     /// A trace for steps 0..n (one per trunk layer).
     pub fn new(gpu: &Gpu, n: usize) -> Result<DecodeTrace, ExecError> {
-        let mark = || gpu.new_timed_mark().map_err(cuda_err("decode trace"));
+        let event = || gpu.new_timed_event().map_err(cuda_err("decode trace"));
         let mut dev = Vec::with_capacity(n);
         for _ in 0..n {
-            dev.push([mark()?, mark()?, mark()?, mark()?, mark()?]);
+            dev.push([event()?, event()?, event()?, event()?, event()?]);
         }
         Ok(DecodeTrace {
-            base: mark()?,
+            base: event()?,
             base_at: None,
             dev,
             dev_set: vec![[false; N_DEV]; n],
@@ -95,14 +95,14 @@ impl DecodeTrace {
         })
     }
 
-    /// Starts a token: waits for the stream to be idle and puts the base mark and
+    /// Starts a token: waits for the stream to be idle and puts the base event and
     /// the host's clock at one moment.
     pub fn begin(&mut self, gpu: &Gpu) -> Result<(), ExecError> {
         gpu.sync().map_err(cuda_err("decode trace"))?;
         self.dev_set.iter_mut().for_each(|s| *s = [false; N_DEV]);
         self.host.iter_mut().for_each(|h| *h = [None; N_HOST]);
         let at = Instant::now();
-        gpu.mark(Lane::Stream, &self.base)
+        gpu.record(Lane::Stream, &self.base)
             .map_err(cuda_err("decode trace"))?;
         self.base_at = Some(at);
         Ok(())
@@ -111,14 +111,16 @@ impl DecodeTrace {
     /// Records point `p` of step `step` on the stream now (in a traced token).
     pub fn dev(&mut self, gpu: &Gpu, step: usize, p: DevPoint) -> Result<(), ExecError> {
         match self.stamp(step, p) {
-            Some(m) => gpu.mark(Lane::Stream, m).map_err(cuda_err("decode trace")),
+            Some(m) => gpu
+                .record(Lane::Stream, m)
+                .map_err(cuda_err("decode trace")),
             None => Ok(()),
         }
     }
 
-    /// The mark of point `p` of step `step`, for the caller to record where the
+    /// The event of point `p` of step `step`, for the caller to record where the
     /// point is (None unless a token is traced).
-    pub fn stamp(&mut self, step: usize, p: DevPoint) -> Option<&Mark> {
+    pub fn stamp(&mut self, step: usize, p: DevPoint) -> Option<&Event> {
         if self.base_at.is_none() || step >= self.dev.len() {
             return None;
         }
@@ -140,8 +142,8 @@ impl DecodeTrace {
         };
         gpu.sync().map_err(cuda_err("decode trace"))?;
         let mut dev = vec![[None; N_DEV]; self.dev.len()];
-        for (i, marks) in self.dev.iter().enumerate() {
-            for (j, m) in marks.iter().enumerate() {
+        for (i, events) in self.dev.iter().enumerate() {
+            for (j, m) in events.iter().enumerate() {
                 if self.dev_set[i][j] {
                     dev[i][j] = Some(
                         gpu.elapsed_us(&self.base, m)
