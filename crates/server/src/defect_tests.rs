@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::api::field::FromJson;
+
 use crate::api_tests::{greedy, info, post, tokenizer};
 use crate::gen::Core;
 use crate::metrics::Stats;
@@ -225,11 +227,11 @@ async fn refusal_parts_in_assistant_history_are_accepted() {
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
     // The refusal text is in the prompt the model reads.
-    let conv = crate::prompt::openai_chat(
-        json!({"messages": [{"role": "assistant", "content": [{"type": "refusal", "refusal": "No way."}]}]})
-            .as_object()
-            .unwrap(),
+    let conv = crate::api::openai::ChatRequest::from_json(
+        json!({"messages": [{"role": "assistant", "content": [{"type": "refusal", "refusal": "No way."}]}]}),
     )
+    .unwrap()
+    .conversation()
     .unwrap();
     assert_eq!(conv.messages[0]["content"], "No way.");
 }
@@ -541,11 +543,16 @@ async fn responses_incomplete_items_metadata_and_store() {
 
 /// The prompt tokens a chat conversation renders to, through the route's own path.
 async fn prompt_tokens(state: &Arc<AppState>, body: Value, anthropic: bool) -> (Vec<u32>, String) {
-    let body = body.as_object().unwrap().clone();
     let conv = if anthropic {
-        crate::prompt::anthropic(&body).unwrap()
+        crate::api::anthropic::MessagesRequest::from_json(body)
+            .unwrap()
+            .conversation()
+            .unwrap()
     } else {
-        crate::prompt::openai_chat(&body).unwrap()
+        crate::api::openai::ChatRequest::from_json(body)
+            .unwrap()
+            .conversation()
+            .unwrap()
     };
     let thinking = crate::params::Thinking {
         enabled: true,

@@ -37,6 +37,7 @@ pub mod ops;
 
 pub mod access;
 pub mod anthropic;
+pub mod api;
 pub mod device;
 pub mod error;
 pub mod gen;
@@ -47,6 +48,7 @@ pub mod prompt;
 pub mod protect;
 pub mod responses;
 pub mod settings;
+pub mod sse;
 pub mod structured;
 pub mod worker;
 
