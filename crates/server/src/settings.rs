@@ -880,6 +880,46 @@ mod tests {
         .to_string();
         assert!(e.contains("belongs in the \"engine\""), "{e}");
     }
+
+    #[test]
+    fn cors_origin_setting_is_checked() {
+        let mut o = Overrides::default();
+        o.set(
+            "cors-origin",
+            Some("https://a.example, http://b.example:3000/"),
+        );
+        let s = Settings::resolve(&o).unwrap();
+        assert_eq!(
+            s.cors_origins,
+            ["https://a.example", "http://b.example:3000"]
+        );
+        assert!(Settings::resolve(&Overrides::default())
+            .unwrap()
+            .cors_origins
+            .is_empty());
+        let mut o = Overrides::default();
+        o.set("cors-origin", Some("a.example"));
+        let e = Settings::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("cors-origin") && e.contains("https://"), "{e}");
+    }
+
+    #[test]
+    fn content_special_tokens_setting() {
+        assert!(
+            !Settings::resolve(&Overrides::default())
+                .unwrap()
+                .defaults
+                .content_special_tokens
+        );
+        let mut o = Overrides::default();
+        o.set("content-special-tokens", Some(true));
+        assert!(
+            Settings::resolve(&o)
+                .unwrap()
+                .defaults
+                .content_special_tokens
+        );
+    }
 }
 
 #[cfg(test)]
