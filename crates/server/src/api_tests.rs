@@ -94,7 +94,7 @@ async fn server_with(
 
 pub(crate) fn greedy() -> RequestDefaults {
     RequestDefaults {
-        temperature: 0.0,
+        temp: 0.0,
         ..RequestDefaults::default()
     }
 }

@@ -120,24 +120,16 @@ pub fn core_for(
 /// lines, and serves until the process is stopped.
 pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
     // An IP, or a name such as `localhost` (its first address).
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(settings.host.as_str(), settings.port))
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| ServeError::Host(settings.host.clone()))?;
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(
+        settings.server.host.as_str(),
+        settings.server.port,
+    ))
+    .ok()
+    .and_then(|mut a| a.next())
+    .ok_or_else(|| ServeError::Host(settings.server.host.clone()))?;
     let ip = addr.ip();
     eprintln!("scoria serve: {}", settings.summary());
-    let cfg = engine::EngineConfig {
-        threads: settings.threads,
-        max_context: settings.max_context,
-        parallel: settings.parallel,
-        prompt_cache: settings.prompt_cache,
-        prompt_cache_dir: settings.prompt_cache_dir.clone(),
-        device: settings.device,
-        vram_budget: settings.vram_budget,
-        ram_budget: settings.ram_budget,
-        expert_profile: settings.profile.clone(),
-        ..Default::default()
-    };
+    let cfg = settings.engine_config();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -159,7 +151,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         let server = tokio::spawn(async move { axum::serve(listener, gate).await });
         eprintln!("scoria serve: listening on http://{bound} (loading the model; /health reports progress)");
 
-        let model_setting = settings.model.clone();
+        let model_setting = settings.server.model.clone();
         let (engine, demo) = tokio::task::spawn_blocking(move || {
             // The demo model is synthesized on first use (seconds), inside the loading phase.
             let (path, demo) = match model_setting {
@@ -192,7 +184,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             tokenizer,
             template,
         } = core_for(engine, settings.defaults.clone(), stats.clone())?;
-        let model_id = match (&settings.alias, demo) {
+        let model_id = match (&settings.server.alias, demo) {
             (Some(a), _) => a.clone(),
             (None, true) => "scoria-demo".to_string(),
             (None, false) => info.name.clone(),
@@ -214,7 +206,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
                 settings.api_key.clone(),
                 model_id.clone(),
             )
-            .with_cors(settings.cors_origins.clone())
+            .with_cors(settings.server.cors_origin.clone())
             .with_core(core),
         );
         // The grammar compiler walks the whole vocabulary once: do it now, off the

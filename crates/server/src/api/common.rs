@@ -281,7 +281,7 @@ impl Common {
         self.refuse_unsupported()?;
         let logprobs = self.logprobs(route.logprobs)?;
         let sampling = self.sampling(defaults, n_vocab, route.temp_max)?;
-        let max_tokens = self.max_tokens(route.budgets, defaults.max_tokens)?;
+        let max_tokens = self.max_tokens(route.budgets, defaults.max_tokens_default)?;
         let stop = if route.stop_sequences {
             stop_list(&self.stop_sequences, "stop_sequences")?
         } else {
@@ -515,7 +515,7 @@ impl Common {
             }
         };
         Ok(SamplingParams {
-            temperature: pick(temperature, d.temperature, 0.0),
+            temperature: pick(temperature, d.temp, 0.0),
             top_k: match top_k {
                 Some(k) => k as usize,
                 None if greedy_request => 0,
@@ -827,7 +827,7 @@ mod tests {
     fn defaults_fill_omitted_and_temp0_takes_none() {
         let d = RequestDefaults::default();
         let s = obj(json!({"top_k": 5})).sampling(&d, 100, 2.0).unwrap();
-        assert_eq!(s.temperature, d.temperature);
+        assert_eq!(s.temperature, d.temp);
         assert_eq!(s.top_k, 5);
         assert_eq!(s.top_p, d.top_p);
         let g = obj(json!({"temperature": 0}))
