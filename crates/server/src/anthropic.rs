@@ -21,7 +21,9 @@ use crate::api::anthropic::{
 use crate::api::field;
 use crate::api::Timings;
 use crate::error::{ApiError, Flavor, RouteError};
-use crate::gen::{collect, core, render_chat, start, unique_suffix, Generation, OutputMode, Step};
+use crate::gen::{
+    collect, core, render_chat, start, unique_suffix, Collected, Generation, OutputMode, Step,
+};
 use crate::output::Piece;
 use crate::sse::{self, Encoder};
 use crate::worker::Finished;
@@ -57,28 +59,28 @@ async fn message(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<R
     let id = format!("msg_{}", unique_suffix(gen.id));
     let model = state.model_id.clone();
     if p.stream {
-        return Ok(sse::stream(
-            gen,
-            MessageStream {
-                start: Some(MessageOut {
-                    usage: Usage {
-                        input_tokens: prompt_tokens,
-                        output_tokens: 0,
-                        cache_read_input_tokens: None,
-                        cache_creation_input_tokens: None,
-                    },
-                    ..message_out(id, model, Vec::new(), None)
-                }),
-                think_open,
-                open: None,
-                next_index: 0,
-                had_calls: false,
+        let start = MessageOut {
+            usage: Usage {
+                input_tokens: prompt_tokens,
+                output_tokens: 0,
+                cache_read_input_tokens: None,
+                cache_creation_input_tokens: None,
             },
-        ));
+            ..message_out(id, model, Vec::new(), None)
+        };
+        return Ok(sse::stream(gen, MessageStream::new(start, think_open)));
     }
     let gen_id = gen.id;
     let c = collect(gen).await?;
     let f = c.finished()?;
+    let content = content_blocks(&c, gen_id);
+    let message = message_out(id, model, content, Some((f, !c.calls.is_empty())));
+    Ok(Json(message).into_response())
+}
+
+/// A whole answer's blocks: thinking, text, tool calls (an empty text block when
+/// there is nothing).
+fn content_blocks(c: &Collected, gen_id: u64) -> Vec<BlockOut> {
     let mut content = Vec::new();
     if !c.reasoning.is_empty() {
         content.push(BlockOut::Thinking {
@@ -103,13 +105,7 @@ async fn message(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<R
             text: String::new(),
         });
     }
-    Ok(Json(message_out(
-        id,
-        model,
-        content,
-        Some((f, !c.calls.is_empty())),
-    ))
-    .into_response())
+    content
 }
 
 pub async fn count_tokens(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -212,6 +208,18 @@ struct MessageStream {
     open: Option<(usize, Kind)>,
     next_index: usize,
     had_calls: bool,
+}
+
+impl MessageStream {
+    fn new(start: MessageOut, think_open: bool) -> MessageStream {
+        MessageStream {
+            start: Some(start),
+            think_open,
+            open: None,
+            next_index: 0,
+            had_calls: false,
+        }
+    }
 }
 
 fn push(out: &mut Vec<Bytes>, e: &Event) {

@@ -26,7 +26,8 @@ use crate::api::openai::{
 use crate::api::Timings;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
-    collect, core, now_unix, render_chat, start, unique_suffix, Generation, OutputMode, Step,
+    collect, core, now_unix, render_chat, start, unique_suffix, Collected, Generation, OutputMode,
+    Step,
 };
 use crate::output::Piece;
 use crate::sse::{self, Encoder};
@@ -73,13 +74,23 @@ async fn chat(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Resp
             object: "chat.completion.chunk",
             ..head
         };
-        return Ok(sse::stream(
-            gen,
-            ChatStream::new(state, head, p.include_usage),
-        ));
+        let stream = ChatStream::new(state, head, p.include_usage);
+        return Ok(sse::stream(gen, stream));
     }
     let gen_id = gen.id;
     let c = collect(gen).await?;
+    let completion = chat_completion(&state, &head, &c, gen_id, p.logprobs)?;
+    Ok(Json(completion).into_response())
+}
+
+/// A whole chat answer: reasoning, text and tool calls as one message.
+fn chat_completion<'a>(
+    state: &AppState,
+    head: &'a Head,
+    c: &Collected,
+    gen_id: u64,
+    logprobs: Option<usize>,
+) -> Result<ChatCompletion<'a>, ApiError> {
     let f = c.finished()?;
     let calls: Vec<CallOut> = c
         .calls
@@ -100,18 +111,17 @@ async fn chat(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Resp
         reasoning_content: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()),
         tool_calls: (!calls.is_empty()).then_some(calls),
     };
-    Ok(Json(ChatCompletion {
-        head: &head,
+    Ok(ChatCompletion {
+        head,
         choices: [ChatChoice {
             index: 0,
             message,
-            logprobs: p.logprobs.map(|_| chat_logprobs(&state, &c.logprobs)),
+            logprobs: logprobs.map(|_| chat_logprobs(state, &c.logprobs)),
             finish_reason: finish_reason(f, !c.calls.is_empty()),
         }],
         usage: Usage::of(f),
         timings: Timings::of(&f.timings),
     })
-    .into_response())
 }
 
 pub async fn completions(

@@ -26,9 +26,11 @@ use crate::api::responses::{
 use crate::api::Timings;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
-    collect, core, now_unix, render_chat, start, unique_suffix, Generation, OutputMode, Step,
+    collect, core, now_unix, render_chat, start, unique_suffix, Collected, Generation, OutputMode,
+    Step,
 };
 use crate::output::Piece;
+use crate::params::GenParams;
 use crate::sse::{self, Encoder};
 use crate::worker::Finished;
 use crate::AppState;
@@ -58,42 +60,25 @@ async fn response(
     let mode = OutputMode::chat(open, conv.tools.as_ref());
     let gen = start(&state, "/v1/responses", &log, tokens, &p, mode, "input")?;
     let suffix = unique_suffix(gen.id);
-    let summary = req.summary();
-    let with_summary = summary.as_deref().is_some_and(|s| s != "none");
-    let env = Envelope {
-        id: format!("resp_{suffix}"),
-        created_at: now_unix(),
-        model: state.model_id.clone(),
-        instructions: req.instructions.str().map_or(Value::Null, Value::from),
-        max_output_tokens: p.max_tokens,
-        temperature: p.sampling.temperature as f64,
-        top_p: p.sampling.top_p as f64,
-        effort: p.thinking.effort.clone(),
-        summary,
-        tools: req.tools.sent().unwrap_or_else(|| json!([])),
-        tool_choice: req.tool_choice.sent().unwrap_or_else(|| json!("auto")),
-        parallel_tool_calls: req.parallel_tool_calls.ok().copied().unwrap_or(true),
-        text: req.text_echo(),
-        metadata,
-    };
+    let env = Envelope::new(&state, &req, &p, &suffix, metadata);
     if p.stream {
-        return Ok(sse::stream(
-            gen,
-            ResponseStream {
-                seq: 0,
-                env,
-                suffix,
-                with_summary,
-                output: Vec::new(),
-                open: None,
-                text: String::new(),
-                item_status: "completed",
-            },
-        ));
+        return Ok(sse::stream(gen, ResponseStream::new(env, suffix)));
     }
     let c = collect(gen).await?;
     let f = c.finished()?;
     let status = status_of(f);
+    let output = output_items(&c, &suffix, env.with_summary, status);
+    Ok(Json(env.response(status, output, Some(f))).into_response())
+}
+
+/// A whole answer's items: the reasoning, the message (always, unless the answer is
+/// only tool calls), the calls.
+fn output_items(
+    c: &Collected,
+    suffix: &str,
+    with_summary: bool,
+    status: &'static str,
+) -> Vec<ItemOut> {
     let mut output = Vec::new();
     if !c.reasoning.is_empty() {
         output.push(ItemOut::reasoning(
@@ -118,7 +103,7 @@ async fn response(
             "completed",
         ));
     }
-    Ok(Json(env.response(status, output, Some(f))).into_response())
+    output
 }
 
 /// The fixed part of a response object (everything but output, usage and status).
@@ -139,9 +124,38 @@ struct Envelope {
     text: Value,
     /// The request's `metadata`, echoed.
     metadata: Value,
+    /// A summary of the reasoning is asked for (the think block is given as one).
+    with_summary: bool,
 }
 
 impl Envelope {
+    fn new(
+        state: &AppState,
+        req: &ResponsesRequest,
+        p: &GenParams,
+        suffix: &str,
+        metadata: Value,
+    ) -> Envelope {
+        let summary = req.summary();
+        Envelope {
+            id: format!("resp_{suffix}"),
+            created_at: now_unix(),
+            model: state.model_id.clone(),
+            instructions: req.instructions.str().map_or(Value::Null, Value::from),
+            max_output_tokens: p.max_tokens,
+            temperature: p.sampling.temperature as f64,
+            top_p: p.sampling.top_p as f64,
+            effort: p.thinking.effort.clone(),
+            with_summary: summary.as_deref().is_some_and(|s| s != "none"),
+            summary,
+            tools: req.tools.sent().unwrap_or_else(|| json!([])),
+            tool_choice: req.tool_choice.sent().unwrap_or_else(|| json!("auto")),
+            parallel_tool_calls: req.parallel_tool_calls.ok().copied().unwrap_or(true),
+            text: req.text_echo(),
+            metadata,
+        }
+    }
+
     fn response(
         &self,
         status: &'static str,
@@ -225,7 +239,6 @@ struct ResponseStream {
     seq: u64,
     env: Envelope,
     suffix: String,
-    with_summary: bool,
     /// Finished items, in order.
     output: Vec<ItemOut>,
     open: Option<OpenItem>,
@@ -256,6 +269,18 @@ fn summary_part(item: &OpenItem, part: PartOut) -> Payload<'static> {
 }
 
 impl ResponseStream {
+    fn new(env: Envelope, suffix: String) -> ResponseStream {
+        ResponseStream {
+            seq: 0,
+            env,
+            suffix,
+            output: Vec::new(),
+            open: None,
+            text: String::new(),
+            item_status: "completed",
+        }
+    }
+
     fn emit(&mut self, kind: &str, payload: Payload<'_>, out: &mut Vec<Bytes>) {
         let e = Event {
             payload,
@@ -339,7 +364,7 @@ impl ResponseStream {
                     text: String::new(),
                 };
                 self.emit("response.content_part.added", part(&open, 0, text), out);
-                if self.with_summary {
+                if self.env.with_summary {
                     let text = PartOut::SummaryText {
                         text: String::new(),
                     };
@@ -382,7 +407,7 @@ impl ResponseStream {
                     },
                     out,
                 );
-                if self.with_summary {
+                if self.env.with_summary {
                     self.emit(
                         "response.reasoning_summary_text.delta",
                         Payload::SummaryDelta {
@@ -438,7 +463,7 @@ impl ResponseStream {
                 );
                 let done = PartOut::ReasoningText { text: text.clone() };
                 self.emit("response.content_part.done", part(&o, 0, done), out);
-                if self.with_summary {
+                if self.env.with_summary {
                     self.emit(
                         "response.reasoning_summary_text.done",
                         Payload::SummaryDone {
@@ -456,7 +481,7 @@ impl ResponseStream {
                         out,
                     );
                 }
-                ItemOut::reasoning(&o.id, &text, self.with_summary)
+                ItemOut::reasoning(&o.id, &text, self.env.with_summary)
             }
             Open::Message => {
                 self.emit(

@@ -155,11 +155,14 @@ impl MessagesRequest {
         })
     }
 
+    /// `tool_choice`, read leniently (anything but an object is no choice).
     fn choice(&self) -> &ToolChoice {
-        static NONE: std::sync::OnceLock<ToolChoice> = std::sync::OnceLock::new();
-        self.tool_choice
-            .ok()
-            .unwrap_or_else(|| NONE.get_or_init(ToolChoice::default))
+        static NONE: ToolChoice = ToolChoice {
+            kind: Field::Absent,
+            name: Field::Absent,
+            disable_parallel_tool_use: Field::Absent,
+        };
+        self.tool_choice.ok().unwrap_or(&NONE)
     }
 
     /// The generation parameters: the thinking controls, the shared fields (Anthropic's

@@ -800,10 +800,6 @@ mod tests {
         Common::deserialize(v).unwrap()
     }
 
-    fn obj_thinking(c: &Common, d: &RequestDefaults) -> Result<Thinking, ApiError> {
-        c.thinking(d)
-    }
-
     #[test]
     fn ranges_refused_not_clamped() {
         let d = RequestDefaults::default();
@@ -952,7 +948,8 @@ mod tests {
                 json!({"output_config": {"effort": e}}),
                 json!({"chat_template_kwargs": {"reasoning_effort": e}}),
             ] {
-                let t = obj_thinking(&obj(body.clone()), &d)
+                let t = obj(body.clone())
+                    .thinking(&d)
                     .unwrap_or_else(|err| panic!("{body}: {err}"));
                 assert_eq!(t.effort.as_deref(), Some(e), "{body}");
                 assert_eq!(t.enabled, e != "none", "{body}");
@@ -965,60 +962,56 @@ mod tests {
         }
         assert_eq!(effort_budget("medium"), Some(4096));
         // output_config.effort must agree with the other names, and be a known value.
-        let e = obj_thinking(
-            &obj(json!({"output_config": {"effort": "low"}, "reasoning_effort": "max"})),
-            &d,
-        )
-        .unwrap_err();
+        let e = obj(json!({"output_config": {"effort": "low"}, "reasoning_effort": "max"}))
+            .thinking(&d)
+            .unwrap_err();
         assert!(e.message.contains("output_config.effort"), "{e}");
-        let e = obj_thinking(&obj(json!({"output_config": {"effort": "huge"}})), &d).unwrap_err();
+        let e = obj(json!({"output_config": {"effort": "huge"}}))
+            .thinking(&d)
+            .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("output_config.effort"));
     }
 
     #[test]
     fn thinking_controls() {
         let d = RequestDefaults::default();
-        let t = obj_thinking(&obj(json!({})), &d).unwrap();
+        let t = obj(json!({})).thinking(&d).unwrap();
         assert!(t.enabled && t.budget.is_none());
-        let t = obj_thinking(&obj(json!({"reasoning_effort": "none"})), &d).unwrap();
+        let t = obj(json!({"reasoning_effort": "none"}))
+            .thinking(&d)
+            .unwrap();
         assert!(!t.enabled);
-        let t = obj_thinking(&obj(json!({"reasoning_effort": "low"})), &d).unwrap();
+        let t = obj(json!({"reasoning_effort": "low"}))
+            .thinking(&d)
+            .unwrap();
         assert_eq!(t.budget, Some(1024));
-        let t = obj_thinking(
-            &obj(json!({"chat_template_kwargs": {"enable_thinking": false}})),
-            &d,
-        )
-        .unwrap();
+        let t = obj(json!({"chat_template_kwargs": {"enable_thinking": false}}))
+            .thinking(&d)
+            .unwrap();
         assert!(!t.enabled);
-        let t = obj_thinking(
-            &obj(json!({"thinking": {"type": "enabled", "budget_tokens": 9}})),
-            &d,
-        )
-        .unwrap();
+        let t = obj(json!({"thinking": {"type": "enabled", "budget_tokens": 9}}))
+            .thinking(&d)
+            .unwrap();
         assert_eq!(t.budget, Some(9));
-        let t = obj_thinking(
-            &obj(json!({"reasoning": {"effort": "medium"}, "max_thinking_tokens": 10})),
-            &d,
-        )
-        .unwrap();
+        let t = obj(json!({"reasoning": {"effort": "medium"}, "max_thinking_tokens": 10}))
+            .thinking(&d)
+            .unwrap();
         assert_eq!(t.budget, Some(10));
-        assert!(obj_thinking(&obj(json!({"reasoning_effort": "maximal"})), &d).is_err());
-        assert!(obj_thinking(
-            &obj(
-                json!({"enable_thinking": true, "chat_template_kwargs": {"enable_thinking": false}})
-            ),
-            &d
+        assert!(obj(json!({"reasoning_effort": "maximal"}))
+            .thinking(&d)
+            .is_err());
+        assert!(obj(
+            json!({"enable_thinking": true, "chat_template_kwargs": {"enable_thinking": false}})
         )
+        .thinking(&d)
         .is_err());
-        assert!(obj_thinking(
-            &obj(json!({"max_thinking_tokens": 5, "thinking_budget": 6})),
-            &d
-        )
-        .is_err());
-        assert!(obj_thinking(
-            &obj(json!({"reasoning_effort": "none", "enable_thinking": true})),
-            &d
-        )
-        .is_err());
+        assert!(obj(json!({"max_thinking_tokens": 5, "thinking_budget": 6}))
+            .thinking(&d)
+            .is_err());
+        assert!(
+            obj(json!({"reasoning_effort": "none", "enable_thinking": true}))
+                .thinking(&d)
+                .is_err()
+        );
     }
 }

@@ -404,11 +404,15 @@ fn assistant_extras(turn: &mut Value, m: &Message, field: &str) -> Result<(), Ap
 impl Tool {
     /// The function: under `function` when the key is there, else the tool itself.
     pub(crate) fn function_spec(&self) -> &Function {
-        static NONE: std::sync::OnceLock<Function> = std::sync::OnceLock::new();
+        static NONE: Function = Function {
+            name: Field::Absent,
+            description: Field::Absent,
+            parameters: Field::Absent,
+        };
         match &self.function {
             Field::Absent => &self.flat,
             Field::Ok(f) => f,
-            Field::Null | Field::Wrong(_) => NONE.get_or_init(Function::default),
+            Field::Null | Field::Wrong(_) => &NONE,
         }
     }
 }
