@@ -113,6 +113,20 @@ TOOLS = [
 ]
 
 
+def test_anthropic_prefill_is_continued(claude, model_id):
+    prefill = "Hello, my name"
+    m = claude.messages.create(
+        model=model_id,
+        max_tokens=4,
+        messages=[{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": prefill}],
+        extra_body=NO_THINK,
+    )
+    # The answer is the continuation only, never a repeat of the prefill.
+    text = "".join(b.text for b in m.content if b.type == "text")
+    assert not text.startswith(prefill)
+    assert m.usage.output_tokens > 0
+
+
 def test_messages_tool_use_round_trip(claude, model_id):
     first = [{"role": "user", "content": "What is the weather in Paris?"}]
     turn = first + [

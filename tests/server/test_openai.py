@@ -40,6 +40,14 @@ def test_models_lists_the_model(oai, model_id):
     assert model_id in ids
 
 
+def test_models_retrieve(oai, model_id):
+    m = oai.models.retrieve(model_id)
+    assert m.id == model_id and m.object == "model"
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.models.retrieve("no-such-model")
+    assert "no-such-model" in str(e.value)
+
+
 def test_chat_plain(oai, model_id):
     r = oai.chat.completions.create(model=model_id, messages=HELLO, max_tokens=16, temperature=0, extra_body=NO_THINK)
     assert r.object == "chat.completion"
@@ -364,6 +372,17 @@ def test_responses_reasoning_split(oai, model_id):
     kinds = [item.type for item in r.output]
     assert "reasoning" in kinds and "message" in kinds, kinds
     assert r.output_text
+
+
+def test_responses_metadata_echoed_and_store_refused(oai, model_id):
+    r = oai.responses.create(
+        model=model_id, input="hi", max_output_tokens=4, metadata={"run": "r1"},
+        reasoning={"effort": "none"},
+    )
+    assert r.metadata == {"run": "r1"}
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=model_id, input="hi", max_output_tokens=4, store=True)
+    assert "store" in str(e.value)
 
 
 # ---------------------------------------------------------------- errors

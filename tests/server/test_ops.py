@@ -1,5 +1,5 @@
-"""Operations: auth, /health, /metrics, /tokenize, /slots, /stats.json,
-cancellation on disconnect, and the request queue."""
+"""Operations: auth, /health, errors and CORS on every route, /metrics, /tokenize,
+/slots, /stats.json, cancellation on disconnect, and the request queue."""
 
 import json
 import threading
@@ -79,6 +79,14 @@ def test_sdks_get_401_with_a_wrong_key(model_id):
         bad_claude.messages.create(model=model_id, max_tokens=1, messages=[{"role": "user", "content": "hi"}])
 
 
+def test_anthropic_wrong_key_is_an_authentication_error(model_id):
+    bad = anthropic.Anthropic(base_url=BASE_URL, api_key="wrong", timeout=TIMEOUT, max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        bad.messages.create(model=model_id, max_tokens=4, messages=[{"role": "user", "content": "Say hello."}])
+    assert e.value.status_code == 401
+    assert e.value.body["error"]["type"] == "authentication_error"
+
+
 @pytest.mark.skipif(not API_KEY, reason="server started without --api-key")
 def test_anthropic_header_key_is_accepted(raw, model_id):
     r = requests.post(
@@ -101,6 +109,28 @@ def test_health_without_key():
     assert "reasoning_effort" in caps["reasoning"]["controls"]
     assert h["model"]["n_ctx"] > 0
     assert h["version"]
+
+
+def test_health_hides_settings_and_path():
+    h = requests.get(BASE_URL + "/health", timeout=TIMEOUT).json()
+    assert "settings" not in h
+    assert "path" not in h["model"]
+
+
+def test_wrong_method_is_json(raw):
+    r = raw.get("/v1/chat/completions")
+    assert r.status_code == 405
+    assert "POST" in r.json()["error"]["message"]
+    assert "post" in r.headers.get("allow", "").lower()
+
+
+def test_cors_off_unless_configured():
+    r = requests.options(
+        BASE_URL + "/v1/chat/completions",
+        headers={"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST"},
+        timeout=TIMEOUT,
+    )
+    assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
 
 
 def test_stats_page_is_served(raw):

@@ -44,7 +44,10 @@ use report::{ModelDesc, Report, TestResult};
 #[derive(clap::Args, Debug)]
 #[command(
     after_help = "Tests are labelled as llama-bench labels them: pp512, tg128, \
-pp512 @ d4096, tg128 @ d4096. A 0 in -p or -n skips that kind of test."
+pp512 @ d4096, tg128 @ d4096. A 0 in -p or -n skips that kind of test.",
+    mut_arg("max_context", |a| a.help(
+        "Context length to allocate [default: just enough for the largest depth + test]"
+    ))
 )]
 pub struct BenchArgs {
     /// Model file (GGUF; the first shard of a split model).
@@ -79,16 +82,6 @@ pub struct BenchArgs {
     #[arg(short = 'r', long = "repetitions", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub repetitions: u32,
-    /// Where model steps run: cpu, cuda (device 0) or cuda:N (default: the engine
-    /// chooses: the GPU when the build has CUDA and one is present, else the CPU).
-    #[arg(long)]
-    pub device: Option<engine::Device>,
-    /// CPU threads (default: all cores).
-    #[arg(short = 't', long)]
-    pub threads: Option<usize>,
-    /// Context to allocate (default: just enough for the largest depth + test).
-    #[arg(short = 'c', long = "max-context")]
-    pub max_context: Option<usize>,
     /// Output format.
     #[arg(short = 'o', long = "output-format", value_enum, default_value_t = Format::Md)]
     pub format: Format,
@@ -111,8 +104,9 @@ pub struct BenchArgs {
     /// use a schema the output cannot finish within the test (an unbounded array).
     #[arg(long = "json-schema", value_name = "FILE")]
     pub json_schema: Option<PathBuf>,
+    /// Where and how the engine runs (the settings `serve` has too).
     #[command(flatten)]
-    pub tiers: crate::tiers::TierArgs,
+    pub engine: server::settings::EngineArgs,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -437,7 +431,7 @@ impl Sink {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    if let Some(n) = a.threads {
+    if let Some(n) = a.engine.threads {
         engine::check_threads(n)?;
     }
     let tests = plan(&a.n_prompt, &a.n_gen, &a.n_depth, a.parallel as usize);
@@ -451,7 +445,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
     let needed = tests.iter().map(TestSpec::n_ctx_needed).max().unwrap_or(16);
-    if let Some(c) = a.max_context {
+    if let Some(c) = a.engine.max_context {
         if let Some(t) = tests.iter().find(|t| t.n_ctx_needed() > c) {
             bail!(
                 "test {} needs a context of {} tokens but --max-context is {c}; raise --max-context or lower -d/-p/-n",
@@ -470,18 +464,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let reps = a.repetitions as usize;
     let t0 = std::time::Instant::now();
     let mut eng = Engine::load(&a.model, &{
+        let engine = a.engine.values();
         let mut c = EngineConfig {
-            threads: a.threads,
-            max_context: Some(
-                a.max_context
-                    .unwrap_or(needed.max(16) * a.parallel as usize),
-            ),
             parallel: Some(a.parallel as usize),
             precision: Default::default(),
-            device: a.device,
             ..Default::default()
         };
-        a.tiers.apply(&mut c);
+        engine.apply(&mut c);
+        c.max_context = Some(
+            engine
+                .max_context
+                .unwrap_or(needed.max(16) * a.parallel as usize),
+        );
         c
     })
     .with_context(|| format!("loading {}", a.model.display()))?;
@@ -523,7 +517,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     eprintln!("scoria bench: {}", server::device::line(&device));
-    if let Some(want) = a.device.filter(|&d| d != device.device) {
+    if let Some(want) = a.engine.device.filter(|&d| d != device.device) {
         // The table's backend column follows the report, so the numbers stay honest;
         // say loudly that they are not what was asked for.
         eprintln!(

@@ -6,7 +6,6 @@ mod profile;
 mod run;
 mod serve;
 mod synth;
-mod tiers;
 
 use clap::{Parser, Subcommand};
 

@@ -54,18 +54,9 @@ pub struct RunArgs {
     /// Write every position's logits (prompt and generated) as float32 .npy [positions, vocab].
     #[arg(long = "dump-logits")]
     pub dump_logits: Option<PathBuf>,
-    /// CPU threads (default: all cores).
-    #[arg(short = 't', long)]
-    pub threads: Option<usize>,
-    /// Where model steps run: cpu, cuda (device 0) or cuda:N (default: the engine
-    /// chooses: the GPU when the build has CUDA and one is present, else the CPU).
-    #[arg(long)]
-    pub device: Option<engine::Device>,
-    /// Context length to allocate.
-    #[arg(short = 'c', long = "max-context")]
-    pub max_context: Option<usize>,
+    /// Where and how the engine runs (the settings `serve` has too).
     #[command(flatten)]
-    pub tiers: crate::tiers::TierArgs,
+    pub engine: server::settings::EngineArgs,
 }
 
 fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
@@ -81,7 +72,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     check_range("top-p", a.top_p, 0.0, 1.0)?;
     check_range("min-p", a.min_p, 0.0, 1.0)?;
     check_range("repeat-penalty", a.repeat_penalty, 0.0, 100.0)?;
-    if let Some(n) = a.threads {
+    if let Some(n) = a.engine.threads {
         engine::check_threads(n)?;
     }
     // The dump's file is created before anything runs: a path that cannot be written
@@ -105,15 +96,12 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
     let t = std::time::Instant::now();
     let mut eng = Engine::load(&a.model, &{
         let mut c = EngineConfig {
-            threads: a.threads,
-            max_context: a.max_context,
             // One request: one slot.
             parallel: Some(1),
             precision: Default::default(),
-            device: a.device,
             ..Default::default()
         };
-        a.tiers.apply(&mut c);
+        a.engine.values().apply(&mut c);
         c
     })
     .map_err(|e| anyhow::anyhow!(server::load_message(&a.model.display().to_string(), &e)))?;

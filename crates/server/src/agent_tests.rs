@@ -1,5 +1,5 @@
 //! What real coding agents need from the server (Claude Code, Codex), over HTTP with
-//! the real Qwen3.5 tokenizer and a scripted backend: a system message inside the
+//! the real Qwen3.5 tokenizer and a scripted generator: a system message inside the
 //! conversation, keep-alives and cancellation while a long prompt is read, the
 //! reasoning efforts they send, `HEAD /`, and one log line per request with every
 //! error counted. (The real clients themselves run in `scripts/agent-clients.sh`.)
@@ -18,7 +18,7 @@ use crate::metrics::Stats;
 use crate::prompt::{ChatMl, PromptRender};
 use crate::test_http::request;
 use crate::worker::testing::{Scripted, SlowPrompt};
-use crate::worker::{Backend, Worker, BUDGET_CLOSE_TEXT};
+use crate::worker::{Generator, Worker, BUDGET_CLOSE_TEXT};
 use crate::AppState;
 
 /// Remembers every prompt text it renders (the last one is the request's).
@@ -91,14 +91,14 @@ fn scripted(script: &str) -> Scripted {
 }
 
 async fn start_server(
-    backend: Box<dyn Backend>,
+    generator: Box<dyn Generator>,
     renderer: Arc<dyn PromptRender>,
     api_key: Option<&str>,
     keepalive: Duration,
 ) -> Running {
     let tok = tokenizer();
     let stats = Arc::new(Stats::new());
-    let worker = Worker::spawn(backend, stats.clone()).expect("worker");
+    let worker = Worker::spawn(generator, stats.clone()).expect("worker");
     let prompts = Arc::new(Mutex::new(Vec::new()));
     let core = Core {
         worker,
@@ -263,8 +263,8 @@ async fn a_system_message_must_still_be_text() {
 
 // ---- 2. Keep-alives, progress and cancellation while the prompt is read ----------
 
-/// A backend that takes `pieces` × `delay` to read any prompt, then answers "ok".
-fn slow(pieces: usize, delay: Duration) -> (Box<dyn Backend>, Arc<AtomicUsize>) {
+/// A generator that takes `pieces` × `delay` to read any prompt, then answers "ok".
+fn slow(pieces: usize, delay: Duration) -> (Box<dyn Generator>, Arc<AtomicUsize>) {
     let read = Arc::new(AtomicUsize::new(0));
     let b = SlowPrompt {
         inner: scripted("ok"),

@@ -1,5 +1,5 @@
 //! The API routes end to end over HTTP, with the real Qwen3.5 tokenizer and a scripted
-//! backend in place of the engine (the script is the text a model "generates").
+//! generator in place of the engine (the script is the text a model "generates").
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -11,6 +11,7 @@ use crate::metrics::Stats;
 use crate::prompt::{ChatMl, PromptRender, TemplateRenderer};
 use crate::settings::RequestDefaults;
 use crate::test_http::{request, Reply};
+use crate::test_server::Setup;
 use crate::worker::testing::Scripted;
 use crate::worker::{Worker, BUDGET_CLOSE_TEXT};
 use crate::AppState;
@@ -93,7 +94,7 @@ async fn server_with(
 
 pub(crate) fn greedy() -> RequestDefaults {
     RequestDefaults {
-        temperature: 0.0,
+        temp: 0.0,
         ..RequestDefaults::default()
     }
 }
@@ -634,4 +635,72 @@ async fn qwen3_template_json_calls_and_model_opened_think() {
         "{m}"
     );
     assert!(m["content"].as_str().unwrap().starts_with("hmm"), "{m}");
+}
+
+// Responses: an incomplete stream marks its message item incomplete; metadata is
+// echoed; store: true is refused, not answered with store: false.
+#[tokio::test]
+async fn responses_incomplete_items_metadata_and_store() {
+    let addr = Setup::new("one two three four five six seven eight nine ten")
+        .serve()
+        .await;
+    let body = json!({"input": "q", "stream": true, "max_output_tokens": 3,
+                      "reasoning": {"effort": "none"}, "metadata": {"run": "r1"}});
+    let r = post(addr, "/v1/responses", &body, "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let frames = r.frames();
+    let (ev, last) = frames.last().unwrap();
+    assert_eq!(ev.as_deref(), Some("response.incomplete"), "{}", r.body);
+    let last: Value = serde_json::from_str(last).unwrap();
+    let resp = &last["response"];
+    assert_eq!(resp["status"], "incomplete");
+    assert_eq!(resp["metadata"], json!({"run": "r1"}));
+    let msg = resp["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "message")
+        .unwrap();
+    assert_eq!(msg["status"], "incomplete", "{resp}");
+    // The item's own done event says so too.
+    let done = frames
+        .iter()
+        .filter(|(e, _)| e.as_deref() == Some("response.output_item.done"))
+        .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap())
+        .find(|d| d["item"]["type"] == "message")
+        .unwrap();
+    assert_eq!(done["item"]["status"], "incomplete");
+    // Not streamed: metadata echoed, the message incomplete.
+    let mut body = body;
+    body["stream"] = json!(false);
+    let v = post(addr, "/v1/responses", &body, "").await.json();
+    assert_eq!(v["metadata"], json!({"run": "r1"}));
+    assert_eq!(v["status"], "incomplete");
+    // store: true cannot be honoured: a 400 naming it.
+    let r = post(
+        addr,
+        "/v1/responses",
+        &json!({"input": "q", "store": true}),
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "store");
+    let r = post(
+        addr,
+        "/v1/responses",
+        &json!({"input": "q", "store": false}),
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let r = post(
+        addr,
+        "/v1/responses",
+        &json!({"input": "q", "metadata": {"n": 1}}),
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "metadata.n");
 }

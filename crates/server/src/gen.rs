@@ -1,6 +1,6 @@
-//! What every generation route shares: rendering the prompt, submitting the job,
-//! reading its output back as structured pieces, the `usage`/`timings` objects, and
-//! the SSE plumbing: a task writes frames into the response body.
+//! What every generation route shares: rendering the prompt, submitting the job, and
+//! reading its output back as structured pieces (streamed through `sse`, or
+//! gathered).
 //!
 //! Keep-alives: a generation that has produced nothing for [`Core::keepalive`] yields
 //! [`Step::Idle`] — while the request waits in the queue or its prompt is read, which
@@ -10,14 +10,9 @@
 //! write fail, hyper drops the body, the task is dropped with it, and the worker stops
 //! the request at its next prompt piece or token.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
-use axum::http::{header, StatusCode};
-use axum::response::Response;
-use engine::{GenerateRequest, Timings};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
@@ -50,9 +45,6 @@ pub struct Core {
 /// watchdogs of agent clients (Claude Code's and Codex's are 300 s), and short enough
 /// that a client that left is noticed within seconds (the write fails).
 pub const KEEPALIVE: Duration = Duration::from_secs(5);
-
-/// The SSE comment line the chat and completions routes keep a stream alive with.
-pub const SSE_COMMENT: &[u8] = b": keep-alive\n\n";
 
 pub fn now_unix() -> u64 {
     SystemTime::now()
@@ -292,6 +284,25 @@ pub struct OutputMode<'a> {
     pub tools: Option<&'a Value>,
 }
 
+impl<'a> OutputMode<'a> {
+    /// Raw text (completions).
+    pub const RAW: OutputMode<'static> = OutputMode {
+        structured: false,
+        think_open: false,
+        tools: None,
+    };
+
+    /// A chat answer: reasoning (`think_open`: the prompt leaves the model inside its
+    /// think block), text and calls of `tools`.
+    pub fn chat(think_open: bool, tools: Option<&'a Value>) -> OutputMode<'a> {
+        OutputMode {
+            structured: true,
+            think_open,
+            tools,
+        }
+    }
+}
+
 /// Checks the prompt fits, queues the job, and returns its output stream.
 pub fn start(
     state: &AppState,
@@ -348,14 +359,7 @@ pub fn start(
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         id,
-        req: GenerateRequest {
-            prompt,
-            max_tokens: budget,
-            sampling: params.sampling.clone(),
-            stop_at_eog: true,
-            constraint,
-            logprobs: params.logprobs,
-        },
+        req: params.request(prompt, budget, constraint),
         think,
         stops: params.stop.clone(),
         detok: Box::new(state.tokenizer.stream_decoder(true)),
@@ -394,6 +398,15 @@ pub struct Collected {
     pub logprobs: Vec<(u32, engine::TokenLogprobs)>,
 }
 
+impl Collected {
+    /// How the generation ended.
+    pub fn finished(&self) -> Result<&Finished, ApiError> {
+        self.finished
+            .as_ref()
+            .ok_or_else(|| ApiError::internal("generation ended without a result"))
+    }
+}
+
 pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
     let mut c = Collected::default();
     while let Some(step) = g.next().await {
@@ -414,136 +427,4 @@ pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
     }
     c.logprobs = g.take_logprobs();
     Ok(c)
-}
-
-/// llama-server's `timings` object, with `experts` (where the routed experts of
-/// the steps the request ran in came from, [`crate::metrics::expert_tiers`]) when
-/// they are tiered.
-pub fn timings_json(t: &Timings) -> Value {
-    let per_token = |n: usize, ms: f64| if n > 0 { ms / n as f64 } else { 0.0 };
-    let mut v = json!({
-        "cache_n": t.cache_n,
-        "prompt_n": t.prompt_n,
-        "prompt_ms": t.prompt_ms,
-        "prompt_per_token_ms": per_token(t.prompt_n, t.prompt_ms),
-        "prompt_per_second": t.prompt_per_second(),
-        "predicted_n": t.predicted_n,
-        "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": per_token(t.predicted_n, t.predicted_ms),
-        "predicted_per_second": t.predicted_per_second(),
-    });
-    if let Some(e) = &t.experts {
-        v["experts"] = crate::metrics::expert_tiers(e);
-    }
-    v
-}
-
-/// OpenAI chat / completions `usage`.
-pub fn openai_usage(f: &Finished) -> Value {
-    json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.completion_tokens,
-        "total_tokens": f.prompt_tokens + f.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": f.timings.cache_n},
-        "completion_tokens_details": {"reasoning_tokens": f.reasoning_tokens},
-    })
-}
-
-/// One SSE `data:` frame.
-pub fn data_frame(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
-}
-
-/// One SSE frame with an `event:` line.
-pub fn event_frame(name: &str, v: &Value) -> Bytes {
-    Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
-}
-
-/// A frame sink for a streaming task; `send` fails once the client has gone.
-pub struct Sink(mpsc::Sender<Result<Bytes, Infallible>>);
-
-impl Sink {
-    pub async fn send(&self, b: Bytes) -> Result<(), ()> {
-        self.0.send(Ok(b)).await.map_err(|_| ())
-    }
-}
-
-/// An SSE response whose frames come from `task`. The task is dropped as soon as the
-/// client has gone (hyper dropped the body), even while it waits for the engine: that
-/// drops its `Generation`, and the worker stops the request.
-pub fn sse_response<F, Fut>(task: F) -> Response
-where
-    F: FnOnce(Sink) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
-    let watch = tx.clone();
-    let task = task(Sink(tx));
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = task => {}
-            _ = watch.closed() => {}
-        }
-    });
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .header("x-accel-buffering", "no")
-        .body(body)
-        .unwrap_or_else(|_| Response::new(Body::empty()))
-}
-
-/// Parses a request body as a JSON object.
-pub fn json_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(other) => Err(ApiError::bad_request(format!(
-            "the request body must be a JSON object, got {}",
-            match other {
-                Value::Array(_) => "an array",
-                Value::String(_) => "a string",
-                Value::Number(_) => "a number",
-                Value::Bool(_) => "a boolean",
-                _ => "null",
-            }
-        ))),
-        Err(e) => Err(ApiError::bad_request(format!(
-            "the request body is not valid JSON: {e}"
-        ))),
-    }
-}
-
-#[cfg(test)]
-mod timings_tests {
-    use super::timings_json;
-    use engine::experts::TierStats;
-    use engine::Timings;
-
-    #[test]
-    fn timings_carry_the_request_s_expert_tiers_only_when_tiered() {
-        let mut t = Timings {
-            prompt_n: 4,
-            prompt_ms: 2.0,
-            ..Default::default()
-        };
-        let v = timings_json(&t);
-        assert_eq!(v["prompt_per_token_ms"], 0.5);
-        assert!(v.get("experts").is_none(), "{v}");
-        t.experts = Some(TierStats {
-            hits: 6,
-            disk_misses: 2,
-            disk_bytes: 4096,
-            ..Default::default()
-        });
-        let e = &timings_json(&t)["experts"];
-        assert_eq!(e["vram"]["uses"], 6);
-        assert_eq!(e["vram"]["hit_rate"], 0.75);
-        assert_eq!(
-            (&e["disk"]["uses"], &e["disk"]["bytes"]),
-            (&2.into(), &4096.into())
-        );
-        assert_eq!(e["ram"]["uses"], 0);
-    }
 }

@@ -1,17 +1,26 @@
 //! The HTTP server: OpenAI (chat completions, completions, responses, models),
 //! Anthropic (messages, count_tokens), and the operations endpoints.
 //!
-//! # Contract between the API core and the operations module
+//! # One request
 //!
-//! Two people write this crate at once; this is the interface they agreed on.
+//! The route (`openai`, `responses`, `anthropic`) reads its body into the API's
+//! request type (`api`), which turns itself into a conversation (`prompt`), the
+//! generation parameters (`params`) and a structured-output spec (`structured`);
+//! `gen` renders and tokenizes the prompt off the async runtime and queues the job
+//! for the engine thread (`worker`); the answer comes back as pieces (`output`) that
+//! the route gathers into the API's response object or streams through `sse`.
+//! `startup` loads the model behind the bound port; `settings` defines every setting
+//! once.
 //!
-//! * `lib.rs` (API core) defines [`AppState`], shared as `Arc<AppState>` by every
+//! # The state every route shares
+//!
+//! * `lib.rs` defines [`AppState`], shared as `Arc<AppState>` by every
 //!   route. Its fields are public and stable:
 //!   - `stats: Arc<metrics::Stats>` — the request ledger. `metrics.rs` (operations)
 //!     defines `Stats` with `Stats::new()`, `request_queued(&self, id: u64, route: &str)`,
 //!     `request_started(&self, id: u64, prompt_tokens: usize)`,
 //!     `prompt_progress(&self, id: u64, done: usize)`, `token_generated(&self, id: u64)`,
-//!     `request_finished(&self, id: u64, timings: &engine::Timings, finish: &str, n_ctx_used: usize)`,
+//!     `request_finished(...)`,
 //!     `request_failed(&self, id: u64, err: &str)`, `queue_depth(&self) -> usize`,
 //!     `snapshot(&self) -> serde_json::Value`. The API core calls the `request_*`
 //!     methods in that order for every generation request (ids from [`AppState::next_request_id`]).
@@ -29,14 +38,13 @@
 //!   `/apply-template`, `/metrics`, `/stats.json`. [`app`] merges it with the API
 //!   routes and applies the API-key middleware to every route except `/health` and
 //!   `GET`/`HEAD /` (the stats page's static shell; its data comes from `/stats.json`).
-//! * Files owned by operations: `ops.rs`, `ops/`, `metrics.rs`, `stats_page.rs`,
-//!   `assets/`. Everything else in this crate belongs to the API core.
 
 pub mod metrics;
 pub mod ops;
 
 pub mod access;
 pub mod anthropic;
+pub mod api;
 pub mod device;
 pub mod error;
 pub mod gen;
@@ -47,6 +55,8 @@ pub mod prompt;
 pub mod protect;
 pub mod responses;
 pub mod settings;
+pub mod sse;
+pub mod startup;
 pub mod structured;
 pub mod worker;
 
@@ -55,11 +65,15 @@ mod agent_tests;
 #[cfg(test)]
 mod api_tests;
 #[cfg(test)]
-mod defect_tests;
+mod http_tests;
+#[cfg(test)]
+mod prompt_tests;
 #[cfg(test)]
 mod structured_tests;
 #[cfg(test)]
 mod test_http;
+#[cfg(test)]
+mod test_server;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,6 +85,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+
+pub use startup::{core_for, load_message, run, Loaded, ServeError};
 
 /// Everything a route needs; shared as `Arc<AppState>`.
 pub struct AppState {
@@ -359,302 +375,4 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
 pub async fn serve(state: Arc<AppState>, addr: SocketAddr) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app(state)).await
-}
-
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error(transparent)]
-    Settings(#[from] settings::SettingsError),
-    #[error("cannot prepare the embedded demo model: {0}")]
-    Demo(String),
-    #[error("{}", load_message(path, err))]
-    Load {
-        path: String,
-        err: engine::EngineError,
-    },
-    #[error("{}", bind_message(addr, err))]
-    Bind { addr: String, err: std::io::Error },
-    #[error("--host {0} is neither an IP address nor a name that resolves (use 127.0.0.1, 0.0.0.0, ::1, localhost, ...)")]
-    Host(String),
-    #[error("cannot start: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-/// "cannot load PATH: why", with the path once (errors from the file name it already).
-pub fn load_message(path: &str, err: &dyn std::fmt::Display) -> String {
-    let why = err.to_string();
-    match why.strip_prefix(path) {
-        Some(rest) if rest.starts_with(':') => format!("cannot load {path}{rest}"),
-        _ => format!("cannot load {path}: {why}"),
-    }
-}
-
-/// Why the address could not be bound, with the remedy that fits the cause.
-fn bind_message(addr: &str, err: &std::io::Error) -> String {
-    use std::io::ErrorKind;
-    let hint = match err.kind() {
-        ErrorKind::AddrInUse => "another program is using the port; choose another with --port",
-        ErrorKind::AddrNotAvailable => {
-            "the host is not an address of this machine; use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses"
-        }
-        ErrorKind::PermissionDenied => {
-            "ports below 1024 need privileges; choose a higher one with --port"
-        }
-        _ => "check --host and --port",
-    };
-    format!("cannot listen on {addr}: {err} ({hint})")
-}
-
-/// A loaded engine, split into what the routes share.
-pub struct Loaded {
-    pub core: gen::Core,
-    pub info: engine::ModelInfo,
-    pub tokenizer: Arc<model::tokenizer::Tokenizer>,
-    pub template: Option<Arc<model::chat::ChatTemplate>>,
-}
-
-/// The generation side for a loaded engine: worker thread, renderer, think tokens.
-pub fn core_for(
-    engine: engine::Engine,
-    defaults: settings::RequestDefaults,
-    stats: Arc<metrics::Stats>,
-) -> Result<Loaded, ServeError> {
-    let info = engine.info().clone();
-    let tokenizer = engine.tokenizer_arc();
-    let template = engine.chat_template_arc();
-    stats.set_device(engine.device_report());
-    // `--parallel` slots, each up to `n_ctx` positions, sharing the engine's
-    // context pool: `/props`, `/slots`, the KV usage ratio.
-    stats.set_pool(
-        info.n_ctx,
-        engine.parallel(),
-        engine.memory().pool_positions,
-    );
-    if let Some(t) = engine.expert_stats() {
-        stats.set_expert_stats(&t);
-    }
-    let think_open_id = tokenizer.token_id("<think>");
-    let think_close_id = tokenizer.token_id("</think>");
-    let (close_tokens, close_short) = match think_close_id {
-        Some(_) => (
-            tokenizer
-                .encode(worker::BUDGET_CLOSE_TEXT, true)
-                .unwrap_or_default(),
-            tokenizer.encode("\n</think>\n\n", true).unwrap_or_default(),
-        ),
-        None => (Vec::new(), Vec::new()),
-    };
-    let renderer: Arc<dyn prompt::PromptRender> = match &template {
-        Some(t) => Arc::new(prompt::TemplateRenderer(t.clone())),
-        None => Arc::new(prompt::ChatMl),
-    };
-    let worker = worker::Worker::spawn(Box::new(engine), stats)?;
-    Ok(Loaded {
-        core: gen::Core {
-            worker,
-            defaults,
-            renderer,
-            think_open_id,
-            think_close_id,
-            close_tokens,
-            close_short,
-            keepalive: gen::KEEPALIVE,
-        },
-        info,
-        tokenizer,
-        template,
-    })
-}
-
-/// Loads the model named by `settings` (or the demo model), prints the startup
-/// lines, and serves until the process is stopped.
-pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
-    // An IP, or a name such as `localhost` (its first address).
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(settings.host.as_str(), settings.port))
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| ServeError::Host(settings.host.clone()))?;
-    let ip = addr.ip();
-    eprintln!("scoria serve: {}", settings.summary());
-    let cfg = engine::EngineConfig {
-        threads: settings.threads,
-        max_context: settings.max_context,
-        parallel: settings.parallel,
-        prompt_cache: settings.prompt_cache,
-        prompt_cache_dir: settings.prompt_cache_dir.clone(),
-        device: settings.device,
-        vram_budget: settings.vram_budget,
-        ram_budget: settings.ram_budget,
-        expert_profile: settings.profile.clone(),
-        ..Default::default()
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .worker_threads(2)
-        .thread_name("scoria-http")
-        .build()?;
-    let result = rt.block_on(async move {
-        // Listen first: while the model loads, /health answers "loading" (503) and
-        // every other route 503, so supervisors and clients can tell loading from down.
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|err| ServeError::Bind {
-                addr: addr.to_string(),
-                err,
-            })?;
-        let bound = listener.local_addr().unwrap_or(addr);
-        let ready: Arc<std::sync::OnceLock<Router>> = Arc::new(std::sync::OnceLock::new());
-        let started = std::time::Instant::now();
-        let gate = loading_gate(ready.clone(), started);
-        let server = tokio::spawn(async move { axum::serve(listener, gate).await });
-        eprintln!("scoria serve: listening on http://{bound} (loading the model; /health reports progress)");
-
-        let model_setting = settings.model.clone();
-        let (engine, demo) = tokio::task::spawn_blocking(move || {
-            // The demo model is synthesized on first use (seconds), inside the loading phase.
-            let (path, demo) = match model_setting {
-                Some(p) => (p, false),
-                None => (
-                    model::synth::demo_model_path().map_err(|e| ServeError::Demo(e.to_string()))?,
-                    true,
-                ),
-            };
-            eprintln!(
-                "scoria serve: loading {}{}",
-                path.display(),
-                if demo { " (embedded demo model)" } else { "" }
-            );
-            engine::Engine::load(&path, &cfg)
-                .map(|e| (e, demo))
-                .map_err(|err| ServeError::Load {
-                    path: path.display().to_string(),
-                    err,
-                })
-        })
-        .await
-        .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))??;
-        eprintln!("scoria serve: {}", device::line(&engine.device_report()));
-        eprintln!("scoria serve: memory: {}", engine.memory().describe());
-        let stats = Arc::new(metrics::Stats::new());
-        let Loaded {
-            core,
-            info,
-            tokenizer,
-            template,
-        } = core_for(engine, settings.defaults.clone(), stats.clone())?;
-        let model_id = match (&settings.alias, demo) {
-            (Some(a), _) => a.clone(),
-            (None, true) => "scoria-demo".to_string(),
-            (None, false) => info.name.clone(),
-        };
-        let label = if demo {
-            " — DEMO: a synthesized tiny model with random weights; its output is noise"
-        } else if info.synthetic {
-            " — synthetic model (scoria synth, random weights); its output is noise"
-        } else {
-            ""
-        };
-        let state = Arc::new(
-            AppState::new(
-                stats,
-                info.clone(),
-                tokenizer,
-                template.clone(),
-                settings.to_json(),
-                settings.api_key.clone(),
-                model_id.clone(),
-            )
-            .with_cors(settings.cors_origins.clone())
-            .with_core(core),
-        );
-        // The grammar compiler walks the whole vocabulary once: do it now, off the
-        // runtime, rather than in the first structured-output request.
-        let warm = state.clone();
-        std::thread::spawn(move || {
-            if let Err(e) = warm.grammar_compiler() {
-                tracing::warn!("structured output is unavailable: {e}");
-            }
-        });
-        eprintln!(
-            "scoria serve: model \"{model_id}\" ({} {}, context {} of {} trained, template: {}){label}, loaded in {:.1}s",
-            info.arch,
-            info.name,
-            info.n_ctx,
-            info.n_ctx_train,
-            if template.is_some() { "from the file" } else { "built-in ChatML" },
-            started.elapsed().as_secs_f64(),
-        );
-        if settings.api_key.is_none() && !ip.is_loopback() {
-            eprintln!("scoria serve: warning: listening on {ip} with no --api-key; anyone who can reach this port can use the model");
-        }
-        // The gate forwards everything to the full app from here on.
-        let _ = ready.set(app(state));
-        eprintln!(
-            "scoria serve: ready on http://{bound} (OpenAI: /v1/chat/completions /v1/completions /v1/responses /v1/models; Anthropic: /v1/messages; /health /metrics /){}",
-            if settings.api_key.is_some() { "; API key required" } else { "" }
-        );
-        // Stop at Ctrl-C or SIGTERM without waiting for open streams: a client still
-        // reading sees its connection close, and the process exits promptly.
-        tokio::select! {
-            r = server => r.map_err(|e| std::io::Error::other(e.to_string()))??,
-            _ = shutdown_signal() => eprintln!("scoria serve: stopping"),
-        }
-        Ok::<(), ServeError>(())
-    });
-    rt.shutdown_timeout(std::time::Duration::from_millis(200));
-    result
-}
-
-/// The router served while the model loads: `/health` says "loading" (503) and
-/// every other route answers 503; once `ready` holds the full app, every request
-/// goes to it unchanged.
-fn loading_gate(ready: Arc<std::sync::OnceLock<Router>>, started: std::time::Instant) -> Router {
-    use tower::ServiceExt;
-    Router::new().fallback(move |req: axum::extract::Request| {
-        let ready = ready.clone();
-        async move {
-            if let Some(app) = ready.get() {
-                return match app.clone().oneshot(req).await {
-                    Ok(r) => r.into_response(),
-                    Err(never) => match never {},
-                };
-            }
-            let loading_for = started.elapsed().as_secs_f64();
-            let path = req.uri().path();
-            if path != "/health" {
-                // In the shape of the API the path belongs to (Anthropic's on /v1/messages).
-                return error::ApiError::unavailable(format!(
-                    "the model is still loading ({loading_for:.0} s so far); retry when GET /health answers 200"
-                ))
-                .into_response_as(error::Flavor::of_path(path));
-            }
-            let body = serde_json::json!({"status": "loading", "loading_for_s": loading_for});
-            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
-        }
-    })
-}
-
-/// Resolves at Ctrl-C, or SIGTERM on Unix.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }

@@ -4,7 +4,8 @@
 //! first delta carrying the role, reasoning in `reasoning_content` deltas, tool calls
 //! as `tool_calls` deltas (id, type and name first, then argument pieces), a last
 //! chunk with `finish_reason` (and `timings`), a usage chunk with empty `choices` when
-//! `stream_options.include_usage` is set, and `data: [DONE]`.
+//! `stream_options.include_usage` is set, and `data: [DONE]`. Keep-alives are SSE
+//! comments.
 
 use std::sync::Arc;
 
@@ -13,24 +14,185 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::FinishReason;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::access::RequestLog;
+use crate::api::field;
+use crate::api::openai::{
+    AssistantMessage, CallOut, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChatRequest,
+    ChunkChoice, Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Delta,
+    DeltaCall, DeltaFunction, FunctionOut, Head, LogprobEntry, Model, ModelList, ModelMeta, Usage,
+};
+use crate::api::Timings;
 use crate::error::{ApiError, Flavor, RouteError};
 use crate::gen::{
-    collect, core, data_frame, json_body, now_unix, openai_usage, render_chat, sse_response, start,
-    timings_json, unique_suffix, Generation, OutputMode, Step, SSE_COMMENT,
+    collect, core, now_unix, render_chat, start, unique_suffix, Collected, Generation, OutputMode,
+    Step,
 };
 use crate::output::Piece;
-use crate::params::{self, GenParams, LogprobsForm, Thinking};
-use crate::prompt;
+use crate::sse::{self, Encoder};
 use crate::worker::Finished;
 use crate::AppState;
 
-type Result<T> = std::result::Result<T, RouteError>;
-
 fn oa(e: ApiError) -> RouteError {
     RouteError(e, Flavor::OpenAi)
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    log: RequestLog,
+    body: Bytes,
+) -> Response {
+    chat(state, log, &body)
+        .await
+        .unwrap_or_else(|e| oa(e).into_response())
+}
+
+async fn chat(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Response, ApiError> {
+    let req: ChatRequest = field::body(body)?;
+    let core = core(&state)?;
+    let conv = req.conversation()?;
+    let p = req.params(&core.defaults, state.engine_info.n_vocab, &conv)?;
+    let extra = req.common.template_kwargs();
+    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &extra, "messages").await?;
+    let mode = OutputMode::chat(open, conv.tools.as_ref());
+    let mut gen = start(
+        &state,
+        "/v1/chat/completions",
+        &log,
+        tokens,
+        &p,
+        mode,
+        "messages",
+    )?;
+    if conv.continue_final {
+        gen.continue_message();
+    }
+    let head = head(&state, &gen, "chatcmpl-", "chat.completion");
+    if p.stream {
+        let head = Head {
+            object: "chat.completion.chunk",
+            ..head
+        };
+        let stream = ChatStream::new(state, head, p.include_usage);
+        return Ok(sse::stream(gen, stream));
+    }
+    let gen_id = gen.id;
+    let c = collect(gen).await?;
+    let completion = chat_completion(&state, &head, &c, gen_id, p.logprobs)?;
+    Ok(Json(completion).into_response())
+}
+
+/// A whole chat answer: reasoning, text and tool calls as one message.
+fn chat_completion<'a>(
+    state: &AppState,
+    head: &'a Head,
+    c: &Collected,
+    gen_id: u64,
+    logprobs: Option<usize>,
+) -> Result<ChatCompletion<'a>, ApiError> {
+    let f = c.finished()?;
+    let calls: Vec<CallOut> = c
+        .calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| CallOut {
+            id: call_id(gen_id, i),
+            kind: "function",
+            function: FunctionOut {
+                name: name.clone(),
+                arguments: args.clone(),
+            },
+        })
+        .collect();
+    let message = AssistantMessage {
+        role: "assistant",
+        content: (calls.is_empty() || !c.content.is_empty()).then(|| c.content.clone()),
+        reasoning_content: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()),
+        tool_calls: (!calls.is_empty()).then_some(calls),
+    };
+    Ok(ChatCompletion {
+        head,
+        choices: [ChatChoice {
+            index: 0,
+            message,
+            logprobs: logprobs.map(|_| chat_logprobs(state, &c.logprobs)),
+            finish_reason: finish_reason(f, !c.calls.is_empty()),
+        }],
+        usage: Usage::of(f),
+        timings: Timings::of(&f.timings),
+    })
+}
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    log: RequestLog,
+    body: Bytes,
+) -> Response {
+    completion(state, log, &body)
+        .await
+        .unwrap_or_else(|e| oa(e).into_response())
+}
+
+async fn completion(
+    state: Arc<AppState>,
+    log: RequestLog,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = field::body(body)?;
+    let core = core(&state)?;
+    let n_vocab = state.engine_info.n_vocab;
+    let p = req.params(&core.defaults, n_vocab)?;
+    let tokens = req.prompt(&state.tokenizer, n_vocab)?;
+    let gen = start(
+        &state,
+        "/v1/completions",
+        &log,
+        tokens,
+        &p,
+        OutputMode::RAW,
+        "prompt",
+    )?;
+    let head = head(&state, &gen, "cmpl-", "text_completion");
+    if p.stream {
+        return Ok(sse::stream(
+            gen,
+            CompletionStream {
+                state,
+                head,
+                include_usage: p.include_usage,
+                logprobs: p.logprobs,
+                offset: 0,
+            },
+        ));
+    }
+    let c = collect(gen).await?;
+    let f = c.finished()?;
+    Ok(Json(Completion {
+        head: &head,
+        choices: vec![CompletionChoice {
+            text: c.content.clone(),
+            index: 0,
+            logprobs: p
+                .logprobs
+                .map(|n| completion_logprobs(&state, &c.logprobs, n, &mut 0)),
+            finish_reason: Some(finish_reason(f, false)),
+        }],
+        usage: Some(Usage::of(f)),
+        timings: Some(Timings::of(&f.timings)),
+    })
+    .into_response())
+}
+
+/// What every object and chunk of this response repeats.
+fn head(state: &AppState, gen: &Generation, prefix: &str, object: &'static str) -> Head {
+    Head {
+        id: format!("{prefix}{}", unique_suffix(gen.id)),
+        object,
+        created: now_unix(),
+        model: state.model_id.clone(),
+        system_fingerprint: "scoria",
+    }
 }
 
 /// OpenAI `finish_reason`.
@@ -44,31 +206,8 @@ pub fn finish_reason(f: &Finished, had_calls: bool) -> &'static str {
     }
 }
 
-/// The sampling / budget / stop fields every OpenAI generation route reads.
-fn gen_params(
-    state: &AppState,
-    body: &Map<String, Value>,
-    budget_names: &[&str],
-    thinking: Thinking,
-    logprobs: LogprobsForm,
-) -> std::result::Result<GenParams, ApiError> {
-    let core = core(state)?;
-    params::refuse_unsupported(body)?;
-    let logprobs = params::parse_logprobs(body, logprobs)?;
-    let sampling = params::parse_sampling(body, &core.defaults, state.engine_info.n_vocab, 2.0)?;
-    let max_tokens = params::parse_max_tokens(body, budget_names, core.defaults.max_tokens)?;
-    let stop = params::parse_stop(body, "stop")?;
-    let (stream, include_usage) = params::parse_stream(body)?;
-    Ok(GenParams {
-        sampling,
-        max_tokens,
-        stop,
-        thinking,
-        stream,
-        include_usage,
-        constraint: None,
-        logprobs,
-    })
+fn call_id(gen_id: u64, index: usize) -> String {
+    format!("call_{}{}", unique_suffix(gen_id), index)
 }
 
 /// A token's text and bytes, as the logprobs objects give them (a token that
@@ -78,452 +217,294 @@ fn token_text(state: &AppState, id: u32) -> (String, Vec<u8>) {
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
-/// Chat's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal":
-/// null}`, one entry per generated token (the thinking block's and tool calls'
-/// included, the end-of-generation token not).
-fn chat_logprobs(state: &AppState, lps: &[(u32, engine::TokenLogprobs)]) -> Value {
+/// Chat's `logprobs`: one entry per generated token (the thinking block's and tool
+/// calls' included, the end-of-generation token not).
+fn chat_logprobs(state: &AppState, lps: &[(u32, engine::TokenLogprobs)]) -> ChatLogprobs {
     let entry = |id: u32, logprob: f32| {
         let (token, bytes) = token_text(state, id);
-        json!({"token": token, "logprob": logprob, "bytes": bytes})
+        LogprobEntry {
+            token,
+            logprob: logprob as f64,
+            bytes,
+            top_logprobs: None,
+        }
     };
-    let content: Vec<Value> = lps
+    let content = lps
         .iter()
-        .map(|&(id, lp)| {
-            let mut e = entry(id, lp.logprob);
-            e["top_logprobs"] = lp.top().iter().map(|&(t, l)| entry(t, l)).collect();
-            e
+        .map(|&(id, lp)| LogprobEntry {
+            top_logprobs: Some(lp.top().iter().map(|&(t, l)| entry(t, l)).collect()),
+            ..entry(id, lp.logprob)
         })
         .collect();
-    json!({"content": content, "refusal": null})
+    ChatLogprobs {
+        content,
+        refusal: None,
+    }
 }
 
-/// Completions' `logprobs`: `tokens`, `token_logprobs`, `top_logprobs` (a
-/// token → log-probability map per token; null when no alternatives were asked)
-/// and `text_offset` (each token's character offset in the generated text, the
-/// tokens before these counting `offset` characters; advanced past these).
+/// Completions' `logprobs`; `offset` counts the characters of the text before these
+/// tokens (and is advanced past them).
 fn completion_logprobs(
     state: &AppState,
     lps: &[(u32, engine::TokenLogprobs)],
     n: usize,
     offset: &mut usize,
-) -> Value {
-    let (mut tokens, mut logprobs, mut tops, mut offsets) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs {
+        tokens: Vec::new(),
+        token_logprobs: Vec::new(),
+        top_logprobs: (n > 0).then(Vec::new),
+        text_offset: Vec::new(),
+    };
     for &(id, lp) in lps {
         let (token, _) = token_text(state, id);
-        offsets.push(*offset);
+        out.text_offset.push(*offset);
         *offset += token.chars().count();
-        tokens.push(token);
-        logprobs.push(lp.logprob);
-        let top: Map<String, Value> = lp
-            .top()
-            .iter()
-            .map(|&(t, l)| (token_text(state, t).0, json!(l)))
-            .collect();
-        tops.push(Value::Object(top));
-    }
-    json!({
-        "tokens": tokens,
-        "token_logprobs": logprobs,
-        "top_logprobs": if n > 0 { Value::Array(tops) } else { Value::Null },
-        "text_offset": offsets,
-    })
-}
-
-fn call_id(gen_id: u64, index: usize) -> String {
-    format!("call_{}{}", unique_suffix(gen_id), index)
-}
-
-pub async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    log: RequestLog,
-    body: Bytes,
-) -> Response {
-    match chat_inner(state, log, &body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn chat_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Response> {
-    let body = json_body(body).map_err(oa)?;
-    let core = core(&state).map_err(oa)?;
-    let conv = prompt::openai_chat(&body).map_err(oa)?;
-    let thinking = params::parse_thinking(&body, &core.defaults).map_err(oa)?;
-    let mut p = gen_params(
-        &state,
-        &body,
-        &["max_tokens", "max_completion_tokens", "max_output_tokens"],
-        thinking,
-        LogprobsForm::Chat,
-    )
-    .map_err(oa)?;
-    p.constraint = crate::structured::openai_chat(&body, conv.tools.as_ref()).map_err(oa)?;
-    let extra = match body.get("chat_template_kwargs") {
-        Some(Value::Object(m)) => m.clone(),
-        _ => Map::new(),
-    };
-    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &extra, "messages")
-        .await
-        .map_err(oa)?;
-    let gen = start(
-        &state,
-        "/v1/chat/completions",
-        &log,
-        tokens,
-        &p,
-        OutputMode {
-            structured: true,
-            think_open: open,
-            tools: conv.tools.as_ref(),
-        },
-        "messages",
-    )
-    .map_err(oa)?;
-    let mut gen = gen;
-    if conv.continue_final {
-        gen.continue_message();
-    }
-    let id = format!("chatcmpl-{}", unique_suffix(gen.id));
-    let created = now_unix();
-    let model = state.model_id.clone();
-    if !p.stream {
-        let gen_id = gen.id;
-        let c = collect(gen).await.map_err(oa)?;
-        let f = c
-            .finished
-            .ok_or_else(|| oa(ApiError::internal("generation ended without a result")))?;
-        let mut message = json!({"role": "assistant", "content": c.content});
-        if !c.reasoning.is_empty() {
-            message["reasoning_content"] = json!(c.reasoning);
-        }
-        if !c.calls.is_empty() {
-            let calls: Vec<Value> = c
-                .calls
+        out.tokens.push(token);
+        out.token_logprobs.push(lp.logprob as f64);
+        if let Some(tops) = &mut out.top_logprobs {
+            let top: Map<String, Value> = lp
+                .top()
                 .iter()
-                .enumerate()
-                .map(|(i, (name, args))| {
-                    json!({"id": call_id(gen_id, i), "type": "function",
-                           "function": {"name": name, "arguments": args}})
-                })
+                .map(|&(t, l)| (token_text(state, t).0, Value::from(l as f64)))
                 .collect();
-            message["tool_calls"] = Value::Array(calls);
-            if c.content.is_empty() {
-                message["content"] = Value::Null;
-            }
+            tops.push(top);
         }
-        let body = json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "system_fingerprint": "scoria",
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": p.logprobs.map(|_| chat_logprobs(&state, &c.logprobs)),
-                "finish_reason": finish_reason(&f, !c.calls.is_empty()),
+    }
+    out
+}
+
+/// The chat stream.
+struct ChatStream {
+    state: Arc<AppState>,
+    head: Head,
+    include_usage: bool,
+    had_calls: bool,
+}
+
+impl ChatStream {
+    fn new(state: Arc<AppState>, head: Head, include_usage: bool) -> ChatStream {
+        ChatStream {
+            state,
+            head,
+            include_usage,
+            had_calls: false,
+        }
+    }
+
+    /// A chunk of one choice, with the log-probabilities of the tokens that arrived
+    /// since the last chunk (text a stop sequence may still claim comes later).
+    fn chunk(&self, delta: Delta, finish: Option<&'static str>, gen: &mut Generation) -> Bytes {
+        let lps = gen.take_logprobs();
+        let logprobs = (!lps.is_empty()).then(|| chat_logprobs(&self.state, &lps));
+        self.frame(delta, finish, logprobs, None)
+    }
+
+    fn frame(
+        &self,
+        delta: Delta,
+        finish: Option<&'static str>,
+        logprobs: Option<ChatLogprobs>,
+        timings: Option<Timings>,
+    ) -> Bytes {
+        sse::data(&ChatChunk {
+            head: &self.head,
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta,
+                logprobs,
+                finish_reason: finish,
             }],
-            "usage": openai_usage(&f),
-            "timings": timings_json(&f.timings),
-        });
-        return Ok(Json(body).into_response());
+            usage: None,
+            timings,
+        })
     }
-    let include_usage = p.include_usage;
-    Ok(sse_response(move |sink| async move {
-        let chunk = |delta: Value, finish: Value| {
-            json!({
-                "id": id, "object": "chat.completion.chunk", "created": created,
-                "model": model, "system_fingerprint": "scoria",
-                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-            })
+}
+
+impl Encoder for ChatStream {
+    fn open(&mut self, out: &mut Vec<Bytes>) {
+        let role = Delta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            ..Default::default()
         };
-        // A chunk carries the log-probabilities of the tokens that arrived since
-        // the last one (text a stop sequence may still claim comes later); there
-        // are some only when the request asked.
-        let with_logprobs = |mut frame: Value, gen: &mut Generation| {
-            let lps = gen.take_logprobs();
-            if !lps.is_empty() {
-                frame["choices"][0]["logprobs"] = chat_logprobs(&state, &lps);
+        out.push(self.frame(role, None, None, None));
+    }
+
+    fn step(&mut self, step: Step, gen: &mut Generation, out: &mut Vec<Bytes>) {
+        let delta = match step {
+            Step::Piece(Piece::Reasoning(t)) => Delta {
+                reasoning_content: Some(t),
+                ..Default::default()
+            },
+            Step::Piece(Piece::Content(t)) => Delta {
+                content: Some(t),
+                ..Default::default()
+            },
+            Step::Piece(Piece::ToolStart { index, name }) => {
+                self.had_calls = true;
+                Delta {
+                    tool_calls: Some([DeltaCall {
+                        index,
+                        id: Some(call_id(gen.id, index)),
+                        kind: Some("function"),
+                        function: DeltaFunction {
+                            name: Some(name),
+                            arguments: String::new(),
+                        },
+                    }]),
+                    ..Default::default()
+                }
             }
-            frame
-        };
-        let mut gen = gen;
-        if sink
-            .send(data_frame(&chunk(
-                json!({"role": "assistant", "content": ""}),
-                Value::Null,
-            )))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        let mut had_calls = false;
-        while let Some(step) = gen.next().await {
-            let frame = match step {
-                Step::Piece(Piece::Reasoning(t)) => {
-                    chunk(json!({"reasoning_content": t}), Value::Null)
+            Step::Piece(Piece::ToolArgs { index, delta }) => Delta {
+                tool_calls: Some([DeltaCall {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: DeltaFunction {
+                        name: None,
+                        arguments: delta,
+                    },
+                }]),
+                ..Default::default()
+            },
+            Step::Piece(Piece::ToolEnd { .. }) => return,
+            Step::Idle => return out.push(sse::comment()),
+            Step::Done(f) => {
+                let lps = gen.take_logprobs();
+                let logprobs = (!lps.is_empty()).then(|| chat_logprobs(&self.state, &lps));
+                let finish = Some(finish_reason(&f, self.had_calls));
+                out.push(self.frame(
+                    Delta::default(),
+                    finish,
+                    logprobs,
+                    Some(Timings::of(&f.timings)),
+                ));
+                if self.include_usage {
+                    out.push(sse::data(&ChatChunk {
+                        head: &self.head,
+                        choices: Vec::new(),
+                        usage: Some(Usage::of(&f)),
+                        timings: Some(Timings::of(&f.timings)),
+                    }));
                 }
-                Step::Piece(Piece::Content(t)) => chunk(json!({"content": t}), Value::Null),
-                Step::Piece(Piece::ToolStart { index, name }) => {
-                    had_calls = true;
-                    chunk(
-                        json!({"tool_calls": [{"index": index, "id": call_id(gen.id, index), "type": "function",
-                                               "function": {"name": name, "arguments": ""}}]}),
-                        Value::Null,
-                    )
-                }
-                Step::Piece(Piece::ToolArgs { index, delta }) => chunk(
-                    json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
-                    Value::Null,
-                ),
-                Step::Piece(Piece::ToolEnd { .. }) => continue,
-                Step::Idle => {
-                    if sink.send(Bytes::from_static(SSE_COMMENT)).await.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                Step::Done(f) => {
-                    let last = chunk(json!({}), json!(finish_reason(&f, had_calls)));
-                    let mut last = with_logprobs(last, &mut gen);
-                    last["timings"] = timings_json(&f.timings);
-                    if sink.send(data_frame(&last)).await.is_err() {
-                        return;
-                    }
-                    if include_usage
-                        && sink
-                            .send(data_frame(&usage_chunk(chunk(json!({}), Value::Null), &f)))
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
-                    break;
-                }
-                Step::Failed(e) => {
-                    let _ = sink.send(failure_frame(&e)).await;
-                    break;
-                }
-            };
-            let frame = with_logprobs(frame, &mut gen);
-            if sink.send(data_frame(&frame)).await.is_err() {
                 return;
             }
-        }
-        let _ = sink.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
-    }))
-}
-
-/// `/v1/completions` prompt: a string, a one-element list of strings, token ids, or a
-/// one-element list of token-id lists. Several prompts are refused (that is n > 1).
-fn completion_prompt(
-    state: &AppState,
-    body: &Map<String, Value>,
-) -> std::result::Result<Vec<u32>, ApiError> {
-    let bad = || {
-        ApiError::field(
-            "prompt",
-            "prompt must be a string, a list of token ids, or a one-element list of either",
-        )
-    };
-    let ids = |a: &[Value]| -> std::result::Result<Vec<u32>, ApiError> {
-        a.iter()
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .filter(|&n| (n as usize) < state.engine_info.n_vocab)
-                    .ok_or_else(|| {
-                        ApiError::field(
-                            "prompt",
-                            format!("prompt: {v} is not a token id of this model"),
-                        )
-                    })
-            })
-            .collect()
-    };
-    let encode = |s: &str| {
-        state
-            .tokenizer
-            .encode_prompt(s)
-            .map_err(|e| ApiError::field("prompt", format!("prompt: cannot tokenize: {e}")))
-    };
-    match body.get("prompt") {
-        None | Some(Value::Null) => Err(ApiError::field("prompt", "prompt is required")),
-        Some(Value::String(s)) => encode(s),
-        Some(Value::Array(a)) if a.is_empty() => Err(bad()),
-        Some(Value::Array(a)) if a.iter().all(Value::is_number) => ids(a),
-        Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
-            Value::String(s) => encode(s),
-            Value::Array(inner) => ids(inner),
-            _ => Err(bad()),
-        },
-        Some(Value::Array(_)) => Err(ApiError::field(
-            "prompt",
-            "prompt: several prompts in one request are not supported; send one",
-        )),
-        Some(_) => Err(bad()),
-    }
-}
-
-pub async fn completions(
-    State(state): State<Arc<AppState>>,
-    log: RequestLog,
-    body: Bytes,
-) -> Response {
-    match completions_inner(state, log, &body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn completions_inner(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Response> {
-    let body = json_body(body).map_err(oa)?;
-    let no_thinking = Thinking {
-        enabled: false,
-        budget: None,
-        effort: None,
-    };
-    let mut p = gen_params(
-        &state,
-        &body,
-        &["max_tokens", "max_completion_tokens", "max_output_tokens"],
-        no_thinking,
-        LogprobsForm::Completions,
-    )
-    .map_err(oa)?;
-    p.constraint = crate::structured::openai_completion(&body).map_err(oa)?;
-    let tokens = completion_prompt(&state, &body).map_err(oa)?;
-    let gen = start(
-        &state,
-        "/v1/completions",
-        &log,
-        tokens,
-        &p,
-        OutputMode {
-            structured: false,
-            think_open: false,
-            tools: None,
-        },
-        "prompt",
-    )
-    .map_err(oa)?;
-    let id = format!("cmpl-{}", unique_suffix(gen.id));
-    let created = now_unix();
-    let model = state.model_id.clone();
-    if !p.stream {
-        let c = collect(gen).await.map_err(oa)?;
-        let f = c
-            .finished
-            .ok_or_else(|| oa(ApiError::internal("generation ended without a result")))?;
-        return Ok(Json(json!({
-            "id": id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "system_fingerprint": "scoria",
-            "choices": [{"text": c.content, "index": 0,
-                         "logprobs": p.logprobs.map(|n| completion_logprobs(&state, &c.logprobs, n, &mut 0)),
-                         "finish_reason": finish_reason(&f, false)}],
-            "usage": openai_usage(&f),
-            "timings": timings_json(&f.timings),
-        }))
-        .into_response());
-    }
-    let include_usage = p.include_usage;
-    let logprobs = p.logprobs;
-    Ok(sse_response(move |sink| async move {
-        let chunk = |text: &str, finish: Value| {
-            json!({
-                "id": id, "object": "text_completion", "created": created, "model": model,
-                "system_fingerprint": "scoria",
-                "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
-            })
+            Step::Failed(e) => return out.push(failure_frame(&e)),
         };
-        // As on chat: each chunk has the tokens that arrived since the last;
-        // `text_offset` counts from the start of the whole text.
-        let mut offset = 0usize;
-        let mut with_logprobs = |mut frame: Value, gen: &mut Generation| {
-            let lps = gen.take_logprobs();
-            if let (Some(n), false) = (logprobs, lps.is_empty()) {
-                frame["choices"][0]["logprobs"] = completion_logprobs(&state, &lps, n, &mut offset);
-            }
-            frame
+        out.push(self.chunk(delta, None, gen));
+    }
+
+    fn close(&mut self, out: &mut Vec<Bytes>) {
+        out.push(sse::done());
+    }
+}
+
+/// The completions stream: content only; `text_offset` counts from the start of the
+/// whole text.
+struct CompletionStream {
+    state: Arc<AppState>,
+    head: Head,
+    include_usage: bool,
+    logprobs: Option<usize>,
+    offset: usize,
+}
+
+impl CompletionStream {
+    fn frame(
+        &mut self,
+        text: String,
+        finish: Option<&'static str>,
+        gen: &mut Generation,
+        timings: Option<Timings>,
+    ) -> Bytes {
+        let lps = gen.take_logprobs();
+        let logprobs = match (self.logprobs, lps.is_empty()) {
+            (Some(n), false) => Some(completion_logprobs(&self.state, &lps, n, &mut self.offset)),
+            _ => None,
         };
-        let mut gen = gen;
-        while let Some(step) = gen.next().await {
-            let frame = match step {
-                Step::Piece(Piece::Content(t)) => chunk(&t, Value::Null),
-                Step::Piece(_) => continue,
-                Step::Idle => {
-                    if sink.send(Bytes::from_static(SSE_COMMENT)).await.is_err() {
-                        return;
-                    }
-                    continue;
+        sse::data(&Completion {
+            head: &self.head,
+            choices: vec![CompletionChoice {
+                text,
+                index: 0,
+                logprobs,
+                finish_reason: finish,
+            }],
+            usage: None,
+            timings,
+        })
+    }
+}
+
+impl Encoder for CompletionStream {
+    fn step(&mut self, step: Step, gen: &mut Generation, out: &mut Vec<Bytes>) {
+        match step {
+            Step::Piece(Piece::Content(t)) => out.push(self.frame(t, None, gen, None)),
+            Step::Piece(_) => {}
+            Step::Idle => out.push(sse::comment()),
+            Step::Done(f) => {
+                let finish = Some(finish_reason(&f, false));
+                let timings = Some(Timings::of(&f.timings));
+                out.push(self.frame(String::new(), finish, gen, timings));
+                if self.include_usage {
+                    out.push(sse::data(&Completion {
+                        head: &self.head,
+                        choices: Vec::new(),
+                        usage: Some(Usage::of(&f)),
+                        timings: Some(Timings::of(&f.timings)),
+                    }));
                 }
-                Step::Done(f) => {
-                    let last = chunk("", json!(finish_reason(&f, false)));
-                    let mut last = with_logprobs(last, &mut gen);
-                    last["timings"] = timings_json(&f.timings);
-                    if sink.send(data_frame(&last)).await.is_err() {
-                        return;
-                    }
-                    if include_usage
-                        && sink
-                            .send(data_frame(&usage_chunk(chunk("", Value::Null), &f)))
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
-                    break;
-                }
-                Step::Failed(e) => {
-                    let _ = sink.send(failure_frame(&e)).await;
-                    break;
-                }
-            };
-            let frame = with_logprobs(frame, &mut gen);
-            if sink.send(data_frame(&frame)).await.is_err() {
-                return;
             }
+            Step::Failed(e) => out.push(failure_frame(&e)),
         }
-        let _ = sink.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
-    }))
+    }
+
+    fn close(&mut self, out: &mut Vec<Bytes>) {
+        out.push(sse::done());
+    }
+}
+
+/// The error frame a stream ends with when generation fails mid-way.
+fn failure_frame(e: &impl std::fmt::Display) -> Bytes {
+    let err = ApiError::internal(format!("generation failed: {e}"));
+    Bytes::from(err.sse_frame(Flavor::OpenAi))
 }
 
 /// The model entry /v1/models lists.
-pub fn model_entry(state: &AppState) -> Value {
+pub fn model_entry(state: &AppState) -> Model {
     let info = &state.engine_info;
-    let mut entry = json!({
-        "id": state.model_id,
-        "object": "model",
-        "created": now_unix(),
-        "owned_by": "scoria",
-        "meta": {
-            "arch": info.arch,
-            "name": info.name,
-            "n_ctx": info.n_ctx,
-            "n_ctx_train": info.n_ctx_train,
-            "n_vocab": info.n_vocab,
-            "n_expert": info.n_expert,
-            "size": info.file_bytes,
-            "synthetic": info.synthetic,
+    Model {
+        id: state.model_id.clone(),
+        object: "model",
+        created: now_unix(),
+        owned_by: "scoria",
+        meta: ModelMeta {
+            arch: info.arch.clone(),
+            name: info.name.clone(),
+            n_ctx: info.n_ctx,
+            n_ctx_train: info.n_ctx_train,
+            n_vocab: info.n_vocab,
+            n_expert: info.n_expert,
+            size: info.file_bytes,
+            synthetic: info.synthetic,
         },
-    });
-    if info.synthetic {
-        entry["description"] = json!(if info.name.contains("tiny-qwen35moe") {
-            "embedded demo model: synthesized, random weights (its output is noise)"
-        } else {
-            "synthetic model (scoria synth): random weights (its output is noise)"
-        });
+        description: info.synthetic.then(|| {
+            if info.name.contains("tiny-qwen35moe") {
+                "embedded demo model: synthesized, random weights (its output is noise)"
+            } else {
+                "synthetic model (scoria synth): random weights (its output is noise)"
+            }
+        }),
     }
-    entry
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
-    Json(json!({"object": "list", "data": [model_entry(&state)]})).into_response()
+    Json(ModelList {
+        object: "list",
+        data: vec![model_entry(&state)],
+    })
+    .into_response()
 }
 
 /// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): the model, or a 404 naming it.
@@ -543,19 +524,4 @@ pub async fn model(
     );
     e.param = Some("model".into());
     oa(e).into_response()
-}
-
-/// The `stream_options.include_usage` frame: the route's empty chunk with no
-/// choices, the usage and the timings.
-fn usage_chunk(mut empty: Value, f: &Finished) -> Value {
-    empty["choices"] = json!([]);
-    empty["usage"] = openai_usage(f);
-    empty["timings"] = timings_json(&f.timings);
-    empty
-}
-
-/// The error frame a stream ends with when generation fails mid-way.
-fn failure_frame(e: &impl std::fmt::Display) -> Bytes {
-    let err = ApiError::internal(format!("generation failed: {e}"));
-    Bytes::from(err.sse_frame(Flavor::OpenAi))
 }

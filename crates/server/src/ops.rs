@@ -132,7 +132,7 @@ fn public_model_json(state: &AppState) -> Value {
 }
 
 /// The `tool_choice` values the chat routes honour (each is tested to be accepted:
-/// `defect_tests::health_tells_the_truth_and_keeps_settings_behind_the_key`).
+/// `http_tests::health_tells_the_truth_and_keeps_settings_behind_the_key`).
 pub(crate) const TOOL_CHOICES: &[&str] = &["auto", "none", "required", "named"];
 
 /// What the running build accepts: the sampling fields, the token budget

@@ -1,11 +1,22 @@
 //! Server and engine settings: built-in defaults, a JSON config file, the command line.
 //!
-//! Precedence is command line > config file > defaults, per setting. The file has two
-//! sections, `server` and `engine`, whose names are the command-line flags without
-//! their dashes (`"max-context": 16384`). A name that no section knows, or one in the
-//! wrong section, stops startup naming it; so does an out-of-range value, before the
-//! model loads. The API key is command-line only: a file that sets it is refused
-//! (config files get committed and shared; keys should not).
+//! Every setting is defined once, in [`table`]: its flag, its config-file key, its
+//! kind, its default and its help. Precedence is command line > config file >
+//! defaults, per setting. The file has two sections, `server` and `engine`, whose
+//! names are the command-line flags without their dashes (`"max-context": 16384`). A
+//! name that no section knows, or one in the wrong section, stops startup naming it;
+//! so does an out-of-range value, before the model loads. The API key is
+//! command-line only: a file that sets it is refused (config files get committed and
+//! shared; keys should not).
+
+mod table;
+mod values;
+
+pub use table::{
+    EngineArgs, EngineSettings, RequestArgs, RequestDefaults, ServerArgs, ServerSettings, SlotArgs,
+    SlotSettings,
+};
+pub use values::Size;
 
 use std::path::{Path, PathBuf};
 
@@ -94,14 +105,40 @@ enum Kind {
     Size,
 }
 
+/// One setting (made by [`table`]'s macro).
 struct Spec {
     name: &'static str,
     section: &'static str,
     kind: Kind,
     /// The built-in default (`null`: unset, with the meaning given in `unset`).
     default: fn() -> Value,
-    /// What an unset value means, for the startup line and the docs.
+    /// What an unset value means, for the startup line and the help.
     unset: &'static str,
+    /// What it does (the flag's help).
+    doc: &'static str,
+}
+
+/// Every setting, in the order the startup line and `/props` list them.
+const SPECS: &[Spec] = table::TABLE;
+
+/// Every setting's name (its flag without dashes, its config-file key), in table
+/// order.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    SPECS.iter().map(|s| s.name)
+}
+
+/// A flag's help: what it does and what it is without the flag.
+fn help(name: &str) -> String {
+    let Some(s) = SPECS.iter().find(|s| s.name == name) else {
+        return String::new();
+    };
+    let default = match (s.default)() {
+        Value::Null => s.unset.to_string(),
+        Value::String(t) => t,
+        v => v.to_string(),
+    };
+    let doc = s.doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    format!("{} [default: {default}]", doc.trim_end_matches('.'))
 }
 
 /// Reasoning efforts a request or the server default may name: OpenAI's (`none` to
@@ -109,229 +146,6 @@ struct Spec {
 /// (`low` to `max`). `params::effort_budget` maps each to a thinking budget.
 pub const EFFORTS: &[&str] = &[
     "none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra",
-];
-
-const SPECS: &[Spec] = &[
-    Spec {
-        name: "model",
-        section: "server",
-        kind: Kind::Path,
-        default: || Value::Null,
-        unset: "embedded demo model",
-    },
-    Spec {
-        name: "host",
-        section: "server",
-        kind: Kind::Str,
-        default: || json!("127.0.0.1"),
-        unset: "",
-    },
-    Spec {
-        name: "port",
-        section: "server",
-        kind: Kind::Port,
-        default: || json!(8080),
-        unset: "",
-    },
-    Spec {
-        name: "alias",
-        section: "server",
-        kind: Kind::Str,
-        default: || Value::Null,
-        unset: "model name",
-    },
-    Spec {
-        name: "cors-origin",
-        section: "server",
-        kind: Kind::Str,
-        default: || Value::Null,
-        unset: "no CORS: browsers refuse pages of other origins",
-    },
-    Spec {
-        name: "content-special-tokens",
-        section: "server",
-        kind: Kind::Bool,
-        default: || json!(false),
-        unset: "",
-    },
-    Spec {
-        name: "threads",
-        section: "engine",
-        kind: Kind::Count { min: 1 },
-        default: || Value::Null,
-        unset: "all cores",
-    },
-    Spec {
-        name: "device",
-        section: "engine",
-        kind: Kind::Device,
-        default: || Value::Null,
-        unset: "engine's choice: the GPU when the build has CUDA and one is present, else the CPU",
-    },
-    Spec {
-        name: "vram-budget",
-        section: "engine",
-        kind: Kind::Size,
-        default: || Value::Null,
-        unset: "the free VRAM minus 512 MiB; a model that does not fit tiers its experts",
-    },
-    Spec {
-        name: "ram-budget",
-        section: "engine",
-        kind: Kind::Size,
-        default: || Value::Null,
-        unset: "tiered experts: what is available minus 8 GiB, at most every expert",
-    },
-    Spec {
-        name: "profile",
-        section: "engine",
-        kind: Kind::Path,
-        default: || Value::Null,
-        unset: "tiered experts: slots divided evenly, filled on use",
-    },
-    Spec {
-        name: "max-context",
-        section: "engine",
-        kind: Kind::Count { min: 64 },
-        default: || Value::Null,
-        unset: "engine default: min(trained, 4096)",
-    },
-    Spec {
-        name: "prompt-cache",
-        section: "engine",
-        kind: Kind::Size,
-        default: || Value::Null,
-        unset: "the smaller of 8 GiB and a quarter of the available RAM; 0 turns it off",
-    },
-    Spec {
-        name: "prompt-cache-dir",
-        section: "engine",
-        kind: Kind::Path,
-        default: || Value::Null,
-        unset: "memory only",
-    },
-    Spec {
-        name: "parallel",
-        section: "engine",
-        kind: Kind::Count { min: 1 },
-        default: || Value::Null,
-        unset: "4 (on a GPU: 1 when 4 would push experts out of VRAM)",
-    },
-    Spec {
-        name: "temp",
-        section: "engine",
-        kind: Kind::Float {
-            lo: 0.0,
-            hi: 2.0,
-            lo_open: false,
-        },
-        default: || json!(0.6),
-        unset: "",
-    },
-    Spec {
-        name: "top-k",
-        section: "engine",
-        kind: Kind::Count { min: 0 },
-        default: || json!(20),
-        unset: "",
-    },
-    Spec {
-        name: "top-p",
-        section: "engine",
-        kind: Kind::Float {
-            lo: 0.0,
-            hi: 1.0,
-            lo_open: true,
-        },
-        default: || json!(0.95),
-        unset: "",
-    },
-    Spec {
-        name: "min-p",
-        section: "engine",
-        kind: Kind::Float {
-            lo: 0.0,
-            hi: 1.0,
-            lo_open: false,
-        },
-        default: || json!(0.0),
-        unset: "",
-    },
-    Spec {
-        name: "presence-penalty",
-        section: "engine",
-        kind: Kind::Float {
-            lo: -2.0,
-            hi: 2.0,
-            lo_open: false,
-        },
-        default: || json!(0.0),
-        unset: "",
-    },
-    Spec {
-        name: "frequency-penalty",
-        section: "engine",
-        kind: Kind::Float {
-            lo: -2.0,
-            hi: 2.0,
-            lo_open: false,
-        },
-        default: || json!(0.0),
-        unset: "",
-    },
-    Spec {
-        name: "repeat-penalty",
-        section: "engine",
-        kind: Kind::Float {
-            lo: 0.0,
-            hi: 10.0,
-            lo_open: true,
-        },
-        default: || json!(1.0),
-        unset: "",
-    },
-    Spec {
-        name: "seed",
-        section: "engine",
-        kind: Kind::Seed,
-        default: || Value::Null,
-        unset: "random per request",
-    },
-    Spec {
-        name: "max-tokens-default",
-        section: "engine",
-        kind: Kind::Count { min: 1 },
-        default: || json!(8192),
-        unset: "",
-    },
-    Spec {
-        name: "reasoning-effort",
-        section: "engine",
-        kind: Kind::Effort,
-        default: || Value::Null,
-        unset: "none: no budget from effort",
-    },
-    Spec {
-        name: "enable-thinking",
-        section: "engine",
-        kind: Kind::Bool,
-        default: || json!(true),
-        unset: "",
-    },
-    Spec {
-        name: "max-thinking-tokens",
-        section: "engine",
-        kind: Kind::Count { min: 1 },
-        default: || Value::Null,
-        unset: "no budget",
-    },
-    Spec {
-        name: "thinking-answer-room",
-        section: "engine",
-        kind: Kind::Count { min: 0 },
-        default: || json!(1024),
-        unset: "",
-    },
 ];
 
 /// Command-line values, by setting name (flags without dashes). `api_key` separately.
@@ -354,77 +168,47 @@ impl Overrides {
 /// The effective settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Model file (None: the embedded demo model).
-    pub model: Option<PathBuf>,
-    pub host: String,
-    pub port: u16,
-    pub alias: Option<String>,
-    pub api_key: Option<String>,
-    /// Origins a browser page may call from (CORS); `*` is any; empty: CORS off.
-    pub cors_origins: Vec<String>,
-    pub threads: Option<usize>,
-    pub max_context: Option<usize>,
-    /// Slots: requests decoded at once (None: the engine's default for its device).
-    pub parallel: Option<usize>,
-    /// RAM for conversations no slot holds (None: the engine's default; 0: off),
-    /// and where they persist.
-    pub prompt_cache: Option<u64>,
-    pub prompt_cache_dir: Option<PathBuf>,
-    /// Where model steps run (None: the engine chooses).
-    pub device: Option<engine::Device>,
-    /// Tiered experts: VRAM and pinned-RAM budgets, routing profile.
-    pub vram_budget: Option<u64>,
-    pub ram_budget: Option<u64>,
-    pub profile: Option<PathBuf>,
+    pub server: ServerSettings,
+    pub engine: EngineSettings,
+    pub slots: SlotSettings,
     pub defaults: RequestDefaults,
-    /// (name, value, source) in table order, for the startup line and /props.
-    entries: Vec<(&'static str, &'static str, Value, Source)>,
+    pub api_key: Option<String>,
+    /// Every setting's value and source, in table order, for the startup line and
+    /// /props.
+    entries: Entries,
     pub config_path: Option<PathBuf>,
 }
 
-/// What a request gets for each field it omits.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RequestDefaults {
-    pub temperature: f32,
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub repeat_penalty: f32,
-    pub seed: Option<u64>,
-    pub max_tokens: usize,
-    pub reasoning_effort: Option<String>,
-    pub enable_thinking: bool,
-    pub max_thinking_tokens: Option<usize>,
-    pub thinking_answer_room: usize,
-    /// Control-token text inside messages (`<|im_end|>` typed by a user or returned by
-    /// a tool) becomes the control token, as before issue 9; off: it stays text.
-    pub content_special_tokens: bool,
+/// (name, section, value, source) of every setting.
+#[derive(Debug, Clone)]
+struct Entries(Vec<(&'static str, &'static str, Value, Source)>);
+
+impl Entries {
+    fn value(&self, name: &str) -> &Value {
+        self.0
+            .iter()
+            .find(|e| e.0 == name)
+            .map(|e| &e.2)
+            .unwrap_or(&Value::Null)
+    }
+
+    fn set(&mut self, name: &str, value: Value, source: Source) {
+        if let Some(e) = self.0.iter_mut().find(|e| e.0 == name) {
+            e.2 = value;
+            e.3 = source;
+        }
+    }
 }
 
-impl Default for RequestDefaults {
-    fn default() -> Self {
-        match Settings::resolve(&Overrides::default()) {
-            Ok(s) => s.defaults,
-            // The built-in table is valid by construction (tested).
-            Err(_) => RequestDefaults {
-                temperature: 0.6,
-                top_k: 20,
-                top_p: 0.95,
-                min_p: 0.0,
-                presence_penalty: 0.0,
-                frequency_penalty: 0.0,
-                repeat_penalty: 1.0,
-                seed: None,
-                max_tokens: 8192,
-                reasoning_effort: None,
-                enable_thinking: true,
-                max_thinking_tokens: None,
-                thinking_answer_room: 1024,
-                content_special_tokens: false,
-            },
-        }
+impl EngineSettings {
+    /// Copies where and how the engine runs into its configuration.
+    pub fn apply(&self, cfg: &mut engine::EngineConfig) {
+        cfg.threads = self.threads;
+        cfg.max_context = self.max_context;
+        cfg.device = self.device;
+        cfg.vram_budget = self.vram_budget;
+        cfg.ram_budget = self.ram_budget;
+        cfg.expert_profile = self.profile.clone();
     }
 }
 
@@ -488,14 +272,6 @@ fn check(spec: &Spec, v: &Value, source: Source) -> Result<Value, SettingsError>
             ))),
         },
     }
-}
-
-/// `cors-origin`: origins separated by commas (or `*`), trimmed, empties dropped.
-fn cors_origins(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(|o| o.trim().trim_end_matches('/').to_string())
-        .filter(|o| !o.is_empty())
-        .collect()
 }
 
 /// A size setting's bytes: a JSON number of bytes or a size string.
@@ -573,16 +349,15 @@ fn read_config(path: &Path) -> Result<Vec<(&'static Spec, Value)>, SettingsError
 impl Settings {
     /// Applies defaults, then the config file (if `over.config`), then the command line.
     pub fn resolve(over: &Overrides) -> Result<Settings, SettingsError> {
-        let mut entries: Vec<(&'static str, &'static str, Value, Source)> = SPECS
-            .iter()
-            .map(|s| (s.name, s.section, (s.default)(), Source::Default))
-            .collect();
+        let mut entries = Entries(
+            SPECS
+                .iter()
+                .map(|s| (s.name, s.section, (s.default)(), Source::Default))
+                .collect(),
+        );
         if let Some(path) = &over.config {
             for (spec, value) in read_config(path)? {
-                if let Some(e) = entries.iter_mut().find(|e| e.0 == spec.name) {
-                    e.2 = value;
-                    e.3 = Source::Config;
-                }
+                entries.set(spec.name, value, Source::Config);
             }
         }
         for (name, value) in &over.values {
@@ -594,29 +369,16 @@ impl Settings {
                 });
             };
             let value = check(spec, value, Source::CommandLine)?;
-            if let Some(e) = entries.iter_mut().find(|e| e.0 == spec.name) {
-                e.2 = value;
-                e.3 = Source::CommandLine;
-            }
+            entries.set(spec.name, value, Source::CommandLine);
         }
-        let get = |name: &str| -> &Value {
-            entries
-                .iter()
-                .find(|e| e.0 == name)
-                .map(|e| &e.2)
-                .unwrap_or(&Value::Null)
-        };
-        let f = |name: &str| get(name).as_f64().unwrap_or(0.0) as f32;
-        let n = |name: &str| get(name).as_u64().map(|v| v as usize);
-        let s = |name: &str| get(name).as_str().map(str::to_string);
-        let cors = s("cors-origin")
-            .map(|v| cors_origins(&v))
-            .unwrap_or_default();
-        if let Some(bad) = cors
+        let server = ServerSettings::from_entries(&entries);
+        if let Some(bad) = server
+            .cors_origin
             .iter()
             .find(|o| *o != "*" && !o.starts_with("http://") && !o.starts_with("https://"))
         {
             let source = entries
+                .0
                 .iter()
                 .find(|e| e.0 == "cors-origin")
                 .map(|e| e.3)
@@ -627,47 +389,27 @@ impl Settings {
                 msg: format!("\"{bad}\" is not an origin: give scheme and host, such as https://app.example.com (or * for any)"),
             });
         }
-        let defaults = RequestDefaults {
-            temperature: f("temp"),
-            top_k: n("top-k").unwrap_or(0),
-            top_p: f("top-p"),
-            min_p: f("min-p"),
-            presence_penalty: f("presence-penalty"),
-            frequency_penalty: f("frequency-penalty"),
-            repeat_penalty: f("repeat-penalty"),
-            seed: get("seed").as_u64(),
-            max_tokens: n("max-tokens-default").unwrap_or(8192),
-            reasoning_effort: s("reasoning-effort"),
-            enable_thinking: get("enable-thinking").as_bool().unwrap_or(true),
-            max_thinking_tokens: n("max-thinking-tokens"),
-            thinking_answer_room: n("thinking-answer-room").unwrap_or(0),
-            content_special_tokens: get("content-special-tokens").as_bool().unwrap_or(false),
-        };
         Ok(Settings {
-            model: s("model").map(PathBuf::from),
-            host: s("host").unwrap_or_else(|| "127.0.0.1".into()),
-            port: get("port")
-                .as_u64()
-                .and_then(|p| u16::try_from(p).ok())
-                .unwrap_or(8080),
-            alias: s("alias"),
+            server,
+            engine: EngineSettings::from_entries(&entries),
+            slots: SlotSettings::from_entries(&entries),
+            defaults: RequestDefaults::from_entries(&entries),
             api_key: over.api_key.clone().filter(|k| !k.is_empty()),
-            cors_origins: cors,
-            threads: n("threads"),
-            max_context: n("max-context"),
-            parallel: n("parallel"),
-            prompt_cache: size(get("prompt-cache")),
-            prompt_cache_dir: s("prompt-cache-dir").map(PathBuf::from),
-            // Checked (and normalised to `cpu` / `cuda:N`) by `check`.
-            device: get("device").as_str().and_then(|d| d.parse().ok()),
-            // Checked by `check` (a number of bytes or a size string).
-            vram_budget: size(get("vram-budget")),
-            ram_budget: size(get("ram-budget")),
-            profile: s("profile").map(PathBuf::from),
-            defaults,
             entries,
             config_path: over.config.clone(),
         })
+    }
+
+    /// The engine's configuration.
+    pub fn engine_config(&self) -> engine::EngineConfig {
+        let mut cfg = engine::EngineConfig {
+            parallel: self.slots.parallel,
+            prompt_cache: self.slots.prompt_cache,
+            prompt_cache_dir: self.slots.prompt_cache_dir.clone(),
+            ..Default::default()
+        };
+        self.engine.apply(&mut cfg);
+        cfg
     }
 
     /// `{"server": {name: {"value", "source"}}, "engine": {...}}` (the API key's value
@@ -675,7 +417,7 @@ impl Settings {
     pub fn to_json(&self) -> Value {
         let mut server = Map::new();
         let mut engine = Map::new();
-        for (name, section, value, source) in &self.entries {
+        for (name, section, value, source) in &self.entries.0 {
             let entry = json!({"value": value, "source": source.as_str()});
             if *section == "server" {
                 server.insert(name.to_string(), entry);
@@ -698,7 +440,7 @@ impl Settings {
     /// One line listing every setting with its source, for the startup log.
     pub fn summary(&self) -> String {
         let mut parts = Vec::new();
-        for (name, _, value, source) in &self.entries {
+        for (name, _, value, source) in &self.entries.0 {
             let shown = match value {
                 Value::Null => SPECS
                     .iter()
@@ -746,9 +488,9 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         let s = Settings::resolve(&Overrides::default()).unwrap();
-        assert_eq!(s.host, "127.0.0.1");
-        assert_eq!(s.port, 8080);
-        assert_eq!(s.defaults.max_tokens, 8192);
+        assert_eq!(s.server.host, "127.0.0.1");
+        assert_eq!(s.server.port, 8080);
+        assert_eq!(s.defaults.max_tokens_default, 8192);
         assert!(s.summary().contains("temp=0.6 [default]"));
         assert_eq!(RequestDefaults::default(), s.defaults);
     }
@@ -765,10 +507,10 @@ mod tests {
         };
         o.set("max-context", Some(2048u64));
         let s = Settings::resolve(&o).unwrap();
-        assert_eq!(s.port, 9000);
-        assert_eq!(s.max_context, Some(2048));
-        assert_eq!(s.defaults.temperature, 0.2);
-        assert_eq!(s.model, Some(p.parent().unwrap().join("m.gguf")));
+        assert_eq!(s.server.port, 9000);
+        assert_eq!(s.engine.max_context, Some(2048));
+        assert_eq!(s.defaults.temp, 0.2);
+        assert_eq!(s.server.model, Some(p.parent().unwrap().join("m.gguf")));
         let j = s.to_json();
         assert_eq!(j["server"]["port"]["source"], "config");
         assert_eq!(j["engine"]["max-context"]["source"], "command line");
@@ -829,7 +571,7 @@ mod tests {
     #[test]
     fn device_from_file_and_command_line() {
         let s = Settings::resolve(&Overrides::default()).unwrap();
-        assert_eq!(s.device, None);
+        assert_eq!(s.engine.device, None);
         assert!(
             s.summary().contains("device=(engine's choice"),
             "{}",
@@ -841,18 +583,18 @@ mod tests {
             ..Default::default()
         };
         let s = Settings::resolve(&o).unwrap();
-        assert_eq!(s.device, Some(engine::Device::Cpu));
+        assert_eq!(s.engine.device, Some(engine::Device::Cpu));
         assert_eq!(s.to_json()["engine"]["device"]["source"], "config");
         // `cuda` is normalised to its ordinal.
         o.set("device", Some("cuda"));
         let s = Settings::resolve(&o).unwrap();
-        assert_eq!(s.device, Some(engine::Device::Cuda(0)));
+        assert_eq!(s.engine.device, Some(engine::Device::Cuda(0)));
         assert_eq!(s.to_json()["engine"]["device"]["value"], "cuda:0");
         assert_eq!(s.to_json()["engine"]["device"]["source"], "command line");
         let mut o = Overrides::default();
         o.set("device", Some("cuda:1"));
         assert_eq!(
-            Settings::resolve(&o).unwrap().device,
+            Settings::resolve(&o).unwrap().engine.device,
             Some(engine::Device::Cuda(1))
         );
     }
@@ -880,6 +622,47 @@ mod tests {
         .to_string();
         assert!(e.contains("belongs in the \"engine\""), "{e}");
     }
+
+    #[test]
+    fn cors_origin_setting_is_checked() {
+        let mut o = Overrides::default();
+        o.set(
+            "cors-origin",
+            Some("https://a.example, http://b.example:3000/"),
+        );
+        let s = Settings::resolve(&o).unwrap();
+        assert_eq!(
+            s.server.cors_origin,
+            ["https://a.example", "http://b.example:3000"]
+        );
+        assert!(Settings::resolve(&Overrides::default())
+            .unwrap()
+            .server
+            .cors_origin
+            .is_empty());
+        let mut o = Overrides::default();
+        o.set("cors-origin", Some("a.example"));
+        let e = Settings::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("cors-origin") && e.contains("https://"), "{e}");
+    }
+
+    #[test]
+    fn content_special_tokens_setting() {
+        assert!(
+            !Settings::resolve(&Overrides::default())
+                .unwrap()
+                .defaults
+                .content_special_tokens
+        );
+        let mut o = Overrides::default();
+        o.set("content-special-tokens", Some(true));
+        assert!(
+            Settings::resolve(&o)
+                .unwrap()
+                .defaults
+                .content_special_tokens
+        );
+    }
 }
 
 #[cfg(test)]
@@ -893,9 +676,9 @@ mod size_settings_tests {
         o.set("ram-budget", Some(1u64 << 30));
         o.set("profile", Some("routing.json"));
         let s = Settings::resolve(&o).expect("resolve");
-        assert_eq!(s.vram_budget, Some(16 << 30));
-        assert_eq!(s.ram_budget, Some(1 << 30));
-        assert_eq!(s.profile, Some(PathBuf::from("routing.json")));
+        assert_eq!(s.engine.vram_budget, Some(16 << 30));
+        assert_eq!(s.engine.ram_budget, Some(1 << 30));
+        assert_eq!(s.engine.profile, Some(PathBuf::from("routing.json")));
         let mut o = Overrides::default();
         o.set("vram-budget", Some("sixteen"));
         let e = Settings::resolve(&o).unwrap_err().to_string();

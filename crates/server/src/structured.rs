@@ -17,7 +17,7 @@
 //! keyword (its compile error) at the schema's field.
 
 use engine::constraint::{grammar::compact, Constraint, Grammar, GrammarCompiler, ThinkGate};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::worker::ThinkPlan;
@@ -70,65 +70,8 @@ impl CallForm {
     }
 }
 
-/// A JSON-schema answer format: `{"type": "json_schema", ...}` or `{"type":
-/// "json_object"}` (or text: None). `fmt` is the format object, `field` its path;
-/// `schema_of` finds the schema inside it (chat nests it in `json_schema`).
-fn answer_format(
-    fmt: Option<&Value>,
-    field: &str,
-    nested: bool,
-) -> Result<Option<JsonAnswer>, ApiError> {
-    let Some(fmt) = fmt.filter(|v| !v.is_null()) else {
-        return Ok(None);
-    };
-    let ty = fmt.get("type").and_then(Value::as_str);
-    match ty {
-        Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(JsonAnswer {
-            schema: serde_json::json!({"type": "object"}),
-            field: field.to_string(),
-        })),
-        Some("json_schema") => {
-            let (holder, holder_field) = if nested {
-                (fmt.get("json_schema"), format!("{field}.json_schema"))
-            } else {
-                (Some(fmt), field.to_string())
-            };
-            let Some(holder) = holder.and_then(Value::as_object) else {
-                return Err(ApiError::field(
-                    &holder_field,
-                    format!("{holder_field} must be an object with a `schema`"),
-                ));
-            };
-            let schema_field = format!("{holder_field}.schema");
-            let schema = match holder.get("schema") {
-                // OpenAI accepts a format without a schema: any JSON value.
-                None | Some(Value::Null) => serde_json::json!({}),
-                Some(s @ Value::Object(_)) | Some(s @ Value::Bool(_)) => s.clone(),
-                Some(other) => {
-                    return Err(ApiError::field(
-                        &schema_field,
-                        format!("{schema_field} must be a JSON schema object, got {other}"),
-                    ))
-                }
-            };
-            Ok(Some(JsonAnswer {
-                schema,
-                field: schema_field,
-            }))
-        }
-        _ => Err(ApiError::field(
-            &format!("{field}.type"),
-            format!(
-                "{field}.type must be \"text\", \"json_object\" or \"json_schema\", got {}",
-                fmt.get("type").unwrap_or(&Value::Null)
-            ),
-        )),
-    }
-}
-
 /// The template-shaped tools of a conversation.
-fn tools_of(conv_tools: Option<&Value>) -> Vec<Tool> {
+pub fn tools_of(conv_tools: Option<&Value>) -> Vec<Tool> {
     conv_tools
         .and_then(Value::as_array)
         .map(|list| {
@@ -149,7 +92,7 @@ fn tools_of(conv_tools: Option<&Value>) -> Vec<Tool> {
 }
 
 /// Keeps only the tool named `name` (a forced named tool); a name not offered is a 400.
-fn only_named(tools: Vec<Tool>, name: &str, field: &str) -> Result<Vec<Tool>, ApiError> {
+pub fn only_named(tools: Vec<Tool>, name: &str, field: &str) -> Result<Vec<Tool>, ApiError> {
     let kept: Vec<Tool> = tools.into_iter().filter(|t| t.name == name).collect();
     if kept.is_empty() {
         return Err(ApiError::field(
@@ -160,7 +103,14 @@ fn only_named(tools: Vec<Tool>, name: &str, field: &str) -> Result<Vec<Tool>, Ap
     Ok(kept)
 }
 
-fn finish(json: Option<JsonAnswer>, tools: Vec<Tool>, force: bool, single: bool) -> Option<Spec> {
+/// The spec of an answer format and the tools a choice allows (None: the output is
+/// free).
+pub fn finish(
+    json: Option<JsonAnswer>,
+    tools: Vec<Tool>,
+    force: bool,
+    single: bool,
+) -> Option<Spec> {
     if json.is_none() && !force {
         return None;
     }
@@ -170,124 +120,6 @@ fn finish(json: Option<JsonAnswer>, tools: Vec<Tool>, force: bool, single: bool)
         force_tools: force,
         single_call: single,
     })
-}
-
-/// OpenAI `tool_choice` (chat: `{"type":"function","function":{"name"}}`; Responses:
-/// `{"type":"function","name"}`): whether calls are forced, and the tools allowed.
-fn openai_choice(
-    body: &Map<String, Value>,
-    tools: Vec<Tool>,
-) -> Result<(bool, Vec<Tool>), ApiError> {
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => Ok((false, tools)),
-        Some(Value::String(s)) if s == "auto" || s == "none" => Ok((false, tools)),
-        Some(Value::String(s)) if s == "required" => {
-            if tools.is_empty() {
-                return Err(ApiError::field(
-                    "tool_choice",
-                    "tool_choice: \"required\" needs at least one function in tools",
-                ));
-            }
-            Ok((true, tools))
-        }
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = o
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .or_else(|| o.get("name"))
-                .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    ApiError::field(
-                        "tool_choice",
-                        "tool_choice: a named choice needs function.name",
-                    )
-                })?;
-            Ok((true, only_named(tools, name, "tool_choice")?))
-        }
-        Some(other) => Err(ApiError::field(
-            "tool_choice",
-            format!(
-                "tool_choice must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", ...}}, got {other}"
-            ),
-        )),
-    }
-}
-
-fn parallel_off(body: &Map<String, Value>) -> bool {
-    body.get("parallel_tool_calls").and_then(Value::as_bool) == Some(false)
-}
-
-/// `/v1/chat/completions`: `response_format`, `tool_choice`, `parallel_tool_calls`.
-pub fn openai_chat(
-    body: &Map<String, Value>,
-    conv_tools: Option<&Value>,
-) -> Result<Option<Spec>, ApiError> {
-    let json = answer_format(body.get("response_format"), "response_format", true)?;
-    let (force, tools) = openai_choice(body, tools_of(conv_tools))?;
-    Ok(finish(json, tools, force, parallel_off(body)))
-}
-
-/// `/v1/completions`: `response_format`.
-pub fn openai_completion(body: &Map<String, Value>) -> Result<Option<Spec>, ApiError> {
-    let json = answer_format(body.get("response_format"), "response_format", true)?;
-    Ok(finish(json, Vec::new(), false, false))
-}
-
-/// `/v1/responses`: `text.format`, `tool_choice`, `parallel_tool_calls`.
-pub fn responses(
-    body: &Map<String, Value>,
-    conv_tools: Option<&Value>,
-) -> Result<Option<Spec>, ApiError> {
-    let fmt = body.get("text").and_then(|t| t.get("format"));
-    let json = answer_format(fmt, "text.format", false)?;
-    let (force, tools) = openai_choice(body, tools_of(conv_tools))?;
-    Ok(finish(json, tools, force, parallel_off(body)))
-}
-
-/// `/v1/messages`: `tool_choice` `any` / `tool` and `disable_parallel_tool_use`.
-pub fn anthropic(
-    body: &Map<String, Value>,
-    conv_tools: Option<&Value>,
-) -> Result<Option<Spec>, ApiError> {
-    let tools = tools_of(conv_tools);
-    let choice = body.get("tool_choice").filter(|v| !v.is_null());
-    let single = choice
-        .and_then(|c| c.get("disable_parallel_tool_use"))
-        .and_then(Value::as_bool)
-        == Some(true);
-    let (force, tools) = match choice.and_then(|c| c.get("type")).and_then(Value::as_str) {
-        None | Some("auto") | Some("none") => (false, tools),
-        Some("any") => {
-            if tools.is_empty() {
-                return Err(ApiError::field(
-                    "tool_choice",
-                    "tool_choice: \"any\" needs at least one tool in tools",
-                ));
-            }
-            (true, tools)
-        }
-        Some("tool") => {
-            let name = choice
-                .and_then(|c| c.get("name"))
-                .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    ApiError::field(
-                        "tool_choice.name",
-                        "tool_choice.name: a tool name is required",
-                    )
-                })?;
-            (true, only_named(tools, name, "tool_choice.name")?)
-        }
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice.type",
-                format!(
-                "tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\", got \"{other}\""
-            ),
-            ))
-        }
-    };
-    Ok(finish(None, tools, force, single))
 }
 
 /// A JSON string literal for the Lark grammar (its escapes are JSON's).
@@ -449,88 +281,4 @@ pub fn constraint(
         }),
         _ => c,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn obj(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => unreachable!(),
-        }
-    }
-
-    #[test]
-    fn formats_are_read_where_each_api_puts_them() {
-        let chat = obj(
-            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}),
-        );
-        let s = openai_chat(&chat, None).unwrap().unwrap();
-        assert_eq!(s.json.unwrap().field, "response_format.json_schema.schema");
-        let r = obj(
-            json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "array"}}}}),
-        );
-        let s = responses(&r, None).unwrap().unwrap();
-        assert_eq!(s.json.unwrap().schema, json!({"type": "array"}));
-        let o = obj(json!({"response_format": {"type": "json_object"}}));
-        assert!(openai_completion(&o).unwrap().is_some());
-        assert!(
-            openai_completion(&obj(json!({"response_format": {"type": "text"}})))
-                .unwrap()
-                .is_none()
-        );
-        let e = openai_chat(&obj(json!({"response_format": {"type": "yaml"}})), None).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("response_format.type"));
-    }
-
-    #[test]
-    fn tool_choices() {
-        let tools = json!([
-            {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
-            {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}}
-        ]);
-        let s = openai_chat(&obj(json!({"tool_choice": "required"})), Some(&tools))
-            .unwrap()
-            .unwrap();
-        assert!(s.force_tools && s.tools.len() == 2 && !s.single_call);
-        let s = openai_chat(
-            &obj(json!({"tool_choice": {"type": "function", "function": {"name": "b"}}, "parallel_tool_calls": false})),
-            Some(&tools),
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(
-            (s.tools.len(), s.tools[0].name.as_str(), s.single_call),
-            (1, "b", true)
-        );
-        let e = openai_chat(
-            &obj(json!({"tool_choice": {"type": "function", "function": {"name": "zz"}}})),
-            Some(&tools),
-        )
-        .unwrap_err();
-        assert!(e.message.contains("zz"));
-        assert!(
-            openai_chat(&obj(json!({"tool_choice": "auto"})), Some(&tools))
-                .unwrap()
-                .is_none()
-        );
-        let s = anthropic(&obj(json!({"tool_choice": {"type": "tool", "name": "a", "disable_parallel_tool_use": true}})), Some(&tools)).unwrap().unwrap();
-        assert_eq!((s.tools[0].name.as_str(), s.single_call), ("a", true));
-        assert!(
-            anthropic(&obj(json!({"tool_choice": {"type": "any"}})), Some(&tools))
-                .unwrap()
-                .unwrap()
-                .force_tools
-        );
-        let s = responses(
-            &obj(json!({"tool_choice": {"type": "function", "name": "a"}})),
-            Some(&tools),
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(s.tools[0].name, "a");
-    }
 }

@@ -30,7 +30,7 @@ async fn server(template: bool) -> SocketAddr {
     let mut loaded = crate::core_for(
         engine,
         RequestDefaults {
-            max_tokens: 300,
+            max_tokens_default: 300,
             ..greedy()
         },
         stats.clone(),

@@ -25,9 +25,10 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::metrics::Stats;
 use crate::output::StopMatcher;
 
-/// What decodes. `engine::Engine` in the server; scripted fakes in tests, which
-/// decode one request at a time through `generate`.
-pub trait Backend: Send + 'static {
+/// What the worker drives: `engine::Engine` in the server (its scheduler, through
+/// `submit` and `step`); scripted fakes in tests, which decode one request at a time
+/// through `generate`. (Not `model::Backend`, the seam of a forward pass's ops.)
+pub trait Generator: Send + 'static {
     /// Decodes `req`: `on_prompt` after each piece of the prompt (`Flow::Stop` ends
     /// the request before its first token), `on_token` after each token.
     fn generate(
@@ -75,7 +76,7 @@ pub trait Backend: Send + 'static {
     }
 
     /// Where steps run and the device memory held (None: nothing to report, as
-    /// for the scripted test backends).
+    /// for the scripted test generators).
     fn device_report(&self) -> Option<engine::DeviceReport> {
         None
     }
@@ -86,7 +87,7 @@ pub trait Backend: Send + 'static {
     }
 }
 
-impl Backend for engine::Engine {
+impl Generator for engine::Engine {
     fn generate(
         &mut self,
         req: &GenerateRequest,
@@ -235,11 +236,11 @@ pub struct Worker {
 const REPORT_EVERY: Duration = Duration::from_millis(500);
 
 impl Worker {
-    pub fn spawn(backend: Box<dyn Backend>, stats: Arc<Stats>) -> std::io::Result<Worker> {
+    pub fn spawn(generator: Box<dyn Generator>, stats: Arc<Stats>) -> std::io::Result<Worker> {
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("scoria-engine".into())
-            .spawn(move || serve(backend, stats, rx))?;
+            .spawn(move || serve(generator, stats, rx))?;
         Ok(Worker { jobs })
     }
 
@@ -252,7 +253,7 @@ impl Worker {
 
 /// The worker thread: submit what arrived, step while there is work, wait for a
 /// job when there is none.
-fn serve(mut backend: Box<dyn Backend>, stats: Arc<Stats>, rx: mpsc::Receiver<Job>) {
+fn serve(mut generator: Box<dyn Generator>, stats: Arc<Stats>, rx: mpsc::Receiver<Job>) {
     let mut busy = false;
     let mut reported = Instant::now();
     loop {
@@ -269,20 +270,20 @@ fn serve(mut backend: Box<dyn Backend>, stats: Arc<Stats>, rx: mpsc::Receiver<Jo
             .chain(std::iter::from_fn(|| rx.try_recv().ok()))
         {
             let (req, sink) = job.into_parts(&stats);
-            // A scripted backend runs the job here; a panic fails only that job.
+            // A scripted generator runs the job here; a panic fails only that job.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                backend.submit(req, sink)
+                generator.submit(req, sink)
             }));
         }
         // A panic drops the step's requests (their sinks report the failure) and
         // the engine starts those slots over.
-        busy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backend.step()))
+        busy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| generator.step()))
             .unwrap_or(true);
-        let ran = backend.last_step_size();
+        let ran = generator.last_step_size();
         if ran > 0 {
             stats.engine_step(ran);
         }
-        if let Some(slots) = backend.slots() {
+        if let Some(slots) = generator.slots() {
             stats.set_slots(
                 slots
                     .into_iter()
@@ -297,13 +298,13 @@ fn serve(mut backend: Box<dyn Backend>, stats: Arc<Stats>, rx: mpsc::Receiver<Jo
         }
         if !busy || reported.elapsed() >= REPORT_EVERY {
             reported = Instant::now();
-            if let Some(report) = backend.device_report() {
+            if let Some(report) = generator.device_report() {
                 stats.set_device(report);
             }
-            if let Some(t) = backend.expert_stats() {
+            if let Some(t) = generator.expert_stats() {
                 stats.set_expert_stats(&t);
             }
-            if let Some(c) = backend.cache_report() {
+            if let Some(c) = generator.cache_report() {
                 stats.set_cache_report(c);
             }
         }
@@ -318,11 +319,11 @@ fn finish_str(f: FinishReason) -> &'static str {
     }
 }
 
-/// Runs `job` on `backend` to its end (tests, and the scripted backends).
-pub fn run_job(backend: &mut dyn Backend, stats: &Arc<Stats>, job: Job) {
+/// Runs `job` on `generator` to its end (tests, and the scripted generators).
+pub fn run_job(generator: &mut dyn Generator, stats: &Arc<Stats>, job: Job) {
     let (req, sink) = job.into_parts(stats);
-    backend.submit(req, sink);
-    while backend.step() {}
+    generator.submit(req, sink);
+    while generator.step() {}
 }
 
 impl Job {
@@ -559,7 +560,7 @@ impl engine::RequestCallbacks for JobSink {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    //! A scripted backend and a table detokenizer, for tests without a model.
+    //! A scripted generator and a table detokenizer, for tests without a model.
     use super::*;
 
     /// Emits `script` token by token (honouring Stop/Force and max_tokens); token
@@ -569,7 +570,7 @@ pub(crate) mod testing {
         pub eog: u32,
     }
 
-    impl Backend for Scripted {
+    impl Generator for Scripted {
         fn generate(
             &mut self,
             req: &GenerateRequest,
@@ -649,7 +650,7 @@ pub(crate) mod testing {
         pub pieces_read: Arc<std::sync::atomic::AtomicUsize>,
     }
 
-    impl Backend for SlowPrompt {
+    impl Generator for SlowPrompt {
         fn generate(
             &mut self,
             req: &GenerateRequest,
@@ -815,7 +816,7 @@ mod tests {
         generated: usize,
     }
 
-    impl Backend for DropAfter {
+    impl Generator for DropAfter {
         fn generate(
             &mut self,
             req: &GenerateRequest,
@@ -868,7 +869,7 @@ mod tests {
     /// Panics on its first request, then behaves.
     struct PanicOnce(bool, Scripted);
 
-    impl Backend for PanicOnce {
+    impl Generator for PanicOnce {
         fn generate(
             &mut self,
             req: &GenerateRequest,
@@ -911,7 +912,7 @@ mod tests {
     /// Reports device memory that grows with every request it serves.
     struct Reporting(Scripted, u64);
 
-    impl Backend for Reporting {
+    impl Generator for Reporting {
         fn generate(
             &mut self,
             req: &GenerateRequest,

@@ -20,8 +20,8 @@ fn defaults_are_llama_bench_like() {
     assert_eq!(a.n_depth, vec![0]);
     assert_eq!(a.repetitions, 3);
     assert_eq!(a.format, Format::Md);
-    assert_eq!(a.device, None);
-    assert_eq!(a.max_context, None);
+    assert_eq!(a.engine.device, None);
+    assert_eq!(a.engine.max_context, None);
     assert!(a.output.is_none());
 }
 
@@ -37,16 +37,19 @@ fn lists_formats_and_device_parse() {
     assert_eq!(a.repetitions, 5);
     assert_eq!(a.format, Format::Json);
     assert_eq!(a.output, Some(PathBuf::from("out.json")));
-    assert_eq!(a.device, Some(engine::Device::Cuda(1)));
-    assert_eq!(a.threads, Some(16));
-    assert_eq!(a.max_context, Some(9000));
+    assert_eq!(a.engine.device, Some(engine::Device::Cuda(1)));
+    assert_eq!(a.engine.threads, Some(16));
+    assert_eq!(a.engine.max_context, Some(9000));
     assert_eq!(a.seed, 7);
     assert_eq!(
         parse(&["-m", "x", "-o", "jsonl"]).unwrap().format,
         Format::Jsonl
     );
     assert_eq!(
-        parse(&["-m", "x", "--device", "cpu"]).unwrap().device,
+        parse(&["-m", "x", "--device", "cpu"])
+            .unwrap()
+            .engine
+            .device,
         Some(engine::Device::Cpu)
     );
 }

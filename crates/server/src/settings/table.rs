@@ -1,0 +1,252 @@
+//! Every setting, defined once.
+//!
+//! One entry per setting gives its help text, its name (the `--flag` and the
+//! config-file key), its section in the file, the kind of value (checked the same way
+//! from the file and from the command line), its built-in default, what an unset
+//! value means, and its field in the settings the server uses. From the table, the
+//! [`settings!`] macro makes, per group, the command-line flags (`...Args`, a
+//! `clap::Args` that `scoria serve` flattens; `run` and `bench` flatten
+//! [`EngineArgs`] too) and the effective values (`...Settings`, [`RequestDefaults`]),
+//! and the list of specs the config file and the startup line are read against.
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use super::values::{CliValue, FromSetting, Size};
+use super::{Entries, Kind, Spec};
+
+/// Builds the groups of settings and the spec list from one table. Each entry:
+///
+/// ```text
+/// /// Help text.
+/// field: EffectiveType = "section" "name", Kind::.., default json, "what unset means",
+///     arg FlagType (, clap_key = value)*;
+/// ```
+macro_rules! settings {
+    ($(
+        $(#[$gmeta:meta])*
+        $Args:ident => $Values:ident {$(
+            $(#[doc = $doc:literal])*
+            $field:ident : $ty:ty = $section:literal $name:literal, $kind:expr, $default:expr,
+                $unset:literal, arg $cli:ty $(, $akey:ident = $aval:expr)* ;
+        )*}
+    )*) => {
+        $(
+            $(#[$gmeta])*
+            #[derive(clap::Args, Debug, Clone, Default)]
+            pub struct $Args {$(
+                #[arg(long = $name, help = super::help($name) $(, $akey = $aval)*)]
+                pub $field: $cli,
+            )*}
+
+            $(#[$gmeta])*
+            #[derive(Debug, Clone, PartialEq)]
+            pub struct $Values {$(
+                $(#[doc = $doc])*
+                pub $field: $ty,
+            )*}
+
+            impl $Args {
+                /// The flags given, as (setting name, value) pairs.
+                pub fn overrides(&self, out: &mut Vec<(&'static str, Value)>) {$(
+                    if let Some(v) = CliValue::setting(&self.$field) {
+                        out.push(($name, v));
+                    }
+                )*}
+
+                /// These flags over the built-in defaults, with no config file (what
+                /// `run` and `bench` use; each flag's value was parsed by its type).
+                pub fn values(&self) -> $Values {
+                    $Values {$(
+                        $field: FromSetting::from_setting(
+                            &CliValue::setting(&self.$field).unwrap_or_else(|| $default),
+                        ),
+                    )*}
+                }
+            }
+
+            impl $Values {
+                pub(super) fn from_entries(e: &Entries) -> $Values {
+                    $Values {$(
+                        $field: FromSetting::from_setting(e.value($name)),
+                    )*}
+                }
+            }
+
+            impl Default for $Values {
+                /// The built-in defaults.
+                fn default() -> Self {
+                    $Values {$(
+                        $field: FromSetting::from_setting(&$default),
+                    )*}
+                }
+            }
+        )*
+
+        pub(super) const TABLE: &[Spec] = &[$($(
+            Spec {
+                name: $name,
+                section: $section,
+                kind: $kind,
+                default: || $default,
+                unset: $unset,
+                doc: concat!($($doc),*),
+            },
+        )*)*];
+    };
+}
+
+const NULL: Value = Value::Null;
+
+settings! {
+    /// The HTTP side (file section `server`).
+    ServerArgs => ServerSettings {
+        /// GGUF model file (the first shard of a split model). Without it, an embedded
+        /// demo model (synthesized, random weights) is served.
+        model: Option<PathBuf> = "server" "model", Kind::Path, NULL,
+            "embedded demo model", arg Option<PathBuf>;
+        /// Address to listen on (127.0.0.1: this machine only).
+        host: String = "server" "host", Kind::Str, json!("127.0.0.1"), "", arg Option<String>;
+        /// Port to listen on.
+        port: u16 = "server" "port", Kind::Port, json!(8080), "", arg Option<u16>;
+        /// Model id reported by /v1/models and in responses.
+        alias: Option<String> = "server" "alias", Kind::Str, NULL, "model name",
+            arg Option<String>;
+        /// Let browser pages from this origin call the API (CORS), e.g.
+        /// https://app.example.com; repeat the flag or separate with commas; `*` allows
+        /// any origin. Preflight requests are answered before the API key is checked.
+        cors_origin: Vec<String> = "server" "cors-origin", Kind::Str, NULL,
+            "no CORS: browsers refuse pages of other origins",
+            arg Vec<String>, value_name = "ORIGIN";
+    }
+
+    /// Where and how the engine runs: shared by `serve`, `run` and `bench` (file
+    /// section `engine`).
+    EngineArgs => EngineSettings {
+        /// CPU threads for the kernels.
+        threads: Option<usize> = "engine" "threads", Kind::Count { min: 1 }, NULL, "all cores",
+            arg Option<usize>, short = 't';
+        /// Where model steps run: cpu, cuda (device 0) or cuda:N.
+        device: Option<engine::Device> = "engine" "device", Kind::Device, NULL,
+            "engine's choice: the GPU when the build has CUDA and one is present, else the CPU",
+            arg Option<engine::Device>;
+        /// GPU: VRAM to use in all, e.g. 16G or 12.5GiB. A model that does not fit
+        /// keeps its dense weights in VRAM and its routed experts in VRAM slots, a
+        /// pinned RAM copy and the model file (same output).
+        vram_budget: Option<u64> = "engine" "vram-budget", Kind::Size, NULL,
+            "the free VRAM minus 512 MiB; a model that does not fit tiers its experts",
+            arg Option<Size>;
+        /// GPU, tiered experts: pinned RAM for the experts' copy, e.g. 40G. The rest is
+        /// read from the file.
+        ram_budget: Option<u64> = "engine" "ram-budget", Kind::Size, NULL,
+            "tiered experts: what is available minus 8 GiB, at most every expert",
+            arg Option<Size>;
+        /// GPU, tiered experts: a routing profile (`scoria profile -o FILE`) that
+        /// divides the VRAM slots by measured demand and fills them before the first
+        /// token.
+        profile: Option<PathBuf> = "engine" "profile", Kind::Path, NULL,
+            "tiered experts: slots divided evenly, filled on use", arg Option<PathBuf>;
+        /// Context length to allocate.
+        max_context: Option<usize> = "engine" "max-context", Kind::Count { min: 64 }, NULL,
+            "engine default: min(trained, 4096)", arg Option<usize>, short = 'c';
+    }
+
+    /// The server's slots and prompt cache (file section `engine`).
+    SlotArgs => SlotSettings {
+        /// RAM for the prompt cache: conversations no slot holds any more, reused when
+        /// they come back, e.g. 4G; 0 turns it off.
+        prompt_cache: Option<u64> = "engine" "prompt-cache", Kind::Size, NULL,
+            "the smaller of 8 GiB and a quarter of the available RAM; 0 turns it off",
+            arg Option<Size>;
+        /// Directory where the prompt cache persists, so a restart resumes warm.
+        prompt_cache_dir: Option<PathBuf> = "engine" "prompt-cache-dir", Kind::Path, NULL,
+            "memory only", arg Option<PathBuf>;
+        /// Requests decoded at once, each in its own slot; more wait in arrival order.
+        parallel: Option<usize> = "engine" "parallel", Kind::Count { min: 1 }, NULL,
+            "4 (on a GPU: 1 when 4 would push experts out of VRAM)", arg Option<u64>;
+    }
+
+    /// What a request gets for each field it omits (file section `engine`; content
+    /// special tokens in `server`).
+    RequestArgs => RequestDefaults {
+        /// Temperature for requests that send none (0 = greedy).
+        temp: f32 = "engine" "temp",
+            Kind::Float { lo: 0.0, hi: 2.0, lo_open: false }, json!(0.6), "", arg Option<f64>;
+        /// Top-k for requests that send none (0 = off).
+        top_k: usize = "engine" "top-k", Kind::Count { min: 0 }, json!(20), "", arg Option<u64>;
+        /// Top-p for requests that send none, in (0, 1] (1 = off).
+        top_p: f32 = "engine" "top-p",
+            Kind::Float { lo: 0.0, hi: 1.0, lo_open: true }, json!(0.95), "", arg Option<f64>;
+        /// Min-p for requests that send none, in [0, 1] (0 = off).
+        min_p: f32 = "engine" "min-p",
+            Kind::Float { lo: 0.0, hi: 1.0, lo_open: false }, json!(0.0), "", arg Option<f64>;
+        /// Presence penalty for requests that send none, in [-2, 2].
+        presence_penalty: f32 = "engine" "presence-penalty",
+            Kind::Float { lo: -2.0, hi: 2.0, lo_open: false }, json!(0.0), "",
+            arg Option<f64>, allow_hyphen_values = true;
+        /// Frequency penalty for requests that send none, in [-2, 2].
+        frequency_penalty: f32 = "engine" "frequency-penalty",
+            Kind::Float { lo: -2.0, hi: 2.0, lo_open: false }, json!(0.0), "",
+            arg Option<f64>, allow_hyphen_values = true;
+        /// Repetition penalty over the last 64 tokens for requests that send none
+        /// (llama.cpp style; 1 = off).
+        repeat_penalty: f32 = "engine" "repeat-penalty",
+            Kind::Float { lo: 0.0, hi: 10.0, lo_open: true }, json!(1.0), "", arg Option<f64>;
+        /// Seed for requests that send none.
+        seed: Option<u64> = "engine" "seed", Kind::Seed, NULL, "random per request",
+            arg Option<u64>;
+        /// Token budget for requests that send none.
+        max_tokens_default: usize = "engine" "max-tokens-default", Kind::Count { min: 1 },
+            json!(8192), "", arg Option<u64>;
+        /// Reasoning effort for requests that name none: none, minimal (256-token
+        /// thinking budget), low (1024), medium (4096), high, xhigh, max, ultra (no
+        /// budget).
+        reasoning_effort: Option<String> = "engine" "reasoning-effort", Kind::Effort, NULL,
+            "none: no budget from effort", arg Option<String>;
+        /// Thinking on or off for requests that do not say.
+        enable_thinking: bool = "engine" "enable-thinking", Kind::Bool, json!(true), "",
+            arg Option<bool>;
+        /// Thinking budget for requests that send none.
+        max_thinking_tokens: Option<usize> = "engine" "max-thinking-tokens",
+            Kind::Count { min: 1 }, NULL, "no budget", arg Option<u64>;
+        /// Tokens of the budget kept for the answer: the think block is closed when
+        /// max(this, 15% of max_tokens) remain (0 = off).
+        thinking_answer_room: usize = "engine" "thinking-answer-room", Kind::Count { min: 0 },
+            json!(1024), "", arg Option<u64>;
+        /// Let control-token text inside messages (`<|im_end|>` typed by a user or
+        /// returned by a tool) act as the control token, as before; unsafe: such text
+        /// can forge turns (false: message text is text).
+        content_special_tokens: bool = "server" "content-special-tokens", Kind::Bool,
+            json!(false), "", arg Option<bool>, value_name = "BOOL";
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{check, Source};
+    use super::TABLE;
+
+    #[test]
+    fn every_setting_has_help_and_a_valid_default() {
+        for s in TABLE {
+            assert!(!s.doc.trim().is_empty(), "{}", s.name);
+            let d = (s.default)();
+            assert!(
+                d.is_null() || check(s, &d, Source::Default).is_ok(),
+                "{}: {d}",
+                s.name
+            );
+            assert!(
+                d.is_null() || s.unset.is_empty(),
+                "{}: unset text unused",
+                s.name
+            );
+            assert!(
+                !d.is_null() || !s.unset.is_empty(),
+                "{}: unset says nothing",
+                s.name
+            );
+        }
+    }
+}

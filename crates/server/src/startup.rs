@@ -1,0 +1,304 @@
+//! Starting the server: the settings' engine loaded behind a port that is bound
+//! first (`/health` answers `loading` until the model is in), the generation side
+//! wired to the routes, the startup lines, and a stop at Ctrl-C or SIGTERM.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Router;
+
+use crate::{app, device, error, gen, metrics, prompt, settings, worker, AppState};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Settings(#[from] settings::SettingsError),
+    #[error("cannot prepare the embedded demo model: {0}")]
+    Demo(String),
+    #[error("{}", load_message(path, err))]
+    Load {
+        path: String,
+        err: engine::EngineError,
+    },
+    #[error("{}", bind_message(addr, err))]
+    Bind { addr: String, err: std::io::Error },
+    #[error("--host {0} is neither an IP address nor a name that resolves (use 127.0.0.1, 0.0.0.0, ::1, localhost, ...)")]
+    Host(String),
+    #[error("cannot start: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// "cannot load PATH: why", with the path once (errors from the file name it already).
+pub fn load_message(path: &str, err: &dyn std::fmt::Display) -> String {
+    let why = err.to_string();
+    match why.strip_prefix(path) {
+        Some(rest) if rest.starts_with(':') => format!("cannot load {path}{rest}"),
+        _ => format!("cannot load {path}: {why}"),
+    }
+}
+
+/// Why the address could not be bound, with the remedy that fits the cause.
+fn bind_message(addr: &str, err: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    let hint = match err.kind() {
+        ErrorKind::AddrInUse => "another program is using the port; choose another with --port",
+        ErrorKind::AddrNotAvailable => {
+            "the host is not an address of this machine; use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses"
+        }
+        ErrorKind::PermissionDenied => {
+            "ports below 1024 need privileges; choose a higher one with --port"
+        }
+        _ => "check --host and --port",
+    };
+    format!("cannot listen on {addr}: {err} ({hint})")
+}
+
+/// A loaded engine, split into what the routes share.
+pub struct Loaded {
+    pub core: gen::Core,
+    pub info: engine::ModelInfo,
+    pub tokenizer: Arc<model::tokenizer::Tokenizer>,
+    pub template: Option<Arc<model::chat::ChatTemplate>>,
+}
+
+/// The generation side for a loaded engine: worker thread, renderer, think tokens.
+pub fn core_for(
+    engine: engine::Engine,
+    defaults: settings::RequestDefaults,
+    stats: Arc<metrics::Stats>,
+) -> Result<Loaded, ServeError> {
+    let info = engine.info().clone();
+    let tokenizer = engine.tokenizer_arc();
+    let template = engine.chat_template_arc();
+    stats.set_device(engine.device_report());
+    // `--parallel` slots, each up to `n_ctx` positions, sharing the engine's
+    // context pool: `/props`, `/slots`, the KV usage ratio.
+    stats.set_pool(
+        info.n_ctx,
+        engine.parallel(),
+        engine.memory().pool_positions,
+    );
+    if let Some(t) = engine.expert_stats() {
+        stats.set_expert_stats(&t);
+    }
+    let think_open_id = tokenizer.token_id("<think>");
+    let think_close_id = tokenizer.token_id("</think>");
+    let (close_tokens, close_short) = match think_close_id {
+        Some(_) => (
+            tokenizer
+                .encode(worker::BUDGET_CLOSE_TEXT, true)
+                .unwrap_or_default(),
+            tokenizer.encode("\n</think>\n\n", true).unwrap_or_default(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    let renderer: Arc<dyn prompt::PromptRender> = match &template {
+        Some(t) => Arc::new(prompt::TemplateRenderer(t.clone())),
+        None => Arc::new(prompt::ChatMl),
+    };
+    let worker = worker::Worker::spawn(Box::new(engine), stats)?;
+    Ok(Loaded {
+        core: gen::Core {
+            worker,
+            defaults,
+            renderer,
+            think_open_id,
+            think_close_id,
+            close_tokens,
+            close_short,
+            keepalive: gen::KEEPALIVE,
+        },
+        info,
+        tokenizer,
+        template,
+    })
+}
+
+/// Loads the model named by `settings` (or the demo model), prints the startup
+/// lines, and serves until the process is stopped.
+pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
+    // An IP, or a name such as `localhost` (its first address).
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(
+        settings.server.host.as_str(),
+        settings.server.port,
+    ))
+    .ok()
+    .and_then(|mut a| a.next())
+    .ok_or_else(|| ServeError::Host(settings.server.host.clone()))?;
+    let ip = addr.ip();
+    eprintln!("scoria serve: {}", settings.summary());
+    let cfg = settings.engine_config();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .thread_name("scoria-http")
+        .build()?;
+    let result = rt.block_on(async move {
+        // Listen first: while the model loads, /health answers "loading" (503) and
+        // every other route 503, so supervisors and clients can tell loading from down.
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|err| ServeError::Bind {
+                addr: addr.to_string(),
+                err,
+            })?;
+        let bound = listener.local_addr().unwrap_or(addr);
+        let ready: Arc<std::sync::OnceLock<Router>> = Arc::new(std::sync::OnceLock::new());
+        let started = std::time::Instant::now();
+        let gate = loading_gate(ready.clone(), started);
+        let server = tokio::spawn(async move { axum::serve(listener, gate).await });
+        eprintln!("scoria serve: listening on http://{bound} (loading the model; /health reports progress)");
+
+        let model_setting = settings.server.model.clone();
+        let (engine, demo) = tokio::task::spawn_blocking(move || {
+            // The demo model is synthesized on first use (seconds), inside the loading phase.
+            let (path, demo) = match model_setting {
+                Some(p) => (p, false),
+                None => (
+                    model::synth::demo_model_path().map_err(|e| ServeError::Demo(e.to_string()))?,
+                    true,
+                ),
+            };
+            eprintln!(
+                "scoria serve: loading {}{}",
+                path.display(),
+                if demo { " (embedded demo model)" } else { "" }
+            );
+            engine::Engine::load(&path, &cfg)
+                .map(|e| (e, demo))
+                .map_err(|err| ServeError::Load {
+                    path: path.display().to_string(),
+                    err,
+                })
+        })
+        .await
+        .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))??;
+        eprintln!("scoria serve: {}", device::line(&engine.device_report()));
+        eprintln!("scoria serve: memory: {}", engine.memory().describe());
+        let stats = Arc::new(metrics::Stats::new());
+        let Loaded {
+            core,
+            info,
+            tokenizer,
+            template,
+        } = core_for(engine, settings.defaults.clone(), stats.clone())?;
+        let model_id = match (&settings.server.alias, demo) {
+            (Some(a), _) => a.clone(),
+            (None, true) => "scoria-demo".to_string(),
+            (None, false) => info.name.clone(),
+        };
+        let label = if demo {
+            " — DEMO: a synthesized tiny model with random weights; its output is noise"
+        } else if info.synthetic {
+            " — synthetic model (scoria synth, random weights); its output is noise"
+        } else {
+            ""
+        };
+        let state = Arc::new(
+            AppState::new(
+                stats,
+                info.clone(),
+                tokenizer,
+                template.clone(),
+                settings.to_json(),
+                settings.api_key.clone(),
+                model_id.clone(),
+            )
+            .with_cors(settings.server.cors_origin.clone())
+            .with_core(core),
+        );
+        // The grammar compiler walks the whole vocabulary once: do it now, off the
+        // runtime, rather than in the first structured-output request.
+        let warm = state.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = warm.grammar_compiler() {
+                tracing::warn!("structured output is unavailable: {e}");
+            }
+        });
+        eprintln!(
+            "scoria serve: model \"{model_id}\" ({} {}, context {} of {} trained, template: {}){label}, loaded in {:.1}s",
+            info.arch,
+            info.name,
+            info.n_ctx,
+            info.n_ctx_train,
+            if template.is_some() { "from the file" } else { "built-in ChatML" },
+            started.elapsed().as_secs_f64(),
+        );
+        if settings.api_key.is_none() && !ip.is_loopback() {
+            eprintln!("scoria serve: warning: listening on {ip} with no --api-key; anyone who can reach this port can use the model");
+        }
+        // The gate forwards everything to the full app from here on.
+        let _ = ready.set(app(state));
+        eprintln!(
+            "scoria serve: ready on http://{bound} (OpenAI: /v1/chat/completions /v1/completions /v1/responses /v1/models; Anthropic: /v1/messages; /health /metrics /){}",
+            if settings.api_key.is_some() { "; API key required" } else { "" }
+        );
+        // Stop at Ctrl-C or SIGTERM without waiting for open streams: a client still
+        // reading sees its connection close, and the process exits promptly.
+        tokio::select! {
+            r = server => r.map_err(|e| std::io::Error::other(e.to_string()))??,
+            _ = shutdown_signal() => eprintln!("scoria serve: stopping"),
+        }
+        Ok::<(), ServeError>(())
+    });
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    result
+}
+
+/// The router served while the model loads: `/health` says "loading" (503) and
+/// every other route answers 503; once `ready` holds the full app, every request
+/// goes to it unchanged.
+pub(crate) fn loading_gate(
+    ready: Arc<std::sync::OnceLock<Router>>,
+    started: std::time::Instant,
+) -> Router {
+    use tower::ServiceExt;
+    Router::new().fallback(move |req: axum::extract::Request| {
+        let ready = ready.clone();
+        async move {
+            if let Some(app) = ready.get() {
+                return match app.clone().oneshot(req).await {
+                    Ok(r) => r.into_response(),
+                    Err(never) => match never {},
+                };
+            }
+            let loading_for = started.elapsed().as_secs_f64();
+            let path = req.uri().path();
+            if path != "/health" {
+                // In the shape of the API the path belongs to (Anthropic's on /v1/messages).
+                return error::ApiError::unavailable(format!(
+                    "the model is still loading ({loading_for:.0} s so far); retry when GET /health answers 200"
+                ))
+                .into_response_as(error::Flavor::of_path(path));
+            }
+            let body = serde_json::json!({"status": "loading", "loading_for_s": loading_for});
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+        }
+    })
+}
+
+/// Resolves at Ctrl-C, or SIGTERM on Unix.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

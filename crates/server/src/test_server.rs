@@ -1,0 +1,95 @@
+//! A server for the tests of the HTTP routes: the real Qwen3.5 tokenizer and a
+//! scripted generator in place of the engine (the script is the text the "model"
+//! generates, then end-of-turn), with the defaults, renderer, key, context and
+//! settings a test chooses.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::api_tests::{greedy, info, tokenizer};
+use crate::gen::Core;
+use crate::metrics::Stats;
+use crate::prompt::{ChatMl, PromptRender};
+use crate::settings::RequestDefaults;
+use crate::worker::testing::Scripted;
+use crate::worker::{Worker, BUDGET_CLOSE_TEXT};
+use crate::AppState;
+
+/// How a test server is built.
+pub(crate) struct Setup {
+    pub(crate) script: String,
+    pub(crate) defaults: RequestDefaults,
+    pub(crate) renderer: Arc<dyn PromptRender>,
+    pub(crate) api_key: Option<String>,
+    pub(crate) n_ctx: usize,
+    pub(crate) settings: Value,
+}
+
+impl Setup {
+    pub(crate) fn new(script: &str) -> Setup {
+        Setup {
+            script: script.to_string(),
+            defaults: greedy(),
+            renderer: Arc::new(ChatMl),
+            api_key: None,
+            n_ctx: info().n_ctx,
+            settings: json!({}),
+        }
+    }
+
+    pub(crate) fn state(self) -> AppState {
+        let tok = tokenizer();
+        let eog = tok.token_id("<|im_end|>").expect("im_end");
+        let mut ids = tok.encode(&self.script, true).expect("encode");
+        ids.push(eog);
+        let stats = Arc::new(Stats::new());
+        let worker =
+            Worker::spawn(Box::new(Scripted { script: ids, eog }), stats.clone()).expect("worker");
+        let core = Core {
+            worker,
+            defaults: self.defaults,
+            renderer: self.renderer,
+            think_open_id: tok.token_id("<think>"),
+            think_close_id: tok.token_id("</think>"),
+            close_tokens: tok.encode(BUDGET_CLOSE_TEXT, true).expect("encode"),
+            close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
+            keepalive: crate::gen::KEEPALIVE,
+        };
+        let mut info = info();
+        info.n_ctx = self.n_ctx;
+        AppState::new(
+            stats,
+            info,
+            tok,
+            None,
+            self.settings,
+            self.api_key,
+            "test-model".into(),
+        )
+        .with_core(core)
+    }
+
+    pub(crate) async fn serve(self) -> SocketAddr {
+        serve_state(self.state()).await
+    }
+}
+
+/// Serves `state` on a free loopback port.
+pub(crate) async fn serve_state(state: AppState) -> SocketAddr {
+    let state = Arc::new(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, crate::app(state)).await;
+    });
+    addr
+}
+
+/// `messages` with one user turn.
+pub(crate) fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
