@@ -106,11 +106,11 @@ pub struct Gpu {
     capturing: AtomicBool,
     /// See [`Gpu::set_skip`].
     skipping: AtomicBool,
-    /// `SCORIA_CUDA_SYNC=1`: synchronise after every launch (outside capture) so that
-    /// an asynchronous fault names the kernel that caused it. For debugging.
+    /// Synchronise after every launch (outside capture) so that an asynchronous fault
+    /// names the kernel that caused it ([`Gpu::set_diagnostics`]). For debugging.
     debug_sync: bool,
     /// Launch with programmatic stream serialization (sm_90 and later, unless
-    /// `SCORIA_NO_PDL=1`): the next kernel is scheduled while the one before it runs
+    /// [`Gpu::set_diagnostics`] turns it off): the next kernel is scheduled while the one before it runs
     /// and waits in `sc_pdl_enter` (kernels/sc_common.cuh) for it to finish, which
     /// hides the gap between the kernels of a step. The order of every memory access
     /// is unchanged.
@@ -148,6 +148,15 @@ impl Gpu {
         let n =
             result::device::get_count().map_err(|e| CudaError::driver("cuDeviceGetCount", e))?;
         Ok(n.max(0) as usize)
+    }
+
+    /// For diagnosis (the engine's environment switches `SCORIA_CUDA_SYNC` and
+    /// `SCORIA_NO_PDL`): `sync` synchronises after every launch outside capture, so an
+    /// asynchronous fault names its kernel; `no_pdl` launches without programmatic
+    /// dependent launch. Call before any launch or capture.
+    pub fn set_diagnostics(&mut self, sync: bool, no_pdl: bool) {
+        self.debug_sync = sync;
+        self.pdl = self.pdl && !no_pdl;
     }
 
     /// Opens device `ordinal`: retains its primary context, creates the stream and
@@ -207,8 +216,8 @@ impl Gpu {
             sm_count,
             capturing: AtomicBool::new(false),
             skipping: AtomicBool::new(false),
-            debug_sync: std::env::var("SCORIA_CUDA_SYNC").is_ok_and(|v| v == "1"),
-            pdl: cc.0 >= 9 && !std::env::var("SCORIA_NO_PDL").is_ok_and(|v| v == "1"),
+            debug_sync: false,
+            pdl: cc.0 >= 9,
         };
         for (stem, image) in crate::kernels::MODULES {
             // The driver reads the image in place; give it 8-byte alignment.

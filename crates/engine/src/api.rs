@@ -52,7 +52,23 @@ pub struct EngineConfig {
     /// bandwidths measured at load decides each step). For tests and experiments;
     /// the output is the same either way.
     pub cpu_expert_share: Option<f64>,
+    /// GPU, tiered: experts in the prompt pool, VRAM beside the slots that the next
+    /// layer's experts are copied into while a prompt's mixer runs (None: five eighths
+    /// of a layer's experts within a sixteenth of the expert budget, or none when prompt
+    /// chunks are too short to use it; 0: off).
+    pub prompt_pool: Option<usize>,
+    /// GPU, tiered: how many of the next layer's likeliest experts a decode step
+    /// guesses and copies ahead (None: [`DEFAULT_GUESS_EXPERTS`]; 0: none). A guess
+    /// only moves bytes: every layer computes with its own routing.
+    pub guess_experts: Option<usize>,
 }
+
+/// The guesses a tiered decode step copies ahead unless `guess_experts` says. On N80
+/// at a 16 GiB budget under random routing, 3 guesses decoded 6.8% faster than none
+/// and 2 guesses 5.3% (bench/RESULTS.md, 2026-12-04, session 32), once the copies
+/// ahead waited for the step's own work; before that they slowed the CPU's rows on the
+/// copy engine and decode ran 2–10% slower.
+pub const DEFAULT_GUESS_EXPERTS: usize = 3;
 
 /// How matrix products treat activations (on the CPU executor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -427,6 +427,8 @@ fn cuda_budgets<'a>(
         ram: cfg.ram_budget,
         profile,
         cpu_share: cfg.cpu_expert_share,
+        prompt_pool: cfg.prompt_pool,
+        guess_experts: cfg.guess_experts.unwrap_or(crate::DEFAULT_GUESS_EXPERTS),
         slots_flexible: cfg.parallel.is_none(),
     }
 }

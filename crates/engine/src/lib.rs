@@ -21,6 +21,7 @@ pub mod prompt_cache;
 mod record;
 pub mod sampler;
 pub mod sched;
+pub mod switches;
 
 pub use api::*;
 pub use engine::{

@@ -359,9 +359,6 @@ fn tiered_experts_give_the_resident_bits() {
             ),
         ];
         for (case, vram, ram, share, pool, guesses) in cases {
-            // Read at load: the tests run one at a time on the GPU machine.
-            std::env::set_var("SCORIA_PROMPT_POOL", pool.to_string());
-            std::env::set_var("SCORIA_GUESS_EXPERTS", guesses.to_string());
             let t = Engine::load(
                 &path,
                 &EngineConfig {
@@ -371,12 +368,12 @@ fn tiered_experts_give_the_resident_bits() {
                     vram_budget: Some(vram),
                     ram_budget: Some(ram),
                     cpu_expert_share: share,
+                    prompt_pool: Some(pool),
+                    guess_experts: Some(guesses),
                     ..Default::default()
                 },
             )
             .unwrap_or_else(|e| panic!("{geometry}, {case}: {e}"));
-            std::env::remove_var("SCORIA_PROMPT_POOL");
-            std::env::remove_var("SCORIA_GUESS_EXPERTS");
             let mut t = t;
             assert!(t.expert_stats().is_some(), "{geometry}, {case}: not tiered");
             let got = t.logits_all(&prompt).expect("tiered logits");
@@ -497,7 +494,7 @@ fn graph_replay_equals_eager_and_greedy_on_device_equals_host() {
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 31 + 7) % 3000).collect();
     let mut graphed = load(&path, Device::Cuda(0));
     let (tokens, logits) = decode(&mut graphed, &prompt, 12);
-    let mut eager = load_with(&path, "SCORIA_NO_GRAPH");
+    let mut eager = load_with(&path, engine::switches::NO_GRAPH);
     let (tokens_e, logits_e) = decode(&mut eager, &prompt, 12);
     assert_eq!(tokens, tokens_e);
     assert_same_bits(&logits, &logits_e, "graph replay differs from eager launch");
@@ -532,7 +529,7 @@ fn fused_decode_equals_the_separate_kernels() {
         let prompt: Vec<u32> = (0..11u32).map(|i| (i * 53 + 5) % 3000).collect();
         let mut fused = load(&path, Device::Cuda(0));
         let (tokens, logits) = decode(&mut fused, &prompt, 10);
-        let mut separate = load_with(&path, "SCORIA_NO_FUSED_DECODE");
+        let mut separate = load_with(&path, engine::switches::NO_FUSED_DECODE);
         let (tokens_s, logits_s) = decode(&mut separate, &prompt, 10);
         assert_eq!(tokens, tokens_s, "{geometry} {preset}: tokens");
         assert_same_bits(

@@ -209,6 +209,8 @@ impl EngineSettings {
         cfg.vram_budget = self.vram_budget;
         cfg.ram_budget = self.ram_budget;
         cfg.expert_profile = self.profile.clone();
+        cfg.prompt_pool = self.prompt_pool;
+        cfg.guess_experts = self.guess_experts;
     }
 }
 

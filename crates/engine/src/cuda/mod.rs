@@ -66,17 +66,20 @@ const POOL_VRAM_SHARE: u64 = 16;
 /// within `POOL_VRAM_SHARE` of `left` (the VRAM left for experts). (0, 0), no
 /// pool, when prompt chunks of `chunk` tokens are too short to prefetch, when every
 /// expert fits in `left` anyway, or when the pool would hold fewer than top-k
-/// experts. `SCORIA_PROMPT_POOL` (a number of experts; 0 turns the pool off)
-/// overrides the rule, for tests and experiments.
-fn prompt_pool(index: &ExpertIndex, cfg: &ModelConfig, chunk: usize, left: u64) -> (u64, u64) {
+/// experts. `set` (the `--prompt-pool` setting: a number of experts; 0 turns the
+/// pool off) overrides the rule.
+fn prompt_pool(
+    index: &ExpertIndex,
+    cfg: &ModelConfig,
+    chunk: usize,
+    left: u64,
+    set: Option<usize>,
+) -> (u64, u64) {
     let sizes = index.trunk_expert_bytes();
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let all: u64 = sizes.iter().map(|b| b * cfg.n_expert as u64).sum();
-    let set = std::env::var("SCORIA_PROMPT_POOL")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
     let experts = match set {
-        Some(n) => n,
+        Some(n) => n as u64,
         None if chunk * cfg.n_expert_used
             < crate::experts::PREFETCH_ROUTES_PER_EXPERT * cfg.n_expert
             || all <= left =>
@@ -142,6 +145,10 @@ pub struct Budgets<'a> {
     /// A fixed share of each decode step's RAM misses for the CPU (None: the
     /// measured cost model splits them).
     pub cpu_share: Option<f64>,
+    /// Experts in the prompt pool (None: the rule of [`prompt_pool`]; 0: no pool).
+    pub prompt_pool: Option<usize>,
+    /// The next layer's likeliest experts a decode step copies ahead (0: none).
+    pub guess_experts: usize,
     /// The slot count is a default rather than the user's: when that many
     /// sequences' state would push routed experts out of VRAM, open one sequence
     /// instead (a tiered executor decodes one sequence at a time, and every expert
@@ -235,7 +242,11 @@ impl CudaExecutor {
         budgets: Budgets,
     ) -> Result<CudaExecutor, EngineError> {
         let dev = |e: cuda::CudaError| EngineError::Device(e.to_string());
-        let gpu = Gpu::open(ordinal).map_err(dev)?;
+        let mut gpu = Gpu::open(ordinal).map_err(dev)?;
+        gpu.set_diagnostics(
+            crate::switches::on(crate::switches::CUDA_SYNC),
+            crate::switches::on(crate::switches::NO_PDL),
+        );
         let name = gpu.name();
         let (free, total) = gpu.mem_info().map_err(dev)?;
         let w_bytes = weights::upload_bytes(weights);
@@ -353,10 +364,11 @@ impl CudaExecutor {
             None => 0,
         });
         let map_ok = crate::experts::cpu_may_read_map(avail, ram, RAM_HEADROOM);
-        let (pool_experts, pool) = prompt_pool(&index, cfg, chunk, budget - fixed);
+        let (pool_experts, pool) =
+            prompt_pool(&index, cfg, chunk, budget - fixed, budgets.prompt_pool);
         if fixed + pool >= budget {
             return Err(mem(format!(
-                "the VRAM budget is {:.2} GiB, but the dense weights, KV/state and scratch ({:.2} GiB) and the prompt pool ({:.2} GiB) leave nothing for expert slots: raise --vram-budget or lower SCORIA_PROMPT_POOL",
+                "the VRAM budget is {:.2} GiB, but the dense weights, KV/state and scratch ({:.2} GiB) and the prompt pool ({:.2} GiB) leave nothing for expert slots: raise --vram-budget or lower --prompt-pool",
                 gib(budget),
                 gib(fixed),
                 gib(pool)
@@ -400,6 +412,7 @@ impl CudaExecutor {
             weights,
             cfg.n_embd,
             budgets.cpu_share,
+            budgets.guess_experts,
             probe,
             map_ok,
             &|done| bar.set_position(dense + done),
@@ -452,7 +465,7 @@ impl CudaExecutor {
             .alloc::<i32>(MAX_ROWS, "argmax")
             .map_err(cuda_err("allocate"))?;
         // A tiered step waits for the host at every MoE layer: graph segments.
-        let use_graphs = std::env::var_os("SCORIA_NO_GRAPH").is_none();
+        let use_graphs = !crate::switches::on(crate::switches::NO_GRAPH);
         tracing::info!(
             "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB (prompt chunks of {} tokens), of {:.2} GiB",
             gib(vram.weights),

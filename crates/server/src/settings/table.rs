@@ -147,6 +147,16 @@ settings! {
         /// token.
         profile: Option<PathBuf> = "engine" "profile", Kind::Path, NULL,
             "tiered experts: slots divided evenly, filled on use", arg Option<PathBuf>;
+        /// GPU, tiered experts: experts held in the prompt pool, VRAM beside the slots
+        /// that the next layer's experts are copied into while a prompt's mixer runs;
+        /// 0 turns it off (same output either way).
+        prompt_pool: Option<usize> = "engine" "prompt-pool", Kind::Count { min: 0 }, NULL,
+            "tiered experts: five eighths of a layer's experts within a sixteenth of the expert VRAM, none for short prompt chunks",
+            arg Option<u64>;
+        /// GPU, tiered experts: how many of the next layer's likeliest experts a decode
+        /// step copies ahead while the current layer runs; 0 turns it off (same output).
+        guess_experts: Option<usize> = "engine" "guess-experts", Kind::Count { min: 0 }, NULL,
+            "3", arg Option<u64>;
         /// Context length to allocate.
         max_context: Option<usize> = "engine" "max-context", Kind::Count { min: 64 }, NULL,
             "engine default: min(trained, 4096)", arg Option<usize>, short = 'c';

@@ -298,7 +298,7 @@ impl CudaBackend {
             chunk_tokens,
             tiered,
             seg: RefCell::new(None),
-            fused: !std::env::var("SCORIA_NO_FUSED_DECODE").is_ok_and(|v| v == "1"),
+            fused: !crate::switches::on(crate::switches::NO_FUSED_DECODE),
         })
     }
 

@@ -86,7 +86,7 @@ pub(crate) struct Tiered {
     /// (copier); grown to the most batches a step has had.
     batch_events: RefCell<Vec<[Event; 2]>>,
     /// How many of the next layer's likeliest experts a decode step guesses and
-    /// copies ahead (`SCORIA_GUESS_EXPERTS`; 0: none).
+    /// copies ahead (the `--guess-experts` setting; 0: none).
     pub guesses: usize,
     /// Recorded on the copier after the guessed experts' copies, and the layer they
     /// are for (its step makes the stream wait for the event).
@@ -97,13 +97,6 @@ pub(crate) struct Tiered {
     /// The model's width: an expert's input, which a decode step publishes.
     n_embd: usize,
 }
-
-/// The guesses a decode step copies ahead unless `SCORIA_GUESS_EXPERTS` says. On N80
-/// at a 16 GiB budget under random routing, 3 guesses decoded 6.8% faster than none
-/// and 2 guesses 5.3% (bench/RESULTS.md, 2026-12-04, session 32), once the copies
-/// ahead waited for the step's own work (see [`Tiered::copy_ahead`]); before that
-/// they slowed the CPU's rows on the copy engine and decode ran 2–10% slower.
-pub const DEFAULT_GUESSES: usize = 3;
 
 /// The pinned buffer held in `held`, replaced by a new one of `bytes` bytes when it
 /// is smaller (or absent): transfers grow it once, then reuse it.
@@ -150,6 +143,7 @@ impl Tiered {
         weights: &ModelWeights,
         n_embd: usize,
         cpu_share: Option<f64>,
+        guesses: usize,
         probe: (u64, usize),
         map_ok: bool,
         progress: &dyn Fn(u64),
@@ -227,13 +221,10 @@ impl Tiered {
             pool_free: gpu.new_event().map_err(cuda_err("prompt pool"))?,
             pool_filled: gpu.new_event().map_err(cuda_err("prompt pool"))?,
             batch_events: RefCell::new(Vec::new()),
-            guesses: std::env::var("SCORIA_GUESS_EXPERTS")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(DEFAULT_GUESSES),
+            guesses,
             ahead_done: gpu.new_event().map_err(cuda_err("guessed experts"))?,
             ahead_for: Cell::new(None),
-            trace: if std::env::var("SCORIA_TRACE_DECODE").is_ok_and(|v| v == "1") {
+            trace: if crate::switches::on(crate::switches::TRACE_DECODE) {
                 Some(RefCell::new(DecodeTrace::new(gpu, weights.layers.len())?))
             } else {
                 None
