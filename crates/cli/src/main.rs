@@ -8,6 +8,8 @@ mod serve;
 mod synth;
 mod tiers;
 
+use std::path::{Path, PathBuf};
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -23,7 +25,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Serve the OpenAI and Anthropic APIs (an embedded demo model when no --model is given).
+    /// Serve the OpenAI and Anthropic APIs (the demo model, models/demo.gguf, when no
+    /// --model is given).
     // Boxed: its many flags make it far larger than the other variants.
     Serve(Box<serve::ServeArgs>),
     /// Generate from a prompt on the terminal.
@@ -36,6 +39,16 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Record how often each expert of each layer is routed to (for the expert slot plan).
     Profile(profile::ProfileArgs),
+}
+
+/// The model a command runs: the file given, else the trained demo model
+/// (`models/demo.gguf` of the checkout; an error naming where it was looked for and the
+/// remedies when it is not there).
+pub(crate) fn model_or_demo(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p.to_path_buf()),
+        None => Ok(model::synth::demo_model_path()?),
+    }
 }
 
 /// Keeps freed buffers of up to 32 MiB in the allocator for the next use instead of

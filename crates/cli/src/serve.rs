@@ -10,8 +10,8 @@ use anyhow::Context;
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// GGUF model file (first shard of a split model). Without it, an embedded demo
-    /// model (synthesized, random weights) is served.
+    /// GGUF model file (first shard of a split model). Without it, the demo model
+    /// (models/demo.gguf: a tiny qwen35moe trained for a few minutes) is served.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1, loopback only].

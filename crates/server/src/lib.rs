@@ -549,7 +549,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             (None, false) => info.name.clone(),
         };
         let label = if demo {
-            " — DEMO: a synthesized tiny model with random weights; its output is noise"
+            " — DEMO: a tiny model trained for 7 minutes (models/demo.gguf): plausible text and code, not reliable answers"
         } else if info.synthetic {
             " — synthetic model (scoria synth, random weights); its output is noise"
         } else {
