@@ -2,7 +2,9 @@
 
 mod bench;
 mod inspect;
+mod perplexity;
 mod profile;
+mod quantize;
 mod run;
 mod serve;
 mod synth;
@@ -39,6 +41,11 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Record how often each expert of each layer is routed to (for the expert slot plan).
     Profile(profile::ProfileArgs),
+    /// Perplexity over a text (as llama-perplexity counts it), and the KL divergence from
+    /// a base model's logits (--kld-base; --kld-max makes it a quality gate).
+    Perplexity(perplexity::PerplexityArgs),
+    /// Write a GGUF file's tensors at another type (f32, f16, bf16, q8_0, q4_k_m).
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// The model a command runs: the file given, else the trained demo model
@@ -89,6 +96,8 @@ fn main() {
         Command::Inspect(a) => inspect::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Profile(a) => profile::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Quantize(a) => quantize::run(a),
     };
     if let Err(e) = result {
         eprintln!("scoria: error: {e:#}");
