@@ -50,9 +50,10 @@ pp512 @ d4096, tg128 @ d4096. A 0 in -p or -n skips that kind of test.",
     ))
 )]
 pub struct BenchArgs {
-    /// Model file (GGUF; the first shard of a split model).
+    /// Model file (GGUF; the first shard of a split model) [default: the demo model,
+    /// models/demo.gguf].
     #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Prompt sizes, comma-separated (one `ppN` test each).
     #[arg(
         short = 'p',
@@ -438,12 +439,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if tests.is_empty() {
         bail!("nothing to run: every -p and -n size is 0");
     }
-    if !a.model.is_file() {
+    if let Some(m) = a.model.as_ref().filter(|m| !m.is_file()) {
         bail!(
             "model file {} not found (give a GGUF file with -m)",
-            a.model.display()
+            m.display()
         );
     }
+    let model_path = crate::model_or_demo(a.model.as_deref())?;
     let needed = tests.iter().map(TestSpec::n_ctx_needed).max().unwrap_or(16);
     if let Some(c) = a.engine.max_context {
         if let Some(t) = tests.iter().find(|t| t.n_ctx_needed() > c) {
@@ -463,7 +465,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let reps = a.repetitions as usize;
     let t0 = std::time::Instant::now();
-    let mut eng = Engine::load(&a.model, &{
+    let mut eng = Engine::load(&model_path, &{
         let engine = a.engine.values();
         let mut c = EngineConfig {
             parallel: Some(a.parallel as usize),
@@ -478,12 +480,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
         c
     })
-    .with_context(|| format!("loading {}", a.model.display()))?;
+    .with_context(|| format!("loading {}", model_path.display()))?;
     // The file's header once, for the model column and (CPU decode) the traffic line.
-    let file =
-        gguf::GgufFile::open(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
+    let file = gguf::GgufFile::open(&model_path)
+        .with_context(|| format!("reading {}", model_path.display()))?;
     let model = ModelDesc::read(
-        &a.model,
+        &model_path,
         &file,
         eng.info().clone(),
         eng.memory().weights_mapped,
@@ -532,7 +534,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let cpu_decode =
         device.device == engine::Device::Cpu && tests.iter().any(TestSpec::single_decode);
     let traffic = cpu_decode
-        .then(|| traffic::DecodeTraffic::read(&a.model, &file, &model.info, eng.memory()))
+        .then(|| traffic::DecodeTraffic::read(&model_path, &file, &model.info, eng.memory()))
         .transpose()?;
     let ram_read_bps = cpu_decode.then(|| {
         let bps = traffic::measure_ram_read();

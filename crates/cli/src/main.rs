@@ -2,10 +2,14 @@
 
 mod bench;
 mod inspect;
+mod perplexity;
 mod profile;
+mod quantize;
 mod run;
 mod serve;
 mod synth;
+
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 
@@ -22,7 +26,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Serve the OpenAI and Anthropic APIs (an embedded demo model when no --model is given).
+    /// Serve the OpenAI and Anthropic APIs (the demo model, models/demo.gguf, when no
+    /// --model is given).
     // Boxed: its many flags make it far larger than the other variants.
     Serve(Box<serve::ServeArgs>),
     /// Generate from a prompt on the terminal.
@@ -35,6 +40,21 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Record how often each expert of each layer is routed to (for the expert slot plan).
     Profile(profile::ProfileArgs),
+    /// Perplexity over a text (as llama-perplexity counts it), and the KL divergence from
+    /// a base model's logits (--kld-base; --kld-max makes it a quality gate).
+    Perplexity(perplexity::PerplexityArgs),
+    /// Write a GGUF file's tensors at another type (f32, f16, bf16, q8_0, q4_k_m).
+    Quantize(quantize::QuantizeArgs),
+}
+
+/// The model a command runs: the file given, else the trained demo model
+/// (`models/demo.gguf` of the checkout; an error naming where it was looked for and the
+/// remedies when it is not there).
+pub(crate) fn model_or_demo(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p.to_path_buf()),
+        None => Ok(model::synth::demo_model_path()?),
+    }
 }
 
 /// Keeps freed buffers of up to 32 MiB in the allocator for the next use instead of
@@ -75,6 +95,8 @@ fn main() {
         Command::Inspect(a) => inspect::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Profile(a) => profile::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Quantize(a) => quantize::run(a),
     };
     if let Err(e) = result {
         eprintln!("scoria: error: {e:#}");

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Model file (GGUF; the first shard of a split model).
+    /// Model file (GGUF; the first shard of a split model) [default: the demo model,
+    /// models/demo.gguf].
     #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Prompt text.
     #[arg(short = 'p', long = "prompt", conflicts_with = "prompt_ids")]
     pub prompt: Option<String>,
@@ -84,7 +85,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         ),
         None => None,
     };
-    let result = generate(&a, dump);
+    let result = crate::model_or_demo(a.model.as_deref()).and_then(|m| generate(&a, &m, dump));
     if let (Err(_), Some(p)) = (&result, &a.dump_logits) {
         // Leave no empty or partial dump behind.
         let _ = std::fs::remove_file(p);
@@ -92,9 +93,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     result
 }
 
-fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
+fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -> Result<()> {
     let t = std::time::Instant::now();
-    let mut eng = Engine::load(&a.model, &{
+    let mut eng = Engine::load(model, &{
         let mut c = EngineConfig {
             // One request: one slot.
             parallel: Some(1),
@@ -104,7 +105,7 @@ fn generate(a: &RunArgs, dump: Option<std::fs::File>) -> Result<()> {
         a.engine.values().apply(&mut c);
         c
     })
-    .map_err(|e| anyhow::anyhow!(server::load_message(&a.model.display().to_string(), &e)))?;
+    .map_err(|e| anyhow::anyhow!(server::load_message(&model.display().to_string(), &e)))?;
     let info = eng.info().clone();
     eprintln!(
         "scoria: {} ({}, {} layers, {} experts top-{}), {:.2} GiB file, context {}, kernels {}, loaded in {:.2}s",

@@ -21,6 +21,17 @@ pub fn write_f32_to(
     data: &[f32],
 ) -> std::io::Result<()> {
     assert_eq!(rows * cols, data.len());
+    let mut f = std::io::BufWriter::new(out);
+    write_header(&mut f, rows, cols)?;
+    for v in data {
+        f.write_all(&v.to_le_bytes())?;
+    }
+    f.flush()
+}
+
+/// The header of a float32 `[rows, cols]` .npy, for writers that stream the rows after
+/// it (each row `cols` little-endian f32s, `rows` of them).
+pub fn write_header(out: &mut impl Write, rows: usize, cols: usize) -> std::io::Result<()> {
     let mut header =
         format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
     // magic(6) + version(2) + header length(2) + header, padded with spaces and a
@@ -29,14 +40,9 @@ pub fn write_f32_to(
     let pad = (64 - total % 64) % 64;
     header.push_str(&" ".repeat(pad));
     header.push('\n');
-    let mut f = std::io::BufWriter::new(out);
-    f.write_all(b"\x93NUMPY\x01\x00")?;
-    f.write_all(&(header.len() as u16).to_le_bytes())?;
-    f.write_all(header.as_bytes())?;
-    for v in data {
-        f.write_all(&v.to_le_bytes())?;
-    }
-    f.flush()
+    out.write_all(b"\x93NUMPY\x01\x00")?;
+    out.write_all(&(header.len() as u16).to_le_bytes())?;
+    out.write_all(header.as_bytes())
 }
 
 /// Reads a .npy written by numpy (f32 little-endian, C order, 1-D or 2-D).

@@ -1,4 +1,4 @@
-//! Structured output on the demo model (random weights: its free output is
+//! Structured output on the synthetic demo model (random weights: its free output is
 //! gibberish, so a reply that parses and validates shows the grammar at work).
 //! Every reply is checked with an independent JSON-schema validator.
 
@@ -12,7 +12,7 @@ use engine::{Engine, EngineConfig, FinishReason, Flow, GenerateRequest, Sampling
 use serde_json::{json, Value};
 
 fn engine() -> Engine {
-    let path = model::synth::demo_model_path().expect("demo model");
+    let path = model::synth::synthetic_demo_path().expect("demo model");
     Engine::load(
         &path,
         &EngineConfig {

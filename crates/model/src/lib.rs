@@ -9,6 +9,7 @@ pub mod forward;
 pub mod geometry;
 pub mod math;
 pub mod moe;
+pub mod requant;
 pub mod simd;
 pub mod synth;
 pub mod tensors;

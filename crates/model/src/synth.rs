@@ -1,12 +1,14 @@
 //! Synthetic GGUF models: any supported arch and geometry, seeded random weights, laid
 //! out exactly as llama.cpp's converter followed by `llama-quantize` would write them.
 //!
-//! `scoria synth` and the tests use [`synthesize`]; `scoria serve` without `--model` uses
-//! [`demo_model_path`]. The real geometries are tens of gigabytes, so data is generated
+//! `scoria synth` and the tests use [`synthesize`]; tests that need a model with random
+//! weights use [`synthetic_demo_path`]. `scoria serve` without `--model` serves the trained
+//! demo model instead, found by [`demo_model_path`] (`demo.rs`). The real geometries are tens of gigabytes, so data is generated
 //! tensor by tensor in parallel chunks (see [`gen`]) while a writer thread streams the
 //! previous batch to disk: the file is written at disk speed and never held in memory.
 
 pub mod accounting;
+pub mod demo;
 pub mod gen;
 pub mod plan;
 
@@ -24,16 +26,14 @@ use rayon::prelude::*;
 
 use crate::geometry::{Arch, Geometry};
 use crate::vocab::{self, VocabError};
+pub use demo::{demo_model_path, DemoError, DEMO_MODEL_FILE, DEMO_MODEL_SHA256};
 pub use plan::TensorSpec;
 
 /// Version of the bytes `synthesize` produces for a given (geometry, preset, seed). Bump
 /// it whenever the layout or the generators change, so cached demo models are remade.
 pub const SYNTH_VERSION: u32 = 1;
 
-/// What `scoria serve` calls the model it synthesizes when no `--model` is given.
-pub const DEMO_MODEL_LABEL: &str = "scoria-demo (synthetic tiny qwen35moe, random weights)";
-
-/// Seed of the demo model.
+/// Seed of the synthetic demo model ([`synthetic_demo`]).
 pub const DEMO_SEED: u64 = 0x5C0_21A;
 
 /// Quantization presets: the file types llama.cpp would produce.
@@ -549,8 +549,10 @@ pub fn cache_dir() -> Option<PathBuf> {
     nonempty("HOME").map(|h| PathBuf::from(h).join(".cache").join("scoria"))
 }
 
-/// The demo model's geometry and options.
-pub fn demo_model() -> (Geometry, SynthOptions) {
+/// The synthetic demo model's geometry and options: `tiny-qwen35moe`, Q8_0, random
+/// weights (what `scoria serve` served before the trained demo model; the same file as
+/// `scoria synth --geometry tiny --arch qwen35moe --quant q8_0 --seed 6029850`).
+pub fn synthetic_demo() -> (Geometry, SynthOptions) {
     let g = Geometry::all()
         .into_iter()
         .find(|g| g.name == "tiny-qwen35moe")
@@ -563,15 +565,16 @@ pub fn demo_model() -> (Geometry, SynthOptions) {
     (g, opts)
 }
 
-/// The path of the demo model (`tiny-qwen35moe`, Q8_0, random weights), synthesized into
-/// the cache directory on first use and reused while its content version and size match.
-pub fn demo_model_path() -> Result<PathBuf, SynthError> {
+/// The path of the synthetic demo model ([`synthetic_demo`]: random weights, for tests
+/// whose point needs them), synthesized into the cache directory on first use and reused
+/// while its content version and size match.
+pub fn synthetic_demo_path() -> Result<PathBuf, SynthError> {
     let dir = cache_dir().ok_or(SynthError::NoCacheDir)?;
     std::fs::create_dir_all(&dir).map_err(|err| SynthError::Io {
         path: dir.clone(),
         err,
     })?;
-    let (g, opts) = demo_model();
+    let (g, opts) = synthetic_demo();
     let path = dir.join(format!(
         "demo-{}-{}-seed{}-v{SYNTH_VERSION}.gguf",
         g.name, opts.preset, opts.seed

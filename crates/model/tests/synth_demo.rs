@@ -1,4 +1,5 @@
-//! The demo model: synthesized once into the cache directory, then reused.
+//! The synthetic demo model (random weights, for tests): synthesized once into the cache
+//! directory, then reused.
 
 use gguf::{GgufFile, Value};
 use model::synth;
@@ -8,10 +9,10 @@ fn demo_model_is_made_once_and_reused() {
     let dir = std::env::temp_dir().join(format!("scoria-demo-test-{}", std::process::id()));
     // The only test in this binary, so no other thread reads the environment.
     std::env::set_var("SCORIA_CACHE_DIR", &dir);
-    let path = synth::demo_model_path().unwrap();
+    let path = synth::synthetic_demo_path().unwrap();
     assert!(path.starts_with(&dir));
     let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
-    let again = synth::demo_model_path().unwrap();
+    let again = synth::synthetic_demo_path().unwrap();
     assert_eq!(path, again);
     assert_eq!(
         std::fs::metadata(&again).unwrap().modified().unwrap(),
@@ -37,7 +38,7 @@ fn demo_model_is_made_once_and_reused() {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-    let remade = synth::demo_model_path().unwrap();
+    let remade = synth::synthetic_demo_path().unwrap();
     assert_eq!(std::fs::metadata(&remade).unwrap().len(), len);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -15,7 +15,7 @@ use crate::{app, device, error, gen, metrics, prompt, settings, worker, AppState
 pub enum ServeError {
     #[error(transparent)]
     Settings(#[from] settings::SettingsError),
-    #[error("cannot prepare the embedded demo model: {0}")]
+    #[error("cannot use the demo model: {0}")]
     Demo(String),
     #[error("{}", load_message(path, err))]
     Load {
@@ -153,7 +153,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
 
         let model_setting = settings.server.model.clone();
         let (engine, demo) = tokio::task::spawn_blocking(move || {
-            // The demo model is synthesized on first use (seconds), inside the loading phase.
+            // Without --model, the trained demo model of the checkout (its hash checked).
             let (path, demo) = match model_setting {
                 Some(p) => (p, false),
                 None => (
@@ -164,7 +164,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             eprintln!(
                 "scoria serve: loading {}{}",
                 path.display(),
-                if demo { " (embedded demo model)" } else { "" }
+                if demo { " (the demo model)" } else { "" }
             );
             engine::Engine::load(&path, &cfg)
                 .map(|e| (e, demo))
@@ -190,7 +190,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             (None, false) => info.name.clone(),
         };
         let label = if demo {
-            " — DEMO: a synthesized tiny model with random weights; its output is noise"
+            " — DEMO: a tiny model trained for 7 minutes (models/demo.gguf): plausible text and code, not reliable answers"
         } else if info.synthetic {
             " — synthetic model (scoria synth, random weights); its output is noise"
         } else {

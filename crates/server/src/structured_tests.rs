@@ -16,7 +16,7 @@ use crate::AppState;
 /// A server over the demo engine. `template`: the model's chat template (the Qwen3.5
 /// one, XML tool calls); without it, ChatML and the JSON tool-call form.
 async fn server(template: bool) -> SocketAddr {
-    let path = model::synth::demo_model_path().expect("demo model");
+    let path = model::synth::synthetic_demo_path().expect("demo model");
     let engine = engine::Engine::load(
         &path,
         &engine::EngineConfig {

@@ -14,7 +14,8 @@
 use model::ModelConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Routing counts per (layer, expert), shared between the executor and a reader.
 ///
@@ -28,6 +29,11 @@ pub struct RoutingCounts {
     counts: Vec<AtomicU64>,
     /// Tokens routed per layer.
     tokens: Vec<AtomicU64>,
+    /// While set, every recorded token's experts are also appended to `trace`.
+    tracing: AtomicBool,
+    /// Per layer: the experts of each routed token, in the order recorded (top-k per
+    /// token, in rank order).
+    trace: Mutex<Vec<Vec<u32>>>,
 }
 
 impl RoutingCounts {
@@ -37,6 +43,8 @@ impl RoutingCounts {
             n_expert,
             counts: (0..n_layer * n_expert).map(|_| AtomicU64::new(0)).collect(),
             tokens: (0..n_layer).map(|_| AtomicU64::new(0)).collect(),
+            tracing: AtomicBool::new(false),
+            trace: Mutex::new(Vec::new()),
         }
     }
 
@@ -64,12 +72,37 @@ impl RoutingCounts {
         };
         tokens.fetch_add(1, Ordering::Relaxed);
         let row = layer * self.n_expert;
+        let mut trace = if self.tracing.load(Ordering::Relaxed) {
+            Some(self.trace.lock().unwrap_or_else(|e| e.into_inner()))
+        } else {
+            None
+        };
         for e in experts {
             debug_assert!(e < self.n_expert, "expert {e} of {}", self.n_expert);
             if e < self.n_expert {
                 self.counts[row + e].fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = trace.as_mut() {
+                    t[layer].push(e as u32);
+                }
             }
         }
+    }
+
+    /// Starts keeping, besides the counts, every token's experts in the order they are
+    /// recorded ([`RoutingCounts::take_trace`]): the routing of one sequence, token by
+    /// token, to replay through the expert store. Record one sequence at a time (the
+    /// trace of several decoded together interleaves them).
+    pub fn start_trace(&self) {
+        let mut t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+        *t = vec![Vec::new(); self.n_layer];
+        self.tracing.store(true, Ordering::Relaxed);
+    }
+
+    /// The trace since [`RoutingCounts::start_trace`], per layer: `top_k` experts per
+    /// token in rank order, tokens in order; tracing stops.
+    pub fn take_trace(&self) -> Vec<Vec<u32>> {
+        self.tracing.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *self.trace.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Counts per layer, per expert.
@@ -384,6 +417,26 @@ mod tests {
         rc.reset();
         assert_eq!(rc.snapshot()[1][3], 0);
         assert_eq!(rc.tokens(1), 0);
+    }
+
+    #[test]
+    fn a_trace_keeps_each_tokens_experts_in_order_while_it_runs() {
+        let cfg = cfg();
+        let rc = RoutingCounts::for_model(&cfg);
+        rc.record_token(0, [9, 9, 9, 9]);
+        rc.start_trace();
+        rc.record_token(1, [3, 5, 0, 15]);
+        rc.record_token(0, [1, 2, 3, 4]);
+        rc.record_token(1, [7, 6, 5, 4]);
+        let t = rc.take_trace();
+        assert_eq!(t.len(), 4);
+        assert_eq!(t[0], vec![1, 2, 3, 4]);
+        assert_eq!(t[1], vec![3, 5, 0, 15, 7, 6, 5, 4]);
+        assert!(t[2].is_empty());
+        // Stopped: later tokens are counted, not traced.
+        rc.record_token(1, [1, 1, 1, 1]);
+        assert_eq!(rc.take_trace(), Vec::<Vec<u32>>::new());
+        assert_eq!(rc.tokens(1), 3);
     }
 
     #[test]

@@ -75,7 +75,7 @@ fn init(t: &TensorInstance) -> Init {
 }
 
 /// llama-quantize's order: by block (non-block tensors first), then by name.
-fn quantize_order(a: &str, b: &str) -> std::cmp::Ordering {
+pub fn quantize_order(a: &str, b: &str) -> std::cmp::Ordering {
     let la = block_of(a).map_or(-1, i64::from);
     let lb = block_of(b).map_or(-1, i64::from);
     la.cmp(&lb).then_with(|| a.cmp(b))
@@ -142,6 +142,88 @@ pub enum PlanError {
     },
 }
 
+/// The type each tensor gets under a preset, chosen as `llama-quantize` chooses it: call
+/// [`TypeChooser::next`] for every tensor in llama-quantize's order ([`quantize_order`]),
+/// since the `attn_v`/`attn_qkv` rule counts those tensors in that order.
+#[derive(Debug, Clone)]
+pub struct TypeChooser {
+    preset: Preset,
+    /// `attn_v` / `attn_qkv` tensors in the file, and how many were chosen so far.
+    n_attention_wv: i64,
+    i_attention_wv: i64,
+    /// Blocks of the file (trunk and MTP).
+    n_layer_all: i64,
+}
+
+impl TypeChooser {
+    pub fn new(preset: Preset, n_attention_wv: usize, n_layer_all: u32) -> TypeChooser {
+        TypeChooser {
+            preset,
+            n_attention_wv: n_attention_wv as i64,
+            i_attention_wv: 0,
+            n_layer_all: i64::from(n_layer_all),
+        }
+    }
+
+    /// The type of the next tensor: its rule, its block, and its row length (`ne0`,
+    /// which decides between Q8_0 and Q6_K for the head).
+    pub fn next(
+        &mut self,
+        rule: QuantRule,
+        role: Role,
+        block: Option<usize>,
+        ne0: u64,
+    ) -> GgmlType {
+        let float = match self.preset {
+            Preset::F32 => GgmlType::F32,
+            Preset::F16 => GgmlType::F16,
+            _ => GgmlType::BF16,
+        };
+        let ty = match (rule, self.preset) {
+            (QuantRule::KeepF32, _) => GgmlType::F32,
+            (_, Preset::F32 | Preset::F16 | Preset::Bf16) => float,
+            (_, Preset::Q8_0) => GgmlType::Q8_0,
+            // Q4_K_M, following llama_tensor_get_type_impl for n_expert != 8.
+            (QuantRule::Output, Preset::Q4KM) => {
+                if !ne0.is_multiple_of(256) {
+                    GgmlType::Q8_0
+                } else {
+                    GgmlType::Q6_K
+                }
+            }
+            (QuantRule::AttnV, Preset::Q4KM) => {
+                let more = use_more_bits(self.i_attention_wv, self.n_attention_wv);
+                self.i_attention_wv += 1;
+                if more {
+                    GgmlType::Q6_K
+                } else {
+                    GgmlType::Q4_K
+                }
+            }
+            (QuantRule::FfnDown, Preset::Q4KM) => {
+                let il = block.map_or(0, |b| b as i64);
+                if use_more_bits(il, self.n_layer_all) {
+                    GgmlType::Q6_K
+                } else {
+                    GgmlType::Q4_K
+                }
+            }
+            (QuantRule::Weight, Preset::Q4KM) => GgmlType::Q4_K,
+            (_, Preset::Uniform(t)) => t,
+            (_, Preset::Mix(m)) => mix_type(m, role),
+        };
+        // llama-quantize falls back to another type for rows that are not whole blocks
+        // of the chosen one; these presets fall back to Q8_0 (every row here is whole
+        // 32-value blocks).
+        match self.preset {
+            Preset::Uniform(_) | Preset::Mix(_) if !ne0.is_multiple_of(ty.block_size() as u64) => {
+                GgmlType::Q8_0
+            }
+            _ => ty,
+        }
+    }
+}
+
 /// The tensors of `g` under `preset`, in file order.
 pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> {
     let cfg = g.config().map_err(|e| PlanError::Geometry {
@@ -153,60 +235,11 @@ pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> 
     let n_attention_wv = decls
         .iter()
         .filter(|d| d.def.quant == QuantRule::AttnV)
-        .count() as i64;
-    let n_layer_all = i64::from(g.block_count());
-    let mut i_attention_wv = 0i64;
+        .count();
+    let mut types = TypeChooser::new(preset, n_attention_wv, g.block_count());
     let mut out = Vec::with_capacity(decls.len());
     for d in decls {
-        let float = match preset {
-            Preset::F32 => GgmlType::F32,
-            Preset::F16 => GgmlType::F16,
-            _ => GgmlType::BF16,
-        };
-        let ty = match (d.def.quant, preset) {
-            (QuantRule::KeepF32, _) => GgmlType::F32,
-            (_, Preset::F32 | Preset::F16 | Preset::Bf16) => float,
-            (_, Preset::Q8_0) => GgmlType::Q8_0,
-            // Q4_K_M, following llama_tensor_get_type_impl for n_expert != 8.
-            (QuantRule::Output, Preset::Q4KM) => {
-                if !d.dims[0].is_multiple_of(256) {
-                    GgmlType::Q8_0
-                } else {
-                    GgmlType::Q6_K
-                }
-            }
-            (QuantRule::AttnV, Preset::Q4KM) => {
-                let more = use_more_bits(i_attention_wv, n_attention_wv);
-                i_attention_wv += 1;
-                if more {
-                    GgmlType::Q6_K
-                } else {
-                    GgmlType::Q4_K
-                }
-            }
-            (QuantRule::FfnDown, Preset::Q4KM) => {
-                let il = d.block.map_or(0, |b| b as i64);
-                if use_more_bits(il, n_layer_all) {
-                    GgmlType::Q6_K
-                } else {
-                    GgmlType::Q4_K
-                }
-            }
-            (QuantRule::Weight, Preset::Q4KM) => GgmlType::Q4_K,
-            (_, Preset::Uniform(t)) => t,
-            (_, Preset::Mix(m)) => mix_type(m, d.def.role),
-        };
-        // llama-quantize falls back to another type for rows that are not whole blocks
-        // of the chosen one; these presets fall back to Q8_0 (every row here is whole
-        // 32-value blocks).
-        let ty = match preset {
-            Preset::Uniform(_) | Preset::Mix(_)
-                if !(d.dims[0] as u64).is_multiple_of(ty.block_size() as u64) =>
-            {
-                GgmlType::Q8_0
-            }
-            _ => ty,
-        };
+        let ty = types.next(d.def.quant, d.def.role, d.block, d.dims[0] as u64);
         let init = init(&d);
         let dims: Vec<u64> = d.dims.iter().map(|&x| x as u64).collect();
         if !dims[0].is_multiple_of(ty.block_size() as u64) {

@@ -102,10 +102,10 @@ const NULL: Value = Value::Null;
 settings! {
     /// The HTTP side (file section `server`).
     ServerArgs => ServerSettings {
-        /// GGUF model file (the first shard of a split model). Without it, an embedded
-        /// demo model (synthesized, random weights) is served.
+        /// GGUF model file (the first shard of a split model). Without it, the demo
+        /// model (models/demo.gguf: a tiny qwen35moe trained for a few minutes) is served.
         model: Option<PathBuf> = "server" "model", Kind::Path, NULL,
-            "embedded demo model", arg Option<PathBuf>;
+            "the demo model", arg Option<PathBuf>;
         /// Address to listen on (127.0.0.1: this machine only).
         host: String = "server" "host", Kind::Str, json!("127.0.0.1"), "", arg Option<String>;
         /// Port to listen on.
