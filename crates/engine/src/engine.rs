@@ -13,7 +13,7 @@ use crate::api::{
     Completion, Device, DeviceReport, EngineConfig, Flow, GenerateRequest, ModelInfo,
     PromptProgress, TokenEvent,
 };
-use crate::cpu::{CpuBackend, CpuExecutor};
+use crate::cpu::{CpuBackend, CpuExecutor, CpuTier};
 use crate::error::EngineError;
 use crate::exec::Executor;
 use crate::experts;
@@ -88,7 +88,7 @@ impl Engine {
         let routing = cfg
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
-        let exec = open_executor(cfg, &mcfg, weights, n_ctx, routing.clone())?;
+        let exec = open_executor(cfg, &file, &mcfg, weights, n_ctx, routing.clone())?;
         // The executor's slots (a tiered GPU takes one unless asked for more): the account
         // counts those (no more than the check above did).
         let parallel = exec.sequences();
@@ -123,7 +123,9 @@ impl Engine {
         // bits do not depend on its ISA (invariant 1), a GPU's may differ from the
         // CPU's and from another GPU model's.
         let report = exec.report();
-        if report.device == Device::Cpu {
+        // Tiered experts on the CPU stay out of the page cache (they are read with
+        // O_DIRECT): only a CPU reading every expert from the map pre-reads it.
+        if report.device == Device::Cpu && exec.expert_stats().is_none() {
             memory::populate_weights(&file, available);
         }
         let numerics = match report.device {
@@ -210,6 +212,20 @@ impl Engine {
     /// (VRAM slots in front of pinned RAM and the file); `None` otherwise.
     pub fn expert_stats(&self) -> Option<experts::TierStats> {
         self.exec.expert_stats()
+    }
+
+    /// What the reads of tiered experts from the model file have done so far
+    /// (reads, retries, failures, stalls); `None` when no expert is read from it.
+    pub fn expert_reads(&self) -> Option<experts::ReadCounters> {
+        self.exec.expert_reads()
+    }
+
+    /// A fault that keeps some requests from being served until it clears or the
+    /// process restarts — the model file changed under the running server, an
+    /// expert read is out past its deadline — in words; `None` while healthy (for
+    /// `/health`).
+    pub fn standing_fault(&self) -> Option<String> {
+        self.exec.standing_fault()
     }
 
     /// The ISA the CPU kernels use.
@@ -353,6 +369,8 @@ fn open_prompt_cache(
     }
     let mut store = PromptCache::new(usize::try_from(budget).unwrap_or(usize::MAX));
     if let Some(dir) = &cfg.prompt_cache_dir {
+        // The directory only makes a restart warm: a problem with it is logged and
+        // the server starts with what it could read.
         match store.load_dir(dir, model_id) {
             Ok(r) => tracing::info!(
                 "prompt cache: {} conversation(s) loaded from {} ({} file(s) skipped)",
@@ -360,12 +378,10 @@ fn open_prompt_cache(
                 dir.display(),
                 r.skipped
             ),
-            Err(e) => {
-                return Err(EngineError::Settings(format!(
-                    "--prompt-cache-dir {}: {e}",
-                    dir.display()
-                )))
-            }
+            Err(e) => tracing::warn!(
+                "prompt cache: --prompt-cache-dir {}: {e}; starting with an empty cache",
+                dir.display()
+            ),
         }
     }
     Ok(Some(store))
@@ -435,6 +451,7 @@ fn cuda_budgets<'a>(
 /// the build has CUDA and one answers, else the CPU.
 fn open_executor(
     cfg: &EngineConfig,
+    file: &gguf::GgufFile,
     mcfg: &ModelConfig,
     weights: ModelWeights,
     n_ctx: usize,
@@ -445,11 +462,34 @@ fn open_executor(
     let gpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
     let recording = routing.is_some();
     let cpu = |weights| -> Result<Box<dyn Executor>, EngineError> {
+        // A RAM budget on the CPU tiers the experts (cpu/tier.rs).
+        let tier = match cfg.ram_budget {
+            Some(budget) => {
+                let profile = cfg
+                    .expert_profile
+                    .as_deref()
+                    .map(|p| {
+                        experts::RoutingProfile::load(p, mcfg).map_err(|e| {
+                            EngineError::Settings(format!("--profile {}: {e}", p.display()))
+                        })
+                    })
+                    .transpose()?;
+                let policy = experts::ReadPolicy {
+                    deadline: cfg
+                        .expert_read_deadline
+                        .unwrap_or(experts::DEFAULT_READ_DEADLINE),
+                    ..Default::default()
+                };
+                Some(CpuTier::open(file, mcfg, budget, profile.as_ref(), policy)?)
+            }
+            None => None,
+        };
         let backend = CpuBackend {
             cfg: mcfg.clone(),
             weights,
             precision: cfg.precision,
             routing,
+            tier,
         };
         Ok(Box::new(CpuExecutor::new(backend, n_ctx, cpu_seqs)?))
     };
