@@ -50,7 +50,8 @@ pub enum Fault {
 
 /// One injected fault: at hooks of `site` whose path contains `path`, and (for
 /// reads) whose file offset lies in `offsets`, skip the first `skip` matches,
-/// then apply `fault` to the next `times` (None: every one).
+/// then apply `fault` to the next `times` (None: every one). Where several rules
+/// match, the one injected last applies (and the others do not count the hit).
 #[derive(Debug, Clone)]
 pub struct Rule {
     pub site: Site,
@@ -113,7 +114,8 @@ mod registry {
     pub(super) fn hit(site: Site, path: &std::path::Path, offset: u64) -> Option<Fault> {
         let path = path.to_string_lossy();
         let mut rules = RULES.lock().unwrap_or_else(|e| e.into_inner());
-        for l in rules.iter_mut() {
+        // The newest rule first: a narrow rule added over a broad one takes its hits.
+        for l in rules.iter_mut().rev() {
             let r = &l.rule;
             if r.site != site || !path.contains(r.path.as_str()) || !r.offsets.contains(&offset) {
                 continue;
