@@ -133,8 +133,12 @@ impl Engine {
             Device::Cuda(_) => format!("cuda {}", report.name),
         };
         let model_id = format!(
-            "{}:{}:{}:{}:{numerics}",
-            info.arch, info.name, info.file_bytes, info.n_vocab
+            "{}:{}:{}:{}:{}:{numerics}",
+            info.arch,
+            info.name,
+            info.file_bytes,
+            info.n_vocab,
+            fingerprint(&file)
         );
         let boundary = tokenizer.token_id("<|im_start|>");
         let limits = Limits {
@@ -333,6 +337,28 @@ impl Engine {
             Some(on_logits),
         )
     }
+}
+
+/// A fingerprint of a model's weights for the prompt cache's model id: its tensors'
+/// names, types and shapes and the first 4 KiB of each one's bytes (SHA-256, 16 hex
+/// digits). Two files of one name, size and vocabulary with other weights (a
+/// fine-tune, another seed) differ here, so neither loads the other's entries; it
+/// reads a page or two per tensor.
+fn fingerprint(file: &gguf::GgufFile) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for t in file.tensors() {
+        h.update((t.name.len() as u64).to_le_bytes());
+        h.update(t.name.as_bytes());
+        h.update(format!("{:?}{:?}", t.ty, t.dims).as_bytes());
+        if let Ok(d) = file.try_tensor_data(t) {
+            h.update(&d[..d.len().min(4096)]);
+        }
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Prompt-cache budget when none is set: at most this, and at most a quarter of
