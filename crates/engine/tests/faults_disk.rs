@@ -87,12 +87,15 @@ fn want(file: &GgufFile, index: &ExpertIndex, l: usize, e: usize) -> Vec<Vec<u8>
         .collect()
 }
 
+/// One expert's gate, up and down bytes, or why it could not be read.
+type Expert = Result<Vec<Vec<u8>>, String>;
+
 /// Reads `experts` of layer `l`: each one's bytes, or its error's message.
 fn read(
     r: &mut ExpertReader<AlignedBuf>,
     l: usize,
     experts: &[u32],
-) -> Result<Vec<Result<Vec<Vec<u8>>, String>>, ReadError> {
+) -> Result<Vec<Expert>, ReadError> {
     let f = r.read(l, experts)?;
     let out = (0..experts.len())
         .map(|i| {
@@ -137,7 +140,7 @@ fn failed_reads(path: &Path, file: &GgufFile, index: &ExpertIndex, opts: ReaderO
         for (i, ex) in [4, 5, 6].into_iter().enumerate() {
             assert_eq!(
                 got[i].as_ref().expect("read again"),
-                &want(&file, &index, l, ex)
+                &want(file, index, l, ex)
             );
         }
         assert_eq!(r.counters().retries, 1);
@@ -219,7 +222,7 @@ fn a_stalled_read_fails_at_the_deadline_and_reads_resume_when_it_comes_back() {
             .times(1),
     );
     let t0 = Instant::now();
-    let err = read(&mut r, 3, &[7]).err().expect("stalls");
+    let err = read(&mut r, 3, &[7]).expect_err("stalls");
     let waited = t0.elapsed();
     assert!(matches!(err, ReadError::Stalled { .. }), "{err}");
     assert!(waited >= DEADLINE && waited < stall, "waited {waited:?}");
@@ -229,7 +232,7 @@ fn a_stalled_read_fails_at_the_deadline_and_reads_resume_when_it_comes_back() {
     // While it is out, reads fail at once (a request needing the disk fails fast),
     // and the reader says why.
     let t1 = Instant::now();
-    let err = read(&mut r, 0, &[0]).err().expect("stuck");
+    let err = read(&mut r, 0, &[0]).expect_err("stuck");
     assert!(t1.elapsed() < DEADLINE, "{:?}", t1.elapsed());
     assert!(matches!(err, ReadError::Stuck { .. }), "{err}");
     assert!(err.to_string().contains("has not come back for"), "{err}");
@@ -287,7 +290,7 @@ fn a_file_written_under_the_reader_is_refused_and_a_replaced_one_is_read_as_load
         msg.contains("changed while scoria was serving it") && msg.contains("its size went from"),
         "{msg}"
     );
-    let err = read(&mut r, 1, &[3]).err().expect("refused from now on");
+    let err = read(&mut r, 1, &[3]).expect_err("refused from now on");
     assert!(matches!(err, ReadError::Changed { .. }), "{err}");
     assert!(r.standing_fault().is_some());
 }
