@@ -401,10 +401,12 @@ fn save_entries(
         written += 1;
     }
     if written > 0 {
-        // The renames are durable once the directory is.
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(dir))?;
+        // The renames are durable once the directory is. Best effort: some
+        // filesystems refuse to fsync a directory, and the entries are whole either
+        // way (a crash before this loses a rename, never half a file).
+        if let Err(e) = fs::File::open(dir).and_then(|d| d.sync_all()) {
+            tracing::debug!("prompt cache: fsync of {}: {e}", dir.display());
+        }
     }
     Ok(written)
 }

@@ -179,14 +179,16 @@ impl CpuTier {
                 .as_ref()
                 .map_or(0, |r| r.iter().map(|r| r.len() as u64).sum())
         };
+        // Counted as the GPU's tiers count what the CPU computes: every use from the
+        // RAM copy is a CPU "miss" (there are no VRAM slots to hit), every use of an
+        // expert read from the file a disk miss; bytes once per expert and step.
         for (e, &n) in uses.iter().enumerate() {
             if n == 0 {
                 continue;
             }
-            st.hits += n as u64 - 1;
             if self.ram_at[layer][e].is_some() {
                 at[e] = At::Ram;
-                st.cpu_misses += 1;
+                st.cpu_misses += n as u64;
                 st.cpu_bytes += ebytes(e);
             } else {
                 to_read.push(e as u32);
@@ -202,7 +204,7 @@ impl CpuTier {
                     for (i, &e) in to_read.iter().enumerate() {
                         at[e as usize] = match f.expert(i) {
                             Ok(m) => {
-                                st.disk_misses += 1;
+                                st.disk_misses += uses[e as usize] as u64;
                                 st.disk_bytes += m.iter().map(|b| b.len() as u64).sum::<u64>();
                                 At::Read(i)
                             }
@@ -267,7 +269,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn add(a: &mut TierStats, b: &TierStats) {
-    a.hits += b.hits;
     a.cpu_misses += b.cpu_misses;
     a.cpu_bytes += b.cpu_bytes;
     a.disk_misses += b.disk_misses;
