@@ -42,8 +42,15 @@ pub struct EngineConfig {
     /// copy and the file (the tiered expert store).
     pub vram_budget: Option<u64>,
     /// GPU, tiered: pinned RAM for the experts' copy (None: what MemAvailable
-    /// allows minus 8 GiB, at most every expert).
+    /// allows minus 8 GiB, at most every expert). CPU: when set, the routed experts
+    /// this many bytes hold are copied into RAM at load and every other one is read
+    /// from the file (`O_DIRECT`) each time a step routes to it (None: every expert
+    /// is read through the mapped file).
     pub ram_budget: Option<u64>,
+    /// Tiered experts: how long a step waits for experts read from the file before
+    /// the requests that needed them fail (None:
+    /// [`experts::DEFAULT_READ_DEADLINE`](crate::experts::DEFAULT_READ_DEADLINE)).
+    pub expert_read_deadline: Option<std::time::Duration>,
     /// GPU, tiered: a routing profile (`scoria profile`) that divides the slots
     /// by measured demand and fills them before the first step.
     pub expert_profile: Option<std::path::PathBuf>,

@@ -13,7 +13,7 @@ use crate::api::{
     Completion, Device, DeviceReport, EngineConfig, Flow, GenerateRequest, ModelInfo,
     PromptProgress, TokenEvent,
 };
-use crate::cpu::{CpuBackend, CpuExecutor};
+use crate::cpu::{CpuBackend, CpuExecutor, CpuTier};
 use crate::error::EngineError;
 use crate::exec::Executor;
 use crate::experts;
@@ -88,7 +88,7 @@ impl Engine {
         let routing = cfg
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
-        let exec = open_executor(cfg, &mcfg, weights, n_ctx, routing.clone())?;
+        let exec = open_executor(cfg, &file, &mcfg, weights, n_ctx, routing.clone())?;
         // The executor's slots (a tiered GPU takes one unless asked for more): the account
         // counts those (no more than the check above did).
         let parallel = exec.sequences();
@@ -123,7 +123,9 @@ impl Engine {
         // bits do not depend on its ISA (invariant 1), a GPU's may differ from the
         // CPU's and from another GPU model's.
         let report = exec.report();
-        if report.device == Device::Cpu {
+        // Tiered experts on the CPU stay out of the page cache (they are read with
+        // O_DIRECT): only a CPU reading every expert from the map pre-reads it.
+        if report.device == Device::Cpu && exec.expert_stats().is_none() {
             memory::populate_weights(&file, available);
         }
         let numerics = match report.device {
@@ -131,8 +133,12 @@ impl Engine {
             Device::Cuda(_) => format!("cuda {}", report.name),
         };
         let model_id = format!(
-            "{}:{}:{}:{}:{numerics}",
-            info.arch, info.name, info.file_bytes, info.n_vocab
+            "{}:{}:{}:{}:{}:{numerics}",
+            info.arch,
+            info.name,
+            info.file_bytes,
+            info.n_vocab,
+            fingerprint(&file)
         );
         let boundary = tokenizer.token_id("<|im_start|>");
         let limits = Limits {
@@ -210,6 +216,20 @@ impl Engine {
     /// (VRAM slots in front of pinned RAM and the file); `None` otherwise.
     pub fn expert_stats(&self) -> Option<experts::TierStats> {
         self.exec.expert_stats()
+    }
+
+    /// What the reads of tiered experts from the model file have done so far
+    /// (reads, retries, failures, stalls); `None` when no expert is read from it.
+    pub fn expert_reads(&self) -> Option<experts::ReadCounters> {
+        self.exec.expert_reads()
+    }
+
+    /// A fault that keeps some requests from being served until it clears or the
+    /// process restarts — the model file changed under the running server, an
+    /// expert read is out past its deadline — in words; `None` while healthy (for
+    /// `/health`).
+    pub fn standing_fault(&self) -> Option<String> {
+        self.exec.standing_fault()
     }
 
     /// The ISA the CPU kernels use.
@@ -319,6 +339,28 @@ impl Engine {
     }
 }
 
+/// A fingerprint of a model's weights for the prompt cache's model id: its tensors'
+/// names, types and shapes and the first 4 KiB of each one's bytes (SHA-256, 16 hex
+/// digits). Two files of one name, size and vocabulary with other weights (a
+/// fine-tune, another seed) differ here, so neither loads the other's entries; it
+/// reads a page or two per tensor.
+fn fingerprint(file: &gguf::GgufFile) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for t in file.tensors() {
+        h.update((t.name.len() as u64).to_le_bytes());
+        h.update(t.name.as_bytes());
+        h.update(format!("{:?}{:?}", t.ty, t.dims).as_bytes());
+        if let Ok(d) = file.try_tensor_data(t) {
+            h.update(&d[..d.len().min(4096)]);
+        }
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Prompt-cache budget when none is set: at most this, and at most a quarter of
 /// the memory available at load.
 pub const DEFAULT_PROMPT_CACHE: u64 = 8 << 30;
@@ -353,6 +395,8 @@ fn open_prompt_cache(
     }
     let mut store = PromptCache::new(usize::try_from(budget).unwrap_or(usize::MAX));
     if let Some(dir) = &cfg.prompt_cache_dir {
+        // The directory only makes a restart warm: a problem with it is logged and
+        // the server starts with what it could read.
         match store.load_dir(dir, model_id) {
             Ok(r) => tracing::info!(
                 "prompt cache: {} conversation(s) loaded from {} ({} file(s) skipped)",
@@ -360,12 +404,10 @@ fn open_prompt_cache(
                 dir.display(),
                 r.skipped
             ),
-            Err(e) => {
-                return Err(EngineError::Settings(format!(
-                    "--prompt-cache-dir {}: {e}",
-                    dir.display()
-                )))
-            }
+            Err(e) => tracing::warn!(
+                "prompt cache: --prompt-cache-dir {}: {e}; starting with an empty cache",
+                dir.display()
+            ),
         }
     }
     Ok(Some(store))
@@ -437,6 +479,7 @@ fn cuda_budgets<'a>(
 /// the build has CUDA and one answers, else the CPU.
 fn open_executor(
     cfg: &EngineConfig,
+    file: &gguf::GgufFile,
     mcfg: &ModelConfig,
     weights: ModelWeights,
     n_ctx: usize,
@@ -447,11 +490,34 @@ fn open_executor(
     let gpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
     let recording = routing.is_some();
     let cpu = |weights| -> Result<Box<dyn Executor>, EngineError> {
+        // A RAM budget on the CPU tiers the experts (cpu/tier.rs).
+        let tier = match cfg.ram_budget {
+            Some(budget) => {
+                let profile = cfg
+                    .expert_profile
+                    .as_deref()
+                    .map(|p| {
+                        experts::RoutingProfile::load(p, mcfg).map_err(|e| {
+                            EngineError::Settings(format!("--profile {}: {e}", p.display()))
+                        })
+                    })
+                    .transpose()?;
+                let policy = experts::ReadPolicy {
+                    deadline: cfg
+                        .expert_read_deadline
+                        .unwrap_or(experts::DEFAULT_READ_DEADLINE),
+                    ..Default::default()
+                };
+                Some(CpuTier::open(file, mcfg, budget, profile.as_ref(), policy)?)
+            }
+            None => None,
+        };
         let backend = CpuBackend {
             cfg: mcfg.clone(),
             weights,
             precision: cfg.precision,
             routing,
+            tier,
         };
         Ok(Box::new(CpuExecutor::new(backend, n_ctx, cpu_seqs)?))
     };

@@ -40,6 +40,9 @@ pub struct SeqStep<'a> {
     pub want: Want,
 }
 
+/// One entry's outcome in [`Executor::step_each`].
+pub type EntryResult = Result<StepOut, ExecError>;
+
 /// What a step returned for one sequence.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepOut {
@@ -267,11 +270,31 @@ pub trait Executor: Send {
     /// Forgets sequence `seq` (a new conversation starts there).
     fn clear(&mut self, seq: usize) -> Result<(), ExecError>;
     /// Runs every entry of `batch` (each against its own sequence) and returns
-    /// their outputs in order.
+    /// their outputs in order. All or nothing: on an error, every entry's sequence
+    /// may hold part of the step.
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError>;
+    /// As `step`, but an entry may fail on its own (an expert its rows needed could
+    /// not be read): `Ok` holds one result per entry, and only the sequences of the
+    /// failed entries hold part of the step (the caller clears them); the others
+    /// are complete, with the bits they get alone. `Err`: the whole step failed, as
+    /// with `step`. By default, `step`'s all or nothing.
+    fn step_each(&mut self, batch: &[SeqStep]) -> Result<Vec<EntryResult>, ExecError> {
+        Ok(self.step(batch)?.into_iter().map(Ok).collect())
+    }
     /// Where the routed experts computed so far came from (VRAM slot hits, misses
     /// from RAM and from the file); `None` when every expert is always resident.
     fn expert_stats(&self) -> Option<crate::experts::TierStats> {
+        None
+    }
+    /// What the reads of experts from the file have done so far (reads, retries,
+    /// failures, stalls); `None` when no expert is read from the file.
+    fn expert_reads(&self) -> Option<crate::experts::ReadCounters> {
+        None
+    }
+    /// A fault that keeps some requests from being served until it clears or the
+    /// process restarts (the model file changed under it, an expert read is out
+    /// past its deadline), in words; `None` while healthy.
+    fn standing_fault(&self) -> Option<String> {
         None
     }
     /// The most prompt tokens one step should carry (the engine feeds prompts in

@@ -3,7 +3,7 @@
 //!
 //! Modules depend downwards only: each uses only modules after it in this list —
 //! `record`, `engine`, `sched`, `cuda`, `cpu`, `prompt_cache`, `exec`, `api`, `sampler`,
-//! `experts`, `memory`, `error`, `constraint` (`npy` uses none). This file only
+//! `experts`, `memory`, `error`, `constraint`, `fault` (`npy` uses none). This file only
 //! declares them and re-exports the public surface.
 
 mod api;
@@ -15,6 +15,7 @@ mod engine;
 mod error;
 pub mod exec;
 pub mod experts;
+pub mod fault;
 mod memory;
 pub mod npy;
 pub mod prompt_cache;

@@ -19,6 +19,18 @@
 //! gigabytes) so lookups scan them all. The store keeps within a byte budget by
 //! dropping the least recently used entries, and can be saved to and loaded from a
 //! directory (one file per entry) so a restarted server resumes warm.
+//!
+//! The directory is a convenience, never a condition of serving:
+//! - an entry is written to a temporary name, fsynced, renamed into place and the
+//!   directory fsynced, so a crash or `SIGKILL` at any point leaves either the whole
+//!   entry or none; a restart removes the temporaries a dead writer left;
+//! - a file that cannot be used — corrupt or truncated (its SHA-256 does not match),
+//!   another model's, another format version's, or written by another scoria
+//!   version (whose kernels may give other bits) — is skipped with a warning naming
+//!   it and why, and never loaded;
+//! - a full disk, a read-only directory or any other write failure is logged once
+//!   (with the remedy) and again only when writes work again; the conversations
+//!   stay cached in memory ([`Writer::status`] says how the directory fares).
 
 use std::fs;
 use std::io::{self, Write};
@@ -91,13 +103,17 @@ pub struct CacheStats {
 }
 
 /// What `load_dir` did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadReport {
     /// Files read into the store (some may have been evicted again by the budget).
     pub loaded: usize,
-    /// Files skipped (another model's, another format version, corrupt, unreadable);
-    /// each is named in a warning.
+    /// Files skipped (another model's, another format or scoria version, corrupt,
+    /// unreadable); each is named in a warning.
     pub skipped: usize,
+    /// The skipped files and why each was skipped.
+    pub skipped_files: Vec<(PathBuf, String)>,
+    /// Temporary files of interrupted writes removed.
+    pub temporaries_removed: usize,
 }
 
 /// The store; see the module doc.
@@ -291,7 +307,10 @@ impl PromptCache {
     /// model or format version, or a corrupt or unreadable one, is skipped with a
     /// warning naming it and why. A missing directory holds nothing.
     pub fn load_dir(&mut self, dir: &Path, model: &str) -> Result<LoadReport, PromptCacheError> {
-        let mut report = LoadReport::default();
+        let mut report = LoadReport {
+            temporaries_removed: remove_stale_temporaries(dir),
+            ..LoadReport::default()
+        };
         let listing = match fs::read_dir(dir) {
             Ok(l) => l,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(report),
@@ -315,7 +334,8 @@ impl PromptCache {
             .collect();
         files.sort();
         for (_, path) in files {
-            let read = fs::read(&path)
+            let read = crate::fault::io_error(crate::fault::Site::CacheRead, &path)
+                .and_then(|()| fs::read(&path))
                 .map_err(|e| format!("cannot read it: {e}"))
                 .and_then(|bytes| parse_file(&bytes, model));
             let stored = read
@@ -323,8 +343,13 @@ impl PromptCache {
             match stored {
                 Ok(_) => report.loaded += 1,
                 Err(why) => {
-                    tracing::warn!(file = %path.display(), "skipping prompt-cache file: {why}");
+                    tracing::warn!(
+                        "prompt cache: skipping {}: {why} (it is not loaded; a save removes \
+                         it when it is this model's)",
+                        path.display()
+                    );
                     report.skipped += 1;
+                    report.skipped_files.push((path, why));
                 }
             }
         }
@@ -332,8 +357,10 @@ impl PromptCache {
     }
 }
 
-/// Entry file extension.
-/// [`PromptCache::save_dir`] over a store's [`PromptCache::contents`].
+/// [`PromptCache::save_dir`] over a store's [`PromptCache::contents`]: first the
+/// files of entries that are gone are removed (which frees room on a full disk),
+/// then the new entries are written, each to a temporary name, fsynced and renamed
+/// into place, the directory fsynced after. Stops at the first failure.
 fn save_entries(
     dir: &Path,
     model: &str,
@@ -345,24 +372,10 @@ fn save_entries(
     };
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let prefix = model_prefix(model);
-    let mut keep = std::collections::HashSet::new();
-    let mut written = 0;
-    for (tokens, snap) in entries {
-        let name = file_name(model, tokens);
-        let path = dir.join(&name);
-        let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        keep.insert(name);
-        if path.exists() {
-            continue;
-        }
-        let res = write_file(&tmp, model, tokens, snap).and_then(|()| fs::rename(&tmp, &path));
-        if let Err(err) = res {
-            // Best effort: the temporary file is garbage either way.
-            let _ = fs::remove_file(&tmp);
-            return Err(io_err(&path)(err));
-        }
-        written += 1;
-    }
+    let keep: std::collections::HashSet<String> = entries
+        .iter()
+        .map(|(tokens, _)| file_name(model, tokens))
+        .collect();
     for f in fs::read_dir(dir).map_err(io_err(dir))? {
         let f = f.map_err(io_err(dir))?;
         let name = f.file_name().to_string_lossy().into_owned();
@@ -370,7 +383,100 @@ fn save_entries(
             fs::remove_file(f.path()).map_err(io_err(&f.path()))?;
         }
     }
+    let mut written = 0;
+    for (tokens, snap) in entries {
+        let name = file_name(model, tokens);
+        let path = dir.join(&name);
+        if path.exists() {
+            continue;
+        }
+        let tmp = dir.join(format!(".{name}{TMP}{}", std::process::id()));
+        let res = write_file(&tmp, model, tokens, snap).and_then(|()| fs::rename(&tmp, &path));
+        if let Err(err) = res {
+            // Best effort: the temporary file is garbage either way (and a restart
+            // removes it if this fails too).
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err(&path)(err));
+        }
+        written += 1;
+    }
+    if written > 0 {
+        // The renames are durable once the directory is. Best effort: some
+        // filesystems refuse to fsync a directory, and the entries are whole either
+        // way (a crash before this loses a rename, never half a file).
+        if let Err(e) = fs::File::open(dir).and_then(|d| d.sync_all()) {
+            tracing::debug!("prompt cache: fsync of {}: {e}", dir.display());
+        }
+    }
     Ok(written)
+}
+
+/// What follows an entry file's name in its temporary name, before the writer's
+/// process id.
+const TMP: &str = ".tmp-";
+
+/// Removes the temporary files in `dir` that no live writer is writing: those of
+/// a process that is gone, and this process's own (none is written before the
+/// cache is loaded; a restarted container may reuse the crashed one's id). Returns
+/// how many it removed.
+fn remove_stale_temporaries(dir: &Path) -> usize {
+    let Ok(listing) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let me = std::process::id();
+    let mut removed = 0;
+    for f in listing.filter_map(Result::ok) {
+        let name = f.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(TMP))
+            .filter(|(entry, _)| entry.ends_with(EXT))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != me && process_alive(pid) {
+            continue;
+        }
+        match fs::remove_file(f.path()) {
+            Ok(()) => {
+                tracing::info!(
+                    "prompt cache: removed {}, left by an interrupted write",
+                    f.path().display()
+                );
+                removed += 1;
+            }
+            Err(e) => tracing::warn!(
+                "prompt cache: cannot remove {} (left by an interrupted write): {e}",
+                f.path().display()
+            ),
+        }
+    }
+    removed
+}
+
+/// Whether process `pid` exists (signal 0 checks without sending anything).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// How a [`Writer`]'s directory fares.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WriterStatus {
+    /// Saves that wrote or removed what they had to.
+    pub saves: u64,
+    /// Entry files written.
+    pub files_written: u64,
+    /// Saves that failed.
+    pub failures: u64,
+    /// Why the last save failed, while the directory is failing (`None` once a
+    /// save works again).
+    pub failing: Option<String>,
 }
 
 enum WriterJob {
@@ -385,12 +491,15 @@ enum WriterJob {
 pub struct Writer {
     tx: Option<std::sync::mpsc::Sender<WriterJob>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    status: Arc<std::sync::Mutex<WriterStatus>>,
 }
 
 impl Writer {
     /// Starts the thread that writes `model`'s entries into `dir`.
     pub fn new(dir: PathBuf, model: String) -> Writer {
         let (tx, rx) = std::sync::mpsc::channel::<WriterJob>();
+        let status = Arc::new(std::sync::Mutex::new(WriterStatus::default()));
+        let shared = status.clone();
         let thread = std::thread::Builder::new()
             .name("prompt-cache-writer".into())
             .spawn(move || {
@@ -407,14 +516,43 @@ impl Writer {
                     match job {
                         WriterJob::Save(entries) => {
                             let t0 = std::time::Instant::now();
-                            match save_entries(&dir, &model, &entries) {
-                                Ok(n) if n > 0 => tracing::debug!(
-                                    "prompt cache: wrote {n} file(s) to {} in {:.2} s",
-                                    dir.display(),
-                                    t0.elapsed().as_secs_f64()
-                                ),
-                                Ok(_) => {}
-                                Err(e) => tracing::warn!("prompt cache: {e}"),
+                            let r = save_entries(&dir, &model, &entries);
+                            let mut st = shared.lock().unwrap_or_else(|e| e.into_inner());
+                            match r {
+                                Ok(n) => {
+                                    if n > 0 {
+                                        tracing::debug!(
+                                            "prompt cache: wrote {n} file(s) to {} in {:.2} s",
+                                            dir.display(),
+                                            t0.elapsed().as_secs_f64()
+                                        );
+                                    }
+                                    if st.failing.take().is_some() {
+                                        tracing::info!(
+                                            "prompt cache: writing to {} works again",
+                                            dir.display()
+                                        );
+                                    }
+                                    st.saves += 1;
+                                    st.files_written += n as u64;
+                                }
+                                Err(e) => {
+                                    // Once per failing spell: a save follows every
+                                    // request that leaves a conversation behind.
+                                    let msg = e.to_string();
+                                    if st.failing.is_none() {
+                                        tracing::warn!(
+                                            "prompt cache: {msg}; conversations stay cached in memory \
+                                             but are not saved to {} until writing works again \
+                                             (free space there, or make it writable)",
+                                            dir.display()
+                                        );
+                                    } else {
+                                        tracing::debug!("prompt cache: {msg}");
+                                    }
+                                    st.failures += 1;
+                                    st.failing = Some(msg);
+                                }
                             }
                         }
                         WriterJob::Flush(ack) => flushes.push(ack),
@@ -431,7 +569,17 @@ impl Writer {
         Writer {
             tx: thread.as_ref().map(|_| tx),
             thread,
+            status,
         }
+    }
+
+    /// How the directory fares: saves, files written, failures, and why the last
+    /// save failed while writes fail.
+    pub fn status(&self) -> WriterStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Queues writing `entries` (a store's [`PromptCache::contents`]).
@@ -461,11 +609,16 @@ impl Drop for Writer {
     }
 }
 
+/// Entry file extension.
 const EXT: &str = ".pcache";
 /// First bytes of an entry file.
 const MAGIC: &[u8; 8] = b"SCORIAPC";
 /// Entry file format version; files of another version are skipped.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The scoria that writes and reads entries here; files another one wrote are
+/// skipped (another build's kernels may give other bits, and a hit must give the
+/// cold run's).
+const WRITER: &str = concat!("scoria ", env!("CARGO_PKG_VERSION"));
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -487,14 +640,16 @@ fn file_name(model: &str, tokens: &[u32]) -> String {
     format!("{}{}{EXT}", model_prefix(model), hex(&h.finalize()[..12]))
 }
 
-/// A writer that hashes what it writes.
-struct Hashed<W: Write> {
+/// A writer that hashes what it writes (to the file at `path`).
+struct Hashed<'a, W: Write> {
     w: W,
     h: Sha256,
+    path: &'a Path,
 }
 
-impl<W: Write> Hashed<W> {
+impl<W: Write> Hashed<'_, W> {
     fn put(&mut self, b: &[u8]) -> io::Result<()> {
+        crate::fault::io_error(crate::fault::Site::CacheWrite, self.path)?;
         self.h.update(b);
         self.w.write_all(b)
     }
@@ -518,18 +673,26 @@ impl<W: Write> Hashed<W> {
     }
 }
 
-/// Entry file layout (little-endian): magic, version u32, model id (u32 length,
-/// UTF-8), tokens (u64 count, u32 each), pos u64, kv_pos u64, attention layers (u32
-/// count; K then V, each a u64 count and f32s), DeltaNet layers (u32 count; conv then
-/// ssm likewise), then the SHA-256 of everything before it.
+/// Entry file layout (little-endian): magic, version u32, the writing scoria (u32
+/// length, UTF-8), model id (u32 length, UTF-8), tokens (u64 count, u32 each), pos
+/// u64, kv_pos u64, attention layers (u32 count; K then V, each a u64 count and
+/// f32s), DeltaNet layers (u32 count; conv then ssm likewise), then the SHA-256 of
+/// everything before it. Written to `path` (a temporary name) and fsynced.
 fn write_file(path: &Path, model: &str, tokens: &[u32], snap: &SeqSnapshot) -> io::Result<()> {
-    let file = fs::File::create(path)?;
+    crate::fault::io_error(crate::fault::Site::CacheCreate, path)?;
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
     let mut w = Hashed {
         w: io::BufWriter::new(file),
         h: Sha256::new(),
+        path,
     };
     w.put(MAGIC)?;
     w.u32(VERSION)?;
+    w.u32(WRITER.len() as u32)?;
+    w.put(WRITER.as_bytes())?;
     w.u32(model.len() as u32)?;
     w.put(model.as_bytes())?;
     w.u64(tokens.len())?;
@@ -548,7 +711,7 @@ fn write_file(path: &Path, model: &str, tokens: &[u32], snap: &SeqSnapshot) -> i
         w.f32s(&r.conv)?;
         w.f32s(&r.ssm)?;
     }
-    let Hashed { w: mut out, h } = w;
+    let Hashed { w: mut out, h, .. } = w;
     out.write_all(&h.finalize())?;
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()
@@ -610,20 +773,32 @@ fn parse_file(bytes: &[u8], model: &str) -> Result<(Vec<u32>, SeqSnapshot), Stri
         ));
     }
     let n = r.u32()? as usize;
+    let writer = r.take(n)?;
+    let n = r.u32()? as usize;
     let id = r.take(n)?;
+    // The checksum first: a corrupt header is a corrupt file, not another model's.
+    if bytes.len() < 32 + MAGIC.len() {
+        return Err("it is truncated".into());
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 32);
+    if Sha256::digest(body)[..] != sum[..] {
+        return Err("its checksum does not match (corrupt or truncated)".into());
+    }
+    if writer != WRITER.as_bytes() {
+        return Err(format!(
+            "it was written by {:?}, this is {WRITER:?} (another build's kernels may give other bits)",
+            String::from_utf8_lossy(writer)
+        ));
+    }
     if id != model.as_bytes() {
         return Err(format!(
             "it was written for model {:?}, not {model:?}",
             String::from_utf8_lossy(id)
         ));
     }
-    // The checksum is the last 32 bytes; the header just read is not part of them.
+    // The checksum is the last 32 bytes.
     if r.b.len() < 32 {
         return Err("it is truncated".into());
-    }
-    let (body, sum) = bytes.split_at(bytes.len() - 32);
-    if Sha256::digest(body)[..] != sum[..] {
-        return Err("its checksum does not match (corrupt or truncated)".into());
     }
     r.b = &r.b[..r.b.len() - 32];
     let n_tok = r.count(4)?;
@@ -850,13 +1025,7 @@ mod tests {
 
         let mut back = PromptCache::new(1 << 20);
         let r = back.load_dir(dir.path(), "model-a").unwrap();
-        assert_eq!(
-            r,
-            LoadReport {
-                loaded: 2,
-                skipped: 0
-            }
-        );
+        assert_eq!((r.loaded, r.skipped), (2, 0), "{r:?}");
         let h = back.lookup(&[1, 2, 3, 4, 5, 6]).unwrap();
         assert_eq!(h.matched, 5);
         assert_eq!(*h.snapshot, s2);
@@ -866,13 +1035,13 @@ mod tests {
         // Another model's view of the directory: both files are foreign.
         let mut other = PromptCache::new(1 << 20);
         let r = other.load_dir(dir.path(), "model-b").unwrap();
-        assert_eq!(
-            r,
-            LoadReport {
-                loaded: 0,
-                skipped: 2
-            }
-        );
+        assert_eq!((r.loaded, r.skipped), (0, 2), "{r:?}");
+        for (_, why) in &r.skipped_files {
+            assert!(
+                why.contains("written for model \"model-a\", not \"model-b\""),
+                "{why}"
+            );
+        }
 
         // Corrupt one file (one flipped bit in an array), truncate the other, add junk.
         let mut files: Vec<_> = fs::read_dir(dir.path())
@@ -889,12 +1058,19 @@ mod tests {
         fs::write(dir.path().join("junk.pcache"), b"not an entry").unwrap();
         let mut hurt = PromptCache::new(1 << 20);
         let r = hurt.load_dir(dir.path(), "model-a").unwrap();
-        assert_eq!(
-            r,
-            LoadReport {
-                loaded: 0,
-                skipped: 3
-            }
+        assert_eq!((r.loaded, r.skipped), (0, 3), "{r:?}");
+        let why = |name: &Path| {
+            r.skipped_files
+                .iter()
+                .find(|(p, _)| p == name)
+                .map(|(_, w)| w.clone())
+                .unwrap_or_default()
+        };
+        assert!(why(&files[0]).contains("checksum does not match"), "{r:?}");
+        assert!(why(&files[1]).contains("checksum does not match"), "{r:?}");
+        assert!(
+            why(&dir.path().join("junk.pcache")).contains("not a prompt-cache entry"),
+            "{r:?}"
         );
         assert!(hurt.is_empty());
 

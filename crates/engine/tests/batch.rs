@@ -26,6 +26,7 @@ fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig, n_seq: usize) -> Box<dyn Ex
                 weights,
                 precision: Default::default(),
                 routing: None,
+                tier: None,
             };
             Box::new(CpuExecutor::new(backend, N_CTX, n_seq).expect("executor"))
         }

@@ -29,6 +29,7 @@ fn executor(path: &Path, n_seq: usize) -> (CpuExecutor, ModelConfig) {
         weights,
         precision: Default::default(),
         routing: None,
+        tier: None,
     };
     (
         CpuExecutor::new(backend, N_CTX, n_seq).expect("executor"),

@@ -12,6 +12,9 @@ mod moe;
 pub mod op_times;
 mod snapshot;
 pub(crate) mod team;
+mod tier;
+
+pub use tier::CpuTier;
 
 #[cfg(feature = "cuda")]
 pub(crate) use moe::TokenExperts;
@@ -21,7 +24,7 @@ use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm, Segm
 use rayon::prelude::*;
 
 use crate::api::{Device, DeviceReport, Precision};
-use crate::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
+use crate::exec::{EntryResult, Executor, SeqSnapshot, SeqStep, StepOut, Want};
 
 /// Activations: `rows` tokens × `cols` features, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -276,6 +279,9 @@ pub struct CpuBackend {
     /// When set, the MoE counts every (token, chosen expert) per layer here (routing
     /// profiles for the expert store's slot plan); `None` costs one branch per layer.
     pub routing: Option<std::sync::Arc<crate::experts::RoutingCounts>>,
+    /// Tiered experts (`tier.rs`): a RAM copy of some, the others read from the file
+    /// when routed to. `None`: every expert is read from the mapped file.
+    pub tier: Option<CpuTier>,
 }
 
 pub(crate) fn is_float(ty: quant::GgmlType) -> bool {
@@ -739,9 +745,27 @@ impl Executor for CpuExecutor {
         Some(self.states.iter().map(CpuState::bytes).sum())
     }
 
-    /// The whole batch is one `model::forward_batch`: each weight is read once per
-    /// step for all its rows, and each entry gets the bits it would get alone.
+    fn expert_stats(&self) -> Option<crate::experts::TierStats> {
+        self.backend.tier.as_ref().map(CpuTier::stats)
+    }
+
+    fn expert_reads(&self) -> Option<crate::experts::ReadCounters> {
+        self.backend.tier.as_ref().map(CpuTier::counters)
+    }
+
+    fn standing_fault(&self) -> Option<String> {
+        self.backend.tier.as_ref().and_then(CpuTier::standing_fault)
+    }
+
+    /// All or nothing: the first entry that failed fails the step.
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError> {
+        self.step_each(batch)?.into_iter().collect()
+    }
+
+    /// The whole batch is one `model::forward_batch`: each weight is read once per
+    /// step for all its rows, and each entry gets the bits it would get alone. With
+    /// tiered experts, an entry whose rows could not get their experts fails alone.
+    fn step_each(&mut self, batch: &[SeqStep]) -> Result<Vec<EntryResult>, ExecError> {
         // A mutable borrow of each named state; a sequence named twice is refused
         // (its two entries would race for one state).
         let mut slots: Vec<Option<&mut CpuState>> = self.states.iter_mut().map(Some).collect();
@@ -786,6 +810,9 @@ impl Executor for CpuExecutor {
         // from this thread and sleeping until the pool is done.
         let backend = &self.backend;
         let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        if let Some(t) = &backend.tier {
+            t.begin_pass();
+        }
         let logits = op_times::timed(op_times::Part::Pass, || {
             if rows < PARALLEL_ROWS {
                 quant::par::with_pool(team::shared(), || model::forward_batch(backend, &mut segs))
@@ -793,12 +820,26 @@ impl Executor for CpuExecutor {
                 rayon::scope(|_| model::forward_batch(backend, &mut segs))
             }
         })?;
+        // Rows that could not get their experts: the entries they belong to fail.
+        let failed = backend
+            .tier
+            .as_ref()
+            .map(CpuTier::failed_rows)
+            .unwrap_or_default();
+        let mut row0 = 0;
         Ok(batch
             .iter()
             .zip(logits)
-            .map(|(s, l)| match s.want {
-                Want::Logits(_) => StepOut::Logits(l.data),
-                Want::Greedy => StepOut::Token(crate::sampler::argmax(&l.data)),
+            .map(|(s, l)| {
+                let rows = row0..row0 + s.tokens.len();
+                row0 = rows.end;
+                if let Some((_, e)) = failed.iter().find(|(r, _)| rows.contains(r)) {
+                    return Err(e.clone());
+                }
+                Ok(match s.want {
+                    Want::Logits(_) => StepOut::Logits(l.data),
+                    Want::Greedy => StepOut::Token(crate::sampler::argmax(&l.data)),
+                })
             })
             .collect())
     }

@@ -3,8 +3,12 @@
 //! per token and expert in two parallel regions); each (token, rank) output is kept
 //! apart and the k outputs are combined in top-k rank order (`combine`), so a
 //! token's result does not depend on which other tokens ran beside it
-//! (docs/design.md invariants 1 and 3).
+//! (docs/design.md invariants 1 and 3). With tiered experts (`tier.rs`) the bytes
+//! come from the tier's RAM copy or a read of the file, and rows whose experts could
+//! not be read are left out (their sequences' steps fail; the other rows' bits are
+//! those of a step without them, by the same invariant).
 
+use super::tier::LayerExperts;
 use super::{each_row, Act, CpuBackend, PARALLEL_ROWS};
 use model::math::{sigmoid, silu_mul};
 use model::moe::route;
@@ -12,20 +16,114 @@ use model::weights::MoeWeights;
 use model::ModelConfig;
 use rayon::prelude::*;
 
+/// Where a step's routed experts' bytes are.
+enum Src<'a> {
+    /// The mapped file (every expert resident).
+    Mapped,
+    /// The tier's RAM copy or this step's read.
+    Tier(&'a LayerExperts<'a>),
+}
+
+impl<'a> Src<'a> {
+    /// Expert `ex`'s gate, up and down bytes.
+    fn mats(&self, w: &'a MoeWeights, ex: usize) -> [&'a [u8]; 3] {
+        let mapped = || {
+            [
+                w.gate_exps.matrix_bytes(ex),
+                w.up_exps.matrix_bytes(ex),
+                w.down_exps.matrix_bytes(ex),
+            ]
+        };
+        match self {
+            Src::Mapped => mapped(),
+            // Rows routed to an expert without bytes are left out before anything is
+            // computed, so the fallback is never taken; were it taken, the mapped file
+            // holds the same expert's bytes (read through the page cache instead).
+            Src::Tier(le) => le.mats(ex).unwrap_or_else(mapped),
+        }
+    }
+}
+
 pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act {
     let cfg = &b.cfg;
-    let (t_n, e) = (x.rows, cfg.n_embd);
     let k = cfg.n_expert_used;
     let logits = b.mm_weight(&w.router, x);
-    let mut routes = vec![Vec::new(); t_n];
+    let mut routes = vec![Vec::new(); x.rows];
     quant::par::for_each_mut(&mut routes, |t, r| *r = route(logits.row(t), k));
     if let Some(counts) = &b.routing {
         for r in &routes {
             counts.record_token(layer, r.iter().map(|&(ex, _)| ex));
         }
     }
+    let Some(tier) = &b.tier else {
+        return experts(b, cfg, w, &Src::Mapped, x, &routes);
+    };
+    // Rows that failed in an earlier layer of this pass take no expert.
+    let mut dead = vec![false; x.rows];
+    for (r, _) in tier.failed_rows() {
+        if let Some(d) = dead.get_mut(r) {
+            *d = true;
+        }
+    }
+    let mut uses = vec![0u32; cfg.n_expert];
+    for (t, r) in routes.iter().enumerate() {
+        if !dead[t] {
+            for &(ex, _) in r {
+                uses[ex] += 1;
+            }
+        }
+    }
+    let got = tier.fetch(layer, &uses);
+    let mut failed = Vec::new();
+    for (t, r) in routes.iter().enumerate() {
+        if dead[t] {
+            continue;
+        }
+        if let Some(err) = r.iter().find_map(|&(ex, _)| got.failure(ex)) {
+            failed.push((t, err.clone()));
+            dead[t] = true;
+        }
+    }
+    let src = Src::Tier(&got);
+    let out = if failed.is_empty() && !dead.contains(&true) {
+        experts(b, cfg, w, &src, x, &routes)
+    } else {
+        // The rows that have their experts, computed as a step of their own (each
+        // row's bits are its own); the others' outputs stay zero and are never used.
+        let live: Vec<usize> = (0..x.rows).filter(|&t| !dead[t]).collect();
+        let mut out = Act::zeros(x.rows, x.cols);
+        if !live.is_empty() {
+            let mut xs = Act::zeros(live.len(), x.cols);
+            for (i, &t) in live.iter().enumerate() {
+                xs.row_mut(i).copy_from_slice(x.row(t));
+            }
+            let rs: Vec<Vec<(usize, f32)>> = live.iter().map(|&t| routes[t].clone()).collect();
+            let part = experts(b, cfg, w, &src, &xs, &rs);
+            for (i, &t) in live.iter().enumerate() {
+                out.row_mut(t).copy_from_slice(part.row(i));
+            }
+        }
+        out
+    };
+    tier.fail_rows(failed);
+    tier.done(got);
+    out
+}
+
+/// The routed and shared experts of every row of `x` (`routes`: each row's top-k),
+/// combined in rank order.
+fn experts(
+    b: &CpuBackend,
+    cfg: &ModelConfig,
+    w: &MoeWeights,
+    src: &Src,
+    x: &Act,
+    routes: &[Vec<(usize, f32)>],
+) -> Act {
+    let (t_n, e) = (x.rows, cfg.n_embd);
+    let k = cfg.n_expert_used;
     if t_n < PARALLEL_ROWS {
-        return few_tokens(b, cfg, w, x, &routes);
+        return few_tokens(b, cfg, w, src, x, routes);
     }
 
     // tokens_of[expert] = [(token, rank)]
@@ -50,7 +148,7 @@ pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act 
             for (i, &(t, _)) in toks.iter().enumerate() {
                 xe.row_mut(i).copy_from_slice(x.row(t));
             }
-            expert_ffn(b, w, ex, &xe, cfg.n_ff_exp)
+            expert_ffn(b, w, src.mats(w, ex), &xe, cfg.n_ff_exp)
         })
         .collect();
     // Where each (token, rank) output is: (index into `results`, row).
@@ -89,6 +187,7 @@ fn few_tokens(
     b: &CpuBackend,
     cfg: &ModelConfig,
     w: &MoeWeights,
+    src: &Src,
     x: &Act,
     routes: &[Vec<(usize, f32)>],
 ) -> Act {
@@ -100,12 +199,13 @@ fn few_tokens(
     let mut experts: Vec<(usize, [Mat; 3])> = Vec::with_capacity(per * x.rows);
     for (t, r) in routes.iter().enumerate() {
         experts.extend(r.iter().map(|&(ex, _)| {
+            let [g, u, d] = src.mats(w, ex);
             (
                 t,
                 [
-                    (w.gate_exps.ty, w.gate_exps.matrix_bytes(ex), f),
-                    (w.up_exps.ty, w.up_exps.matrix_bytes(ex), f),
-                    (w.down_exps.ty, w.down_exps.matrix_bytes(ex), e),
+                    (w.gate_exps.ty, g, f),
+                    (w.up_exps.ty, u, f),
+                    (w.down_exps.ty, d, e),
                 ],
             )
         }));
@@ -252,20 +352,15 @@ fn swiglu(g: &Act, u: &Act) -> Act {
     out
 }
 
-/// down_e(silu(gate_e x) ⊙ up_e x) for the rows of `xe`.
-fn expert_ffn(b: &CpuBackend, w: &MoeWeights, ex: usize, xe: &Act, n_ff: usize) -> Act {
+/// down_e(silu(gate_e x) ⊙ up_e x) for the rows of `xe`, given expert e's gate, up
+/// and down bytes.
+fn expert_ffn(b: &CpuBackend, w: &MoeWeights, mats: [&[u8]; 3], xe: &Act, n_ff: usize) -> Act {
     let xq = b.prepare(&[w.gate_exps.ty, w.up_exps.ty], xe);
-    let g = b.mm(w.gate_exps.ty, w.gate_exps.matrix_bytes(ex), n_ff, xe, &xq);
-    let u = b.mm(w.up_exps.ty, w.up_exps.matrix_bytes(ex), n_ff, xe, &xq);
+    let g = b.mm(w.gate_exps.ty, mats[0], n_ff, xe, &xq);
+    let u = b.mm(w.up_exps.ty, mats[1], n_ff, xe, &xq);
     let act = swiglu(&g, &u);
     let aq = b.prepare(&[w.down_exps.ty], &act);
-    b.mm(
-        w.down_exps.ty,
-        w.down_exps.matrix_bytes(ex),
-        xe.cols,
-        &act,
-        &aq,
-    )
+    b.mm(w.down_exps.ty, mats[2], xe.cols, &act, &aq)
 }
 
 /// One matrix–vector product of [`TokenExperts`]: a matrix of one type (rows of

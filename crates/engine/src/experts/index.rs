@@ -15,6 +15,8 @@ use model::tensors::{self, ExpertMatrix, Role};
 use model::ModelConfig;
 use std::path::{Path, PathBuf};
 
+use super::io::FileId;
+
 /// The three matrices of an expert, in the order [`ExpertIndex::expert`] returns them.
 pub const MATRICES: [ExpertMatrix; 3] = [ExpertMatrix::Gate, ExpertMatrix::Up, ExpertMatrix::Down];
 
@@ -74,6 +76,9 @@ pub enum IndexError {
 #[derive(Debug, Clone)]
 pub struct ExpertIndex {
     shards: Vec<PathBuf>,
+    /// Each shard's identity when the index was built (with the model's load):
+    /// readers opened later refuse a file that is not this one.
+    ids: Vec<Option<FileId>>,
     n_layer: usize,
     n_expert: usize,
     /// Per block: gate, up, down.
@@ -142,6 +147,7 @@ impl ExpertIndex {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(ExpertIndex {
             shards: file.paths().to_vec(),
+            ids: file.paths().iter().map(|p| FileId::at(p).ok()).collect(),
             n_layer: cfg.n_layer,
             n_expert: cfg.n_expert,
             blocks,
@@ -169,6 +175,12 @@ impl ExpertIndex {
 
     pub fn shard_path(&self, shard: usize) -> Option<&Path> {
         self.shards.get(shard).map(PathBuf::as_path)
+    }
+
+    /// Shard `shard`'s identity when the index was built (`None`: it could not be
+    /// read then).
+    pub fn shard_id(&self, shard: usize) -> Option<FileId> {
+        self.ids.get(shard).copied().flatten()
     }
 
     /// Matrix `m` of expert `expert` of block `block`; `None` out of range.

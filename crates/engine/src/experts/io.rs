@@ -23,10 +23,24 @@
 //! [`ReadError`] naming the file, offset and length: short reads are continued,
 //! `EINTR`/`EAGAIN` retried (a bounded number of times), and nothing partial or zeroed
 //! is ever returned as success.
+//!
+//! A file that changes under a running server is not served as garbage: the reader
+//! keeps the [`FileId`] (device, inode, size, modification time) of the file it
+//! opened, and before and after every batch compares it with what the open file says
+//! now; a file written in place or truncated fails every read with
+//! [`ReadError::Changed`] (restart to load it). A file deleted or replaced by a new
+//! one at its path (a rename over it) is no danger: the open descriptor still reads
+//! the file that was loaded, and a warning says so once.
+//!
+//! Reads here wait as long as the kernel takes; the deadline for a stalled disk is
+//! [`ExpertReader`](super::ExpertReader)'s, which runs these reads on a thread of its
+//! own. With the `fault-injection` feature, every completed read passes through
+//! [`crate::fault`] (site `ExpertRead`), which may turn it into an error, a short read,
+//! the end of the file or a stall.
 
 use std::alloc::Layout;
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -45,7 +59,7 @@ const MAX_RETRIES: u32 = 64;
 
 /// A direct-read failure. Every message names the file and, for reads, the offset and
 /// length of the range the caller asked for.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ReadError {
     #[error("{}: cannot open for expert reads: {msg}", path.display())]
     Open { path: PathBuf, msg: String },
@@ -56,6 +70,90 @@ pub enum ReadError {
         len: u64,
         msg: String,
     },
+    /// The file is not the one loaded any more (written in place, truncated, or
+    /// another file at its path): its bytes cannot be trusted.
+    #[error(
+        "{}: the model file changed while scoria was serving it ({what}); experts are not \
+         read from it any more: restart scoria to load the file as it is now",
+        path.display()
+    )]
+    Changed { path: PathBuf, what: String },
+    /// A read did not come back within the deadline.
+    #[error(
+        "{}: reading {len} bytes at offset {offset}: no answer within the {:.1} s deadline \
+         (the disk is stalled or failing: see the kernel log, `dmesg`)",
+        path.display(), *deadline_ms as f64 / 1000.0
+    )]
+    Stalled {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+        deadline_ms: u64,
+    },
+    /// An earlier read is still outstanding past its deadline: no new read is
+    /// started until it comes back.
+    #[error(
+        "{}: the read of {len} bytes at offset {offset} has not come back for {:.1} s; \
+         experts that are only in the file cannot be read until it does (see the kernel \
+         log, `dmesg`)",
+        path.display(), *waited_ms as f64 / 1000.0
+    )]
+    Stuck {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+        waited_ms: u64,
+    },
+}
+
+impl ReadError {
+    /// Whether reading the same range again may succeed (a failed read, as opposed
+    /// to a file that changed, a stall or a refusal before anything was read).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ReadError::Read { .. })
+    }
+}
+
+/// Which file a path named when it was opened: enough to tell it was written to,
+/// truncated or replaced since (the modification time changes with every write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// Modification time, in nanoseconds since the epoch.
+    pub mtime_ns: i128,
+}
+
+impl FileId {
+    pub fn of(m: &std::fs::Metadata) -> FileId {
+        FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        }
+    }
+
+    /// The identity of the file at `path` now.
+    pub fn at(path: &Path) -> std::io::Result<FileId> {
+        std::fs::metadata(path).map(|m| FileId::of(&m))
+    }
+
+    /// What differs from `was` (the same file, read from its open descriptor), in
+    /// words; `None` when nothing that matters does.
+    fn changed_since(&self, was: &FileId) -> Option<String> {
+        if self.size != was.size {
+            Some(format!(
+                "its size went from {} to {} bytes",
+                was.size, self.size
+            ))
+        } else if self.mtime_ns != was.mtime_ns {
+            Some("it was written to after it was loaded".into())
+        } else {
+            None
+        }
+    }
 }
 
 /// The aligned part of the file a request reads: `len` bytes from `start`, the
@@ -218,6 +316,8 @@ impl Default for ReaderOptions {
 
 static WARNED_DIRECT: AtomicBool = AtomicBool::new(false);
 static WARNED_URING: AtomicBool = AtomicBool::new(false);
+/// The model file's path was deleted or now names another file (once per process).
+static WARNED_MOVED: AtomicBool = AtomicBool::new(false);
 
 fn warn_once(flag: &AtomicBool, msg: impl FnOnce() -> String) {
     if !flag.swap(true, Ordering::Relaxed) {
@@ -259,6 +359,9 @@ pub struct DirectReader {
     path: PathBuf,
     file: File,
     size: u64,
+    /// The open file's identity when it was opened (compared before and after each
+    /// batch).
+    id: FileId,
     direct: bool,
     depth: u32,
     #[cfg(target_os = "linux")]
@@ -339,10 +442,12 @@ impl DirectReader {
                 false,
             )
         };
-        let size = file
-            .metadata()
-            .map_err(|e| open_err(format!("cannot read its length: {e}")))?
-            .len();
+        let id = FileId::of(
+            &file
+                .metadata()
+                .map_err(|e| open_err(format!("cannot read its length: {e}")))?,
+        );
+        let size = id.size;
         #[cfg(target_os = "linux")]
         let ring = if opts.io_uring {
             match new_ring(opts.queue_depth) {
@@ -363,6 +468,7 @@ impl DirectReader {
             path: path.to_path_buf(),
             file,
             size,
+            id,
             direct,
             depth: opts.queue_depth,
             #[cfg(target_os = "linux")]
@@ -370,8 +476,69 @@ impl DirectReader {
         })
     }
 
+    /// Opens `path` as [`DirectReader::with_options`] does, refusing a file that is
+    /// not `expected` (the file as it was when the model was loaded: another file at
+    /// the path, or the same file written since).
+    pub fn open_expecting(
+        path: &Path,
+        opts: ReaderOptions,
+        expected: &FileId,
+    ) -> Result<DirectReader, ReadError> {
+        let r = Self::with_options(path, opts)?;
+        let changed = |what: String| ReadError::Changed {
+            path: path.to_path_buf(),
+            what,
+        };
+        if (r.id.dev, r.id.ino) != (expected.dev, expected.ino) {
+            return Err(changed(
+                "the path names another file than the one loaded (it was replaced)".into(),
+            ));
+        }
+        if let Some(what) = r.id.changed_since(expected) {
+            return Err(changed(what));
+        }
+        Ok(r)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The identity of the file this reader has open, as it was opened.
+    pub fn file_id(&self) -> FileId {
+        self.id
+    }
+
+    /// Refuses to read when the open file has changed since it was opened (see the
+    /// module docs); warns once when its path was deleted or names another file,
+    /// which the open descriptor does not notice.
+    pub fn check_unchanged(&self) -> Result<(), ReadError> {
+        let now = self.file.metadata().map_err(|e| ReadError::Changed {
+            path: self.path.clone(),
+            what: format!("its state cannot be read: {e}"),
+        })?;
+        if let Some(what) = FileId::of(&now).changed_since(&self.id) {
+            return Err(ReadError::Changed {
+                path: self.path.clone(),
+                what,
+            });
+        }
+        let at_path = FileId::at(&self.path);
+        let moved = match &at_path {
+            Ok(p) => (p.dev, p.ino) != (self.id.dev, self.id.ino),
+            Err(_) => true,
+        };
+        if moved {
+            warn_once(&WARNED_MOVED, || {
+                format!(
+                    "{}: the model file was deleted or replaced on disk; scoria keeps reading \
+                     the file it loaded (still open, its space is freed when scoria exits); \
+                     restart scoria to load the new one",
+                    self.path.display()
+                )
+            });
+        }
+        Ok(())
     }
 
     /// Length of the file when it was opened.
@@ -413,6 +580,16 @@ impl DirectReader {
     /// file's bytes. On error nothing may be used (some destinations may be partly
     /// written), and the error names the first range that failed.
     pub fn read_batch(&mut self, reqs: &mut [ReadRequest]) -> Result<(), ReadError> {
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        self.check_unchanged()?;
+        self.read_unchecked(reqs)?;
+        // A write during the reads may have torn them.
+        self.check_unchanged()
+    }
+
+    fn read_unchecked(&mut self, reqs: &mut [ReadRequest]) -> Result<(), ReadError> {
         let mut ops = Vec::with_capacity(reqs.len());
         for (i, r) in reqs.iter().enumerate() {
             let end = r.offset.checked_add(r.len as u64);
@@ -509,6 +686,7 @@ impl DirectReader {
                     .file
                     .read_at(&mut r.dst[from..to], op.pos)
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+                let res = injected(&self.path, self.direct, op.pos, res);
                 match settle(self.direct, self.size, &mut op, res) {
                     Outcome::Done => break,
                     Outcome::Again => {}
@@ -592,6 +770,7 @@ impl DirectReader {
                 let i = id as usize;
                 let res = if res < 0 { Err(-res) } else { Ok(res as usize) };
                 let mut op = ops[i];
+                let res = injected(&self.path, self.direct, op.pos, res);
                 let outcome = settle(self.direct, self.size, &mut op, res);
                 ops[i] = op;
                 match outcome {
@@ -619,6 +798,32 @@ impl DirectReader {
             Some(f) => Err(f),
             None => Ok(()),
         }
+    }
+}
+
+/// A completed read's result as the fault-injection hook leaves it (unchanged
+/// without the `fault-injection` feature): `pos` is the file offset it read at.
+#[inline(always)]
+fn injected(path: &Path, direct: bool, pos: u64, res: Result<usize, i32>) -> Result<usize, i32> {
+    use crate::fault::{hit, Fault, Site};
+    match hit(Site::ExpertRead, path, pos) {
+        None => res,
+        Some(Fault::Errno(e)) => Err(e),
+        Some(Fault::Eof) => Ok(0),
+        Some(Fault::Stall(d)) => {
+            std::thread::sleep(d);
+            res
+        }
+        Some(Fault::Short(n)) => res.map(|got| {
+            // The bytes past `n` were read but are not reported: the reader must
+            // ask for them again. A direct read stops at a block boundary.
+            let n = if direct {
+                (n / ALIGN * ALIGN).max(ALIGN)
+            } else {
+                n.max(1)
+            };
+            got.min(n)
+        }),
     }
 }
 

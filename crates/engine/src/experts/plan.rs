@@ -306,6 +306,41 @@ fn check(req: &PlanRequest, profile: Option<&RoutingProfile>) -> Result<(), Plan
     Ok(())
 }
 
+/// The experts a RAM copy of `budget` bytes holds (the module docs' RAM rule;
+/// `expert_bytes` per trunk layer): `resident[layer][expert]`, the (layer, expert)
+/// pairs in the order they were taken, and the bytes they take.
+pub fn ram_copy(
+    expert_bytes: &[u64],
+    n_expert: usize,
+    budget: u64,
+    profile: Option<&RoutingProfile>,
+) -> (Vec<Vec<bool>>, Vec<(u32, u32)>, u64) {
+    let n_layer = expert_bytes.len();
+    let mut order: Vec<(u32, u32)> = (0..n_layer as u32)
+        .flat_map(|l| (0..n_expert as u32).map(move |e| (l, e)))
+        .collect();
+    match profile {
+        Some(p) => order.sort_by(|a, b| {
+            let ca = p.counts[a.0 as usize][a.1 as usize];
+            let cb = p.counts[b.0 as usize][b.1 as usize];
+            cb.cmp(&ca).then(a.cmp(b))
+        }),
+        None => order.sort_by_key(|&(l, e)| (e, l)),
+    }
+    let mut resident = vec![vec![false; n_expert]; n_layer];
+    let mut taken = Vec::new();
+    let mut left = budget;
+    for (l, e) in order {
+        let b = expert_bytes[l as usize];
+        if b <= left {
+            left -= b;
+            resident[l as usize][e as usize] = true;
+            taken.push((l, e));
+        }
+    }
+    (resident, taken, budget - left)
+}
+
 /// Places the experts of `req` (see the module docs for the rules).
 pub fn plan(req: &PlanRequest, profile: Option<&RoutingProfile>) -> Result<Plan, PlanError> {
     check(req, profile)?;
@@ -353,28 +388,8 @@ pub fn plan(req: &PlanRequest, profile: Option<&RoutingProfile>) -> Result<Plan,
             });
         }
     }
-    let mut order: Vec<(u32, u32)> = (0..n_layer as u32)
-        .flat_map(|l| (0..n as u32).map(move |e| (l, e)))
-        .collect();
-    match profile {
-        Some(p) => order.sort_by(|a, b| {
-            let ca = p.counts[a.0 as usize][a.1 as usize];
-            let cb = p.counts[b.0 as usize][b.1 as usize];
-            cb.cmp(&ca).then(a.cmp(b))
-        }),
-        None => order.sort_by_key(|&(l, e)| (e, l)),
-    }
-    let mut resident = vec![vec![false; n]; n_layer];
-    let mut resident_order = Vec::new();
-    let mut ram_left = req.ram_budget;
-    for (l, e) in order {
-        let b = bytes[l as usize];
-        if b <= ram_left {
-            ram_left -= b;
-            resident[l as usize][e as usize] = true;
-            resident_order.push((l, e));
-        }
-    }
+    let (resident, resident_order, ram_used) = ram_copy(bytes, n, req.ram_budget, profile);
+    let ram_left = req.ram_budget - ram_used;
 
     let layers = (0..n_layer)
         .zip(resident)

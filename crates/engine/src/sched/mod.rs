@@ -99,6 +99,8 @@ pub struct CacheReport {
     /// Conversations stored, their bytes, the budget, and evictions so far
     /// (None: the prompt cache is off).
     pub store: Option<prompt_cache::CacheStats>,
+    /// How saving it to `--prompt-cache-dir` fares (None: memory only).
+    pub disk: Option<prompt_cache::WriterStatus>,
 }
 
 /// One slot, for `/slots` and the stats page.
@@ -208,6 +210,7 @@ impl Scheduler {
         CacheReport {
             counters: self.counters,
             store: self.store.as_ref().map(|s| s.stats()),
+            disk: self.store_writer.as_ref().map(|w| w.status()),
         }
     }
 

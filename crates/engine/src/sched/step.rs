@@ -372,7 +372,7 @@ pub(super) fn run(
             .into_iter()
             .map(|(i, c)| (i, s.spawn(move || c.next_mask())))
             .collect();
-        let result = exec.step(&batch);
+        let result = exec.step_each(&batch);
         let masks: Vec<_> = helpers.into_iter().map(|(i, h)| (i, h.join())).collect();
         (result, masks)
     });
@@ -405,10 +405,7 @@ pub(super) fn run(
             // The states may hold part of this step: those slots start over.
             for e in &entries {
                 let seq = items[e.item].0.seq;
-                let c = &mut seqs[seq];
-                c.history.clear();
-                c.last_logits = None;
-                let _ = exec.clear(seq);
+                fail_entry(exec, seqs, seq, &err);
                 if !ended[e.item] {
                     items[e.item].1.done(Err(err.clone().into()));
                     ended[e.item] = true;
@@ -423,6 +420,19 @@ pub(super) fn run(
     };
     for (e, out) in entries.into_iter().zip(outs) {
         let (act, sink) = &mut items[e.item];
+        // An entry that failed alone: its request ends with the error, its slot
+        // starts over; the others' steps are complete.
+        let out = match out {
+            Ok(o) => o,
+            Err(err) => {
+                fail_entry(exec, seqs, act.seq, &err);
+                if !ended[e.item] {
+                    sink.done(Err(err.into()));
+                    ended[e.item] = true;
+                }
+                continue;
+            }
+        };
         let cache = &mut seqs[act.seq];
         cache.history.extend_from_slice(&e.tokens);
         cache.last_logits = None;
@@ -472,6 +482,19 @@ pub(super) fn run(
         ended,
         ran,
         starved,
+    }
+}
+
+/// Sequence `seq`'s part of a step failed with `err`: its state may hold part of
+/// the step, so the slot starts over (its request is told by the caller).
+fn fail_entry(exec: &mut dyn Executor, seqs: &mut [SeqCache], seq: usize, err: &ExecError) {
+    tracing::error!("slot {seq}: the step failed, its request ends: {err}");
+    let c = &mut seqs[seq];
+    c.history.clear();
+    c.last_logits = None;
+    c.marks.clear();
+    if let Err(e) = exec.clear(seq) {
+        tracing::warn!("slot {seq}: clearing after a failed step: {e}");
     }
 }
 
