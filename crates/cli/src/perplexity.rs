@@ -197,7 +197,7 @@ pub fn mean_and_uncertainty(values: &[f64]) -> (f64, f64) {
 /// the allowed one.
 pub fn gate(mean_kld: f64, kld_max: Option<f64>) -> Result<()> {
     match kld_max {
-        Some(max) if !(mean_kld <= max) => bail!(
+        Some(max) if mean_kld.is_nan() || mean_kld > max => bail!(
             "KLD gate failed: the mean KL divergence from the base is {mean_kld:.6}, above --kld-max {max}"
         ),
         _ => Ok(()),
@@ -416,7 +416,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     if let Some(n) = a.threads {
         engine::check_threads(n)?;
     }
-    if let Some(x) = a.kld_max.filter(|x| !(*x >= 0.0)) {
+    if let Some(x) = a.kld_max.filter(|x| x.is_nan() || *x < 0.0) {
         bail!("--kld-max {x}: give a KL divergence of 0 or more");
     }
     let text = read_text(&a.file)?;
