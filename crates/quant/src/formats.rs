@@ -267,7 +267,7 @@ pub(crate) fn quantize(ty: gguf::GgmlType, src: &[f32], dst: &mut [u8]) {
         T::Q6_K => quantize_q6_k(src, dst),
         T::IQ4_XS => quantize_iq4_xs(src, dst),
         other => match crate::lowbit::spec(other) {
-            Some(sp) => crate::lowbit::quantize(&sp, src, dst),
+            Some(sp) => crate::lowbit_quantize::quantize(&sp, src, dst),
             None => unreachable!("quantize called for unsupported type {other}"),
         },
     }

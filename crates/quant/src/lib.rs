@@ -165,6 +165,7 @@ mod formats;
 mod grids;
 mod isa;
 mod lowbit;
+mod lowbit_quantize;
 mod lowbit_simd;
 pub mod par;
 mod scalar;
