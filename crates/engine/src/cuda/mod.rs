@@ -235,6 +235,7 @@ impl CudaExecutor {
         budgets: Budgets,
     ) -> Result<CudaExecutor, EngineError> {
         let dev = |e: cuda::CudaError| EngineError::Device(e.to_string());
+        weights::check_tensors(weights)?;
         let gpu = Gpu::open(ordinal).map_err(dev)?;
         let name = gpu.name();
         let (free, total) = gpu.mem_info().map_err(dev)?;
