@@ -55,9 +55,44 @@ __device__ __forceinline__ int mq_word(int row, int w) { return w ^ (((row >> 2)
 struct MqScale {
   float d, dmin, a, b;
 };
+// The low-bit types' (sc_formats.cuh): D, E, the halves' multipliers as floats
+// (exact), and Q2_K's halves' mins as four equal bytes each (the A operand of the mma
+// that gives its min's integer ie = Σ emul·a).
+struct MqScaleLb {
+  float d, e, m0, m1;
+  uint32_t e0, e1;
+};
+template <bool LB>
+struct MqScaleSel {
+  typedef MqScale T;
+};
+template <>
+struct MqScaleSel<true> {
+  typedef MqScaleLb T;
+};
+template <int TY>
+using MqScaleOf = typename MqScaleSel<(TY >= SC_T_LOWBIT_FIRST)>::T;
+
+// A low-bit sub-block: the weights of sc_formats.cuh's decoder, its scales as above.
+template <int TY>
+__device__ __forceinline__ void mq_decode_lb(const uint8_t* row, int s, uint32_t* q, MqScaleLb& p) {
+  WLB w;
+  sc_load_lb(TY, row, s, w);
+  p.d = w.d;
+  p.e = w.e;
+  p.m0 = (float)w.m0;
+  p.m1 = (float)w.m1;
+  p.e0 = (uint32_t)w.e0 * 0x01010101u;
+  p.e1 = (uint32_t)w.e1 * 0x01010101u;
+#pragma unroll
+  for (int i = 0; i < 8; i++) q[i] = w.q[i];
+}
 
 template <int TY>
-__device__ __forceinline__ void mq_decode(const uint8_t* row, int s, uint32_t* q, MqScale& p) {
+__device__ __forceinline__ void mq_decode(const uint8_t* row, int s, uint32_t* q, MqScaleOf<TY>& p) {
+  if constexpr (TY >= SC_T_LOWBIT_FIRST) {
+    mq_decode_lb<TY>(row, s, q, p);
+  } else {
   p.dmin = 0.0f;
   p.a = 0.0f;
   p.b = 0.0f;
@@ -106,6 +141,7 @@ __device__ __forceinline__ void mq_decode(const uint8_t* row, int s, uint32_t* q
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = w.q[i];
   }
+  }
 }
 
 // The mma accumulators start from SC_I2F_MAGIC (sc_formats.cuh), so a finished
@@ -134,6 +170,33 @@ __device__ __forceinline__ float mq_finish(const MqScale& p, int acc, int hi, fl
     return sc_mul(sc_mul(p.d, da), sc_mul(p.a, dot));
   } else {
     return sc_mul(sc_mul(p.d, da), dot);
+  }
+}
+
+// The low-bit types' contribution (sc_formats.cuh's sequences) from the accumulators:
+// `acc` the whole sub-block's dot or, for the types with a multiplier a half
+// (SC_LB_HALVES), the first half's, `hi` the second's; `mn` Q2_K's Σ emul·a. Each
+// integer of the canonical sequence is below 2^24, so float products and sums of the
+// exact floats here are that integer, exactly (is = fma(m0, lo, m1·hi): m1·hi is
+// exact, and the fma rounds the exact is once, to itself); only a zero's sign can
+// differ from the integer route, which never shows (see mq_finish).
+template <int TY>
+__device__ __forceinline__ float mq_finish_lb(const MqScaleLb& p, int acc, int hi, int mn, float da, float asum) {
+  const float lo = sc_from_magic(acc);
+  float is;
+  if constexpr (SC_LB_HALVES(TY)) {
+    is = sc_fma(p.m0, lo, sc_mul(p.m1, sc_from_magic(hi)));
+  } else {
+    is = sc_mul(p.m0, lo);
+  }
+  // c = (D * da) * is
+  const float c = sc_mul(sc_mul(p.d, da), is);
+  if constexpr (TY == SC_T_Q4_1 || TY == SC_T_Q5_1) {
+    return sc_fma(sc_mul(p.e, da), asum, c);  // c = fma(E * da, asum, c)
+  } else if constexpr (TY == SC_T_Q2_K) {
+    return sc_fma(sc_mul(p.e, da), sc_from_magic(mn), c);  // c = fma(E * da, ie, c)
+  } else {
+    return c;
   }
 }
 
@@ -201,7 +264,7 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
                                         int n_tiles, float* __restrict__ out) {
   __shared__ __align__(16) uint32_t sw[MQ_KS][MQ_BM][8];
   __shared__ __align__(16) uint32_t sa[MQ_KS][MQ_BN][8];
-  __shared__ MqScale sp[MQ_KS][MQ_BM];
+  __shared__ MqScaleOf<TY> sp[MQ_KS][MQ_BM];
   __shared__ float sda[MQ_KS][MQ_BN];
   __shared__ float sas[MQ_KS][MQ_BN];  // activation sums as floats (exact)
   __shared__ short order[MQ_MAX_SUB];            // sub-block of each step, leaf by leaf
@@ -287,7 +350,7 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
         const int item = tid + 128 * it;
         const int e = item / MQ_BM, r = item % MQ_BM;
         uint32_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        MqScale p = {0.0f, 0.0f, 0.0f, 0.0f};
+        MqScaleOf<TY> p = {};
         if (k0 + e < n_sub && r0 + r < n_rows) {
           mq_decode<TY>(wexp + (unsigned long long)(r0 + r) * row_bytes, order[k0 + e], q, p);
         }
@@ -330,12 +393,32 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
         const uint32_t a1 = sw[e][wr + 8][w0];
         const uint32_t a2 = sw[e][wr][w1];
         const uint32_t a3 = sw[e][wr + 8][w1];
-        const MqScale p0 = sp[e][wr], p1 = sp[e][wr + 8];
+        const MqScaleOf<TY> p0 = sp[e][wr], p1 = sp[e][wr + 8];
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
           const int tr = nt * 8 + g;
           const uint32_t b0 = sa[e][tr][mq_word(tr, t4)];
           const uint32_t b1 = sa[e][tr][mq_word(tr, 4 + t4)];
+          if constexpr (TY >= SC_T_LOWBIT_FIRST) {
+            // Two K = 16 products for the types with a multiplier a half (as Q6_K);
+            // Q2_K's min from one more, of its halves' mins.
+            int c[4], h[4] = {SC_I2F_MAGIC, SC_I2F_MAGIC, SC_I2F_MAGIC, SC_I2F_MAGIC};
+            int mn[4] = {SC_I2F_MAGIC, SC_I2F_MAGIC, SC_I2F_MAGIC, SC_I2F_MAGIC};
+            if constexpr (SC_LB_HALVES(TY)) {
+              mq_mma_k16(c, a0, a1, b0);
+              mq_mma_k16(h, a2, a3, b1);
+            } else {
+              mq_mma_k32(c, a0, a1, a2, a3, b0, b1);
+            }
+            if constexpr (TY == SC_T_Q2_K) mq_mma_k32(mn, p0.e0, p1.e0, p0.e1, p1.e1, b0, b1);
+            const int j0 = nt * 8 + 2 * t4;
+            const float da0 = sda[e][j0], da1 = sda[e][j0 + 1];
+            const float as0 = sas[e][j0], as1 = sas[e][j0 + 1];
+            acc[nt][0] = sc_add(acc[nt][0], mq_finish_lb<TY>(p0, c[0], h[0], mn[0], da0, as0));
+            acc[nt][1] = sc_add(acc[nt][1], mq_finish_lb<TY>(p0, c[1], h[1], mn[1], da1, as1));
+            acc[nt][2] = sc_add(acc[nt][2], mq_finish_lb<TY>(p1, c[2], h[2], mn[2], da0, as0));
+            acc[nt][3] = sc_add(acc[nt][3], mq_finish_lb<TY>(p1, c[3], h[3], mn[3], da1, as1));
+          } else {
           int c[4], h[4] = {SC_I2F_MAGIC, SC_I2F_MAGIC, SC_I2F_MAGIC, SC_I2F_MAGIC};
           if constexpr (TY == SC_T_Q6_K) {
             mq_mma_k16(c, a0, a1, b0);
@@ -350,6 +433,7 @@ __device__ __forceinline__ void mq_body(const uint8_t* __restrict__ w, unsigned 
           acc[nt][1] = sc_add(acc[nt][1], mq_finish<TY>(p0, c[1], h[1], da1, as1));
           acc[nt][2] = sc_add(acc[nt][2], mq_finish<TY>(p1, c[2], h[2], da0, as0));
           acc[nt][3] = sc_add(acc[nt][3], mq_finish<TY>(p1, c[3], h[3], da1, as1));
+          }
         }
       };
 #pragma unroll 1
@@ -406,3 +490,7 @@ MQ_KERNEL(mmq_q4_k, SC_T_Q4_K)
 MQ_KERNEL(mmq_q5_k, SC_T_Q5_K)
 MQ_KERNEL(mmq_q6_k, SC_T_Q6_K)
 MQ_KERNEL(mmq_iq4_xs, SC_T_IQ4_XS)
+// The low-bit types: mmq_q2_k, ...
+#define MQ_LB_KERNEL(CODE, NAME, LOAD, CONTRIB) MQ_KERNEL(mmq_##NAME, CODE)
+SC_LOWBIT_TYPES(MQ_LB_KERNEL)
+#undef MQ_LB_KERNEL

@@ -132,6 +132,22 @@ __device__ __forceinline__ void sc_qsub2_any(int ty, const uint8_t* r0, const ui
     default: break;
   }
 }
+// sc_qsub2_any for every quantized type, the low-bit ones included (the _lb kernels).
+__device__ __forceinline__ void sc_qsub2_lb(int ty, const uint8_t* r0, const uint8_t* r1, bool v0, bool v1,
+                                            int s, const int8_t* xq, const float* xd, const int* xs,
+                                            float& c0, float& c1) {
+  if (ty < SC_T_LOWBIT_FIRST) {
+    sc_qsub2_any(ty, r0, r1, v0, v1, s, xq, xd, xs, c0, c1);
+    return;
+  }
+  switch (ty) {
+#define SC_LB_QSUB2_CASE(CODE, NAME, LOAD, CONTRIB) \
+  case CODE: sc_qsub2<FmtLb_##NAME>(r0, r1, v0, v1, s, xq, xd, xs, c0, c1); break;
+    SC_LOWBIT_TYPES(SC_LB_QSUB2_CASE)
+#undef SC_LB_QSUB2_CASE
+    default: break;
+  }
+}
 
 // The routing of one token and its experts' SwiGLU in one launch. Each block of a
 // routed plane first routes the token itself from the router's `logits`
@@ -154,9 +170,11 @@ __device__ __forceinline__ void sc_qsub2_any(int ty, const uint8_t* r0, const ui
 // several sequences) read row t of logits, x and its quantized copy, and write row t of
 // wts_out / ids_out (k each), act and aq (k·n_ff + n_sff each), shared_logit[t], with
 // plane_done[t·(k + 1) + plane]; ids_in likewise row t. One token is blockIdx.z = 0, so
-// every token gets the bits it gets alone.
+// every token gets the bits it gets alone. LB: the types may be low-bit ones too (the
+// _lb kernels, which the host picks when the routed or the shared expert's type is
+// one; the others never meet such a type).
 #define SC_FUSED_MAX_EXPERT 512
-template <bool ROWS>
+template <bool ROWS, bool LB>
 __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
                 unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
                 const uint8_t* __restrict__ sgate, const uint8_t* __restrict__ sup, int sty,
@@ -223,8 +241,13 @@ __device__ __forceinline__ void moe_gate_up_body(const uint8_t* __restrict__ gat
     }
     float acc[2] = {0.0f, 0.0f};
     const size_t xo = tk * n_cols;
-    sc_dot_rows<2>(t, rows, n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + xo / 32 : nullptr,
-                   xs ? xs + xo / 32 : nullptr, lane, acc);
+    if constexpr (LB) {
+      sc_dot_rows_lb<2>(t, rows, n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + xo / 32 : nullptr,
+                        xs ? xs + xo / 32 : nullptr, lane, acc);
+    } else {
+      sc_dot_rows<2>(t, rows, n_cols, x + xo, xq ? xq + xo : nullptr, xd ? xd + xo / 32 : nullptr,
+                     xs ? xs + xo / 32 : nullptr, lane, acc);
+    }
     // Gate's sum in lanes 0..15, up's in 16..31 (sc_warp_sum's bits each).
     const float gu = sc_warp_sum_split<2>(acc);
     const float u = __shfl_sync(0xffffffffu, gu, 16);
@@ -259,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(const uint8_t* __r
                 float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
                 const int* __restrict__ ids_in) {
   sc_pdl_enter();
-  moe_gate_up_body<false>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
+  moe_gate_up_body<false, false>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
 }
 extern "C" __global__ void __launch_bounds__(128) moe_gate_up_rows(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
                 unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
@@ -272,7 +295,34 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up_rows(const uint8_t
                 float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
                 const int* __restrict__ ids_in) {
   sc_pdl_enter();
-  moe_gate_up_body<true>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
+  moe_gate_up_body<true, false>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
+}
+// The two launches for the low-bit types.
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_lb(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
+                unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
+                const uint8_t* __restrict__ sgate, const uint8_t* __restrict__ sup, int sty,
+                unsigned long long srow_bytes, int n_sff, const float* __restrict__ logits, int n_expert,
+                int k, float* __restrict__ wts_out, int* __restrict__ ids_out, int n_cols,
+                const float* __restrict__ x, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                const int* __restrict__ xs, const float* __restrict__ gate_inp,
+                float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
+                float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
+                const int* __restrict__ ids_in) {
+  sc_pdl_enter();
+  moe_gate_up_body<false, true>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_rows_lb(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int ty,
+                unsigned long long expert_bytes, unsigned long long row_bytes, int n_ff,
+                const uint8_t* __restrict__ sgate, const uint8_t* __restrict__ sup, int sty,
+                unsigned long long srow_bytes, int n_sff, const float* __restrict__ logits, int n_expert,
+                int k, float* __restrict__ wts_out, int* __restrict__ ids_out, int n_cols,
+                const float* __restrict__ x, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                const int* __restrict__ xs, const float* __restrict__ gate_inp,
+                float* __restrict__ shared_logit, float* act, int8_t* __restrict__ aq,
+                float* __restrict__ ad, int* __restrict__ as, int* __restrict__ plane_done,
+                const int* __restrict__ ids_in) {
+  sc_pdl_enter();
+  moe_gate_up_body<true, true>(gate, up, ty, expert_bytes, row_bytes, n_ff, sgate, sup, sty, srow_bytes, n_sff, logits, n_expert, k, wts_out, ids_out, n_cols, x, xq, xd, xs, gate_inp, shared_logit, act, aq, ad, as, plane_done, ids_in);
 }
 
 // out[c] = Σ_r wts[r] · (act_r · down_{ids[r]}[c]) in rank order from 0.0, then
@@ -289,8 +339,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up_rows(const uint8_t
 // n_out values) instead: experts computed elsewhere (tiered decode: by the CPU).
 // Several tokens (blockIdx.y = token t): row t of ids, wts (k each), act and its copy
 // (k·n_ff + n_sff each), shared_logit, out (n_out) and given (k·n_out), as
-// moe_gate_up lays them out; token 0 is the one-token launch.
-template <bool ROWS>
+// moe_gate_up lays them out; token 0 is the one-token launch. LB: as for moe_gate_up.
+template <bool ROWS, bool LB>
 __device__ __forceinline__ void moe_down_combine_body(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
                      unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
                      unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
@@ -336,8 +386,13 @@ __device__ __forceinline__ void moe_down_combine_body(const uint8_t* __restrict_
     const bool in = hl < (n >> 5);
     const bool va = in && ca < n_out, vb = in && cb < n_out;
     float pa = 0.0f, pb = 0.0f;
-    sc_qsub2_any(t, base + (unsigned long long)ca * rb, base + (unsigned long long)cb * rb, va, vb, hl, aq + a0,
-                 ad + a0 / 32, as + a0 / 32, pa, pb);
+    if constexpr (LB) {
+      sc_qsub2_lb(t, base + (unsigned long long)ca * rb, base + (unsigned long long)cb * rb, va, vb, hl, aq + a0,
+                  ad + a0 / 32, as + a0 / 32, pa, pb);
+    } else {
+      sc_qsub2_any(t, base + (unsigned long long)ca * rb, base + (unsigned long long)cb * rb, va, vb, hl, aq + a0,
+                   ad + a0 / 32, as + a0 / 32, pa, pb);
+    }
     float v[2] = {va ? sc_add(0.0f, pa) : 0.0f, vb ? sc_add(0.0f, pb) : 0.0f};
 #pragma unroll
     for (int j = 0; j < 2; j++) {
@@ -352,8 +407,13 @@ __device__ __forceinline__ void moe_down_combine_body(const uint8_t* __restrict_
   } else {
     const uint8_t* rows_p[1] = {base + (unsigned long long)c0 * rb};
     float acc[1] = {0.0f};
-    sc_dot_rows<1>(t, rows_p, n, act + a0, aq ? aq + a0 : nullptr, ad ? ad + a0 / 32 : nullptr,
-                   as ? as + a0 / 32 : nullptr, lane, acc);
+    if constexpr (LB) {
+      sc_dot_rows_lb<1>(t, rows_p, n, act + a0, aq ? aq + a0 : nullptr, ad ? ad + a0 / 32 : nullptr,
+                        as ? as + a0 / 32 : nullptr, lane, acc);
+    } else {
+      sc_dot_rows<1>(t, rows_p, n, act + a0, aq ? aq + a0 : nullptr, ad ? ad + a0 / 32 : nullptr,
+                     as ? as + a0 / 32 : nullptr, lane, acc);
+    }
     const float v = sc_warp_sum(acc[0]);
     if (lane == 0) part[0][w] = v;
   }
@@ -377,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_down_combine(const uint8_
                      const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
                      const float* __restrict__ given) {
   sc_pdl_enter();
-  moe_down_combine_body<false>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
+  moe_down_combine_body<false, false>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
 }
 // The rows launch at 56 registers, so that more of its blocks fit an SM (Q35: four
 // blocks of nine warps, not three; the one-token launch fits one wave either way).
@@ -389,7 +449,28 @@ extern "C" __global__ void __maxnreg__(56) moe_down_combine_rows(const uint8_t* 
                      const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
                      const float* __restrict__ given) {
   sc_pdl_enter();
-  moe_down_combine_body<true>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
+  moe_down_combine_body<true, false>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
+}
+// The two launches for the low-bit types.
+extern "C" __global__ void __launch_bounds__(1024) moe_down_combine_lb(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
+                     unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
+                     unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
+                     const float* __restrict__ wts, int k, const float* __restrict__ act,
+                     const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
+                     const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
+                     const float* __restrict__ given) {
+  sc_pdl_enter();
+  moe_down_combine_body<false, true>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
+}
+extern "C" __global__ void __maxnreg__(56) moe_down_combine_rows_lb(const uint8_t* __restrict__ down, int ty, unsigned long long expert_bytes,
+                     unsigned long long row_bytes, int n_ff, const uint8_t* __restrict__ sdown, int sty,
+                     unsigned long long srow_bytes, int n_sff, const int* __restrict__ ids,
+                     const float* __restrict__ wts, int k, const float* __restrict__ act,
+                     const int8_t* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ as,
+                     const float* __restrict__ shared_logit, float* __restrict__ out, int n_out, int pair,
+                     const float* __restrict__ given) {
+  sc_pdl_enter();
+  moe_down_combine_body<true, true>(down, ty, expert_bytes, row_bytes, n_ff, sdown, sty, srow_bytes, n_sff, ids, wts, k, act, aq, ad, as, shared_logit, out, n_out, pair, given);
 }
 
 // ------------------------------------------------------------------------ router

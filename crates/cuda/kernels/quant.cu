@@ -149,6 +149,10 @@ SC_MATVEC_KERNEL(matvec_q4_k, SC_QDOT(WK, sc_load_q4_k, sc_contrib_k))
 SC_MATVEC_KERNEL(matvec_q5_k, SC_QDOT(WK, sc_load_q5_k, sc_contrib_k))
 SC_MATVEC_KERNEL(matvec_q6_k, SC_QDOT(WQ6_K, sc_load_q6_k, sc_contrib_q6_k))
 SC_MATVEC_KERNEL(matvec_iq4_xs, SC_QDOT(WIQ4, sc_load_iq4_xs, sc_contrib_iq4_xs))
+// The low-bit types (sc_formats.cuh's list): matvec_q2_k, matvec_q2_k_t1, ...
+#define SC_LB_MATVEC(CODE, NAME, LOAD, CONTRIB) SC_MATVEC_KERNEL(matvec_##NAME, SC_QDOT(WLB, LOAD, CONTRIB))
+SC_LOWBIT_TYPES(SC_LB_MATVEC)
+#undef SC_LB_MATVEC
 
 // ---------------------------------------------------------------- float matmul
 // Float weights × many tokens of a plain matrix (a prompt's router): SC_FDOT's
@@ -248,6 +252,19 @@ extern "C" __global__ void __launch_bounds__(256) embed(int ty, const uint8_t* _
   for (int t = blockIdx.y; t < n_tok; t += gridDim.y) {
     const uint8_t* row = table + (unsigned long long)ids[t] * row_bytes;
     out[(size_t)t * cols + i] = sc_dequant(ty, row, i);
+  }
+}
+// The same for the low-bit types (sc_dequant_lb): quant::dequantize_row.
+extern "C" __global__ void __launch_bounds__(256) embed_lb(int ty, const uint8_t* __restrict__ table,
+                                                           unsigned long long row_bytes, int cols,
+                                                           const int* __restrict__ ids, int n_tok,
+                                                           float* __restrict__ out) {
+  sc_pdl_enter();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= cols) return;
+  for (int t = blockIdx.y; t < n_tok; t += gridDim.y) {
+    const uint8_t* row = table + (unsigned long long)ids[t] * row_bytes;
+    out[(size_t)t * cols + i] = sc_dequant_lb(ty, row, i);
   }
 }
 
@@ -350,6 +367,9 @@ SC_MATVEC_R2(matvec_q4_k_t4, FmtQ4K)
 SC_MATVEC_R2(matvec_q5_k_t4, FmtQ5K)
 SC_MATVEC_R2(matvec_q6_k_t4, FmtQ6K)
 SC_MATVEC_R2(matvec_iq4_xs_t4, FmtIq4Xs)
+#define SC_LB_MATVEC_R2(CODE, NAME, LOAD, CONTRIB) SC_MATVEC_R2(matvec_##NAME##_t4, FmtLb_##NAME)
+SC_LOWBIT_TYPES(SC_LB_MATVEC_R2)
+#undef SC_LB_MATVEC_R2
 
 // ------------------------------------------------------------------ matvec_multi
 // One token against up to four matrices that read it (a mixer's input projections)
@@ -391,6 +411,8 @@ __device__ __forceinline__ float sc_conv_channel(float* st, const float* taps, i
   return sc_silu(c);
 }
 
+// LB: the matrices may be of the low-bit types too (matvec_multi_lb).
+template <bool LB>
 __device__ __forceinline__ void matvec_multi_body(
     const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, const uint8_t* __restrict__ w2,
     const uint8_t* __restrict__ w3, int tys, unsigned long long rb0, unsigned long long rb1,
@@ -409,7 +431,11 @@ __device__ __forceinline__ void matvec_multi_body(
   float* out = p == 0 ? out0 : p == 1 ? out1 : p == 2 ? out2 : out3;
   const uint8_t* rows[1] = {w + (unsigned long long)r * rb};
   float acc[1] = {0.0f};
-  sc_dot_rows<1>((tys >> (8 * p)) & 0xff, rows, n_cols, x, xq, xd, xs, lane, acc);
+  if constexpr (LB) {
+    sc_dot_rows_lb<1>((tys >> (8 * p)) & 0xff, rows, n_cols, x, xq, xd, xs, lane, acc);
+  } else {
+    sc_dot_rows<1>((tys >> (8 * p)) & 0xff, rows, n_cols, x, xq, xd, xs, lane, acc);
+  }
   float v = sc_warp_sum(acc[0]);
   if (lane != 0) return;
   if (p == 0 && conv_state) {
@@ -433,8 +459,15 @@ __device__ __forceinline__ void matvec_multi_body(
 extern "C" __global__ void __launch_bounds__(128) matvec_multi(SC_MULTI_ARGS) {
   matvec_multi_prefetch(w0, w1, w2, w3, rb0, rb1, rb2, rb3, end0, end1, end2, end3);
   sc_pdl_enter();
-  matvec_multi_body(w0, w1, w2, w3, tys, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0, out1, out2, out3,
-                    n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv);
+  matvec_multi_body<false>(w0, w1, w2, w3, tys, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0, out1, out2,
+                           out3, n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv);
+}
+// matvec_multi when a matrix is of a low-bit type.
+extern "C" __global__ void __launch_bounds__(128) matvec_multi_lb(SC_MULTI_ARGS) {
+  matvec_multi_prefetch(w0, w1, w2, w3, rb0, rb1, rb2, rb3, end0, end1, end2, end3);
+  sc_pdl_enter();
+  matvec_multi_body<true>(w0, w1, w2, w3, tys, rb0, rb1, rb2, rb3, end0, end1, end2, end3, out0, out1, out2,
+                          out3, n_cols, x, xq, xd, xs, conv_state, conv_taps, d_conv);
 }
 
 // matvec_multi_rows: two rows of the joint row space a warp (rows 2g and 2g + 1), all of
@@ -536,3 +569,6 @@ SC_MULTI_ROWS(matvec_multi_rows_q4_k, FmtQ4K, false, 6)
 SC_MULTI_ROWS(matvec_multi_rows_q5_k, FmtQ5K, false, 5)
 SC_MULTI_ROWS(matvec_multi_rows_q6_k, FmtQ6K, false, 6)
 SC_MULTI_ROWS(matvec_multi_rows_iq4_xs, FmtIq4Xs, false, 6)
+#define SC_LB_MULTI_ROWS(CODE, NAME, LOAD, CONTRIB) SC_MULTI_ROWS(matvec_multi_rows_##NAME, FmtLb_##NAME, false, 6)
+SC_LOWBIT_TYPES(SC_LB_MULTI_ROWS)
+#undef SC_LB_MULTI_ROWS

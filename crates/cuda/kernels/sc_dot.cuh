@@ -29,6 +29,10 @@ SC_QFMT(FmtQ4K, WK, sc_load_q4_k, sc_contrib_k)
 SC_QFMT(FmtQ5K, WK, sc_load_q5_k, sc_contrib_k)
 SC_QFMT(FmtQ6K, WQ6_K, sc_load_q6_k, sc_contrib_q6_k)
 SC_QFMT(FmtIq4Xs, WIQ4, sc_load_iq4_xs, sc_contrib_iq4_xs)
+// The low-bit types: FmtLb_q2_k, FmtLb_q3_k, ... (sc_formats.cuh's list).
+#define SC_LB_QFMT(CODE, NAME, LOAD, CONTRIB) SC_QFMT(FmtLb_##NAME, WLB, LOAD, CONTRIB)
+SC_LOWBIT_TYPES(SC_LB_QFMT)
+#undef SC_LB_QFMT
 #define SC_FFMT(NAME, GET)                                                                     \
   struct NAME {                                                                                \
     static __device__ __forceinline__ float get(const uint8_t* row, int i) { return GET(row, i); } \
@@ -103,6 +107,27 @@ __device__ __forceinline__ void sc_dot_rows(int ty, const uint8_t* const* rows, 
     case SC_T_Q5_K: sc_qdot_rows<FmtQ5K, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
     case SC_T_Q6_K: sc_qdot_rows<FmtQ6K, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
     case SC_T_IQ4_XS: sc_qdot_rows<FmtIq4Xs, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
+    default: break;
+  }
+}
+
+// sc_dot_rows for every type, the low-bit ones included: the kernels that take any
+// type at run time have a low-bit twin (suffix _lb) that reads through this, so that
+// their own code, which never meets a low-bit type, stays as it was.
+template <int NR>
+__device__ __forceinline__ void sc_dot_rows_lb(int ty, const uint8_t* const* rows, int n_cols, const float* x,
+                                               const int8_t* xq, const float* xd, const int* xs, int lane,
+                                               float* acc) {
+  if (ty < SC_T_LOWBIT_FIRST) {
+    sc_dot_rows<NR>(ty, rows, n_cols, x, xq, xd, xs, lane, acc);
+    return;
+  }
+  const int n_sub = n_cols >> 5;
+  switch (ty) {
+#define SC_LB_DOT_CASE(CODE, NAME, LOAD, CONTRIB) \
+  case CODE: sc_qdot_rows<FmtLb_##NAME, NR>(rows, n_sub, xq, xd, xs, lane, acc); break;
+    SC_LOWBIT_TYPES(SC_LB_DOT_CASE)
+#undef SC_LB_DOT_CASE
     default: break;
   }
 }

@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
       case SC_T_Q5_K: v = qdot<WK>(row, n_sub, qs, d, sums, sc_load_q5_k, sc_contrib_k); break;
       case SC_T_Q6_K: v = qdot<WQ6_K>(row, n_sub, qs, d, sums, sc_load_q6_k, sc_contrib_q6_k); break;
       case SC_T_IQ4_XS: v = qdot<WIQ4>(row, n_sub, qs, d, sums, sc_load_iq4_xs, sc_contrib_iq4_xs); break;
+#define LB_CASE(CODE, NAME, LOAD, CONTRIB) \
+  case CODE: v = qdot<WLB>(row, n_sub, qs, d, sums, LOAD, CONTRIB); break;
+      SC_LOWBIT_TYPES(LB_CASE)
+#undef LB_CASE
       default: die("unknown type code");
     }
     fwrite(&v, 4, 1, o);
@@ -93,7 +97,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < n_rows; r++) {
     const uint8_t* row = w + (size_t)r * row_bytes;
     for (int i = 0; i < n_cols; i++) {
-      const float v = sc_dequant(ty, row, i);
+      const float v = ty >= SC_T_LOWBIT_FIRST ? sc_dequant_lb(ty, row, i) : sc_dequant(ty, row, i);
       fwrite(&v, 4, 1, o);
     }
   }

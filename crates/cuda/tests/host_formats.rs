@@ -58,6 +58,9 @@ fn build(dir: &Path) -> Option<PathBuf> {
         ])
         .arg("-I")
         .arg(root.join("kernels"))
+        // sc_grids.cuh, the codebooks build.rs generates from the quant crate's.
+        .arg("-I")
+        .arg(env!("OUT_DIR"))
         .arg(root.join("tests/host_formats.cpp"))
         .arg("-o")
         .arg(&exe)
@@ -83,7 +86,49 @@ fn scale_fields(ty: GgmlType) -> (&'static [usize], usize) {
         T::Q5_K => (&[0, 2], 176),
         T::Q6_K => (&[208], 210),
         T::IQ4_XS => (&[0], 136),
+        T::Q2_K => (&[80, 82], 84),
+        T::Q3_K => (&[108], 110),
+        T::Q4_1 => (&[0, 2], 20),
+        T::Q5_0 => (&[0], 22),
+        T::Q5_1 => (&[0, 2], 24),
+        T::IQ4_NL => (&[0], 18),
+        // MXFP4's scale is a byte (e8m0), IQ1_M's f16 is spread over four words:
+        // `finite_scales` sets them.
+        T::MXFP4 => (&[], 17),
+        T::IQ1_M => (&[], 56),
+        T::TQ1_0 => (&[52], 54),
+        T::TQ2_0 => (&[64], 66),
+        T::IQ2_XXS => (&[0], 66),
+        T::IQ2_XS => (&[0], 74),
+        T::IQ2_S => (&[0], 82),
+        T::IQ3_XXS => (&[0], 98),
+        T::IQ3_S => (&[0], 110),
+        T::IQ1_S => (&[0], 50),
         _ => (&[], 0),
+    }
+}
+
+/// A random f16 of magnitude from subnormal to ~1 (exponent field 0..15), any sign.
+fn small_f16(rng: &mut Rng) -> u16 {
+    ((rng.next_u64() as u16) & 0x83ff) | (((rng.next_u64() % 16) as u16) << 10)
+}
+
+/// The scales of a random block that are not a plain f16 field: MXFP4's e8m0 exponent
+/// (kept within 2^±20, so products stay finite) and IQ1_M's f16, whose four nibbles
+/// are the top nibbles of its four scale words.
+fn finite_scales(ty: GgmlType, blk: &mut [u8], rng: &mut Rng) {
+    match ty {
+        GgmlType::MXFP4 => blk[0] = 108 + (rng.next_u64() % 40) as u8,
+        GgmlType::IQ1_M => {
+            let d = small_f16(rng);
+            for u in 0..4 {
+                let at = 48 + 2 * u;
+                let w = u16::from_le_bytes([blk[at], blk[at + 1]]) & 0x0fff;
+                let w = w | (((d >> (4 * u)) & 0xf) << 12);
+                blk[at..at + 2].copy_from_slice(&w.to_le_bytes());
+            }
+        }
+        _ => {}
     }
 }
 
@@ -100,11 +145,10 @@ fn weights(ty: GgmlType, n_rows: usize, n_cols: usize, raw: bool, rng: &mut Rng)
         }
         for blk in w.chunks_exact_mut(bsize) {
             for &off in fields {
-                // Magnitudes from subnormal to ~1: exponent field 0..15.
-                let bits =
-                    ((rng.next_u64() as u16) & 0x83ff) | (((rng.next_u64() % 16) as u16) << 10);
+                let bits = small_f16(rng);
                 blk[off..off + 2].copy_from_slice(&bits.to_le_bytes());
             }
+            finite_scales(ty, blk, rng);
         }
     } else {
         for r in 0..n_rows {
@@ -122,33 +166,31 @@ fn kernel_decoding_matches_the_quant_crate_bit_for_bit() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let Some(exe) = build(&dir) else { return };
     use GgmlType as T;
-    let types = [
-        T::F32,
-        T::F16,
-        T::BF16,
-        T::Q8_0,
-        T::Q4_0,
-        T::Q4_K,
-        T::Q5_K,
-        T::Q6_K,
-        T::IQ4_XS,
-    ];
+    // The type codes of sc_formats.cuh are the positions in quant::SUPPORTED.
+    let types = quant::SUPPORTED;
     let mut rng = Rng(0x005c_012a_cafe);
     let mut cases = 0;
     for ty in types {
-        let block = if matches!(ty, T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS) {
-            256
-        } else {
-            32
-        };
+        let block = ty.block_size().max(32);
         // 1 block; 2 sub-blocks per lane (2048); lanes with unequal counts; > 32 blocks.
-        let mut shapes = vec![block, 2048, 1280, 4096 + block];
+        let mut shapes = vec![(block, 7), (2048, 7), (1280, 7), (4096 + block, 7)];
         if block == 32 {
-            shapes.push(32 * 37);
+            shapes.push((32 * 37, 7));
         }
-        for n_cols in shapes {
+        // The codebook types: random blocks (below) enough that each codebook row is
+        // read many times over (32,768 row indices; IQ1's codebook, the largest, has
+        // 2048 rows).
+        if matches!(
+            ty,
+            T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S | T::IQ1_S | T::IQ1_M
+        ) {
+            shapes.push((4096, 64));
+        }
+        for (n_cols, n_rows) in shapes {
             for raw in [false, true] {
-                let n_rows = 7;
+                if n_rows > 7 && !raw {
+                    continue; // the quantizers' codebook search is slow, and random bytes reach more rows
+                }
                 let w = weights(ty, n_rows, n_cols, raw, &mut rng);
                 let rb = w.len() / n_rows;
                 // Activations of mixed magnitudes, a zero block and exact ties.
@@ -210,5 +252,5 @@ fn kernel_decoding_matches_the_quant_crate_bit_for_bit() {
         }
     }
     std::fs::remove_dir_all(&dir).ok();
-    assert!(cases >= 9 * 8);
+    assert!(cases >= 25 * 8 + 7);
 }

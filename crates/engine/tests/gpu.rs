@@ -3,7 +3,9 @@
 //!
 //! - Invariant 1 at its root: an expert FFN (quantize the activation → gate and
 //!   up → SiLU·up → quantize → down) computed by the GPU kernels gives the CPU
-//!   kernels' bits, for every supported weight type.
+//!   kernels' bits, for every supported weight type (the low-bit ones included).
+//! - Files of the low-bit types (the downloaded mixes, and every type alone): prefill
+//!   equals decode bit for bit on the GPU, and its first position gives the CPU's bits.
 //! - Whole models: GPU and CPU logits agree closely on every arch (they are not
 //!   bit-identical: attention sums in another order on the GPU), and a decode
 //!   step replayed from its CUDA graph gives the bits of the same step run
@@ -17,7 +19,7 @@ mod common;
 use common::{bits, decode, synth};
 use cuda::{ActQ8, Gpu, Tile};
 use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest};
-use model::synth::Preset;
+use model::synth::{Mix, Preset};
 use quant::GgmlType;
 use std::path::Path;
 
@@ -69,17 +71,8 @@ fn expert_stack(
 fn expert_ffn_is_bit_identical_for_every_type() {
     let Some(g) = gpu() else { return };
     let (e, f, n_exp) = (2048usize, 512usize, 4usize);
-    let types = [
-        GgmlType::Q4_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::IQ4_XS,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::F32,
-    ];
+    // Every type with kernels, the low-bit ones (Q2_K .. IQ1_M) included.
+    let types = quant::SUPPORTED;
     for (case, &ty) in types.iter().enumerate() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((case as u64 + 1) * 0x1234_5678));
         let gate = expert_stack(&mut rng, ty, n_exp, f, e);
@@ -266,15 +259,24 @@ fn trunk_experts_and_largest(path: &Path) -> (u64, u64, model::ModelConfig) {
 /// file) and mixes, with the CPU computing none, some or all of the misses held in
 /// RAM, with a prompt pool, and with decode steps copying the next layer's guessed
 /// experts ahead, give the same logits, bit for bit, for a prompt read in pieces
-/// (several slot batches per layer) and for decode steps.
+/// (several slot batches per layer) and for decode steps; on every arch at Q4_K_M,
+/// and on files of the downloaded low-bit mixes (routed experts Q2_K/Q3_K,
+/// IQ2_XXS/IQ3_S).
 #[test]
 fn tiered_experts_give_the_resident_bits() {
     if gpu().is_none() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    for geometry in ["tiny-qwen35moe", "tiny-qwen3next", "tiny-qwen3moe"] {
-        let path = synth(dir.path(), geometry, Preset::Q4KM, 11);
+    for (arch, preset) in [
+        ("tiny-qwen35moe", Preset::Q4KM),
+        ("tiny-qwen3next", Preset::Q4KM),
+        ("tiny-qwen3moe", Preset::Q4KM),
+        ("tiny-qwen35moe", Preset::Mix(Mix::UdQ2KXL)),
+        ("tiny-qwen3moe", Preset::Mix(Mix::UdIq2Xxs)),
+    ] {
+        let path = synth(dir.path(), arch, preset, 11);
+        let geometry = &format!("{arch} {preset}");
         let mut full = load(&path, Device::Cuda(0));
         assert!(
             full.expert_stats().is_none(),
@@ -524,6 +526,11 @@ fn fused_decode_equals_the_separate_kernels() {
         ("tiny-qwen3next", Preset::Q8_0),
         ("tiny-qwen3moe", Preset::Q4KM),
         ("tiny-qwen35moe", Preset::F32),
+        // The low-bit types' twins of the fused kernels (`_lb`).
+        ("tiny-qwen35moe", Preset::Mix(Mix::UdQ2KXL)),
+        ("tiny-qwen3next", Preset::Mix(Mix::UdIq2Xxs)),
+        ("tiny-qwen3moe", Preset::Mix(Mix::Mxfp4Moe)),
+        ("tiny-qwen35moe", Preset::Uniform(GgmlType::IQ1_M)),
     ] {
         let path = synth(dir.path(), geometry, preset, 13);
         let prompt: Vec<u32> = (0..11u32).map(|i| (i * 53 + 5) % 3000).collect();
@@ -585,5 +592,64 @@ fn a_failed_expert_read_is_an_error_naming_file_and_offset() {
             msg.contains(&path.display().to_string()) && msg.contains("offset"),
             "the error names neither the file nor the offset: {msg}"
         );
+    }
+}
+
+/// Files of the low-bit types on the GPU: the four downloaded mixes, and every low-bit
+/// type as the whole file's type (embedding, projections, experts and head, so that
+/// every kernel meets it: embedding rows, the joint projections, the fused MoE, the
+/// prompt GEMM). A prompt read in one pass (the GEMM) gives the logits of the same
+/// tokens decoded one by one (the one-token kernels) bit for bit, and the first
+/// position (where attention, the one op that sums in another order on the GPU, is
+/// exact) gives the CPU's bits.
+#[test]
+fn low_bit_files_prefill_equals_decode_and_the_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut presets = vec![
+        Preset::Mix(Mix::UdQ2KXL),
+        Preset::Mix(Mix::UdQ3KXL),
+        Preset::Mix(Mix::UdIq2Xxs),
+        Preset::Mix(Mix::Mxfp4Moe),
+    ];
+    presets.extend(quant::SUPPORTED[9..].iter().map(|&t| Preset::Uniform(t)));
+    for (i, preset) in presets.into_iter().enumerate() {
+        // The hybrid arch (DeltaNet and attention, a shared expert) and the plain one.
+        let geometry = if i % 2 == 0 {
+            "tiny-qwen35moe"
+        } else {
+            "tiny-qwen3moe"
+        };
+        let path = synth(dir.path(), geometry, preset, 17);
+        let mut gpu = load(&path, Device::Cuda(0));
+        let n_vocab = gpu.info().n_vocab;
+        let prompt: Vec<u32> = (0..24u32).map(|i| (i * 7919 + 13) % 5000).collect();
+        let (tokens, steps) = decode(&mut gpu, &prompt, 6);
+        let mut seq = prompt.clone();
+        seq.extend_from_slice(&tokens[..tokens.len() - 1]);
+        gpu.reset().expect("reset");
+        let all = gpu.logits_all(&seq).expect("logits_all");
+        for (j, l) in steps.iter().enumerate() {
+            assert!(
+                l.iter().all(|x| x.is_finite()),
+                "{geometry} {preset}: non-finite logits"
+            );
+            let row = prompt.len() - 1 + j;
+            assert_eq!(
+                bits(&all[row * n_vocab..(row + 1) * n_vocab]),
+                bits(l),
+                "{geometry} {preset}: position {row} differs between prefill and decode on the GPU"
+            );
+        }
+        let mut cpu = load(&path, Device::Cpu);
+        let first = cpu.logits_all(&prompt[..1]).expect("cpu logits");
+        assert_eq!(
+            bits(&first),
+            bits(&all[..n_vocab]),
+            "{geometry} {preset}: position 0 differs between GPU and CPU"
+        );
+        eprintln!("{geometry} {preset}: prefill == decode on the GPU, position 0 == CPU");
     }
 }

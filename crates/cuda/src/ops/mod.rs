@@ -16,7 +16,9 @@ pub use moe::{
     MoeRoute, RouterRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS,
     ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT,
 };
-pub use quant::{ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
+pub use quant::{
+    supports_type, validated_on_gpu, ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS,
+};
 
 use crate::kernels::K;
 
@@ -42,6 +44,22 @@ pub(crate) fn dynamic_smem_needs() -> Vec<(K, u32)> {
         (K::MmqQ5K, quant::MMQ_DYN_SMEM),
         (K::MmqQ6K, quant::MMQ_DYN_SMEM),
         (K::MmqIq4Xs, quant::MMQ_DYN_SMEM),
+        (K::MmqQ2K, quant::MMQ_DYN_SMEM),
+        (K::MmqQ3K, quant::MMQ_DYN_SMEM),
+        (K::MmqQ4_1, quant::MMQ_DYN_SMEM),
+        (K::MmqQ5_0, quant::MMQ_DYN_SMEM),
+        (K::MmqQ5_1, quant::MMQ_DYN_SMEM),
+        (K::MmqIq4Nl, quant::MMQ_DYN_SMEM),
+        (K::MmqMxfp4, quant::MMQ_DYN_SMEM),
+        (K::MmqTq1_0, quant::MMQ_DYN_SMEM),
+        (K::MmqTq2_0, quant::MMQ_DYN_SMEM),
+        (K::MmqIq2Xxs, quant::MMQ_DYN_SMEM),
+        (K::MmqIq2Xs, quant::MMQ_DYN_SMEM),
+        (K::MmqIq2S, quant::MMQ_DYN_SMEM),
+        (K::MmqIq3Xxs, quant::MMQ_DYN_SMEM),
+        (K::MmqIq3S, quant::MMQ_DYN_SMEM),
+        (K::MmqIq1S, quant::MMQ_DYN_SMEM),
+        (K::MmqIq1M, quant::MMQ_DYN_SMEM),
     ]
 }
 

@@ -113,10 +113,12 @@ impl Gpu {
         const KN: &str = "moe_gate_up";
         let ti = check_pair(KN, gate, up)?;
         let mut need_q = !ti.float;
+        let mut lowbit = ti.lowbit;
         let (sg, su, s_code, s_rows) = match shared {
             Some((sg, su)) => {
                 let si = check_pair(KN, sg, su)?;
                 need_q |= !si.float;
+                lowbit |= si.lowbit;
                 if sg.n_cols != gate.n_cols {
                     return Err(CudaError::bad(
                         KN,
@@ -216,10 +218,12 @@ impl Gpu {
                 format!("{n_tok} tokens (1..={MAX_GRID_YZ})"),
             ));
         }
-        let kernel = if n_tok > 1 {
-            K::MoeGateUpRows
-        } else {
-            K::MoeGateUp
+        // The low-bit types have the kernels' twins (kernels/moe.cu).
+        let kernel = match (n_tok > 1, lowbit) {
+            (true, false) => K::MoeGateUpRows,
+            (false, false) => K::MoeGateUp,
+            (true, true) => K::MoeGateUpRowsLb,
+            (false, true) => K::MoeGateUpLb,
         };
         self.launch(
             kernel,
@@ -261,10 +265,12 @@ impl Gpu {
         let mut need_q = !ti.float;
         // Half a warp per row when every row is quantized and at most 16 sub-blocks.
         let mut pair = !ti.float && down.n_cols <= 16 * 32;
+        let mut lowbit = ti.lowbit;
         let (sp, s_code, s_bytes, s_cols) = match sdown {
             Some(s) => {
                 let si = check_mat(KN, "shared down", s)?;
                 need_q |= !si.float;
+                lowbit |= si.lowbit;
                 pair &= !si.float && s.n_cols <= 16 * 32;
                 if s.n_rows != down.n_rows {
                     return Err(CudaError::bad(
@@ -324,10 +330,11 @@ impl Gpu {
             n_tok as u32,
             1,
         ];
-        let kernel = if n_tok > 1 {
-            K::MoeDownCombineRows
-        } else {
-            K::MoeDownCombine
+        let kernel = match (n_tok > 1, lowbit) {
+            (true, false) => K::MoeDownCombineRows,
+            (false, false) => K::MoeDownCombine,
+            (true, true) => K::MoeDownCombineRowsLb,
+            (false, true) => K::MoeDownCombineLb,
         };
         self.launch(kernel, grid, 32 * warps as u32, 0, &args)
     }

@@ -73,7 +73,14 @@ pub(crate) struct TypeInfo {
     block: usize,
     pub(crate) align: u64,
     pub(crate) float: bool,
+    /// One of the low-bit types (crates/quant/src/lowbit.rs): the kernels that take
+    /// any type at run time (`matvec_multi`, the fused MoE, `embed`) have a twin for
+    /// them (suffix `_lb`), so that their own code stays as it was for the others.
+    pub(crate) lowbit: bool,
 }
+
+/// The first low-bit type code of kernels/sc_formats.cuh (`SC_T_LOWBIT_FIRST`).
+const LOWBIT_FIRST_CODE: i32 = 9;
 
 fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     use GgmlType as T;
@@ -195,6 +202,214 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
             8,
             false,
         ),
+        T::Q2_K => (
+            (
+                K::MatvecQ2K,
+                K::MatvecQ2KT1,
+                K::MatvecQ2KT4,
+                K::MmqQ2K,
+                K::MatvecMultiRowsQ2K,
+            ),
+            9,
+            256,
+            4,
+            false,
+        ),
+        T::Q3_K => (
+            (
+                K::MatvecQ3K,
+                K::MatvecQ3KT1,
+                K::MatvecQ3KT4,
+                K::MmqQ3K,
+                K::MatvecMultiRowsQ3K,
+            ),
+            10,
+            256,
+            2,
+            false,
+        ),
+        T::Q4_1 => (
+            (
+                K::MatvecQ4_1,
+                K::MatvecQ4_1T1,
+                K::MatvecQ4_1T4,
+                K::MmqQ4_1,
+                K::MatvecMultiRowsQ4_1,
+            ),
+            11,
+            32,
+            4,
+            false,
+        ),
+        T::Q5_0 => (
+            (
+                K::MatvecQ5_0,
+                K::MatvecQ5_0T1,
+                K::MatvecQ5_0T4,
+                K::MmqQ5_0,
+                K::MatvecMultiRowsQ5_0,
+            ),
+            12,
+            32,
+            2,
+            false,
+        ),
+        T::Q5_1 => (
+            (
+                K::MatvecQ5_1,
+                K::MatvecQ5_1T1,
+                K::MatvecQ5_1T4,
+                K::MmqQ5_1,
+                K::MatvecMultiRowsQ5_1,
+            ),
+            13,
+            32,
+            4,
+            false,
+        ),
+        T::IQ4_NL => (
+            (
+                K::MatvecIq4Nl,
+                K::MatvecIq4NlT1,
+                K::MatvecIq4NlT4,
+                K::MmqIq4Nl,
+                K::MatvecMultiRowsIq4Nl,
+            ),
+            14,
+            32,
+            2,
+            false,
+        ),
+        T::MXFP4 => (
+            (
+                K::MatvecMxfp4,
+                K::MatvecMxfp4T1,
+                K::MatvecMxfp4T4,
+                K::MmqMxfp4,
+                K::MatvecMultiRowsMxfp4,
+            ),
+            15,
+            32,
+            1,
+            false,
+        ),
+        T::TQ1_0 => (
+            (
+                K::MatvecTq1_0,
+                K::MatvecTq1_0T1,
+                K::MatvecTq1_0T4,
+                K::MmqTq1_0,
+                K::MatvecMultiRowsTq1_0,
+            ),
+            16,
+            256,
+            2,
+            false,
+        ),
+        T::TQ2_0 => (
+            (
+                K::MatvecTq2_0,
+                K::MatvecTq2_0T1,
+                K::MatvecTq2_0T4,
+                K::MmqTq2_0,
+                K::MatvecMultiRowsTq2_0,
+            ),
+            17,
+            256,
+            2,
+            false,
+        ),
+        T::IQ2_XXS => (
+            (
+                K::MatvecIq2Xxs,
+                K::MatvecIq2XxsT1,
+                K::MatvecIq2XxsT4,
+                K::MmqIq2Xxs,
+                K::MatvecMultiRowsIq2Xxs,
+            ),
+            18,
+            256,
+            2,
+            false,
+        ),
+        T::IQ2_XS => (
+            (
+                K::MatvecIq2Xs,
+                K::MatvecIq2XsT1,
+                K::MatvecIq2XsT4,
+                K::MmqIq2Xs,
+                K::MatvecMultiRowsIq2Xs,
+            ),
+            19,
+            256,
+            2,
+            false,
+        ),
+        T::IQ2_S => (
+            (
+                K::MatvecIq2S,
+                K::MatvecIq2ST1,
+                K::MatvecIq2ST4,
+                K::MmqIq2S,
+                K::MatvecMultiRowsIq2S,
+            ),
+            20,
+            256,
+            2,
+            false,
+        ),
+        T::IQ3_XXS => (
+            (
+                K::MatvecIq3Xxs,
+                K::MatvecIq3XxsT1,
+                K::MatvecIq3XxsT4,
+                K::MmqIq3Xxs,
+                K::MatvecMultiRowsIq3Xxs,
+            ),
+            21,
+            256,
+            2,
+            false,
+        ),
+        T::IQ3_S => (
+            (
+                K::MatvecIq3S,
+                K::MatvecIq3ST1,
+                K::MatvecIq3ST4,
+                K::MmqIq3S,
+                K::MatvecMultiRowsIq3S,
+            ),
+            22,
+            256,
+            2,
+            false,
+        ),
+        T::IQ1_S => (
+            (
+                K::MatvecIq1S,
+                K::MatvecIq1ST1,
+                K::MatvecIq1ST4,
+                K::MmqIq1S,
+                K::MatvecMultiRowsIq1S,
+            ),
+            23,
+            256,
+            2,
+            false,
+        ),
+        T::IQ1_M => (
+            (
+                K::MatvecIq1M,
+                K::MatvecIq1MT1,
+                K::MatvecIq1MT4,
+                K::MmqIq1M,
+                K::MatvecMultiRowsIq1M,
+            ),
+            24,
+            256,
+            4,
+            false,
+        ),
         _ => return None,
     };
     Some(TypeInfo {
@@ -207,7 +422,26 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
         block,
         align,
         float,
+        lowbit: code >= LOWBIT_FIRST_CODE,
     })
+}
+
+/// Whether the CUDA kernels take tensors of type `ty` (every product, the fused MoE
+/// and embedding rows): the float types and every quantized type of the quant crate.
+pub fn supports_type(ty: GgmlType) -> bool {
+    type_info(ty).is_some()
+}
+
+/// Whether `ty`'s kernels have passed the GPU suite (`scripts/gpu-tests.sh run`) on a
+/// GPU. The low-bit types' kernels are built and their block decoding is checked on the
+/// host (`tests/host_formats.rs`), but they have not yet run on a GPU: the engine
+/// refuses them unless told to try them (`engine::switches::GPU_UNVALIDATED_TYPES`).
+pub fn validated_on_gpu(ty: GgmlType) -> bool {
+    use GgmlType as T;
+    matches!(
+        ty,
+        T::F32 | T::F16 | T::BF16 | T::Q8_0 | T::Q4_0 | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS
+    )
 }
 
 /// Checks a weight matrix's shape: a supported type, whole blocks and 32-value
@@ -682,7 +916,7 @@ impl Gpu {
         check_multi_counts(mats, outs)?;
         let n_cols = mats[0].n_cols;
         let (mut w, mut rb, mut ends, mut o) = ([0u64; 4], [0u64; 4], [0i32; 4], [0u64; 4]);
-        let (mut tys, mut need_q, mut end) = (0i32, false, 0usize);
+        let (mut tys, mut need_q, mut lowbit, mut end) = (0i32, false, false, 0usize);
         for (p, m) in mats.iter().enumerate() {
             let ti = check_mat(KN, "matrix", m)?;
             if m.n_cols != n_cols {
@@ -692,6 +926,7 @@ impl Gpu {
                 ));
             }
             need_q |= !ti.float;
+            lowbit |= ti.lowbit;
             tys |= ti.code << (8 * p);
             (w[p], rb[p], o[p]) = (m.ptr, m.row_bytes, addr(KN, "out", outs[p], 4)?);
             end += m.n_rows;
@@ -755,6 +990,8 @@ impl Gpu {
                 ));
             }
             (check_mat(KN, "matrix", mats[0])?.mr, 2)
+        } else if lowbit {
+            (K::MatvecMultiLb, 1)
         } else {
             (K::MatvecMulti, 1)
         };
@@ -796,6 +1033,7 @@ impl Gpu {
             Arg::P(addr(KN, "out", out, 4)?),
         ];
         let grid = [blocks(cols, 256)?, n_tok.min(MAX_GRID_YZ) as u32, 1];
-        self.launch(K::Embed, grid, 256, 0, &args)
+        let k = if ti.lowbit { K::EmbedLb } else { K::Embed };
+        self.launch(k, grid, 256, 0, &args)
     }
 }

@@ -3,29 +3,17 @@
 use crate::{assert_bits, down, filled, gpu, poisoned, up, DevActQ8, QOut, Rng};
 use cuda::{ActQ8, GgmlType, MoeRoute, Tile, TileShape};
 
-const TYPES: [GgmlType; 9] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_XS,
-];
+/// Every type with kernels: the float types, the first quantized ones, then the low-bit
+/// types (Q2_K .. IQ1_M).
+const TYPES: [GgmlType; 25] = quant::SUPPORTED;
 
 fn is_float(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
-/// Values per block of `ty` (the column granularity).
+/// Values per block of `ty` (the column granularity; 32 for float types).
 fn block(ty: GgmlType) -> usize {
-    match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => 256,
-        GgmlType::Q8_0 | GgmlType::Q4_0 => 32,
-        _ => 32,
-    }
+    ty.block_size().max(32)
 }
 
 /// Offsets of a block's f16 scales and its size (random bytes must keep these finite).
@@ -38,7 +26,49 @@ fn scale_fields(ty: GgmlType) -> (&'static [usize], usize) {
         T::Q5_K => (&[0, 2], 176),
         T::Q6_K => (&[208], 210),
         T::IQ4_XS => (&[0], 136),
+        T::Q2_K => (&[80, 82], 84),
+        T::Q3_K => (&[108], 110),
+        T::Q4_1 => (&[0, 2], 20),
+        T::Q5_0 => (&[0], 22),
+        T::Q5_1 => (&[0, 2], 24),
+        T::IQ4_NL => (&[0], 18),
+        // MXFP4's scale is a byte (e8m0), IQ1_M's f16 is spread over four words:
+        // `finite_scales` sets them.
+        T::MXFP4 => (&[], 17),
+        T::IQ1_M => (&[], 56),
+        T::TQ1_0 => (&[52], 54),
+        T::TQ2_0 => (&[64], 66),
+        T::IQ2_XXS => (&[0], 66),
+        T::IQ2_XS => (&[0], 74),
+        T::IQ2_S => (&[0], 82),
+        T::IQ3_XXS => (&[0], 98),
+        T::IQ3_S => (&[0], 110),
+        T::IQ1_S => (&[0], 50),
         _ => (&[], 0),
+    }
+}
+
+/// A random f16 of magnitude from subnormal to ~1 (exponent field 0..15), any sign.
+fn small_f16(rng: &mut Rng) -> u16 {
+    ((rng.next_u64() as u16) & 0x83ff) | (((rng.next_u64() % 16) as u16) << 10)
+}
+
+/// The scales of a random block that are not a plain f16 field: MXFP4's e8m0 exponent
+/// (within 2^±20, so that products stay finite) and IQ1_M's f16, whose four nibbles
+/// are the top nibbles of its four scale words.
+fn finite_scales(ty: GgmlType, blk: &mut [u8], rng: &mut Rng) {
+    match ty {
+        GgmlType::MXFP4 => blk[0] = 108 + (rng.next_u64() % 40) as u8,
+        GgmlType::IQ1_M => {
+            let d = small_f16(rng);
+            for u in 0..4 {
+                let at = 48 + 2 * u;
+                let w = u16::from_le_bytes([blk[at], blk[at + 1]]) & 0x0fff;
+                let w = w | (((d >> (4 * u)) & 0xf) << 12);
+                blk[at..at + 2].copy_from_slice(&w.to_le_bytes());
+            }
+        }
+        _ => {}
     }
 }
 
@@ -54,10 +84,10 @@ pub fn weights(ty: GgmlType, n_rows: usize, n_cols: usize, raw: bool, rng: &mut 
         }
         for blk in w.chunks_exact_mut(bsize) {
             for &off in fields {
-                let bits =
-                    ((rng.next_u64() as u16) & 0x83ff) | (((rng.next_u64() % 16) as u16) << 10);
+                let bits = small_f16(rng);
                 blk[off..off + 2].copy_from_slice(&bits.to_le_bytes());
             }
+            finite_scales(ty, blk, rng);
         }
     } else {
         let vals = rng.vec(n_rows * n_cols, 1.5);
@@ -219,6 +249,10 @@ fn matvec_every_token_count_up_to_17() {
         GgmlType::Q6_K,
         GgmlType::Q8_0,
         GgmlType::BF16,
+        GgmlType::Q2_K,
+        GgmlType::IQ2_XXS,
+        GgmlType::Q5_1,
+        GgmlType::IQ1_M,
     ] {
         let (n_rows, n_cols) = (96, 2048);
         let w = weights(ty, n_rows, n_cols, false, &mut rng);
@@ -528,8 +562,24 @@ fn matvec_refuses_bad_shapes_by_name() {
     assert!(e.contains("16-byte aligned"), "{e}");
     let e = g
         .matvec(
-            GgmlType::Q2_K,
+            GgmlType::Q8_K,
             w.ptr(),
+            292,
+            1,
+            256,
+            x.ptr(),
+            ActQ8::NONE,
+            1,
+            out.ptr(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no CUDA kernel") && e.contains("Q8_K"), "{e}");
+    // A low-bit type's rows must start where its loads can read them.
+    let e = g
+        .matvec(
+            GgmlType::Q2_K,
+            w.ptr() + 2,
             84,
             4,
             256,
@@ -540,7 +590,20 @@ fn matvec_refuses_bad_shapes_by_name() {
         )
         .unwrap_err()
         .to_string();
-    assert!(e.contains("no CUDA kernel"), "{e}");
+    assert!(e.contains("4-byte aligned"), "{e}");
+}
+
+/// The kernels take exactly the types the quant crate has kernels for (no GPU needed).
+#[test]
+fn the_gpu_takes_every_type_the_cpu_takes() {
+    for ty in GgmlType::ALL {
+        assert_eq!(
+            cuda::supports_type(ty),
+            quant::is_supported(ty),
+            "{ty}: the CUDA kernels and the quant crate disagree"
+        );
+    }
+    assert!(TYPES.iter().all(|&t| cuda::supports_type(t)));
 }
 
 /// `rows` × `cols` of `ty` at `b` (a stack of such matrices for experts).

@@ -225,10 +225,64 @@ pub(crate) fn routed_expert_bytes(w: &ModelWeights) -> u64 {
         .sum()
 }
 
+/// Every matrix the upload reads or tiers (the routed experts included).
+fn matrices(w: &ModelWeights) -> Vec<&Weight> {
+    let mut v = vec![&w.token_embd];
+    if !tied(w) {
+        v.push(&w.output);
+    }
+    for l in &w.layers {
+        match &l.mixer {
+            Mixer::Attention(a) => v.extend([&a.q, &a.k, &a.v, &a.o]),
+            Mixer::DeltaNet(d) => {
+                v.extend([&d.qkv, &d.gate, &d.out]);
+                match &d.beta_alpha {
+                    BetaAlpha::Separate { beta, alpha } => v.extend([beta, alpha]),
+                    BetaAlpha::Fused { w, .. } => v.push(w),
+                }
+            }
+        }
+        let m = &l.moe;
+        v.extend([&m.router, &m.gate_exps, &m.up_exps, &m.down_exps]);
+        if let Some(s) = &m.shared {
+            v.extend([&s.gate, &s.up, &s.down]);
+        }
+    }
+    v
+}
+
+/// Refuses a model the GPU kernels cannot run, by tensor name, before anything is
+/// allocated: a tensor type without CUDA kernels, or rows that are not whole 32-value
+/// groups ([`check_width`]).
+pub(crate) fn check_tensors(w: &ModelWeights) -> Result<(), ExecError> {
+    matrices(w).into_iter().try_for_each(check_width)
+}
+
 /// The GPU kernels read rows in 32-value groups (the activation's quantization
 /// blocks): a row of another width is refused at load by tensor name, before anything
-/// runs (the CPU executor runs it).
+/// runs (the CPU executor runs it); so is a type the kernels do not read.
 fn check_width(w: &Weight) -> Result<(), ExecError> {
+    if !cuda::supports_type(w.ty) {
+        return Err(ExecError::new(
+            "upload weights",
+            format!(
+                "{}: tensor type {} has no CUDA kernel; run this model on the CPU (--device cpu)",
+                w.name, w.ty
+            ),
+        ));
+    }
+    if !cuda::validated_on_gpu(w.ty) && !crate::switches::on(crate::switches::GPU_UNVALIDATED_TYPES)
+    {
+        return Err(ExecError::new(
+            "upload weights",
+            format!(
+                "{}: tensor type {} has CUDA kernels that have not yet passed the GPU test suite; run this model on the CPU (--device cpu), or set {}=1 to try them",
+                w.name,
+                w.ty,
+                crate::switches::GPU_UNVALIDATED_TYPES
+            ),
+        ));
+    }
     let n = w.row_len();
     if n == 0 || !n.is_multiple_of(32) {
         return Err(ExecError::new(
