@@ -5,8 +5,8 @@
 //!
 //! The step is batch-shaped from the start: each entry names its own sequence,
 //! positions and output, so batched decode, speculative verification and a
-//! scheduler with several slots use the same call. Today the engine sends one
-//! entry at a time.
+//! scheduler with several slots use the same call (the scheduler sends a step's
+//! entries together).
 
 use crate::api::DeviceReport;
 use model::{ExecError, Logits};

@@ -3,7 +3,7 @@
 //!
 //! Modules depend downwards only: each uses only modules after it in this list —
 //! `record`, `engine`, `sched`, `cuda`, `cpu`, `prompt_cache`, `exec`, `api`, `sampler`,
-//! `experts`, `memory`, `error`, `constraint`, `fault` (`npy` uses none). This file only
+//! `experts`, `memory`, `error`, `constraint`, `fault` (`npy` and `switches` use none). This file only
 //! declares them and re-exports the public surface.
 
 mod api;

@@ -29,7 +29,9 @@
 //! skipping), `SCORIA_REQUIRE_CXX=1` (likewise for the host C++ compiler of
 //! `crates/cuda/tests/host_formats.rs`), `SCORIA_SKIP_GGUF_ORACLE=1` (skips the `gguf`
 //! package's dequantization oracle on a machine that cannot install it),
-//! `SCORIA_REPO_ROOT` (where the GPU machine's copy of the repository is). The test
+//! `SCORIA_REPO_ROOT` (where the GPU machine's copy of the repository is),
+//! `SCORIA_TEST_KILLED_WRITER` (`tests/faults_prompt_cache.rs` runs itself as a child that
+//! writes the prompt cache there until it is killed). The test
 //! scripts' own variables (`SCORIA_BIN`, `SCORIA_URL`, `SCORIA_API_KEY`, the
 //! `*_TIMEOUT`s) are documented at the top of each script.
 

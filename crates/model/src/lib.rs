@@ -21,6 +21,11 @@ pub use config::{Arch, LayerKind, ModelConfig, SsmConfig};
 pub use forward::{forward, forward_batch, Backend, ExecError, Logits, Norm, Segment, SegmentRows};
 pub use weights::ModelWeights;
 
+/// The weight types the kernels read, for messages ("F32, F16, ...").
+fn supported_types() -> String {
+    quant::SUPPORTED.map(|t| t.to_string()).join(", ")
+}
+
 /// Why a model file cannot be used; each names the key or tensor and the remedy.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -36,7 +41,7 @@ pub enum ModelError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
-    #[error("tensor `{name}` has type {ty}, which this engine has no kernel for (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS); use a file quantized to a supported type")]
+    #[error("tensor `{name}` has type {ty}, which this engine has no kernel for (supported: {}); use a file quantized to a supported type", supported_types())]
     UnsupportedType { name: String, ty: gguf::GgmlType },
     #[error("{0}")]
     Unsupported(String),
