@@ -153,8 +153,10 @@ pub fn kld_top_k(ids: &[u32], base: &[f32], logits: &[f32]) -> f64 {
         .filter(|&i| !in_top[i])
         .map(|i| q.log_prob(logits, i).exp())
         .sum();
+    // With every token in the top there is no rest: 1 − Σ p is then the f32 log-probs'
+    // rounding, which must not meet Q's empty rest.
     let p_rest = (1.0 - p_top).max(0.0);
-    if p_rest > 0.0 {
+    if p_rest > 0.0 && ids.len() < logits.len() {
         kl += p_rest * (p_rest.ln() - q_rest.max(f64::MIN_POSITIVE).ln());
     }
     kl.max(0.0)
