@@ -333,25 +333,27 @@ fn bad_ranges_are_errors_naming_the_file_offset_and_length() {
 }
 
 #[test]
-fn a_file_truncated_under_the_reader_is_an_error_not_zeros() {
+fn a_file_truncated_under_the_reader_is_refused_not_read_as_zeros() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("shrinks.bin");
     for opts in all_modes(4) {
         std::fs::write(&path, vec![7u8; 64 * 1024]).expect("write");
         let mut reader = DirectReader::with_options(&path, opts).expect("reader");
-        // The reader checked ranges against the length it saw at open.
+        // The reader knows the file it opened: a truncation is a changed file.
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
             .and_then(|f| f.set_len(10_000))
             .expect("truncate");
         let mut buf = AlignedBuf::zeroed(64 * 1024);
-        let e = read_err(reader.read_batch(&mut [ReadRequest::new(8192, 20_000, &mut buf)]));
-        assert!(
-            e.contains("offset 8192") && e.contains("reading 20000 bytes"),
-            "{opts:?}: {e}"
-        );
-        assert!(e.contains("the file ends at byte"), "{opts:?}: {e}");
+        match reader.read_batch(&mut [ReadRequest::new(8192, 20_000, &mut buf)]) {
+            Err(e @ ReadError::Changed { .. }) => {
+                let e = e.to_string();
+                assert!(e.contains("size went from 65536 to 10000"), "{opts:?}: {e}");
+            }
+            Err(e) => panic!("{opts:?}: expected the file to be refused as changed, got {e}"),
+            Ok(()) => panic!("{opts:?}: a truncated file was read"),
+        }
     }
 }
 
