@@ -30,14 +30,13 @@ pub enum RequantError {
     #[error("tensor `{name}` is {ty}, which scoria cannot dequantize")]
     Unsupported { name: String, ty: GgmlType },
     #[error(
-        "tensor `{name}`: rows of {ne0} values are not whole {ty} blocks ({block} values){hint}"
+        "tensor `{name}`: rows of {ne0} values are not whole {ty} blocks ({block} values); choose a preset with smaller blocks (q8_0, bf16, f16, f32)"
     )]
     Shape {
         name: String,
         ne0: u64,
         ty: GgmlType,
         block: usize,
-        hint: &'static str,
     },
     #[error("{}: {err}", .path.display())]
     Write { path: PathBuf, err: WriteError },
@@ -104,12 +103,6 @@ fn target_types(
                 ne0,
                 ty,
                 block: ty.block_size(),
-                hint: if preset == Preset::Q4KM {
-                    "; llama-quantize falls back to Q5_0 / Q8_0 for such rows: use q8_0, bf16, \
-                     f16 or f32 for this file"
-                } else {
-                    ""
-                },
             });
         }
         types[i] = ty;

@@ -212,15 +212,39 @@ impl TypeChooser {
             (_, Preset::Uniform(t)) => t,
             (_, Preset::Mix(m)) => mix_type(m, role),
         };
-        // llama-quantize falls back to another type for rows that are not whole blocks
-        // of the chosen one; these presets fall back to Q8_0 (every row here is whole
-        // 32-value blocks).
+        if ne0.is_multiple_of(ty.block_size() as u64) {
+            return ty;
+        }
         match self.preset {
-            Preset::Uniform(_) | Preset::Mix(_) if !ne0.is_multiple_of(ty.block_size() as u64) => {
-                GgmlType::Q8_0
-            }
+            // Rows that are not whole blocks of the chosen type: Q4_K_M takes
+            // llama-quantize's fallback; the uniform presets and the mixes take Q8_0
+            // (every row here is whole 32-value blocks).
+            Preset::Q4KM => fallback(ty, ne0),
+            Preset::Uniform(_) | Preset::Mix(_) => GgmlType::Q8_0,
             _ => ty,
         }
+    }
+}
+
+/// llama-quantize's type for a row of `ne0` values that is not whole blocks of `ty`: a
+/// 32-value type of about the same size, or F16 when even that does not fit.
+fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
+    use GgmlType as T;
+    let to = match ty {
+        T::TQ1_0 | T::TQ2_0 => T::Q4_0,
+        T::IQ1_S | T::IQ1_M | T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S => {
+            T::IQ4_NL
+        }
+        T::Q2_K | T::Q3_K | T::IQ4_XS => T::IQ4_NL,
+        T::Q4_K => T::Q5_0,
+        T::Q5_K => T::Q5_1,
+        T::Q6_K => T::Q8_0,
+        other => other,
+    };
+    if ne0.is_multiple_of(to.block_size() as u64) {
+        to
+    } else {
+        T::F16
     }
 }
 
@@ -261,6 +285,20 @@ pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn q4_k_m_rows_that_are_not_whole_k_blocks_take_llama_quantizes_fallback() {
+        use gguf::GgmlType as T;
+        let mut c = super::TypeChooser::new(super::Preset::Q4KM, 0, 2);
+        let w = crate::tensors::QuantRule::Weight;
+        let r = crate::tensors::Role::Attention;
+        assert_eq!(c.next(w, r, Some(0), 256), T::Q4_K);
+        assert_eq!(c.next(w, r, Some(0), 128), T::Q5_0);
+        assert_eq!(super::fallback(T::Q5_K, 128), T::Q5_1);
+        assert_eq!(super::fallback(T::Q6_K, 128), T::Q8_0);
+        assert_eq!(super::fallback(T::IQ2_XXS, 96), T::IQ4_NL);
+        assert_eq!(super::fallback(T::Q4_K, 48), T::F16);
+    }
+
     use super::*;
 
     #[test]
