@@ -21,7 +21,11 @@
 # Checks, per client: exit status 0, every request answered 2xx, streams ended properly,
 # the tool round trip reached the server and was accepted. Prints each client's
 # version and the prompt-cache reuse of each follow-up turn; no reuse is a failure
-# (SCORIA_AGENT_EXPECT_CACHE=0 only reports it). Outputs: target/agent-tests/<client>/.
+# (SCORIA_AGENT_EXPECT_CACHE=0 only reports it). Claude Code then runs a second
+# session with another prompt (so its billing header differs, as between real
+# sessions): its first turn must reuse the first session's cached system prompt and
+# tools (same switch). Outputs: target/agent-tests/<client>/ (claude2/: the second
+# session).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config
@@ -45,7 +49,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY="$2"; shift 2 ;;
     --full) FULL=1; shift ;;
     --install-only) INSTALL_ONLY=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -145,9 +149,10 @@ fresh() { # client -> its directory, with a clean home and a work dir holding he
 client_env=(env -i "PATH=$NODE_BIN:/usr/local/bin:/usr/bin:/bin" "LANG=C.UTF-8" "TERM=dumb")
 
 status=0
-report() { # client, dir, rc
+report() { # client, dir, rc [extra check flags...]
   local expect=()
   [ "${SCORIA_AGENT_EXPECT_CACHE:-1}" = 1 ] && expect=(--expect-cache)
+  expect+=("${@:4}")
   echo "   exit status $3 (output: $2)"
   if [ "$3" != 0 ]; then
     echo "   FAILED: $1 exited with $3; its stderr:"; tail -n 20 "$2/stderr" | sed 's/^/     /'
@@ -159,12 +164,11 @@ report() { # client, dir, rc
   fi
 }
 
-if [ -z "$ONLY" ] || [ "$ONLY" = claude ]; then
-  D="$(fresh claude)"
+claude_session() { # directory name, prompt, extra check flags...
+  D="$(fresh "$1")"
   start_proxy "$D"
-  echo "== Claude Code $("$CLAUDE" --version) via $PROXY_URL"
-  args=(-p "Read hello.txt and tell me what it says." --output-format stream-json --verbose
-        --allowedTools Read)
+  echo "== Claude Code $("$CLAUDE" --version) via $PROXY_URL ($1)"
+  args=(-p "$2" --output-format stream-json --verbose --allowedTools Read)
   # The Agent tool keeps the mid-conversation system message (its agent list) in the
   # request; Read is the tool the proxy calls.
   [ "$FULL" = 1 ] || args+=(--tools Agent,Read --system-prompt "You are a coding agent under test. Use your tools.")
@@ -175,7 +179,21 @@ if [ -z "$ONLY" ] || [ "$ONLY" = claude ]; then
       DISABLE_ERROR_REPORTING=1 \
       timeout "$CLIENT_TIMEOUT" "$CLAUDE" "${args[@]}" </dev/null >"$D/stdout" 2>"$D/stderr") || rc=$?
   stop_proxy
-  report claude "$D" "$rc"
+  report claude "$D" "$rc" "${@:3}"
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = claude ]; then
+  claude_session claude "Read hello.txt and tell me what it says."
+  # A second session, as a new user's next `claude` run: another first prompt, so
+  # another billing-header suffix (issue 45); the server drops that header, so this
+  # session's first turn reuses the system prompt and tools the first one left cached.
+  session_check=(--report-session-cache)
+  [ "${SCORIA_AGENT_EXPECT_CACHE:-1}" = 1 ] && session_check=(--expect-session-cache)
+  claude_session claude2 "Read hello.txt and summarize it in five words." "${session_check[@]}"
+  # The header is there to be dropped: the first turn's request carries it.
+  if ! grep -qs 'x-anthropic-billing-header' "$OUT/claude2/requests/"*.json; then
+    echo "   note: Claude Code sent no x-anthropic-billing-header this time"
+  fi
 fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = codex ]; then

@@ -21,7 +21,7 @@ anything. Standard library only.
   steer_proxy.py serve --upstream http://127.0.0.1:PORT --record FILE \\
       --tool-file PATH [--port-file FILE] [--dump-dir DIR]
   steer_proxy.py check --record FILE [--client claude|codex --transcript FILE]
-      [--expect-cache]
+      [--expect-cache] [--expect-session-cache | --report-session-cache]
 """
 
 import argparse
@@ -451,6 +451,20 @@ def check(args):
               f"reused from the cache, {r.get('prompt_n', '?')} evaluated")
     if args.expect_cache and not any((r.get("cache_n") or 0) > 0 for r in follow):
         problems.append("no follow-up turn reused the cached prefix of the turn before")
+    # A new session after another (issue 45): its first turn shares the system prompt
+    # and tools of the session before, once the server drops the per-session billing
+    # header Claude Code puts in front of them.
+    first = next((r for r in gens if r.get("tools") and not r.get("tool_result")), None)
+    if args.expect_session_cache or args.report_session_cache:
+        if first is None:
+            problems.append("no first turn offering tools to compare with the session before")
+        else:
+            print(f"steer-proxy: this session's first turn #{first['id']}: "
+                  f"{first.get('cache_n', '?')} prompt tokens reused from the session before, "
+                  f"{first.get('prompt_n', '?')} evaluated")
+            if args.expect_session_cache and not (first.get("cache_n") or 0) > 0:
+                problems.append("the first turn of this session reused nothing of the session "
+                                "before (the shared system prompt and tools)")
     if args.transcript:
         problems.extend(transcript_problems(args.client, args.transcript))
     for p in problems:
@@ -498,6 +512,11 @@ def main():
     c.add_argument("--record", required=True)
     c.add_argument("--client", choices=["claude", "codex"])
     c.add_argument("--transcript", help="the client's JSON-lines output, checked too")
+    c.add_argument("--expect-session-cache", action="store_true",
+                   help="fail unless the first turn offering tools reused cached prompt tokens "
+                        "(a second session after a first one)")
+    c.add_argument("--report-session-cache", action="store_true",
+                   help="print what the first turn offering tools reused, require nothing")
     c.add_argument("--expect-cache", action="store_true",
                    help="fail unless a follow-up turn reused cached prompt tokens")
     args = ap.parse_args()
