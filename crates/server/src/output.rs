@@ -1058,6 +1058,53 @@ mod tests {
         );
     }
 
+    /// Output the budget cut off: a call in progress ends in `ToolCut` with what it
+    /// has (no closing brace made up), markup before the name is dropped.
+    #[test]
+    fn cut_calls_keep_what_they_have_and_leak_no_markup() {
+        let cut = |text: &str| {
+            let mut p = OutputParser::new(false, Some(&tools()));
+            let mut got = p.push(text);
+            got.extend(p.finish_cut());
+            merge(got)
+        };
+        let call = |delta: &str, end: Piece| {
+            let mut v = vec![Piece::ToolStart {
+                index: 0,
+                name: "get_weather".into(),
+            }];
+            if !delta.is_empty() {
+                v.push(Piece::ToolArgs {
+                    index: 0,
+                    delta: delta.into(),
+                });
+            }
+            v.push(end);
+            v
+        };
+        assert_eq!(
+            cut("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os"),
+            call("{\"city\": \"Os", Piece::ToolCut { index: 0 })
+        );
+        assert_eq!(
+            cut("<tool_call>\n<function=get_weather>\n<parameter=city>\nOs"),
+            call("", Piece::ToolCut { index: 0 })
+        );
+        assert_eq!(
+            cut("Hi.\n<tool_call>\n<func"),
+            vec![Piece::Content("Hi.".into())]
+        );
+        assert_eq!(
+            cut("Hi.\n<tool_call>\n{\"na"),
+            vec![Piece::Content("Hi.".into())]
+        );
+        // A whole JSON call whose closing tag was cut off is a call.
+        assert_eq!(
+            cut("<tool_call>\n{\"arguments\": {\"city\": \"Oslo\"}, \"name\": \"get_weather\"}"),
+            call("{\"city\":\"Oslo\"}", Piece::ToolEnd { index: 0 })
+        );
+    }
+
     #[test]
     fn truncated_xml_call_is_closed() {
         let mut p = OutputParser::new(false, Some(&tools()));
