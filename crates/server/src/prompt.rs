@@ -363,6 +363,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn session_noise_lines_are_dropped_from_system_messages_only() {
+        let header = "x-anthropic-billing-header: cc_version=2.1.197.f2f; cc_entrypoint=sdk-cli;";
+        let mut c = Conversation {
+            messages: vec![
+                json!({"role": "system", "content": format!("{header}\nYou are Claude Code.")}),
+                json!({"role": "user", "content": header}),
+                json!({"role": "system", "content": "X-Anthropic-Billing-Header: cc_version=1"}),
+            ],
+            ..Default::default()
+        };
+        assert!(c.strip_session_noise());
+        assert_eq!(
+            c.messages,
+            vec![
+                json!({"role": "system", "content": "You are Claude Code."}),
+                json!({"role": "user", "content": header}),
+            ]
+        );
+        assert!(!c.strip_session_noise());
+        assert_eq!(strip_noise_lines("a\nb"), None);
+    }
+
+    #[test]
     fn open_think_detection() {
         assert!(ends_in_open_think("<|im_start|>assistant\n<think>\n"));
         assert!(!ends_in_open_think(
