@@ -676,6 +676,10 @@ async fn demo_server(strip: bool) -> SocketAddr {
 /// A Claude Code session's first request: the billing header (its suffix differs
 /// per session) as the first system block, then the system prompt.
 fn first_request(suffix: &str) -> Value {
+    first_request_with(suffix, "Read hello.txt and tell me what it says.")
+}
+
+fn first_request_with(suffix: &str, prompt: &str) -> Value {
     let system = "You are Claude Code, a coding agent. ".repeat(12);
     json!({"model": "claude-sonnet-4-5", "max_tokens": 1, "temperature": 0,
         "system": [
@@ -684,7 +688,7 @@ fn first_request(suffix: &str) -> Value {
         ],
         "tools": [{"name": "Read", "description": "Reads a file.", "input_schema":
             {"type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Read hello.txt and tell me what it says."}]}]})
+        "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}]})
 }
 
 async fn usage_of(addr: SocketAddr, body: &Value) -> Value {
@@ -712,6 +716,15 @@ async fn a_second_claude_code_session_reuses_the_first_sessions_cached_prefix() 
         cached > 0 && cached + 8 >= prompt,
         "{cached} of {prompt}: {second}"
     );
+    // A third session with its own first prompt (as real sessions have) reuses the
+    // system prompt and tools: everything before its user turn.
+    let third = first_request_with("0c4", "Summarize hello.txt in five words.");
+    let u = usage_of(addr, &third).await;
+    let (cached, fresh) = (
+        u["cache_read_input_tokens"].as_u64().unwrap(),
+        u["input_tokens"].as_u64().unwrap(),
+    );
+    assert!(cached > 0 && fresh < 40 && fresh < cached / 4, "{u}");
 
     // With the setting off the header's suffix splits the prompts near the start.
     let addr = demo_server(false).await;
