@@ -21,7 +21,11 @@
 # Checks, per client: exit status 0, every request answered 2xx, streams ended properly,
 # the tool round trip reached the server and was accepted. Prints each client's
 # version and the prompt-cache reuse of each follow-up turn; no reuse is a failure
-# (SCORIA_AGENT_EXPECT_CACHE=0 only reports it). Outputs: target/agent-tests/<client>/.
+# (SCORIA_AGENT_EXPECT_CACHE=0 only reports it). Claude Code then runs a second
+# session with another prompt (so its billing header differs, as between real
+# sessions); the two sessions' first turns, replayed in order on a fresh server, must
+# show the second reusing the first's cached system prompt and tools (same switch).
+# Outputs: target/agent-tests/<client>/ (claude2/: the second session).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config
@@ -45,7 +49,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY="$2"; shift 2 ;;
     --full) FULL=1; shift ;;
     --install-only) INSTALL_ONLY=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -145,9 +149,10 @@ fresh() { # client -> its directory, with a clean home and a work dir holding he
 client_env=(env -i "PATH=$NODE_BIN:/usr/local/bin:/usr/bin:/bin" "LANG=C.UTF-8" "TERM=dumb")
 
 status=0
-report() { # client, dir, rc
+report() { # client, dir, rc [extra check flags...]
   local expect=()
   [ "${SCORIA_AGENT_EXPECT_CACHE:-1}" = 1 ] && expect=(--expect-cache)
+  expect+=("${@:4}")
   echo "   exit status $3 (output: $2)"
   if [ "$3" != 0 ]; then
     echo "   FAILED: $1 exited with $3; its stderr:"; tail -n 20 "$2/stderr" | sed 's/^/     /'
@@ -159,12 +164,11 @@ report() { # client, dir, rc
   fi
 }
 
-if [ -z "$ONLY" ] || [ "$ONLY" = claude ]; then
-  D="$(fresh claude)"
+claude_session() { # directory name, prompt, extra check flags...
+  D="$(fresh "$1")"
   start_proxy "$D"
-  echo "== Claude Code $("$CLAUDE" --version) via $PROXY_URL"
-  args=(-p "Read hello.txt and tell me what it says." --output-format stream-json --verbose
-        --allowedTools Read)
+  echo "== Claude Code $("$CLAUDE" --version) via $PROXY_URL ($1)"
+  args=(-p "$2" --output-format stream-json --verbose --allowedTools Read)
   # The Agent tool keeps the mid-conversation system message (its agent list) in the
   # request; Read is the tool the proxy calls.
   [ "$FULL" = 1 ] || args+=(--tools Agent,Read --system-prompt "You are a coding agent under test. Use your tools.")
@@ -175,7 +179,49 @@ if [ -z "$ONLY" ] || [ "$ONLY" = claude ]; then
       DISABLE_ERROR_REPORTING=1 \
       timeout "$CLIENT_TIMEOUT" "$CLAUDE" "${args[@]}" </dev/null >"$D/stdout" 2>"$D/stderr") || rc=$?
   stop_proxy
-  report claude "$D" "$rc"
+  report claude "$D" "$rc" "${@:3}"
+}
+
+# The two sessions' first turns, replayed in order to a fresh server: the second must
+# reuse the first's cached system prompt and tools (the server drops the billing
+# header whose suffix differs between them), with usage as Anthropic defines it.
+replay_first_turns() { # dump dirs...
+  local port url log pid rc=0 expect=()
+  [ "${SCORIA_AGENT_EXPECT_CACHE:-1}" = 1 ] && expect=(--expect-cache)
+  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
+  url="http://127.0.0.1:$port"
+  log="$OUT/replay-server.log"
+  echo "== the sessions' first turns replayed on a fresh server ($url)"
+  # shellcheck disable=SC2086 # word splitting of the extra arguments is intended
+  "$BIN" serve --host 127.0.0.1 --port "$port" --api-key "$KEY" --max-context "$CTX" \
+    ${SCORIA_AGENT_SERVE_ARGS:-} >"$log" 2>&1 &
+  pid=$!
+  local deadline=$((SECONDS + ${SCORIA_START_TIMEOUT:-300}))
+  until curl -sf --max-time 2 "$url/health" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null || [ $SECONDS -ge $deadline ]; then
+      echo "   FAILED: the replay server did not start; log:"; tail -n 20 "$log" | sed 's/^/     /'
+      status=1; kill "$pid" 2>/dev/null || true; return
+    fi
+    sleep 0.25
+  done
+  python3 "$ROOT/tests/agents/steer_proxy.py" replay --upstream "$url" --key "$KEY" \
+    "${expect[@]}" "$@" | sed 's/^/   /' || rc=$?
+  [ "$rc" = 0 ] || status=1
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = claude ]; then
+  claude_session claude "Read hello.txt and tell me what it says."
+  # A second session, as a new user's next `claude` run: another first prompt, so
+  # another billing-header suffix (issue 45). Its live first turn's reuse is reported
+  # (SCORIA_AGENT_EXPECT_SESSION_CACHE=1 requires it): on a hybrid model such as the
+  # demo, whether the mark at the end of the shared system prompt survives the first
+  # session's follow-up turns is the engine's choice.
+  session_check=(--report-session-cache)
+  [ "${SCORIA_AGENT_EXPECT_SESSION_CACHE:-0}" = 1 ] && session_check=(--expect-session-cache)
+  claude_session claude2 "Read hello.txt and summarize it in five words." "${session_check[@]}"
+  replay_first_turns "$OUT/claude/requests" "$OUT/claude2/requests"
 fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = codex ]; then

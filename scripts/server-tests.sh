@@ -118,10 +118,14 @@ curl -s --max-time 5 "$URL/health" | python3 -c 'import json,sys; h=json.load(sy
 
 export SCORIA_URL="$URL" SCORIA_API_KEY="$KEY"
 status=0
+# The suite's packages are in scripts/install-test-deps.sh's virtual environment;
+# without one, whatever python3 has.
+PYTHON="$(bash "$ROOT/scripts/install-test-deps.sh" --print-venv)/bin/python"
+[ -x "$PYTHON" ] || PYTHON=python3
 
 if [ "$PYTEST" = 1 ]; then
   echo "== pytest tests/server"
-  if ! (cd "$ROOT" && timeout "$PYTEST_TIMEOUT" python3 -m pytest tests/server -q -p no:cacheprovider \
+  if ! (cd "$ROOT" && timeout "$PYTEST_TIMEOUT" "$PYTHON" -m pytest tests/server -q -p no:cacheprovider \
         --junitxml="$OUT/pytest.xml" "${PYTEST_ARGS[@]}"); then
     status=1
   fi

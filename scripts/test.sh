@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it on a fresh machine:
 #   1. installs what the server suite needs (Debian chromium and nodejs, the
-#      openai/anthropic SDKs and pytest, playwright-core, the agent clients) —
-#      skipped when already present;
+#      openai/anthropic SDKs and pytest in a Python virtual environment,
+#      target/test-venv, playwright-core, the agent clients) — skipped when already
+#      present;
 #   2. cargo test: kernels against their scalar reference, dequantization against
 #      the gguf package's (crates/quant/tests/oracle.rs), GGUF reader/writer,
 #      tokenizer and chat templates, parity with transformers for the three
@@ -15,6 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
+# The Python packages live in a virtual environment: its python3 first on PATH (the
+# dequantization oracle runs `python3` with gguf and numpy).
+PATH="$(bash scripts/install-test-deps.sh --print-venv)/bin:$PATH"
+export PATH
 cargo test --workspace --locked
 python3 -B -m unittest discover -s bench -p 'test_*.py'
 python3 -B -m unittest discover -s scripts -p 'test_*.py'

@@ -20,8 +20,9 @@ anything. Standard library only.
 
   steer_proxy.py serve --upstream http://127.0.0.1:PORT --record FILE \\
       --tool-file PATH [--port-file FILE] [--dump-dir DIR]
+  steer_proxy.py replay --upstream http://127.0.0.1:PORT [--key KEY] [--expect-cache] DIR...
   steer_proxy.py check --record FILE [--client claude|codex --transcript FILE]
-      [--expect-cache]
+      [--expect-cache] [--expect-session-cache | --report-session-cache]
 """
 
 import argparse
@@ -451,8 +452,77 @@ def check(args):
               f"reused from the cache, {r.get('prompt_n', '?')} evaluated")
     if args.expect_cache and not any((r.get("cache_n") or 0) > 0 for r in follow):
         problems.append("no follow-up turn reused the cached prefix of the turn before")
+    # A new session after another (issue 45): its first turn shares the system prompt
+    # and tools of the session before, once the server drops the per-session billing
+    # header Claude Code puts in front of them.
+    first = next((r for r in gens if r.get("tools") and not r.get("tool_result")), None)
+    if args.expect_session_cache or args.report_session_cache:
+        if first is None:
+            problems.append("no first turn offering tools to compare with the session before")
+        else:
+            print(f"steer-proxy: this session's first turn #{first['id']}: "
+                  f"{first.get('cache_n', '?')} prompt tokens reused from the session before, "
+                  f"{first.get('prompt_n', '?')} evaluated")
+            if args.expect_session_cache and not (first.get("cache_n") or 0) > 0:
+                problems.append("the first turn of this session reused nothing of the session "
+                                "before (the shared system prompt and tools)")
     if args.transcript:
         problems.extend(transcript_problems(args.client, args.transcript))
+    for p in problems:
+        print(f"steer-proxy: PROBLEM: {p}")
+    return 1 if problems else 0
+
+
+def first_turn(dump_dir):
+    """The first generation request in a dump directory that offers tools and carries
+    no tool result: a session's first turn."""
+    import os
+    for name in sorted(os.listdir(dump_dir)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(dump_dir, name), encoding="utf-8") as f:
+            body = json.load(f)
+        if tools_of(body) and not has_tool_result(body):
+            return name, body
+    return None, None
+
+
+def replay(args):
+    """Sends each session's first turn (from its dump directory), in order, to a fresh
+    server, and reports the prompt-cache reuse of each: a later session's first turn
+    shares the system prompt and tools of the one before, once the server drops the
+    billing header whose suffix differs between them (issue 45)."""
+    u = urllib.parse.urlsplit(args.upstream)
+    problems = []
+    last = None
+    for d in args.dirs:
+        name, body = first_turn(d)
+        if body is None:
+            problems.append(f"{d}: no first turn offering tools")
+            continue
+        header = next((b.get("text", "") for b in body.get("system") or []
+                       if isinstance(b, dict) and "billing-header" in b.get("text", "")), "")
+        body = dict(body, stream=False, max_tokens=1)
+        conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=600)
+        conn.request("POST", "/v1/messages", json.dumps(body),
+                     {"content-type": "application/json", "x-api-key": args.key})
+        resp = conn.getresponse()
+        data = json.loads(resp.read() or b"{}")
+        conn.close()
+        usage = data.get("usage") or {}
+        print(f"steer-proxy: replayed {d}/{name} ({header.strip() or 'no billing header'}): "
+              f"{resp.status}, input_tokens {usage.get('input_tokens')}, "
+              f"cache_read_input_tokens {usage.get('cache_read_input_tokens')}")
+        if resp.status != 200:
+            problems.append(f"{d}/{name} answered {resp.status}: {data}")
+            continue
+        for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+            if not isinstance(usage.get(key), int):
+                problems.append(f"{d}/{name}: usage has no {key}: {usage}")
+        last = usage
+    if args.expect_cache and last is not None and not (last.get("cache_read_input_tokens") or 0) > 0:
+        problems.append("the later session's first turn reused nothing of the earlier one's "
+                        "(the shared system prompt and tools)")
     for p in problems:
         print(f"steer-proxy: PROBLEM: {p}")
     return 1 if problems else 0
@@ -494,15 +564,28 @@ def main():
     s.add_argument("--port", type=int, default=0)
     s.add_argument("--port-file")
     s.add_argument("--dump-dir", help="write each generation request body here")
+    r = sub.add_parser("replay", help="replay sessions' first turns against a fresh server")
+    r.add_argument("--upstream", required=True)
+    r.add_argument("--key", default="")
+    r.add_argument("--expect-cache", action="store_true",
+                   help="fail unless the last session's first turn reused cached prompt tokens")
+    r.add_argument("dirs", nargs="+", help="the sessions' --dump-dir directories, in order")
     c = sub.add_parser("check")
     c.add_argument("--record", required=True)
     c.add_argument("--client", choices=["claude", "codex"])
     c.add_argument("--transcript", help="the client's JSON-lines output, checked too")
+    c.add_argument("--expect-session-cache", action="store_true",
+                   help="fail unless the first turn offering tools reused cached prompt tokens "
+                        "(a second session after a first one)")
+    c.add_argument("--report-session-cache", action="store_true",
+                   help="print what the first turn offering tools reused, require nothing")
     c.add_argument("--expect-cache", action="store_true",
                    help="fail unless a follow-up turn reused cached prompt tokens")
     args = ap.parse_args()
     if args.cmd == "serve":
         serve(args)
+    elif args.cmd == "replay":
+        sys.exit(replay(args))
     else:
         sys.exit(check(args))
 

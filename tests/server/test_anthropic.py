@@ -1,5 +1,7 @@
 """Anthropic Messages API through the official SDK."""
 
+import uuid
+
 import anthropic
 import pytest
 
@@ -13,6 +15,11 @@ NO_THINK = {"thinking": {"type": "disabled"}, **GREEDY}
 
 def text_of(msg):
     return "".join(b.text for b in msg.content if b.type == "text")
+
+
+def prompt_of(usage):
+    """The whole prompt: Anthropic's input_tokens leave out the cached tokens."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
 
 
 def test_messages_plain(claude, model_id):
@@ -36,7 +43,7 @@ def test_messages_system_reaches_prompt(claude, model_id):
         system="You are a very terse assistant that answers in one word.",
         extra_body=NO_THINK,
     )
-    assert b.usage.input_tokens > a.usage.input_tokens
+    assert prompt_of(b.usage) > prompt_of(a.usage)
 
 
 def test_messages_streamed(claude, model_id):
@@ -139,7 +146,7 @@ def test_messages_tool_use_round_trip(claude, model_id):
     a = claude.messages.create(model=model_id, max_tokens=8, messages=first, tools=TOOLS, extra_body=GREEDY)
     b = claude.messages.create(model=model_id, max_tokens=8, messages=turn, tools=TOOLS, extra_body=GREEDY)
     assert b.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    assert b.usage.input_tokens > a.usage.input_tokens
+    assert prompt_of(b.usage) > prompt_of(a.usage)
 
 
 def test_count_tokens(claude, model_id):
@@ -148,7 +155,7 @@ def test_count_tokens(claude, model_id):
     m = claude.messages.create(
         model=model_id, max_tokens=1, messages=HELLO, system="You are terse.", extra_body=GREEDY
     )
-    assert c.input_tokens == m.usage.input_tokens
+    assert c.input_tokens == prompt_of(m.usage)
     with_tools = claude.messages.count_tokens(model=model_id, messages=HELLO, system="You are terse.", tools=TOOLS)
     assert with_tools.input_tokens > c.input_tokens
 
@@ -163,3 +170,64 @@ def test_messages_bad_temperature_is_400(claude, model_id):
     with pytest.raises(anthropic.BadRequestError) as e:
         claude.messages.create(model=model_id, max_tokens=8, messages=HELLO, extra_body={"temperature": -1})
     assert "temperature" in str(e.value)
+
+
+# ---------------------------------------------------------------- usage and the prompt cache (issue 45)
+
+
+def _session_request(model_id, suffix, nonce):
+    """A Claude Code session's first request: its billing header (whose suffix changes
+    per session) as the first system block, then the system prompt."""
+    return dict(
+        model=model_id,
+        max_tokens=1,
+        system=[
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.{suffix}; cc_entrypoint=sdk-cli;"},
+            {"type": "text", "text": f"Session test {nonce}. " + "You are a careful coding agent. " * 20},
+        ],
+        messages=[{"role": "user", "content": "Read hello.txt and tell me what it says."}],
+        extra_body=NO_THINK,
+    )
+
+
+def test_usage_is_anthropics_and_a_second_session_reuses_the_first(claude, model_id):
+    nonce = uuid.uuid4().hex
+    first = claude.messages.create(**_session_request(model_id, "f2f", nonce))
+    total = prompt_of(first.usage)
+    assert isinstance(first.usage.cache_read_input_tokens, int)
+    assert first.usage.cache_creation_input_tokens == 0
+    # Another session: another header suffix, the same prompt once the header is gone.
+    second = claude.messages.create(**_session_request(model_id, "58e", nonce))
+    u = second.usage
+    assert prompt_of(u) == total, (first.usage, u)
+    assert u.cache_read_input_tokens > 0, u
+    assert u.cache_read_input_tokens >= total - 16, (total, u)
+    assert u.input_tokens == total - u.cache_read_input_tokens
+
+    # Streamed: message_start and message_delta both carry the cache counts.
+    events = list(claude.messages.create(**_session_request(model_id, "a01", nonce), stream=True))
+    start = next(e for e in events if e.type == "message_start")
+    assert isinstance(start, anthropic.types.RawMessageStartEvent)
+    su = start.message.usage
+    assert su.cache_read_input_tokens > 0, su
+    assert su.input_tokens + su.cache_read_input_tokens + su.cache_creation_input_tokens == total
+    delta = next(e for e in events if e.type == "message_delta")
+    du = delta.usage
+    read = getattr(du, "cache_read_input_tokens", None) or (du.model_extra or {}).get("cache_read_input_tokens")
+    assert read == su.cache_read_input_tokens, du
+    assert du.output_tokens >= 1
+
+
+def test_messages_without_max_tokens_is_400(raw, model_id):
+    r = raw.post("/v1/messages", {"model": model_id, "messages": HELLO})
+    assert r.status_code == 400, r.text
+    assert r.json()["type"] == "error"
+    assert "max_tokens is required" in r.json()["error"]["message"]
+
+
+def test_lone_surrogate_is_a_clear_400(raw, model_id):
+    body = '{"model": "%s", "max_tokens": 4, "messages": [{"role": "user", "content": "cut \\ud800 here"}]}' % model_id
+    r = raw.post("/v1/messages", data=body)
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    assert "lone UTF-16 surrogate" in msg and "line 1 column" in msg, msg

@@ -6,6 +6,7 @@ the words.
 """
 
 import json
+import uuid
 
 import openai
 import pytest
@@ -422,3 +423,88 @@ def test_malformed_json_is_400(raw):
         r = raw.post(path, data='{"model": "x", "messages": [')
         assert r.status_code == 400, (path, r.status_code, r.text)
         assert "error" in r.json()
+
+
+# ---------------------------------------------------------------- issue 45: usage, conformance, custom tools
+
+
+def test_usage_counts_cached_tokens_inside_the_prompt(oai, model_id):
+    messages = [{"role": "system", "content": f"Usage test {uuid.uuid4().hex}. " + "Be brief. " * 30}] + HELLO
+    kw = dict(model=model_id, messages=messages, max_tokens=1, temperature=0, extra_body=NO_THINK)
+    a = oai.chat.completions.create(**kw)
+    b = oai.chat.completions.create(**kw)
+    assert b.usage.prompt_tokens == a.usage.prompt_tokens
+    cached = b.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached <= b.usage.prompt_tokens, b.usage
+    assert b.usage.total_tokens == b.usage.prompt_tokens + b.usage.completion_tokens
+    # Streamed, the usage chunk says the same.
+    usage = None
+    for chunk in oai.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+    assert usage.prompt_tokens == a.usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens > 0
+    # Responses: input_tokens include the cached ones too.
+    rkw = dict(model=model_id, instructions=messages[0]["content"], input=HELLO[0]["content"],
+               max_output_tokens=16, temperature=0, reasoning={"effort": "none"})
+    oai.responses.create(**rkw)
+    r = oai.responses.create(**rkw)
+    assert 0 < r.usage.input_tokens_details.cached_tokens <= r.usage.input_tokens, r.usage
+
+
+def test_stream_options_without_stream_is_400(oai, model_id):
+    err = _bad(lambda: oai.chat.completions.create(
+        model=model_id, messages=HELLO, max_tokens=4, stream_options={"include_usage": True}))
+    assert "stream_options is only allowed with stream: true" in str(err)
+
+
+def test_tool_parameters_must_be_an_object(oai, model_id):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]
+    err = _bad(lambda: oai.chat.completions.create(model=model_id, messages=HELLO, max_tokens=4, tools=tools))
+    assert "tools[0].function.parameters must be a JSON Schema object" in str(err)
+
+
+def test_response_format_string_is_a_clear_400(raw, model_id):
+    r = raw.post("/v1/chat/completions", {"model": model_id, "messages": HELLO, "response_format": "json"})
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    assert "response_format must be an object" in msg and '"json"' in msg, msg
+
+
+def test_responses_echo_sampling_values_as_sent(oai, model_id):
+    r = oai.responses.create(model=model_id, input="hi", max_output_tokens=4, temperature=0.6, top_p=0.9,
+                             reasoning={"effort": "none"})
+    assert r.temperature == 0.6 and r.top_p == 0.9, (r.temperature, r.top_p)
+
+
+CUSTOM_TOOLS = [{
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files with a patch.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'},
+}]
+
+
+def test_responses_custom_tool_call(oai, model_id, raw):
+    # The template sees the tool.
+    plain = raw.post("/v1/responses", {"model": model_id, "input": "hi", "max_output_tokens": 1}).json()
+    offered = raw.post("/v1/responses", {"model": model_id, "input": "hi", "max_output_tokens": 1,
+                                          "tools": CUSTOM_TOOLS}).json()
+    assert offered["usage"]["input_tokens"] > plain["usage"]["input_tokens"] + 20
+    # Forced, a call comes back as a custom_tool_call item with its raw input.
+    r = oai.responses.create(
+        model=model_id, input="Add hello.txt.", tools=CUSTOM_TOOLS, max_output_tokens=256, temperature=0,
+        tool_choice={"type": "custom", "name": "apply_patch"}, reasoning={"effort": "none"},
+    )
+    calls = [i for i in r.output if i.type == "custom_tool_call"]
+    assert calls, r.output
+    assert calls[0].name == "apply_patch" and isinstance(calls[0].input, str) and calls[0].call_id
+    assert r.tools[0].type == "custom"
+    # The call and its output go back as the next turn's input.
+    nxt = oai.responses.create(
+        model=model_id, tools=CUSTOM_TOOLS, max_output_tokens=4, reasoning={"effort": "none"},
+        input=[{"role": "user", "content": "Add hello.txt."},
+               {"type": "custom_tool_call", "call_id": calls[0].call_id, "name": "apply_patch",
+                "input": calls[0].input},
+               {"type": "custom_tool_call_output", "call_id": calls[0].call_id, "output": "Done!"}],
+    )
+    assert nxt.status in ("completed", "incomplete")

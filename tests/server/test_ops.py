@@ -246,6 +246,45 @@ def test_disconnect_cancels(raw, model_id, n_ctx, route):
     assert time.monotonic() - t0 < 30
 
 
+def test_a_cancelled_request_counts_what_it_did(raw, model_id, n_ctx):
+    """Issue 45: a request whose client leaves mid-stream counts the prompt tokens it
+    reused and the tokens it generated in the metrics (and its log line says so)."""
+    budget = max(64, n_ctx - 256)
+    body = {
+        "model": model_id,
+        "max_tokens": 1,
+        "system": "Cancellation test. " + "Keep going. " * 30,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "thinking": {"type": "disabled"},
+        "temperature": 0,
+    }
+    assert raw.post("/v1/messages", body).status_code == 200
+    before = raw.metrics()
+    resp = raw.post("/v1/messages", {**body, "max_tokens": budget, "stream": True}, stream=True)
+    assert resp.status_code == 200
+    start = None
+    deltas = 0
+    for line in resp.iter_lines():
+        if not line.startswith(b"data:"):
+            continue
+        ev = json.loads(line[5:])
+        if ev["type"] == "message_start":
+            start = ev["message"]["usage"]
+        elif ev["type"] == "content_block_delta":
+            deltas += 1
+            if deltas >= 4:
+                break
+    resp.close()
+    raw.wait_idle(within=2.0)
+    after = raw.metrics()
+    last = raw.get("/stats.json").json()["requests"][0]
+    assert last["finish"] == "cancelled", last
+    reused = start["cache_read_input_tokens"]
+    assert reused > 0, start
+    assert after["scoria:prompt_tokens_cached_total"] - before["scoria:prompt_tokens_cached_total"] == reused
+    assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] >= 1
+
+
 def test_disconnect_cancels_non_streamed(raw, model_id, n_ctx):
     budget = max(64, n_ctx - 256)
     done = threading.Event()

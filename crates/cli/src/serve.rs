@@ -92,6 +92,8 @@ mod tests {
             "-1.5",
             "--content-special-tokens",
             "true",
+            "--strip-session-noise",
+            "false",
         ])
         .unwrap()
         .a;
@@ -106,6 +108,7 @@ mod tests {
         assert_eq!(s.defaults.temp, 0.2);
         assert_eq!(s.defaults.presence_penalty, -1.5);
         assert!(s.defaults.content_special_tokens);
+        assert!(!s.defaults.strip_session_noise);
         // Shown as given, with where it came from.
         let j = s.to_json();
         assert_eq!(j["engine"]["vram-budget"]["value"], "16G");

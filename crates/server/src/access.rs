@@ -60,7 +60,8 @@ pub struct RequestLog(Arc<Mutex<Record>>);
 struct Record {
     /// Prompt tokens, once the request was queued for the engine.
     prompt: Option<usize>,
-    /// The engine's account, once it finished.
+    /// The engine's account: what it reused at admission and the tokens generated
+    /// so far; its final numbers once it finished.
     cached: usize,
     generated: usize,
     /// Tiered experts: where the experts of the steps it ran in came from.
@@ -80,6 +81,22 @@ impl RequestLog {
     /// The request was queued with a prompt of `tokens` tokens.
     pub fn queued(&self, tokens: usize) {
         self.lock().prompt = Some(tokens);
+    }
+
+    /// The engine took the request, reusing `cached` prompt tokens.
+    pub fn admitted(&self, cached: usize) {
+        self.lock().cached = cached;
+    }
+
+    /// The engine generated one more token (counted as they come, so a request whose
+    /// client left is logged with the tokens made before it went).
+    pub fn token_generated(&self) {
+        self.lock().generated += 1;
+    }
+
+    /// Prompt tokens reused from cached state (0 until the engine took the request).
+    pub fn cached(&self) -> usize {
+        self.lock().cached
     }
 
     /// The first piece of the answer reached the route.

@@ -3,7 +3,10 @@
 //! The stream is the Messages API's event sequence: `message_start`, then for each
 //! content block `content_block_start`, its deltas (`thinking_delta`, `text_delta`,
 //! `input_json_delta`) and `content_block_stop`, then `message_delta` (stop reason,
-//! output tokens, `timings`) and `message_stop`.
+//! usage, `timings`) and `message_stop`. Usage is Anthropic's: `input_tokens`
+//! excludes the prompt tokens reused from cached state, which are
+//! `cache_read_input_tokens` (see `api::anthropic::Usage`); `message_start` is sent
+//! with the first step, once the engine has said what it reuses.
 
 use std::sync::Arc;
 
@@ -59,16 +62,11 @@ async fn message(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<R
     let id = format!("msg_{}", unique_suffix(gen.id));
     let model = state.model_id.clone();
     if p.stream {
-        let start = MessageOut {
-            usage: Usage {
-                input_tokens: prompt_tokens,
-                output_tokens: 0,
-                cache_read_input_tokens: None,
-                cache_creation_input_tokens: None,
-            },
-            ..message_out(id, model, Vec::new(), None)
-        };
-        return Ok(sse::stream(gen, MessageStream::new(start, think_open)));
+        let start = message_out(id, model, Vec::new(), None);
+        return Ok(sse::stream(
+            gen,
+            MessageStream::new(start, prompt_tokens, think_open),
+        ));
     }
     let gen_id = gen.id;
     let c = collect(gen).await?;
@@ -135,25 +133,10 @@ fn message_out(
         Some((f, had_calls)) => (
             Some(stop_reason(f, had_calls)),
             f.stop_hit.clone(),
-            Usage {
-                input_tokens: f.prompt_tokens,
-                output_tokens: f.completion_tokens,
-                cache_read_input_tokens: Some(f.timings.cache_n),
-                cache_creation_input_tokens: Some(0),
-            },
+            usage_of(f),
             Some(Timings::of(&f.timings)),
         ),
-        None => (
-            None,
-            None,
-            Usage {
-                input_tokens: 0,
-                output_tokens: 0,
-                cache_read_input_tokens: None,
-                cache_creation_input_tokens: None,
-            },
-            None,
-        ),
+        None => (None, None, Usage::of(0, 0, 0), None),
     };
     MessageOut {
         id,
@@ -166,6 +149,11 @@ fn message_out(
         usage,
         timings,
     }
+}
+
+/// A finished request's usage.
+fn usage_of(f: &Finished) -> Usage {
+    Usage::of(f.prompt_tokens, f.timings.cache_n, f.completion_tokens)
 }
 
 /// Anthropic `stop_reason`.
@@ -182,11 +170,16 @@ fn tool_id(gen_id: u64, index: usize) -> String {
     format!("toolu_{}{}", unique_suffix(gen_id), index)
 }
 
-/// Tool input as an object (what a tool_use block carries).
+/// Tool input as an object (what a tool_use block carries). A call the token budget
+/// cut off (the message's `stop_reason` is `max_tokens`) has the parameters that were
+/// complete when it stopped.
 fn input_object(args: &str) -> Value {
     match serde_json::from_str::<Value>(args) {
         Ok(v @ Value::Object(_)) => v,
-        _ => json!({}),
+        _ => match serde_json::from_str::<Value>(&format!("{}}}", args.trim_end())) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => json!({}),
+        },
     }
 }
 
@@ -200,8 +193,11 @@ enum Kind {
 
 /// The message stream.
 struct MessageStream {
-    /// `message_start`'s message (taken when sent).
+    /// `message_start`'s message (taken when sent: with the first step, when the
+    /// engine has said how much of the prompt it reuses, unless the request is
+    /// still queued then).
     start: Option<MessageOut>,
+    prompt_tokens: usize,
     /// The prompt leaves the model thinking (a keep-alive before any block opens one).
     think_open: bool,
     /// The open block: its index and kind.
@@ -211,9 +207,10 @@ struct MessageStream {
 }
 
 impl MessageStream {
-    fn new(start: MessageOut, think_open: bool) -> MessageStream {
+    fn new(start: MessageOut, prompt_tokens: usize, think_open: bool) -> MessageStream {
         MessageStream {
             start: Some(start),
+            prompt_tokens,
             think_open,
             open: None,
             next_index: 0,
@@ -227,6 +224,15 @@ fn push(out: &mut Vec<Bytes>, e: &Event) {
 }
 
 impl MessageStream {
+    /// `message_start` (with the prompt's usage so far) and a `ping`, once.
+    fn send_start(&mut self, gen: &Generation, out: &mut Vec<Bytes>) {
+        if let Some(mut message) = self.start.take() {
+            message.usage = Usage::of(self.prompt_tokens, gen.cached(), 0);
+            push(out, &Event::MessageStart { message });
+            push(out, &Event::Ping);
+        }
+    }
+
     fn close(&mut self, out: &mut Vec<Bytes>) {
         if let Some((index, _)) = self.open.take() {
             push(out, &Event::ContentBlockStop { index });
@@ -273,14 +279,8 @@ fn empty_block(kind: Kind) -> BlockOut {
 }
 
 impl Encoder for MessageStream {
-    fn open(&mut self, out: &mut Vec<Bytes>) {
-        if let Some(message) = self.start.take() {
-            push(out, &Event::MessageStart { message });
-        }
-        push(out, &Event::Ping);
-    }
-
     fn step(&mut self, step: Step, gen: &mut Generation, out: &mut Vec<Bytes>) {
+        self.send_start(gen, out);
         match step {
             Step::Piece(Piece::Reasoning(t)) => {
                 let i = self.ensure(Kind::Thinking, empty_block(Kind::Thinking), out);
@@ -310,7 +310,7 @@ impl Encoder for MessageStream {
                     );
                 }
             }
-            Step::Piece(Piece::ToolEnd { .. }) => self.close(out),
+            Step::Piece(Piece::ToolEnd { .. } | Piece::ToolCut { .. }) => self.close(out),
             // Keep-alive. Claude Code's idle watchdog (300 s, then it retries without
             // streaming while the first request runs on) counts the events its SDK
             // yields, and the SDK drops `ping`; a `message_delta` would be counted
@@ -351,12 +351,7 @@ impl Encoder for MessageStream {
                             stop_reason: stop_reason(&f, self.had_calls),
                             stop_sequence: f.stop_hit.clone(),
                         },
-                        usage: Usage {
-                            input_tokens: f.prompt_tokens,
-                            output_tokens: f.completion_tokens,
-                            cache_read_input_tokens: None,
-                            cache_creation_input_tokens: None,
-                        },
+                        usage: usage_of(&f),
                         timings: Timings::of(&f.timings),
                     },
                 );

@@ -499,7 +499,7 @@ async fn bad_input_is_400_in_the_routes_shape() {
 #[tokio::test]
 async fn api_key_guards_all_but_health() {
     let addr = server("x", Some("sekret"), greedy()).await;
-    let body = json!({"messages": [{"role": "user", "content": "q"}]});
+    let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "q"}]});
     assert_eq!(
         post(addr, "/v1/chat/completions", &body, "").await.status,
         401

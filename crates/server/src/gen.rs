@@ -103,6 +103,11 @@ fn render_chat_now(
     field: &str,
 ) -> Result<(Vec<u32>, bool), ApiError> {
     let core = core(state)?;
+    // Per-session noise (Claude Code's billing header) would keep every new session
+    // from reusing the cached system prompt; the model does not need it.
+    if core.defaults.strip_session_noise {
+        conv.strip_session_noise();
+    }
     let mut extra = extra.clone();
     if let Some(e) = &thinking.effort {
         extra.entry("reasoning_effort").or_insert_with(|| json!(e));
@@ -221,6 +226,12 @@ impl Generation {
         }
     }
 
+    /// Prompt tokens the engine reused from cached state, once it took the request
+    /// (0 before).
+    pub fn cached(&self) -> usize {
+        self.log.cached()
+    }
+
     /// The log-probabilities of the tokens that arrived since the last call (the
     /// tokens of the text [`Generation::next`] has given out, and perhaps of text a
     /// stop sequence still holds back).
@@ -253,7 +264,12 @@ impl Generation {
                 Some(Event::Logprobs(t, lp)) => self.logprobs.push((t, lp)),
                 Some(Event::Done(f)) => {
                     if let Some(p) = &mut self.parser {
-                        self.pending.extend(p.finish().into_iter().map(Step::Piece));
+                        let cut = matches!(
+                            f.finish,
+                            engine::FinishReason::Length | engine::FinishReason::ContextFull
+                        );
+                        let rest = if cut { p.finish_cut() } else { p.finish() };
+                        self.pending.extend(rest.into_iter().map(Step::Piece));
                     }
                     self.log.finished(&f);
                     self.pending.push_back(Step::Done(f));
@@ -364,6 +380,7 @@ pub fn start(
         stops: params.stop.clone(),
         detok: Box::new(state.tokenizer.stream_decoder(true)),
         tx,
+        log: log.clone(),
     };
     state.stats.request_queued(id, route);
     core.worker.submit(job).map_err(|e| {
@@ -393,6 +410,9 @@ pub struct Collected {
     pub content: String,
     /// (name, arguments JSON text)
     pub calls: Vec<(String, String)>,
+    /// The last call was cut off by the token budget: its arguments are what was
+    /// generated, not a complete object.
+    pub cut: bool,
     pub finished: Option<Finished>,
     /// Each generated token's log-probabilities, when the request asked.
     pub logprobs: Vec<(u32, engine::TokenLogprobs)>,
@@ -420,6 +440,7 @@ pub async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
                 }
             }
             Step::Piece(Piece::ToolEnd { .. }) => {}
+            Step::Piece(Piece::ToolCut { .. }) => c.cut = true,
             Step::Done(f) => c.finished = Some(f),
             Step::Failed(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
             Step::Idle => {}

@@ -74,6 +74,8 @@ mod structured_tests;
 mod test_http;
 #[cfg(test)]
 mod test_server;
+#[cfg(test)]
+mod usage_tests;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -98,6 +98,8 @@ struct Live {
     queue_ms: f64,
     started: Instant,
     prompt_tokens: usize,
+    /// Of the prompt, tokens reused from cached state (`request_cached`).
+    cached: usize,
     prompt_done: usize,
     prompt_finished: Option<Instant>,
     tokens: usize,
@@ -298,6 +300,7 @@ impl Stats {
                 queue_ms,
                 started: now,
                 prompt_tokens,
+                cached: 0,
                 prompt_done: 0,
                 prompt_finished: None,
                 tokens: 0,
@@ -313,6 +316,15 @@ impl Stats {
     pub fn request_slot(&self, id: u64, slot: usize) {
         if let Some(c) = self.lock().live_mut(id) {
             c.slot = Some(slot);
+        }
+    }
+
+    /// Request `id` reuses `cached` of its prompt tokens from cached state (the
+    /// engine's `RequestCallbacks::admitted`): counted in
+    /// `prompt_tokens_cached_total` however the request ends.
+    pub fn request_cached(&self, id: u64, cached: usize) {
+        if let Some(c) = self.lock().live_mut(id) {
+            c.cached = cached;
         }
     }
 
@@ -465,15 +477,17 @@ impl Stats {
 
     /// Request `id` failed (while queued or while decoding). An `err` that
     /// starts with `cancelled` (the client went away) is recorded as a
-    /// cancellation, not an error. Either way the prompt and tokens it had
-    /// already decoded count in the totals: the work was done.
+    /// cancellation, not an error. Either way the prompt tokens it had evaluated,
+    /// those it reused from cached state and the tokens it had generated count in
+    /// the totals: the work was done.
     pub fn request_failed(&self, id: u64, err: &str) {
         let now = Instant::now();
         let mut g = self.lock();
         let live = g.live.iter().find(|c| c.id == id).map(|c| {
             let prompt_end = c.prompt_finished.unwrap_or(now);
             (
-                c.prompt_done,
+                c.prompt_done.saturating_sub(c.cached),
+                c.cached,
                 c.tokens,
                 ms_between(c.started, prompt_end),
                 match c.last_token {
@@ -492,9 +506,11 @@ impl Stats {
             .requests_by
             .entry((route.clone(), finish.to_string()))
             .or_insert(0) += 1;
-        let (prompt_n, predicted_n, prompt_ms, predicted_ms) = live.unwrap_or((0, 0, 0.0, 0.0));
+        let (prompt_n, cache_n, predicted_n, prompt_ms, predicted_ms) =
+            live.unwrap_or((0, 0, 0, 0.0, 0.0));
         let t = &mut g.totals;
         t.prompt_tokens += prompt_n as u64;
+        t.cache_tokens += cache_n as u64;
         t.prompt_seconds += prompt_ms / 1000.0;
         t.tokens_predicted += predicted_n as u64;
         t.tokens_predicted_seconds += predicted_ms / 1000.0;
@@ -503,7 +519,7 @@ impl Stats {
         g.bucket.tokens_predicted += predicted_n as u64;
         g.bucket.predicted_ms += predicted_ms;
         if live.is_some() {
-            g.last_ctx_used = prompt_n + predicted_n;
+            g.last_ctx_used = prompt_n + cache_n + predicted_n;
         }
         g.push_log(LogEntry {
             id,
@@ -513,11 +529,11 @@ impl Stats {
             queued_at_unix_ms,
             queue_ms,
             prompt_n,
-            cache_n: 0,
+            cache_n,
             predicted_n,
             prompt_ms,
             predicted_ms,
-            n_ctx_used: prompt_n + predicted_n,
+            n_ctx_used: prompt_n + cache_n + predicted_n,
         });
     }
 

@@ -368,7 +368,7 @@ impl Encoder for ChatStream {
                 }]),
                 ..Default::default()
             },
-            Step::Piece(Piece::ToolEnd { .. }) => return,
+            Step::Piece(Piece::ToolEnd { .. } | Piece::ToolCut { .. }) => return,
             Step::Idle => return out.push(sse::comment()),
             Step::Done(f) => {
                 let lps = gen.take_logprobs();

@@ -43,6 +43,12 @@ pub enum Piece {
     ToolEnd {
         index: usize,
     },
+    /// The output ended inside the call (the token budget ran out): its arguments
+    /// are what was generated, not a complete object. Ends the call in place of
+    /// `ToolEnd`.
+    ToolCut {
+        index: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +91,8 @@ pub struct OutputParser {
     json_stream: Option<(usize, usize)>,
     current_name: Option<String>,
     reasoning_len: usize,
+    /// [`OutputParser::finish_cut`]: the output was cut off by the token budget.
+    cut: bool,
 }
 
 impl OutputParser {
@@ -129,6 +137,7 @@ impl OutputParser {
             json_stream: None,
             current_name: None,
             reasoning_len: 0,
+            cut: false,
         }
     }
 
@@ -148,6 +157,15 @@ impl OutputParser {
         let mut out = Vec::new();
         self.run(&mut out, false);
         out
+    }
+
+    /// Ends output that the token budget cut off: as [`OutputParser::finish`], but a
+    /// tool call left open ends in [`Piece::ToolCut`] with the arguments generated so
+    /// far (no closing brace is made up), and call markup cut before the function's
+    /// name is dropped rather than given out as answer text.
+    pub fn finish_cut(&mut self) -> Vec<Piece> {
+        self.cut = true;
+        self.finish()
     }
 
     /// Ends the output: everything held back is resolved.
@@ -506,6 +524,11 @@ impl OutputParser {
     }
 
     fn finish_tool(&mut self, out: &mut Vec<Piece>) {
+        if self.cut {
+            self.finish_cut_tool(out);
+            self.mode = Mode::Content;
+            return;
+        }
         let rest = std::mem::take(&mut self.buf);
         match self.tool_xml.take() {
             None if self.json_stream.is_some() => {
@@ -540,6 +563,35 @@ impl OutputParser {
             Some(XmlState::Done) => {}
         }
         self.mode = Mode::Content;
+    }
+}
+
+impl OutputParser {
+    /// [`OutputParser::finish_tool`] for output cut off by the budget.
+    fn finish_cut_tool(&mut self, out: &mut Vec<Piece>) {
+        let rest = std::mem::take(&mut self.buf);
+        match self.tool_xml.take() {
+            None if self.json_stream.is_some() => {
+                let (start, emitted) = self.json_stream.take().unwrap_or((0, 0));
+                let index = self.n_calls - 1;
+                let avail = rest.get(start..).unwrap_or("");
+                let avail = &avail[..avail.len() - partial_tag_len(avail, &[TOOL_CLOSE])];
+                if avail.len() > emitted {
+                    out.push(Piece::ToolArgs {
+                        index,
+                        delta: avail[emitted..].to_string(),
+                    });
+                }
+                out.push(Piece::ToolCut { index });
+            }
+            // A whole call whose closing tag was cut off is a call; less is dropped.
+            None if parse_json_call(&rest).is_some() => self.emit_json_call(&rest, out),
+            None | Some(XmlState::Start) => {}
+            Some(XmlState::InFunction { .. }) => out.push(Piece::ToolCut {
+                index: self.n_calls - 1,
+            }),
+            Some(XmlState::Done) => {}
+        }
     }
 }
 
@@ -1003,6 +1055,53 @@ mod tests {
         assert_eq!(
             run(&mut p, "<tool_call>{oops</tool_call>", 3),
             vec![Piece::Content("<tool_call>{oops</tool_call>".into())]
+        );
+    }
+
+    /// Output the budget cut off: a call in progress ends in `ToolCut` with what it
+    /// has (no closing brace made up), markup before the name is dropped.
+    #[test]
+    fn cut_calls_keep_what_they_have_and_leak_no_markup() {
+        let cut = |text: &str| {
+            let mut p = OutputParser::new(false, Some(&tools()));
+            let mut got = p.push(text);
+            got.extend(p.finish_cut());
+            merge(got)
+        };
+        let call = |delta: &str, end: Piece| {
+            let mut v = vec![Piece::ToolStart {
+                index: 0,
+                name: "get_weather".into(),
+            }];
+            if !delta.is_empty() {
+                v.push(Piece::ToolArgs {
+                    index: 0,
+                    delta: delta.into(),
+                });
+            }
+            v.push(end);
+            v
+        };
+        assert_eq!(
+            cut("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os"),
+            call("{\"city\": \"Os", Piece::ToolCut { index: 0 })
+        );
+        assert_eq!(
+            cut("<tool_call>\n<function=get_weather>\n<parameter=city>\nOs"),
+            call("", Piece::ToolCut { index: 0 })
+        );
+        assert_eq!(
+            cut("Hi.\n<tool_call>\n<func"),
+            vec![Piece::Content("Hi.".into())]
+        );
+        assert_eq!(
+            cut("Hi.\n<tool_call>\n{\"na"),
+            vec![Piece::Content("Hi.".into())]
+        );
+        // A whole JSON call whose closing tag was cut off is a call.
+        assert_eq!(
+            cut("<tool_call>\n{\"arguments\": {\"city\": \"Oslo\"}, \"name\": \"get_weather\"}"),
+            call("{\"city\":\"Oslo\"}", Piece::ToolEnd { index: 0 })
         );
     }
 

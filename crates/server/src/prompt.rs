@@ -134,6 +134,53 @@ impl Conversation {
     }
 }
 
+/// Lines of a system prompt that change from session to session and tell a model
+/// nothing: Claude Code starts its system prompt with
+/// `x-anthropic-billing-header: cc_version=2.1.197.f2f; cc_entrypoint=sdk-cli;`, whose
+/// suffix after the version changes with each session's first prompt, so two sessions
+/// would share no cached prefix at all. Matched at the start of a line, any case.
+pub const SESSION_NOISE_PREFIXES: &[&str] = &["x-anthropic-billing-header:"];
+
+/// `text` without its session-noise lines (and the blank lines they leave at its
+/// start); None when there were none.
+pub fn strip_noise_lines(text: &str) -> Option<String> {
+    let noisy = |line: &str| {
+        let l = line.trim_start();
+        SESSION_NOISE_PREFIXES.iter().any(|p| {
+            l.get(..p.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(p))
+        })
+    };
+    if !text.lines().any(noisy) {
+        return None;
+    }
+    let kept: Vec<&str> = text.split('\n').filter(|l| !noisy(l)).collect();
+    Some(kept.join("\n").trim_start_matches(['\n', '\r']).to_string())
+}
+
+impl Conversation {
+    /// Removes session noise ([`SESSION_NOISE_PREFIXES`]) from every system message;
+    /// a system message left empty is dropped. True when anything was removed.
+    pub fn strip_session_noise(&mut self) -> bool {
+        let mut changed = false;
+        self.messages.retain_mut(|m| {
+            if m["role"] != "system" {
+                return true;
+            }
+            let Some(clean) = m["content"].as_str().and_then(strip_noise_lines) else {
+                return true;
+            };
+            changed = true;
+            if clean.trim().is_empty() {
+                return false;
+            }
+            m["content"] = Value::String(clean);
+            true
+        });
+        changed
+    }
+}
+
 /// Collects system text and turns, then produces the final list.
 #[derive(Default)]
 pub struct Builder {
@@ -314,6 +361,29 @@ impl PromptRender for ChatMl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_noise_lines_are_dropped_from_system_messages_only() {
+        let header = "x-anthropic-billing-header: cc_version=2.1.197.f2f; cc_entrypoint=sdk-cli;";
+        let mut c = Conversation {
+            messages: vec![
+                json!({"role": "system", "content": format!("{header}\nYou are Claude Code.")}),
+                json!({"role": "user", "content": header}),
+                json!({"role": "system", "content": "X-Anthropic-Billing-Header: cc_version=1"}),
+            ],
+            ..Default::default()
+        };
+        assert!(c.strip_session_noise());
+        assert_eq!(
+            c.messages,
+            vec![
+                json!({"role": "system", "content": "You are Claude Code."}),
+                json!({"role": "user", "content": header}),
+            ]
+        );
+        assert!(!c.strip_session_noise());
+        assert_eq!(strip_noise_lines("a\nb"), None);
+    }
 
     #[test]
     fn open_think_detection() {

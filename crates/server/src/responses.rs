@@ -3,7 +3,9 @@
 //! Output items in order: a `reasoning` item (the think block as a `reasoning_text`
 //! content part, and again as `summary_text` when the request asks for a summary —
 //! there is no separate summarizer), a `message` item with the answer, and one
-//! `function_call` item per tool call. There is no response store: a
+//! `function_call` item per tool call — a `custom_tool_call` item, with the raw
+//! input, for a call of a custom (freeform) tool, which the template sees as a
+//! function with one string parameter. There is no response store: a
 //! `previous_response_id` and `store: true` are refused; clients send the history each
 //! turn, and a reasoning item they echo back is dropped. `metadata` is echoed.
 
@@ -20,8 +22,8 @@ use crate::access::RequestLog;
 use crate::api::field;
 use crate::api::openai::{CachedTokens, ReasoningTokens};
 use crate::api::responses::{
-    ErrorOut, Event, Incomplete, ItemOut, PartOut, Payload, ReasoningOut, ResponseOut,
-    ResponsesRequest, Usage,
+    custom_input, ErrorOut, Event, Incomplete, ItemOut, PartOut, Payload, ReasoningOut,
+    ResponseOut, ResponsesRequest, Usage,
 };
 use crate::api::Timings;
 use crate::error::{ApiError, Flavor, RouteError};
@@ -60,31 +62,27 @@ async fn response(
     let mode = OutputMode::chat(open, conv.tools.as_ref());
     let gen = start(&state, "/v1/responses", &log, tokens, &p, mode, "input")?;
     let suffix = unique_suffix(gen.id);
-    let env = Envelope::new(&state, &req, &p, &suffix, metadata);
+    let mut env = Envelope::new(&state, &req, &p, &suffix, metadata);
+    env.custom = req.custom_tools()?;
     if p.stream {
         return Ok(sse::stream(gen, ResponseStream::new(env, suffix)));
     }
     let c = collect(gen).await?;
     let f = c.finished()?;
     let status = status_of(f);
-    let output = output_items(&c, &suffix, env.with_summary, status);
+    let output = output_items(&c, &suffix, &env, status);
     Ok(Json(env.response(status, output, Some(f))).into_response())
 }
 
 /// A whole answer's items: the reasoning, the message (always, unless the answer is
 /// only tool calls), the calls.
-fn output_items(
-    c: &Collected,
-    suffix: &str,
-    with_summary: bool,
-    status: &'static str,
-) -> Vec<ItemOut> {
+fn output_items(c: &Collected, suffix: &str, env: &Envelope, status: &'static str) -> Vec<ItemOut> {
     let mut output = Vec::new();
     if !c.reasoning.is_empty() {
         output.push(ItemOut::reasoning(
             &format!("rs_{suffix}"),
             &c.reasoning,
-            with_summary,
+            env.with_summary,
         ));
     }
     if !c.content.is_empty() || c.calls.is_empty() {
@@ -94,14 +92,16 @@ fn output_items(
             status,
         ));
     }
+    let n = c.calls.len();
     for (i, (name, args)) in c.calls.iter().enumerate() {
-        output.push(ItemOut::call(
-            &format!("fc_{suffix}{i}"),
-            &format!("call_{suffix}{i}"),
-            name,
-            args,
-            "completed",
-        ));
+        let cut = c.cut && i + 1 == n;
+        let (id, call_id) = (format!("fc_{suffix}{i}"), format!("call_{suffix}{i}"));
+        output.push(if env.is_custom(name) {
+            ItemOut::custom_call(&id, &call_id, name, &custom_input(args))
+        } else {
+            let status = if cut { "incomplete" } else { "completed" };
+            ItemOut::call(&id, &call_id, name, args, status)
+        });
     }
     output
 }
@@ -126,6 +126,8 @@ struct Envelope {
     metadata: Value,
     /// A summary of the reasoning is asked for (the think block is given as one).
     with_summary: bool,
+    /// The custom (freeform) tools' names: their calls are `custom_tool_call` items.
+    custom: Vec<String>,
 }
 
 impl Envelope {
@@ -143,8 +145,8 @@ impl Envelope {
             model: state.model_id.clone(),
             instructions: req.instructions.str().map_or(Value::Null, Value::from),
             max_output_tokens: p.max_tokens,
-            temperature: p.sampling.temperature as f64,
-            top_p: p.sampling.top_p as f64,
+            temperature: decimal(p.sampling.temperature),
+            top_p: decimal(p.sampling.top_p),
             effort: p.thinking.effort.clone(),
             with_summary: summary.as_deref().is_some_and(|s| s != "none"),
             summary,
@@ -153,7 +155,12 @@ impl Envelope {
             parallel_tool_calls: req.parallel_tool_calls.ok().copied().unwrap_or(true),
             text: req.text_echo(),
             metadata,
+            custom: Vec::new(),
         }
+    }
+
+    fn is_custom(&self, name: &str) -> bool {
+        self.custom.iter().any(|c| c == name)
     }
 
     fn response(
@@ -209,6 +216,13 @@ impl Envelope {
     }
 }
 
+/// A sampling value kept as `f32`, echoed as the decimal it was sent as: `0.6`, not
+/// the `0.6000000238418579` a plain widening to `f64` would print.
+pub fn decimal(x: f32) -> f64 {
+    // The shortest decimal that reads back as `x`, read as an f64.
+    x.to_string().parse().unwrap_or(x as f64)
+}
+
 fn status_of(f: &Finished) -> &'static str {
     match f.finish {
         FinishReason::Length | FinishReason::ContextFull => "incomplete",
@@ -222,6 +236,8 @@ enum Open {
     Reasoning,
     Message,
     Call,
+    /// A custom tool's call: its input is given whole when the call ends.
+    Custom,
 }
 
 /// The item being streamed: its kind, output index, id, and a call's name and id.
@@ -327,7 +343,7 @@ impl ResponseStream {
         let (id, call_id) = match kind {
             Open::Reasoning => (format!("rs_{s}{index}"), String::new()),
             Open::Message => (format!("msg_{s}{index}"), String::new()),
-            Open::Call => (format!("fc_{s}{index}"), format!("call_{s}{index}")),
+            Open::Call | Open::Custom => (format!("fc_{s}{index}"), format!("call_{s}{index}")),
         };
         let item = match kind {
             Open::Reasoning => ItemOut::Reasoning {
@@ -342,6 +358,7 @@ impl ResponseStream {
                 content: Vec::new(),
             },
             Open::Call => ItemOut::call(&id, &call_id, name, "", "in_progress"),
+            Open::Custom => ItemOut::custom_call(&id, &call_id, name, ""),
         };
         self.emit(
             "response.output_item.added",
@@ -382,7 +399,7 @@ impl ResponseStream {
                     out,
                 );
             }
-            Open::Call => {}
+            Open::Call | Open::Custom => {}
         }
         self.open = Some(open);
         self.text.clear();
@@ -431,6 +448,8 @@ impl ResponseStream {
                 },
                 out,
             ),
+            // Held: the input is the `input` string inside the arguments.
+            Open::Custom => {}
             Open::Call => self.emit(
                 "response.function_call_arguments.delta",
                 Payload::ArgumentsDelta {
@@ -515,6 +534,30 @@ impl ResponseStream {
                 );
                 ItemOut::call(&o.id, &o.call_id, &o.name, &text, self.item_status)
             }
+            Open::Custom => {
+                let input = custom_input(&text);
+                if !input.is_empty() {
+                    self.emit(
+                        "response.custom_tool_call_input.delta",
+                        Payload::ArgumentsDelta {
+                            item_id: item_id.clone(),
+                            output_index,
+                            delta: input.clone(),
+                        },
+                        out,
+                    );
+                }
+                self.emit(
+                    "response.custom_tool_call_input.done",
+                    Payload::InputDone {
+                        item_id,
+                        output_index,
+                        input: input.clone(),
+                    },
+                    out,
+                );
+                ItemOut::custom_call(&o.id, &o.call_id, &o.name, &input)
+            }
         };
         self.emit(
             "response.output_item.done",
@@ -548,9 +591,21 @@ impl Encoder for ResponseStream {
                 }
                 self.delta(&t, out);
             }
-            Step::Piece(Piece::ToolStart { name, .. }) => self.open_item(Open::Call, &name, out),
+            Step::Piece(Piece::ToolStart { name, .. }) => {
+                let kind = if self.env.is_custom(&name) {
+                    Open::Custom
+                } else {
+                    Open::Call
+                };
+                self.open_item(kind, &name, out)
+            }
             Step::Piece(Piece::ToolArgs { delta, .. }) => self.delta(&delta, out),
             Step::Piece(Piece::ToolEnd { .. }) => self.close_item(out),
+            // The budget ran out inside the call: the response ends incomplete.
+            Step::Piece(Piece::ToolCut { .. }) => {
+                self.item_status = "incomplete";
+                self.close_item(out);
+            }
             Step::Done(f) => {
                 // A response always has a message or a call.
                 let has_answer = self.output.iter().any(|i| !i.is_reasoning())

@@ -668,6 +668,24 @@ mod tests {
 }
 
 #[cfg(test)]
+mod session_noise_setting_tests {
+    use super::*;
+
+    #[test]
+    fn session_noise_is_stripped_by_default_and_can_be_kept() {
+        let s = Settings::resolve(&Overrides::default()).unwrap();
+        assert!(s.defaults.strip_session_noise);
+        assert_eq!(
+            s.to_json()["server"]["strip-session-noise"]["value"],
+            serde_json::json!(true)
+        );
+        let mut o = Overrides::default();
+        o.set("strip-session-noise", Some(false));
+        assert!(!Settings::resolve(&o).unwrap().defaults.strip_session_noise);
+    }
+}
+
+#[cfg(test)]
 mod size_settings_tests {
     use super::*;
 

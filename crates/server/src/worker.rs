@@ -22,6 +22,7 @@ use engine::{
 };
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::access::RequestLog;
 use crate::metrics::Stats;
 use crate::output::StopMatcher;
 
@@ -224,6 +225,9 @@ pub struct Job {
     pub stops: Vec<String>,
     pub detok: Box<dyn Detokenizer>,
     pub tx: UnboundedSender<Event>,
+    /// The request's log record: told what the engine reused and generated as it
+    /// happens, so a request whose client leaves is logged with what was done.
+    pub log: RequestLog,
 }
 
 /// The handle routes submit jobs through.
@@ -335,6 +339,7 @@ impl Job {
             stops,
             detok,
             tx,
+            log,
         } = self;
         let sink = JobSink {
             id,
@@ -345,6 +350,7 @@ impl Job {
             think,
             detok,
             tx,
+            log,
             closed_by_budget: false,
             reasoning_tokens: 0,
             stop_hit: None,
@@ -369,6 +375,7 @@ pub struct JobSink {
     stop: StopMatcher,
     detok: Box<dyn Detokenizer>,
     tx: UnboundedSender<Event>,
+    log: RequestLog,
     in_think: bool,
     closed_by_budget: bool,
     reasoning_tokens: usize,
@@ -484,6 +491,8 @@ impl engine::RequestCallbacks for JobSink {
         self.prompt_done = cached;
         self.stats.request_started(self.id, self.prompt_tokens);
         self.stats.request_slot(self.id, slot);
+        self.stats.request_cached(self.id, cached);
+        self.log.admitted(cached);
     }
 
     fn prompt(&mut self, p: &PromptProgress) -> Flow {
@@ -502,6 +511,7 @@ impl engine::RequestCallbacks for JobSink {
             self.first = false;
         }
         self.stats.token_generated(self.id);
+        self.log.token_generated();
         if let (Some(lp), false) = (ev.logprobs, ev.eog) {
             let _ = self.tx.send(Event::Logprobs(ev.token, lp));
         }
@@ -721,6 +731,7 @@ mod tests {
             stops,
             detok: Box::new(Table(VOCAB.to_vec())),
             tx,
+            log: Default::default(),
         };
         (job, rx)
     }

@@ -141,11 +141,9 @@ impl MessagesRequest {
                 continue;
             }
             let name = content::tool_name(&t.name, &format!("tools[{i}].name"))?;
-            tools.push(function_tool(
-                &name,
-                t.description.ok(),
-                t.input_schema.ok(),
-            ));
+            let schema =
+                content::tool_schema(&t.input_schema, &format!("tools[{i}].input_schema"))?;
+            tools.push(function_tool(&name, t.description.ok(), schema));
         }
         let none = self.choice().kind.str() == Some("none");
         Ok(if tools.is_empty() || none {
@@ -365,15 +363,30 @@ fn as_content(f: &Field<Blocks>) -> Field<Content> {
 
 // ---------------------------------------------------------------- responses
 
-/// `usage` of a message (the cache counts on the finished message only).
-#[derive(Debug, Serialize)]
+/// `usage` of a message, as Anthropic defines it: `input_tokens` are the prompt
+/// tokens read afresh, `cache_read_input_tokens` those reused from cached state, and
+/// `cache_creation_input_tokens` those written to a cache on request (none: the
+/// server keeps what it reads without being asked); the three add up to the prompt.
+/// Sent whole in `message_start`, `message_delta` and the non-streamed message.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Usage {
     pub input_tokens: usize,
+    pub cache_creation_input_tokens: usize,
+    pub cache_read_input_tokens: usize,
     pub output_tokens: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cache_read_input_tokens: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cache_creation_input_tokens: Option<usize>,
+}
+
+impl Usage {
+    /// A prompt of `prompt` tokens, `cached` of them reused, and `output` generated.
+    pub fn of(prompt: usize, cached: usize, output: usize) -> Usage {
+        let cached = cached.min(prompt);
+        Usage {
+            input_tokens: prompt - cached,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: cached,
+            output_tokens: output,
+        }
+    }
 }
 
 /// A message (the non-streaming answer).

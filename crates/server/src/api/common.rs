@@ -199,6 +199,8 @@ pub struct Route {
     pub stop_sequences: bool,
     /// `stream_options.include_usage` is read.
     pub stream_options: bool,
+    /// The request must name its token budget (Anthropic's `max_tokens`).
+    pub budget_required: bool,
 }
 
 impl Route {
@@ -212,6 +214,7 @@ impl Route {
         ],
         stop_sequences: false,
         stream_options: true,
+        budget_required: false,
     };
     pub const COMPLETIONS: Route = Route {
         logprobs: LogprobsForm::Completions,
@@ -227,6 +230,7 @@ impl Route {
         ],
         stop_sequences: false,
         stream_options: false,
+        budget_required: false,
     };
     pub const MESSAGES: Route = Route {
         logprobs: LogprobsForm::Refused,
@@ -234,6 +238,7 @@ impl Route {
         budgets: &[Budget::MaxTokens],
         stop_sequences: true,
         stream_options: false,
+        budget_required: true,
     };
 }
 
@@ -281,6 +286,12 @@ impl Common {
         self.refuse_unsupported()?;
         let logprobs = self.logprobs(route.logprobs)?;
         let sampling = self.sampling(defaults, n_vocab, route.temp_max)?;
+        if route.budget_required && !self.max_tokens.is_set() {
+            return Err(ApiError::field(
+                "max_tokens",
+                "max_tokens is required: the most tokens the answer may have, e.g. \"max_tokens\": 4096",
+            ));
+        }
         let max_tokens = self.max_tokens(route.budgets, defaults.max_tokens_default)?;
         let stop = if route.stop_sequences {
             stop_list(&self.stop_sequences, "stop_sequences")?
@@ -292,6 +303,12 @@ impl Common {
             true => self.stream_options.checked("stream_options", OBJECT)?,
             false => None,
         };
+        if options.is_some() && !stream {
+            return Err(ApiError::field(
+                "stream_options",
+                "stream_options is only allowed with stream: true (send stream: true, or leave stream_options out)",
+            ));
+        }
         let include_usage = match options {
             Some(so) => so
                 .include_usage

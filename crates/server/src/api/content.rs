@@ -164,6 +164,28 @@ pub fn tool_name(name: &Field<String>, field: &str) -> Result<String, ApiError> 
     }
 }
 
+/// A tool's parameter schema (`parameters`, `input_schema`): a JSON Schema object,
+/// or nothing (absent or null: no parameters).
+pub fn tool_schema<'a>(
+    schema: &'a Field<Value>,
+    field: &str,
+) -> Result<Option<&'a Value>, ApiError> {
+    match schema {
+        Field::Ok(v @ Value::Object(_)) => Ok(Some(v)),
+        Field::Absent | Field::Null => Ok(None),
+        Field::Ok(v) | Field::Wrong(v) => {
+            let mut got = v.to_string();
+            if got.len() > 80 {
+                got = format!("{}...", got.chars().take(77).collect::<String>());
+            }
+            Err(ApiError::field(
+                field,
+                format!("{field} must be a JSON Schema object (e.g. {{\"type\": \"object\", \"properties\": {{...}}}}), got {got}"),
+            ))
+        }
+    }
+}
+
 /// The request's `messages`: a non-empty list (both chat APIs).
 pub fn messages<T>(f: &Field<Vec<Field<T>>>) -> Result<&[Field<T>], ApiError> {
     match f {

@@ -281,13 +281,62 @@ pub fn body<T: FromJson>(bytes: &[u8]) -> Result<T, ApiError> {
                 }
             )))
         }
-        Err(e) => {
-            return Err(ApiError::bad_request(format!(
-                "the request body is not valid JSON: {e}"
-            )))
-        }
+        Err(e) => return Err(ApiError::bad_request(json_error(&e, bytes))),
     };
     T::from_json(v).map_err(|_| ApiError::bad_request("the request body must be a JSON object"))
+}
+
+/// What is wrong with a body that does not parse. A string escape that is half of a
+/// UTF-16 surrogate pair (`"\ud800"`, as some JSON writers emit for text cut in the
+/// middle of an emoji) is JSON by its grammar but not text: say that, and where.
+fn json_error(e: &serde_json::Error, body: &[u8]) -> String {
+    let text = e.to_string();
+    // serde_json says "unexpected end of hex escape" when the pair's second half is
+    // missing: look for the lone half itself.
+    if (text.contains("surrogate") || text.contains("escape") || text.contains("code point"))
+        && has_lone_surrogate(body)
+    {
+        return format!(
+            "the request body has a string with a lone UTF-16 surrogate escape (such as \\ud800 without the \\udc00..\\udfff that must follow it) at line {} column {}: that is not Unicode text; send the character itself, its complete surrogate pair, or U+FFFD in its place",
+            e.line(),
+            e.column()
+        );
+    }
+    format!("the request body is not valid JSON: {text}")
+}
+
+/// Whether a JSON text has a `\uD800`..`\uDFFF` escape that is not half of a
+/// high-low pair.
+fn has_lone_surrogate(body: &[u8]) -> bool {
+    let hex = |at: usize| -> Option<u16> {
+        let h = body.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()
+    };
+    let mut i = 0;
+    while i < body.len() {
+        if body[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        if body.get(i + 1) != Some(&b'u') {
+            i += 2;
+            continue;
+        }
+        match hex(i + 2) {
+            Some(0xD800..=0xDBFF) => {
+                let low = (body.get(i + 6..i + 8) == Some(b"\\u"))
+                    .then(|| hex(i + 8))
+                    .flatten();
+                if !matches!(low, Some(0xDC00..=0xDFFF)) {
+                    return true;
+                }
+                i += 12;
+            }
+            Some(0xDC00..=0xDFFF) => return true,
+            _ => i += 6,
+        }
+    }
+    false
 }
 
 #[cfg(test)]

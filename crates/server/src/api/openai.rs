@@ -89,6 +89,9 @@ pub struct Tool {
     pub flat: Function,
     /// A namespace's tools.
     pub tools: Field<Vec<Field<Tool>>>,
+    /// A Responses custom (freeform) tool's input format: `{"type": "text"}` or
+    /// `{"type": "grammar", "syntax", "definition"}`.
+    pub format: Field<Value>,
 }
 
 /// A function's name, description and parameter schema (the schema passes through).
@@ -222,7 +225,9 @@ pub(crate) fn push_role_text(b: &mut Builder, role: &str, text: String) -> Optio
 /// A function tool as the template takes it; its name is checked as `name_field`.
 pub(crate) fn template_tool(f: &Function, name_field: &str) -> Result<Value, ApiError> {
     let name = content::tool_name(&f.name, name_field)?;
-    Ok(function_tool(&name, f.description.ok(), f.parameters.ok()))
+    let base = name_field.strip_suffix(".name").unwrap_or(name_field);
+    let parameters = content::tool_schema(&f.parameters, &format!("{base}.parameters"))?;
+    Ok(function_tool(&name, f.description.ok(), parameters))
 }
 
 impl ChatRequest {
@@ -500,7 +505,15 @@ pub(crate) fn answer_format(
     let f = match fmt {
         Field::Absent | Field::Null => return Ok(None),
         Field::Ok(f) => Some(f),
-        Field::Wrong(_) => None,
+        // Not an object: a bare `"json"` or `"json_object"` is a common slip.
+        Field::Wrong(v) => {
+            return Err(ApiError::field(
+                field,
+                format!(
+                    "{field} must be an object such as {{\"type\": \"json_object\"}} or {{\"type\": \"json_schema\", ...}}, got {v}"
+                ),
+            ))
+        }
     };
     match (f, f.and_then(|f| f.kind.str())) {
         (_, Some("text")) => Ok(None),

@@ -15,7 +15,7 @@ use super::openai::{
 use super::Timings;
 use crate::error::ApiError;
 use crate::params::GenParams;
-use crate::prompt::{Builder, Conversation};
+use crate::prompt::{function_tool, Builder, Conversation};
 use crate::settings::RequestDefaults;
 use crate::structured::{self, Spec};
 
@@ -27,8 +27,9 @@ use crate::structured::{self, Spec};
 pub struct ResponsesRequest {
     pub instructions: Field<String>,
     pub input: Field<Input>,
-    /// Echoed on the response as sent; functions (and a namespace's functions) are
-    /// offered to the model, other tools ignored.
+    /// Echoed on the response as sent; functions, custom (freeform) tools and a
+    /// namespace's tools are offered to the model; hosted tools (web search, file
+    /// search, ...), which run on OpenAI's side, are not.
     pub tools: Field<Value>,
     /// Echoed as sent; `none` drops the tools, a forced choice is enforced.
     pub tool_choice: Field<Value>,
@@ -179,12 +180,12 @@ impl ResponsesRequest {
                 ))
             }
         }
-        // Tools: functions are used, a namespace's nested functions too; others ignored.
+        // Tools: functions and custom tools, a namespace's nested ones too.
         let mut tools = Vec::new();
         if let Field::Ok(list) = view::<Vec<Field<Tool>>>(&self.tools) {
             for (i, t) in list.iter().enumerate() {
                 if let Field::Ok(t) = t {
-                    offered(t, &format!("tools[{i}]"), &mut tools)?;
+                    offered(t, &format!("tools[{i}]"), &mut tools, &mut Vec::new())?;
                 }
             }
         }
@@ -222,14 +223,49 @@ impl ResponsesRequest {
     pub fn structured(&self, conv_tools: Option<&Value>) -> Result<Option<Spec>, ApiError> {
         let format: Field<Format> = Field::of(self.text.ok().and_then(|t| t.get("format")));
         let json = answer_format(&format, "text.format", false)?;
-        let choice: Field<ToolChoice> = view(&self.tool_choice);
-        let (force, tools) = tool_choice(&choice, structured::tools_of(conv_tools))?;
+        let tools = structured::tools_of(conv_tools);
+        let (force, tools) = match self.tool_choice.ok() {
+            // `{"type": "custom", "name"}`: that custom tool, as a named function is.
+            Some(v) if v.get("type").and_then(Value::as_str) == Some("custom") => {
+                let Some(name) = v.get("name").and_then(Value::as_str) else {
+                    return Err(ApiError::field(
+                        "tool_choice.name",
+                        "tool_choice: a custom choice needs name, the custom tool's name",
+                    ));
+                };
+                if !self.custom_tools()?.iter().any(|n| n == name) {
+                    return Err(ApiError::field(
+                        "tool_choice.name",
+                        format!("tool_choice: no custom tool named \"{name}\" is in tools"),
+                    ));
+                }
+                (true, structured::only_named(tools, name, "tool_choice")?)
+            }
+            _ => {
+                let choice: Field<ToolChoice> = view(&self.tool_choice);
+                tool_choice(&choice, tools)?
+            }
+        };
         Ok(structured::finish(
             json,
             tools,
             force,
             parallel_off(&self.parallel_tool_calls),
         ))
+    }
+
+    /// The names of the custom (freeform) tools offered: their calls are answered as
+    /// `custom_tool_call` items with the raw input.
+    pub fn custom_tools(&self) -> Result<Vec<String>, ApiError> {
+        let mut names = Vec::new();
+        if let Field::Ok(list) = view::<Vec<Field<Tool>>>(&self.tools) {
+            for (i, t) in list.iter().enumerate() {
+                if let Field::Ok(t) = t {
+                    offered(t, &format!("tools[{i}]"), &mut Vec::new(), &mut names)?;
+                }
+            }
+        }
+        Ok(names)
     }
 
     /// `reasoning.summary`: a summary is asked for (the think block is given as one).
@@ -320,15 +356,27 @@ fn item_turn(b: &mut Builder, item: &Item, field: &str) -> Result<(), ApiError> 
     Ok(())
 }
 
-/// The functions a Responses tool offers: itself, or a namespace's functions.
-fn offered(t: &Tool, field: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
+/// The tools a Responses tool offers the template (`out`): itself, or a namespace's
+/// tools; the names of custom tools go to `custom` too. Hosted tools (web search,
+/// file search, ...) run on OpenAI's side and are not offered.
+fn offered(
+    t: &Tool,
+    field: &str,
+    out: &mut Vec<Value>,
+    custom: &mut Vec<String>,
+) -> Result<(), ApiError> {
     match t.kind.str() {
         Some("function") => out.push(template_tool(t.function_spec(), &format!("{field}.name"))?),
+        Some("custom") => {
+            let (name, tool) = custom_tool(t, field)?;
+            custom.push(name);
+            out.push(tool);
+        }
         Some("namespace") => {
             if let Some(inner) = t.tools.ok() {
                 for (j, it) in inner.iter().enumerate() {
                     if let Field::Ok(it) = it {
-                        offered(it, &format!("{field}.tools[{j}]"), out)?;
+                        offered(it, &format!("{field}.tools[{j}]"), out, custom)?;
                     }
                 }
             }
@@ -336,6 +384,78 @@ fn offered(t: &Tool, field: &str, out: &mut Vec<Value>) -> Result<(), ApiError> 
         _ => {}
     }
     Ok(())
+}
+
+/// The parameter a custom tool's raw input travels in through the template (and
+/// back in a call's arguments): `{"input": "..."}`.
+pub const CUSTOM_INPUT: &str = "input";
+
+/// A custom (freeform) tool as the template takes it: a function with one string
+/// parameter, `input`, whose description says it is raw text; a grammar format is
+/// shown to the model in the description. Returns its name too.
+fn custom_tool(t: &Tool, field: &str) -> Result<(String, Value), ApiError> {
+    let name = content::tool_name(&t.flat.name, &format!("{field}.name"))?;
+    let mut description = t
+        .flat
+        .description
+        .ok()
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let format_field = format!("{field}.format");
+    let note = match t.format.ok() {
+        None => String::new(),
+        Some(f) => match f.get("type").and_then(Value::as_str) {
+            Some("text") => String::new(),
+            Some("grammar") => {
+                let syntax = f.get("syntax").and_then(Value::as_str).unwrap_or("lark");
+                let Some(definition) = f.get("definition").and_then(Value::as_str) else {
+                    return Err(ApiError::field(
+                        &format!("{format_field}.definition"),
+                        format!("{format_field}.definition must be the grammar's text"),
+                    ));
+                };
+                format!("The input must follow this {syntax} grammar:\n{definition}")
+            }
+            _ => {
+                return Err(ApiError::field(
+                    &format!("{format_field}.type"),
+                    format!(
+                        "{format_field}.type must be \"text\" or \"grammar\", got {}",
+                        f.get("type").unwrap_or(&Value::Null)
+                    ),
+                ))
+            }
+        },
+    };
+    if !note.is_empty() {
+        if !description.is_empty() {
+            description.push_str("\n\n");
+        }
+        description.push_str(&note);
+    }
+    let parameters = json!({
+        "type": "object",
+        "properties": {CUSTOM_INPUT: {
+            "type": "string",
+            "description": "The tool's whole input as raw text (not JSON).",
+        }},
+        "required": [CUSTOM_INPUT],
+    });
+    let tool = function_tool(&name, Some(&Value::String(description)), Some(&parameters));
+    Ok((name, tool))
+}
+
+/// A custom tool call's raw input, from its arguments (`{"input": "..."}`); a call
+/// the budget cut off gives what it has.
+pub fn custom_input(arguments: &str) -> String {
+    let parsed = serde_json::from_str::<Value>(arguments)
+        .or_else(|_| serde_json::from_str::<Value>(&format!("{}}}", arguments.trim_end())));
+    match parsed.ok().as_ref().and_then(|v| v.get(CUSTOM_INPUT)) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => String::new(),
+        Some(v) => v.to_string(),
+    }
 }
 
 // ---------------------------------------------------------------- responses
@@ -418,6 +538,13 @@ pub enum ItemOut {
         arguments: String,
         status: &'static str,
     },
+    /// A call of a custom (freeform) tool, with its raw input.
+    CustomToolCall {
+        id: String,
+        call_id: String,
+        name: String,
+        input: String,
+    },
 }
 
 /// A content part of an item.
@@ -482,6 +609,15 @@ impl ItemOut {
             name: name.to_string(),
             arguments: args.to_string(),
             status,
+        }
+    }
+
+    pub fn custom_call(id: &str, call_id: &str, name: &str, input: &str) -> ItemOut {
+        ItemOut::CustomToolCall {
+            id: id.to_string(),
+            call_id: call_id.to_string(),
+            name: name.to_string(),
+            input: input.to_string(),
         }
     }
 
@@ -571,6 +707,12 @@ pub enum Payload<'a> {
         output_index: usize,
         summary_index: usize,
         text: String,
+    },
+    /// `response.custom_tool_call_input.done`.
+    InputDone {
+        item_id: String,
+        output_index: usize,
+        input: String,
     },
     /// `response.function_call_arguments.done`.
     ArgumentsDone {

@@ -229,6 +229,12 @@ settings! {
         /// can forge turns (false: message text is text).
         content_special_tokens: bool = "server" "content-special-tokens", Kind::Bool,
             json!(false), "", arg Option<bool>, value_name = "BOOL";
+        /// Drop per-session noise from system prompts before rendering: Claude Code's
+        /// `x-anthropic-billing-header: ...` line, whose suffix changes with every
+        /// session, so new sessions and sub-agents reuse the cached system prompt and
+        /// tools (false: system prompts are rendered exactly as sent).
+        strip_session_noise: bool = "server" "strip-session-noise", Kind::Bool,
+            json!(true), "", arg Option<bool>, value_name = "BOOL";
     }
 }
 
