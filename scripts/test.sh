@@ -23,4 +23,7 @@ export PATH
 cargo test --workspace --locked
 python3 -B -m unittest discover -s bench -p 'test_*.py'
 python3 -B -m unittest discover -s scripts -p 'test_*.py'
-bash scripts/server-tests.sh
+# The SDK suite runs on a synthetic random-weight model (--synth): its output never
+# closes a think block by itself, so the thinking-budget path is exercised (the trained
+# demo model closes its think blocks at once). The agent clients run on the demo model.
+bash scripts/server-tests.sh --synth
