@@ -716,6 +716,7 @@ mod tests {
                 stop_at_eog: true,
                 constraint: None,
                 logprobs: None,
+                speculative: Default::default(),
             },
             think,
             stops,

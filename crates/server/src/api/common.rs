@@ -50,6 +50,13 @@ pub struct Common {
     pub logprobs: Field<Value>,
     pub top_logprobs: Field<u64>,
 
+    /// Speculative decoding's draft limits for this request (llama-server's names);
+    /// the tokens are the same whatever they are.
+    #[serde(rename = "speculative.n_max")]
+    pub speculative_n_max: Field<u64>,
+    #[serde(rename = "speculative.n_min")]
+    pub speculative_n_min: Field<u64>,
+
     // Thinking, under every name clients use.
     pub reasoning_effort: Field<String>,
     pub enable_thinking: Field<bool>,
@@ -300,6 +307,16 @@ impl Common {
                 .unwrap_or(false),
             None => false,
         };
+        let speculative = engine::DraftLimits {
+            n_max: self
+                .speculative_n_max
+                .at_least("speculative.n_max", 0)?
+                .map(|n| n as usize),
+            n_min: self
+                .speculative_n_min
+                .at_least("speculative.n_min", 0)?
+                .map(|n| n as usize),
+        };
         Ok(GenParams {
             sampling,
             max_tokens,
@@ -309,6 +326,7 @@ impl Common {
             include_usage,
             constraint: None,
             logprobs,
+            speculative,
         })
     }
 
