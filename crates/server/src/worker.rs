@@ -635,6 +635,7 @@ pub(crate) mod testing {
                     predicted_ms: 2.0,
                     cache_n: 0,
                     experts: None,
+                    ..Default::default()
                 },
                 seed: 7,
             })

@@ -59,7 +59,9 @@ pub(super) struct Active {
     pub spec: Option<RequestSpec>,
 }
 
-/// What a step gave one request.
+/// What a step gave one request (a value returned once per token, never stored:
+/// its size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Outcome {
     Running,
     Done(Result<Completion, EngineError>),
