@@ -141,7 +141,9 @@ const MAX_MATCH: usize = 64;
 /// last of which is about to be fed): the tokens that followed the earlier
 /// occurrence of `seq`'s longest suffix (at least [`MIN_MATCH`] tokens; the latest
 /// occurrence among equally long ones), at most `n_max` of them and at most twice
-/// the match's length — a long match drafts long, a short one briefly.
+/// the match's length — a long match drafts long, a short one briefly. Where the
+/// tokens that followed run into the suffix itself (a loop), the draft goes on
+/// around the loop.
 pub fn ngram_draft(seq: &[u32], n_max: usize) -> Vec<u32> {
     let n = seq.len();
     if n_max == 0 || n < MIN_MATCH + 1 {
@@ -169,8 +171,15 @@ pub fn ngram_draft(seq: &[u32], n_max: usize) -> Vec<u32> {
     let Some((m, j)) = best else {
         return Vec::new();
     };
-    let len = n_max.min(2 * m).min(n - 1 - j);
-    seq[j + 1..j + 1 + len].to_vec()
+    // The continuation runs on into the draft itself where it reaches the end of
+    // `seq` (a loop of period n − 1 − j drafts its next turns, not only one).
+    let len = n_max.min(2 * m);
+    let mut draft = Vec::with_capacity(len);
+    for i in 0..len {
+        let at = j + 1 + i;
+        draft.push(if at < n { seq[at] } else { draft[at - n] });
+    }
+    draft
 }
 
 /// A request's speculation: its limits and what it drafted and kept.
@@ -230,11 +239,13 @@ mod tests {
 
     #[test]
     fn drafts_follow_the_longest_match() {
-        // "1 2 3 4 5 ... 1 2 3" → 4 5 (match 3 → up to 6 tokens, 5 available after
-        // the earlier "1 2 3" before the suffix starts).
+        // "1 2 3 4 5 9 9 1 2 3" → 4 5 9 9 1 2 (match 3 → up to 6 tokens).
         let seq = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3];
         assert_eq!(ngram_draft(&seq, 16), vec![4, 5, 9, 9, 1, 2]);
         assert_eq!(ngram_draft(&seq, 2), vec![4, 5]);
+        // A loop drafts its next turns: "7 8 9 7 8 9 7" → 8 9 7 8 9 7 ...
+        let seq = [7, 8, 9, 7, 8, 9, 7];
+        assert_eq!(ngram_draft(&seq, 7), vec![8, 9, 7, 8, 9, 7, 8]);
         // The longer match wins over a later shorter one.
         let seq = [7, 1, 2, 3, 4, 8, 2, 3, 5, 1, 2, 3];
         assert_eq!(ngram_draft(&seq, 3), vec![4, 8, 2]);
