@@ -307,16 +307,7 @@ impl Common {
                 .unwrap_or(false),
             None => false,
         };
-        let speculative = engine::DraftLimits {
-            n_max: self
-                .speculative_n_max
-                .at_least("speculative.n_max", 0)?
-                .map(|n| n as usize),
-            n_min: self
-                .speculative_n_min
-                .at_least("speculative.n_min", 0)?
-                .map(|n| n as usize),
-        };
+        let speculative = self.draft_limits()?;
         Ok(GenParams {
             sampling,
             max_tokens,
@@ -327,6 +318,20 @@ impl Common {
             constraint: None,
             logprobs,
             speculative,
+        })
+    }
+
+    /// `speculative.n_max` / `n_min`: this request's draft limits (unset: the server's).
+    pub fn draft_limits(&self) -> Result<engine::DraftLimits, ApiError> {
+        Ok(engine::DraftLimits {
+            n_max: self
+                .speculative_n_max
+                .at_least("speculative.n_max", 0)?
+                .map(|n| n as usize),
+            n_min: self
+                .speculative_n_min
+                .at_least("speculative.n_min", 0)?
+                .map(|n| n as usize),
         })
     }
 
@@ -850,6 +855,19 @@ mod tests {
         assert_eq!(g.temperature, 0.0);
         assert_eq!(g.top_k, 0);
         assert_eq!(g.top_p, 1.0);
+    }
+
+    #[test]
+    fn speculative_limits_are_llama_server_s_dotted_keys() {
+        let l = obj(json!({"speculative.n_max": 4, "speculative.n_min": 2}))
+            .draft_limits()
+            .unwrap();
+        assert_eq!((l.n_max, l.n_min), (Some(4), Some(2)));
+        assert_eq!(obj(json!({})).draft_limits().unwrap(), Default::default());
+        let e = obj(json!({"speculative.n_max": -1}))
+            .draft_limits()
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("speculative.n_max"));
     }
 
     #[test]
