@@ -346,6 +346,17 @@ fn per_request_draft_limits() {
     let base = request(echoing(&mut plain, 30, 1), 40, SamplingParams::default());
     plain.reset().expect("reset");
     let a = run_alone(&mut plain, std::slice::from_ref(&base));
+    // Nobody asking for logits: plain greedy decoding takes the executor's argmax
+    // (`Want::Greedy`), the verify rows the sampler's; the tokens agree.
+    plain.reset().expect("reset");
+    let g_plain = plain
+        .generate(&base, &mut |_| Flow::Continue)
+        .expect("plain");
+    let g_spec = spec.generate(&base, &mut |_| Flow::Continue).expect("spec");
+    assert_eq!(g_plain.tokens, g_spec.tokens);
+    assert_eq!(g_plain.tokens, a[0].tokens);
+    assert!(g_spec.timings.draft_n > 0);
+    spec.reset().expect("reset");
     let mut off = base.clone();
     off.speculative.n_max = Some(0);
     let b = run_alone(&mut spec, std::slice::from_ref(&off));
