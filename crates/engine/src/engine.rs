@@ -27,6 +27,8 @@ use crate::cuda;
 
 #[cfg(test)]
 mod expert_account_tests;
+#[cfg(test)]
+mod spec_tests;
 
 /// One loaded model and its slots: `submit` queues requests, `step` decodes one
 /// token for each running request (the scheduler, `sched`); `generate*` runs one
