@@ -474,3 +474,39 @@ fn demo_model_structured_and_free_requests_keep_their_bytes() {
     eprintln!("demo: {accepted} of {drafted} drafts accepted");
     assert!(drafted > 0 && accepted > 0, "{accepted} of {drafted}");
 }
+
+/// On the test device: the CPU speculates (`auto` and `ngram` draft by prompt
+/// lookup); the CUDA executor, which cannot roll a sequence back yet, gets no drafts
+/// from `auto` and refuses `--spec ngram` at load, naming the executor and the remedy.
+#[test]
+fn the_test_device_speculates_or_refuses_at_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
+    let auto = engine(&path, 1, SpecMode::Auto, 8);
+    let ngram = Engine::load(
+        &path,
+        &EngineConfig {
+            max_context: Some(256),
+            device: Some(common::test_device()),
+            spec: SpecConfig {
+                mode: SpecMode::Ngram,
+                ..SpecConfig::default()
+            },
+            ..Default::default()
+        },
+    );
+    match common::test_device() {
+        engine::Device::Cpu => {
+            assert!(auto.drafter().is_some());
+            assert!(ngram.expect("ngram on the CPU").drafter().is_some());
+        }
+        engine::Device::Cuda(_) => {
+            assert!(auto.drafter().is_none());
+            let e = ngram.err().expect("refused on the GPU").to_string();
+            assert!(
+                e.contains("--spec ngram") && e.contains("cuda") && e.contains("--spec off"),
+                "{e}"
+            );
+        }
+    }
+}
