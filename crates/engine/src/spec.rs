@@ -191,6 +191,8 @@ pub(crate) struct RequestSpec {
     /// The prompt and the emitted tokens so far (the lookup's text).
     text: Vec<u32>,
     prompt_len: usize,
+    /// The longest draft the running acceptance allows now (see [`RequestSpec::verified`]).
+    run_cap: usize,
 }
 
 impl RequestSpec {
@@ -211,6 +213,7 @@ impl RequestSpec {
             n_min,
             text: prompt.to_vec(),
             prompt_len: prompt.len(),
+            run_cap: n_max,
         })
     }
 
@@ -223,13 +226,26 @@ impl RequestSpec {
         self.text
             .extend_from_slice(&emitted[synced.min(emitted.len())..]);
         let d = match self.drafter {
-            Drafter::Ngram => ngram_draft(&self.text, self.n_max.min(cap)),
+            Drafter::Ngram => ngram_draft(&self.text, self.n_max.min(self.run_cap).min(cap)),
         };
         if d.len() < self.n_min.max(1) {
             Vec::new()
         } else {
             d
         }
+    }
+
+    /// A verify step kept `accepted` of its `drafted` tokens: the next draft may be
+    /// twice as long after a step that kept them all, and at most one longer than
+    /// what was kept after one that did not (a verify row past the first rejection is
+    /// wasted work: every row costs the LM head), never below `n_min` nor 1.
+    pub fn verified(&mut self, drafted: usize, accepted: usize) {
+        let floor = self.n_min.max(1);
+        self.run_cap = if accepted >= drafted {
+            (self.run_cap.max(1) * 2).min(self.n_max)
+        } else {
+            (accepted + 1).max(floor).min(self.n_max)
+        };
     }
 }
 
@@ -254,6 +270,40 @@ mod tests {
         // Twice the match at most.
         let seq = [1, 2, 10, 11, 12, 13, 14, 15, 1, 2];
         assert_eq!(ngram_draft(&seq, 16), vec![10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn the_draft_cap_follows_the_acceptance() {
+        let cfg = SpecConfig {
+            mode: SpecMode::Ngram,
+            draft_max: 8,
+            draft_min: 0,
+        };
+        let loop_text: Vec<u32> = [7, 8, 9].repeat(10);
+        let mut s = RequestSpec::new(
+            Some(Drafter::Ngram),
+            &cfg,
+            DraftLimits::default(),
+            &loop_text,
+        )
+        .expect("speculates");
+        assert_eq!(s.draft(&[], 64).len(), 8);
+        s.verified(8, 1);
+        assert_eq!(s.draft(&[], 64).len(), 2);
+        s.verified(2, 0);
+        assert_eq!(s.draft(&[], 64).len(), 1);
+        s.verified(1, 1);
+        s.verified(2, 2);
+        assert_eq!(s.draft(&[], 64).len(), 4);
+        s.verified(4, 4);
+        s.verified(8, 8);
+        assert_eq!(s.draft(&[], 64).len(), 8);
+        // n_max 0: no speculation at all.
+        let none = DraftLimits {
+            n_max: Some(0),
+            n_min: None,
+        };
+        assert!(RequestSpec::new(Some(Drafter::Ngram), &cfg, none, &loop_text).is_none());
     }
 
     #[test]

@@ -351,6 +351,9 @@ impl Active {
             self.pending = None;
             self.timings.draft_n_accepted += 1;
         }
+        if let Some(spec) = self.spec.as_mut() {
+            spec.verified(tokens.len() - 1, fed - 1);
+        }
         if fed < tokens.len() {
             exec.rollback(self.seq, pos0 + fed)?;
         }
