@@ -254,6 +254,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
         stop_at_eog: false,
         constraint: None,
         logprobs: None,
+        speculative: Default::default(),
     }
 }
 

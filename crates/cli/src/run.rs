@@ -158,6 +158,7 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
         stop_at_eog: !a.ignore_eos,
         constraint: None,
         logprobs: None,
+        speculative: Default::default(),
     };
     let tok = eng.tokenizer_arc();
     let mut dec = tok.stream_decoder(false);
@@ -209,6 +210,15 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
         tm.predicted_per_second(),
         completion.finish
     );
+    if let Some(d) = eng.drafter() {
+        eprintln!(
+            "speculation ({}): {} drafted, {} accepted ({:.1}%)",
+            d,
+            tm.draft_n,
+            tm.draft_n_accepted,
+            100.0 * tm.draft_acceptance()
+        );
+    }
     if let Some(e) = &completion.timings.experts {
         let gb = |b: u64| b as f64 / 1e9;
         eprintln!(

@@ -68,6 +68,9 @@ pub struct EngineConfig {
     /// guesses and copies ahead (None: [`DEFAULT_GUESS_EXPERTS`]; 0: none). A guess
     /// only moves bytes: every layer computes with its own routing.
     pub guess_experts: Option<usize>,
+    /// Speculative decoding: the draft source and the drafts' length
+    /// (`--spec`, `--draft-max`, `--draft-min`; off by default).
+    pub spec: crate::spec::SpecConfig,
 }
 
 /// The guesses a tiered decode step copies ahead unless `guess_experts` says. On N80
@@ -176,6 +179,9 @@ pub struct GenerateRequest {
     /// Report each generated token's log-probability and this many of the most
     /// likely tokens at its position (at most [`MAX_TOP_LOGPROBS`]); None: none.
     pub logprobs: Option<usize>,
+    /// This request's draft limits (llama-server's `speculative.n_max`/`n_min`);
+    /// the engine's where `None`. Speculation never changes the tokens.
+    pub speculative: crate::spec::DraftLimits,
 }
 
 impl GenerateRequest {
@@ -190,6 +196,7 @@ impl GenerateRequest {
             stop_at_eog: false,
             constraint: None,
             logprobs: None,
+            speculative: Default::default(),
         }
     }
 }
@@ -297,6 +304,10 @@ pub struct Timings {
     /// fetched once serves every sequence of a step). `None` when every expert is
     /// resident.
     pub experts: Option<TierStats>,
+    /// Speculative decoding: draft tokens verified for this request (llama-server's
+    /// `draft_n`) and those accepted (`draft_n_accepted`); 0 without speculation.
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
 }
 
 impl Timings {
@@ -305,6 +316,14 @@ impl Timings {
     }
     pub fn predicted_per_second(&self) -> f64 {
         per_second(self.predicted_n, self.predicted_ms)
+    }
+    /// The share of drafted tokens that were accepted (0 when none were drafted).
+    pub fn draft_acceptance(&self) -> f64 {
+        if self.draft_n > 0 {
+            self.draft_n_accepted as f64 / self.draft_n as f64
+        } else {
+            0.0
+        }
     }
 }
 

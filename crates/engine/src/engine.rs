@@ -20,12 +20,15 @@ use crate::experts;
 use crate::memory::{self, MemoryAccount, GIB};
 use crate::prompt_cache::{self, PromptCache};
 use crate::sched::{CacheReport, Limits, RequestCallbacks, Scheduler, SlotInfo};
+use crate::spec::{Drafter, SpecConfig, SpecMode};
 
 #[cfg(feature = "cuda")]
 use crate::cuda;
 
 #[cfg(test)]
 mod expert_account_tests;
+#[cfg(test)]
+mod spec_tests;
 
 /// One loaded model and its slots: `submit` queues requests, `step` decodes one
 /// token for each running request (the scheduler, `sched`); `generate*` runs one
@@ -153,7 +156,8 @@ impl Engine {
             _ => None,
         };
         let memory = MemoryAccount::new(&file, &mcfg, n_ctx, parallel, prompt_cache, available);
-        let sched = Scheduler::new(
+        let drafter = choose_drafter(&cfg.spec, &mcfg, exec.as_ref())?;
+        let mut sched = Scheduler::new(
             parallel,
             limits,
             mcfg.ssm.is_some(),
@@ -161,6 +165,7 @@ impl Engine {
             store,
             store_writer,
         );
+        sched.set_spec(cfg.spec, drafter);
         Ok(Engine {
             info,
             cfg: mcfg,
@@ -171,6 +176,11 @@ impl Engine {
             sched,
             memory,
         })
+    }
+
+    /// The draft source speculative decoding uses (None: off).
+    pub fn drafter(&self) -> Option<Drafter> {
+        self.sched.drafter()
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -552,5 +562,41 @@ fn open_executor(
             }
             cpu(weights)
         }
+    }
+}
+
+/// The draft source for `spec` on this model and executor: `auto` takes what both
+/// support (prompt lookup where the executor can roll a sequence back, else none);
+/// an explicit mode they cannot serve is refused with the reason and the remedy.
+fn choose_drafter(
+    spec: &SpecConfig,
+    cfg: &ModelConfig,
+    exec: &dyn Executor,
+) -> Result<Option<Drafter>, EngineError> {
+    spec.check().map_err(EngineError::Settings)?;
+    let device = exec.report().device;
+    let refuse = |why: String| {
+        Err(EngineError::Settings(format!(
+            "--spec {}: {why}; use --spec auto (which picks what this model and device \
+             support) or --spec off",
+            spec.mode
+        )))
+    };
+    match spec.mode {
+        SpecMode::Off => Ok(None),
+        SpecMode::Auto => Ok(exec.rollbacks().then_some(Drafter::Ngram)),
+        _ if !exec.rollbacks() => refuse(format!(
+            "speculative decoding is not built for the {device} executor yet (a verify \
+             step must roll the sequence back, which only the CPU executor does)"
+        )),
+        SpecMode::Ngram => Ok(Some(Drafter::Ngram)),
+        SpecMode::Mtp if cfg.n_nextn == 0 => {
+            refuse("this model file has no MTP (nextn) layer".to_string())
+        }
+        SpecMode::Mtp => refuse(
+            "drafting with the model's MTP layer is not built yet (prompt lookup is: \
+             --spec ngram)"
+                .to_string(),
+        ),
     }
 }

@@ -261,6 +261,15 @@ fn no_snapshots(op: &str) -> ExecError {
     )
 }
 
+/// The error of an executor without rollback.
+fn no_rollback(op: &str) -> ExecError {
+    ExecError::new(
+        op,
+        "rolling a sequence back after a verify step is not built for this executor \
+         (the CPU executor has it): speculative decoding is off here",
+    )
+}
+
 /// A device that runs model steps.
 pub trait Executor: Send {
     /// Where steps run and what device memory they hold.
@@ -354,6 +363,27 @@ pub trait Executor: Send {
     fn restore_recurrent(&mut self, seq: usize, snap: &SeqSnapshot) -> Result<(), ExecError> {
         let _ = (seq, snap);
         Err(no_snapshots("restore_recurrent"))
+    }
+    /// Whether `keep_trail` and `rollback` are built (speculative decoding's verify
+    /// steps need them; else they return an error).
+    fn rollbacks(&self) -> bool {
+        false
+    }
+    /// The next step of sequence `seq` is a verify step (the last accepted token and
+    /// drafts after it): it keeps the recurrent state after each of its tokens, so
+    /// that `rollback` can bring the sequence back to any of them.
+    fn keep_trail(&mut self, seq: usize) -> Result<(), ExecError> {
+        let _ = seq;
+        Err(no_rollback("keep_trail"))
+    }
+    /// Brings sequence `seq` back to position `pos` (tokens `0..pos` fed) after a
+    /// step that kept its trail over positions `pos0..pos0 + n`, with
+    /// `pos0 < pos ≤ pos0 + n`: the recurrent state is the one after token `pos − 1`
+    /// and K/V from `pos` on are discarded; the next step continues at `pos`. The
+    /// bits are those of a sequence that was never fed the tokens past `pos`.
+    fn rollback(&mut self, seq: usize, pos: usize) -> Result<(), ExecError> {
+        let _ = (seq, pos);
+        Err(no_rollback("rollback"))
     }
     /// Bytes the sequences' state holds now (K/V allocated so far and recurrent
     /// state), where the executor counts it.

@@ -22,6 +22,7 @@ pub mod prompt_cache;
 mod record;
 pub mod sampler;
 pub mod sched;
+pub mod spec;
 pub mod switches;
 
 pub use api::*;
@@ -33,3 +34,4 @@ pub use error::EngineError;
 pub use memory::MemoryAccount;
 pub use record::{record_profile, ProfileInput, Recorded};
 pub use sched::{CacheCounters, CacheReport, RequestCallbacks, SlotInfo};
+pub use spec::{DraftLimits, SpecConfig, SpecMode};

@@ -81,6 +81,7 @@ fn request(
         stop_at_eog: true,
         constraint,
         logprobs: None,
+        speculative: Default::default(),
     }
 }
 

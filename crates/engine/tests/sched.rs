@@ -60,6 +60,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Gen
         stop_at_eog: false,
         constraint: None,
         logprobs: None,
+        speculative: Default::default(),
     }
 }
 
@@ -366,6 +367,7 @@ fn log_probabilities_are_the_models_and_do_not_change_what_is_decoded_alone_or_b
         .zip([3usize, 0])
         .map(|(r, n)| GenerateRequest {
             logprobs: Some(n),
+            speculative: Default::default(),
             ..r.clone()
         })
         .collect();

@@ -66,6 +66,8 @@ struct Record {
     generated: usize,
     /// Tiered experts: where the experts of the steps it ran in came from.
     experts: Option<engine::experts::TierStats>,
+    /// Speculative decoding: draft tokens checked and accepted.
+    drafts: (usize, usize),
     finish: Option<String>,
     /// Output reached the route (the first piece of the answer).
     output_started: bool,
@@ -110,6 +112,7 @@ impl RequestLog {
         r.cached = f.timings.cache_n;
         r.generated = f.completion_tokens;
         r.experts = f.timings.experts;
+        r.drafts = (f.timings.draft_n, f.timings.draft_n_accepted);
         r.finish = Some(match (f.finish, &f.stop_hit) {
             (_, Some(_)) => "stop_sequence".into(),
             (engine::FinishReason::Eog, _) => "end_of_turn".into(),
@@ -180,6 +183,14 @@ impl Line {
                 mb(e.ram_bytes),
                 mb(e.cpu_bytes),
                 mb(e.disk_bytes)
+            );
+        }
+        if r.drafts.0 > 0 {
+            let (n, a) = r.drafts;
+            let _ = write!(
+                out,
+                " drafted={n} accepted={a} ({:.1}%)",
+                100.0 * a as f64 / n as f64
             );
         }
         if let Some(f) = &r.finish {

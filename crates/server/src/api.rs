@@ -38,6 +38,12 @@ pub struct Timings {
     pub predicted_per_second: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts: Option<serde_json::Value>,
+    /// Speculative decoding (llama-server's names): draft tokens checked and kept;
+    /// absent when the request drafted nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n_accepted: Option<usize>,
 }
 
 impl Timings {
@@ -54,6 +60,8 @@ impl Timings {
             predicted_per_token_ms: per_token(t.predicted_n, t.predicted_ms),
             predicted_per_second: t.predicted_per_second(),
             experts: t.experts.as_ref().map(crate::metrics::expert_tiers),
+            draft_n: (t.draft_n > 0).then_some(t.draft_n),
+            draft_n_accepted: (t.draft_n > 0).then_some(t.draft_n_accepted),
         }
     }
 }

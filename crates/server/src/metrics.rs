@@ -444,6 +444,8 @@ impl Stats {
         t.cache_tokens += timings.cache_n as u64;
         t.tokens_predicted += timings.predicted_n as u64;
         t.tokens_predicted_seconds += timings.predicted_ms / 1000.0;
+        t.draft_proposed += timings.draft_n as u64;
+        t.draft_accepted += timings.draft_n_accepted.min(timings.draft_n) as u64;
         let n_tokens = (timings.prompt_n + timings.predicted_n) as u64;
         if n_tokens > t.n_tokens_max {
             t.n_tokens_max = n_tokens;

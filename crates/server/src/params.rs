@@ -51,6 +51,8 @@ pub struct GenParams {
     pub constraint: Option<crate::structured::Spec>,
     /// Each generated token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Speculative decoding's draft limits (`speculative.n_max`/`n_min`).
+    pub speculative: engine::DraftLimits,
 }
 
 impl GenParams {
@@ -70,6 +72,7 @@ impl GenParams {
             stop_at_eog: true,
             constraint,
             logprobs: self.logprobs,
+            speculative: self.speculative,
         }
     }
 }

@@ -103,6 +103,8 @@ enum Kind {
     Device,
     /// A memory size: bytes, or a string such as "16G" (`engine::parse_size`).
     Size,
+    /// `auto`, `mtp`, `ngram` or `off` (`engine::SpecMode`).
+    Spec,
 }
 
 /// One setting (made by [`table`]'s macro).
@@ -211,6 +213,11 @@ impl EngineSettings {
         cfg.expert_profile = self.profile.clone();
         cfg.prompt_pool = self.prompt_pool;
         cfg.guess_experts = self.guess_experts;
+        cfg.spec = engine::SpecConfig {
+            mode: self.spec,
+            draft_max: self.draft_max,
+            draft_min: self.draft_min,
+        };
     }
 }
 
@@ -264,6 +271,13 @@ fn check(spec: &Spec, v: &Value, source: Source) -> Result<Value, SettingsError>
             Some(_) => Ok(v.clone()),
             None => Err(bad(format!(
                 "expected a size such as \"16G\", \"12.5GiB\" or a number of bytes, got {v}"
+            ))),
+        },
+        Kind::Spec => match v.as_str().map(str::parse::<engine::SpecMode>) {
+            Some(Ok(m)) => Ok(json!(m.to_string())),
+            Some(Err(e)) => Err(bad(e)),
+            None => Err(bad(format!(
+                "expected \"auto\", \"mtp\", \"ngram\" or \"off\", got {v}"
             ))),
         },
         Kind::Device => match v.as_str().map(str::parse::<engine::Device>) {

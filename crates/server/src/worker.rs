@@ -645,6 +645,7 @@ pub(crate) mod testing {
                     predicted_ms: 2.0,
                     cache_n: 0,
                     experts: None,
+                    ..Default::default()
                 },
                 seed: 7,
             })
@@ -726,6 +727,7 @@ mod tests {
                 stop_at_eog: true,
                 constraint: None,
                 logprobs: None,
+                speculative: Default::default(),
             },
             think,
             stops,

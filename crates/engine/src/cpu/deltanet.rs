@@ -4,7 +4,7 @@
 //! Every channel and head performs the same float operations in the same order
 //! whether it sees one token or a prompt.
 
-use super::{Act, CpuBackend, DeltaNetState};
+use super::{Act, CpuBackend, DeltaNetState, Trail};
 use model::deltanet::{conv_step, gated_norm, step};
 use model::math::{l2_norm, sigmoid, softplus};
 use model::weights::{BetaAlpha, DeltaNetWeights, Weight};
@@ -77,6 +77,11 @@ pub(super) fn project(b: &CpuBackend, w: &DeltaNetWeights, x: &Act) -> Projectio
 /// normalises the head's q and k, then runs those value heads' recurrences and gated
 /// norms. Each channel and head performs the float operations of a one-token call, in
 /// the same order, so the bits do not depend on how many tokens or tasks there are.
+///
+/// With `keep_trail` (a verify step) the state after each token is also copied into
+/// `st.trail`, each task its own channels and heads, so the sequence can be brought
+/// back to any of those tokens: a copy of the state per token, which costs less than
+/// the recurrence that wrote it.
 pub(super) fn core(
     b: &CpuBackend,
     w: &DeltaNetWeights,
@@ -84,6 +89,7 @@ pub(super) fn core(
     r0: usize,
     t_n: usize,
     st: &mut DeltaNetState,
+    keep_trail: bool,
 ) -> Act {
     let cfg = &b.cfg;
     let ssm = cfg
@@ -96,12 +102,32 @@ pub(super) fn core(
     let scale = 1.0 / (d as f32).sqrt();
     let mut conv = Act::zeros(t_n, cd);
     let mut y = Act::zeros(t_n, vd);
+    let DeltaNetState {
+        conv: st_conv,
+        ssm: st_ssm,
+        trail,
+    } = st;
+    let trail = if keep_trail {
+        let tr = trail.get_or_insert_with(Trail::default);
+        tr.conv.resize(t_n * cd * hist, 0.0);
+        tr.ssm.resize(t_n * hv * d * d, 0.0);
+        Some(tr)
+    } else {
+        None
+    };
     {
         let conv_out = quant::par::ColumnRuns::new(&mut conv.data, cd);
         let y_out = quant::par::ColumnRuns::new(&mut y.data, vd);
         // Both states as one row each: a task takes its channels' and heads' runs.
-        let conv_state = quant::par::ColumnRuns::new(&mut st.conv, cd * hist);
-        let ssm_state = quant::par::ColumnRuns::new(&mut st.ssm, hv * d * d);
+        let conv_state = quant::par::ColumnRuns::new(st_conv, cd * hist);
+        let ssm_state = quant::par::ColumnRuns::new(st_ssm, hv * d * d);
+        // The trail: a row per token.
+        let trail = trail.map(|tr| {
+            (
+                quant::par::ColumnRuns::new(&mut tr.conv, cd * hist),
+                quant::par::ColumnRuns::new(&mut tr.ssm, hv * d * d),
+            )
+        });
         quant::par::for_each(hk, |kh| {
             let heads = (0..hv).filter(|&h| ssm.k_head_of(h) == kh);
             // This key head's q and k channels, then its value heads' v channels.
@@ -116,6 +142,9 @@ pub(super) fn core(
                 for t in 0..t_n {
                     let src = &p.qkv.row(r0 + t)[c0..c0 + d];
                     conv_step(state, taps, src, dc, unsafe { conv_out.run(t, c0, d) });
+                    if let Some((tc, _)) = &trail {
+                        unsafe { tc.run(t, c0 * hist, d * hist) }.copy_from_slice(state);
+                    }
                 }
             }
             for t in 0..t_n {
@@ -136,6 +165,9 @@ pub(super) fn core(
                     let beta = sigmoid(p.beta.row(r0 + t)[h]);
                     let o = unsafe { y_out.run(t, h * d, d) };
                     step(s, q, k, v, g, beta, o);
+                    if let Some((_, ts)) = &trail {
+                        unsafe { ts.run(t, h * d * d, d * d) }.copy_from_slice(s);
+                    }
                     gated_norm(o, &p.z.row(r0 + t)[h * d..(h + 1) * d], &w.norm, cfg.eps);
                 }
             }

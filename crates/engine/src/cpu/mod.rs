@@ -200,6 +200,12 @@ impl KvCache {
         (&mut self.k, &mut self.v)
     }
 
+    /// Forgets the positions from `pos` on (a verify step's rejected drafts): their
+    /// values stay until a later step overwrites them, but no snapshot reads them.
+    pub(crate) fn truncate(&mut self, pos: usize) {
+        self.len = self.len.min(pos);
+    }
+
     /// Gives the memory back: the cache is empty again.
     pub fn free(&mut self) {
         self.k = Vec::new();
@@ -215,6 +221,26 @@ pub struct DeltaNetState {
     pub conv: Vec<f32>,
     /// Hv × dk × dv.
     pub ssm: Vec<f32>,
+    /// During a verify step (`Executor::keep_trail`): the state after each of its
+    /// tokens, so `Executor::rollback` can go back to any of them.
+    pub trail: Option<Trail>,
+}
+
+/// A DeltaNet layer's conv and recurrent state after each token of one step,
+/// token-major (token t's conv at `t · conv.len`, its recurrent state at `t · ssm.len`
+/// of the layer's state).
+#[derive(Default)]
+pub struct Trail {
+    pub conv: Vec<f32>,
+    pub ssm: Vec<f32>,
+}
+
+/// Where the last step of a sequence that kept its trail began and how many tokens
+/// it fed.
+#[derive(Debug, Clone, Copy)]
+pub struct TrailSpan {
+    pub pos0: usize,
+    pub n: usize,
 }
 
 /// One sequence's state.
@@ -222,6 +248,10 @@ pub struct CpuState {
     pub n_ctx: usize,
     pub kv: Vec<KvCache>,
     pub dn: Vec<DeltaNetState>,
+    /// The next step keeps the DeltaNet trail (`Executor::keep_trail`).
+    pub keep_trail: bool,
+    /// The positions of the last step's trail (None: it kept none).
+    pub trail: Option<TrailSpan>,
 }
 
 impl CpuState {
@@ -235,7 +265,54 @@ impl CpuState {
         for d in &mut self.dn {
             d.conv.iter_mut().for_each(|x| *x = 0.0);
             d.ssm.iter_mut().for_each(|x| *x = 0.0);
+            d.trail = None;
         }
+        self.keep_trail = false;
+        self.trail = None;
+    }
+
+    /// Brings the sequence back to position `pos` (tokens `0..pos` fed) after a
+    /// step that kept its trail over positions `span.pos0..span.pos0 + span.n`,
+    /// `span.pos0 < pos ≤ span.pos0 + span.n`: each DeltaNet layer takes the state it
+    /// had after token `pos − 1`, and K/V from `pos` on are forgotten. The trail is
+    /// used up either way.
+    pub fn rollback(&mut self, pos: usize) -> Result<(), ExecError> {
+        let span = self.trail.take().ok_or_else(|| {
+            ExecError::new(
+                "rollback",
+                "the sequence's last step kept no trail (call keep_trail before the verify step)",
+            )
+        })?;
+        if pos <= span.pos0 || pos > span.pos0 + span.n {
+            return Err(ExecError::new(
+                "rollback",
+                format!(
+                    "position {pos} is outside the last verify step's positions {}..={}",
+                    span.pos0 + 1,
+                    span.pos0 + span.n
+                ),
+            ));
+        }
+        let t = pos - span.pos0 - 1;
+        for d in &mut self.dn {
+            let tr = d.trail.take().ok_or_else(|| {
+                ExecError::new(
+                    "rollback",
+                    "a DeltaNet layer kept no trail in the last step",
+                )
+            })?;
+            if t + 1 < span.n {
+                let (c, s) = (d.conv.len(), d.ssm.len());
+                d.conv.copy_from_slice(&tr.conv[t * c..(t + 1) * c]);
+                d.ssm.copy_from_slice(&tr.ssm[t * s..(t + 1) * s]);
+            }
+            // The buffers serve the next verify step.
+            d.trail = Some(tr);
+        }
+        for c in &mut self.kv {
+            c.truncate(pos);
+        }
+        Ok(())
     }
 
     /// Makes room for positions `0..end` in every attention layer now (a caller that
@@ -446,11 +523,18 @@ impl Backend for CpuBackend {
                 .map(|_| DeltaNetState {
                     conv: vec![0.0; s.conv_dim() * (s.d_conv - 1)],
                     ssm: vec![0.0; s.n_v_heads * s.d_state * s.d_state],
+                    trail: None,
                 })
                 .collect(),
             None => Vec::new(),
         };
-        Ok(CpuState { n_ctx, kv, dn })
+        Ok(CpuState {
+            n_ctx,
+            kv,
+            dn,
+            keep_trail: false,
+            trail: None,
+        })
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Act, ExecError> {
@@ -640,8 +724,9 @@ impl CpuBackend {
             (Mixer::DeltaNet(w), LayerKind::DeltaNet) => {
                 let proj = deltanet::project(self, w, h);
                 for p in parts.iter_mut() {
+                    let keep = p.state.keep_trail;
                     let st = &mut p.state.dn[slot];
-                    cores.push(deltanet::core(self, w, &proj, r0, p.rows, st));
+                    cores.push(deltanet::core(self, w, &proj, r0, p.rows, st, keep));
                     r0 += p.rows;
                 }
                 Ok(self.mm_weight(&w.out, &joined(cores)?))
@@ -714,6 +799,19 @@ impl Executor for CpuExecutor {
 
     fn snapshots(&self) -> bool {
         true
+    }
+
+    fn rollbacks(&self) -> bool {
+        true
+    }
+
+    fn keep_trail(&mut self, seq: usize) -> Result<(), ExecError> {
+        self.state_mut("keep_trail", seq)?.keep_trail = true;
+        Ok(())
+    }
+
+    fn rollback(&mut self, seq: usize, pos: usize) -> Result<(), ExecError> {
+        self.state_mut("rollback", seq)?.rollback(pos)
     }
 
     fn snapshot(&mut self, seq: usize, pos: usize) -> Result<SeqSnapshot, ExecError> {
@@ -796,6 +894,12 @@ impl Executor for CpuExecutor {
                     format!("the entry for sequence {} has no tokens", s.seq),
                 ));
             }
+            // A verify step keeps its DeltaNet trail (and says where it lies); any
+            // other step leaves nothing to roll back to.
+            state.trail = state.keep_trail.then_some(TrailSpan {
+                pos0: s.pos0,
+                n: s.tokens.len(),
+            });
             segs.push(model::Segment {
                 tokens: s.tokens,
                 pos0: s.pos0,
@@ -819,7 +923,11 @@ impl Executor for CpuExecutor {
             } else {
                 rayon::scope(|_| model::forward_batch(backend, &mut segs))
             }
-        })?;
+        });
+        for seg in &mut segs {
+            seg.state.keep_trail = false;
+        }
+        let logits = logits?;
         // Rows that could not get their experts: the entries they belong to fail.
         let failed = backend
             .tier

@@ -9,6 +9,7 @@ use super::{RequestCallbacks, Scheduler};
 use crate::api::GenerateRequest;
 use crate::error::EngineError;
 use crate::exec::Executor;
+use crate::spec::RequestSpec;
 
 impl Scheduler {
     /// A free slot, when there is one and a request waits.
@@ -56,6 +57,12 @@ impl Scheduler {
         };
         let experts = exec.expert_stats();
         let mut act = Active::new(seq, req, keep, &self.limits, logits, marks, experts);
+        act.spec = RequestSpec::new(
+            self.drafter,
+            &self.spec,
+            act.req.speculative,
+            &act.req.prompt,
+        );
         let c = &mut self.seqs[seq];
         if step::start_cached(&mut act, c, &self.limits, sink) {
             return Ok(None);

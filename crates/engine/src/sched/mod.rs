@@ -37,6 +37,7 @@ use crate::api::{
 use crate::error::EngineError;
 use crate::exec::{self, Executor, SeqStep, StepOut, Want};
 use crate::prompt_cache::{self, PromptCache};
+use crate::spec::{Drafter, SpecConfig};
 use callbacks::{Closures, LogitsFn};
 use seq_cache::SeqCache;
 use step::Active;
@@ -148,6 +149,9 @@ pub(crate) struct Scheduler {
     limits: Limits,
     /// Sequences the last `step` ran (0: it ran none).
     last_ran: usize,
+    /// Speculative decoding's settings, and the draft source (None: off).
+    spec: SpecConfig,
+    drafter: Option<Drafter>,
 }
 
 impl Scheduler {
@@ -173,7 +177,21 @@ impl Scheduler {
             counters: CacheCounters::default(),
             limits,
             last_ran: 0,
+            spec: SpecConfig::default(),
+            drafter: None,
         }
+    }
+
+    /// Speculates with `drafter` (None: off) under `spec`'s limits from the next
+    /// admission on.
+    pub fn set_spec(&mut self, spec: SpecConfig, drafter: Option<Drafter>) {
+        self.spec = spec;
+        self.drafter = drafter;
+    }
+
+    /// The draft source requests get (None: speculation is off).
+    pub fn drafter(&self) -> Option<Drafter> {
+        self.drafter
     }
 
     /// The slots: how many there are.

@@ -25,6 +25,7 @@ use crate::error::EngineError;
 use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::experts::TierStats;
 use crate::sampler::Sampler;
+use crate::spec::RequestSpec;
 
 /// One request being decoded in a slot.
 pub(super) struct Active {
@@ -54,9 +55,13 @@ pub(super) struct Active {
     /// Prompt positions still to mark (ascending, past `fed`), and whether each is
     /// a message start.
     marks: Vec<(usize, bool)>,
+    /// Speculative decoding's drafts for this request (None: one token a step).
+    pub spec: Option<RequestSpec>,
 }
 
-/// What a step gave one request.
+/// What a step gave one request (a value returned once per token, never stored:
+/// its size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Outcome {
     Running,
     Done(Result<Completion, EngineError>),
@@ -117,6 +122,7 @@ impl Active {
             need_mask: false,
             pending: None,
             marks: marks.into_iter().filter(|&(p, _)| p > cached).collect(),
+            spec: None,
         }
     }
 
@@ -257,12 +263,113 @@ impl Active {
     }
 }
 
+impl Active {
+    /// The drafts a verify step feeds after the pending token, at most `cap` (the
+    /// positions free for them): none unless the request speculates and its next
+    /// token is not forced, and none that could only be emitted past `max_tokens`.
+    /// The executor is told to keep the trail the verify step needs to roll back.
+    fn drafts(&mut self, exec: &mut dyn Executor, cap: usize) -> Vec<u32> {
+        let Some(spec) = self.spec.as_mut() else {
+            return Vec::new();
+        };
+        if !self.forced.is_empty() {
+            return Vec::new();
+        }
+        // A verify step emits at most one token past its drafts.
+        let left = self.req.max_tokens.saturating_sub(self.out.len() + 1);
+        let drafts = spec.draft(&self.out, cap.min(left));
+        if drafts.is_empty() {
+            return drafts;
+        }
+        match exec.keep_trail(self.seq) {
+            Ok(()) => drafts,
+            Err(e) => {
+                tracing::warn!("slot {}: no verify step: {e}", self.seq);
+                Vec::new()
+            }
+        }
+    }
+
+    /// A verify step fed `tokens` (the pending token, then drafts) and returned `out`,
+    /// every position's logits: emits tokens from the rows one by one exactly as
+    /// plain decoding would from those logits (the mask after the tokens before it,
+    /// the sampler, the callbacks), going on to the next row only while the token
+    /// emitted equals the draft fed there; then rolls the sequence back to the last
+    /// token accepted. `cache.history` grows by the tokens kept.
+    fn verified(
+        &mut self,
+        exec: &mut dyn Executor,
+        cache: &mut SeqCache,
+        tokens: &[u32],
+        out: StepOut,
+        lim: &Limits,
+        sink: &mut dyn RequestCallbacks,
+    ) -> Result<Outcome, ExecError> {
+        let nv = lim.n_vocab;
+        let all = match out {
+            StepOut::Logits(l) if l.len() == tokens.len() * nv => l,
+            _ => {
+                return Err(ExecError::new(
+                    "verify",
+                    format!(
+                        "the executor did not return the logits of the step's {} positions",
+                        tokens.len()
+                    ),
+                ))
+            }
+        };
+        let pos0 = cache.history.len();
+        self.pending = None;
+        self.timings.draft_n += tokens.len() - 1;
+        let mut fed = 0;
+        let mut outcome = Outcome::Running;
+        for (i, row) in all.chunks_exact(nv).enumerate() {
+            cache.history.push(tokens[i]);
+            fed = i + 1;
+            if i > 0 && self.need_mask {
+                // This row's mask, after the token just accepted (plain decoding
+                // computes it beside the step that returns these logits).
+                match self.constraint.as_mut().map(|c| c.next_mask()).transpose() {
+                    Ok(m) => self.mask = m,
+                    Err(e) => {
+                        outcome = Outcome::Done(Err(e.into()));
+                        break;
+                    }
+                }
+            }
+            if sink.wants_logits() {
+                sink.logits(row);
+            }
+            outcome = self.advance(cache, StepOut::Logits(row.to_vec()), lim, sink);
+            let accepted = matches!(outcome, Outcome::Running)
+                && self.forced.is_empty()
+                && tokens.get(i + 1).is_some_and(|&d| self.pending == Some(d));
+            if !accepted {
+                break;
+            }
+            // The draft was fed at the next position: nothing is pending.
+            self.pending = None;
+            self.timings.draft_n_accepted += 1;
+        }
+        if let Some(spec) = self.spec.as_mut() {
+            spec.verified(tokens.len() - 1, fed - 1);
+        }
+        if fed < tokens.len() {
+            exec.rollback(self.seq, pos0 + fed)?;
+        }
+        Ok(outcome)
+    }
+}
+
 /// One entry of a step: which request, and the tokens it feeds.
 struct Entry {
     item: usize,
     tokens: Vec<u32>,
     want: Want,
     prompt: bool,
+    /// A verify step: `tokens[1..]` are drafts, and the executor keeps the trail to
+    /// roll the sequence back to the last one accepted.
+    verify: bool,
 }
 
 /// What one step did.
@@ -305,11 +412,22 @@ pub(super) fn run(
                     continue;
                 }
                 room -= 1;
+                let pos0 = seqs[act.seq].history.len();
+                let drafts = act.drafts(exec, room.min(lim.n_ctx.saturating_sub(pos0 + 1)));
+                room -= drafts.len();
+                let verify = !drafts.is_empty();
+                let mut tokens = vec![t];
+                tokens.extend(drafts);
                 entries.push(Entry {
                     item: i,
-                    tokens: vec![t],
-                    want: act.want,
+                    tokens,
+                    want: if verify {
+                        Want::Logits(Logits::All)
+                    } else {
+                        act.want
+                    },
                     prompt: false,
+                    verify,
                 });
             }
         } else if !prompt_taken {
@@ -334,6 +452,7 @@ pub(super) fn run(
                     Want::Greedy
                 },
                 prompt: true,
+                verify: false,
             });
         }
     }
@@ -434,11 +553,29 @@ pub(super) fn run(
             }
         };
         let cache = &mut seqs[act.seq];
-        cache.history.extend_from_slice(&e.tokens);
         cache.last_logits = None;
         if ended[e.item] {
+            cache.history.extend_from_slice(&e.tokens);
             continue;
         }
+        if e.verify {
+            let outcome = match act.verified(exec, cache, &e.tokens, out, lim, &mut **sink) {
+                Ok(o) => o,
+                Err(err) => {
+                    fail_entry(exec, seqs, act.seq, &err);
+                    sink.done(Err(err.into()));
+                    ended[e.item] = true;
+                    continue;
+                }
+            };
+            if let Outcome::Done(mut r) = outcome {
+                act.account_experts(&mut r, exec.expert_stats());
+                sink.done(r);
+                ended[e.item] = true;
+            }
+            continue;
+        }
+        cache.history.extend_from_slice(&e.tokens);
         let outcome = if e.prompt {
             act.fed += e.tokens.len();
             if let Some(&(pos, boundary)) = act.marks.first().filter(|m| m.0 == act.fed) {

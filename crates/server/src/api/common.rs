@@ -50,6 +50,13 @@ pub struct Common {
     pub logprobs: Field<Value>,
     pub top_logprobs: Field<u64>,
 
+    /// Speculative decoding's draft limits for this request (llama-server's names);
+    /// the tokens are the same whatever they are.
+    #[serde(rename = "speculative.n_max")]
+    pub speculative_n_max: Field<u64>,
+    #[serde(rename = "speculative.n_min")]
+    pub speculative_n_min: Field<u64>,
+
     // Thinking, under every name clients use.
     pub reasoning_effort: Field<String>,
     pub enable_thinking: Field<bool>,
@@ -317,6 +324,7 @@ impl Common {
                 .unwrap_or(false),
             None => false,
         };
+        let speculative = self.draft_limits()?;
         Ok(GenParams {
             sampling,
             max_tokens,
@@ -326,6 +334,21 @@ impl Common {
             include_usage,
             constraint: None,
             logprobs,
+            speculative,
+        })
+    }
+
+    /// `speculative.n_max` / `n_min`: this request's draft limits (unset: the server's).
+    pub fn draft_limits(&self) -> Result<engine::DraftLimits, ApiError> {
+        Ok(engine::DraftLimits {
+            n_max: self
+                .speculative_n_max
+                .at_least("speculative.n_max", 0)?
+                .map(|n| n as usize),
+            n_min: self
+                .speculative_n_min
+                .at_least("speculative.n_min", 0)?
+                .map(|n| n as usize),
         })
     }
 
@@ -849,6 +872,19 @@ mod tests {
         assert_eq!(g.temperature, 0.0);
         assert_eq!(g.top_k, 0);
         assert_eq!(g.top_p, 1.0);
+    }
+
+    #[test]
+    fn speculative_limits_are_llama_server_s_dotted_keys() {
+        let l = obj(json!({"speculative.n_max": 4, "speculative.n_min": 2}))
+            .draft_limits()
+            .unwrap();
+        assert_eq!((l.n_max, l.n_min), (Some(4), Some(2)));
+        assert_eq!(obj(json!({})).draft_limits().unwrap(), Default::default());
+        let e = obj(json!({"speculative.n_max": -1}))
+            .draft_limits()
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("speculative.n_max"));
     }
 
     #[test]

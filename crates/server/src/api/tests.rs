@@ -270,6 +270,20 @@ mod timings {
     use engine::experts::TierStats;
 
     #[test]
+    fn timings_carry_drafts_only_when_the_request_drafted() {
+        let mut t = engine::Timings::default();
+        let v = serde_json::to_value(Timings::of(&t)).unwrap();
+        assert!(v.get("draft_n").is_none(), "{v}");
+        t.draft_n = 10;
+        t.draft_n_accepted = 6;
+        let v = serde_json::to_value(Timings::of(&t)).unwrap();
+        assert_eq!(
+            (v["draft_n"].clone(), v["draft_n_accepted"].clone()),
+            (10.into(), 6.into())
+        );
+    }
+
+    #[test]
     fn timings_carry_the_request_s_expert_tiers_only_when_tiered() {
         let mut t = engine::Timings {
             prompt_n: 4,

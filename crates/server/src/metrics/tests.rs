@@ -8,6 +8,7 @@ fn timings(prompt_n: usize, predicted_n: usize) -> engine::Timings {
         predicted_ms: 200.0,
         cache_n: 3,
         experts: None,
+        ..Default::default()
     }
 }
 
@@ -77,6 +78,25 @@ fn draft_and_expert_numbers_appear_when_reported() {
     assert!(s
         .render_prometheus(10)
         .contains("scoria:draft_tokens_accepted_total 7\n"));
+}
+
+#[test]
+fn a_finished_request_s_drafts_count_in_the_totals() {
+    let s = Stats::new();
+    s.request_queued(4, "chat");
+    s.request_started(4, 5);
+    let t = engine::Timings {
+        draft_n: 12,
+        draft_n_accepted: 9,
+        ..timings(5, 20)
+    };
+    s.request_finished(4, &t, "stop", 25);
+    let snap = s.snapshot();
+    assert_eq!(snap["draft"]["proposed"], 12);
+    assert_eq!(snap["draft"]["accepted"], 9);
+    let text = s.render_prometheus(10);
+    assert!(text.contains("scoria:draft_tokens_total 12\n"), "{text}");
+    assert!(text.contains("scoria:draft_tokens_accepted_total 9\n"));
 }
 
 #[test]

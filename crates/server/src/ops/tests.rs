@@ -215,6 +215,7 @@ async fn metrics_text_and_counters() {
         predicted_ms: 5.0,
         cache_n: 0,
         experts: None,
+        ..Default::default()
     };
     st.stats.request_finished(1, &t, "stop", 9);
     let r = call(addr, "GET", "/metrics", None).await;

@@ -157,6 +157,20 @@ settings! {
         /// step copies ahead while the current layer runs; 0 turns it off (same output).
         guess_experts: Option<usize> = "engine" "guess-experts", Kind::Count { min: 0 }, NULL,
             "3", arg Option<u64>;
+        /// Speculative decoding: auto (what the model file and the device support),
+        /// mtp (the model's next-next-token layer), ngram (prompt lookup: drafts
+        /// copied from the prompt and the text generated so far) or off. Drafts are
+        /// checked in one step; the output is the same bytes either way.
+        spec: engine::SpecMode = "engine" "spec", Kind::Spec, json!("off"), "",
+            arg Option<engine::SpecMode>;
+        /// Speculative decoding: draft tokens per step at most (a request's
+        /// `speculative.n_max` overrides it).
+        draft_max: usize = "engine" "draft-max", Kind::Count { min: 0 },
+            json!(engine::spec::DEFAULT_DRAFT_MAX), "", arg Option<u64>;
+        /// Speculative decoding: shorter drafts are not checked, the step decodes one
+        /// token (a request's `speculative.n_min` overrides it).
+        draft_min: usize = "engine" "draft-min", Kind::Count { min: 0 }, json!(0), "",
+            arg Option<u64>;
         /// Context length to allocate.
         max_context: Option<usize> = "engine" "max-context", Kind::Count { min: 64 }, NULL,
             "engine default: min(trained, 4096)", arg Option<usize>, short = 'c';

@@ -70,6 +70,18 @@ impl ToSetting for engine::Device {
     }
 }
 
+impl ToSetting for engine::SpecMode {
+    fn to_setting(&self) -> Value {
+        Value::String(self.to_string())
+    }
+}
+
+impl FromSetting for engine::SpecMode {
+    fn from_setting(v: &Value) -> Self {
+        v.as_str().and_then(|m| m.parse().ok()).unwrap_or_default()
+    }
+}
+
 impl ToSetting for Size {
     fn to_setting(&self) -> Value {
         Value::String(self.text.clone())

@@ -1,0 +1,512 @@
+//! Speculation is free (invariant 2 of docs/design.md): with prompt-lookup drafts
+//! verified in one step and the sequence rolled back to the last accepted token,
+//! every request emits the bytes plain decoding emits — greedy and seeded sampling,
+//! requests decoded side by side, a chat turn continued from the prompt cache, and a
+//! structured-output request whose grammar masks the verify rows — on every arch,
+//! and every emitted token is chosen from the logits bits plain decoding gave it.
+//! The executor's rollback itself is checked against a sequence that was never fed
+//! the rejected drafts. They run on the executor of the test device
+//! (`SCORIA_TEST_DEVICE`); one that cannot roll back says so and is skipped.
+
+mod common;
+
+use common::bits;
+use engine::cpu::{CpuBackend, CpuExecutor};
+use engine::exec::{Executor, SeqStep, StepOut, Want};
+use engine::{
+    Completion, Engine, EngineConfig, EngineError, Flow, GenerateRequest, RequestCallbacks,
+    SamplingParams, SpecConfig, SpecMode, TokenEvent,
+};
+use gguf::GgufFile;
+use model::geometry::ARCHS;
+use model::synth::Preset;
+use model::{Logits, ModelConfig, ModelWeights};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Box<dyn Executor> {
+    let weights = ModelWeights::load(file, cfg).expect("weights");
+    match common::test_device() {
+        engine::Device::Cpu => {
+            let backend = CpuBackend {
+                cfg: cfg.clone(),
+                weights,
+                precision: Default::default(),
+                routing: None,
+                tier: None,
+            };
+            Box::new(CpuExecutor::new(backend, 128, 1).expect("executor"))
+        }
+        #[cfg(feature = "cuda")]
+        engine::Device::Cuda(n) => Box::new(
+            engine::cuda::CudaExecutor::open(n, cfg, &weights, 128, 1, Default::default())
+                .expect("CUDA executor"),
+        ),
+        #[cfg(not(feature = "cuda"))]
+        d => panic!("{d:?}: this build has no CUDA executor"),
+    }
+}
+
+fn logits(exec: &mut dyn Executor, tokens: &[u32], pos0: usize, want: Want) -> Vec<f32> {
+    let out = exec
+        .step(&[SeqStep {
+            seq: 0,
+            tokens,
+            pos0,
+            want,
+        }])
+        .expect("step");
+    match out.into_iter().next() {
+        Some(StepOut::Logits(l)) => l,
+        o => panic!("logits expected, got {o:?}"),
+    }
+}
+
+/// A verify step's rows are the logits of decoding its tokens one by one, and a
+/// rollback to any of its positions leaves the state of a sequence that was fed
+/// only the tokens up to there (checked through the logits of the tokens after).
+#[test]
+fn rollback_gives_the_bits_of_never_feeding_the_rejected_drafts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in ARCHS {
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q4KM, 11);
+        let file = Arc::new(GgufFile::open(&path).expect("open"));
+        let cfg = ModelConfig::from_gguf(&file).expect("config");
+        let nv = cfg.n_vocab;
+        let prompt: Vec<u32> = (0..12).map(|i| (i * 7919 + 13) % 4000 + 50).collect();
+        let fed: Vec<u32> = vec![901, 77, 3050, 12, 640];
+        let after: Vec<u32> = vec![33, 2048, 5];
+        let p = prompt.len();
+
+        // The plain sequence: the prompt, then every token alone.
+        let mut plain = executor(&file, &cfg);
+        if !plain.rollbacks() {
+            eprintln!("{arch}: this executor cannot roll back; skipped");
+            return;
+        }
+        logits(plain.as_mut(), &prompt, 0, Want::Logits(Logits::Last));
+        let mut one_by_one = Vec::new();
+        for (i, &t) in fed.iter().enumerate() {
+            one_by_one.push(logits(
+                plain.as_mut(),
+                &[t],
+                p + i,
+                Want::Logits(Logits::Last),
+            ));
+        }
+
+        for keep in 1..=fed.len() {
+            let mut spec = executor(&file, &cfg);
+            logits(spec.as_mut(), &prompt, 0, Want::Logits(Logits::Last));
+            spec.keep_trail(0).expect("keep_trail");
+            let rows = logits(spec.as_mut(), &fed, p, Want::Logits(Logits::All));
+            for (i, l) in one_by_one.iter().enumerate() {
+                assert_eq!(
+                    bits(&rows[i * nv..(i + 1) * nv]),
+                    bits(l),
+                    "{arch}: verify row {i} differs from decoding its token alone"
+                );
+            }
+            spec.rollback(0, p + keep).expect("rollback");
+            // The reference: only `keep` tokens were ever fed.
+            let mut refx = executor(&file, &cfg);
+            logits(refx.as_mut(), &prompt, 0, Want::Logits(Logits::Last));
+            for (i, &t) in fed[..keep].iter().enumerate() {
+                logits(refx.as_mut(), &[t], p + i, Want::Logits(Logits::Last));
+            }
+            for (i, &t) in after.iter().enumerate() {
+                let pos = p + keep + i;
+                let a = logits(spec.as_mut(), &[t], pos, Want::Logits(Logits::Last));
+                let b = logits(refx.as_mut(), &[t], pos, Want::Logits(Logits::Last));
+                assert_eq!(
+                    bits(&a),
+                    bits(&b),
+                    "{arch}: after a rollback to {keep} of {} tokens, token {i} differs",
+                    fed.len()
+                );
+            }
+            // The trail is used up: a second rollback is refused.
+            assert!(spec.rollback(0, p + keep).is_err());
+        }
+        // Without a kept trail there is nothing to roll back to.
+        let mut spec = executor(&file, &cfg);
+        logits(spec.as_mut(), &fed, 0, Want::Logits(Logits::All));
+        let err = spec.rollback(0, 2).expect_err("no trail");
+        assert!(err.to_string().contains("keep_trail"), "{err}");
+    }
+}
+
+fn engine(path: &Path, parallel: usize, spec: SpecMode, draft_max: usize) -> Engine {
+    Engine::load(
+        path,
+        &EngineConfig {
+            max_context: Some(2048),
+            parallel: Some(parallel),
+            device: Some(common::test_device()),
+            spec: SpecConfig {
+                mode: spec,
+                draft_max,
+                draft_min: 0,
+            },
+            ..Default::default()
+        },
+    )
+    .expect("load")
+}
+
+/// A prompt that repeats itself the way an agent's conversation does: `n` tokens,
+/// what the model answers to them (greedy, on `eng`), and the `n` tokens again —
+/// so prompt lookup drafts the earlier answer, which the model may or may not give
+/// again.
+fn echoing(eng: &mut Engine, n: usize, salt: u32) -> Vec<u32> {
+    let p: Vec<u32> = (0..n as u32)
+        .map(|i| (i * 7919 + salt * 104_729 + 13) % 5000 + 100)
+        .collect();
+    let c = eng
+        .generate(&GenerateRequest::greedy(p.clone(), 24), &mut |_| {
+            Flow::Continue
+        })
+        .expect("generate");
+    let mut out = p.clone();
+    out.extend_from_slice(&c.tokens);
+    out.extend_from_slice(&p);
+    out
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> GenerateRequest {
+    GenerateRequest {
+        max_tokens,
+        sampling,
+        ..GenerateRequest::greedy(prompt, max_tokens)
+    }
+}
+
+fn seeded(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.7,
+        top_k: 20,
+        top_p: 0.95,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    }
+}
+
+/// What a request produced: its tokens, the logits bits each came from, its end.
+#[derive(Default, Debug)]
+struct Seen {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<u32>>,
+    done: Option<Result<Completion, String>>,
+}
+
+struct Collect(Arc<Mutex<Seen>>);
+
+impl RequestCallbacks for Collect {
+    fn token(&mut self, ev: &TokenEvent) -> Flow {
+        self.0.lock().unwrap().tokens.push(ev.token);
+        Flow::Continue
+    }
+    fn wants_logits(&self) -> bool {
+        true
+    }
+    fn logits(&mut self, l: &[f32]) {
+        self.0.lock().unwrap().logits.push(bits(l));
+    }
+    fn done(&mut self, r: Result<Completion, EngineError>) {
+        self.0.lock().unwrap().done = Some(r.map_err(|e| e.to_string()));
+    }
+}
+
+/// Runs `reqs` submitted together on `eng` (side by side in its slots).
+fn run_together(eng: &mut Engine, reqs: &[GenerateRequest]) -> Vec<Seen> {
+    let seen: Vec<Arc<Mutex<Seen>>> = reqs.iter().map(|_| Arc::default()).collect();
+    for (r, s) in reqs.iter().zip(&seen) {
+        eng.submit(r.clone(), Box::new(Collect(s.clone())));
+    }
+    while eng.step() {}
+    seen.into_iter()
+        .map(|s| std::mem::take(&mut *s.lock().unwrap()))
+        .collect()
+}
+
+/// Each of `reqs` alone, one after the other on `eng`.
+fn run_alone(eng: &mut Engine, reqs: &[GenerateRequest]) -> Vec<Seen> {
+    reqs.iter()
+        .flat_map(|r| run_together(eng, std::slice::from_ref(r)))
+        .collect()
+}
+
+fn same(label: &str, plain: &[Seen], spec: &[Seen]) {
+    for (i, (a, b)) in plain.iter().zip(spec).enumerate() {
+        let (ca, cb) = (
+            a.done.as_ref().expect("done").as_ref().expect("ok"),
+            b.done.as_ref().expect("done").as_ref().expect("ok"),
+        );
+        assert_eq!(a.tokens, b.tokens, "{label}: request {i}'s tokens differ");
+        assert_eq!(
+            ca.tokens, cb.tokens,
+            "{label}: request {i}'s completion differs"
+        );
+        assert_eq!(
+            ca.finish, cb.finish,
+            "{label}: request {i}'s finish differs"
+        );
+        assert!(
+            a.logits == b.logits,
+            "{label}: request {i}: a token was chosen from other logits bits"
+        );
+        assert_eq!(ca.timings.draft_n, 0);
+    }
+}
+
+/// Drafted and accepted over `seen`.
+fn drafts(seen: &[Seen]) -> (usize, usize) {
+    seen.iter()
+        .filter_map(|s| s.done.as_ref()?.as_ref().ok())
+        .fold((0, 0), |(d, a), c| {
+            (d + c.timings.draft_n, a + c.timings.draft_n_accepted)
+        })
+}
+
+#[test]
+fn prompt_lookup_emits_the_bytes_of_plain_decoding() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Drafted and accepted over every arch: random weights rarely repeat themselves,
+    // but the verify steps must have both kept and rejected drafts.
+    let mut total = (0, 0);
+    for arch in ARCHS {
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
+        let mut plain = engine(&path, 3, SpecMode::Off, 8);
+        let mut spec = engine(&path, 3, SpecMode::Ngram, 8);
+        if spec.drafter().is_none() {
+            eprintln!("{arch}: no speculation on this executor; skipped");
+            return;
+        }
+        let reqs = vec![
+            request(echoing(&mut plain, 30, 1), 120, SamplingParams::default()),
+            request(echoing(&mut plain, 20, 2), 120, seeded(7)),
+            request(echoing(&mut plain, 45, 3), 100, SamplingParams::default()),
+            request(echoing(&mut plain, 12, 4), 120, seeded(9)),
+        ];
+        plain.reset().expect("reset");
+        let a = run_alone(&mut plain, &reqs);
+        plain.reset().expect("reset");
+        // Alone, then side by side in three slots (one request waits for a slot).
+        let b = run_alone(&mut spec, &reqs);
+        same(&format!("{arch} alone"), &a, &b);
+        spec.reset().expect("reset");
+        let c = run_together(&mut spec, &reqs);
+        same(&format!("{arch} side by side"), &a, &c);
+        let (drafted, accepted) = drafts(&b);
+        assert!(drafted > 0, "{arch}: nothing was drafted");
+        eprintln!("{arch}: {accepted} of {drafted} drafts accepted");
+        total = (total.0 + drafted, total.1 + accepted);
+
+        // A chat turn continuing the first request's conversation: its slot's state
+        // (after verify steps and rollbacks) serves the new prompt's start.
+        let mut turn = reqs[0].prompt.clone();
+        turn.extend_from_slice(&a[0].tokens);
+        turn.extend_from_slice(&reqs[1].prompt);
+        let next = [request(turn, 30, seeded(4))];
+        let fresh = engine(&path, 1, SpecMode::Off, 8);
+        let mut fresh = fresh;
+        let want = run_alone(&mut fresh, &next);
+        spec.reset().expect("reset");
+        let first = run_alone(&mut spec, &reqs[..1]);
+        same(&format!("{arch} first turn"), &a[..1], &first);
+        let got = run_alone(&mut spec, &next);
+        same(&format!("{arch} cached turn"), &want, &got);
+        let c = got[0].done.as_ref().unwrap().as_ref().unwrap();
+        assert!(
+            c.timings.cache_n > reqs[0].prompt.len(),
+            "{arch}: the second turn reused {} tokens",
+            c.timings.cache_n
+        );
+    }
+    assert!(
+        total.1 > 0 && total.1 < total.0,
+        "{} of {} drafts accepted: the test must see drafts kept and rejected",
+        total.1,
+        total.0
+    );
+}
+
+/// Per-request limits: `n_max` 0 turns a request's speculation off, a smaller one
+/// caps its drafts; the tokens stay plain decoding's.
+#[test]
+fn per_request_draft_limits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
+    let mut plain = engine(&path, 1, SpecMode::Off, 8);
+    let mut spec = engine(&path, 1, SpecMode::Auto, 8);
+    if spec.drafter().is_none() {
+        eprintln!("no speculation on this executor; skipped");
+        return;
+    }
+    let base = request(echoing(&mut plain, 30, 1), 40, SamplingParams::default());
+    plain.reset().expect("reset");
+    let a = run_alone(&mut plain, std::slice::from_ref(&base));
+    // Nobody asking for logits: plain greedy decoding takes the executor's argmax
+    // (`Want::Greedy`), the verify rows the sampler's; the tokens agree.
+    plain.reset().expect("reset");
+    let g_plain = plain
+        .generate(&base, &mut |_| Flow::Continue)
+        .expect("plain");
+    let g_spec = spec.generate(&base, &mut |_| Flow::Continue).expect("spec");
+    assert_eq!(g_plain.tokens, g_spec.tokens);
+    assert_eq!(g_plain.tokens, a[0].tokens);
+    assert!(g_spec.timings.draft_n > 0);
+    spec.reset().expect("reset");
+    let mut off = base.clone();
+    off.speculative.n_max = Some(0);
+    let b = run_alone(&mut spec, std::slice::from_ref(&off));
+    same("n_max 0", &a, &b);
+    assert_eq!(drafts(&b), (0, 0));
+    let mut two = base.clone();
+    two.speculative.n_max = Some(2);
+    spec.reset().expect("reset");
+    let steps = Arc::new(Mutex::new(Seen::default()));
+    spec.submit(two, Box::new(Collect(steps.clone())));
+    let mut max_step = 0;
+    let mut before = 0;
+    while spec.step() {
+        let n = steps.lock().unwrap().tokens.len();
+        max_step = max_step.max(n - before);
+        before = n;
+    }
+    let seen = std::mem::take(&mut *steps.lock().unwrap());
+    same("n_max 2", &a, std::slice::from_ref(&seen));
+    assert!(
+        max_step <= 3,
+        "a step emitted {max_step} tokens with n_max 2"
+    );
+    assert!(drafts(std::slice::from_ref(&seen)).0 > 0);
+}
+
+#[test]
+fn explicit_modes_the_engine_cannot_serve_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), model::Arch::Qwen3Moe, Preset::Q8_0, 5);
+    let load = |mode, max, min| {
+        Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(256),
+                device: Some(engine::Device::Cpu),
+                spec: SpecConfig {
+                    mode,
+                    draft_max: max,
+                    draft_min: min,
+                },
+                ..Default::default()
+            },
+        )
+    };
+    let e = load(SpecMode::Mtp, 8, 0)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("--spec mtp") && e.contains("no MTP"), "{e}");
+    let e = load(SpecMode::Ngram, 4, 5)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("--draft-min 5"), "{e}");
+    assert!(load(SpecMode::Auto, 8, 0)
+        .expect("auto")
+        .drafter()
+        .is_some());
+    assert!(load(SpecMode::Off, 8, 0).expect("off").drafter().is_none());
+}
+
+/// On the trained demo model: a structured-output request (a JSON schema, greedy and
+/// sampled) and free chat requests emit plain decoding's bytes with prompt lookup;
+/// the grammar masks every verify row as it masks a decode step's.
+#[test]
+fn demo_model_structured_and_free_requests_keep_their_bytes() {
+    use engine::constraint::{Constraint, Grammar, GrammarCompiler};
+    let path = model::synth::demo_model_path().expect("demo model");
+    let mut plain = engine(&path, 2, SpecMode::Off, 8);
+    let mut spec = engine(&path, 2, SpecMode::Ngram, 8);
+    if spec.drafter().is_none() {
+        eprintln!("no speculation on this executor; skipped");
+        return;
+    }
+    let compiler = GrammarCompiler::new(spec.tokenizer()).expect("compiler");
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "items": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 6}
+        },
+        "required": ["name", "items"],
+        "additionalProperties": false
+    });
+    let grammar = compiler
+        .compile(&Grammar::JsonSchema(schema))
+        .expect("compile");
+    let prompt = |text: &str| {
+        spec.tokenizer()
+            .encode_prompt(&format!(
+                "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+            ))
+            .expect("encode")
+    };
+    let code = "fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\nfn sub(a: i32, b: i32) -> i32 {\n    a - b\n}\n";
+    let p_json = prompt("List three fruits as JSON with a name field.");
+    let p_code = prompt(&format!(
+        "Repeat this code exactly, then add a mul function:\n{code}"
+    ));
+    let mut reqs = vec![
+        request(p_json.clone(), 120, SamplingParams::default()),
+        request(p_json, 120, seeded(21)),
+        request(p_code.clone(), 120, SamplingParams::default()),
+        request(p_code, 120, seeded(3)),
+    ];
+    for r in &mut reqs[..2] {
+        r.constraint = Some(Constraint::new(grammar.clone()));
+        r.stop_at_eog = true;
+    }
+    let a = run_alone(&mut plain, &reqs);
+    let b = run_together(&mut spec, &reqs);
+    same("demo", &a, &b);
+    let (drafted, accepted) = drafts(&b);
+    eprintln!("demo: {accepted} of {drafted} drafts accepted");
+    assert!(drafted > 0 && accepted > 0, "{accepted} of {drafted}");
+}
+
+/// On the test device: the CPU speculates (`auto` and `ngram` draft by prompt
+/// lookup); the CUDA executor, which cannot roll a sequence back yet, gets no drafts
+/// from `auto` and refuses `--spec ngram` at load, naming the executor and the remedy.
+#[test]
+fn the_test_device_speculates_or_refuses_at_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
+    let auto = engine(&path, 1, SpecMode::Auto, 8);
+    let ngram = Engine::load(
+        &path,
+        &EngineConfig {
+            max_context: Some(256),
+            device: Some(common::test_device()),
+            spec: SpecConfig {
+                mode: SpecMode::Ngram,
+                ..SpecConfig::default()
+            },
+            ..Default::default()
+        },
+    );
+    match common::test_device() {
+        engine::Device::Cpu => {
+            assert!(auto.drafter().is_some());
+            assert!(ngram.expect("ngram on the CPU").drafter().is_some());
+        }
+        engine::Device::Cuda(_) => {
+            assert!(auto.drafter().is_none());
+            let e = ngram.err().expect("refused on the GPU").to_string();
+            assert!(
+                e.contains("--spec ngram") && e.contains("cuda") && e.contains("--spec off"),
+                "{e}"
+            );
+        }
+    }
+}
