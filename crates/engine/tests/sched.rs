@@ -258,6 +258,53 @@ fn a_chat_turn_reuses_the_state_up_to_where_it_diverges_with_the_bits_of_a_cold_
 }
 
 #[test]
+fn a_new_conversation_reuses_the_system_message_of_one_that_went_on_for_turns() {
+    // A client's conversations share their first (system) message. One conversation
+    // goes on for three turns in the slot (more message starts than a slot keeps
+    // marks); a new one with the same system message still starts from its end, with
+    // the bits of a cold run.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in ARCHS {
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
+        let mut cold = engine(&path, 1, Some(0), None);
+        let s = im_start(&cold);
+        let mut system = vec![s];
+        system.extend(tokens(40, 11));
+        let mut turn = system.clone();
+        let mut prompts = Vec::new();
+        for t in 0..3 {
+            for m in 0..2 {
+                turn.push(s);
+                turn.extend(tokens(10, 20 + 2 * t + m));
+            }
+            prompts.push(turn.clone());
+        }
+        let mut other = system.clone();
+        other.push(s);
+        other.extend(tokens(12, 99));
+        let fresh = request(other, 8, seeded(3));
+        let (want, want_logits) = solo(&mut cold, &fresh);
+
+        let mut eng = engine(&path, 1, Some(0), None);
+        for p in prompts {
+            solo(&mut eng, &request(p, 4, SamplingParams::default()));
+        }
+        let (got, logits) = solo(&mut eng, &fresh);
+        let reused = if arch == Arch::Qwen3Moe {
+            system.len() + 1
+        } else {
+            system.len()
+        };
+        assert_eq!(
+            got.timings.cache_n, reused,
+            "{arch:?}: reused from the slot"
+        );
+        assert_eq!(got.tokens, want.tokens, "{arch:?}");
+        assert!(logits == want_logits, "{arch:?}: logits differ");
+    }
+}
+
+#[test]
 fn a_conversation_a_slot_lost_comes_back_from_the_prompt_cache_and_its_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     for arch in ARCHS {

@@ -1,8 +1,9 @@
 //! What each slot's sequence holds (`SeqCache`): its tokens, the logits at their end,
-//! and marks — snapshots of the recurrent state at the last two message starts and
-//! at the prompt's end — so that a later prompt can reuse the slot's state up to
-//! where it diverges, going back to a mark on models whose recurrent state cannot
-//! be rewound.
+//! and marks — snapshots of the recurrent state at the first message start after the
+//! first message (the end of a system message, which new conversations of the same
+//! client share), at the last two message starts and at the prompt's end — so that a
+//! later prompt can reuse the slot's state up to where it diverges, going back to a
+//! mark on models whose recurrent state cannot be rewound.
 
 use std::sync::Arc;
 
@@ -36,7 +37,9 @@ pub(super) struct Mark {
     pub boundary: bool,
 }
 
-/// Marks a slot keeps (each holds one copy of the recurrent state).
+/// Marks a slot keeps (each holds one copy of the recurrent state). The earliest
+/// is kept whatever comes after it (see `keep_mark`): it is where conversations
+/// sharing a system message part.
 pub(super) const MAX_MARKS: usize = 4;
 
 /// How a slot serves a prompt: keep `keep` tokens of its history, going back to
@@ -87,9 +90,10 @@ pub(super) fn reusable(c: &SeqCache, prompt: &[u32], recurrent: bool) -> Reuse {
         .unwrap_or_default()
 }
 
-/// Where a request's prompt should leave marks: before each of the last two
-/// message starts (`boundary`, e.g. `<|im_start|>`) and at its end. Only models
-/// with recurrent state need them.
+/// Where a request's prompt should leave marks: before the second message start
+/// (`boundary`, e.g. `<|im_start|>`: the end of the first message, the system message
+/// a new conversation of the same client shares), before each of the last two, and at
+/// its end. Only models with recurrent state need them.
 pub(super) fn mark_positions(prompt: &[u32], boundary: Option<u32>) -> Vec<(usize, bool)> {
     let mut at: Vec<(usize, bool)> = match boundary {
         Some(b) => prompt
@@ -100,8 +104,12 @@ pub(super) fn mark_positions(prompt: &[u32], boundary: Option<u32>) -> Vec<(usiz
             .collect(),
         None => Vec::new(),
     };
+    let first = at.first().copied();
     let n = at.len();
     at.drain(..n.saturating_sub(2));
+    if let Some(f) = first.filter(|f| at.first() != Some(f)) {
+        at.insert(0, f);
+    }
     at.push((prompt.len(), false));
     at
 }

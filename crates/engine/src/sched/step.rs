@@ -649,7 +649,7 @@ pub(super) fn end(
 }
 
 /// Keeps a snapshot of slot `seq`'s recurrent state at `pos` (its history's
-/// length) as a mark; the oldest marks go beyond `MAX_MARKS`.
+/// length) as a mark; beyond `MAX_MARKS` the oldest go, but for the earliest.
 fn keep_mark(
     exec: &mut dyn Executor,
     seq: usize,
@@ -669,8 +669,12 @@ fn keep_mark(
                 boundary,
             });
             cache.marks.sort_by_key(|m| m.pos);
+            // The oldest go first, but for the earliest: where conversations that
+            // share a system message part, which a new one comes back to.
             let n = cache.marks.len();
-            cache.marks.drain(..n.saturating_sub(MAX_MARKS));
+            if n > MAX_MARKS {
+                cache.marks.drain(1..1 + n - MAX_MARKS);
+            }
         }
         Err(e) => tracing::warn!("slot {seq}: no snapshot at position {pos}: {e}"),
     }
