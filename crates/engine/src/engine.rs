@@ -143,7 +143,15 @@ impl Engine {
             info.n_vocab,
             fingerprint(&file)
         );
-        let boundary = tokenizer.token_id("<|im_start|>");
+        let boundary = tokenizer
+            .token_id("<|im_start|>")
+            .map(|token| crate::sched::MessageStart {
+                token,
+                system: match tokenizer.encode("system", false).as_deref() {
+                    Ok([t]) => Some(*t),
+                    _ => None,
+                },
+            });
         let limits = Limits {
             n_ctx,
             n_vocab: mcfg.n_vocab,

@@ -259,10 +259,11 @@ fn a_chat_turn_reuses_the_state_up_to_where_it_diverges_with_the_bits_of_a_cold_
 
 #[test]
 fn a_new_conversation_reuses_the_system_message_of_one_that_went_on_for_turns() {
-    // A client's conversations share their first (system) message. One conversation
-    // goes on for three turns in the slot (more message starts than a slot keeps
-    // marks); a new one with the same system message still starts from its end, with
-    // the bits of a cold run.
+    // A client's conversations share their system message. One conversation goes on
+    // for three turns in the slot, each re-rendering the turn before after its user
+    // message (as agents' templates do), so the slot takes more marks than it keeps
+    // and, with the prompt cache on, comes back from it; a new conversation with the
+    // same system message still starts from its end, with the bits of a cold run.
     let dir = tempfile::tempdir().expect("tempdir");
     for arch in ARCHS {
         let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
@@ -270,37 +271,54 @@ fn a_new_conversation_reuses_the_system_message_of_one_that_went_on_for_turns() 
         let s = im_start(&cold);
         let mut system = vec![s];
         system.extend(tokens(40, 11));
-        let mut turn = system.clone();
-        let mut prompts = Vec::new();
-        for t in 0..3 {
-            for m in 0..2 {
-                turn.push(s);
-                turn.extend(tokens(10, 20 + 2 * t + m));
-            }
-            prompts.push(turn.clone());
-        }
+        let mut user = system.clone();
+        user.push(s);
+        user.extend(tokens(10, 12));
+        // The generation prompt: the assistant's role and an empty think block, which
+        // the next turn renders differently (its answer without the think block).
+        let answer = |p: &mut Vec<u32>| {
+            p.push(s);
+            p.extend(tokens(2, 7));
+        };
+        let prompts: Vec<Vec<u32>> = (0..3)
+            .map(|t| {
+                let mut p = user.clone();
+                answer(&mut p);
+                if t > 0 {
+                    p.extend(tokens(8, 20 + t));
+                    for m in 0..t {
+                        p.push(s);
+                        p.extend(tokens(8, 30 + 3 * t + m));
+                    }
+                    answer(&mut p);
+                }
+                p.extend(tokens(3, 8));
+                p
+            })
+            .collect();
         let mut other = system.clone();
         other.push(s);
         other.extend(tokens(12, 99));
         let fresh = request(other, 8, seeded(3));
         let (want, want_logits) = solo(&mut cold, &fresh);
-
-        let mut eng = engine(&path, 1, Some(0), None);
-        for p in prompts {
-            solo(&mut eng, &request(p, 4, SamplingParams::default()));
-        }
-        let (got, logits) = solo(&mut eng, &fresh);
         let reused = if arch == Arch::Qwen3Moe {
             system.len() + 1
         } else {
             system.len()
         };
-        assert_eq!(
-            got.timings.cache_n, reused,
-            "{arch:?}: reused from the slot"
-        );
-        assert_eq!(got.tokens, want.tokens, "{arch:?}");
-        assert!(logits == want_logits, "{arch:?}: logits differ");
+        for cache in [Some(0), None] {
+            let mut eng = engine(&path, 1, cache, None);
+            for p in &prompts {
+                solo(&mut eng, &request(p.clone(), 4, SamplingParams::default()));
+            }
+            let (got, logits) = solo(&mut eng, &fresh);
+            assert_eq!(
+                got.timings.cache_n, reused,
+                "{arch:?}, prompt cache {cache:?}: reused from the slot"
+            );
+            assert_eq!(got.tokens, want.tokens, "{arch:?}");
+            assert!(logits == want_logits, "{arch:?}: logits differ");
+        }
     }
 }
 

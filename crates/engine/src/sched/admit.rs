@@ -90,9 +90,18 @@ impl Scheduler {
             let hit = self.store.as_mut().and_then(|st| st.lookup(prompt));
             if let Some(hit) = hit {
                 let c = &mut self.seqs[seq];
+                // A mark is the state after its tokens: those up to where the slot's
+                // old history and the prompt part stay true of the restored one.
+                let same = c
+                    .history
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(hit.matched);
                 c.history.clear();
                 c.last_logits = None;
-                c.marks.clear();
+                c.marks.retain(|m| m.pos <= same);
                 match exec.restore(seq, &hit.snapshot, hit.matched) {
                     Ok(()) => {
                         self.seqs[seq].history = prompt[..hit.matched].to_vec();

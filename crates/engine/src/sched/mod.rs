@@ -26,6 +26,7 @@ mod seq_cache;
 mod step;
 
 pub use callbacks::RequestCallbacks;
+pub use seq_cache::MessageStart;
 
 use std::collections::VecDeque;
 
@@ -139,7 +140,7 @@ pub(crate) struct Scheduler {
     store_writer: Option<prompt_cache::Writer>,
     /// The token that starts a chat message (`<|im_start|>`), where a later prompt
     /// may diverge from this one.
-    boundary: Option<u32>,
+    boundary: Option<MessageStart>,
     /// The model has recurrent state (DeltaNet), which cannot be rewound: a slot
     /// goes back to a mark or keeps its whole history.
     recurrent: bool,
@@ -161,7 +162,7 @@ impl Scheduler {
         slots: usize,
         limits: Limits,
         recurrent: bool,
-        boundary: Option<u32>,
+        boundary: Option<MessageStart>,
         store: Option<PromptCache>,
         store_writer: Option<prompt_cache::Writer>,
     ) -> Scheduler {

@@ -90,21 +90,32 @@ pub(super) fn reusable(c: &SeqCache, prompt: &[u32], recurrent: bool) -> Reuse {
         .unwrap_or_default()
 }
 
-/// Where a request's prompt should leave marks: before the second message start
-/// (`boundary`, e.g. `<|im_start|>`: the end of the first message, the system message
-/// a new conversation of the same client shares), before each of the last two, and at
-/// its end. Only models with recurrent state need them.
-pub(super) fn mark_positions(prompt: &[u32], boundary: Option<u32>) -> Vec<(usize, bool)> {
-    let mut at: Vec<(usize, bool)> = match boundary {
-        Some(b) => prompt
-            .iter()
-            .enumerate()
-            .filter(|&(i, &t)| t == b && i > 0)
-            .map(|(i, _)| (i, true))
-            .collect(),
-        None => Vec::new(),
+/// How a chat template starts a message: its marker token (`<|im_start|>`) and, when
+/// the role is one token, the token of the system role that follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageStart {
+    pub token: u32,
+    pub system: Option<u32>,
+}
+
+/// Where a request's prompt should leave marks: before the first message that is not
+/// a system message (the end of the system prompt, which a new conversation of the
+/// same client shares), before each of the last two message starts, and at its end.
+/// Only models with recurrent state need them.
+pub(super) fn mark_positions(prompt: &[u32], start: Option<MessageStart>) -> Vec<(usize, bool)> {
+    let Some(start) = start else {
+        return vec![(prompt.len(), false)];
     };
-    let first = at.first().copied();
+    let mut at: Vec<(usize, bool)> = prompt
+        .iter()
+        .enumerate()
+        .filter(|&(i, &t)| t == start.token && i > 0)
+        .map(|(i, _)| (i, true))
+        .collect();
+    let first = at
+        .iter()
+        .copied()
+        .find(|&(i, _)| start.system.is_none() || prompt.get(i + 1) != start.system.as_ref());
     let n = at.len();
     at.drain(..n.saturating_sub(2));
     if let Some(f) = first.filter(|f| at.first() != Some(f)) {
@@ -138,6 +149,29 @@ pub(super) fn spaced_marks(
 #[cfg(test)]
 mod tests {
     use super::spaced_marks;
+
+    #[test]
+    fn the_end_of_the_system_messages_is_marked_besides_the_last_two_starts() {
+        use super::{mark_positions, MessageStart};
+        let (b, sys, user) = (1, 2, 3);
+        let start = Some(MessageStart {
+            token: b,
+            system: Some(sys),
+        });
+        // Two system messages, then four more messages.
+        let p = [b, sys, 9, b, sys, 9, b, user, 9, b, 4, 9, b, user, 9, b, 4];
+        assert_eq!(
+            mark_positions(&p, start),
+            vec![(6, true), (12, true), (15, true), (17, false)]
+        );
+        // Without the system role's token, the first message start after the first.
+        let no_role = Some(MessageStart {
+            token: b,
+            system: None,
+        });
+        assert_eq!(mark_positions(&p, no_role)[0], (3, true));
+        assert_eq!(mark_positions(&p, None), vec![(17, false)]);
+    }
 
     #[test]
     fn marks_closer_than_the_gap_are_not_taken() {
