@@ -214,12 +214,11 @@ replay_first_turns() { # dump dirs...
 if [ -z "$ONLY" ] || [ "$ONLY" = claude ]; then
   claude_session claude "Read hello.txt and tell me what it says."
   # A second session, as a new user's next `claude` run: another first prompt, so
-  # another billing-header suffix (issue 45). Its live first turn's reuse is reported
-  # (SCORIA_AGENT_EXPECT_SESSION_CACHE=1 requires it): on a hybrid model such as the
-  # demo, whether the mark at the end of the shared system prompt survives the first
-  # session's follow-up turns is the engine's choice.
-  session_check=(--report-session-cache)
-  [ "${SCORIA_AGENT_EXPECT_SESSION_CACHE:-0}" = 1 ] && session_check=(--expect-session-cache)
+  # another billing-header suffix (issue 45). Its live first turn must reuse the first
+  # session's system prompt and tools (the slot keeps its mark at their end through the
+  # first session's follow-up turns); SCORIA_AGENT_EXPECT_SESSION_CACHE=0 only reports it.
+  session_check=(--expect-session-cache)
+  [ "${SCORIA_AGENT_EXPECT_SESSION_CACHE:-1}" = 0 ] && session_check=(--report-session-cache)
   claude_session claude2 "Read hello.txt and summarize it in five words." "${session_check[@]}"
   replay_first_turns "$OUT/claude/requests" "$OUT/claude2/requests"
 fi
