@@ -119,6 +119,15 @@ settings! {
         cors_origin: Vec<String> = "server" "cors-origin", Kind::Str, NULL,
             "no CORS: browsers refuse pages of other origins",
             arg Vec<String>, value_name = "ORIGIN";
+        /// Seconds that requests still running when the server is stopped (SIGTERM,
+        /// Ctrl-C) get to finish; then each ends with a final error event. New
+        /// connections are refused from the signal on; 0 ends requests at once.
+        shutdown_grace: usize = "server" "shutdown-grace", Kind::Count { min: 0 }, json!(10),
+            "", arg Option<u64>, value_name = "SECONDS";
+        /// Seconds a client may take to send a request's body; a slower one (a body
+        /// sent byte by byte) is answered 408 and its connection closed.
+        read_timeout: usize = "server" "read-timeout", Kind::Count { min: 1 }, json!(60),
+            "", arg Option<u64>, value_name = "SECONDS";
     }
 
     /// Where and how the engine runs: shared by `serve`, `run` and `bench` (file
