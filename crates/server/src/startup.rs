@@ -87,6 +87,9 @@ pub fn core_for(
     if let Some(t) = engine.expert_stats() {
         stats.set_expert_stats(&t);
     }
+    if let Some(c) = engine.expert_reads() {
+        stats.set_expert_reads(c);
+    }
     let think_open_id = tokenizer.token_id("<think>");
     let think_close_id = tokenizer.token_id("</think>");
     let (close_tokens, close_short) = match think_close_id {
