@@ -67,6 +67,8 @@ mod agent_tests;
 #[cfg(test)]
 mod api_tests;
 #[cfg(test)]
+mod client_fault_tests;
+#[cfg(test)]
 mod http_tests;
 #[cfg(test)]
 mod prompt_tests;
