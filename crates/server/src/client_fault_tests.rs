@@ -76,9 +76,7 @@ async fn a_client_that_does_not_read_is_stopped_at_its_backlog_and_others_go_on(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_sent_byte_by_byte_is_answered_408_at_the_deadline() {
     let limit = Duration::from_millis(500);
-    let state = Setup::new("hello there")
-        .state()
-        .with_read_timeout(limit);
+    let state = Setup::new("hello there").state().with_read_timeout(limit);
     let addr = serve_state(state).await;
     let body = json!({"model": "test-model", "messages": user("hi")}).to_string();
 
@@ -118,6 +116,9 @@ async fn a_body_sent_byte_by_byte_is_answered_408_at_the_deadline() {
     );
     // Answered at the deadline, long before the body would have been complete.
     let whole = Duration::from_millis(100) * body.len() as u32;
-    assert!(waited >= limit && waited < whole / 2, "{waited:?} of {whole:?}");
+    assert!(
+        waited >= limit && waited < whole / 2,
+        "{waited:?} of {whole:?}"
+    );
     dribbler.abort();
 }

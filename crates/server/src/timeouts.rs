@@ -29,7 +29,10 @@ pub async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: N
     let path = parts.uri.path().to_string();
     let limit = state.read_timeout;
     match tokio::time::timeout(limit, axum::body::to_bytes(body, BODY_LIMIT)).await {
-        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
         Ok(Err(e)) if e.to_string().contains("length limit") => {
             StatusCode::PAYLOAD_TOO_LARGE.into_response()
         }

@@ -17,13 +17,13 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backlog::EventTx;
+use crate::metrics::Stats;
+use crate::output::StopMatcher;
 use engine::{
     Completion, EngineError, FinishReason, Flow, GenerateRequest, PromptProgress, Timings,
     TokenEvent,
 };
-use crate::backlog::EventTx;
-use crate::metrics::Stats;
-use crate::output::StopMatcher;
 
 /// What the worker drives: `engine::Engine` in the server (its scheduler, through
 /// `submit` and `step`); scripted fakes in tests, which decode one request at a time

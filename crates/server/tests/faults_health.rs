@@ -77,7 +77,11 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, S
     s.read_to_end(&mut raw).await.expect("read");
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").expect("head");
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
     (status, rest.to_string())
 }
 
@@ -155,7 +159,14 @@ async fn health_and_metrics_report_expert_read_faults() {
 
     // A read that stalls past the deadline: the request fails, /health is degraded
     // with the fault in words until the read comes back, then ok again.
-    let stall = inject(Rule::new(Site::ExpertRead, &file, Fault::Stall(Duration::from_secs(3))).times(1));
+    let stall = inject(
+        Rule::new(
+            Site::ExpertRead,
+            &file,
+            Fault::Stall(Duration::from_secs(3)),
+        )
+        .times(1),
+    );
     let (status, body) = complete(addr).await;
     assert_eq!(status, 500, "{body}");
     assert!(body.contains("deadline"), "{body}");
