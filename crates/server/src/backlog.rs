@@ -27,6 +27,10 @@ fn cost(ev: &Event) -> usize {
         }
 }
 
+/// The route has gone: the event was dropped.
+#[derive(Debug)]
+pub struct Gone;
+
 /// The worker's end of a request's events.
 pub struct EventTx {
     tx: mpsc::UnboundedSender<Event>,
@@ -57,12 +61,12 @@ pub fn channel(limit: usize) -> (EventTx, EventRx) {
 
 impl EventTx {
     /// Sends `ev` (never blocks); `Err` once the route has gone.
-    pub fn send(&self, ev: Event) -> Result<(), Event> {
+    pub fn send(&self, ev: Event) -> Result<(), Gone> {
         let n = cost(&ev);
         self.unread.fetch_add(n, Ordering::Relaxed);
-        self.tx.send(ev).map_err(|e| {
+        self.tx.send(ev).map_err(|_| {
             self.unread.fetch_sub(n, Ordering::Relaxed);
-            e.0
+            Gone
         })
     }
 

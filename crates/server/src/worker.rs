@@ -249,7 +249,7 @@ pub struct Job {
 
 /// What the worker thread is sent.
 enum Msg {
-    Job(Job),
+    Job(Box<Job>),
     /// End every request, drop the engine (which waits for the prompt cache's
     /// writes), then say so on the sender and leave.
     Stop(mpsc::Sender<()>),
@@ -284,7 +284,7 @@ impl Worker {
 
     pub fn submit(&self, job: Job) -> Result<(), String> {
         self.jobs
-            .send(Msg::Job(job))
+            .send(Msg::Job(Box::new(job)))
             .map_err(|_| "the engine worker has stopped".to_string())
     }
 
@@ -352,7 +352,7 @@ fn serve(
             .chain(std::iter::from_fn(|| rx.try_recv().ok()))
         {
             let job = match msg {
-                Msg::Job(job) => job,
+                Msg::Job(job) => *job,
                 Msg::Stop(done) => {
                     stopping.store(true, Ordering::SeqCst);
                     stop = Some(done);
