@@ -325,6 +325,8 @@ fn serve(
             // Every request has ended: dropping the engine waits for the prompt
             // cache's writer to finish what it was given.
             drop(generator);
+            // Jobs sent from here on are refused at `submit`.
+            drop(rx);
             if let Some(done) = stop {
                 let _ = done.send(());
             }
@@ -1119,5 +1121,31 @@ mod tests {
         assert_eq!(thinking_limit(8192, Some(100), 1024, 25), Some(100));
         // small budgets keep half for the answer
         assert_eq!(thinking_limit(200, None, 1024, 20), Some(80));
+    }
+
+    #[test]
+    fn a_stopping_worker_ends_requests_with_a_final_event_then_leaves() {
+        let stats = Arc::new(Stats::new());
+        let w = Worker::spawn(
+            Box::new(Scripted {
+                script: vec![2; 10],
+                eog: 5,
+            }),
+            stats,
+        )
+        .expect("spawn");
+        let (j, mut rx) = job(10, ThinkPlan::default(), vec![]);
+        w.submit(j).expect("submit");
+        assert!(matches!(rx.blocking_recv(), Some(Event::Text(t)) if t == "a"));
+        w.end_requests();
+        let (j, mut rx) = job(10, ThinkPlan::default(), vec![]);
+        w.submit(j).expect("submit");
+        match rx.blocking_recv() {
+            Some(Event::Failed(e)) => assert_eq!(e, STOPPING_TEXT),
+            other => panic!("{other:?}"),
+        }
+        assert!(w.stop(Duration::from_secs(10)), "the engine thread left");
+        let (j, _rx) = job(10, ThinkPlan::default(), vec![]);
+        assert!(w.submit(j).is_err());
     }
 }
