@@ -122,3 +122,54 @@ async fn a_body_sent_byte_by_byte_is_answered_408_at_the_deadline() {
     );
     dribbler.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_sent_byte_by_byte_have_their_connection_closed_at_the_deadline() {
+    let limit = Duration::from_millis(500);
+    let state = std::sync::Arc::new(Setup::new("hello there").state());
+    let listener = crate::timeouts::HeadDeadline {
+        listener: tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind"),
+        limit,
+    };
+    let addr = axum::serve::Listener::local_addr(&listener).expect("addr");
+    tokio::spawn(async move { axum::serve(listener, crate::app(state)).await });
+    let body = json!({"model": "test-model", "messages": user("hi")}).to_string();
+
+    let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let t0 = Instant::now();
+    let (mut r, mut w) = s.into_split();
+    let head = post("/v1/chat/completions", &body);
+    let dribbler = tokio::spawn(async move {
+        for b in head.bytes() {
+            if w.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+
+    // Meanwhile a client that sends its request at once is served (the connection
+    // limit applies per connection).
+    let ok = request(addr, "POST", "/v1/chat/completions", "", Some(&body)).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert!(ok.body.contains("hello there"), "{}", ok.body);
+
+    let mut raw = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), r.read_to_end(&mut raw))
+        .await
+        .expect("the server closes the connection");
+    let waited = t0.elapsed();
+    // Closed (a reset counts too) without an answer to a request never completed.
+    assert!(
+        read.is_err() || raw.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+    assert!(
+        waited >= limit && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    dribbler.abort();
+}

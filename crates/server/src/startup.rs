@@ -153,6 +153,10 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
                 err,
             })?;
         let bound = listener.local_addr().unwrap_or(addr);
+        let listener = crate::timeouts::HeadDeadline {
+            listener,
+            limit: Duration::from_secs(settings.server.read_timeout as u64),
+        };
         let ready: Arc<std::sync::OnceLock<Router>> = Arc::new(std::sync::OnceLock::new());
         let started = std::time::Instant::now();
         let gate = loading_gate(ready.clone(), started);
