@@ -109,6 +109,7 @@ async fn start_server(
         close_tokens: tok.encode(BUDGET_CLOSE_TEXT, true).expect("encode"),
         close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
         keepalive,
+        backlog: crate::gen::BACKLOG,
     };
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink_lines = lines.clone();

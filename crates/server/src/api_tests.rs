@@ -69,6 +69,7 @@ async fn server_with(
         close_tokens: tok.encode(BUDGET_CLOSE_TEXT, true).expect("encode"),
         close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
         keepalive: crate::gen::KEEPALIVE,
+        backlog: crate::gen::BACKLOG,
     };
     let state = Arc::new(
         AppState::new(

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
 
 use crate::access::RequestLog;
 use crate::error::ApiError;
@@ -39,7 +38,14 @@ pub struct Core {
     pub close_short: Vec<u32>,
     /// A stream that has sent nothing for this long gets a keep-alive.
     pub keepalive: Duration,
+    /// Bytes of a request's output that may wait unread before the request is
+    /// stopped (a client that does not read its stream; `backlog`).
+    pub backlog: usize,
 }
+
+/// [`Core::backlog`] in the server: tens of thousands of tokens, far more than a
+/// client that reads at all ever leaves waiting.
+pub const BACKLOG: usize = 4 << 20;
 
 /// How long a stream may stay silent before a keep-alive: well inside the idle
 /// watchdogs of agent clients (Claude Code's and Codex's are 300 s), and short enough
@@ -195,7 +201,7 @@ fn too_long(field: &str, n: &str, n_ctx: usize) -> ApiError {
 /// A running generation, read as structured pieces.
 pub struct Generation {
     pub id: u64,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: crate::backlog::EventRx,
     parser: Option<OutputParser>,
     pending: std::collections::VecDeque<Step>,
     done: bool,
@@ -372,7 +378,7 @@ pub fn start(
     };
     let id = state.next_request_id();
     log.queued(prompt.len());
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = crate::backlog::channel(core.backlog);
     let job = Job {
         id,
         req: params.request(prompt, budget, constraint),

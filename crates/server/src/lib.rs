@@ -45,6 +45,7 @@ pub mod ops;
 pub mod access;
 pub mod anthropic;
 pub mod api;
+pub mod backlog;
 pub mod device;
 pub mod error;
 pub mod gen;
@@ -58,12 +59,15 @@ pub mod settings;
 pub mod sse;
 pub mod startup;
 pub mod structured;
+pub mod timeouts;
 pub mod worker;
 
 #[cfg(test)]
 mod agent_tests;
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod client_fault_tests;
 #[cfg(test)]
 mod http_tests;
 #[cfg(test)]
@@ -106,6 +110,8 @@ pub struct AppState {
     pub access_log: access::LogSink,
     /// Origins browser pages may call from (`--cors-origin`); empty: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// How long a client may take to send a request's body (`--read-timeout`).
+    pub read_timeout: std::time::Duration,
     next_id: AtomicU64,
     /// Structured output's grammar compiler for `tokenizer`, built on first use.
     grammars: std::sync::OnceLock<Result<engine::constraint::GrammarCompiler, String>>,
@@ -132,6 +138,7 @@ impl AppState {
             core: None,
             access_log: access::tracing_sink(),
             cors_origins: Vec::new(),
+            read_timeout: timeouts::READ_TIMEOUT,
             next_id: AtomicU64::new(1),
             grammars: std::sync::OnceLock::new(),
         }
@@ -157,6 +164,12 @@ impl AppState {
     /// Answers browsers from `origins` (`*`: any) with CORS headers.
     pub fn with_cors(mut self, origins: Vec<String>) -> AppState {
         self.cors_origins = origins;
+        self
+    }
+
+    /// Gives clients `limit` to send a request's body.
+    pub fn with_read_timeout(mut self, limit: std::time::Duration) -> AppState {
+        self.read_timeout = limit;
         self
     }
 
@@ -190,6 +203,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .merge(ops::router())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            timeouts::read_body,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,

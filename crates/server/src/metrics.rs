@@ -78,6 +78,10 @@ struct Inner {
     cache: Option<engine::CacheReport>,
     /// Where the engine runs and the device memory it holds (re-read after each request).
     device: Option<engine::DeviceReport>,
+    /// What the reads of experts from the model file have done, when it is read.
+    expert_reads: Option<engine::experts::ReadCounters>,
+    /// The engine's standing fault (`Engine::standing_fault`), in words.
+    fault: Option<String>,
 }
 
 struct Queued {
@@ -580,6 +584,28 @@ impl Stats {
     /// The engine's device report (at load, then after every request).
     pub fn set_device(&self, report: engine::DeviceReport) {
         self.lock().device = Some(report);
+    }
+
+    /// The engine's counters of expert reads from the model file.
+    pub fn set_expert_reads(&self, c: engine::experts::ReadCounters) {
+        self.lock().expert_reads = Some(c);
+    }
+
+    /// The engine's standing fault now (None: healthy); logged when it appears
+    /// and when it clears.
+    pub fn set_fault(&self, fault: Option<String>) {
+        let mut g = self.lock();
+        match (&g.fault, &fault) {
+            (None, Some(f)) => tracing::error!("health: degraded: {f}"),
+            (Some(_), None) => tracing::info!("health: the fault has cleared; ok again"),
+            _ => {}
+        }
+        g.fault = fault;
+    }
+
+    /// The engine's standing fault, if one was reported.
+    pub fn fault(&self) -> Option<String> {
+        self.lock().fault.clone()
     }
 
     /// The latest device report, if the engine gave one.

@@ -202,12 +202,22 @@ fn queue_note(slots: usize) -> String {
     }
 }
 
+/// `/health`: 200 `"ok"`; 503 `"degraded"` while the engine reports a standing
+/// fault (`fault` says what and the remedy; see docs/server.md, Operations): the
+/// process is up, but requests that need what the fault holds back fail, so a load
+/// balancer should send them elsewhere until it answers 200 again.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let snap = state.stats.snapshot();
     let current = &snap["current"];
     let busy = !current.is_null();
+    let fault = state.stats.fault();
+    let (code, status) = match fault {
+        None => (StatusCode::OK, "ok"),
+        Some(_) => (StatusCode::SERVICE_UNAVAILABLE, "degraded"),
+    };
     let body = json!({
-        "status": "ok",
+        "status": status,
+        "fault": fault,
         "loading": false,
         "version": VERSION,
         "model": public_model_json(&state),
@@ -222,7 +232,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         "uptime_s": snap["uptime_s"],
         "capabilities": capabilities(&state, false),
     });
-    Json(body).into_response()
+    (code, Json(body)).into_response()
 }
 
 async fn props(State(state): State<Arc<AppState>>) -> Response {

@@ -1,8 +1,12 @@
 //! Starting the server: the settings' engine loaded behind a port that is bound
 //! first (`/health` answers `loading` until the model is in), the generation side
-//! wired to the routes, the startup lines, and a stop at Ctrl-C or SIGTERM.
+//! wired to the routes, the startup lines, and a graceful stop at Ctrl-C or SIGTERM:
+//! no new connections, `--shutdown-grace` seconds for the requests still running,
+//! then a final error event for each one left, the prompt cache's writes finished,
+//! and exit status 0.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -83,6 +87,9 @@ pub fn core_for(
     if let Some(t) = engine.expert_stats() {
         stats.set_expert_stats(&t);
     }
+    if let Some(c) = engine.expert_reads() {
+        stats.set_expert_reads(c);
+    }
     let think_open_id = tokenizer.token_id("<think>");
     let think_close_id = tokenizer.token_id("</think>");
     let (close_tokens, close_short) = match think_close_id {
@@ -109,6 +116,7 @@ pub fn core_for(
             close_tokens,
             close_short,
             keepalive: gen::KEEPALIVE,
+            backlog: gen::BACKLOG,
         },
         info,
         tokenizer,
@@ -145,10 +153,23 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
                 err,
             })?;
         let bound = listener.local_addr().unwrap_or(addr);
+        let listener = crate::timeouts::HeadDeadline {
+            listener,
+            limit: Duration::from_secs(settings.server.read_timeout as u64),
+        };
         let ready: Arc<std::sync::OnceLock<Router>> = Arc::new(std::sync::OnceLock::new());
         let started = std::time::Instant::now();
         let gate = loading_gate(ready.clone(), started);
-        let server = tokio::spawn(async move { axum::serve(listener, gate).await });
+        // Stopping: set once a signal came; the listener closes, open connections
+        // finish the response they are sending and close.
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let mut server = tokio::spawn(async move {
+            axum::serve(listener, gate)
+                .with_graceful_shutdown(async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                })
+                .await
+        });
         eprintln!("scoria serve: listening on http://{bound} (loading the model; /health reports progress)");
 
         let model_setting = settings.server.model.clone();
@@ -207,6 +228,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
                 model_id.clone(),
             )
             .with_cors(settings.server.cors_origin.clone())
+            .with_read_timeout(Duration::from_secs(settings.server.read_timeout as u64))
             .with_core(core),
         );
         // The grammar compiler walks the whole vocabulary once: do it now, off the
@@ -230,21 +252,81 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             eprintln!("scoria serve: warning: listening on {ip} with no --api-key; anyone who can reach this port can use the model");
         }
         // The gate forwards everything to the full app from here on.
-        let _ = ready.set(app(state));
+        let _ = ready.set(app(state.clone()));
         eprintln!(
             "scoria serve: ready on http://{bound} (OpenAI: /v1/chat/completions /v1/completions /v1/responses /v1/models; Anthropic: /v1/messages; /health /metrics /){}",
             if settings.api_key.is_some() { "; API key required" } else { "" }
         );
-        // Stop at Ctrl-C or SIGTERM without waiting for open streams: a client still
-        // reading sees its connection close, and the process exits promptly.
         tokio::select! {
-            r = server => r.map_err(|e| std::io::Error::other(e.to_string()))??,
-            _ = shutdown_signal() => eprintln!("scoria serve: stopping"),
+            r = &mut server => {
+                r.map_err(|e| std::io::Error::other(e.to_string()))??;
+                return Ok(());
+            }
+            _ = shutdown_signal() => {}
         }
+        let grace = Duration::from_secs(settings.server.shutdown_grace as u64);
+        stop(state, stop_tx, server, grace).await;
         Ok::<(), ServeError>(())
     });
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
     result
+}
+
+/// How long clients get to take the final events of requests ended at the grace
+/// period's end, before their connections are dropped.
+const FINAL_EVENTS: Duration = Duration::from_secs(5);
+
+/// How long the engine gets to finish the prompt cache's writes.
+const CACHE_WRITES: Duration = Duration::from_secs(30);
+
+/// The graceful stop: refuse new connections, give the requests still running
+/// `grace` to finish, end the ones left (each stream gets a final error event), wait
+/// for the engine to finish the prompt cache's writes, and return.
+async fn stop(
+    state: Arc<AppState>,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    mut server: tokio::task::JoinHandle<std::io::Result<()>>,
+    grace: Duration,
+) {
+    let running = state.stats.live_count() + state.stats.queue_depth();
+    eprintln!(
+        "scoria serve: stopping: new connections are refused; {running} request(s) still running get {} s to finish (--shutdown-grace)",
+        grace.as_secs()
+    );
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(grace, &mut server).await.is_err() {
+        let left = state.stats.live_count() + state.stats.queue_depth();
+        eprintln!("scoria serve: stopping: the grace period is over; ending the {left} request(s) still running");
+        if let Some(core) = &state.core {
+            core.worker.end_requests();
+        }
+        if tokio::time::timeout(FINAL_EVENTS, &mut server)
+            .await
+            .is_err()
+        {
+            eprintln!(
+                "scoria serve: stopping: closing the connections of clients that did not read their final events within {} s",
+                FINAL_EVENTS.as_secs()
+            );
+            server.abort();
+        }
+    }
+    let flushed = tokio::task::spawn_blocking(move || {
+        state
+            .core
+            .as_ref()
+            .is_none_or(|c| c.worker.stop(CACHE_WRITES))
+    })
+    .await
+    .unwrap_or(false);
+    if flushed {
+        eprintln!("scoria serve: stopped");
+    } else {
+        eprintln!(
+            "scoria serve: stopped; the prompt cache's writes did not finish within {} s and were abandoned (an entry is written whole or not at all)",
+            CACHE_WRITES.as_secs()
+        );
+    }
 }
 
 /// The router served while the model loads: `/health` says "loading" (503) and

@@ -56,6 +56,7 @@ impl Setup {
             close_tokens: tok.encode(BUDGET_CLOSE_TEXT, true).expect("encode"),
             close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
             keepalive: crate::gen::KEEPALIVE,
+            backlog: crate::gen::BACKLOG,
         };
         let mut info = info();
         info.n_ctx = self.n_ctx;

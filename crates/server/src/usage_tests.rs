@@ -142,6 +142,7 @@ async fn serve_with(script: &str, delay: Duration, defaults: RequestDefaults) ->
         close_tokens: tok.encode(BUDGET_CLOSE_TEXT, true).expect("encode"),
         close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
         keepalive: crate::gen::KEEPALIVE,
+        backlog: crate::gen::BACKLOG,
     };
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink = lines.clone();

@@ -12,19 +12,20 @@
 //! channel.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backlog::EventTx;
+use crate::metrics::Stats;
+use crate::output::StopMatcher;
 use engine::{
     Completion, EngineError, FinishReason, Flow, GenerateRequest, PromptProgress, Timings,
     TokenEvent,
 };
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::access::RequestLog;
-use crate::metrics::Stats;
-use crate::output::StopMatcher;
 
 /// What the worker drives: `engine::Engine` in the server (its scheduler, through
 /// `submit` and `step`); scripted fakes in tests, which decode one request at a time
@@ -86,6 +87,18 @@ pub trait Generator: Send + 'static {
     fn expert_stats(&self) -> Option<engine::experts::TierStats> {
         None
     }
+
+    /// What the reads of experts from the model file have done (reads, retries,
+    /// failures, stalls); None when no expert is read from the file.
+    fn expert_reads(&self) -> Option<engine::experts::ReadCounters> {
+        None
+    }
+
+    /// A fault that keeps some requests from being served now (the model file
+    /// changed, an expert read is stuck), in words; None while healthy.
+    fn standing_fault(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Generator for engine::Engine {
@@ -125,6 +138,14 @@ impl Generator for engine::Engine {
 
     fn expert_stats(&self) -> Option<engine::experts::TierStats> {
         engine::Engine::expert_stats(self)
+    }
+
+    fn expert_reads(&self) -> Option<engine::experts::ReadCounters> {
+        engine::Engine::expert_reads(self)
+    }
+
+    fn standing_fault(&self) -> Option<String> {
+        engine::Engine::standing_fault(self)
     }
 }
 
@@ -224,16 +245,32 @@ pub struct Job {
     pub think: ThinkPlan,
     pub stops: Vec<String>,
     pub detok: Box<dyn Detokenizer>,
-    pub tx: UnboundedSender<Event>,
     /// The request's log record: told what the engine reused and generated as it
     /// happens, so a request whose client leaves is logged with what was done.
     pub log: RequestLog,
+    /// Where its events go (`backlog::channel`: bounded by what waits unread).
+    pub tx: EventTx,
+}
+
+/// What the worker thread is sent.
+enum Msg {
+    Job(Box<Job>),
+    /// End every request, drop the engine (which waits for the prompt cache's
+    /// writes), then say so on the sender and leave.
+    Stop(mpsc::Sender<()>),
 }
 
 /// The handle routes submit jobs through.
 pub struct Worker {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Msg>,
+    /// Set when the server stops: every request ends at its next prompt piece or
+    /// token (or while queued) with an error saying so.
+    stopping: Arc<AtomicBool>,
 }
+
+/// What a request ended by the server's stop gets as its final event.
+pub const STOPPING_TEXT: &str =
+    "the server is shutting down and ended this request before it finished; retry it (on another server, or when this one is back)";
 
 /// How often the device report and expert statistics are re-read while the
 /// engine is busy (and always when it goes idle).
@@ -241,39 +278,95 @@ const REPORT_EVERY: Duration = Duration::from_millis(500);
 
 impl Worker {
     pub fn spawn(generator: Box<dyn Generator>, stats: Arc<Stats>) -> std::io::Result<Worker> {
-        let (jobs, rx) = mpsc::channel::<Job>();
+        let (jobs, rx) = mpsc::channel::<Msg>();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let flag = stopping.clone();
         std::thread::Builder::new()
             .name("scoria-engine".into())
-            .spawn(move || serve(generator, stats, rx))?;
-        Ok(Worker { jobs })
+            .spawn(move || serve(generator, stats, rx, flag))?;
+        Ok(Worker { jobs, stopping })
     }
 
     pub fn submit(&self, job: Job) -> Result<(), String> {
         self.jobs
-            .send(job)
+            .send(Msg::Job(Box::new(job)))
             .map_err(|_| "the engine worker has stopped".to_string())
+    }
+
+    /// Ends every request now (queued ones too, and any submitted later), each
+    /// with a final error event ([`STOPPING_TEXT`]); the engine stays.
+    pub fn end_requests(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends every request, then drops the engine, which waits for the prompt
+    /// cache's writes to finish; true when that was done within `wait` (else the
+    /// thread is left to it: a cache file is written whole or not at all).
+    pub fn stop(&self, wait: Duration) -> bool {
+        self.end_requests();
+        let (done, rx) = mpsc::channel();
+        if self.jobs.send(Msg::Stop(done)).is_err() {
+            return true;
+        }
+        rx.recv_timeout(wait).is_ok()
     }
 }
 
 /// The worker thread: submit what arrived, step while there is work, wait for a
 /// job when there is none.
-fn serve(mut generator: Box<dyn Generator>, stats: Arc<Stats>, rx: mpsc::Receiver<Job>) {
+fn serve(
+    mut generator: Box<dyn Generator>,
+    stats: Arc<Stats>,
+    rx: mpsc::Receiver<Msg>,
+    stopping: Arc<AtomicBool>,
+) {
     let mut busy = false;
     let mut reported = Instant::now();
+    let mut stop: Option<mpsc::Sender<()>> = None;
+    // A standing fault is re-read while idle, so /health sees it clear.
+    let mut fault = false;
     loop {
-        let first = if busy {
+        if stop.is_some() && !busy {
+            // Every request has ended: dropping the engine waits for the prompt
+            // cache's writer to finish what it was given.
+            drop(generator);
+            // Jobs sent from here on are refused at `submit`.
+            drop(rx);
+            if let Some(done) = stop {
+                let _ = done.send(());
+            }
+            return;
+        }
+        let first = if busy || stop.is_some() {
             rx.try_recv().ok()
+        } else if fault {
+            match rx.recv_timeout(REPORT_EVERY) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    fault = report_fault(generator.as_ref(), &stats);
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
         } else {
             match rx.recv() {
                 Ok(j) => Some(j),
                 Err(_) => return,
             }
         };
-        for job in first
+        for msg in first
             .into_iter()
             .chain(std::iter::from_fn(|| rx.try_recv().ok()))
         {
-            let (req, sink) = job.into_parts(&stats);
+            let job = match msg {
+                Msg::Job(job) => *job,
+                Msg::Stop(done) => {
+                    stopping.store(true, Ordering::SeqCst);
+                    stop = Some(done);
+                    continue;
+                }
+            };
+            let (req, sink) = job.into_parts(&stats, &stopping);
             // A scripted generator runs the job here; a panic fails only that job.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 generator.submit(req, sink)
@@ -311,8 +404,21 @@ fn serve(mut generator: Box<dyn Generator>, stats: Arc<Stats>, rx: mpsc::Receive
             if let Some(c) = generator.cache_report() {
                 stats.set_cache_report(c);
             }
+            fault = report_fault(generator.as_ref(), &stats);
         }
     }
+}
+
+/// Gives the statistics the engine's expert-read counters and standing fault;
+/// true while a fault stands.
+fn report_fault(generator: &dyn Generator, stats: &Stats) -> bool {
+    if let Some(c) = generator.expert_reads() {
+        stats.set_expert_reads(c);
+    }
+    let fault = generator.standing_fault();
+    let standing = fault.is_some();
+    stats.set_fault(fault);
+    standing
 }
 
 fn finish_str(f: FinishReason) -> &'static str {
@@ -325,13 +431,17 @@ fn finish_str(f: FinishReason) -> &'static str {
 
 /// Runs `job` on `generator` to its end (tests, and the scripted generators).
 pub fn run_job(generator: &mut dyn Generator, stats: &Arc<Stats>, job: Job) {
-    let (req, sink) = job.into_parts(stats);
+    let (req, sink) = job.into_parts(stats, &Arc::new(AtomicBool::new(false)));
     generator.submit(req, sink);
     while generator.step() {}
 }
 
 impl Job {
-    fn into_parts(self, stats: &Arc<Stats>) -> (GenerateRequest, Box<JobSink>) {
+    fn into_parts(
+        self,
+        stats: &Arc<Stats>,
+        stopping: &Arc<AtomicBool>,
+    ) -> (GenerateRequest, Box<JobSink>) {
         let Job {
             id,
             req,
@@ -360,6 +470,8 @@ impl Job {
             left_in_prompt: None,
             prompt_done: 0,
             finished: false,
+            stopping: stopping.clone(),
+            too_slow: false,
         };
         (req, Box::new(sink))
     }
@@ -374,7 +486,7 @@ pub struct JobSink {
     think: ThinkPlan,
     stop: StopMatcher,
     detok: Box<dyn Detokenizer>,
-    tx: UnboundedSender<Event>,
+    tx: EventTx,
     log: RequestLog,
     in_think: bool,
     closed_by_budget: bool,
@@ -387,11 +499,37 @@ pub struct JobSink {
     /// Prompt tokens in the state so far.
     prompt_done: usize,
     finished: bool,
+    /// The server is stopping ([`Worker::end_requests`]).
+    stopping: Arc<AtomicBool>,
+    /// Stopped because the client left more than the limit unread.
+    too_slow: bool,
 }
 
 impl JobSink {
     fn cancelled_now(&self) -> bool {
-        self.tx.is_closed()
+        self.tx.is_closed() || self.stopping()
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Why the server (not the model, a stop sequence or the client) ended the
+    /// request, if it did.
+    fn ended_by_server(&self, result: &Result<Completion, String>) -> Option<String> {
+        let stopped =
+            matches!(result, Ok(c) if c.finish == FinishReason::Stopped) && self.stop_hit.is_none();
+        if !stopped || self.tx.is_closed() {
+            return None;
+        }
+        if self.too_slow {
+            return Some(format!(
+                "the client did not read its stream: {} bytes of output waited unread (the limit is {}), so the request was stopped to bound the server's memory",
+                self.tx.unread(),
+                self.tx.limit()
+            ));
+        }
+        self.stopping().then(|| STOPPING_TEXT.to_string())
     }
 
     /// The request ended: the tail of the text, the statistics, and `Done` or
@@ -399,6 +537,12 @@ impl JobSink {
     pub fn finish(&mut self, result: Result<Completion, String>) {
         self.finished = true;
         let id = self.id;
+        if let Some(why) = self.ended_by_server(&result) {
+            tracing::warn!("request {id}: {why}");
+            self.stats.request_failed(id, &why);
+            let _ = self.tx.send(Event::Failed(why));
+            return;
+        }
         if !self.started {
             let why = match &result {
                 Ok(_) => "cancelled: the client left while queued".to_string(),
@@ -498,6 +642,9 @@ impl engine::RequestCallbacks for JobSink {
     fn prompt(&mut self, p: &PromptProgress) -> Flow {
         self.prompt_done = p.done;
         self.stats.prompt_progress(self.id, p.done);
+        if self.stopping() {
+            return Flow::Stop;
+        }
         if self.tx.is_closed() {
             self.left_in_prompt = Some((p.done, p.total));
             return Flow::Stop;
@@ -547,6 +694,13 @@ impl engine::RequestCallbacks for JobSink {
             self.cancelled = true;
             return Flow::Stop;
         }
+        if self.tx.over_limit() {
+            self.too_slow = true;
+            return Flow::Stop;
+        }
+        if self.stopping() {
+            return Flow::Stop;
+        }
         let think = &self.think;
         if self.in_think && !ev.forced && !self.closed_by_budget && !think.close_tokens.is_empty() {
             if let Some(limit) = think.limit {
@@ -560,7 +714,7 @@ impl engine::RequestCallbacks for JobSink {
     }
 
     fn cancelled(&self) -> bool {
-        self.tx.is_closed()
+        self.tx.is_closed() || self.stopping()
     }
 
     fn done(&mut self, result: Result<Completion, EngineError>) {
@@ -716,8 +870,8 @@ mod tests {
         script_max: usize,
         think: ThinkPlan,
         stops: Vec<String>,
-    ) -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    ) -> (Job, crate::backlog::EventRx) {
+        let (tx, rx) = crate::backlog::channel(usize::MAX);
         let job = Job {
             id: 1,
             req: GenerateRequest {
@@ -738,7 +892,7 @@ mod tests {
         (job, rx)
     }
 
-    fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (String, Finished) {
+    fn collect(mut rx: crate::backlog::EventRx) -> (String, Finished) {
         let mut text = String::new();
         loop {
             match rx.try_recv() {
@@ -824,7 +978,7 @@ mod tests {
     /// Drops the route's receiver after `n` tokens, as a client that disconnects.
     struct DropAfter {
         inner: Scripted,
-        rx: Option<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+        rx: Option<crate::backlog::EventRx>,
         n: usize,
         generated: usize,
     }
@@ -981,5 +1135,31 @@ mod tests {
         assert_eq!(thinking_limit(8192, Some(100), 1024, 25), Some(100));
         // small budgets keep half for the answer
         assert_eq!(thinking_limit(200, None, 1024, 20), Some(80));
+    }
+
+    #[test]
+    fn a_stopping_worker_ends_requests_with_a_final_event_then_leaves() {
+        let stats = Arc::new(Stats::new());
+        let w = Worker::spawn(
+            Box::new(Scripted {
+                script: vec![2; 10],
+                eog: 5,
+            }),
+            stats,
+        )
+        .expect("spawn");
+        let (j, mut rx) = job(10, ThinkPlan::default(), vec![]);
+        w.submit(j).expect("submit");
+        assert!(matches!(rx.blocking_recv(), Some(Event::Text(t)) if t == "a"));
+        w.end_requests();
+        let (j, mut rx) = job(10, ThinkPlan::default(), vec![]);
+        w.submit(j).expect("submit");
+        match rx.blocking_recv() {
+            Some(Event::Failed(e)) => assert_eq!(e, STOPPING_TEXT),
+            other => panic!("{other:?}"),
+        }
+        assert!(w.stop(Duration::from_secs(10)), "the engine thread left");
+        let (j, _rx) = job(10, ThinkPlan::default(), vec![]);
+        assert!(w.submit(j).is_err());
     }
 }

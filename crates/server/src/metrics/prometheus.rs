@@ -16,6 +16,7 @@ impl Stats {
         let t = g.totals.clone();
         let (device, tiers) = (g.device.clone(), g.expert_tiers.clone());
         let cache = g.cache.clone();
+        let (reads, fault) = (g.expert_reads, g.fault.is_some());
         let processing = g.live.len();
         let depth = g.queue.len();
         let live_tokens: usize = g.live.iter().map(|c| c.tokens).sum();
@@ -274,6 +275,43 @@ impl Stats {
             "Seconds since the server started.",
             self.started_at.elapsed().as_secs_f64(),
         );
+        metric(
+            "scoria:fault",
+            "gauge",
+            "1 while a fault keeps some requests from being served (the model file changed, an expert read is stuck): /health says degraded and why.",
+            if fault { 1.0 } else { 0.0 },
+        );
+        if let Some(r) = &reads {
+            for (name, help, v) in [
+                (
+                    "scoria:expert_reads_total",
+                    "Experts read from the model file (each once, however many tries it took).",
+                    r.experts,
+                ),
+                (
+                    "scoria:expert_read_bytes_total",
+                    "Bytes of experts read from the model file.",
+                    r.bytes,
+                ),
+                (
+                    "scoria:expert_read_retries_total",
+                    "Expert reads from the model file that failed and were tried again.",
+                    r.retries,
+                ),
+                (
+                    "scoria:expert_read_failures_total",
+                    "Experts that could not be read from the model file (after the retry, past the deadline, or from a changed file); their requests failed.",
+                    r.failed,
+                ),
+                (
+                    "scoria:expert_read_stalls_total",
+                    "Expert reads from the model file that missed their deadline.",
+                    r.stalls,
+                ),
+            ] {
+                metric(name, "counter", help, v as f64);
+            }
+        }
         if let Some(d) = &device {
             // The engine's own account (what it allocated), beside nvidia-smi's
             // whole-device numbers on the stats page.

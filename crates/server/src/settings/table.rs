@@ -119,6 +119,16 @@ settings! {
         cors_origin: Vec<String> = "server" "cors-origin", Kind::Str, NULL,
             "no CORS: browsers refuse pages of other origins",
             arg Vec<String>, value_name = "ORIGIN";
+        /// Seconds that requests still running when the server is stopped (SIGTERM,
+        /// Ctrl-C) get to finish; then each ends with a final error event. New
+        /// connections are refused from the signal on; 0 ends requests at once.
+        shutdown_grace: usize = "server" "shutdown-grace", Kind::Count { min: 0 }, json!(10),
+            "", arg Option<u64>, value_name = "SECONDS";
+        /// Seconds a client may take to send a request's headers (on a new
+        /// connection) and its body; a slower one (sending byte by byte) has its
+        /// connection closed (408 for a late body).
+        read_timeout: usize = "server" "read-timeout", Kind::Count { min: 1 }, json!(60),
+            "", arg Option<u64>, value_name = "SECONDS";
     }
 
     /// Where and how the engine runs: shared by `serve`, `run` and `bench` (file
