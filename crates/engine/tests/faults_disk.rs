@@ -10,22 +10,19 @@
 
 mod common;
 
-use common::bits;
+use common::{bits, together, Seen};
 use engine::experts::{
     AlignedBuf, ExpertIndex, ExpertReader, ReadError, ReadPolicy, ReaderOptions, RoutingProfile,
 };
 use engine::fault::{inject, Fault, Rule, Site};
-use engine::{
-    Completion, Device, Engine, EngineConfig, EngineError, Flow, GenerateRequest, RequestCallbacks,
-    TokenEvent,
-};
+use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest};
 use gguf::GgufFile;
 use model::synth::Preset;
 use model::tensors::ExpertMatrix;
 use model::{Arch, ModelConfig};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_millis(500);
@@ -339,43 +336,6 @@ fn solo(eng: &mut Engine, req: &GenerateRequest) -> Bits {
         .generate_with_logits(req, &mut |_| Flow::Continue, &mut |l| logits.push(bits(l)))
         .expect("generate");
     (c.tokens, logits)
-}
-
-#[derive(Default)]
-struct Seen {
-    tokens: Vec<u32>,
-    logits: Vec<Vec<u32>>,
-    done: Option<Result<Completion, String>>,
-}
-
-struct Collect(Arc<Mutex<Seen>>);
-
-impl RequestCallbacks for Collect {
-    fn token(&mut self, ev: &TokenEvent) -> Flow {
-        self.0.lock().unwrap().tokens.push(ev.token);
-        Flow::Continue
-    }
-    fn wants_logits(&self) -> bool {
-        true
-    }
-    fn logits(&mut self, l: &[f32]) {
-        self.0.lock().unwrap().logits.push(bits(l));
-    }
-    fn done(&mut self, r: Result<Completion, EngineError>) {
-        self.0.lock().unwrap().done = Some(r.map_err(|e| e.to_string()));
-    }
-}
-
-/// Submits every request at once and steps the engine until they end.
-fn together(eng: &mut Engine, reqs: &[GenerateRequest]) -> Vec<Seen> {
-    let seen: Vec<Arc<Mutex<Seen>>> = reqs.iter().map(|_| Arc::default()).collect();
-    for (r, s) in reqs.iter().zip(&seen) {
-        eng.submit(r.clone(), Box::new(Collect(s.clone())));
-    }
-    while eng.step() {}
-    seen.into_iter()
-        .map(|s| std::mem::take(&mut *s.lock().unwrap()))
-        .collect()
 }
 
 /// What a faulted run of A and B must show: A ended with an error containing each

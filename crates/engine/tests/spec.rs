@@ -10,13 +10,10 @@
 
 mod common;
 
-use common::bits;
+use common::{bits, Collect, Seen};
 use engine::cpu::{CpuBackend, CpuExecutor};
 use engine::exec::{Executor, SeqStep, StepOut, Want};
-use engine::{
-    Completion, Engine, EngineConfig, EngineError, Flow, GenerateRequest, RequestCallbacks,
-    SamplingParams, SpecConfig, SpecMode, TokenEvent,
-};
+use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams, SpecConfig, SpecMode};
 use gguf::GgufFile;
 use model::geometry::ARCHS;
 use model::synth::Preset;
@@ -191,48 +188,10 @@ fn seeded(seed: u64) -> SamplingParams {
     }
 }
 
-/// What a request produced: its tokens, the logits bits each came from, its end.
-#[derive(Default, Debug)]
-struct Seen {
-    tokens: Vec<u32>,
-    logits: Vec<Vec<u32>>,
-    done: Option<Result<Completion, String>>,
-}
-
-struct Collect(Arc<Mutex<Seen>>);
-
-impl RequestCallbacks for Collect {
-    fn token(&mut self, ev: &TokenEvent) -> Flow {
-        self.0.lock().unwrap().tokens.push(ev.token);
-        Flow::Continue
-    }
-    fn wants_logits(&self) -> bool {
-        true
-    }
-    fn logits(&mut self, l: &[f32]) {
-        self.0.lock().unwrap().logits.push(bits(l));
-    }
-    fn done(&mut self, r: Result<Completion, EngineError>) {
-        self.0.lock().unwrap().done = Some(r.map_err(|e| e.to_string()));
-    }
-}
-
-/// Runs `reqs` submitted together on `eng` (side by side in its slots).
-fn run_together(eng: &mut Engine, reqs: &[GenerateRequest]) -> Vec<Seen> {
-    let seen: Vec<Arc<Mutex<Seen>>> = reqs.iter().map(|_| Arc::default()).collect();
-    for (r, s) in reqs.iter().zip(&seen) {
-        eng.submit(r.clone(), Box::new(Collect(s.clone())));
-    }
-    while eng.step() {}
-    seen.into_iter()
-        .map(|s| std::mem::take(&mut *s.lock().unwrap()))
-        .collect()
-}
-
 /// Each of `reqs` alone, one after the other on `eng`.
 fn run_alone(eng: &mut Engine, reqs: &[GenerateRequest]) -> Vec<Seen> {
     reqs.iter()
-        .flat_map(|r| run_together(eng, std::slice::from_ref(r)))
+        .flat_map(|r| common::together(eng, std::slice::from_ref(r)))
         .collect()
 }
 
@@ -295,7 +254,7 @@ fn prompt_lookup_emits_the_bytes_of_plain_decoding() {
         let b = run_alone(&mut spec, &reqs);
         same(&format!("{arch} alone"), &a, &b);
         spec.reset().expect("reset");
-        let c = run_together(&mut spec, &reqs);
+        let c = common::together(&mut spec, &reqs);
         same(&format!("{arch} side by side"), &a, &c);
         let (drafted, accepted) = drafts(&b);
         assert!(drafted > 0, "{arch}: nothing was drafted");
@@ -468,7 +427,7 @@ fn demo_model_structured_and_free_requests_keep_their_bytes() {
         r.stop_at_eog = true;
     }
     let a = run_alone(&mut plain, &reqs);
-    let b = run_together(&mut spec, &reqs);
+    let b = common::together(&mut spec, &reqs);
     same("demo", &a, &b);
     let (drafted, accepted) = drafts(&b);
     eprintln!("demo: {accepted} of {drafted} drafts accepted");

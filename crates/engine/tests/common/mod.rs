@@ -67,3 +67,44 @@ pub fn decode(eng: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<
         .expect("generate");
     (c.tokens, logits)
 }
+
+/// What a request produced: its tokens, the logits bits each came from, its end.
+#[derive(Default, Debug)]
+pub struct Seen {
+    pub tokens: Vec<u32>,
+    pub logits: Vec<Vec<u32>>,
+    pub done: Option<Result<engine::Completion, String>>,
+}
+
+/// Callbacks that record a request into a [`Seen`].
+pub struct Collect(pub std::sync::Arc<std::sync::Mutex<Seen>>);
+
+impl engine::RequestCallbacks for Collect {
+    fn token(&mut self, ev: &engine::TokenEvent) -> Flow {
+        self.0.lock().unwrap().tokens.push(ev.token);
+        Flow::Continue
+    }
+    fn wants_logits(&self) -> bool {
+        true
+    }
+    fn logits(&mut self, l: &[f32]) {
+        self.0.lock().unwrap().logits.push(bits(l));
+    }
+    fn done(&mut self, r: Result<engine::Completion, engine::EngineError>) {
+        self.0.lock().unwrap().done = Some(r.map_err(|e| e.to_string()));
+    }
+}
+
+/// Submits every request at once and steps the engine until they end (side by side
+/// in its slots).
+pub fn together(eng: &mut Engine, reqs: &[GenerateRequest]) -> Vec<Seen> {
+    let seen: Vec<std::sync::Arc<std::sync::Mutex<Seen>>> =
+        reqs.iter().map(|_| Default::default()).collect();
+    for (r, s) in reqs.iter().zip(&seen) {
+        eng.submit(r.clone(), Box::new(Collect(s.clone())));
+    }
+    while eng.step() {}
+    seen.into_iter()
+        .map(|s| std::mem::take(&mut *s.lock().unwrap()))
+        .collect()
+}
