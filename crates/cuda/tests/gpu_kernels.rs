@@ -10,10 +10,14 @@
 
 #[path = "gpu_kernels/attention.rs"]
 mod attention;
+#[path = "common/blocks.rs"]
+mod blocks;
 #[path = "gpu_kernels/deltanet.rs"]
 mod deltanet;
 #[path = "gpu_kernels/graph.rs"]
 mod graph;
+#[path = "gpu_kernels/moe.rs"]
+mod moe_kernels;
 #[path = "gpu_kernels/quant.rs"]
 mod quant_kernels;
 #[path = "gpu_kernels/rows.rs"]

@@ -9,6 +9,9 @@
 //! This checks the arithmetic and bit manipulation the GPU runs, not the kernels'
 //! indexing or tiling (tests/gpu_kernels.rs does that, on a GPU).
 
+#[path = "common/blocks.rs"]
+mod blocks;
+
 use quant::GgmlType;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -75,81 +78,14 @@ fn build(dir: &Path) -> Option<PathBuf> {
     Some(exe)
 }
 
-/// Offsets of the f16 scale fields in a block, which random bytes must not fill with
-/// NaN or infinity.
-fn scale_fields(ty: GgmlType) -> (&'static [usize], usize) {
-    use GgmlType as T;
-    match ty {
-        T::Q8_0 => (&[0], 34),
-        T::Q4_0 => (&[0], 18),
-        T::Q4_K => (&[0, 2], 144),
-        T::Q5_K => (&[0, 2], 176),
-        T::Q6_K => (&[208], 210),
-        T::IQ4_XS => (&[0], 136),
-        T::Q2_K => (&[80, 82], 84),
-        T::Q3_K => (&[108], 110),
-        T::Q4_1 => (&[0, 2], 20),
-        T::Q5_0 => (&[0], 22),
-        T::Q5_1 => (&[0, 2], 24),
-        T::IQ4_NL => (&[0], 18),
-        // MXFP4's scale is a byte (e8m0), IQ1_M's f16 is spread over four words:
-        // `finite_scales` sets them.
-        T::MXFP4 => (&[], 17),
-        T::IQ1_M => (&[], 56),
-        T::TQ1_0 => (&[52], 54),
-        T::TQ2_0 => (&[64], 66),
-        T::IQ2_XXS => (&[0], 66),
-        T::IQ2_XS => (&[0], 74),
-        T::IQ2_S => (&[0], 82),
-        T::IQ3_XXS => (&[0], 98),
-        T::IQ3_S => (&[0], 110),
-        T::IQ1_S => (&[0], 50),
-        _ => (&[], 0),
-    }
-}
-
-/// A random f16 of magnitude from subnormal to ~1 (exponent field 0..15), any sign.
-fn small_f16(rng: &mut Rng) -> u16 {
-    ((rng.next_u64() as u16) & 0x83ff) | (((rng.next_u64() % 16) as u16) << 10)
-}
-
-/// The scales of a random block that are not a plain f16 field: MXFP4's e8m0 exponent
-/// (kept within 2^±20, so products stay finite) and IQ1_M's f16, whose four nibbles
-/// are the top nibbles of its four scale words.
-fn finite_scales(ty: GgmlType, blk: &mut [u8], rng: &mut Rng) {
-    match ty {
-        GgmlType::MXFP4 => blk[0] = 108 + (rng.next_u64() % 40) as u8,
-        GgmlType::IQ1_M => {
-            let d = small_f16(rng);
-            for u in 0..4 {
-                let at = 48 + 2 * u;
-                let w = u16::from_le_bytes([blk[at], blk[at + 1]]) & 0x0fff;
-                let w = w | (((d >> (4 * u)) & 0xf) << 12);
-                blk[at..at + 2].copy_from_slice(&w.to_le_bytes());
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Rows of `ty`: quantized from random values, or (for block types, `raw`) random
 /// bytes with finite random scales, which reach every bit pattern of the scale and
 /// quant fields.
 fn weights(ty: GgmlType, n_rows: usize, n_cols: usize, raw: bool, rng: &mut Rng) -> Vec<u8> {
     let rb = quant::row_bytes(ty, n_cols).expect("supported shape");
     let mut w = vec![0u8; n_rows * rb];
-    let (fields, bsize) = scale_fields(ty);
-    if raw && bsize > 0 {
-        for b in w.iter_mut() {
-            *b = rng.next_u64() as u8;
-        }
-        for blk in w.chunks_exact_mut(bsize) {
-            for &off in fields {
-                let bits = small_f16(rng);
-                blk[off..off + 2].copy_from_slice(&bits.to_le_bytes());
-            }
-            finite_scales(ty, blk, rng);
-        }
+    if raw && blocks::has_raw_form(ty) {
+        blocks::random_blocks(ty, &mut w, &mut || rng.next_u64());
     } else {
         for r in 0..n_rows {
             let scale = 0.01 + 2.0 * (r as f32 + 1.0) / n_rows as f32;
