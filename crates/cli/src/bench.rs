@@ -255,6 +255,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
         constraint: None,
         logprobs: None,
         speculative: Default::default(),
+        images: Vec::new(),
     }
 }
 

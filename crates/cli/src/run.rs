@@ -159,6 +159,7 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
         constraint: None,
         logprobs: None,
         speculative: Default::default(),
+        images: Vec::new(),
     };
     let tok = eng.tokenizer_arc();
     let mut dec = tok.stream_decoder(false);

@@ -33,6 +33,8 @@ pub struct EngineConfig {
     /// Where model steps run (None: the GPU when the build has CUDA and one is
     /// present, else the CPU).
     pub device: Option<Device>,
+    /// The vision encoder (an mmproj GGUF): requests may then carry images.
+    pub mmproj: Option<std::path::PathBuf>,
     /// Count every routing decision (`scoria profile`; read with
     /// `Engine::routing_counts`). The CPU executor records them, so this runs on the
     /// CPU; asking for it with `--device cuda` is refused.
@@ -182,6 +184,18 @@ pub struct GenerateRequest {
     /// This request's draft limits (llama-server's `speculative.n_max`/`n_min`);
     /// the engine's where `None`. Speculation never changes the tokens.
     pub speculative: crate::spec::DraftLimits,
+    /// The images of the prompt, in order: each one's rows replace the prompt's
+    /// tokens `at..at + rows` (the placeholders), which must not overlap. An engine
+    /// without a vision encoder (`EngineConfig::mmproj`) refuses a request with any.
+    pub images: Vec<PromptImage>,
+}
+
+/// One image of a prompt: its rows take the prompt's positions `at..at +
+/// image.rows(merge)`.
+#[derive(Debug, Clone)]
+pub struct PromptImage {
+    pub at: usize,
+    pub image: std::sync::Arc<model::vision::PreparedImage>,
 }
 
 impl GenerateRequest {
@@ -197,6 +211,7 @@ impl GenerateRequest {
             constraint: None,
             logprobs: None,
             speculative: Default::default(),
+            images: Vec::new(),
         }
     }
 }

@@ -82,6 +82,7 @@ fn request(
         constraint,
         logprobs: None,
         speculative: Default::default(),
+        images: Vec::new(),
     }
 }
 

@@ -61,6 +61,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Gen
         constraint: None,
         logprobs: None,
         speculative: Default::default(),
+        images: Vec::new(),
     }
 }
 
@@ -433,6 +434,7 @@ fn log_probabilities_are_the_models_and_do_not_change_what_is_decoded_alone_or_b
         .map(|(r, n)| GenerateRequest {
             logprobs: Some(n),
             speculative: Default::default(),
+            images: Vec::new(),
             ..r.clone()
         })
         .collect();

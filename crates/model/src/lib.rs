@@ -14,6 +14,7 @@ pub mod simd;
 pub mod synth;
 pub mod tensors;
 pub mod tokenizer;
+pub mod vision;
 pub mod vocab;
 pub mod weights;
 

@@ -73,6 +73,7 @@ impl GenParams {
             constraint,
             logprobs: self.logprobs,
             speculative: self.speculative,
+            images: Vec::new(),
         }
     }
 }

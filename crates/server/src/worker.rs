@@ -882,6 +882,7 @@ mod tests {
                 constraint: None,
                 logprobs: None,
                 speculative: Default::default(),
+                images: Vec::new(),
             },
             think,
             stops,

@@ -1,0 +1,1 @@
+//! From image file bytes to a [`super::PreparedImage`].
