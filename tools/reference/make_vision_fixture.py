@@ -177,17 +177,27 @@ def main() -> None:
     proc.save_pretrained(hf)
     mf.convert("qwen35moe", hf, "f32", out / "model-f32.gguf", Path(args.llamacpp))
     for outtype in ("f32", "f16"):
-        cmd_extra = ["--mmproj"]
-        spec = dict(mf.ARCHS["qwen35moe"])
-        mmproj = out / f"mmproj-{outtype}.gguf"
-        run = [sys.executable, str(HERE / "convert.py"), "--pre", spec["pre"], "--llamacpp", args.llamacpp, "--",
-               str(hf), "--outtype", outtype, "--outfile", str(mmproj), "--model-name", "scoria-tiny-vision",
-               *cmd_extra]
-        import subprocess
-        r = subprocess.run(run, capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-            raise SystemExit(f"converter failed for the mmproj ({outtype})")
+        convert_mmproj(hf, outtype, out / f"mmproj-{outtype}.gguf", args.llamacpp)
+
+    # An encoder for the demo model (models/demo.gguf, hidden 128, the real Qwen3.5
+    # vocabulary with its vision tokens): random weights, so the server's image path runs
+    # end to end on the demo model; it sees nothing.
+    demo_cfg = transformers.Qwen3_5MoeConfig(
+        text_config=text | {"hidden_size": 128}, vision_config=VISION | {"out_hidden_size": 128},
+        image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END, tie_word_embeddings=False)
+    demo_cfg.architectures = ["Qwen3_5MoeForConditionalGeneration"]
+    torch.manual_seed(SEED + 1)
+    demo = transformers.Qwen3_5MoeForConditionalGeneration._from_config(
+        demo_cfg, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        perturb_vision(demo.model.visual, torch.Generator().manual_seed(SEED + 1))
+    demo_hf = work / "hf_demo"
+    demo.save_pretrained(demo_hf, safe_serialization=True)
+    for f in tok_dir.iterdir():
+        shutil.copy(f, demo_hf / f.name)
+    proc.save_pretrained(demo_hf)
+    convert_mmproj(demo_hf, "f16", out / "mmproj-demo-f16.gguf", args.llamacpp)
     (out / "tensors.txt").write_text("\n".join(
         mf.describe_gguf(out / "mmproj-f32.gguf", gguf_mod)) + "\n")
 
@@ -215,6 +225,18 @@ def main() -> None:
     }
     (out / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
     log(f"wrote {out}")
+
+
+def convert_mmproj(hf: Path, outtype: str, mmproj: Path, llamacpp: str) -> None:
+    import subprocess
+    run = [sys.executable, str(HERE / "convert.py"), "--pre", "qwen35", "--llamacpp", llamacpp, "--",
+           str(hf), "--outtype", outtype, "--outfile", str(mmproj), "--model-name", "scoria-tiny-vision",
+           "--mmproj"]
+    log("  $ " + " ".join(run[1:]))
+    r = subprocess.run(run, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
+        raise SystemExit(f"converter failed for the mmproj {mmproj.name}")
 
 
 def log(msg: str) -> None:

@@ -46,6 +46,8 @@ pub struct Engine {
     /// The slots, the queue, the running requests and the prompt cache.
     sched: Scheduler,
     memory: MemoryAccount,
+    /// The vision encoder's configuration (`EngineConfig::mmproj`; None: text only).
+    vision: Option<model::vision::VisionConfig>,
 }
 
 impl Engine {
@@ -183,7 +185,14 @@ impl Engine {
             routing,
             sched,
             memory,
+            vision: None,
         })
+    }
+
+    /// The vision encoder's configuration, when the engine has one (`EngineConfig::mmproj`):
+    /// what image preprocessing needs, and how many rows an image takes.
+    pub fn vision(&self) -> Option<&model::vision::VisionConfig> {
+        self.vision.as_ref()
     }
 
     /// The draft source speculative decoding uses (None: off).
