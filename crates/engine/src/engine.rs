@@ -165,7 +165,11 @@ impl Engine {
             (Some(_), Some(dir)) => Some(prompt_cache::Writer::new(dir.clone(), model_id.clone())),
             _ => None,
         };
-        let memory = MemoryAccount::new(&file, &mcfg, n_ctx, parallel, prompt_cache, available);
+        let mut memory = MemoryAccount::new(&file, &mcfg, n_ctx, parallel, prompt_cache, available);
+        let vision = match &cfg.mmproj {
+            Some(p) => open_vision(p, &mcfg, report.device)?,
+            None => None,
+        };
         let drafter = choose_drafter(&cfg.spec, &mcfg, exec.as_ref())?;
         let mut sched = Scheduler::new(
             parallel,
@@ -176,6 +180,12 @@ impl Engine {
             store_writer,
         );
         sched.set_spec(cfg.spec, drafter);
+        let vision_cfg = vision.map(|v| {
+            memory.vision_bytes = v.model.bytes();
+            let c = v.model.config().clone();
+            sched.set_vision(v);
+            c
+        });
         Ok(Engine {
             info,
             cfg: mcfg,
@@ -185,7 +195,7 @@ impl Engine {
             routing,
             sched,
             memory,
-            vision: None,
+            vision: vision_cfg,
         })
     }
 
@@ -469,6 +479,48 @@ pub fn check_threads(n: usize) -> Result<(), EngineError> {
         )));
     }
     Ok(())
+}
+
+/// The vision encoder of `path` for a model of `mcfg`, refused (with the numbers) when
+/// it belongs to another model; None, with a warning, where the executor cannot take
+/// images yet (the GPU's).
+fn open_vision(
+    path: &Path,
+    mcfg: &ModelConfig,
+    device: Device,
+) -> Result<Option<crate::sched::media::Vision>, EngineError> {
+    let model = model::vision::encoder::VisionModel::open(path)?;
+    let out = model.config().out_hidden;
+    if out != mcfg.n_embd {
+        return Err(EngineError::Settings(format!(
+            "--mmproj {}: the encoder gives rows of {out} values but this model's hidden size is {}; the mmproj file belongs to another model (use the one published with it)",
+            path.display(),
+            mcfg.n_embd
+        )));
+    }
+    if mcfg.rope_sections.is_none() {
+        return Err(EngineError::Settings(format!(
+            "--mmproj {}: this model ({}) has no multimodal rotary positions (rope.dimension_sections); images need a Qwen3.5/3.6 model",
+            path.display(),
+            mcfg.arch.name()
+        )));
+    }
+    if device != Device::Cpu {
+        tracing::warn!(
+            "--mmproj {}: the GPU executor takes no images yet, so this server is text only; run with --device cpu for images",
+            path.display()
+        );
+        return Ok(None);
+    }
+    tracing::info!(
+        "vision encoder {}: {} blocks of width {}, patch {}, merge {}",
+        path.display(),
+        model.config().n_layer,
+        model.config().hidden,
+        model.config().patch_size,
+        model.config().merge
+    );
+    Ok(Some(crate::sched::media::Vision::new(model)))
 }
 
 /// The routing profile `cfg.expert_profile` names, checked against the model.

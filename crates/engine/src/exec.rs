@@ -38,6 +38,9 @@ pub struct SeqStep<'a> {
     pub tokens: &'a [u32],
     pub pos0: usize,
     pub want: Want,
+    /// Image rows and multimodal rotary positions (a prompt with images; the
+    /// default: text).
+    pub media: model::Media<'a>,
 }
 
 /// One entry's outcome in [`Executor::step_each`].

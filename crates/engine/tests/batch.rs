@@ -74,6 +74,7 @@ impl Harness {
                 tokens: t,
                 pos0: self.pos[seq],
                 want,
+                media: Default::default(),
             })
             .collect();
         let got = self.batched.step(&batch).expect("batched step");
@@ -189,18 +190,21 @@ fn check(geometry: &str, preset: Preset) {
                 tokens: &t[..1],
                 pos0: h.pos[2],
                 want: last,
+                media: Default::default(),
             },
             SeqStep {
                 seq: 0,
                 tokens: &t[..1],
                 pos0: h.pos[0],
                 want: last,
+                media: Default::default(),
             },
             SeqStep {
                 seq: 2,
                 tokens: &t[1..],
                 pos0: h.pos[2] + 1,
                 want: last,
+                media: Default::default(),
             },
         ])
         .expect_err("a sequence named twice must be refused");
@@ -215,6 +219,7 @@ fn check(geometry: &str, preset: Preset) {
             tokens: &t,
             pos0: 0,
             want: last,
+            media: Default::default(),
         }])
         .expect_err("an unknown sequence must be refused");
     assert!(

@@ -52,6 +52,7 @@ fn step(ex: &mut CpuExecutor, seq: usize, toks: &[u32], pos0: usize, want: Want)
             tokens: toks,
             pos0,
             want,
+            media: Default::default(),
         }])
         .expect("step");
     match out.into_iter().next().expect("one output") {

@@ -51,6 +51,7 @@ fn logits(exec: &mut dyn Executor, tokens: &[u32], pos0: usize, want: Want) -> V
             tokens,
             pos0,
             want,
+            media: Default::default(),
         }])
         .expect("step");
     match out.into_iter().next() {

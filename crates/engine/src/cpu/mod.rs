@@ -601,6 +601,22 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn set_row(&self, x: &mut Act, row: usize, data: &[f32]) -> Result<(), ExecError> {
+        if row >= x.rows || data.len() != x.cols {
+            return Err(ExecError::new(
+                "set_row",
+                format!(
+                    "row {row} of {} values into {} rows of {}",
+                    data.len(),
+                    x.rows,
+                    x.cols
+                ),
+            ));
+        }
+        x.data[row * x.cols..(row + 1) * x.cols].copy_from_slice(data);
+        Ok(())
+    }
+
     fn concat_rows(&self, parts: &[Act]) -> Result<Act, ExecError> {
         let cols = parts.first().map_or(0, |p| p.cols);
         if let Some(p) = parts.iter().find(|p| p.cols != cols) {
@@ -630,6 +646,7 @@ impl Backend for CpuBackend {
             rows: x.rows,
             pos0,
             state,
+            rope: None,
         };
         self.mix_segments(layer, LayerKind::Attention, slot, x, &mut [part])
     }
@@ -646,6 +663,7 @@ impl Backend for CpuBackend {
             rows: x.rows,
             pos0: 0,
             state,
+            rope: None,
         };
         self.mix_segments(layer, LayerKind::DeltaNet, slot, x, &mut [part])
     }
@@ -714,8 +732,12 @@ impl CpuBackend {
                 for p in parts.iter_mut() {
                     let n_ctx = p.state.n_ctx;
                     let cache = &mut p.state.kv[slot];
+                    let at = attention::At {
+                        pos0: p.pos0,
+                        rope: p.rope,
+                    };
                     cores.push(attention::core(
-                        self, w, &proj, r0, p.rows, p.pos0, cache, n_ctx,
+                        self, w, &proj, r0, p.rows, at, cache, n_ctx,
                     ));
                     r0 += p.rows;
                 }
@@ -905,6 +927,7 @@ impl Executor for CpuExecutor {
                 pos0: s.pos0,
                 state,
                 logits: s.want.logits(),
+                media: s.media,
             });
         }
         // A pass of a few rows (decode steps) is hundreds of short loops: they run on

@@ -123,9 +123,9 @@ impl VisionConfig {
         let n_layer = dim(f, "clip.vision.block_count")?;
         let key = "clip.vision.is_deepstack_layers";
         if let Some(v) = f.get(key) {
-            let flags = v
-                .as_array()
-                .ok_or_else(|| meta_err(key, format!("expected an array of booleans, found {v:?}")))?;
+            let flags = v.as_array().ok_or_else(|| {
+                meta_err(key, format!("expected an array of booleans, found {v:?}"))
+            })?;
             let mut deep = Vec::new();
             for (i, x) in flags.iter().enumerate() {
                 match x.as_bool() {
