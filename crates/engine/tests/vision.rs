@@ -173,6 +173,35 @@ fn an_image_request_beside_text_requests_gets_its_solo_bits() {
 }
 
 #[test]
+fn tiered_experts_give_an_image_request_the_resident_bits() {
+    let r = reference();
+    let run = |ram_budget| {
+        let mut eng = Engine::load(
+            &fixtures().join("model-f32.gguf"),
+            &EngineConfig {
+                max_context: Some(256),
+                precision: Precision::ReferenceF32,
+                device: Some(engine::Device::Cpu),
+                mmproj: Some(fixtures().join("mmproj-f32.gguf")),
+                ram_budget,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let seen = together(&mut eng, &[request(&r, image(0), 8)]).remove(0);
+        (seen, eng.expert_reads())
+    };
+    let (resident, _) = run(None);
+    // A budget of one byte: every routed expert is read from the file.
+    let (tiered, reads) = run(Some(1));
+    let reads = reads.expect("tiered");
+    assert!(reads.experts > 0, "{reads:?}");
+    assert!(tiered.done.as_ref().unwrap().is_ok(), "{:?}", tiered.done);
+    assert_eq!(tiered.tokens, resident.tokens);
+    assert_eq!(tiered.logits, resident.logits);
+}
+
+#[test]
 fn cached_state_is_shared_only_by_the_same_image() {
     let r = reference();
     // One slot, so each request meets the history the one before it left.

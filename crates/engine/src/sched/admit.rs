@@ -57,7 +57,7 @@ impl Scheduler {
         };
         let experts = exec.expert_stats();
         let mut act = Active::new(seq, req, keep, &self.limits, logits, marks, experts);
-        act.media = media::RequestMedia::new(&act.req, self.vision.as_ref());
+        act.media = media::RequestMedia::new(&act.req, self.vision.as_ref(), keep);
         act.spec = RequestSpec::new(
             self.drafter,
             &self.spec,

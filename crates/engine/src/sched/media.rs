@@ -81,7 +81,14 @@ struct Image {
     at: usize,
     rows: usize,
     image: Arc<model::vision::PreparedImage>,
-    embeds: Option<Arc<ImageEmbeds>>,
+    embeds: Embeds,
+}
+
+/// An image's rows: not needed yet, being encoded on a thread of their own, or there.
+enum Embeds {
+    Later,
+    Encoding(std::thread::JoinHandle<Result<ImageEmbeds, model::ModelError>>),
+    Ready(Arc<ImageEmbeds>),
 }
 
 /// A running request's images and rotary positions.
@@ -102,18 +109,33 @@ pub(super) struct EntryMedia {
 }
 
 impl RequestMedia {
-    /// The media of `req` (None: a text request, whose steps feed plain tokens).
-    pub fn new(req: &GenerateRequest, vision: Option<&Arc<Vision>>) -> Option<RequestMedia> {
+    /// The media of `req` (None: a text request, whose steps feed plain tokens), whose
+    /// first `kept` positions are in its slot's state already: the images past them
+    /// start encoding on threads of their own, beside the other requests' steps.
+    pub fn new(
+        req: &GenerateRequest,
+        vision: Option<&Arc<Vision>>,
+        kept: usize,
+    ) -> Option<RequestMedia> {
         let vision = vision.filter(|_| !req.images.is_empty())?;
         let merge = vision.model.config().merge;
         let images: Vec<Image> = req
             .images
             .iter()
-            .map(|im| Image {
-                at: im.at,
-                rows: im.image.rows(merge),
-                image: im.image.clone(),
-                embeds: None,
+            .map(|im| {
+                let rows = im.image.rows(merge);
+                let embeds = if im.at + rows <= kept {
+                    Embeds::Later
+                } else {
+                    let (v, img) = (vision.clone(), im.image.clone());
+                    Embeds::Encoding(std::thread::spawn(move || v.model.encode(&img)))
+                };
+                Image {
+                    at: im.at,
+                    rows,
+                    image: im.image.clone(),
+                    embeds,
+                }
             })
             .collect();
         let grids: Vec<(usize, [usize; 3])> = images
@@ -129,8 +151,25 @@ impl RequestMedia {
         })
     }
 
-    /// The media of the entry feeding positions `pos0..pos0 + n`, encoding the images
-    /// it reaches that have not been encoded yet.
+    /// Whether the images the entry feeding positions `pos0..pos0 + n` reaches are
+    /// encoded (a step that has other work leaves a prompt piece whose images are not
+    /// for later, rather than wait).
+    pub fn ready(&self, pos0: usize, n: usize) -> bool {
+        self.reached(pos0, n).all(|im| match &im.embeds {
+            Embeds::Encoding(job) => job.is_finished(),
+            Embeds::Later | Embeds::Ready(_) => true,
+        })
+    }
+
+    fn reached(&self, pos0: usize, n: usize) -> impl Iterator<Item = &Image> {
+        self.images
+            .iter()
+            .filter(move |im| im.at < pos0 + n && pos0 < im.at + im.rows)
+    }
+
+    /// The media of the entry feeding positions `pos0..pos0 + n`: the rows of the
+    /// images it reaches (waiting for their encoding, or encoding them here when a
+    /// kept prefix was expected to hold them) and every position's rotary position.
     pub fn entry(&mut self, pos0: usize, n: usize) -> Result<EntryMedia, EngineError> {
         let mut embeds = Vec::new();
         for im in &mut self.images {
@@ -138,27 +177,22 @@ impl RequestMedia {
             if lo >= hi {
                 continue;
             }
-            let e = match &im.embeds {
-                Some(e) => e.clone(),
-                None => {
-                    let t0 = std::time::Instant::now();
-                    let e = self
-                        .vision
+            let e = match std::mem::replace(&mut im.embeds, Embeds::Later) {
+                Embeds::Ready(e) => e,
+                Embeds::Encoding(job) => {
+                    let r = job.join().map_err(|_| {
+                        EngineError::Image("the encoder's thread panicked".into())
+                    })?;
+                    Arc::new(r.map_err(|e| EngineError::Image(e.to_string()))?)
+                }
+                Embeds::Later => Arc::new(
+                    self.vision
                         .model
                         .encode(&im.image)
-                        .map_err(|e| EngineError::Image(e.to_string()))?;
-                    tracing::debug!(
-                        "image {}x{} ({} rows) encoded in {:.0} ms",
-                        im.image.resized.0,
-                        im.image.resized.1,
-                        im.rows,
-                        t0.elapsed().as_secs_f64() * 1e3
-                    );
-                    let e = Arc::new(e);
-                    im.embeds = Some(e.clone());
-                    e
-                }
+                        .map_err(|e| EngineError::Image(e.to_string()))?,
+                ),
             };
+            im.embeds = Embeds::Ready(e.clone());
             for p in lo..hi {
                 embeds.push((p - pos0, e.clone(), p - im.at));
             }

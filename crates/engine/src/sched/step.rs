@@ -468,8 +468,18 @@ pub(super) fn run(
             });
         }
     }
-    // Requests with images: each entry's image rows (encoding images a step reaches
-    // for the first time) and rotary positions.
+    // A prompt piece whose images are still being encoded waits while other entries
+    // run (alone, the step waits for the encoder).
+    if entries.len() > 1 {
+        entries.retain(|e| {
+            let act = &items[e.item].0;
+            !e.prompt
+                || act.media.as_ref().is_none_or(|m| {
+                    m.ready(seqs[act.seq].history.len(), e.tokens.len())
+                })
+        });
+    }
+    // Requests with images: each entry's image rows and rotary positions.
     for e in &mut entries {
         let (act, sink) = &mut items[e.item];
         let Some(m) = act.media.as_mut() else {
