@@ -61,7 +61,7 @@ fn req<'a>(f: &'a GgufFile, key: &str) -> Result<&'a Value, ModelError> {
 fn dim(f: &GgufFile, key: &str) -> Result<usize, ModelError> {
     let v = req(f, key)?;
     match v.as_u64() {
-        Some(n) if n == 0 => Err(meta_err(key, "is 0; expected a positive integer")),
+        Some(0) => Err(meta_err(key, "is 0; expected a positive integer")),
         Some(n) if n > (1 << 20) => Err(meta_err(key, format!("value {n} is implausibly large"))),
         Some(n) => Ok(n as usize),
         None => Err(meta_err(
@@ -123,9 +123,9 @@ impl VisionConfig {
         let n_layer = dim(f, "clip.vision.block_count")?;
         let key = "clip.vision.is_deepstack_layers";
         if let Some(v) = f.get(key) {
-            let flags = v
-                .as_array()
-                .ok_or_else(|| meta_err(key, format!("expected an array of booleans, found {v:?}")))?;
+            let flags = v.as_array().ok_or_else(|| {
+                meta_err(key, format!("expected an array of booleans, found {v:?}"))
+            })?;
             let mut deep = Vec::new();
             for (i, x) in flags.iter().enumerate() {
                 match x.as_bool() {

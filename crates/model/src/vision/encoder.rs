@@ -58,14 +58,16 @@ impl LayerNorm {
     fn apply(&self, x: &[f32], eps: f32) -> Vec<f32> {
         let d = self.w.len();
         let mut y = vec![0.0f32; x.len()];
-        y.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(yr, xr)| {
-            let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
-            let var = xr.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
-            let inv = 1.0 / (var + eps as f64).sqrt();
-            for (((o, &v), &w), &b) in yr.iter_mut().zip(xr).zip(&self.w).zip(&self.b) {
-                *o = ((v as f64 - mean) * inv) as f32 * w + b;
-            }
-        });
+        y.par_chunks_mut(d)
+            .zip(x.par_chunks(d))
+            .for_each(|(yr, xr)| {
+                let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+                let var = xr.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+                let inv = 1.0 / (var + eps as f64).sqrt();
+                for (((o, &v), &w), &b) in yr.iter_mut().zip(xr).zip(&self.w).zip(&self.b) {
+                    *o = ((v as f64 - mean) * inv) as f32 * w + b;
+                }
+            });
         y
     }
 
@@ -148,7 +150,9 @@ impl Loader<'_> {
             .file
             .try_tensor_data(t)
             .map_err(|e| in_file(self.path, e))?;
-        let row_bytes = t.ty.row_bytes(ne0).filter(|&b| b * (n / ne0) == bytes.len());
+        let row_bytes =
+            t.ty.row_bytes(ne0)
+                .filter(|&b| b * (n / ne0) == bytes.len());
         let Some(row_bytes) = row_bytes else {
             return Err(in_file(
                 self.path,
@@ -383,11 +387,13 @@ impl VisionModel {
         // Keys and values head-major, so one head's rows are contiguous.
         let split = |off: usize| {
             let mut out = vec![0.0f32; n * h];
-            out.par_chunks_mut(n * hd).enumerate().for_each(|(hh, dst)| {
-                for (j, d) in dst.chunks_exact_mut(hd).enumerate() {
-                    d.copy_from_slice(&qkv[j * 3 * h + off + hh * hd..][..hd]);
-                }
-            });
+            out.par_chunks_mut(n * hd)
+                .enumerate()
+                .for_each(|(hh, dst)| {
+                    for (j, d) in dst.chunks_exact_mut(hd).enumerate() {
+                        d.copy_from_slice(&qkv[j * 3 * h + off + hh * hd..][..hd]);
+                    }
+                });
             out
         };
         let (k, v) = (split(h), split(2 * h));
@@ -528,7 +534,11 @@ fn rope_tables(cells: &[(usize, usize)], hd: usize, theta: f32) -> Rope {
     let mut cos = Vec::with_capacity(cells.len() * half);
     let mut sin = Vec::with_capacity(cells.len() * half);
     for &(r, c) in cells {
-        for a in inv.iter().map(|&f| r as f32 * f).chain(inv.iter().map(|&f| c as f32 * f)) {
+        for a in inv
+            .iter()
+            .map(|&f| r as f32 * f)
+            .chain(inv.iter().map(|&f| c as f32 * f))
+        {
             cos.push(a.cos());
             sin.push(a.sin());
         }
@@ -577,7 +587,9 @@ mod tests {
         // A one-row grid reads the table's first row.
         assert_eq!(interp_taps(0, 0, 1, 1, 4)[0], (0, 1.0));
         // Resampling a table that is linear in (row, col) gives the line exactly.
-        let table: Vec<f32> = (0..16).map(|k| (k / 4) as f32 * 10.0 + (k % 4) as f32).collect();
+        let table: Vec<f32> = (0..16)
+            .map(|k| (k / 4) as f32 * 10.0 + (k % 4) as f32)
+            .collect();
         let v: f32 = interp_taps(1, 3, 3, 5, 4)
             .iter()
             .map(|&(i, w)| w * table[i])
