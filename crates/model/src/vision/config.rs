@@ -61,7 +61,7 @@ fn req<'a>(f: &'a GgufFile, key: &str) -> Result<&'a Value, ModelError> {
 fn dim(f: &GgufFile, key: &str) -> Result<usize, ModelError> {
     let v = req(f, key)?;
     match v.as_u64() {
-        Some(n) if n == 0 => Err(meta_err(key, "is 0; expected a positive integer")),
+        Some(0) => Err(meta_err(key, "is 0; expected a positive integer")),
         Some(n) if n > (1 << 20) => Err(meta_err(key, format!("value {n} is implausibly large"))),
         Some(n) => Ok(n as usize),
         None => Err(meta_err(
