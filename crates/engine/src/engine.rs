@@ -93,7 +93,7 @@ impl Engine {
         let routing = cfg
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
-        let exec = open_executor(cfg, &file, &mcfg, weights, n_ctx, routing.clone())?;
+        let mut exec = open_executor(cfg, &file, &mcfg, weights, n_ctx, routing.clone())?;
         // The executor's slots (a tiered GPU takes one unless asked for more): the account
         // counts those (no more than the check above did).
         let parallel = exec.sequences();
@@ -170,7 +170,7 @@ impl Engine {
             Some(p) => open_vision(p, &mcfg, report.device)?,
             None => None,
         };
-        let drafter = choose_drafter(&cfg.spec, &mcfg, exec.as_ref())?;
+        let drafter = choose_drafter(&cfg.spec, &mcfg, exec.as_mut())?;
         let mut sched = Scheduler::new(
             parallel,
             limits,
@@ -597,6 +597,7 @@ fn open_executor(
             precision: cfg.precision,
             routing,
             tier,
+            hidden: Default::default(),
         };
         Ok(Box::new(CpuExecutor::new(backend, n_ctx, cpu_seqs)?))
     };
@@ -640,7 +641,7 @@ fn open_executor(
 fn choose_drafter(
     spec: &SpecConfig,
     cfg: &ModelConfig,
-    exec: &dyn Executor,
+    exec: &mut dyn Executor,
 ) -> Result<Option<Drafter>, EngineError> {
     spec.check().map_err(EngineError::Settings)?;
     let device = exec.report().device;
@@ -653,19 +654,27 @@ fn choose_drafter(
     };
     match spec.mode {
         SpecMode::Off => Ok(None),
-        SpecMode::Auto => Ok(exec.rollbacks().then_some(Drafter::Ngram)),
+        _ if !exec.rollbacks() && spec.mode == SpecMode::Auto => Ok(None),
         _ if !exec.rollbacks() => refuse(format!(
             "speculative decoding is not built for the {device} executor yet (a verify \
              step must roll the sequence back, which only the CPU executor does)"
         )),
+        // The model's own MTP block where it has one and the executor runs it, else
+        // prompt lookup.
+        SpecMode::Auto => Ok(Some(if exec.enable_mtp() {
+            Drafter::Mtp
+        } else {
+            Drafter::Ngram
+        })),
         SpecMode::Ngram => Ok(Some(Drafter::Ngram)),
         SpecMode::Mtp if cfg.n_nextn == 0 => {
             refuse("this model file has no MTP (nextn) layer".to_string())
         }
-        SpecMode::Mtp => refuse(
-            "drafting with the model's MTP layer is not built yet (prompt lookup is: \
-             --spec ngram)"
+        SpecMode::Mtp if !exec.enable_mtp() => refuse(
+            "the MTP block runs on the CPU executor with every expert resident, not with \
+             --ram-budget or while recording routing (prompt lookup does: --spec ngram)"
                 .to_string(),
         ),
+        SpecMode::Mtp => Ok(Some(Drafter::Mtp)),
     }
 }

@@ -27,6 +27,7 @@ fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig, n_seq: usize) -> Box<dyn Ex
                 precision: Default::default(),
                 routing: None,
                 tier: None,
+                hidden: Default::default(),
             };
             Box::new(CpuExecutor::new(backend, N_CTX, n_seq).expect("executor"))
         }

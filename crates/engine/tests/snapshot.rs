@@ -30,6 +30,7 @@ fn executor(path: &Path, n_seq: usize) -> (CpuExecutor, ModelConfig) {
         precision: Default::default(),
         routing: None,
         tier: None,
+        hidden: Default::default(),
     };
     (
         CpuExecutor::new(backend, N_CTX, n_seq).expect("executor"),

@@ -31,6 +31,7 @@ fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Box<dyn Executor> {
                 precision: Default::default(),
                 routing: None,
                 tier: None,
+                hidden: Default::default(),
             };
             Box::new(CpuExecutor::new(backend, 128, 1).expect("executor"))
         }

@@ -62,6 +62,16 @@ pub trait Backend {
     fn config(&self) -> &ModelConfig;
     fn new_state(&self, n_ctx: usize) -> Result<Self::State, ExecError>;
     fn embed(&self, tokens: &[u32]) -> Result<Self::Buf, ExecError>;
+    /// Whether [`forward_batch`] should hand every row's post-norm hidden state (what
+    /// the LM head reads) to [`Backend::keep_hidden`] (MTP drafts start from it).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// The post-norm hidden rows of the pass, all rows in segment order.
+    fn keep_hidden(&self, h: &Self::Buf) -> Result<(), ExecError> {
+        let _ = h;
+        Ok(())
+    }
     /// Overwrites row `row` of `x` with `data` (an image's embedding row, n_embd
     /// values). A backend that takes no images may leave the default, which refuses.
     fn set_row(&self, x: &mut Self::Buf, row: usize, data: &[f32]) -> Result<(), ExecError> {
@@ -329,6 +339,9 @@ pub fn forward_batch<B: Backend>(
         } else {
             b.add_assign(&mut x, &f)?;
         }
+    }
+    if b.wants_hidden() {
+        b.keep_hidden(&b.rms_norm(&x, Norm::Output)?)?;
     }
     if single {
         if segs[0].logits == Logits::Last {

@@ -26,7 +26,7 @@ use crate::error::EngineError;
 use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::experts::TierStats;
 use crate::sampler::Sampler;
-use crate::spec::RequestSpec;
+use crate::spec::{Drafter, RequestSpec};
 
 /// One request being decoded in a slot.
 pub(super) struct Active {
@@ -281,7 +281,21 @@ impl Active {
         }
         // A verify step emits at most one token past its drafts.
         let left = self.req.max_tokens.saturating_sub(self.out.len() + 1);
-        let mut drafts = spec.draft(&self.out, cap.min(left));
+        let mut drafts = match spec.drafter {
+            Drafter::Ngram => spec.draft(&self.out, cap.min(left)),
+            Drafter::Mtp => {
+                let Some(t) = self.pending else {
+                    return Vec::new();
+                };
+                match exec.mtp_draft(self.seq, t, spec.len(cap.min(left))) {
+                    Ok(d) => spec.enough(d),
+                    Err(e) => {
+                        tracing::warn!("slot {}: no MTP draft: {e}", self.seq);
+                        Vec::new()
+                    }
+                }
+            }
+        };
         // A lookup continued into an image would draft its rows' ids: stop before them.
         if let Some(i) = drafts.iter().position(|&t| t >= IMAGE_ID_BASE) {
             drafts.truncate(i);
