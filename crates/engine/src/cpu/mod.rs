@@ -909,19 +909,30 @@ impl Executor for CpuExecutor {
     }
 
     fn mtp_draft(&mut self, seq: usize, token: u32, k: usize) -> Result<Vec<u32>, ExecError> {
-        let Some(w) = self.backend.weights.mtp.as_ref().filter(|_| self.backend.hidden.on()) else {
+        let Some(w) = self
+            .backend
+            .weights
+            .mtp
+            .as_ref()
+            .filter(|_| self.backend.hidden.on())
+        else {
             return Ok(Vec::new());
         };
         let n = self.states.len();
         let st = self.states.get_mut(seq).ok_or_else(|| {
-            ExecError::new("mtp_draft", format!("no sequence {seq} (this executor holds {n})"))
+            ExecError::new(
+                "mtp_draft",
+                format!("no sequence {seq} (this executor holds {n})"),
+            )
         })?;
         let n_ctx = st.n_ctx;
         Ok(mtp::draft(&self.backend, w, &mut st.mtp, token, k, n_ctx))
     }
 
     fn enable_mtp(&mut self) -> bool {
-        let ok = self.backend.weights.mtp.is_some() && self.backend.tier.is_none() && self.backend.routing.is_none();
+        let ok = self.backend.weights.mtp.is_some()
+            && self.backend.tier.is_none()
+            && self.backend.routing.is_none();
         self.backend.hidden.set_on(ok);
         ok
     }
@@ -1031,7 +1042,15 @@ impl Executor for CpuExecutor {
                         data: h.data[row0 * h.cols..(row0 + n) * h.cols].to_vec(),
                     };
                     let n_ctx = seg.state.n_ctx;
-                    mtp::fill(backend, w, &mut seg.state.mtp, seg.tokens, seg.pos0, rows, n_ctx);
+                    mtp::fill(
+                        backend,
+                        w,
+                        &mut seg.state.mtp,
+                        seg.tokens,
+                        seg.pos0,
+                        rows,
+                        n_ctx,
+                    );
                 }
                 row0 += n;
             }

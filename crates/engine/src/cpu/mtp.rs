@@ -166,13 +166,24 @@ pub(super) fn fill(
         let mut hid = Act::zeros(rows, h.cols);
         for (i, p) in (first..pos0 + n).enumerate() {
             let src = if p == pos0 {
-                prev.as_ref().and_then(|p| p.as_deref()).expect("checked above")
+                prev.as_ref()
+                    .and_then(|p| p.as_deref())
+                    .expect("checked above")
             } else {
                 h.row(p - 1 - pos0)
             };
             hid.row_mut(i).copy_from_slice(src);
         }
-        pass(b, w, &tokens[first - pos0..], &hid, first, &mut st.kv, n_ctx, false);
+        pass(
+            b,
+            w,
+            &tokens[first - pos0..],
+            &hid,
+            first,
+            &mut st.kv,
+            n_ctx,
+            false,
+        );
     }
     st.len = Some(pos0 + n - 1);
     st.hidden = h;

@@ -53,7 +53,10 @@ fn without_rollback_auto_is_off_and_an_explicit_mode_is_refused() {
         ..SpecConfig::default()
     };
     // The CPU executor rolls back and runs this model's MTP block: auto drafts with it.
-    assert!(eng.cfg.n_nextn > 0, "the tiny qwen35moe geometry has an MTP block");
+    assert!(
+        eng.cfg.n_nextn > 0,
+        "the tiny qwen35moe geometry has an MTP block"
+    );
     let cpu = eng.exec.as_mut();
     assert_eq!(
         choose_drafter(&spec(SpecMode::Auto), &eng.cfg, cpu).unwrap(),

@@ -180,9 +180,9 @@ impl RequestMedia {
             let e = match std::mem::replace(&mut im.embeds, Embeds::Later) {
                 Embeds::Ready(e) => e,
                 Embeds::Encoding(job) => {
-                    let r = job.join().map_err(|_| {
-                        EngineError::Image("the encoder's thread panicked".into())
-                    })?;
+                    let r = job
+                        .join()
+                        .map_err(|_| EngineError::Image("the encoder's thread panicked".into()))?;
                     Arc::new(r.map_err(|e| EngineError::Image(e.to_string()))?)
                 }
                 Embeds::Later => Arc::new(

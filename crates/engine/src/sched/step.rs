@@ -488,9 +488,10 @@ pub(super) fn run(
         entries.retain(|e| {
             let act = &items[e.item].0;
             !e.prompt
-                || act.media.as_ref().is_none_or(|m| {
-                    m.ready(seqs[act.seq].history.len(), e.tokens.len())
-                })
+                || act
+                    .media
+                    .as_ref()
+                    .is_none_or(|m| m.ready(seqs[act.seq].history.len(), e.tokens.len()))
         });
     }
     // Requests with images: each entry's image rows and rotary positions.
