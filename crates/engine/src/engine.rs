@@ -671,8 +671,7 @@ fn choose_drafter(
             refuse("this model file has no MTP (nextn) layer".to_string())
         }
         SpecMode::Mtp if !exec.enable_mtp() => refuse(
-            "the MTP block runs on the CPU executor with every expert resident, not with \
-             --ram-budget or while recording routing (prompt lookup does: --spec ngram)"
+            "this executor does not run the MTP block yet (prompt lookup: --spec ngram)"
                 .to_string(),
         ),
         SpecMode::Mtp => Ok(Some(Drafter::Mtp)),

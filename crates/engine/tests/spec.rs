@@ -611,3 +611,45 @@ fn demo_mtp_block_matches_transformers_and_its_drafts_are_accepted() {
     eprintln!("demo: MTP {accepted} of {drafted} drafts accepted");
     assert!(accepted > 0, "{accepted} of {drafted}");
 }
+
+/// With the routed experts tiered (`--ram-budget`: read from the file when routed to),
+/// MTP drafts keep plain decoding's bytes; the MTP block reads its experts from the
+/// mapped file.
+#[test]
+fn tiered_mtp_drafts_keep_the_bytes() {
+    if common::test_device() != engine::Device::Cpu {
+        eprintln!("MTP drafts run on the CPU executor only; skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
+    let load = |mode| {
+        Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(1024),
+                device: Some(engine::Device::Cpu),
+                ram_budget: Some(1),
+                spec: SpecConfig {
+                    mode,
+                    draft_max: 3,
+                    draft_min: 0,
+                },
+                ..Default::default()
+            },
+        )
+        .expect("load")
+    };
+    let mut plain = load(SpecMode::Off);
+    let mut spec = load(SpecMode::Mtp);
+    let reqs = vec![
+        request(echoing(&mut plain, 16, 3), 40, SamplingParams::default()),
+        request(echoing(&mut plain, 10, 5), 40, seeded(2)),
+    ];
+    plain.reset().expect("reset");
+    let a = run_alone(&mut plain, &reqs);
+    let b = common::together(&mut spec, &reqs);
+    same("tiered mtp", &a, &b);
+    assert!(drafts(&b).0 > 0, "nothing drafted");
+    assert!(spec.expert_reads().expect("tiered").experts > 0);
+}

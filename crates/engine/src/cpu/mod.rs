@@ -930,9 +930,7 @@ impl Executor for CpuExecutor {
     }
 
     fn enable_mtp(&mut self) -> bool {
-        let ok = self.backend.weights.mtp.is_some()
-            && self.backend.tier.is_none()
-            && self.backend.routing.is_none();
+        let ok = self.backend.weights.mtp.is_some();
         self.backend.hidden.set_on(ok);
         ok
     }

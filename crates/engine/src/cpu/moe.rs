@@ -44,12 +44,24 @@ impl<'a> Src<'a> {
     }
 }
 
-pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act {
-    let cfg = &b.cfg;
-    let k = cfg.n_expert_used;
+/// The MTP block's MoE: its experts are read from the mapped file whatever the tier
+/// holds (the tier and the routing counts cover the trunk's layers).
+pub(super) fn run_mapped(b: &CpuBackend, w: &MoeWeights, x: &Act) -> Act {
+    let routes = routes(b, w, x);
+    experts(b, &b.cfg, w, &Src::Mapped, x, &routes)
+}
+
+fn routes(b: &CpuBackend, w: &MoeWeights, x: &Act) -> Vec<Vec<(usize, f32)>> {
+    let k = b.cfg.n_expert_used;
     let logits = b.mm_weight(&w.router, x);
     let mut routes = vec![Vec::new(); x.rows];
     quant::par::for_each_mut(&mut routes, |t, r| *r = route(logits.row(t), k));
+    routes
+}
+
+pub(super) fn run(b: &CpuBackend, layer: usize, w: &MoeWeights, x: &Act) -> Act {
+    let cfg = &b.cfg;
+    let routes = routes(b, w, x);
     if let Some(counts) = &b.routing {
         for r in &routes {
             counts.record_token(layer, r.iter().map(|&(ex, _)| ex));

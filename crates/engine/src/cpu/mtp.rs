@@ -109,7 +109,7 @@ fn pass(
     let core = attention::core(b, aw, &proj, 0, n, at, kv, n_ctx);
     add(&mut x, &b.mm_weight(&aw.o, &core));
     let hf = normed(&x, &w.layer.ffn_norm, eps);
-    add(&mut x, &moe::run(b, b.cfg.n_layer, &w.layer.moe, &hf));
+    add(&mut x, &moe::run_mapped(b, &w.layer.moe, &hf));
     let out = normed(&x, &w.head_norm, eps);
     let lg = logits.then(|| b.mm_weight(&b.weights.output, &out));
     (out, lg)
