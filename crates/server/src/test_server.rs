@@ -25,6 +25,8 @@ pub(crate) struct Setup {
     pub(crate) api_key: Option<String>,
     pub(crate) n_ctx: usize,
     pub(crate) settings: Value,
+    /// The fake engine's vision encoder (None: it takes no images).
+    pub(crate) vision: Option<model::vision::VisionConfig>,
 }
 
 impl Setup {
@@ -36,6 +38,7 @@ impl Setup {
             api_key: None,
             n_ctx: info().n_ctx,
             settings: json!({}),
+            vision: None,
         }
     }
 
@@ -57,6 +60,8 @@ impl Setup {
             close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
             keepalive: crate::gen::KEEPALIVE,
             backlog: crate::gen::BACKLOG,
+            vision: self.vision,
+            image_limits: Default::default(),
         };
         let mut info = info();
         info.n_ctx = self.n_ctx;
