@@ -246,16 +246,19 @@ fn prepare_images(
     let Some(vision) = &core.vision else {
         return Err(crate::images::no_encoder(&first.field));
     };
-    let pad = state.tokenizer.token_id(crate::images::IMAGE_PAD).ok_or_else(|| {
-        ApiError::field(
-            &first.field,
-            format!(
-                "{}: this model's vocabulary has no {} token, so it cannot take images",
-                first.field,
-                crate::images::IMAGE_PAD
-            ),
-        )
-    })?;
+    let pad = state
+        .tokenizer
+        .token_id(crate::images::IMAGE_PAD)
+        .ok_or_else(|| {
+            ApiError::field(
+                &first.field,
+                format!(
+                    "{}: this model's vocabulary has no {} token, so it cannot take images",
+                    first.field,
+                    crate::images::IMAGE_PAD
+                ),
+            )
+        })?;
     // The order the template renders them: messages in order, items in order.
     let mut order = Vec::with_capacity(conv.images.len());
     for m in &conv.messages {
@@ -271,10 +274,9 @@ fn prepare_images(
     }
     let mut prepared = Vec::with_capacity(order.len());
     for k in order {
-        let img = conv
-            .images
-            .get(k)
-            .ok_or_else(|| ApiError::internal(format!("image {k} of the conversation is missing")))?;
+        let img = conv.images.get(k).ok_or_else(|| {
+            ApiError::internal(format!("image {k} of the conversation is missing"))
+        })?;
         let p = crate::images::prepare_input(img, vision, &core.image_limits)?;
         prepared.push(Arc::new(p));
     }

@@ -132,7 +132,8 @@ pub fn prepare_input(
     limits: &ImageLimits,
 ) -> Result<PreparedImage, ApiError> {
     let bytes = decode(img)?;
-    prepare(&bytes, cfg, limits).map_err(|e| ApiError::field(&img.field, format!("{}: {e}", img.field)))
+    prepare(&bytes, cfg, limits)
+        .map_err(|e| ApiError::field(&img.field, format!("{}: {e}", img.field)))
 }
 
 /// The 400 for an image sent to a server without a vision encoder.
@@ -240,9 +241,15 @@ mod tests {
         let img = from_url("data:image/png;base64,aGk=", "f").unwrap();
         assert_eq!(&*img.base64, "aGk=");
         assert_eq!(decode(&img).unwrap(), b"hi");
-        let e = from_url("https://example.com/cat.png", "messages[0].content[1].image_url.url")
-            .unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages[0].content[1].image_url.url"));
+        let e = from_url(
+            "https://example.com/cat.png",
+            "messages[0].content[1].image_url.url",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("messages[0].content[1].image_url.url")
+        );
         assert!(e.message.contains("no outbound requests"), "{}", e.message);
         assert!(e.message.contains("data:"), "{}", e.message);
         let e = from_url("data:image/png,rawbytes", "f").unwrap_err();
@@ -253,7 +260,12 @@ mod tests {
             base64: "@@@".into(),
         };
         let e = decode(&bad).unwrap_err();
-        assert!(e.message.starts_with("x.data: the image is not valid base64"), "{}", e.message);
+        assert!(
+            e.message
+                .starts_with("x.data: the image is not valid base64"),
+            "{}",
+            e.message
+        );
         // Wrapped base64 is read.
         let wrapped = ImageInput {
             field: "f".into(),
@@ -273,7 +285,8 @@ mod tests {
 
     #[test]
     fn placeholders_expand_to_each_images_rows_in_order() {
-        let (toks, placed) = expand(&[1, 9, 2, 9, 3], 9, vec![image(2, 4), image(4, 6)], 2).unwrap();
+        let (toks, placed) =
+            expand(&[1, 9, 2, 9, 3], 9, vec![image(2, 4), image(4, 6)], 2).unwrap();
         // 2 rows, then 6.
         assert_eq!(toks, [1, 9, 9, 2, 9, 9, 9, 9, 9, 9, 3]);
         assert_eq!(placed.len(), 2);
@@ -301,7 +314,10 @@ mod tests {
         let (p, msg) = choose_mmproj(&model, None, false);
         assert_eq!(p, None);
         let msg = msg.unwrap();
-        assert!(msg.contains("mmproj-a.gguf") && msg.contains("mmproj-b.gguf"), "{msg}");
+        assert!(
+            msg.contains("mmproj-a.gguf") && msg.contains("mmproj-b.gguf"),
+            "{msg}"
+        );
         assert!(msg.contains("--mmproj FILE picks one"), "{msg}");
         // An explicit file wins.
         let (p, msg) = choose_mmproj(&model, Some(&b), true);

@@ -72,6 +72,8 @@ mod client_fault_tests;
 #[cfg(test)]
 mod http_tests;
 #[cfg(test)]
+mod image_tests;
+#[cfg(test)]
 mod prompt_tests;
 #[cfg(test)]
 mod structured_tests;

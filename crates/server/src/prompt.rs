@@ -206,7 +206,8 @@ impl Builder {
 
     /// A user turn (text, or what [`Builder::content`] made).
     pub fn user(&mut self, content: impl Into<Value>) {
-        self.turns.push(json!({"role": "user", "content": content.into()}));
+        self.turns
+            .push(json!({"role": "user", "content": content.into()}));
     }
 
     /// A message's content from its text and images: the text parts joined by

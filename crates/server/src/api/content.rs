@@ -157,7 +157,9 @@ pub fn items(
                         ApiError::field(&f, format!("{f}.{key} must be a string"))
                     })?;
                     out.push(Item::Text(t.to_string()));
-                } else if let (true, true, Some(t)) = (with_images, IMAGE_PARTS.contains(&ty), typed) {
+                } else if let (true, true, Some(t)) =
+                    (with_images, IMAGE_PARTS.contains(&ty), typed)
+                {
                     out.push(Item::Image(image(t, ty, &f)?));
                 } else if ty.contains("image")
                     || ty.contains("audio")

@@ -46,7 +46,9 @@ pub fn prepare(
         )));
     }
     if bytes.len() < 24 || &bytes[..8] != b"\x89PNG\r\n\x1a\n" || &bytes[12..16] != b"IHDR" {
-        return Err(ImageError("the image could not be decoded: not a PNG".into()));
+        return Err(ImageError(
+            "the image could not be decoded: not a PNG".into(),
+        ));
     }
     let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap()) as f64;
     let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap()) as f64;
@@ -61,7 +63,11 @@ pub fn prepare(
         hb = (h * beta / f).ceil() * f;
         wb = (w * beta / f).ceil() * f;
     }
-    let grid = [1, hb as usize / cfg.patch_size, wb as usize / cfg.patch_size];
+    let grid = [
+        1,
+        hb as usize / cfg.patch_size,
+        wb as usize / cfg.patch_size,
+    ];
     let per = 3 * cfg.temporal_patch * cfg.patch_size * cfg.patch_size;
     Ok(PreparedImage {
         pixels: vec![0.0; grid.iter().product::<usize>() * per],
