@@ -93,7 +93,7 @@ impl Engine {
         let routing = cfg
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
-        let exec = open_executor(cfg, &file, &mcfg, weights, n_ctx, routing.clone())?;
+        let mut exec = open_executor(cfg, &file, &mcfg, weights, n_ctx, routing.clone())?;
         // The executor's slots (a tiered GPU takes one unless asked for more): the account
         // counts those (no more than the check above did).
         let parallel = exec.sequences();
@@ -165,8 +165,12 @@ impl Engine {
             (Some(_), Some(dir)) => Some(prompt_cache::Writer::new(dir.clone(), model_id.clone())),
             _ => None,
         };
-        let memory = MemoryAccount::new(&file, &mcfg, n_ctx, parallel, prompt_cache, available);
-        let drafter = choose_drafter(&cfg.spec, &mcfg, exec.as_ref())?;
+        let mut memory = MemoryAccount::new(&file, &mcfg, n_ctx, parallel, prompt_cache, available);
+        let vision = match &cfg.mmproj {
+            Some(p) => open_vision(p, &mcfg, report.device)?,
+            None => None,
+        };
+        let drafter = choose_drafter(&cfg.spec, &mcfg, exec.as_mut())?;
         let mut sched = Scheduler::new(
             parallel,
             limits,
@@ -176,6 +180,12 @@ impl Engine {
             store_writer,
         );
         sched.set_spec(cfg.spec, drafter);
+        let vision_cfg = vision.map(|v| {
+            memory.vision_bytes = v.model.bytes();
+            let c = v.model.config().clone();
+            sched.set_vision(v);
+            c
+        });
         Ok(Engine {
             info,
             cfg: mcfg,
@@ -185,7 +195,7 @@ impl Engine {
             routing,
             sched,
             memory,
-            vision: None,
+            vision: vision_cfg,
         })
     }
 
@@ -471,6 +481,48 @@ pub fn check_threads(n: usize) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// The vision encoder of `path` for a model of `mcfg`, refused (with the numbers) when
+/// it belongs to another model; None, with a warning, where the executor cannot take
+/// images yet (the GPU's).
+fn open_vision(
+    path: &Path,
+    mcfg: &ModelConfig,
+    device: Device,
+) -> Result<Option<crate::sched::media::Vision>, EngineError> {
+    let model = model::vision::encoder::VisionModel::open(path)?;
+    let out = model.config().out_hidden;
+    if out != mcfg.n_embd {
+        return Err(EngineError::Settings(format!(
+            "--mmproj {}: the encoder gives rows of {out} values but this model's hidden size is {}; the mmproj file belongs to another model (use the one published with it)",
+            path.display(),
+            mcfg.n_embd
+        )));
+    }
+    if mcfg.rope_sections.is_none() {
+        return Err(EngineError::Settings(format!(
+            "--mmproj {}: this model ({}) has no multimodal rotary positions (rope.dimension_sections); images need a Qwen3.5/3.6 model",
+            path.display(),
+            mcfg.arch.name()
+        )));
+    }
+    if device != Device::Cpu {
+        tracing::warn!(
+            "--mmproj {}: the GPU executor takes no images yet, so this server is text only; run with --device cpu for images",
+            path.display()
+        );
+        return Ok(None);
+    }
+    tracing::info!(
+        "vision encoder {}: {} blocks of width {}, patch {}, merge {}",
+        path.display(),
+        model.config().n_layer,
+        model.config().hidden,
+        model.config().patch_size,
+        model.config().merge
+    );
+    Ok(Some(crate::sched::media::Vision::new(model)))
+}
+
 /// The routing profile `cfg.expert_profile` names, checked against the model.
 #[cfg(feature = "cuda")]
 fn load_profile(
@@ -545,6 +597,7 @@ fn open_executor(
             precision: cfg.precision,
             routing,
             tier,
+            hidden: Default::default(),
         };
         Ok(Box::new(CpuExecutor::new(backend, n_ctx, cpu_seqs)?))
     };
@@ -588,7 +641,7 @@ fn open_executor(
 fn choose_drafter(
     spec: &SpecConfig,
     cfg: &ModelConfig,
-    exec: &dyn Executor,
+    exec: &mut dyn Executor,
 ) -> Result<Option<Drafter>, EngineError> {
     spec.check().map_err(EngineError::Settings)?;
     let device = exec.report().device;
@@ -601,19 +654,27 @@ fn choose_drafter(
     };
     match spec.mode {
         SpecMode::Off => Ok(None),
-        SpecMode::Auto => Ok(exec.rollbacks().then_some(Drafter::Ngram)),
+        _ if !exec.rollbacks() && spec.mode == SpecMode::Auto => Ok(None),
         _ if !exec.rollbacks() => refuse(format!(
             "speculative decoding is not built for the {device} executor yet (a verify \
              step must roll the sequence back, which only the CPU executor does)"
         )),
+        // The model's own MTP block where it has one and the executor runs it, else
+        // prompt lookup.
+        SpecMode::Auto => Ok(Some(if exec.enable_mtp() {
+            Drafter::Mtp
+        } else {
+            Drafter::Ngram
+        })),
         SpecMode::Ngram => Ok(Some(Drafter::Ngram)),
         SpecMode::Mtp if cfg.n_nextn == 0 => {
             refuse("this model file has no MTP (nextn) layer".to_string())
         }
-        SpecMode::Mtp => refuse(
-            "drafting with the model's MTP layer is not built yet (prompt lookup is: \
-             --spec ngram)"
+        SpecMode::Mtp if !exec.enable_mtp() => refuse(
+            "the MTP block runs on the CPU executor with every expert resident, not with \
+             --ram-budget or while recording routing (prompt lookup does: --spec ngram)"
                 .to_string(),
         ),
+        SpecMode::Mtp => Ok(Some(Drafter::Mtp)),
     }
 }

@@ -19,6 +19,9 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary of {n_vocab} tokens")]
     BadToken { id: u32, n_vocab: usize },
+    /// A request's images cannot be taken (no encoder, misplaced rows, an encoder error).
+    #[error("image: {0}")]
+    Image(String),
     #[error("memory: {0}")]
     Memory(String),
     #[error("device: {0}")]

@@ -38,6 +38,9 @@ pub struct SeqStep<'a> {
     pub tokens: &'a [u32],
     pub pos0: usize,
     pub want: Want,
+    /// Image rows and multimodal rotary positions (a prompt with images; the
+    /// default: text).
+    pub media: model::Media<'a>,
 }
 
 /// One entry's outcome in [`Executor::step_each`].
@@ -384,6 +387,20 @@ pub trait Executor: Send {
     fn rollback(&mut self, seq: usize, pos: usize) -> Result<(), ExecError> {
         let _ = (seq, pos);
         Err(no_rollback("rollback"))
+    }
+
+    /// Keeps what MTP drafts need from now on (the trunk's hidden rows, the MTP
+    /// block's cache per sequence); false where the executor or the model has no MTP.
+    fn enable_mtp(&mut self) -> bool {
+        false
+    }
+
+    /// Up to `k` tokens the model's MTP block drafts after `token`, which the next
+    /// step feeds at sequence `seq`'s end; none where it cannot (no MTP, or a
+    /// sequence restored from a snapshot, until it is cleared).
+    fn mtp_draft(&mut self, seq: usize, token: u32, k: usize) -> Result<Vec<u32>, ExecError> {
+        let _ = (seq, token, k);
+        Ok(Vec::new())
     }
     /// Bytes the sequences' state holds now (K/V allocated so far and recurrent
     /// state), where the executor counts it.

@@ -28,6 +28,8 @@ pub struct MemoryAccount {
     pub recurrent_bytes: u64,
     /// RAM the prompt cache may hold (0: off).
     pub prompt_cache: u64,
+    /// The vision encoder's weights, dequantized in RAM (0: none).
+    pub vision_bytes: u64,
     /// MemAvailable when loading, if known.
     pub available: Option<u64>,
 }
@@ -58,6 +60,7 @@ impl MemoryAccount {
             bytes_per_position: mcfg.kv_bytes_per_position() as u64,
             recurrent_bytes: mcfg.recurrent_state_bytes() as u64,
             prompt_cache,
+            vision_bytes: 0,
             available,
         }
     }
@@ -68,7 +71,7 @@ impl MemoryAccount {
         format!(
             "weights {:.2} GiB memory-mapped ({:.2} GiB routed experts, {:.2} GiB dense); \
              KV + recurrent state up to {:.3} GiB ({} positions shared by {} slot(s) × {:.1} KiB, \
-             + {:.1} MiB recurrent per slot); prompt cache up to {:.2} GiB{}",
+             + {:.1} MiB recurrent per slot); prompt cache up to {:.2} GiB{}{}",
             gib(self.weights_mapped),
             gib(self.expert_bytes),
             gib(self.weights_mapped.saturating_sub(self.expert_bytes)),
@@ -78,6 +81,11 @@ impl MemoryAccount {
             self.bytes_per_position as f64 / 1024.0,
             self.recurrent_bytes as f64 / (1u64 << 20) as f64,
             gib(self.prompt_cache),
+            if self.vision_bytes > 0 {
+                format!("; vision encoder {:.2} GiB", gib(self.vision_bytes))
+            } else {
+                String::new()
+            },
             self.available
                 .map(|a| format!("; {:.2} GiB RAM available", gib(a)))
                 .unwrap_or_default()

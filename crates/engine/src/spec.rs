@@ -24,8 +24,9 @@ pub enum SpecMode {
     /// No speculation: one token per step.
     #[default]
     Off,
-    /// What the model file and the executor support: prompt lookup today (MTP
-    /// drafts are not built yet), nothing where the executor cannot roll back.
+    /// What the model file and the executor support: the MTP block where the model
+    /// has one and the executor runs it, else prompt lookup; nothing where the
+    /// executor cannot roll back.
     Auto,
     /// Prompt lookup: n-grams of the prompt and the generated text.
     Ngram,
@@ -120,12 +121,15 @@ pub struct DraftLimits {
 pub enum Drafter {
     /// Prompt lookup.
     Ngram,
+    /// The model's MTP block (`Executor::mtp_draft`).
+    Mtp,
 }
 
 impl fmt::Display for Drafter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Drafter::Ngram => "ngram",
+            Drafter::Mtp => "mtp",
         })
     }
 }
@@ -226,8 +230,20 @@ impl RequestSpec {
         self.text
             .extend_from_slice(&emitted[synced.min(emitted.len())..]);
         let d = match self.drafter {
-            Drafter::Ngram => ngram_draft(&self.text, self.n_max.min(self.run_cap).min(cap)),
+            Drafter::Ngram => ngram_draft(&self.text, self.len(cap)),
+            // The executor drafts (`RequestSpec::len` long).
+            Drafter::Mtp => Vec::new(),
         };
+        self.enough(d)
+    }
+
+    /// How long the next draft may be, at most `cap`.
+    pub fn len(&self, cap: usize) -> usize {
+        self.n_max.min(self.run_cap).min(cap)
+    }
+
+    /// `d`, or nothing when it is shorter than `n_min` (at least one).
+    pub fn enough(&self, d: Vec<u32>) -> Vec<u32> {
         if d.len() < self.n_min.max(1) {
             Vec::new()
         } else {

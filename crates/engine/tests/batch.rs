@@ -27,6 +27,7 @@ fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig, n_seq: usize) -> Box<dyn Ex
                 precision: Default::default(),
                 routing: None,
                 tier: None,
+                hidden: Default::default(),
             };
             Box::new(CpuExecutor::new(backend, N_CTX, n_seq).expect("executor"))
         }
@@ -74,6 +75,7 @@ impl Harness {
                 tokens: t,
                 pos0: self.pos[seq],
                 want,
+                media: Default::default(),
             })
             .collect();
         let got = self.batched.step(&batch).expect("batched step");
@@ -189,18 +191,21 @@ fn check(geometry: &str, preset: Preset) {
                 tokens: &t[..1],
                 pos0: h.pos[2],
                 want: last,
+                media: Default::default(),
             },
             SeqStep {
                 seq: 0,
                 tokens: &t[..1],
                 pos0: h.pos[0],
                 want: last,
+                media: Default::default(),
             },
             SeqStep {
                 seq: 2,
                 tokens: &t[1..],
                 pos0: h.pos[2] + 1,
                 want: last,
+                media: Default::default(),
             },
         ])
         .expect_err("a sequence named twice must be refused");
@@ -215,6 +220,7 @@ fn check(geometry: &str, preset: Preset) {
             tokens: &t,
             pos0: 0,
             want: last,
+            media: Default::default(),
         }])
         .expect_err("an unknown sequence must be refused");
     assert!(

@@ -30,6 +30,7 @@ fn executor(path: &Path, n_seq: usize) -> (CpuExecutor, ModelConfig) {
         precision: Default::default(),
         routing: None,
         tier: None,
+        hidden: Default::default(),
     };
     (
         CpuExecutor::new(backend, N_CTX, n_seq).expect("executor"),
@@ -52,6 +53,7 @@ fn step(ex: &mut CpuExecutor, seq: usize, toks: &[u32], pos0: usize, want: Want)
             tokens: toks,
             pos0,
             want,
+            media: Default::default(),
         }])
         .expect("step");
     match out.into_iter().next().expect("one output") {

@@ -31,6 +31,7 @@ fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Box<dyn Executor> {
                 precision: Default::default(),
                 routing: None,
                 tier: None,
+                hidden: Default::default(),
             };
             Box::new(CpuExecutor::new(backend, 128, 1).expect("executor"))
         }
@@ -51,6 +52,7 @@ fn logits(exec: &mut dyn Executor, tokens: &[u32], pos0: usize, want: Want) -> V
             tokens,
             pos0,
             want,
+            media: Default::default(),
         }])
         .expect("step");
     match out.into_iter().next() {
@@ -468,4 +470,144 @@ fn the_test_device_speculates_or_refuses_at_load() {
             );
         }
     }
+}
+
+/// MTP drafts (the model's own next-next-token block) emit plain decoding's bytes:
+/// alone, side by side, and on a chat turn continued from the slot's state, on every
+/// arch whose synthetic file has an MTP block (random weights: drafts are mostly
+/// rejected, which exercises the rollbacks of the MTP cache too).
+#[test]
+fn mtp_drafts_emit_the_bytes_of_plain_decoding() {
+    if common::test_device() != engine::Device::Cpu {
+        eprintln!("MTP drafts run on the CPU executor only; skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut tried = 0;
+    for arch in ARCHS {
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
+        let mut spec = match Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(2048),
+                parallel: Some(3),
+                device: Some(engine::Device::Cpu),
+                spec: SpecConfig {
+                    mode: SpecMode::Mtp,
+                    draft_max: 4,
+                    draft_min: 0,
+                },
+                ..Default::default()
+            },
+        ) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("{arch}: {e}");
+                continue;
+            }
+        };
+        tried += 1;
+        assert_eq!(spec.drafter(), Some(engine::spec::Drafter::Mtp));
+        let mut plain = engine(&path, 3, SpecMode::Off, 8);
+        let reqs = vec![
+            request(echoing(&mut plain, 30, 1), 60, SamplingParams::default()),
+            request(echoing(&mut plain, 20, 2), 60, seeded(7)),
+            request(echoing(&mut plain, 12, 4), 60, seeded(9)),
+        ];
+        plain.reset().expect("reset");
+        let a = run_alone(&mut plain, &reqs);
+        let b = run_alone(&mut spec, &reqs);
+        same(&format!("{arch} mtp alone"), &a, &b);
+        spec.reset().expect("reset");
+        let c = common::together(&mut spec, &reqs);
+        same(&format!("{arch} mtp side by side"), &a, &c);
+        let (drafted, accepted) = drafts(&b);
+        eprintln!("{arch}: MTP {accepted} of {drafted} drafts accepted");
+        assert!(drafted > 0, "{arch}: the MTP block drafted nothing");
+        let mut turn = reqs[0].prompt.clone();
+        turn.extend_from_slice(&a[0].tokens);
+        turn.extend_from_slice(&reqs[1].prompt);
+        let next = [request(turn, 30, seeded(4))];
+        let want = run_alone(&mut engine(&path, 1, SpecMode::Off, 8), &next);
+        spec.reset().expect("reset");
+        let _ = run_alone(&mut spec, &reqs[..1]);
+        let got = run_alone(&mut spec, &next);
+        same(&format!("{arch} mtp cached turn"), &want, &got);
+        assert!(drafts(&got).0 > 0, "{arch}: a continued turn drafts too");
+    }
+    assert!(tried > 0, "no arch has an MTP block");
+}
+
+/// The demo model's MTP block against transformers (`tests/fixtures/demo`: the
+/// argmax of the MTP head at each position of the reference sequence, f32 on the
+/// file's dequantized weights): the executor's one-token draft after each prefix.
+/// Then chat requests drafting with it keep plain decoding's bytes and accept drafts.
+#[test]
+fn demo_mtp_block_matches_transformers_and_its_drafts_are_accepted() {
+    if common::test_device() != engine::Device::Cpu {
+        eprintln!("MTP drafts run on the CPU executor only; skipped");
+        return;
+    }
+    let path = model::synth::demo_model_path().expect("demo model");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/demo");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("reference.json")).unwrap())
+            .unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let seq = ids(&r["sequence_ids"]);
+    let want = ids(&r["mtp"]["argmax"]);
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let cfg = ModelConfig::from_gguf(&file).unwrap();
+    let backend = CpuBackend {
+        cfg: cfg.clone(),
+        weights: ModelWeights::load(&file, &cfg).unwrap(),
+        precision: engine::Precision::ReferenceF32,
+        routing: None,
+        tier: None,
+        hidden: Default::default(),
+    };
+    let mut exec = CpuExecutor::new(backend, 512, 1).unwrap();
+    assert!(exec.enable_mtp());
+    // Row p of the reference pairs token seq[p+1] with the trunk's state at p: the
+    // draft after feeding seq[..=p] and offering seq[p+1].
+    let n = want.len().min(seq.len() - 2).min(64);
+    let mut agree = 0;
+    for p in 0..n {
+        let _ = logits(&mut exec, &seq[p..=p], p, Want::Logits(Logits::Last));
+        let d = exec.mtp_draft(0, seq[p + 1], 1).expect("draft");
+        assert_eq!(d.len(), 1, "position {p}: no draft");
+        agree += (d[0] == want[p]) as usize;
+    }
+    eprintln!("demo MTP argmax: {agree} of {n} positions as transformers");
+    assert!(agree * 100 >= n * 95, "{agree} of {n}");
+
+    let mut plain = engine(&path, 2, SpecMode::Off, 8);
+    let mut spec = engine(&path, 2, SpecMode::Mtp, 3);
+    let prompt = |text: &str| {
+        spec.tokenizer()
+            .encode_prompt(&format!(
+                "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+            ))
+            .expect("encode")
+    };
+    let reqs = vec![
+        request(
+            prompt("Write a Rust function that adds two numbers."),
+            80,
+            SamplingParams::default(),
+        ),
+        request(prompt("What is a mixture of experts?"), 80, seeded(5)),
+    ];
+    let a = run_alone(&mut plain, &reqs);
+    let b = common::together(&mut spec, &reqs);
+    same("demo mtp", &a, &b);
+    let (drafted, accepted) = drafts(&b);
+    eprintln!("demo: MTP {accepted} of {drafted} drafts accepted");
+    assert!(accepted > 0, "{accepted} of {drafted}");
 }

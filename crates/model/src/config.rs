@@ -108,6 +108,10 @@ pub struct ModelConfig {
     /// Rotated dims per head (NeoX pairing).
     pub n_rot: usize,
     pub rope_theta: f32,
+    /// `rope.dimension_sections` (qwen35moe): how many rotary pairs take the (t, h, w)
+    /// positions of multimodal rotary embeddings, interleaved. Text gives every section
+    /// the same position, where this is plain rotary.
+    pub rope_sections: Option<[usize; 4]>,
     pub eps: f32,
     pub n_expert: usize,
     pub n_expert_used: usize,
@@ -205,6 +209,24 @@ impl ModelConfig {
             None => head_dim,
         };
         let rope_theta = opt_f32(f, &k("rope.freq_base")).unwrap_or(10000.0);
+        let rope_sections = match f(&k("rope.dimension_sections")) {
+            None => None,
+            Some(v) => {
+                let bad = || ModelError::Metadata {
+                    key: k("rope.dimension_sections"),
+                    msg: format!("expected an array of 4 non-negative integers, found {v:?}"),
+                };
+                let a = v.as_array().ok_or_else(bad)?;
+                let mut out = [0usize; 4];
+                if a.len() != 4 {
+                    return Err(bad());
+                }
+                for (o, x) in out.iter_mut().zip(a) {
+                    *o = x.as_u64().ok_or_else(bad)? as usize;
+                }
+                Some(out)
+            }
+        };
         let eps = opt_f32(f, &k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6);
         let n_expert = req_usize(f, &k("expert_count"))?;
         let n_expert_used = req_usize(f, &k("expert_used_count"))?;
@@ -306,6 +328,7 @@ impl ModelConfig {
             head_dim,
             n_rot,
             rope_theta,
+            rope_sections,
             eps,
             n_expert,
             n_expert_used,

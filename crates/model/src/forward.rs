@@ -62,6 +62,25 @@ pub trait Backend {
     fn config(&self) -> &ModelConfig;
     fn new_state(&self, n_ctx: usize) -> Result<Self::State, ExecError>;
     fn embed(&self, tokens: &[u32]) -> Result<Self::Buf, ExecError>;
+    /// Whether [`forward_batch`] should hand every row's post-norm hidden state (what
+    /// the LM head reads) to [`Backend::keep_hidden`] (MTP drafts start from it).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// The post-norm hidden rows of the pass, all rows in segment order.
+    fn keep_hidden(&self, h: &Self::Buf) -> Result<(), ExecError> {
+        let _ = h;
+        Ok(())
+    }
+    /// Overwrites row `row` of `x` with `data` (an image's embedding row, n_embd
+    /// values). A backend that takes no images may leave the default, which refuses.
+    fn set_row(&self, x: &mut Self::Buf, row: usize, data: &[f32]) -> Result<(), ExecError> {
+        let _ = (x, row, data);
+        Err(ExecError::new(
+            "set_row",
+            "this executor takes no image rows (images run on the CPU executor)",
+        ))
+    }
     fn rms_norm(&self, x: &Self::Buf, which: Norm) -> Result<Self::Buf, ExecError>;
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<(), ExecError>;
     /// x += y, then the norm `which` of the new x: the residual step and the next
@@ -134,6 +153,12 @@ pub trait Backend {
         h: &Self::Buf,
         parts: &mut [SegmentRows<'_, Self::State>],
     ) -> Result<Self::Buf, ExecError> {
+        if parts.iter().any(|p| p.rope.is_some()) {
+            return Err(ExecError::new(
+                "mix_segments",
+                "this executor has no multimodal rotary positions (images run on the CPU executor)",
+            ));
+        }
         let mix = |hs: &Self::Buf, p: &mut SegmentRows<'_, Self::State>| match kind {
             LayerKind::Attention => self.attention(layer, slot, hs, p.pos0, p.state),
             LayerKind::DeltaNet => self.delta_net(layer, slot, hs, p.state),
@@ -164,6 +189,20 @@ pub struct SegmentRows<'a, S> {
     pub rows: usize,
     pub pos0: usize,
     pub state: &'a mut S,
+    /// Each row's multimodal rotary position ([`Media::rope`]; None: pos0 + row).
+    pub rope: Option<&'a [[u32; 3]]>,
+}
+
+/// What a segment feeds besides token ids, when its prompt holds images: rows whose
+/// embedding is given instead of looked up, and every row's (t, h, w) rotary position
+/// (`ModelConfig::rope_sections`). The default is a text segment: each row embeds its
+/// token and sits at pos0 + row in every section, the text path's bits exactly.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Media<'a> {
+    /// (row of the segment, its embedding: n_embd values).
+    pub embeds: &'a [(usize, &'a [f32])],
+    /// Every row's rotary position (None: pos0 + row in every section).
+    pub rope: Option<&'a [[u32; 3]]>,
 }
 
 /// One sequence's part of a [`forward_batch`]: `tokens` at positions `pos0..`,
@@ -173,6 +212,7 @@ pub struct Segment<'a, S> {
     pub pos0: usize,
     pub state: &'a mut S,
     pub logits: Logits,
+    pub media: Media<'a>,
 }
 
 /// Runs `tokens` at positions pos0.. through the model, advancing `state`, and
@@ -190,6 +230,7 @@ pub fn forward<B: Backend>(
         pos0,
         state,
         logits: which,
+        media: Media::default(),
     };
     let mut out = forward_batch(b, &mut [seg])?;
     out.pop()
@@ -235,12 +276,42 @@ pub fn forward_batch<B: Backend>(
         starts.push(n_rows);
         n_rows += s.tokens.len();
     }
-    let mut x = if single {
+    let images = segs.iter().any(|s| !s.media.embeds.is_empty());
+    let mut x = if single && !images {
         b.embed(segs[0].tokens)?
     } else {
-        let all: Vec<u32> = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let mut all: Vec<u32> = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        // Image rows' ids name the image, not a vocabulary entry: they embed token 0,
+        // and their rows are overwritten below.
+        for (s, &start) in segs.iter().zip(&starts) {
+            for &(r, _) in s.media.embeds {
+                if let Some(t) = all.get_mut(start + r) {
+                    *t = 0;
+                }
+            }
+        }
         b.embed(&all)?
     };
+    for (s, &start) in segs.iter().zip(&starts) {
+        if let Some(&(r, _)) = s.media.embeds.iter().find(|(r, _)| *r >= s.tokens.len()) {
+            return Err(ExecError::new(
+                "forward",
+                format!(
+                    "an image row at {r} lies past the segment's {} tokens",
+                    s.tokens.len()
+                ),
+            ));
+        }
+        if s.media.rope.is_some_and(|r| r.len() != s.tokens.len()) {
+            return Err(ExecError::new(
+                "forward",
+                "a segment's rotary positions do not cover its tokens",
+            ));
+        }
+        for &(r, data) in s.media.embeds {
+            b.set_row(&mut x, start + r, data)?;
+        }
+    }
     let (mut attn_slot, mut dn_slot) = (0, 0);
     let n_layer = cfg.layer_kinds.len();
     let mut h = b.rms_norm(&x, Norm::Attn(0))?;
@@ -257,6 +328,7 @@ pub fn forward_batch<B: Backend>(
                 rows: s.tokens.len(),
                 pos0: s.pos0,
                 state: &mut *s.state,
+                rope: s.media.rope,
             })
             .collect();
         let m = b.mix_segments(i, *kind, slot, &h, &mut parts)?;
@@ -267,6 +339,9 @@ pub fn forward_batch<B: Backend>(
         } else {
             b.add_assign(&mut x, &f)?;
         }
+    }
+    if b.wants_hidden() {
+        b.keep_hidden(&b.rms_norm(&x, Norm::Output)?)?;
     }
     if single {
         if segs[0].logits == Logits::Last {

@@ -19,7 +19,9 @@ pub mod vocab;
 pub mod weights;
 
 pub use config::{Arch, LayerKind, ModelConfig, SsmConfig};
-pub use forward::{forward, forward_batch, Backend, ExecError, Logits, Norm, Segment, SegmentRows};
+pub use forward::{
+    forward, forward_batch, Backend, ExecError, Logits, Media, Norm, Segment, SegmentRows,
+};
 pub use weights::ModelWeights;
 
 /// The weight types the kernels read, for messages ("F32, F16, ...").

@@ -396,6 +396,31 @@ pub fn rope_table(pos: usize, n_rot: usize, theta: f32) -> Vec<(f32, f32)> {
         .collect()
 }
 
+/// The rotary table of a token at multimodal position (t, h, w) with interleaved
+/// sections (Qwen3.5's M-RoPE, transformers' `recomposition_frequencies`): pair `i`
+/// takes the h position when `i % 3 == 1` and `i < 3 * sections[1]`, the w position when
+/// `i % 3 == 2` and `i < 3 * sections[2]`, else t. With t = h = w it is
+/// [`rope_table`] of that position, bit for bit.
+pub fn mrope_table(
+    pos: [u32; 3],
+    n_rot: usize,
+    theta: f32,
+    sections: [usize; 4],
+) -> Vec<(f32, f32)> {
+    (0..n_rot / 2)
+        .map(|i| {
+            let axis = if i % 3 == 1 && i < 3 * sections[1] {
+                1
+            } else if i % 3 == 2 && i < 3 * sections[2] {
+                2
+            } else {
+                0
+            };
+            rope_cos_sin(pos[axis] as usize, i, n_rot, theta)
+        })
+        .collect()
+}
+
 /// [`rope_neox`] with the position's [`rope_table`] (its length is n_rot / 2).
 pub fn rope_neox_with(head: &mut [f32], table: &[(f32, f32)]) {
     let half = table.len();
@@ -668,6 +693,22 @@ mod tests {
         softmax(&mut p);
         assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(p[2] > p[1] && p[1] > p[0]);
+    }
+
+    #[test]
+    fn mrope_of_equal_positions_is_rope() {
+        for p in [0u32, 7, 4095] {
+            assert_eq!(
+                mrope_table([p; 3], 64, 1e7, [11, 11, 10, 0]),
+                rope_table(p as usize, 64, 1e7)
+            );
+        }
+        // Pairs 1, 4, .. take h and 2, 5, .. take w within their sections; the rest t.
+        let t = mrope_table([1, 2, 3], 16, 1e4, [3, 3, 2, 0]);
+        let axis = [1, 2, 3, 1, 2, 3, 1, 2];
+        for (i, &(c, s)) in t.iter().enumerate() {
+            assert_eq!((c, s), rope_cos_sin(axis[i], i, 16, 1e4), "pair {i}");
+        }
     }
 
     #[test]

@@ -291,6 +291,22 @@ pub struct ModelWeights {
     /// The LM head (`output`, or `token_embd` when the file ties them).
     pub output: Weight,
     pub layers: Vec<LayerWeights>,
+    /// The first MTP (NextN) block, when the file has one: what speculative decoding
+    /// drafts with.
+    pub mtp: Option<MtpWeights>,
+}
+
+/// An MTP block: the next token's embedding and the trunk's post-norm hidden state,
+/// each RMS-normed (`enorm`, `hnorm`), joined [embedding | hidden] and projected
+/// (`eh_proj`), one full-attention layer with its MoE block, then `head_norm` before
+/// the shared LM head.
+#[derive(Debug, Clone)]
+pub struct MtpWeights {
+    pub eh_proj: Weight,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    pub head_norm: Vec<f32>,
+    pub layer: LayerWeights,
 }
 
 impl ModelWeights {
@@ -329,19 +345,48 @@ impl ModelWeights {
                 block: Some(i),
                 ..trunk
             };
-            layers.push(load_layer(&b, i)?);
+            layers.push(load_layer(&b, i, cfg.layer_kinds[i])?);
         }
+        let mtp = if cfg.n_nextn > 0 {
+            let i = cfg.n_layer;
+            let b = Tensors {
+                block: Some(i),
+                ..trunk
+            };
+            let mtp = (|| {
+                Ok::<_, ModelError>(MtpWeights {
+                    eh_proj: b.get(TensorId::NextnEhProj)?,
+                    enorm: b.vector(TensorId::NextnEnorm)?,
+                    hnorm: b.vector(TensorId::NextnHnorm)?,
+                    head_norm: b.vector(TensorId::NextnSharedHeadNorm)?,
+                    layer: load_layer(&b, i, LayerKind::Attention)?,
+                })
+            })();
+            // The trunk runs without it: a file whose MTP block cannot be read only
+            // loses MTP drafts.
+            match mtp {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    tracing::warn!("the MTP block is unusable (no MTP drafts): {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(ModelWeights {
             token_embd,
             output_norm,
             output,
             layers,
+            mtp,
         })
     }
 }
 
-/// Trunk layer `i`: its mixer by the layer's kind, then the MoE block.
-fn load_layer(b: &Tensors, i: usize) -> Result<LayerWeights, ModelError> {
+/// Block `i` (a trunk layer, or an MTP block's layer): its mixer of `kind`, then the
+/// MoE block.
+fn load_layer(b: &Tensors, i: usize, kind: LayerKind) -> Result<LayerWeights, ModelError> {
     let cfg = b.cfg;
     for r in b.table.refused {
         let name = format!("blk.{i}.{}", r.name);
@@ -350,7 +395,7 @@ fn load_layer(b: &Tensors, i: usize) -> Result<LayerWeights, ModelError> {
         }
     }
     use TensorId as T;
-    let mixer = match cfg.layer_kinds[i] {
+    let mixer = match kind {
         LayerKind::Attention => Mixer::Attention(AttentionWeights {
             q: b.get(T::AttnQ)?,
             k: b.get(T::AttnK)?,

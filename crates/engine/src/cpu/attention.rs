@@ -20,7 +20,7 @@
 //! one-position-at-a-time loop's (`tests`, and the engine's prefill == decode tests).
 
 use super::{each_row, Act, CpuBackend, KvCache, PARALLEL_ROWS};
-use model::math::{rms_norm, rope_neox_with, rope_table, sigmoid};
+use model::math::{mrope_table, rms_norm, rope_neox_with, rope_table, sigmoid};
 use model::simd::Level;
 use model::weights::AttentionWeights;
 
@@ -52,7 +52,15 @@ pub(super) fn project(b: &CpuBackend, w: &AttentionWeights, x: &Act) -> Projecti
     }
 }
 
-/// Attention of the `t_n` rows from `r0` of `proj`, at positions `pos0..`, over
+/// Where a segment's rows sit: cache positions `pos0..`, rotated at those positions
+/// or, in a prompt with images, at each row's multimodal position.
+#[derive(Clone, Copy)]
+pub(super) struct At<'a> {
+    pub pos0: usize,
+    pub rope: Option<&'a [[u32; 3]]>,
+}
+
+/// Attention of the `t_n` rows from `r0` of `proj`, at positions `at`, over
 /// `cache` (which their keys and values join): the rows before the output
 /// projection.
 #[allow(clippy::too_many_arguments)]
@@ -62,11 +70,12 @@ pub(super) fn core(
     proj: &Projections,
     r0: usize,
     t_n: usize,
-    pos0: usize,
+    at: At,
     cache: &mut KvCache,
     n_ctx: usize,
 ) -> Act {
     let cfg = &b.cfg;
+    let pos0 = at.pos0;
     let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
     assert!(
         pos0 + t_n <= n_ctx,
@@ -99,7 +108,13 @@ pub(super) fn core(
         let gate_rows = quant::par::ColumnRuns::new(&mut gate, nh * hd);
         each_row(&mut q, nh * hd, |t, qt| {
             let row = proj.q.row(r0 + t);
-            let rope = rope_table(pos0 + t, cfg.n_rot, cfg.rope_theta);
+            let rope = match (at.rope, cfg.rope_sections) {
+                (Some(r), Some(sections)) => mrope_table(r[t], cfg.n_rot, cfg.rope_theta, sections),
+                // A model without sections has one position (the engine takes images
+                // only for models with them).
+                (Some(r), None) => rope_table(r[t][0] as usize, cfg.n_rot, cfg.rope_theta),
+                (None, _) => rope_table(pos0 + t, cfg.n_rot, cfg.rope_theta),
+            };
             for (h, dst) in qt.chunks_exact_mut(hd).enumerate() {
                 dst.copy_from_slice(&row[h * q_stride..h * q_stride + hd]);
                 rms_norm(dst, &w.q_norm, cfg.eps);

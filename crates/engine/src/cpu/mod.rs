@@ -9,6 +9,7 @@
 mod attention;
 mod deltanet;
 mod moe;
+mod mtp;
 pub mod op_times;
 mod snapshot;
 pub(crate) mod team;
@@ -252,6 +253,8 @@ pub struct CpuState {
     pub keep_trail: bool,
     /// The positions of the last step's trail (None: it kept none).
     pub trail: Option<TrailSpan>,
+    /// The MTP block's cache and the trunk's last hidden rows (drafts).
+    pub mtp: mtp::MtpState,
 }
 
 impl CpuState {
@@ -269,6 +272,7 @@ impl CpuState {
         }
         self.keep_trail = false;
         self.trail = None;
+        self.mtp.clear();
     }
 
     /// Brings the sequence back to position `pos` (tokens `0..pos` fed) after a
@@ -312,6 +316,7 @@ impl CpuState {
         for c in &mut self.kv {
             c.truncate(pos);
         }
+        self.mtp.truncate(pos);
         Ok(())
     }
 
@@ -343,7 +348,7 @@ impl CpuState {
             .iter()
             .map(|d| (d.conv.capacity() + d.ssm.capacity()) * 4)
             .sum();
-        kv + dn
+        kv + dn + self.mtp.bytes()
     }
 }
 
@@ -359,6 +364,30 @@ pub struct CpuBackend {
     /// Tiered experts (`tier.rs`): a RAM copy of some, the others read from the file
     /// when routed to. `None`: every expert is read from the mapped file.
     pub tier: Option<CpuTier>,
+    /// The last pass's post-norm hidden rows, kept when MTP drafts need them.
+    pub hidden: HiddenRows,
+}
+
+/// The post-norm hidden rows (what the LM head reads) of the last pass, kept while
+/// on (`Executor::enable_mtp`).
+#[derive(Default)]
+pub struct HiddenRows {
+    on: std::sync::atomic::AtomicBool,
+    rows: std::sync::Mutex<Option<Act>>,
+}
+
+impl HiddenRows {
+    pub fn on(&self) -> bool {
+        self.on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set_on(&self, on: bool) {
+        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn take(&self) -> Option<Act> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 pub(crate) fn is_float(ty: quant::GgmlType) -> bool {
@@ -534,6 +563,7 @@ impl Backend for CpuBackend {
             dn,
             keep_trail: false,
             trail: None,
+            mtp: mtp::MtpState::new(cfg.n_head_kv * cfg.head_dim),
         })
     }
 
@@ -601,6 +631,35 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn wants_hidden(&self) -> bool {
+        self.hidden.on()
+    }
+
+    fn keep_hidden(&self, h: &Act) -> Result<(), ExecError> {
+        *self.hidden.rows.lock().unwrap_or_else(|e| e.into_inner()) = Some(Act {
+            rows: h.rows,
+            cols: h.cols,
+            data: h.data.clone(),
+        });
+        Ok(())
+    }
+
+    fn set_row(&self, x: &mut Act, row: usize, data: &[f32]) -> Result<(), ExecError> {
+        if row >= x.rows || data.len() != x.cols {
+            return Err(ExecError::new(
+                "set_row",
+                format!(
+                    "row {row} of {} values into {} rows of {}",
+                    data.len(),
+                    x.rows,
+                    x.cols
+                ),
+            ));
+        }
+        x.data[row * x.cols..(row + 1) * x.cols].copy_from_slice(data);
+        Ok(())
+    }
+
     fn concat_rows(&self, parts: &[Act]) -> Result<Act, ExecError> {
         let cols = parts.first().map_or(0, |p| p.cols);
         if let Some(p) = parts.iter().find(|p| p.cols != cols) {
@@ -630,6 +689,7 @@ impl Backend for CpuBackend {
             rows: x.rows,
             pos0,
             state,
+            rope: None,
         };
         self.mix_segments(layer, LayerKind::Attention, slot, x, &mut [part])
     }
@@ -646,6 +706,7 @@ impl Backend for CpuBackend {
             rows: x.rows,
             pos0: 0,
             state,
+            rope: None,
         };
         self.mix_segments(layer, LayerKind::DeltaNet, slot, x, &mut [part])
     }
@@ -714,8 +775,12 @@ impl CpuBackend {
                 for p in parts.iter_mut() {
                     let n_ctx = p.state.n_ctx;
                     let cache = &mut p.state.kv[slot];
+                    let at = attention::At {
+                        pos0: p.pos0,
+                        rope: p.rope,
+                    };
                     cores.push(attention::core(
-                        self, w, &proj, r0, p.rows, p.pos0, cache, n_ctx,
+                        self, w, &proj, r0, p.rows, at, cache, n_ctx,
                     ));
                     r0 += p.rows;
                 }
@@ -832,11 +897,44 @@ impl Executor for CpuExecutor {
     }
 
     fn restore(&mut self, seq: usize, snap: &SeqSnapshot, upto: usize) -> Result<(), ExecError> {
-        snapshot::restore(self.state_mut("restore", seq)?, snap, upto)
+        let st = self.state_mut("restore", seq)?;
+        st.mtp.lose();
+        snapshot::restore(st, snap, upto)
     }
 
     fn restore_recurrent(&mut self, seq: usize, snap: &SeqSnapshot) -> Result<(), ExecError> {
-        snapshot::restore_recurrent(self.state_mut("restore_recurrent", seq)?, snap)
+        let st = self.state_mut("restore_recurrent", seq)?;
+        st.mtp.lose();
+        snapshot::restore_recurrent(st, snap)
+    }
+
+    fn mtp_draft(&mut self, seq: usize, token: u32, k: usize) -> Result<Vec<u32>, ExecError> {
+        let Some(w) = self
+            .backend
+            .weights
+            .mtp
+            .as_ref()
+            .filter(|_| self.backend.hidden.on())
+        else {
+            return Ok(Vec::new());
+        };
+        let n = self.states.len();
+        let st = self.states.get_mut(seq).ok_or_else(|| {
+            ExecError::new(
+                "mtp_draft",
+                format!("no sequence {seq} (this executor holds {n})"),
+            )
+        })?;
+        let n_ctx = st.n_ctx;
+        Ok(mtp::draft(&self.backend, w, &mut st.mtp, token, k, n_ctx))
+    }
+
+    fn enable_mtp(&mut self) -> bool {
+        let ok = self.backend.weights.mtp.is_some()
+            && self.backend.tier.is_none()
+            && self.backend.routing.is_none();
+        self.backend.hidden.set_on(ok);
+        ok
     }
 
     fn state_bytes_held(&self) -> Option<usize> {
@@ -905,6 +1003,7 @@ impl Executor for CpuExecutor {
                 pos0: s.pos0,
                 state,
                 logits: s.want.logits(),
+                media: s.media,
             });
         }
         // A pass of a few rows (decode steps) is hundreds of short loops: they run on
@@ -928,6 +1027,34 @@ impl Executor for CpuExecutor {
             seg.state.keep_trail = false;
         }
         let logits = logits?;
+        // MTP: the positions this step made computable, from its hidden rows.
+        if let (Some(w), Some(h)) = (backend.weights.mtp.as_ref(), backend.hidden.take()) {
+            let mut row0 = 0;
+            for seg in &mut segs {
+                let n = seg.tokens.len();
+                if seg.media.rope.is_some() || !seg.media.embeds.is_empty() {
+                    // Images: the MTP block was trained on text.
+                    seg.state.mtp.lose();
+                } else {
+                    let rows = Act {
+                        rows: n,
+                        cols: h.cols,
+                        data: h.data[row0 * h.cols..(row0 + n) * h.cols].to_vec(),
+                    };
+                    let n_ctx = seg.state.n_ctx;
+                    mtp::fill(
+                        backend,
+                        w,
+                        &mut seg.state.mtp,
+                        seg.tokens,
+                        seg.pos0,
+                        rows,
+                        n_ctx,
+                    );
+                }
+                row0 += n;
+            }
+        }
         // Rows that could not get their experts: the entries they belong to fail.
         let failed = backend
             .tier

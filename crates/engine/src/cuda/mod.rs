@@ -511,6 +511,7 @@ impl CudaExecutor {
                 pos0: e.pos0,
                 state,
                 logits: Logits::Last,
+                media: e.media,
             });
         }
         let outs = model::forward_batch(&self.be, &mut segs)?;

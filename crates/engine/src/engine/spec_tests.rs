@@ -1,5 +1,6 @@
-//! Which draft source an engine settles on: `auto` takes prompt lookup only where the
-//! executor can roll a sequence back, and an explicit mode such an executor cannot
+//! Which draft source an engine settles on: `auto` takes the model's MTP block where
+//! the executor runs it, else prompt lookup, and only where the executor can roll a
+//! sequence back; and an explicit mode such an executor cannot
 //! serve (the CUDA executor today) is refused at load with the reason and the remedy.
 //! The CPU executor, behind a wrapper that passes on only what every executor has,
 //! stands in for one without rollback.
@@ -46,30 +47,38 @@ fn without_rollback_auto_is_off_and_an_explicit_mode_is_refused() {
         device: Some(crate::api::Device::Cpu),
         ..Default::default()
     };
-    let eng = Engine::load(&path, &cfg).expect("load");
+    let mut eng = Engine::load(&path, &cfg).expect("load");
     let spec = |mode| SpecConfig {
         mode,
         ..SpecConfig::default()
     };
-    // The CPU executor rolls back: auto and ngram draft by prompt lookup.
-    let cpu = eng.exec.as_ref();
+    // The CPU executor rolls back and runs this model's MTP block: auto drafts with it.
+    assert!(
+        eng.cfg.n_nextn > 0,
+        "the tiny qwen35moe geometry has an MTP block"
+    );
+    let cpu = eng.exec.as_mut();
     assert_eq!(
         choose_drafter(&spec(SpecMode::Auto), &eng.cfg, cpu).unwrap(),
+        Some(Drafter::Mtp)
+    );
+    assert_eq!(
+        choose_drafter(&spec(SpecMode::Ngram), &eng.cfg, eng.exec.as_mut()).unwrap(),
         Some(Drafter::Ngram)
     );
     let Engine {
         exec, cfg: mcfg, ..
     } = eng;
-    let plain = Plain(exec);
+    let mut plain = Plain(exec);
     assert_eq!(
-        choose_drafter(&spec(SpecMode::Auto), &mcfg, &plain).unwrap(),
+        choose_drafter(&spec(SpecMode::Auto), &mcfg, &mut plain).unwrap(),
         None
     );
     assert_eq!(
-        choose_drafter(&spec(SpecMode::Off), &mcfg, &plain).unwrap(),
+        choose_drafter(&spec(SpecMode::Off), &mcfg, &mut plain).unwrap(),
         None
     );
-    let e = choose_drafter(&spec(SpecMode::Ngram), &mcfg, &plain)
+    let e = choose_drafter(&spec(SpecMode::Ngram), &mcfg, &mut plain)
         .unwrap_err()
         .to_string();
     assert!(

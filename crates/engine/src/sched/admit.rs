@@ -5,7 +5,7 @@
 
 use super::seq_cache::{mark_positions, reusable, spaced_marks};
 use super::step::{self, Active};
-use super::{RequestCallbacks, Scheduler};
+use super::{media, RequestCallbacks, Scheduler};
 use crate::api::GenerateRequest;
 use crate::error::EngineError;
 use crate::exec::Executor;
@@ -57,6 +57,7 @@ impl Scheduler {
         };
         let experts = exec.expert_stats();
         let mut act = Active::new(seq, req, keep, &self.limits, logits, marks, experts);
+        act.media = media::RequestMedia::new(&act.req, self.vision.as_ref(), keep);
         act.spec = RequestSpec::new(
             self.drafter,
             &self.spec,

@@ -22,6 +22,7 @@
 
 mod admit;
 mod callbacks;
+pub(crate) mod media;
 mod seq_cache;
 mod step;
 
@@ -53,7 +54,17 @@ pub(crate) struct Limits {
 
 impl Limits {
     pub fn check(&self, tokens: &[u32]) -> Result<(), EngineError> {
-        match tokens.iter().find(|&&id| id as usize >= self.n_vocab) {
+        self.check_ids(tokens, false)
+    }
+
+    /// [`Limits::check`], letting image rows' ids through when `images` (a prompt
+    /// whose images `media::mark_images` placed).
+    fn check_ids(&self, tokens: &[u32], images: bool) -> Result<(), EngineError> {
+        let image = |id: u32| images && id >= media::IMAGE_ID_BASE;
+        match tokens
+            .iter()
+            .find(|&&id| id as usize >= self.n_vocab && !image(id))
+        {
             Some(&id) => Err(EngineError::BadToken {
                 id,
                 n_vocab: self.n_vocab,
@@ -67,7 +78,7 @@ impl Limits {
         if req.prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        self.check(&req.prompt)?;
+        self.check_ids(&req.prompt, !req.images.is_empty())?;
         if req.prompt.len() >= self.n_ctx {
             return Err(EngineError::PromptTooLong {
                 prompt: req.prompt.len(),
@@ -153,6 +164,8 @@ pub(crate) struct Scheduler {
     /// Speculative decoding's settings, and the draft source (None: off).
     spec: SpecConfig,
     drafter: Option<Drafter>,
+    /// The vision encoder requests' images go through (None: text only).
+    vision: Option<std::sync::Arc<media::Vision>>,
 }
 
 impl Scheduler {
@@ -180,7 +193,13 @@ impl Scheduler {
             last_ran: 0,
             spec: SpecConfig::default(),
             drafter: None,
+            vision: None,
         }
+    }
+
+    /// Requests may carry images, which `vision` encodes.
+    pub fn set_vision(&mut self, vision: media::Vision) {
+        self.vision = Some(std::sync::Arc::new(vision));
     }
 
     /// Speculates with `drafter` (None: off) under `spec`'s limits from the next
@@ -250,8 +269,21 @@ impl Scheduler {
 
     /// Queues `req`; `step` admits it to a slot in arrival order and reports to
     /// `sink` until it ends (`RequestCallbacks::done`, exactly once).
-    pub fn submit(&mut self, req: GenerateRequest, sink: Box<dyn RequestCallbacks + Send>) {
-        self.queue.push_back((req, sink));
+    pub fn submit(&mut self, mut req: GenerateRequest, mut sink: Box<dyn RequestCallbacks + Send>) {
+        match self.mark_images(&mut req) {
+            Ok(()) => self.queue.push_back((req, sink)),
+            Err(e) => sink.done(Err(e)),
+        }
+    }
+
+    /// Writes the ids of `req`'s images over their placeholders (after checking the
+    /// prompt's own tokens), so that slots and the prompt cache tell images apart.
+    fn mark_images(&self, req: &mut GenerateRequest) -> Result<(), EngineError> {
+        if req.images.is_empty() {
+            return Ok(());
+        }
+        self.limits.check(&req.prompt)?;
+        media::mark_images(req, self.vision.as_deref())
     }
 
     /// Admits what fits, then decodes one token of every running request (and one
@@ -409,9 +441,11 @@ impl Scheduler {
             on_logits,
             result: None,
         };
+        let mut req = req.clone();
+        self.mark_images(&mut req)?;
         let seq = self.pick_seq(&req.prompt).unwrap_or(0);
         let logits = sink.wants_logits();
-        if let Some(mut act) = self.admit(exec, seq, req.clone(), logits, &mut sink)? {
+        if let Some(mut act) = self.admit(exec, seq, req, logits, &mut sink)? {
             loop {
                 let mut items: [(&mut Active, &mut dyn RequestCallbacks); 1] =
                     [(&mut act, &mut sink)];
@@ -475,6 +509,7 @@ impl Scheduler {
                 tokens: chunk,
                 pos0,
                 want,
+                media: Default::default(),
             }])?
             .pop()
             .ok_or_else(|| ExecError::new("step", "the executor returned no output"))

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use model::{ExecError, Logits};
 
+use super::media::{EntryMedia, RequestMedia, IMAGE_ID_BASE};
 use super::seq_cache::{Mark, SeqCache, MAX_MARKS};
 use super::{Limits, RequestCallbacks};
 use crate::api::{
@@ -25,7 +26,7 @@ use crate::error::EngineError;
 use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::experts::TierStats;
 use crate::sampler::Sampler;
-use crate::spec::RequestSpec;
+use crate::spec::{Drafter, RequestSpec};
 
 /// One request being decoded in a slot.
 pub(super) struct Active {
@@ -57,6 +58,8 @@ pub(super) struct Active {
     marks: Vec<(usize, bool)>,
     /// Speculative decoding's drafts for this request (None: one token a step).
     pub spec: Option<RequestSpec>,
+    /// The request's images and rotary positions (None: text).
+    pub media: Option<RequestMedia>,
 }
 
 /// What a step gave one request (a value returned once per token, never stored:
@@ -123,6 +126,7 @@ impl Active {
             pending: None,
             marks: marks.into_iter().filter(|&(p, _)| p > cached).collect(),
             spec: None,
+            media: None,
         }
     }
 
@@ -277,7 +281,25 @@ impl Active {
         }
         // A verify step emits at most one token past its drafts.
         let left = self.req.max_tokens.saturating_sub(self.out.len() + 1);
-        let drafts = spec.draft(&self.out, cap.min(left));
+        let mut drafts = match spec.drafter {
+            Drafter::Ngram => spec.draft(&self.out, cap.min(left)),
+            Drafter::Mtp => {
+                let Some(t) = self.pending else {
+                    return Vec::new();
+                };
+                match exec.mtp_draft(self.seq, t, spec.len(cap.min(left))) {
+                    Ok(d) => spec.enough(d),
+                    Err(e) => {
+                        tracing::warn!("slot {}: no MTP draft: {e}", self.seq);
+                        Vec::new()
+                    }
+                }
+            }
+        };
+        // A lookup continued into an image would draft its rows' ids: stop before them.
+        if let Some(i) = drafts.iter().position(|&t| t >= IMAGE_ID_BASE) {
+            drafts.truncate(i);
+        }
         if drafts.is_empty() {
             return drafts;
         }
@@ -370,6 +392,8 @@ struct Entry {
     /// A verify step: `tokens[1..]` are drafts, and the executor keeps the trail to
     /// roll the sequence back to the last one accepted.
     verify: bool,
+    /// Image rows and rotary positions (a request with images).
+    media: Option<EntryMedia>,
 }
 
 /// What one step did.
@@ -428,6 +452,7 @@ pub(super) fn run(
                     },
                     prompt: false,
                     verify,
+                    media: None,
                 });
             }
         } else if !prompt_taken {
@@ -453,9 +478,48 @@ pub(super) fn run(
                 },
                 prompt: true,
                 verify: false,
+                media: None,
             });
         }
     }
+    // A prompt piece whose images are still being encoded waits while other entries
+    // run (alone, the step waits for the encoder).
+    if entries.len() > 1 {
+        entries.retain(|e| {
+            let act = &items[e.item].0;
+            !e.prompt
+                || act
+                    .media
+                    .as_ref()
+                    .is_none_or(|m| m.ready(seqs[act.seq].history.len(), e.tokens.len()))
+        });
+    }
+    // Requests with images: each entry's image rows and rotary positions.
+    for e in &mut entries {
+        let (act, sink) = &mut items[e.item];
+        let Some(m) = act.media.as_mut() else {
+            continue;
+        };
+        match m.entry(seqs[act.seq].history.len(), e.tokens.len()) {
+            Ok(em) => e.media = Some(em),
+            Err(err) => {
+                sink.done(Err(err));
+                ended[e.item] = true;
+            }
+        }
+    }
+    entries.retain(|e| !ended[e.item]);
+    let rows: Vec<Vec<(usize, &[f32])>> = entries
+        .iter()
+        .map(|e| {
+            e.media.as_ref().map_or_else(Vec::new, |m| {
+                m.embeds
+                    .iter()
+                    .map(|(r, im, k)| (*r, &im.data[k * im.width..(k + 1) * im.width]))
+                    .collect()
+            })
+        })
+        .collect();
     let ran = entries.len();
     if entries.is_empty() {
         return Stepped {
@@ -466,13 +530,18 @@ pub(super) fn run(
     }
     let batch: Vec<SeqStep> = entries
         .iter()
-        .map(|e| {
+        .zip(&rows)
+        .map(|(e, rows)| {
             let seq = items[e.item].0.seq;
             SeqStep {
                 seq,
                 tokens: &e.tokens,
                 pos0: seqs[seq].history.len(),
                 want: e.want,
+                media: model::Media {
+                    embeds: rows,
+                    rope: e.media.as_ref().map(|m| &m.rope[..]),
+                },
             }
         })
         .collect();

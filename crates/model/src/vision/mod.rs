@@ -9,6 +9,7 @@ pub mod encoder;
 pub mod preprocess;
 
 pub use config::VisionConfig;
+pub use encoder::VisionModel;
 
 /// An image made ready for the encoder.
 #[derive(Debug, Clone, PartialEq)]

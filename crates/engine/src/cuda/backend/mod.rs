@@ -655,6 +655,12 @@ impl Backend for CudaBackend {
         h: &DBuf,
         parts: &mut [SegmentRows<'_, CudaState>],
     ) -> Result<DBuf, ExecError> {
+        if parts.iter().any(|p| p.rope.is_some()) {
+            return Err(ExecError::new(
+                "mix_segments",
+                "the CUDA executor has no multimodal rotary positions yet (images run on the CPU executor)",
+            ));
+        }
         let mix = |hs: &DBuf, p: &mut SegmentRows<'_, CudaState>| match kind {
             LayerKind::Attention => self.attention(layer, slot, hs, p.pos0, p.state),
             LayerKind::DeltaNet => self.delta_net(layer, slot, hs, p.state),

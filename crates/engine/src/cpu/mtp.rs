@@ -1,0 +1,239 @@
+//! MTP drafts on the CPU: the model's next-next-token block (GGUF `nextn`, as
+//! Qwen3.5 trains it) proposes the tokens a verify step checks.
+//!
+//! MTP position p pairs token x_p with the trunk's post-norm hidden state at p − 1
+//! and predicts x_{p+1}; its attention sees the MTP positions before it, whose K/V a
+//! sequence keeps in its own cache (position p at index p − 1). After every trunk
+//! step the positions it made computable are filled from the trunk's own hidden
+//! states (`fill`), so the cache is what training saw. A draft chains from the last
+//! trunk state: the token about to be fed with h_{t−1} gives d_{t+1}, then d_{t+1}
+//! with the MTP's own output gives d_{t+2}, and so on; its K/V are dropped after.
+//! Drafts never reach the output: a verify step keeps only what plain decoding
+//! emits (invariant 2), so this state may lag (a sequence restored from a snapshot
+//! has no MTP cache: it drafts nothing until it is cleared).
+
+use model::math::rms_norm;
+use model::weights::{Mixer, MtpWeights};
+use model::Backend;
+
+use super::attention::{self, At};
+use super::{moe, Act, CpuBackend, KvCache};
+
+/// A sequence's MTP state.
+pub struct MtpState {
+    kv: KvCache,
+    /// MTP positions `1..=len` are in the cache; None: lost track (no drafts until
+    /// the sequence is cleared).
+    len: Option<usize>,
+    /// The trunk's post-norm hidden rows of the last step, positions `pos0..`.
+    hidden: Act,
+    pos0: usize,
+}
+
+impl MtpState {
+    pub fn new(kvw: usize) -> MtpState {
+        MtpState {
+            kv: KvCache::new(kvw),
+            len: Some(0),
+            hidden: Act::zeros(0, 0),
+            pos0: 0,
+        }
+    }
+
+    /// An empty sequence.
+    pub fn clear(&mut self) {
+        self.kv.free();
+        self.len = Some(0);
+        self.hidden = Act::zeros(0, 0);
+        self.pos0 = 0;
+    }
+
+    /// The sequence's state came from elsewhere (a snapshot): no drafts until cleared.
+    pub fn lose(&mut self) {
+        self.clear();
+        self.len = None;
+    }
+
+    /// The sequence was rolled back to `pos` positions.
+    pub fn truncate(&mut self, pos: usize) {
+        if let Some(l) = self.len {
+            let l = l.min(pos.saturating_sub(1));
+            self.len = Some(l);
+            self.kv.truncate(l);
+        }
+        let keep = pos.saturating_sub(self.pos0).min(self.hidden.rows);
+        self.hidden.rows = keep;
+        self.hidden.data.truncate(keep * self.hidden.cols);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.kv.bytes() + self.hidden.data.capacity() * 4
+    }
+}
+
+/// Rows `tokens` at MTP positions `p0..` with the hidden rows `hidden` through the
+/// MTP block (K/V written at cache indices `p0 − 1..`); the post-norm output rows,
+/// and their logits when `logits`.
+#[allow(clippy::too_many_arguments)]
+fn pass(
+    b: &CpuBackend,
+    w: &MtpWeights,
+    tokens: &[u32],
+    hidden: &Act,
+    p0: usize,
+    kv: &mut KvCache,
+    n_ctx: usize,
+    logits: bool,
+) -> (Act, Option<Act>) {
+    let (d, eps, n) = (b.cfg.n_embd, b.cfg.eps, tokens.len());
+    let e = b.embed(tokens).expect("the CPU embeds any vocabulary id");
+    let mut cat = Act::zeros(n, 2 * d);
+    for r in 0..n {
+        let row = cat.row_mut(r);
+        row[..d].copy_from_slice(e.row(r));
+        rms_norm(&mut row[..d], &w.enorm, eps);
+        row[d..].copy_from_slice(hidden.row(r));
+        rms_norm(&mut row[d..], &w.hnorm, eps);
+    }
+    let mut x = b.mm_weight(&w.eh_proj, &cat);
+    let Mixer::Attention(aw) = &w.layer.mixer else {
+        unreachable!("an MTP block's mixer is attention (weights.rs)")
+    };
+    let h = normed(&x, &w.layer.attn_norm, eps);
+    let proj = attention::project(b, aw, &h);
+    let rope: Vec<[u32; 3]> = (0..n).map(|i| [(p0 + i) as u32; 3]).collect();
+    let at = At {
+        pos0: p0 - 1,
+        rope: Some(&rope),
+    };
+    let core = attention::core(b, aw, &proj, 0, n, at, kv, n_ctx);
+    add(&mut x, &b.mm_weight(&aw.o, &core));
+    let hf = normed(&x, &w.layer.ffn_norm, eps);
+    add(&mut x, &moe::run(b, b.cfg.n_layer, &w.layer.moe, &hf));
+    let out = normed(&x, &w.head_norm, eps);
+    let lg = logits.then(|| b.mm_weight(&b.weights.output, &out));
+    (out, lg)
+}
+
+fn normed(x: &Act, w: &[f32], eps: f32) -> Act {
+    let mut y = Act {
+        rows: x.rows,
+        cols: x.cols,
+        data: x.data.clone(),
+    };
+    for r in 0..y.rows {
+        rms_norm(y.row_mut(r), w, eps);
+    }
+    y
+}
+
+fn add(x: &mut Act, y: &Act) {
+    for (a, b) in x.data.iter_mut().zip(&y.data) {
+        *a += *b;
+    }
+}
+
+/// After a trunk step fed `tokens` at `pos0` and gave the post-norm rows `h`: fills
+/// the MTP positions it made computable (each `p` with x_p fed and h_{p−1} known).
+pub(super) fn fill(
+    b: &CpuBackend,
+    w: &MtpWeights,
+    st: &mut MtpState,
+    tokens: &[u32],
+    pos0: usize,
+    h: Act,
+    n_ctx: usize,
+) {
+    let Some(len) = st.len else {
+        return;
+    };
+    let n = tokens.len();
+    // h_{pos0−1}: a row of the step before (a slot that kept only part of its
+    // history goes back to it).
+    let prev = (pos0 > 0).then(|| {
+        (st.pos0 < pos0 && pos0 <= st.pos0 + st.hidden.rows)
+            .then(|| st.hidden.row(pos0 - 1 - st.pos0).to_vec())
+    });
+    if len < pos0.saturating_sub(1) || matches!(prev, Some(None)) {
+        st.lose();
+        return;
+    }
+    st.len = Some(pos0.saturating_sub(1));
+    st.kv.truncate(pos0.saturating_sub(1));
+    let first = pos0.max(1);
+    let rows = pos0 + n - first;
+    if rows > 0 {
+        let mut hid = Act::zeros(rows, h.cols);
+        for (i, p) in (first..pos0 + n).enumerate() {
+            let src = if p == pos0 {
+                prev.as_ref()
+                    .and_then(|p| p.as_deref())
+                    .expect("checked above")
+            } else {
+                h.row(p - 1 - pos0)
+            };
+            hid.row_mut(i).copy_from_slice(src);
+        }
+        pass(
+            b,
+            w,
+            &tokens[first - pos0..],
+            &hid,
+            first,
+            &mut st.kv,
+            n_ctx,
+            false,
+        );
+    }
+    st.len = Some(pos0 + n - 1);
+    st.hidden = h;
+    st.pos0 = pos0;
+}
+
+/// Up to `k` drafts after `token`, which the next step feeds at the sequence's end
+/// (greedy over the MTP's logits, ties to the lower id); none when the state lost
+/// track. The drafts' K/V are dropped again.
+pub(super) fn draft(
+    b: &CpuBackend,
+    w: &MtpWeights,
+    st: &mut MtpState,
+    token: u32,
+    k: usize,
+    n_ctx: usize,
+) -> Vec<u32> {
+    let Some(len) = st.len else {
+        return Vec::new();
+    };
+    if st.hidden.rows == 0 || len + 1 != st.pos0 + st.hidden.rows {
+        return Vec::new();
+    }
+    let t = st.pos0 + st.hidden.rows;
+    let mut hid = Act::zeros(1, st.hidden.cols);
+    hid.row_mut(0)
+        .copy_from_slice(st.hidden.row(st.hidden.rows - 1));
+    let mut tok = token;
+    let mut out = Vec::with_capacity(k);
+    for i in 0..k {
+        // The draft's own position t + i + 1 must fit the context too.
+        if t + i + 1 >= n_ctx {
+            break;
+        }
+        let (o, lg) = pass(b, w, &[tok], &hid, t + i, &mut st.kv, n_ctx, true);
+        let lg = lg.expect("asked for logits");
+        tok = argmax(lg.row(0));
+        out.push(tok);
+        hid = o;
+    }
+    st.kv.truncate(len);
+    out
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,309 @@
+//! Images through the engine, against transformers: the vision fixture
+//! (`tests/fixtures/qwen35moe-vision/`, `tools/reference/make_vision_fixture.py`) is a
+//! tiny random Qwen3.5-MoE vision-language model converted by llama.cpp's converter
+//! (text model + mmproj). The processor's pixels of `image.png` go in as the prompt's
+//! image; the greedy tokens must be the reference's and every decode position's logits
+//! within the text tolerance. Then the invariants: an image request beside text
+//! requests gets its solo bits, and the prompt cache tells images apart by their bytes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::{bits, together};
+use engine::{Engine, EngineConfig, GenerateRequest, Precision, PromptImage};
+use model::vision::PreparedImage;
+
+fn fixtures() -> PathBuf {
+    let root = match std::env::var_os("SCORIA_REPO_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    };
+    root.join("tests/fixtures/qwen35moe-vision")
+}
+
+struct Reference {
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    image_at: usize,
+    grid: [usize; 3],
+}
+
+fn reference() -> Reference {
+    let text = std::fs::read_to_string(fixtures().join("reference.json")).expect("reference.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("reference.json parses");
+    let ids = |k: &str| -> Vec<u32> {
+        v[k].as_array()
+            .unwrap_or_else(|| panic!("no `{k}`"))
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let g = ids("image_grid_thw");
+    Reference {
+        prompt: ids("prompt"),
+        generated: ids("generated"),
+        image_at: v["image_at"].as_u64().unwrap() as usize,
+        grid: [g[0] as usize, g[1] as usize, g[2] as usize],
+    }
+}
+
+/// The processor's output for `image.png` (its preprocessing is tested in the model
+/// crate), named by the file's bytes.
+fn image(salt: u8) -> Arc<PreparedImage> {
+    let (_, pixels) = engine::npy::read_f32(&fixtures().join("pixel_values_image.npy")).unwrap();
+    let r = reference();
+    let mut sha256 = [0u8; 32];
+    sha256[0] = salt;
+    let pixels = if salt == 0 {
+        pixels
+    } else {
+        // Another image of the same size: the same pixels mirrored.
+        pixels.iter().rev().copied().collect()
+    };
+    Arc::new(PreparedImage {
+        pixels,
+        grid: r.grid,
+        resized: (r.grid[2] * 16, r.grid[1] * 16),
+        sha256,
+    })
+}
+
+fn load(mmproj: &str, prompt_cache: Option<u64>) -> Engine {
+    Engine::load(
+        &fixtures().join("model-f32.gguf"),
+        &EngineConfig {
+            max_context: Some(256),
+            precision: Precision::ReferenceF32,
+            device: Some(engine::Device::Cpu),
+            mmproj: Some(fixtures().join(mmproj)),
+            prompt_cache,
+            parallel: Some(3),
+            ..Default::default()
+        },
+    )
+    .expect("load the vision fixture")
+}
+
+fn request(r: &Reference, img: Arc<PreparedImage>, n: usize) -> GenerateRequest {
+    let mut req = GenerateRequest::greedy(r.prompt.clone(), n);
+    req.images = vec![PromptImage {
+        at: r.image_at,
+        image: img,
+    }];
+    req
+}
+
+/// Row `i` of an `[n, v]` array.
+fn row(a: &[f32], v: usize, i: usize) -> &[f32] {
+    &a[i * v..(i + 1) * v]
+}
+
+#[test]
+fn image_prompt_matches_transformers() {
+    let r = reference();
+    let (v, full) = engine::npy::read_f32(&fixtures().join("full_logits.npy"))
+        .map(|(s, d)| (s[1], d))
+        .unwrap();
+    for (mmproj, tol) in [("mmproj-f32.gguf", 1e-4f32), ("mmproj-f16.gguf", 2e-2)] {
+        let mut eng = load(mmproj, None);
+        assert!(eng.vision().is_some());
+        let mut logits = Vec::new();
+        let c = eng
+            .generate_with_logits(
+                &request(&r, image(0), r.generated.len()),
+                &mut |_| engine::Flow::Continue,
+                &mut |l| logits.push(l.to_vec()),
+            )
+            .expect("generate");
+        assert_eq!(c.tokens, r.generated, "{mmproj}: greedy tokens");
+        for (j, got) in logits.iter().enumerate() {
+            let want = row(&full, v, r.prompt.len() - 1 + j);
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let diff = got
+                .iter()
+                .zip(want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff <= tol * scale,
+                "{mmproj}: position {j}: max |diff| {diff} > {tol} × {scale}"
+            );
+        }
+    }
+}
+
+#[test]
+fn text_only_prompts_keep_their_bits_with_an_encoder_loaded() {
+    let r = reference();
+    let text: Vec<u32> = r.prompt.iter().map(|&t| t % 256).collect();
+    let mut with = load("mmproj-f32.gguf", None);
+    let mut without = Engine::load(
+        &fixtures().join("model-f32.gguf"),
+        &EngineConfig {
+            max_context: Some(256),
+            precision: Precision::ReferenceF32,
+            device: Some(engine::Device::Cpu),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let a = common::decode(&mut with, &text, 6);
+    let b = common::decode(&mut without, &text, 6);
+    assert_eq!(a.0, b.0);
+    for (x, y) in a.1.iter().zip(&b.1) {
+        assert_eq!(bits(x), bits(y));
+    }
+}
+
+#[test]
+fn an_image_request_beside_text_requests_gets_its_solo_bits() {
+    let r = reference();
+    let mut eng = load("mmproj-f32.gguf", Some(0));
+    let img = request(&r, image(0), 8);
+    let solo = together(&mut eng, std::slice::from_ref(&img)).remove(0);
+    let text = GenerateRequest::greedy(r.prompt.iter().map(|&t| (t * 7) % 256).collect(), 8);
+    let other = request(&r, image(1), 8);
+    let mixed = together(&mut eng, &[text, img.clone(), other]);
+    assert!(solo.done.as_ref().unwrap().is_ok());
+    assert_eq!(mixed[1].tokens, solo.tokens);
+    assert_eq!(mixed[1].logits, solo.logits);
+    // The mirrored image is another image: other tokens.
+    assert_ne!(mixed[2].logits, solo.logits);
+}
+
+#[test]
+fn tiered_experts_give_an_image_request_the_resident_bits() {
+    let r = reference();
+    let run = |ram_budget| {
+        let mut eng = Engine::load(
+            &fixtures().join("model-f32.gguf"),
+            &EngineConfig {
+                max_context: Some(256),
+                precision: Precision::ReferenceF32,
+                device: Some(engine::Device::Cpu),
+                mmproj: Some(fixtures().join("mmproj-f32.gguf")),
+                ram_budget,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let seen = together(&mut eng, &[request(&r, image(0), 8)]).remove(0);
+        (seen, eng.expert_reads())
+    };
+    let (resident, _) = run(None);
+    // A budget of one byte: every routed expert is read from the file.
+    let (tiered, reads) = run(Some(1));
+    let reads = reads.expect("tiered");
+    assert!(reads.experts > 0, "{reads:?}");
+    assert!(tiered.done.as_ref().unwrap().is_ok(), "{:?}", tiered.done);
+    assert_eq!(tiered.tokens, resident.tokens);
+    assert_eq!(tiered.logits, resident.logits);
+}
+
+#[test]
+fn cached_state_is_shared_only_by_the_same_image() {
+    let r = reference();
+    // One slot, so each request meets the history the one before it left.
+    let open = || {
+        Engine::load(
+            &fixtures().join("model-f32.gguf"),
+            &EngineConfig {
+                max_context: Some(256),
+                precision: Precision::ReferenceF32,
+                device: Some(engine::Device::Cpu),
+                mmproj: Some(fixtures().join("mmproj-f32.gguf")),
+                parallel: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let mut eng = open();
+    let first = together(&mut eng, &[request(&r, image(0), 6)]).remove(0);
+    // The next turn: the conversation so far and a few more tokens.
+    let mut next = r.prompt.clone();
+    next.extend(&first.tokens);
+    next.extend([5, 6, 7]);
+    let turn = |img| {
+        let mut q = request(&r, img, 6);
+        q.prompt = next.clone();
+        q
+    };
+    // With another image in its place, only the text before the image is kept.
+    let other = together(&mut eng, &[turn(image(1))]).remove(0);
+    let kept = other.done.unwrap().unwrap().timings.cache_n;
+    assert!(
+        kept <= r.image_at,
+        "kept {kept} positions across a different image"
+    );
+    // With the same image, the whole first turn is kept, and the bits are a cold run's.
+    let _ = together(&mut eng, &[request(&r, image(0), 6)]);
+    let warm = together(&mut eng, &[turn(image(0))]).remove(0);
+    let kept = warm
+        .done
+        .as_ref()
+        .unwrap()
+        .as_ref()
+        .unwrap()
+        .timings
+        .cache_n;
+    assert!(
+        kept >= r.prompt.len(),
+        "kept only {kept} positions of the same image"
+    );
+    let cold = together(&mut open(), &[turn(image(0))]).remove(0);
+    assert_eq!(cold.done.unwrap().unwrap().timings.cache_n, 0);
+    assert_eq!(warm.tokens, cold.tokens);
+    assert_eq!(warm.logits, cold.logits);
+}
+
+#[test]
+fn misplaced_images_and_engines_without_an_encoder_are_refused() {
+    let r = reference();
+    let mut eng = load("mmproj-f32.gguf", None);
+    let mut past_end = request(&r, image(0), 2);
+    past_end.images[0].at = r.prompt.len() - 3;
+    let e = eng
+        .generate(&past_end, &mut |_| engine::Flow::Continue)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("image 0 takes prompt positions"),
+        "{e}"
+    );
+    let mut text_only = Engine::load(
+        &fixtures().join("model-f32.gguf"),
+        &EngineConfig {
+            max_context: Some(256),
+            device: Some(engine::Device::Cpu),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(text_only.vision().is_none());
+    let e = text_only
+        .generate(&request(&r, image(0), 2), &mut |_| engine::Flow::Continue)
+        .unwrap_err();
+    assert!(e.to_string().contains("--mmproj"), "{e}");
+}
+
+#[test]
+fn an_encoder_for_another_model_is_refused_at_load() {
+    // The demo model's encoder projects to 128 values; this model's hidden size is 64.
+    let e = Engine::load(
+        &fixtures().join("model-f32.gguf"),
+        &EngineConfig {
+            max_context: Some(64),
+            device: Some(engine::Device::Cpu),
+            mmproj: Some(fixtures().join("mmproj-demo-f16.gguf")),
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("refused");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("128") && msg.contains("64") && msg.contains("another model"),
+        "{msg}"
+    );
+}
