@@ -19,9 +19,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 
-// TEMPORARY: `model::vision::preprocess::{prepare, ImageError, ImageLimits}` once it lands.
-mod shim;
-pub use shim::{prepare, ImageError, ImageLimits};
+pub use model::vision::preprocess::{prepare, ImageError, ImageLimits};
 
 /// The token each image's rows stand in for.
 pub const IMAGE_PAD: &str = "<|image_pad|>";
