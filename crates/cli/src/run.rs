@@ -301,11 +301,12 @@ fn image_prompt(
         .token_id(server::images::IMAGE_PAD)
         .context("--image: this model's vocabulary has no <|image_pad|> token")?;
     // The prompt text is the user's: control-token text in it stays text.
-    let at = rendered
+    let at: Vec<std::ops::Range<usize>> = rendered
         .find(text)
         .filter(|_| !text.is_empty())
-        .map(|s| vec![s..s + text.len()])
-        .unwrap_or_default();
+        .map(|s| s..s + text.len())
+        .into_iter()
+        .collect();
     let tokens = tok.encode_prompt_marked(&rendered, &at)?;
     server::images::expand(&tokens, pad, prepared, vision.merge)
         .map_err(|e| anyhow::anyhow!("--image: {e}"))

@@ -228,9 +228,8 @@ fn an_image_needs_a_vision_encoder() {
 }
 
 /// The demo model with its random encoder: two images then the prompt, generated
-/// through. Needs the engine's vision side (`EngineConfig::mmproj` loaded).
+/// through.
 #[test]
-#[ignore = "runs once the engine loads --mmproj (issue 43, engine side)"]
 fn images_then_the_prompt_generate_on_the_demo_model() {
     let mmproj = format!("{VISION}mmproj-demo-f16.gguf");
     let out = scoria(&[

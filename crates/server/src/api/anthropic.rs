@@ -359,7 +359,7 @@ fn as_content(f: &Field<Blocks>) -> Field<Content> {
         Field::Ok(Blocks::List(list)) => Field::Ok(Content::Parts(
             list.iter()
                 .map(|b| match b {
-                    Field::Ok(b) => Field::Ok(Part::Typed(b.part.clone())),
+                    Field::Ok(b) => Field::Ok(Part::Typed(Box::new(b.part.clone()))),
                     Field::Null => Field::Null,
                     Field::Absent => Field::Absent,
                     // A string is a text part.

@@ -32,14 +32,14 @@ impl FromJson for Content {
 #[derive(Debug)]
 pub enum Part {
     Text(String),
-    Typed(TypedPart),
+    Typed(Box<TypedPart>),
 }
 
 impl FromJson for Part {
     fn from_json(v: Value) -> Result<Self, Value> {
         match v {
             Value::String(s) => Ok(Part::Text(s)),
-            v @ Value::Object(_) => TypedPart::from_json(v).map(Part::Typed),
+            v @ Value::Object(_) => TypedPart::from_json(v).map(|t| Part::Typed(Box::new(t))),
             other => Err(other),
         }
     }
