@@ -116,7 +116,7 @@ until curl -sf --max-time 2 "$URL/health" >/dev/null 2>&1; do
 done
 curl -s --max-time 5 "$URL/health" | python3 -c 'import json,sys; h=json.load(sys.stdin); m=h["model"]; print("   ready:", m.get("id"), m.get("arch"), "n_ctx", m.get("n_ctx"))'
 
-export SCORIA_URL="$URL" SCORIA_API_KEY="$KEY"
+export SCORIA_URL="$URL" SCORIA_API_KEY="$KEY" SCORIA_BIN="$BIN"
 status=0
 # The suite's packages are in scripts/install-test-deps.sh's virtual environment;
 # without one, whatever python3 has.

@@ -26,6 +26,12 @@ pub struct RunArgs {
     /// With --chat: turn thinking off (Qwen templates' enable_thinking=false).
     #[arg(long, requires = "chat")]
     pub no_think: bool,
+    /// An image (PNG, JPEG, ...) to show the model before the prompt; repeat for more.
+    /// The images, then the prompt, are one user turn of the chat template (as with
+    /// --chat). Needs a vision encoder (--mmproj FILE, or one mmproj*.gguf beside the
+    /// model).
+    #[arg(long = "image", value_name = "FILE", conflicts_with = "prompt_ids")]
+    pub image: Vec<PathBuf>,
     /// Sampling temperature, 0 to 2 as on the server (0 = greedy).
     #[arg(long = "temp", default_value_t = 0.0)]
     pub temperature: f32,
@@ -95,6 +101,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 
 fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -> Result<()> {
     let t = std::time::Instant::now();
+    let settings = a.engine.values();
     let mut eng = Engine::load(model, &{
         let mut c = EngineConfig {
             // One request: one slot.
@@ -102,7 +109,10 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
             precision: Default::default(),
             ..Default::default()
         };
-        a.engine.values().apply(&mut c);
+        settings.apply(&mut c);
+        if let Some(note) = settings.choose_mmproj(model, &mut c) {
+            eprintln!("scoria: {note}");
+        }
         c
     })
     .map_err(|e| anyhow::anyhow!(server::load_message(&model.display().to_string(), &e)))?;
@@ -121,8 +131,14 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
     );
     eprintln!("{}", server::device::line(&eng.device_report()));
     eprintln!("memory: {}", eng.memory().describe());
+    let mut images = Vec::new();
     let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
+        (None, Some(text)) if !a.image.is_empty() => {
+            let (prompt, placed) = image_prompt(a, &eng, text, &settings.image_limits())?;
+            images = placed;
+            prompt
+        }
         (None, Some(text)) => {
             let text = if a.chat {
                 let tpl = eng
@@ -158,8 +174,8 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
         stop_at_eog: !a.ignore_eos,
         constraint: None,
         logprobs: None,
+        images,
         speculative: Default::default(),
-        images: Vec::new(),
     };
     let tok = eng.tokenizer_arc();
     let mut dec = tok.stream_decoder(false);
@@ -245,4 +261,53 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
         eprintln!("wrote logits for {rows} positions to {}", path.display());
     }
     Ok(())
+}
+
+/// `--image`: the images, then `text`, as one user turn of the chat template, each
+/// image's placeholder expanded to its rows (the server's rendering of an image).
+fn image_prompt(
+    a: &RunArgs,
+    eng: &Engine,
+    text: &str,
+    limits: &server::images::ImageLimits,
+) -> Result<(Vec<u32>, Vec<engine::PromptImage>)> {
+    let Some(vision) = eng.vision() else {
+        bail!("--image: this model has no vision encoder: give --mmproj FILE (an mmproj GGUF for this model)");
+    };
+    let mut prepared = Vec::with_capacity(a.image.len());
+    let mut content = Vec::with_capacity(a.image.len() + 1);
+    for path in &a.image {
+        let bytes = std::fs::read(path)
+            .with_context(|| format!("--image: cannot read {}", path.display()))?;
+        let image = server::images::prepare(&bytes, vision, limits)
+            .map_err(|e| anyhow::anyhow!("--image {}: {e}", path.display()))?;
+        prepared.push(std::sync::Arc::new(image));
+        content.push(serde_json::json!({"type": "image"}));
+    }
+    content.push(serde_json::json!({"type": "text", "text": text}));
+    let tpl = eng
+        .chat_template()
+        .context("--image: the model file has no chat template")?;
+    let inputs = model::chat::ChatInputs {
+        messages: serde_json::json!([{"role": "user", "content": content}]),
+        tools: None,
+        add_generation_prompt: true,
+        enable_thinking: if a.no_think { Some(false) } else { None },
+        extra: Default::default(),
+    };
+    let rendered = tpl.render(&inputs)?;
+    let tok = eng.tokenizer();
+    let pad = tok
+        .token_id(server::images::IMAGE_PAD)
+        .context("--image: this model's vocabulary has no <|image_pad|> token")?;
+    // The prompt text is the user's: control-token text in it stays text.
+    let at: Vec<std::ops::Range<usize>> = rendered
+        .find(text)
+        .filter(|_| !text.is_empty())
+        .map(|s| s..s + text.len())
+        .into_iter()
+        .collect();
+    let tokens = tok.encode_prompt_marked(&rendered, &at)?;
+    server::images::expand(&tokens, pad, prepared, vision.merge)
+        .map_err(|e| anyhow::anyhow!("--image: {e}"))
 }

@@ -191,3 +191,63 @@ fn speculation_keeps_the_text_and_prints_its_counts() {
         "{err}"
     );
 }
+
+const VISION: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/qwen35moe-vision/"
+);
+
+/// `--image` without a vision encoder is refused with the remedy; a missing image file
+/// is named.
+#[test]
+fn an_image_needs_a_vision_encoder() {
+    let image = format!("{VISION}image.png");
+    let out = scoria(&[
+        "run",
+        "--no-mmproj",
+        "--image",
+        &image,
+        "-p",
+        "What is this?",
+        "-n",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--image: this model has no vision encoder: give --mmproj FILE"),
+        "{err}"
+    );
+    let out = scoria(&["run", "--image", &image, "--prompt-ids", "1,2"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--prompt-ids"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The demo model with its random encoder: two images then the prompt, generated
+/// through.
+#[test]
+fn images_then_the_prompt_generate_on_the_demo_model() {
+    let mmproj = format!("{VISION}mmproj-demo-f16.gguf");
+    let out = scoria(&[
+        "run",
+        "--mmproj",
+        &mmproj,
+        "--image",
+        &format!("{VISION}image.png"),
+        "--image",
+        &format!("{VISION}odd.png"),
+        "-p",
+        "Describe both pictures.",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--print-ids",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).trim().is_empty());
+}

@@ -110,6 +110,8 @@ async fn start_server(
         close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
         keepalive,
         backlog: crate::gen::BACKLOG,
+        vision: None,
+        image_limits: Default::default(),
     };
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink_lines = lines.clone();

@@ -51,9 +51,9 @@ async fn message(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<R
     let core = core(&state)?;
     let conv = req.conversation()?;
     let p = req.params(&core.defaults, state.engine_info.n_vocab, &conv)?;
-    let (tokens, think_open) =
-        render_chat(&state, &conv, &p.thinking, &Map::new(), "messages").await?;
-    let prompt_tokens = tokens.len();
+    let r = render_chat(&state, &conv, &p.thinking, &Map::new(), "messages").await?;
+    let (tokens, think_open) = (r.prompt, r.think_open);
+    let prompt_tokens = tokens.tokens.len();
     let mode = OutputMode::chat(think_open, conv.tools.as_ref());
     let mut gen = start(&state, "/v1/messages", &log, tokens, &p, mode, "messages")?;
     if conv.continue_final {
@@ -112,8 +112,8 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, body: Bytes) -> Re
         let core = core(&state)?;
         let conv = req.conversation()?;
         let thinking = req.common.thinking(&core.defaults)?;
-        let (tokens, _) = render_chat(&state, &conv, &thinking, &Map::new(), "messages").await?;
-        Ok::<Value, ApiError>(json!({"input_tokens": tokens.len()}))
+        let r = render_chat(&state, &conv, &thinking, &Map::new(), "messages").await?;
+        Ok::<Value, ApiError>(json!({"input_tokens": r.prompt.tokens.len()}))
     }
     .await;
     match r {

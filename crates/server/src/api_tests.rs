@@ -70,6 +70,8 @@ async fn server_with(
         close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
         keepalive: crate::gen::KEEPALIVE,
         backlog: crate::gen::BACKLOG,
+        vision: None,
+        image_limits: Default::default(),
     };
     let state = Arc::new(
         AppState::new(

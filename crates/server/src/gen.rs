@@ -41,6 +41,36 @@ pub struct Core {
     /// Bytes of a request's output that may wait unread before the request is
     /// stopped (a client that does not read its stream; `backlog`).
     pub backlog: usize,
+    /// The engine's vision encoder (`Engine::vision`): None, and a request with an
+    /// image is refused.
+    pub vision: Option<model::vision::VisionConfig>,
+    /// What an image may be (`--image-max-pixels`, `--image-min-pixels`).
+    pub image_limits: crate::images::ImageLimits,
+}
+
+/// A rendered, tokenized prompt.
+#[derive(Debug, Default)]
+pub struct Prompt {
+    pub tokens: Vec<u32>,
+    /// The images whose rows replace placeholder tokens, in order.
+    pub images: Vec<engine::PromptImage>,
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(tokens: Vec<u32>) -> Prompt {
+        Prompt {
+            tokens,
+            images: Vec::new(),
+        }
+    }
+}
+
+/// What [`render_chat`] gives.
+#[derive(Debug)]
+pub struct Rendered {
+    pub prompt: Prompt,
+    /// The prompt leaves the model inside an open think block.
+    pub think_open: bool,
 }
 
 /// [`Core::backlog`] in the server: tens of thousands of tokens, far more than a
@@ -76,7 +106,8 @@ pub fn core(state: &AppState) -> Result<&Core, ApiError> {
 }
 
 /// Renders a conversation with the model's template and tokenizes it. Returns the
-/// tokens and whether the prompt leaves the model inside an open think block.
+/// prompt (each image's placeholder expanded to its rows) and whether it leaves the
+/// model inside an open think block. Images are decoded and resized here too.
 ///
 /// The work runs on the blocking pool, not on the async runtime's threads: a large
 /// conversation takes seconds to render and tokenize, and `/health` and every other
@@ -87,7 +118,7 @@ pub async fn render_chat(
     thinking: &Thinking,
     extra: &Map<String, Value>,
     field: &str,
-) -> Result<(Vec<u32>, bool), ApiError> {
+) -> Result<Rendered, ApiError> {
     let (state, conv, thinking, extra, field) = (
         state.clone(),
         conv.clone(),
@@ -107,8 +138,10 @@ fn render_chat_now(
     thinking: &Thinking,
     extra: &Map<String, Value>,
     field: &str,
-) -> Result<(Vec<u32>, bool), ApiError> {
+) -> Result<Rendered, ApiError> {
     let core = core(state)?;
+    // Images first: a request the encoder cannot take is refused before any rendering.
+    let images = prepare_images(state, core, &conv)?;
     // Per-session noise (Claude Code's billing header) would keep every new session
     // from reusing the cached system prompt; the model does not need it.
     if core.defaults.strip_session_noise {
@@ -185,7 +218,69 @@ fn render_chat_now(
         .tokenizer
         .encode_prompt_marked(&text, &literal)
         .map_err(|e| ApiError::field(field, format!("{field}: cannot tokenize the prompt: {e}")))?;
-    Ok((tokens, open))
+    let prompt = match images {
+        None => Prompt::from(tokens),
+        Some((pad, merge, images)) => {
+            let (tokens, images) = crate::images::expand(&tokens, pad, images, merge)
+                .map_err(|e| ApiError::internal(format!("placing the images failed: {e}")))?;
+            Prompt { tokens, images }
+        }
+    };
+    Ok(Rendered {
+        prompt,
+        think_open: open,
+    })
+}
+
+/// The conversation's images ready for the encoder, in the order the messages place
+/// them, with the placeholder token and the merge size (None: no image).
+#[allow(clippy::type_complexity)]
+fn prepare_images(
+    state: &AppState,
+    core: &Core,
+    conv: &Conversation,
+) -> Result<Option<(u32, usize, Vec<Arc<model::vision::PreparedImage>>)>, ApiError> {
+    let Some(first) = conv.images.first() else {
+        return Ok(None);
+    };
+    let Some(vision) = &core.vision else {
+        return Err(crate::images::no_encoder(&first.field));
+    };
+    let pad = state
+        .tokenizer
+        .token_id(crate::images::IMAGE_PAD)
+        .ok_or_else(|| {
+            ApiError::field(
+                &first.field,
+                format!(
+                    "{}: this model's vocabulary has no {} token, so it cannot take images",
+                    first.field,
+                    crate::images::IMAGE_PAD
+                ),
+            )
+        })?;
+    // The order the template renders them: messages in order, items in order.
+    let mut order = Vec::with_capacity(conv.images.len());
+    for m in &conv.messages {
+        if let Value::Array(items) = &m["content"] {
+            for i in items {
+                if i["type"] == "image" {
+                    if let Some(k) = i["image"].as_u64() {
+                        order.push(k as usize);
+                    }
+                }
+            }
+        }
+    }
+    let mut prepared = Vec::with_capacity(order.len());
+    for k in order {
+        let img = conv.images.get(k).ok_or_else(|| {
+            ApiError::internal(format!("image {k} of the conversation is missing"))
+        })?;
+        let p = crate::images::prepare_input(img, vision, &core.image_limits)?;
+        prepared.push(Arc::new(p));
+    }
+    Ok(Some((pad, vision.merge, prepared)))
 }
 
 /// The 400 for a prompt of `n` tokens that does not fit a context of `n_ctx`.
@@ -330,13 +425,17 @@ pub fn start(
     state: &AppState,
     route: &str,
     log: &RequestLog,
-    prompt: Vec<u32>,
+    prompt: impl Into<Prompt>,
     params: &GenParams,
     mode: OutputMode<'_>,
     prompt_field: &str,
 ) -> Result<Generation, ApiError> {
     let core = core(state)?;
     let n_ctx = state.engine_info.n_ctx;
+    let Prompt {
+        tokens: prompt,
+        images,
+    } = prompt.into();
     if prompt.is_empty() {
         return Err(ApiError::field(
             prompt_field,
@@ -381,7 +480,10 @@ pub fn start(
     let (tx, rx) = crate::backlog::channel(core.backlog);
     let job = Job {
         id,
-        req: params.request(prompt, budget, constraint),
+        req: engine::GenerateRequest {
+            images,
+            ..params.request(prompt, budget, constraint)
+        },
         think,
         stops: params.stop.clone(),
         detok: Box::new(state.tokenizer.stream_decoder(true)),

@@ -49,6 +49,7 @@ pub mod backlog;
 pub mod device;
 pub mod error;
 pub mod gen;
+pub mod images;
 pub mod openai;
 pub mod output;
 pub mod params;
@@ -70,6 +71,8 @@ mod api_tests;
 mod client_fault_tests;
 #[cfg(test)]
 mod http_tests;
+#[cfg(test)]
+mod image_tests;
 #[cfg(test)]
 mod prompt_tests;
 #[cfg(test)]
@@ -118,6 +121,11 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Whether requests may carry images: the engine has a vision encoder.
+    pub fn takes_images(&self) -> bool {
+        self.core.as_ref().is_some_and(|c| c.vision.is_some())
+    }
+
     pub fn new(
         stats: Arc<metrics::Stats>,
         engine_info: engine::ModelInfo,

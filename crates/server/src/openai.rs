@@ -54,7 +54,8 @@ async fn chat(state: Arc<AppState>, log: RequestLog, body: &[u8]) -> Result<Resp
     let conv = req.conversation()?;
     let p = req.params(&core.defaults, state.engine_info.n_vocab, &conv)?;
     let extra = req.common.template_kwargs();
-    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &extra, "messages").await?;
+    let r = render_chat(&state, &conv, &p.thinking, &extra, "messages").await?;
+    let (tokens, open) = (r.prompt, r.think_open);
     let mode = OutputMode::chat(open, conv.tools.as_ref());
     let mut gen = start(
         &state,
@@ -496,6 +497,11 @@ pub fn model_entry(state: &AppState) -> Model {
                 "synthetic model (scoria synth): random weights (its output is noise)"
             }
         }),
+        capabilities: if state.takes_images() {
+            vec!["completion", "multimodal", "vision"]
+        } else {
+            vec!["completion"]
+        },
     }
 }
 

@@ -175,7 +175,7 @@ fn capabilities(state: &AppState, with_settings: bool) -> Value {
             "tool_choice": TOOL_CHOICES,
         },
         "streaming": true,
-        "images": false,
+        "images": state.takes_images(),
         "cancellation": "a client that disconnects is cancelled within one decode step",
         "queue": queue_note(state.stats.total_slots()),
     });
@@ -261,7 +261,7 @@ async fn props(State(state): State<Arc<AppState>>) -> Response {
         "total_slots": state.stats.total_slots(),
         "model_alias": state.model_id,
         "model_path": info.path,
-        "modalities": {"vision": false, "audio": false},
+        "modalities": {"vision": state.takes_images(), "audio": false},
         "endpoint_slots": true,
         "endpoint_props": false,
         "endpoint_metrics": true,

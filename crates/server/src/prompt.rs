@@ -105,6 +105,9 @@ pub struct Conversation {
     /// The last message is an assistant message to continue (a prefill), not a turn
     /// to close: Anthropic always, OpenAI chat with `continue_final_message: true`.
     pub continue_final: bool,
+    /// The images the messages carry: a content item `{"type": "image", "image": K}`
+    /// stands for `images[K]` (see `images`).
+    pub images: Vec<crate::images::ImageInput>,
 }
 
 impl Conversation {
@@ -186,6 +189,7 @@ impl Conversation {
 pub struct Builder {
     system: Vec<String>,
     turns: Vec<Value>,
+    images: Vec<crate::images::ImageInput>,
 }
 
 impl Builder {
@@ -200,9 +204,52 @@ impl Builder {
         }
     }
 
-    /// A user turn.
-    pub fn user(&mut self, text: String) {
-        self.turns.push(json!({"role": "user", "content": text}));
+    /// A user turn (text, or what [`Builder::content`] made).
+    pub fn user(&mut self, content: impl Into<Value>) {
+        self.turns
+            .push(json!({"role": "user", "content": content.into()}));
+    }
+
+    /// A message's content from its text and images: the text parts joined by
+    /// newlines when there is no image (as before images); else a list of text and
+    /// `{"type": "image", "image": K}` items in order (adjacent text joined by
+    /// newlines), the images kept for rendering.
+    pub fn content(&mut self, items: Vec<crate::api::content::Item>) -> Value {
+        use crate::api::content::Item;
+        if !items.iter().any(|i| matches!(i, Item::Image(_))) {
+            let texts: Vec<String> = items
+                .into_iter()
+                .filter_map(|i| match i {
+                    Item::Text(t) => Some(t),
+                    Item::Image(_) => None,
+                })
+                .collect();
+            return Value::String(texts.join("\n"));
+        }
+        let mut out: Vec<Value> = Vec::new();
+        let mut text: Option<String> = None;
+        for i in items {
+            match i {
+                Item::Text(t) => match &mut text {
+                    Some(s) => {
+                        s.push('\n');
+                        s.push_str(&t);
+                    }
+                    None => text = Some(t),
+                },
+                Item::Image(img) => {
+                    if let Some(t) = text.take() {
+                        out.push(json!({"type": "text", "text": t}));
+                    }
+                    out.push(json!({"type": "image", "image": self.images.len()}));
+                    self.images.push(img);
+                }
+            }
+        }
+        if let Some(t) = text {
+            out.push(json!({"type": "text", "text": t}));
+        }
+        Value::Array(out)
     }
 
     /// A turn as it stands.
@@ -210,12 +257,12 @@ impl Builder {
         self.turns.push(turn);
     }
 
-    /// A tool's result.
-    pub fn tool_result(&mut self, call_id: Value, text: String) {
+    /// A tool's result (text, or what [`Builder::content`] made).
+    pub fn tool_result(&mut self, call_id: Value, content: impl Into<Value>) {
         self.turns.push(json!({
             "role": "tool",
             "tool_call_id": call_id,
-            "content": text,
+            "content": content.into(),
         }));
     }
 
@@ -232,6 +279,11 @@ impl Builder {
         }
         self.turns
             .push(json!({"role": "assistant", "content": "", "tool_calls": [call]}));
+    }
+
+    /// The images [`Builder::content`] kept, in the order their items number them.
+    pub fn take_images(&mut self) -> Vec<crate::images::ImageInput> {
+        std::mem::take(&mut self.images)
     }
 
     pub fn finish(self) -> Vec<Value> {
@@ -273,6 +325,22 @@ pub fn ends_in_open_think(prompt: &str) -> bool {
     }
 }
 
+/// A message's content as ChatML text: a string as it is; a list's text items, and
+/// each image item as the Qwen vision placeholder.
+fn chatml_content(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| match i["type"].as_str() {
+                Some("image") => "<|vision_start|><|image_pad|><|vision_end|>",
+                _ => i["text"].as_str().unwrap_or(""),
+            })
+            .collect(),
+        _ => String::new(),
+    }
+}
+
 /// A ChatML renderer in the Qwen layout, used when the model file has no template.
 pub struct ChatMl;
 
@@ -309,7 +377,7 @@ impl PromptRender for ChatMl {
         }
         for m in rest {
             let role = m["role"].as_str().unwrap_or("user");
-            let content = m["content"].as_str().unwrap_or("");
+            let content = &chatml_content(&m["content"]);
             match role {
                 "tool" => out.push_str(&format!(
                     "<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n"

@@ -101,10 +101,12 @@ async fn prompt_tokens(state: &Arc<AppState>, body: Value, anthropic: bool) -> (
         budget: None,
         effort: None,
     };
-    let (tokens, _) =
+    let tokens =
         crate::gen::render_chat(state, &conv, &thinking, &serde_json::Map::new(), "messages")
             .await
-            .unwrap();
+            .unwrap()
+            .prompt
+            .tokens;
     let text = tokenizer().decode(&tokens, false);
     (tokens, text)
 }

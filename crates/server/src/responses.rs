@@ -58,7 +58,8 @@ async fn response(
     req.refuse_stored()?;
     let conv = req.conversation()?;
     let p = req.params(&core.defaults, state.engine_info.n_vocab, &conv)?;
-    let (tokens, open) = render_chat(&state, &conv, &p.thinking, &Map::new(), "input").await?;
+    let r = render_chat(&state, &conv, &p.thinking, &Map::new(), "input").await?;
+    let (tokens, open) = (r.prompt, r.think_open);
     let mode = OutputMode::chat(open, conv.tools.as_ref());
     let gen = start(&state, "/v1/responses", &log, tokens, &p, mode, "input")?;
     let suffix = unique_suffix(gen.id);

@@ -218,6 +218,29 @@ impl EngineSettings {
             draft_max: self.draft_max,
             draft_min: self.draft_min,
         };
+        cfg.mmproj = self.mmproj.clone();
+    }
+
+    /// The vision encoder for `model` (`--mmproj`, else one `mmproj*.gguf` beside the
+    /// model unless `--no-mmproj`) into `cfg`, and what to log about the choice.
+    pub fn choose_mmproj(
+        &self,
+        model: &std::path::Path,
+        cfg: &mut engine::EngineConfig,
+    ) -> Option<String> {
+        let (path, note) =
+            crate::images::choose_mmproj(model, self.mmproj.as_deref(), self.no_mmproj);
+        cfg.mmproj = path;
+        note
+    }
+
+    /// What an image may be (`--image-max-pixels`, `--image-min-pixels`).
+    pub fn image_limits(&self) -> crate::images::ImageLimits {
+        crate::images::ImageLimits {
+            max_pixels: self.image_max_pixels,
+            min_pixels: self.image_min_pixels,
+            ..Default::default()
+        }
     }
 }
 

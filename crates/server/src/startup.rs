@@ -105,6 +105,7 @@ pub fn core_for(
         Some(t) => Arc::new(prompt::TemplateRenderer(t.clone())),
         None => Arc::new(prompt::ChatMl),
     };
+    let vision = engine.vision().cloned();
     let worker = worker::Worker::spawn(Box::new(engine), stats)?;
     Ok(Loaded {
         core: gen::Core {
@@ -117,6 +118,8 @@ pub fn core_for(
             close_short,
             keepalive: gen::KEEPALIVE,
             backlog: gen::BACKLOG,
+            vision,
+            image_limits: Default::default(),
         },
         info,
         tokenizer,
@@ -173,7 +176,9 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         eprintln!("scoria serve: listening on http://{bound} (loading the model; /health reports progress)");
 
         let model_setting = settings.server.model.clone();
+        let engine_settings = settings.engine.clone();
         let (engine, demo) = tokio::task::spawn_blocking(move || {
+            let mut cfg = cfg;
             // Without --model, the trained demo model of the checkout (its hash checked).
             let (path, demo) = match model_setting {
                 Some(p) => (p, false),
@@ -187,6 +192,9 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
                 path.display(),
                 if demo { " (the demo model)" } else { "" }
             );
+            if let Some(note) = engine_settings.choose_mmproj(&path, &mut cfg) {
+                eprintln!("scoria serve: {note}");
+            }
             engine::Engine::load(&path, &cfg)
                 .map(|e| (e, demo))
                 .map_err(|err| ServeError::Load {
@@ -200,11 +208,15 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         eprintln!("scoria serve: memory: {}", engine.memory().describe());
         let stats = Arc::new(metrics::Stats::new());
         let Loaded {
-            core,
+            mut core,
             info,
             tokenizer,
             template,
         } = core_for(engine, settings.defaults.clone(), stats.clone())?;
+        core.image_limits = settings.engine.image_limits();
+        if core.vision.is_some() {
+            eprintln!("scoria serve: images: on (the vision encoder is loaded)");
+        }
         let model_id = match (&settings.server.alias, demo) {
             (Some(a), _) => a.clone(),
             (None, true) => "scoria-demo".to_string(),

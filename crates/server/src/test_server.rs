@@ -4,7 +4,7 @@
 //! settings a test chooses.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
@@ -14,7 +14,7 @@ use crate::metrics::Stats;
 use crate::prompt::{ChatMl, PromptRender};
 use crate::settings::RequestDefaults;
 use crate::worker::testing::Scripted;
-use crate::worker::{Worker, BUDGET_CLOSE_TEXT};
+use crate::worker::{Generator, Worker, BUDGET_CLOSE_TEXT};
 use crate::AppState;
 
 /// How a test server is built.
@@ -25,6 +25,35 @@ pub(crate) struct Setup {
     pub(crate) api_key: Option<String>,
     pub(crate) n_ctx: usize,
     pub(crate) settings: Value,
+    /// The fake engine's vision encoder (None: it takes no images).
+    pub(crate) vision: Option<model::vision::VisionConfig>,
+    /// Where the generator records each request's prompt and images.
+    pub(crate) seen: Option<Seen>,
+    pub(crate) image_limits: crate::images::ImageLimits,
+}
+
+/// Each request's prompt tokens and images, as the generator received them.
+pub(crate) type Seen = Arc<Mutex<Vec<(Vec<u32>, Vec<engine::PromptImage>)>>>;
+
+/// The scripted generator, recording what it is asked.
+struct Recording {
+    inner: Scripted,
+    seen: Seen,
+}
+
+impl Generator for Recording {
+    fn generate(
+        &mut self,
+        req: &engine::GenerateRequest,
+        on_prompt: &mut dyn FnMut(&engine::PromptProgress) -> engine::Flow,
+        on_token: &mut dyn FnMut(&engine::TokenEvent) -> engine::Flow,
+    ) -> Result<engine::Completion, String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((req.prompt.clone(), req.images.clone()));
+        self.inner.generate(req, on_prompt, on_token)
+    }
 }
 
 impl Setup {
@@ -36,6 +65,9 @@ impl Setup {
             api_key: None,
             n_ctx: info().n_ctx,
             settings: json!({}),
+            vision: None,
+            seen: None,
+            image_limits: Default::default(),
         }
     }
 
@@ -45,8 +77,15 @@ impl Setup {
         let mut ids = tok.encode(&self.script, true).expect("encode");
         ids.push(eog);
         let stats = Arc::new(Stats::new());
-        let worker =
-            Worker::spawn(Box::new(Scripted { script: ids, eog }), stats.clone()).expect("worker");
+        let scripted = Scripted { script: ids, eog };
+        let generator: Box<dyn Generator> = match self.seen {
+            Some(seen) => Box::new(Recording {
+                inner: scripted,
+                seen,
+            }),
+            None => Box::new(scripted),
+        };
+        let worker = Worker::spawn(generator, stats.clone()).expect("worker");
         let core = Core {
             worker,
             defaults: self.defaults,
@@ -57,6 +96,8 @@ impl Setup {
             close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
             keepalive: crate::gen::KEEPALIVE,
             backlog: crate::gen::BACKLOG,
+            vision: self.vision,
+            image_limits: self.image_limits,
         };
         let mut info = info();
         info.n_ctx = self.n_ctx;

@@ -143,6 +143,8 @@ async fn serve_with(script: &str, delay: Duration, defaults: RequestDefaults) ->
         close_short: tok.encode("\n</think>\n\n", true).expect("encode"),
         keepalive: crate::gen::KEEPALIVE,
         backlog: crate::gen::BACKLOG,
+        vision: None,
+        image_limits: Default::default(),
     };
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink = lines.clone();

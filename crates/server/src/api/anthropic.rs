@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::common::{Common, Route};
-use super::content::{self, Content, Part, TypedPart, TEXT_PARTS};
+use super::content::{self, Content, Item, Part, TypedPart, TEXT_PARTS};
 use super::field::{objects, Field, FromJson};
 use super::Timings;
 use crate::error::ApiError;
@@ -114,6 +114,7 @@ impl MessagesRequest {
             message(&mut b, m, &field)?;
         }
         let tools = self.template_tools()?;
+        let images = b.take_images();
         let messages = b.finish();
         let continue_final = messages
             .last()
@@ -122,6 +123,7 @@ impl MessagesRequest {
             messages,
             tools,
             continue_final,
+            images,
         })
     }
 
@@ -244,7 +246,7 @@ fn message(b: &mut Builder, m: &Message, field: &str) -> Result<(), ApiError> {
     }
     let blocks: &[Field<Block>] = match &m.content {
         Field::Ok(Blocks::Text(s)) => {
-            b.push(turn(role, vec![s.clone()], Vec::new(), Vec::new()));
+            b.push(turn(role, json!(s), Vec::new(), Vec::new()));
             return Ok(());
         }
         Field::Ok(Blocks::List(list)) => list,
@@ -252,7 +254,7 @@ fn message(b: &mut Builder, m: &Message, field: &str) -> Result<(), ApiError> {
         Field::Null => return Err(content_error(field, "null")),
         Field::Wrong(v) => return Err(content_error(field, &v.to_string())),
     };
-    let mut text: Vec<String> = Vec::new();
+    let mut text: Vec<Item> = Vec::new();
     let mut thinking: Vec<String> = Vec::new();
     let mut calls: Vec<Value> = Vec::new();
     let empty = Block::default();
@@ -261,7 +263,7 @@ fn message(b: &mut Builder, m: &Message, field: &str) -> Result<(), ApiError> {
         let blk = blk.ok().unwrap_or(&empty);
         let ty = blk.part.kind.str().unwrap_or("");
         match (role, ty) {
-            (_, "text") => text.push(
+            (_, "text") => text.push(Item::Text(
                 blk.part
                     .text
                     .str()
@@ -272,7 +274,8 @@ fn message(b: &mut Builder, m: &Message, field: &str) -> Result<(), ApiError> {
                         )
                     })?
                     .to_string(),
-            ),
+            )),
+            ("user", "image") => text.push(Item::Image(content::image(&blk.part, "image", &bf)?)),
             ("assistant", "thinking") => {
                 if let Some(t) = blk.thinking.str() {
                     thinking.push(t.to_string());
@@ -289,10 +292,16 @@ fn message(b: &mut Builder, m: &Message, field: &str) -> Result<(), ApiError> {
             }
             ("user", "tool_result") => {
                 // Results go out as tool turns, before the user's own text.
-                let mut out = content::text(&blk.content, &format!("{bf}.content"), TEXT_PARTS)?;
-                if blk.is_error.is_true() && !out.starts_with("Error") {
-                    out = format!("Error: {out}");
+                let cf = format!("{bf}.content");
+                let mut items = content::items(&blk.content, &cf, TEXT_PARTS, true)?;
+                if blk.is_error.is_true() {
+                    match items.first_mut() {
+                        Some(Item::Text(t)) if t.starts_with("Error") => {}
+                        Some(Item::Text(t)) => *t = format!("Error: {t}"),
+                        _ => items.insert(0, Item::Text("Error: ".into())),
+                    }
                 }
+                let out = b.content(items);
                 b.push(json!({
                     "role": "tool",
                     "tool_call_id": blk.tool_use_id.or_null(),
@@ -302,7 +311,7 @@ fn message(b: &mut Builder, m: &Message, field: &str) -> Result<(), ApiError> {
             (_, t) if t.contains("image") || t == "document" => {
                 return Err(ApiError::field(
                     &bf,
-                    format!("{bf}: content of type \"{t}\" is not supported (text only)"),
+                    format!("{bf}: content of type \"{t}\" is not supported here (images go in user messages and tool results)"),
                 ))
             }
             (r, t) => {
@@ -317,13 +326,14 @@ fn message(b: &mut Builder, m: &Message, field: &str) -> Result<(), ApiError> {
         // Only tool results.
         return Ok(());
     }
-    b.push(turn(role, text, thinking, calls));
+    let content = b.content(text);
+    b.push(turn(role, content, thinking, calls));
     Ok(())
 }
 
 /// A user or assistant turn.
-fn turn(role: &str, text: Vec<String>, thinking: Vec<String>, calls: Vec<Value>) -> Value {
-    let mut turn = json!({"role": role, "content": text.join("\n")});
+fn turn(role: &str, content: Value, thinking: Vec<String>, calls: Vec<Value>) -> Value {
+    let mut turn = json!({"role": role, "content": content});
     if !thinking.is_empty() {
         turn["reasoning_content"] = json!(thinking.join("\n"));
     }
@@ -349,7 +359,7 @@ fn as_content(f: &Field<Blocks>) -> Field<Content> {
         Field::Ok(Blocks::List(list)) => Field::Ok(Content::Parts(
             list.iter()
                 .map(|b| match b {
-                    Field::Ok(b) => Field::Ok(Part::Typed(b.part.clone())),
+                    Field::Ok(b) => Field::Ok(Part::Typed(Box::new(b.part.clone()))),
                     Field::Null => Field::Null,
                     Field::Absent => Field::Absent,
                     // A string is a text part.

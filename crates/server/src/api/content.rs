@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use super::field::{objects, Field, FromJson};
 use crate::error::ApiError;
+use crate::images::{self, ImageInput};
 
 /// A message's content: a string, or a list of parts.
 #[derive(Debug)]
@@ -31,14 +32,14 @@ impl FromJson for Content {
 #[derive(Debug)]
 pub enum Part {
     Text(String),
-    Typed(TypedPart),
+    Typed(Box<TypedPart>),
 }
 
 impl FromJson for Part {
     fn from_json(v: Value) -> Result<Self, Value> {
         match v {
             Value::String(s) => Ok(Part::Text(s)),
-            v @ Value::Object(_) => TypedPart::from_json(v).map(Part::Typed),
+            v @ Value::Object(_) => TypedPart::from_json(v).map(|t| Part::Typed(Box::new(t))),
             other => Err(other),
         }
     }
@@ -53,6 +54,12 @@ pub struct TypedPart {
     pub text: Field<String>,
     /// A refusal part carries its text here.
     pub refusal: Field<String>,
+    /// `image_url` (chat: `{"url"}` or a string) and `input_image` (Responses: a string).
+    pub image_url: Field<Value>,
+    /// Responses `input_image` by file id (refused: nothing is stored).
+    pub file_id: Field<Value>,
+    /// Anthropic `image`: `{"type": "base64", "media_type", "data"}`.
+    pub source: Field<Value>,
 }
 
 objects!(TypedPart);
@@ -64,19 +71,76 @@ pub const ASSISTANT_PARTS: &[&str] = &["text", "output_text", "refusal"];
 /// Only text parts (tool results, Anthropic's text).
 pub const TEXT_PARTS: &[&str] = &["text"];
 
+/// What a content value is made of: text, and images where the message may carry them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    Text(String),
+    Image(ImageInput),
+}
+
 /// The text of a content value (parts joined by newlines; absent or null is empty).
 /// `allowed` are the part types read as text; an image part is refused by name.
 pub fn text(content: &Field<Content>, field: &str, allowed: &[&str]) -> Result<String, ApiError> {
+    let items = items(content, field, allowed, false)?;
+    Ok(items
+        .into_iter()
+        .filter_map(|i| match i {
+            Item::Text(t) => Some(t),
+            Item::Image(_) => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+/// The image a typed part carries (`image_url`, `input_image` or `image`), read from
+/// `f` (the part's field name).
+pub fn image(t: &TypedPart, ty: &str, f: &str) -> Result<ImageInput, ApiError> {
+    if ty == "image" {
+        return images::from_anthropic_source(t.source.ok(), &format!("{f}.source"));
+    }
+    if ty == "input_image" && t.image_url.ok().is_none() && t.file_id.ok().is_some() {
+        return Err(ApiError::field(
+            &format!("{f}.file_id"),
+            format!("{f}.file_id: this server stores no files; send the image in image_url as a base64 data: URL (data:image/png;base64,...)"),
+        ));
+    }
+    match t.image_url.ok() {
+        Some(Value::String(url)) => images::from_url(url, &format!("{f}.image_url")),
+        Some(Value::Object(o)) => match o.get("url") {
+            Some(Value::String(url)) => images::from_url(url, &format!("{f}.image_url.url")),
+            _ => Err(ApiError::field(
+                &format!("{f}.image_url.url"),
+                format!("{f}.image_url.url must be a base64 data: URL of the image (data:image/png;base64,...)"),
+            )),
+        },
+        _ => Err(ApiError::field(
+            &format!("{f}.image_url"),
+            format!("{f}.image_url must be a base64 data: URL of the image (data:image/png;base64,...)"),
+        )),
+    }
+}
+
+/// The part types that carry an image.
+pub const IMAGE_PARTS: &[&str] = &["image_url", "input_image", "image"];
+
+/// A content value's text parts and (`with_images`: user messages and tool results)
+/// image parts, in order. `allowed` are the part types read as text.
+pub fn items(
+    content: &Field<Content>,
+    field: &str,
+    allowed: &[&str],
+    with_images: bool,
+) -> Result<Vec<Item>, ApiError> {
     match content {
-        Field::Absent | Field::Null => Ok(String::new()),
-        Field::Ok(Content::Text(s)) => Ok(s.clone()),
+        Field::Absent | Field::Null => Ok(Vec::new()),
+        Field::Ok(Content::Text(s)) => Ok(vec![Item::Text(s.clone())]),
         Field::Ok(Content::Parts(parts)) => {
-            let mut out: Vec<String> = Vec::new();
+            let mut out = Vec::new();
             for (j, p) in parts.iter().enumerate() {
                 let f = format!("{field}[{j}]");
                 let typed = match p {
                     Field::Ok(Part::Text(s)) => {
-                        out.push(s.clone());
+                        out.push(Item::Text(s.clone()));
                         continue;
                     }
                     Field::Ok(Part::Typed(t)) => Some(t),
@@ -92,15 +156,24 @@ pub fn text(content: &Field<Content>, field: &str, allowed: &[&str]) -> Result<S
                     let t = value.ok_or_else(|| {
                         ApiError::field(&f, format!("{f}.{key} must be a string"))
                     })?;
-                    out.push(t.to_string());
+                    out.push(Item::Text(t.to_string()));
+                } else if let (true, true, Some(t)) =
+                    (with_images, IMAGE_PARTS.contains(&ty), typed)
+                {
+                    out.push(Item::Image(image(t, ty, &f)?));
                 } else if ty.contains("image")
                     || ty.contains("audio")
                     || ty.contains("file")
                     || ty == "document"
                 {
+                    let only = if with_images {
+                        "images and text only"
+                    } else {
+                        "text only; images go in user messages and tool results"
+                    };
                     return Err(ApiError::field(
                         &f,
-                        format!("{f}: content of type \"{ty}\" is not supported (text only)"),
+                        format!("{f}: content of type \"{ty}\" is not supported here ({only})"),
                     ));
                 } else {
                     return Err(ApiError::field(
@@ -109,7 +182,7 @@ pub fn text(content: &Field<Content>, field: &str, allowed: &[&str]) -> Result<S
                     ));
                 }
             }
-            Ok(out.join("\n"))
+            Ok(out)
         }
         Field::Wrong(other) => Err(ApiError::field(
             field,

@@ -245,6 +245,13 @@ impl ChatRequest {
                     format!("{field}.role is required"),
                 )
             })?;
+            if role == "user" {
+                let cf = format!("{field}.content");
+                let items = content::items(&m.content, &cf, USER_PARTS, true)?;
+                let c = b.content(items);
+                b.user(c);
+                continue;
+            }
             if let Some(text) = role_text(role, &m.content, &field)? {
                 if let Some(mut turn) = push_role_text(&mut b, role, text) {
                     assistant_extras(&mut turn, m, &field)?;
@@ -255,8 +262,8 @@ impl ChatRequest {
             match role {
                 "tool" | "function" => {
                     let cf = format!("{field}.content");
-                    let text = content::text(&m.content, &cf, TEXT_PARTS)?;
-                    let mut turn = json!({"role": "tool", "content": text});
+                    let items = content::items(&m.content, &cf, TEXT_PARTS, true)?;
+                    let mut turn = json!({"role": "tool", "content": b.content(items)});
                     if let Some(id) = m.tool_call_id.sent() {
                         turn["tool_call_id"] = id;
                     }
@@ -273,6 +280,7 @@ impl ChatRequest {
                 }
             }
         }
+        let images = b.take_images();
         let messages = b.finish();
         let continue_final = match self.continue_final_message.flag("continue_final_message")? {
             None | Some(false) => false,
@@ -286,6 +294,7 @@ impl ChatRequest {
             messages,
             tools: self.template_tools()?,
             continue_final,
+            images,
         })
     }
 
@@ -824,6 +833,9 @@ pub struct Model {
     pub meta: ModelMeta,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<&'static str>,
+    /// What the model takes: `completion`, and `multimodal` and `vision` when it
+    /// takes images.
+    pub capabilities: Vec<&'static str>,
 }
 
 #[derive(Debug, Serialize)]

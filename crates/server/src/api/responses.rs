@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::common::{Common, Route};
-use super::content::{self, Content};
+use super::content::{self, Content, USER_PARTS};
 use super::field::{objects, Field, FromJson, OBJECT};
 use super::openai::{
     answer_format, parallel_off, push_role_text, role_text, template_tool, tool_choice, Format,
@@ -191,7 +191,9 @@ impl ResponsesRequest {
         }
         let choice_none = self.tool_choice.ok().and_then(Value::as_str) == Some("none");
         // Forced choices are read and enforced by structured output.
+        let images = b.take_images();
         Ok(Conversation {
+            images,
             messages: b.finish(),
             tools: if tools.is_empty() || choice_none {
                 None
@@ -292,6 +294,13 @@ fn item_turn(b: &mut Builder, item: &Item, field: &str) -> Result<(), ApiError> 
     match item.kind.str().unwrap_or("message") {
         "message" => {
             let role = item.role.str().unwrap_or("");
+            if role == "user" {
+                let cf = format!("{field}.content");
+                let items = content::items(&item.content, &cf, USER_PARTS, true)?;
+                let c = b.content(items);
+                b.user(c);
+                return Ok(());
+            }
             let Some(text) = role_text(role, &item.content, field)? else {
                 return Err(ApiError::field(
                     &format!("{field}.role"),
@@ -315,14 +324,18 @@ fn item_turn(b: &mut Builder, item: &Item, field: &str) -> Result<(), ApiError> 
         }
         "function_call_output" => {
             let out = match item.output.sent() {
-                Some(Value::String(s)) => s,
-                Some(v @ Value::Array(_)) => content::text(
-                    &Field::from_value(v),
-                    &format!("{field}.output"),
-                    &["input_text", "output_text", "text"],
-                )?,
-                Some(v) => v.to_string(),
-                None => String::new(),
+                Some(Value::String(s)) => Value::String(s),
+                Some(v @ Value::Array(_)) => {
+                    let items = content::items(
+                        &Field::from_value(v),
+                        &format!("{field}.output"),
+                        &["input_text", "output_text", "text"],
+                        true,
+                    )?;
+                    b.content(items)
+                }
+                Some(v) => Value::String(v.to_string()),
+                None => Value::String(String::new()),
             };
             b.tool_result(item.call_id.or_null(), out);
         }

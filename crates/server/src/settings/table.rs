@@ -184,6 +184,20 @@ settings! {
         /// Context length to allocate.
         max_context: Option<usize> = "engine" "max-context", Kind::Count { min: 64 }, NULL,
             "engine default: min(trained, 4096)", arg Option<usize>, short = 'c';
+        /// Vision encoder (an mmproj GGUF, as llama.cpp's converter writes it): requests
+        /// may then carry images.
+        mmproj: Option<PathBuf> = "engine" "mmproj", Kind::Path, NULL,
+            "the one mmproj*.gguf in the model file's directory, if there is exactly one",
+            arg Option<PathBuf>, value_name = "FILE";
+        /// Load no vision encoder, even when an mmproj*.gguf lies beside the model.
+        no_mmproj: bool = "engine" "no-mmproj", Kind::Bool, json!(false), "", arg bool;
+        /// Images larger than this many pixels are scaled down to it (keeping their
+        /// shape) before the encoder sees them: fewer prompt tokens per image.
+        image_max_pixels: usize = "engine" "image-max-pixels", Kind::Count { min: 1 },
+            json!(crate::images::ImageLimits::default().max_pixels), "", arg Option<u64>;
+        /// Images smaller than this many pixels are scaled up to it.
+        image_min_pixels: usize = "engine" "image-min-pixels", Kind::Count { min: 1 },
+            json!(crate::images::ImageLimits::default().min_pixels), "", arg Option<u64>;
     }
 
     /// The server's slots and prompt cache (file section `engine`).

@@ -36,6 +36,13 @@ impl<T: ToSetting> CliValue for Option<T> {
 }
 
 /// A repeatable flag (`--cors-origin`): its values joined by commas.
+/// A flag without a value (`--no-mmproj`): set when given.
+impl CliValue for bool {
+    fn setting(&self) -> Option<Value> {
+        self.then_some(Value::Bool(true))
+    }
+}
+
 impl CliValue for Vec<String> {
     fn setting(&self) -> Option<Value> {
         (!self.is_empty()).then(|| Value::String(self.join(",")))
