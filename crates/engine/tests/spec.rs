@@ -610,6 +610,21 @@ fn demo_mtp_block_matches_transformers_and_its_drafts_are_accepted() {
     let (drafted, accepted) = drafts(&b);
     eprintln!("demo: MTP {accepted} of {drafted} drafts accepted");
     assert!(accepted > 0, "{accepted} of {drafted}");
+    // One slot, requests one after the other: each starts from what the slot or the
+    // prompt cache restores, and its MTP cache starts again after it — every request
+    // drafts.
+    let mut one = engine(&path, 1, SpecMode::Mtp, 3);
+    let three = [reqs[0].clone(), reqs[1].clone(), reqs[0].clone()];
+    let c = run_alone(&mut one, &three);
+    same("demo mtp one slot", &run_alone(&mut plain, &three), &c);
+    for (i, s) in c.iter().enumerate() {
+        let t = &s.done.as_ref().unwrap().as_ref().unwrap().timings;
+        assert!(
+            t.draft_n > 0,
+            "request {i} drafted nothing (cached {})",
+            t.cache_n
+        );
+    }
 }
 
 /// With the routed experts tiered (`--ram-budget`: read from the file when routed to),

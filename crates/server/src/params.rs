@@ -53,6 +53,8 @@ pub struct GenParams {
     pub logprobs: Option<usize>,
     /// Speculative decoding's draft limits (`speculative.n_max`/`n_min`).
     pub speculative: engine::DraftLimits,
+    /// Go on past end-of-generation tokens (`ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 impl GenParams {
@@ -69,7 +71,7 @@ impl GenParams {
             prompt,
             max_tokens,
             sampling: self.sampling.clone(),
-            stop_at_eog: true,
+            stop_at_eog: !self.ignore_eos,
             constraint,
             logprobs: self.logprobs,
             speculative: self.speculative,

@@ -22,9 +22,12 @@ use super::{moe, Act, CpuBackend, KvCache};
 /// A sequence's MTP state.
 pub struct MtpState {
     kv: KvCache,
-    /// MTP positions `1..=len` are in the cache; None: lost track (no drafts until
-    /// the sequence is cleared).
-    len: Option<usize>,
+    /// MTP positions `base..end` are in the cache (position p at index p − base).
+    /// A sequence that lost them (restored from a snapshot, or given a prefix this
+    /// state does not hold) starts again where its trunk states resume: its drafts
+    /// then see a shorter past until it is cleared.
+    base: usize,
+    end: usize,
     /// The trunk's post-norm hidden rows of the last step, positions `pos0..`.
     hidden: Act,
     pos0: usize,
@@ -34,7 +37,8 @@ impl MtpState {
     pub fn new(kvw: usize) -> MtpState {
         MtpState {
             kv: KvCache::new(kvw),
-            len: Some(0),
+            base: 1,
+            end: 1,
             hidden: Act::zeros(0, 0),
             pos0: 0,
         }
@@ -43,24 +47,24 @@ impl MtpState {
     /// An empty sequence.
     pub fn clear(&mut self) {
         self.kv.free();
-        self.len = Some(0);
+        self.base = 1;
+        self.end = 1;
         self.hidden = Act::zeros(0, 0);
         self.pos0 = 0;
     }
 
-    /// The sequence's state came from elsewhere (a snapshot): no drafts until cleared.
+    /// The sequence's state came from elsewhere (a snapshot): the MTP cache starts
+    /// again after the next step.
     pub fn lose(&mut self) {
         self.clear();
-        self.len = None;
+        self.base = 0;
+        self.end = 0;
     }
 
     /// The sequence was rolled back to `pos` positions.
     pub fn truncate(&mut self, pos: usize) {
-        if let Some(l) = self.len {
-            let l = l.min(pos.saturating_sub(1));
-            self.len = Some(l);
-            self.kv.truncate(l);
-        }
+        self.end = self.end.min(pos).max(self.base);
+        self.kv.truncate(self.end - self.base);
         let keep = pos.saturating_sub(self.pos0).min(self.hidden.rows);
         self.hidden.rows = keep;
         self.hidden.data.truncate(keep * self.hidden.cols);
@@ -72,8 +76,8 @@ impl MtpState {
 }
 
 /// Rows `tokens` at MTP positions `p0..` with the hidden rows `hidden` through the
-/// MTP block (K/V written at cache indices `p0 − 1..`); the post-norm output rows,
-/// and their logits when `logits`.
+/// MTP block (K/V written from cache index `at`); the post-norm output rows, and
+/// their logits when `logits`.
 #[allow(clippy::too_many_arguments)]
 fn pass(
     b: &CpuBackend,
@@ -81,6 +85,7 @@ fn pass(
     tokens: &[u32],
     hidden: &Act,
     p0: usize,
+    at: usize,
     kv: &mut KvCache,
     n_ctx: usize,
     logits: bool,
@@ -103,7 +108,7 @@ fn pass(
     let proj = attention::project(b, aw, &h);
     let rope: Vec<[u32; 3]> = (0..n).map(|i| [(p0 + i) as u32; 3]).collect();
     let at = At {
-        pos0: p0 - 1,
+        pos0: at,
         rope: Some(&rope),
     };
     let core = attention::core(b, aw, &proj, 0, n, at, kv, n_ctx);
@@ -144,55 +149,55 @@ pub(super) fn fill(
     h: Act,
     n_ctx: usize,
 ) {
-    let Some(len) = st.len else {
-        return;
-    };
     let n = tokens.len();
     // h_{pos0−1}: a row of the step before (a slot that kept only part of its
     // history goes back to it).
-    let prev = (pos0 > 0).then(|| {
-        (st.pos0 < pos0 && pos0 <= st.pos0 + st.hidden.rows)
-            .then(|| st.hidden.row(pos0 - 1 - st.pos0).to_vec())
-    });
-    if len < pos0.saturating_sub(1) || matches!(prev, Some(None)) {
-        st.lose();
-        return;
-    }
-    st.len = Some(pos0.saturating_sub(1));
-    st.kv.truncate(pos0.saturating_sub(1));
-    let first = pos0.max(1);
-    let rows = pos0 + n - first;
+    let prev = (pos0 > 0 && st.pos0 < pos0 && pos0 <= st.pos0 + st.hidden.rows)
+        .then(|| st.hidden.row(pos0 - 1 - st.pos0).to_vec());
+    let first = if pos0 == 0 {
+        st.clear();
+        1
+    } else if prev.is_some() && st.base <= pos0 && pos0 <= st.end {
+        st.truncate(pos0);
+        pos0
+    } else {
+        // Nothing before this step: start again after its first position.
+        st.kv.free();
+        st.base = pos0 + 1;
+        st.end = pos0 + 1;
+        pos0 + 1
+    };
+    let rows = (pos0 + n).saturating_sub(first);
     if rows > 0 {
         let mut hid = Act::zeros(rows, h.cols);
         for (i, p) in (first..pos0 + n).enumerate() {
-            let src = if p == pos0 {
-                prev.as_ref()
-                    .and_then(|p| p.as_deref())
-                    .expect("checked above")
-            } else {
-                h.row(p - 1 - pos0)
+            let src = match (p == pos0, &prev) {
+                (true, Some(row)) => &row[..],
+                _ => h.row(p - 1 - pos0),
             };
             hid.row_mut(i).copy_from_slice(src);
         }
+        let at = first - st.base;
         pass(
             b,
             w,
             &tokens[first - pos0..],
             &hid,
             first,
+            at,
             &mut st.kv,
             n_ctx,
             false,
         );
     }
-    st.len = Some(pos0 + n - 1);
+    st.end = pos0 + n;
     st.hidden = h;
     st.pos0 = pos0;
 }
 
 /// Up to `k` drafts after `token`, which the next step feeds at the sequence's end
-/// (greedy over the MTP's logits, ties to the lower id); none when the state lost
-/// track. The drafts' K/V are dropped again.
+/// (greedy over the MTP's logits, ties to the lower id); none when the state does
+/// not reach the sequence's end. The drafts' K/V are dropped again.
 pub(super) fn draft(
     b: &CpuBackend,
     w: &MtpWeights,
@@ -201,13 +206,10 @@ pub(super) fn draft(
     k: usize,
     n_ctx: usize,
 ) -> Vec<u32> {
-    let Some(len) = st.len else {
-        return Vec::new();
-    };
-    if st.hidden.rows == 0 || len + 1 != st.pos0 + st.hidden.rows {
+    let t = st.pos0 + st.hidden.rows;
+    if st.hidden.rows == 0 || st.end != t || st.base == 0 {
         return Vec::new();
     }
-    let t = st.pos0 + st.hidden.rows;
     let mut hid = Act::zeros(1, st.hidden.cols);
     hid.row_mut(0)
         .copy_from_slice(st.hidden.row(st.hidden.rows - 1));
@@ -218,13 +220,14 @@ pub(super) fn draft(
         if t + i + 1 >= n_ctx {
             break;
         }
-        let (o, lg) = pass(b, w, &[tok], &hid, t + i, &mut st.kv, n_ctx, true);
+        let at = t + i - st.base;
+        let (o, lg) = pass(b, w, &[tok], &hid, t + i, at, &mut st.kv, n_ctx, true);
         let lg = lg.expect("asked for logits");
         tok = argmax(lg.row(0));
         out.push(tok);
         hid = o;
     }
-    st.kv.truncate(len);
+    st.kv.truncate(st.end - st.base);
     out
 }
 

@@ -56,6 +56,9 @@ pub struct Common {
     pub speculative_n_max: Field<u64>,
     #[serde(rename = "speculative.n_min")]
     pub speculative_n_min: Field<u64>,
+    /// llama-server's: generate past end-of-generation tokens (benchmarks ask for
+    /// an exact token count).
+    pub ignore_eos: Field<bool>,
 
     // Thinking, under every name clients use.
     pub reasoning_effort: Field<String>,
@@ -325,6 +328,7 @@ impl Common {
             None => false,
         };
         let speculative = self.draft_limits()?;
+        let ignore_eos = self.ignore_eos.flag("ignore_eos")?.unwrap_or(false);
         Ok(GenParams {
             sampling,
             max_tokens,
@@ -335,6 +339,7 @@ impl Common {
             constraint: None,
             logprobs,
             speculative,
+            ignore_eos,
         })
     }
 

@@ -310,3 +310,36 @@ mod timings {
         assert_eq!(e["ram"]["uses"], 0);
     }
 }
+
+mod ignore_eos {
+    use crate::api::field::FromJson;
+    use crate::api::openai::CompletionRequest;
+    use crate::settings::RequestDefaults;
+    use serde_json::{json, Value};
+
+    fn request(v: Value) -> Result<engine::GenerateRequest, crate::error::ApiError> {
+        let p = CompletionRequest::from_json(v)
+            .unwrap()
+            .params(&RequestDefaults::default(), 1000)?;
+        Ok(p.request(vec![1, 2], 8, None))
+    }
+
+    /// llama-server's `ignore_eos`: decoding goes on past end-of-generation tokens;
+    /// not a boolean is a 400 naming it.
+    #[test]
+    fn ignore_eos_decodes_past_the_end_token() {
+        assert!(request(json!({"prompt": "a"})).unwrap().stop_at_eog);
+        assert!(
+            !request(json!({"prompt": "a", "ignore_eos": true}))
+                .unwrap()
+                .stop_at_eog
+        );
+        assert!(
+            request(json!({"prompt": "a", "ignore_eos": false}))
+                .unwrap()
+                .stop_at_eog
+        );
+        let e = request(json!({"prompt": "a", "ignore_eos": "yes"})).unwrap_err();
+        assert!(e.message.contains("ignore_eos"), "{}", e.message);
+    }
+}
