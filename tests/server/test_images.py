@@ -107,7 +107,7 @@ def test_anthropic_message_with_an_image(vision_url):
     r = client.messages.create(
         model="scoria-demo",
         max_tokens=16,
-        temperature=0,
+        extra_body={"temperature": 0},
         messages=[{"role": "user", "content": [image_block("odd.png"), {"type": "text", "text": "Describe it."}]}],
     )
     assert any(b.type == "text" and b.text for b in r.content) or any(b.type == "thinking" for b in r.content)
@@ -118,7 +118,7 @@ def test_anthropic_tool_result_with_an_image(vision_url):
     r = client.messages.create(
         model="scoria-demo",
         max_tokens=16,
-        temperature=0,
+        extra_body={"temperature": 0},
         tools=[{"name": "screenshot", "description": "Takes a screenshot.", "input_schema": {"type": "object", "properties": {}}}],
         messages=[
             {"role": "user", "content": "Take a screenshot and tell me what you see."},
