@@ -103,8 +103,11 @@ CTX=8192
 [ "$FULL" = 1 ] && CTX=65536
 LOG="$OUT/server.log"
 # shellcheck disable=SC2086 # word splitting of the extra arguments is intended
+# The demo model with a random vision encoder of its width, so a screenshot the client
+# reads reaches the model (it sees nothing in it: the encoder is random).
+MMPROJ="$ROOT/tests/fixtures/qwen35moe-vision/mmproj-demo-f16.gguf"
 "$BIN" serve --host 127.0.0.1 --port "$PORT" --api-key "$KEY" --max-context "$CTX" \
-  ${SCORIA_AGENT_SERVE_ARGS:-} >"$LOG" 2>&1 &
+  --mmproj "$MMPROJ" ${SCORIA_AGENT_SERVE_ARGS:-} >"$LOG" 2>&1 &
 SERVER_PID=$!
 PROXY_PID=""
 cleanup() {
@@ -131,7 +134,7 @@ start_proxy() { # dir
   rm -f "$1/record.jsonl" "$1/proxy.port"
   mkdir -p "$1/requests"
   python3 "$ROOT/tests/agents/steer_proxy.py" serve --upstream "$URL" --record "$1/record.jsonl" \
-    --tool-file "$1/work/hello.txt" --port-file "$1/proxy.port" --dump-dir "$1/requests" \
+    --tool-file "$1/work/${TOOL_FILE:-hello.txt}" --port-file "$1/proxy.port" --dump-dir "$1/requests" \
     >"$1/proxy.log" 2>&1 &
   PROXY_PID=$!
   for _ in $(seq 1 100); do [ -s "$1/proxy.port" ] && break; sleep 0.05; done
@@ -140,9 +143,10 @@ start_proxy() { # dir
 }
 stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/null || true; PROXY_PID=""; }
 fresh() { # client -> its directory, with a clean home and a work dir holding hello.txt
-  local d="$OUT/$1"
+  local d="$OUT/$1"     # and screenshot.png
   rm -rf "$d"; mkdir -p "$d/home" "$d/work"
   echo "hello from the scoria agent test" > "$d/work/hello.txt"
+  cp "$ROOT/tests/fixtures/qwen35moe-vision/image.png" "$d/work/screenshot.png"
   echo "$d"
 }
 # Only what the client needs: no proxies or keys from the caller's environment.
@@ -221,6 +225,10 @@ if [ -z "$ONLY" ] || [ "$ONLY" = claude ]; then
   [ "${SCORIA_AGENT_EXPECT_SESSION_CACHE:-1}" = 0 ] && session_check=(--report-session-cache)
   claude_session claude2 "Read hello.txt and summarize it in five words." "${session_check[@]}"
   replay_first_turns "$OUT/claude/requests" "$OUT/claude2/requests"
+  # A screenshot: Read of a PNG comes back as an image block in the tool result, which
+  # the server must take (issue 43).
+  TOOL_FILE=screenshot.png claude_session claude-image \
+    "Read screenshot.png and tell me what you see." --expect-image
 fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = codex ]; then

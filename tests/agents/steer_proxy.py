@@ -119,6 +119,20 @@ def has_tool_result(body):
     return False
 
 
+def has_image(body):
+    """Whether a tool result of the request carries an image (Claude Code's Read of a
+    picture file sends it as an `image` block inside the `tool_result`)."""
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        if not isinstance(content, list):
+            continue
+        for b in content:
+            if isinstance(b, dict) and b.get("type") == "tool_result" and isinstance(b.get("content"), list):
+                if any(isinstance(c, dict) and c.get("type") == "image" for c in b["content"]):
+                    return True
+    return False
+
+
 def canned_call(body, tool_file):
     """(name, arguments) of the call to make, for a tool this request offers."""
     offered = dict(tools_of(body))
@@ -292,7 +306,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         canned = None
         if self.command == "POST" and isinstance(body, dict) and path in GENERATION_ROUTES:
             rec.update(stream=bool(body.get("stream")), model=body.get("model"),
-                       tool_result=has_tool_result(body),
+                       tool_result=has_tool_result(body), image=has_image(body),
                        tools=[t for t, _ in tools_of(body)][:50])
             bias = body.get("logit_bias") if isinstance(body.get("logit_bias"), dict) else {}
             bias[str(p.end_of_turn_id(headers))] = 100
@@ -437,13 +451,16 @@ def check(args):
             problems.append("the client never sent the tool result back")
         elif not any(r.get("status") == 200 for r in after):
             problems.append("the server did not accept the tool-result turn")
+        elif args.expect_image and not any(r.get("image") and r.get("status") == 200 for r in after):
+            problems.append("no accepted tool-result turn carried the image the tool read")
     print(f"steer-proxy: {len(recs)} requests, {len(gens)} generations, "
           f"{'1 canned tool call' if canned else 'no tool call'}, "
           f"{sum(1 for r in gens if r.get('tool_result'))} with a tool result")
     for r in recs:
         print(f"  #{r['id']} {r['method']} {r['path']} {r.get('status')} "
               f"{'stream ' if r.get('stream') else ''}{'canned ' if r.get('canned') else ''}"
-              f"{'tool_result ' if r.get('tool_result') else ''}{r.get('seconds')}s")
+              f"{'tool_result ' if r.get('tool_result') else ''}{'image ' if r.get('image') else ''}"
+              f"{r.get('seconds')}s")
     # The prompt cache on agent turns: a follow-up turn resends the conversation, so it
     # shares a long prefix with the turn before (issue 12, item 6).
     follow = [r for r in gens if r.get("tool_result") and r.get("status") == 200]
@@ -579,6 +596,8 @@ def main():
                         "(a second session after a first one)")
     c.add_argument("--report-session-cache", action="store_true",
                    help="print what the first turn offering tools reused, require nothing")
+    c.add_argument("--expect-image", action="store_true",
+                   help="a tool-result turn must carry an image and be answered 200")
     c.add_argument("--expect-cache", action="store_true",
                    help="fail unless a follow-up turn reused cached prompt tokens")
     args = ap.parse_args()
