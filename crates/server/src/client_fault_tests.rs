@@ -14,6 +14,25 @@ use crate::test_server::{serve_state, user, Setup};
 /// The unread bytes a stream may leave in these tests.
 const BACKLOG: usize = 16 << 10;
 
+/// `state`'s app behind the listener `scoria serve` uses, with a head deadline of
+/// `limit`; its address.
+async fn serve_timed(
+    state: std::sync::Arc<crate::AppState>,
+    limit: Duration,
+) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(crate::timeouts::serve(
+        listener,
+        crate::app(state),
+        limit,
+        std::future::pending(),
+    ));
+    addr
+}
+
 fn post(path: &str, body: &str) -> String {
     format!(
         "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -127,14 +146,7 @@ async fn a_body_sent_byte_by_byte_is_answered_408_at_the_deadline() {
 async fn headers_sent_byte_by_byte_have_their_connection_closed_at_the_deadline() {
     let limit = Duration::from_millis(500);
     let state = std::sync::Arc::new(Setup::new("hello there").state());
-    let listener = crate::timeouts::HeadDeadline {
-        listener: tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind"),
-        limit,
-    };
-    let addr = axum::serve::Listener::local_addr(&listener).expect("addr");
-    tokio::spawn(async move { axum::serve(listener, crate::app(state)).await });
+    let addr = serve_timed(state, limit).await;
     let body = json!({"model": "test-model", "messages": user("hi")}).to_string();
 
     let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -172,4 +184,117 @@ async fn headers_sent_byte_by_byte_have_their_connection_closed_at_the_deadline(
         "{waited:?}"
     );
     dribbler.abort();
+}
+
+/// A kept-alive connection: the next request sent at once is served; the next head sent
+/// byte by byte, or none at all, has the connection closed at the deadline, timed from
+/// when the connection went idle after its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_alive_connections_are_timed_for_every_head() {
+    let limit = Duration::from_millis(600);
+    let state = std::sync::Arc::new(Setup::new("hello there").state());
+    let addr = serve_timed(state, limit).await;
+    let body = json!({"model": "test-model", "messages": user("hi")}).to_string();
+    let keep = |path: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // Reads one response (headers and a Content-Length body) from `r`.
+    async fn response(r: &mut tokio::net::tcp::OwnedReadHalf) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(10), r.read(&mut buf))
+                .await
+                .expect("a response in time")
+                .expect("read");
+            assert!(
+                n > 0,
+                "closed before a whole response: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len: usize = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .expect("content-length");
+                if got.len() >= end + 4 + len {
+                    return text;
+                }
+            }
+        }
+    }
+    async fn closed(r: &mut tokio::net::tcp::OwnedReadHalf) -> bool {
+        let mut rest = Vec::new();
+        match tokio::time::timeout(Duration::from_secs(10), r.read_to_end(&mut rest)).await {
+            Ok(Ok(_)) => rest.is_empty(),
+            Ok(Err(_)) => true,
+            Err(_) => false,
+        }
+    }
+
+    // Two requests in a row on one connection, the second well within the deadline.
+    let (mut r, mut w) = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap()
+        .into_split();
+    for _ in 0..2 {
+        w.write_all(keep("/v1/chat/completions").as_bytes())
+            .await
+            .unwrap();
+        let got = response(&mut r).await;
+        assert!(
+            got.starts_with("HTTP/1.1 200") && got.contains("hello there"),
+            "{got}"
+        );
+        tokio::time::sleep(limit / 3).await;
+    }
+
+    // After an answer, the next head byte by byte: closed at the deadline.
+    w.write_all(keep("/v1/chat/completions").as_bytes())
+        .await
+        .unwrap();
+    assert!(response(&mut r).await.starts_with("HTTP/1.1 200"));
+    let idle = Instant::now();
+    let head = keep("/v1/chat/completions");
+    let dribbler = tokio::spawn(async move {
+        for b in head.bytes() {
+            if w.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert!(closed(&mut r).await, "a dribbled second head was answered");
+    let waited = idle.elapsed();
+    assert!(
+        waited >= limit && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    dribbler.abort();
+
+    // An idle kept-alive connection: closed at the deadline too.
+    let (mut r, mut w) = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap()
+        .into_split();
+    w.write_all(keep("/v1/chat/completions").as_bytes())
+        .await
+        .unwrap();
+    assert!(response(&mut r).await.starts_with("HTTP/1.1 200"));
+    let idle = Instant::now();
+    assert!(closed(&mut r).await, "an idle connection stayed open");
+    let waited = idle.elapsed();
+    assert!(
+        waited >= limit && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
 }

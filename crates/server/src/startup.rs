@@ -156,10 +156,7 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
                 err,
             })?;
         let bound = listener.local_addr().unwrap_or(addr);
-        let listener = crate::timeouts::HeadDeadline {
-            listener,
-            limit: Duration::from_secs(settings.server.read_timeout as u64),
-        };
+        let head_limit = Duration::from_secs(settings.server.read_timeout as u64);
         let ready: Arc<std::sync::OnceLock<Router>> = Arc::new(std::sync::OnceLock::new());
         let started = std::time::Instant::now();
         let gate = loading_gate(ready.clone(), started);
@@ -167,11 +164,10 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
         // finish the response they are sending and close.
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let mut server = tokio::spawn(async move {
-            axum::serve(listener, gate)
-                .with_graceful_shutdown(async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                })
-                .await
+            crate::timeouts::serve(listener, gate, head_limit, async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            })
+            .await
         });
         eprintln!("scoria serve: listening on http://{bound} (loading the model; /health reports progress)");
 

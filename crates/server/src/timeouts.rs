@@ -1,7 +1,8 @@
 //! Deadlines for what clients send (`--read-timeout`): a client that sends its
 //! request slowly (byte by byte, or not at all) holds a connection and a task.
-//! A connection's first request head must arrive within the limit of its accept, or
-//! the connection is closed ([`HeadDeadline`]); a request's whole body must arrive
+//! Every request head must arrive within the limit — a connection's first one from its
+//! accept, each next one on a kept-alive connection from when the connection went
+//! idle — or the connection is closed ([`serve`]); a request's whole body must arrive
 //! within the limit, or the answer is 408 and the connection is closed
 //! ([`read_body`]: the body is read inside the API-key check, so a client without
 //! the key never gets a body buffered, and handed on whole).
@@ -64,110 +65,62 @@ pub async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: N
     }
 }
 
-/// The listener `scoria serve` uses: each connection's first request head (its
-/// request line and headers) must arrive within `limit` of the connection's accept,
-/// else the connection is closed (a client that sends its headers byte by byte
-/// holds nothing for long). Later requests on a kept-alive connection are not timed.
-pub struct HeadDeadline {
-    pub listener: tokio::net::TcpListener,
-    pub limit: Duration,
-}
-
-impl axum::serve::Listener for HeadDeadline {
-    type Io = TimedHead;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (TimedHead, std::net::SocketAddr) {
-        let (io, addr) = axum::serve::Listener::accept(&mut self.listener).await;
-        let io = TimedHead {
-            io,
-            deadline: Box::pin(tokio::time::sleep(self.limit)),
-            tail: 0,
-            head_done: false,
+/// Serves `app` on `listener` until `stop` resolves, then stops accepting and waits
+/// for the open connections to finish the responses they are sending (idle kept-alive
+/// connections close at once). Every request head must arrive within `head_limit`:
+/// a connection's first one from its accept, and each next one on a kept-alive
+/// connection from when the connection went idle after its last response (hyper's
+/// header read timeout); otherwise the connection is closed without an answer. So a
+/// client that sends its headers byte by byte, or keeps a connection open and idle,
+/// holds a connection and a task for at most `head_limit`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    head_limit: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut h1 = hyper::server::conn::http1::Builder::new();
+    h1.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(head_limit);
+    tokio::pin!(stop);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // A connection that failed before it was accepted is the client's
+                    // business; anything else (out of file descriptors) is waited out.
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::ConnectionRefused
+                    ) {
+                        tracing::warn!("accepting a connection: {e}; retrying in 1 s");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    continue;
+                }
+            },
+            () = &mut stop => break,
         };
-        (io, addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.listener.local_addr()
-    }
-}
-
-/// A connection whose reads fail once its first request head is late.
-pub struct TimedHead {
-    io: tokio::net::TcpStream,
-    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// How much of "\r\n\r\n" (the end of a head) the bytes so far end in.
-    tail: usize,
-    head_done: bool,
-}
-
-impl TimedHead {
-    fn scan(&mut self, bytes: &[u8]) {
-        const END: &[u8] = b"\r\n\r\n";
-        for &b in bytes {
-            self.tail = if b == END[self.tail] {
-                self.tail + 1
-            } else if b == b'\r' {
-                1
-            } else {
-                0
-            };
-            if self.tail == END.len() {
-                self.head_done = true;
-                return;
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(h1.serve_connection(hyper_util::rt::TokioIo::new(stream), svc));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                if e.is_timeout() {
+                    tracing::warn!(
+                        "a client did not send its request headers within {} s; closed its connection",
+                        head_limit.as_secs_f64()
+                    );
+                } else {
+                    tracing::debug!("connection: {e}");
+                }
             }
-        }
+        });
     }
-}
-
-impl tokio::io::AsyncRead for TimedHead {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        use std::future::Future;
-        use std::task::Poll;
-        let this = self.get_mut();
-        if !this.head_done && this.deadline.as_mut().poll(cx).is_ready() {
-            tracing::warn!(
-                "a client did not send its request headers in time; closing its connection"
-            );
-            return Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the request headers did not arrive in time",
-            )));
-        }
-        let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut this.io).poll_read(cx, buf);
-        if !this.head_done {
-            this.scan(&buf.filled()[before..]);
-        }
-        r
-    }
-}
-
-impl tokio::io::AsyncWrite for TimedHead {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, data)
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

@@ -124,9 +124,10 @@ settings! {
         /// connections are refused from the signal on; 0 ends requests at once.
         shutdown_grace: usize = "server" "shutdown-grace", Kind::Count { min: 0 }, json!(10),
             "", arg Option<u64>, value_name = "SECONDS";
-        /// Seconds a client may take to send a request's headers (on a new
-        /// connection) and its body; a slower one (sending byte by byte) has its
-        /// connection closed (408 for a late body).
+        /// Seconds a client may take to send a request's headers (from a new
+        /// connection's accept, or from a kept-alive connection's last answer) and its
+        /// body; a slower one (sending byte by byte, or idle) has its connection
+        /// closed (408 for a late body).
         read_timeout: usize = "server" "read-timeout", Kind::Count { min: 1 }, json!(60),
             "", arg Option<u64>, value_name = "SECONDS";
     }
