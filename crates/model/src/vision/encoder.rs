@@ -2,7 +2,9 @@
 //! and the merger, on the CPU.
 //!
 //! Weights are dequantized to f32 when the file is opened; every step computes in f32
-//! (LayerNorm statistics and the exact GELU in f64), parallel over patches with rayon.
+//! (LayerNorm statistics and the exact GELU in f64); the matrix products (every linear
+//! layer, and each head's q·kᵀ and softmax·v) on quant's F32 matrix kernels, the rest
+//! parallel over patches with rayon.
 //! Patches stay in the reference's merge-block order throughout, so the merger's groups
 //! of `merge × merge` patches are consecutive rows.
 
@@ -22,24 +24,18 @@ struct Linear {
     n_out: usize,
 }
 
-/// Patches per task of [`Linear::apply`]: each weight row is read once per tile.
-const TILE: usize = 8;
 
 impl Linear {
     fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
         let (n_in, n_out) = (self.n_in, self.n_out);
         debug_assert_eq!(x.len(), n * n_in);
         let mut y = vec![0.0f32; n * n_out];
-        y.par_chunks_mut(TILE * n_out)
-            .zip(x.par_chunks(TILE * n_in))
-            .for_each(|(yt, xt)| {
-                let rows = xt.len() / n_in;
-                for (o, (wr, &b)) in self.w.chunks_exact(n_in).zip(&self.b).enumerate() {
-                    for p in 0..rows {
-                        yt[p * n_out + o] = crate::math::dot(wr, &xt[p * n_in..(p + 1) * n_in]) + b;
-                    }
-                }
-            });
+        quant::matmul(quant::GgmlType::F32, f32_bytes(&self.w), n_in, x, &[], &mut y);
+        y.par_chunks_mut(n_out).for_each(|row| {
+            for (v, b) in row.iter_mut().zip(&self.b) {
+                *v += *b;
+            }
+        });
         y
     }
 
@@ -399,32 +395,49 @@ impl VisionModel {
         let (k, v) = (split(h), split(2 * h));
         let scale = (hd as f32).powf(-0.5);
         let mut out = vec![0.0f32; n * h];
-        out.par_chunks_mut(h).enumerate().for_each(|(i, orow)| {
-            let mut scores = vec![0.0f32; n];
-            for hh in 0..nh {
-                let q = &qkv[i * 3 * h + hh * hd..][..hd];
-                let kh = &k[hh * n * hd..][..n * hd];
-                let vh = &v[hh * n * hd..][..n * hd];
-                for (s, kr) in scores.iter_mut().zip(kh.chunks_exact(hd)) {
-                    *s = crate::math::dot(q, kr) * scale;
+        // One head at a time: scores = q·kᵀ and out = softmax(scores)·v as two matrix
+        // products on quant's kernels (keys and the transposed values as the "weights").
+        let mut qh = vec![0.0f32; n * hd];
+        let mut vt = vec![0.0f32; hd * n];
+        let mut scores = vec![0.0f32; n * n];
+        let mut oh = vec![0.0f32; n * hd];
+        for hh in 0..nh {
+            qh.par_chunks_mut(hd).enumerate().for_each(|(i, d)| {
+                d.copy_from_slice(&qkv[i * 3 * h + hh * hd..][..hd]);
+            });
+            let kh = &k[hh * n * hd..][..n * hd];
+            let vh = &v[hh * n * hd..][..n * hd];
+            vt.par_chunks_mut(n).enumerate().for_each(|(d, row)| {
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x = vh[j * hd + d];
                 }
-                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            });
+            quant::matmul(quant::GgmlType::F32, f32_bytes(kh), hd, &qh, &[], &mut scores);
+            scores.par_chunks_mut(n).for_each(|row| {
+                let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
                 let mut sum = 0.0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
+                for s in row.iter_mut() {
+                    *s = (*s * scale - max).exp();
                     sum += *s;
                 }
-                let o = &mut orow[hh * hd..(hh + 1) * hd];
-                for (&p, vr) in scores.iter().zip(vh.chunks_exact(hd)) {
-                    let p = p / sum;
-                    for (a, &vv) in o.iter_mut().zip(vr) {
-                        *a += p * vv;
-                    }
+                let inv = 1.0 / sum;
+                for s in row.iter_mut() {
+                    *s *= inv;
                 }
-            }
-        });
+            });
+            quant::matmul(quant::GgmlType::F32, f32_bytes(&vt), n, &scores, &[], &mut oh);
+            out.par_chunks_mut(h).zip(oh.par_chunks(hd)).for_each(|(orow, o)| {
+                orow[hh * hd..(hh + 1) * hd].copy_from_slice(o);
+            });
+        }
         out
     }
+}
+
+/// A [f32] as the little-endian F32 rows quant's matrix kernels read (the GGUF layout).
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: a [f32] viewed as its bytes: f32 has no padding and u8 no alignment.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 fn add(x: &mut [f32], y: &[f32]) {
