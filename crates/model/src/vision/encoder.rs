@@ -24,13 +24,19 @@ struct Linear {
     n_out: usize,
 }
 
-
 impl Linear {
     fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
         let (n_in, n_out) = (self.n_in, self.n_out);
         debug_assert_eq!(x.len(), n * n_in);
         let mut y = vec![0.0f32; n * n_out];
-        quant::matmul(quant::GgmlType::F32, f32_bytes(&self.w), n_in, x, &[], &mut y);
+        quant::matmul(
+            quant::GgmlType::F32,
+            f32_bytes(&self.w),
+            n_in,
+            x,
+            &[],
+            &mut y,
+        );
         y.par_chunks_mut(n_out).for_each(|row| {
             for (v, b) in row.iter_mut().zip(&self.b) {
                 *v += *b;
@@ -412,7 +418,14 @@ impl VisionModel {
                     *x = vh[j * hd + d];
                 }
             });
-            quant::matmul(quant::GgmlType::F32, f32_bytes(kh), hd, &qh, &[], &mut scores);
+            quant::matmul(
+                quant::GgmlType::F32,
+                f32_bytes(kh),
+                hd,
+                &qh,
+                &[],
+                &mut scores,
+            );
             scores.par_chunks_mut(n).for_each(|row| {
                 let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
                 let mut sum = 0.0f32;
@@ -425,10 +438,19 @@ impl VisionModel {
                     *s *= inv;
                 }
             });
-            quant::matmul(quant::GgmlType::F32, f32_bytes(&vt), n, &scores, &[], &mut oh);
-            out.par_chunks_mut(h).zip(oh.par_chunks(hd)).for_each(|(orow, o)| {
-                orow[hh * hd..(hh + 1) * hd].copy_from_slice(o);
-            });
+            quant::matmul(
+                quant::GgmlType::F32,
+                f32_bytes(&vt),
+                n,
+                &scores,
+                &[],
+                &mut oh,
+            );
+            out.par_chunks_mut(h)
+                .zip(oh.par_chunks(hd))
+                .for_each(|(orow, o)| {
+                    orow[hh * hd..(hh + 1) * hd].copy_from_slice(o);
+                });
         }
         out
     }
