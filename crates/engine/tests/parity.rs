@@ -21,20 +21,9 @@
 
 mod common;
 
-use common::test_device;
+use common::{fixtures, test_device};
 use engine::Precision;
 use engine::{Engine, EngineConfig, Flow, GenerateRequest};
-use std::path::{Path, PathBuf};
-
-/// `tests/fixtures/<arch>` of this checkout; `SCORIA_REPO_ROOT` moves it (test
-/// executables copied to the GPU machine run from another directory).
-fn fixtures(arch: &str) -> PathBuf {
-    let root = match std::env::var_os("SCORIA_REPO_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
-    };
-    root.join("tests/fixtures").join(arch)
-}
 
 struct Reference {
     prompt: Vec<u32>,

@@ -549,7 +549,7 @@ fn demo_mtp_block_matches_transformers_and_its_drafts_are_accepted() {
         return;
     }
     let path = model::synth::demo_model_path().expect("demo model");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/demo");
+    let root = common::fixtures("demo");
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("reference.json")).unwrap())
             .unwrap();

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::{bits, together};
@@ -16,11 +16,7 @@ use engine::{Engine, EngineConfig, GenerateRequest, Precision, PromptImage};
 use model::vision::PreparedImage;
 
 fn fixtures() -> PathBuf {
-    let root = match std::env::var_os("SCORIA_REPO_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
-    };
-    root.join("tests/fixtures/qwen35moe-vision")
+    common::fixtures("qwen35moe-vision")
 }
 
 struct Reference {

@@ -398,6 +398,17 @@ pub(crate) fn is_float(ty: quant::GgmlType) -> bool {
 }
 
 impl CpuBackend {
+    /// Each row of `x` RMS-normed with the weight `w`.
+    pub(crate) fn norm_rows(&self, x: &Act, w: &[f32]) -> Act {
+        let eps = self.cfg.eps;
+        let mut out = Act::zeros(x.rows, x.cols);
+        each_row(&mut out.data, x.cols, |t, o| {
+            o.copy_from_slice(x.row(t));
+            model::math::rms_norm(o, w, eps);
+        });
+        out
+    }
+
     /// Quantizes each row of `x` when any weight of the given types that will
     /// read it is quantized. Activation quantization does not depend on the
     /// weight type, so one copy serves every weight that reads `x`.
@@ -586,13 +597,7 @@ impl Backend for CpuBackend {
             Norm::Ffn(i) => &self.weights.layers[i].ffn_norm,
             Norm::Output => &self.weights.output_norm,
         };
-        let eps = self.cfg.eps;
-        let mut out = Act::zeros(x.rows, x.cols);
-        each_row(&mut out.data, x.cols, |t, o| {
-            o.copy_from_slice(x.row(t));
-            model::math::rms_norm(o, w, eps);
-        });
-        Ok(out)
+        Ok(self.norm_rows(x, w))
     }
 
     fn add_assign(&self, x: &mut Act, y: &Act) -> Result<(), ExecError> {

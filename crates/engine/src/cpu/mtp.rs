@@ -104,7 +104,7 @@ fn pass(
     let Mixer::Attention(aw) = &w.layer.mixer else {
         unreachable!("an MTP block's mixer is attention (weights.rs)")
     };
-    let h = normed(&x, &w.layer.attn_norm, eps);
+    let h = b.norm_rows(&x, &w.layer.attn_norm);
     let proj = attention::project(b, aw, &h);
     let rope: Vec<[u32; 3]> = (0..n).map(|i| [(p0 + i) as u32; 3]).collect();
     let at = At {
@@ -112,30 +112,17 @@ fn pass(
         rope: Some(&rope),
     };
     let core = attention::core(b, aw, &proj, 0, n, at, kv, n_ctx);
-    add(&mut x, &b.mm_weight(&aw.o, &core));
-    let hf = normed(&x, &w.layer.ffn_norm, eps);
-    add(&mut x, &moe::run_mapped(b, &w.layer.moe, &hf));
-    let out = normed(&x, &w.head_norm, eps);
+    add(b, &mut x, &b.mm_weight(&aw.o, &core));
+    let hf = b.norm_rows(&x, &w.layer.ffn_norm);
+    add(b, &mut x, &moe::run_mapped(b, &w.layer.moe, &hf));
+    let out = b.norm_rows(&x, &w.head_norm);
     let lg = logits.then(|| b.mm_weight(&b.weights.output, &out));
     (out, lg)
 }
 
-fn normed(x: &Act, w: &[f32], eps: f32) -> Act {
-    let mut y = Act {
-        rows: x.rows,
-        cols: x.cols,
-        data: x.data.clone(),
-    };
-    for r in 0..y.rows {
-        rms_norm(y.row_mut(r), w, eps);
-    }
-    y
-}
-
-fn add(x: &mut Act, y: &Act) {
-    for (a, b) in x.data.iter_mut().zip(&y.data) {
-        *a += *b;
-    }
+/// The residual add (the CPU's `add_assign` cannot fail).
+fn add(b: &CpuBackend, x: &mut Act, y: &Act) {
+    b.add_assign(x, y).expect("rows of one width");
 }
 
 /// After a trunk step fed `tokens` at `pos0` and gave the post-norm rows `h`: fills

@@ -108,3 +108,13 @@ pub fn together(eng: &mut Engine, reqs: &[GenerateRequest]) -> Vec<Seen> {
         .map(|s| std::mem::take(&mut *s.lock().unwrap()))
         .collect()
 }
+
+/// `tests/fixtures/<name>` of this checkout; `SCORIA_REPO_ROOT` moves it (test
+/// executables copied to the GPU machine run from another directory).
+pub fn fixtures(name: &str) -> std::path::PathBuf {
+    let root = match std::env::var_os("SCORIA_REPO_ROOT") {
+        Some(r) => std::path::PathBuf::from(r),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    };
+    root.join("tests/fixtures").join(name)
+}
