@@ -16,27 +16,34 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-/// `y = W·x + b` for each patch row `x`; `w` is `[n_out][n_in]` row-major.
+/// `y = W·x + b` for each patch row `x`; `w` is `[n_out][n_in]` row-major, as the
+/// file's float rows (F16, BF16, F32: kept as they are, half the memory of f32 for the
+/// usual F16 file) or, for a quantized file, dequantized to F32 rows.
 struct Linear {
-    w: Vec<f32>,
+    ty: quant::GgmlType,
+    w: Vec<u8>,
     b: Vec<f32>,
     n_in: usize,
     n_out: usize,
 }
 
 impl Linear {
+    /// A linear layer of f32 weights.
+    fn of_f32(w: &[f32], b: Vec<f32>, n_in: usize, n_out: usize) -> Linear {
+        Linear {
+            ty: quant::GgmlType::F32,
+            w: f32_bytes(w).to_vec(),
+            b,
+            n_in,
+            n_out,
+        }
+    }
+
     fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
         let (n_in, n_out) = (self.n_in, self.n_out);
         debug_assert_eq!(x.len(), n * n_in);
         let mut y = vec![0.0f32; n * n_out];
-        quant::matmul(
-            quant::GgmlType::F32,
-            f32_bytes(&self.w),
-            n_in,
-            x,
-            &[],
-            &mut y,
-        );
+        quant::matmul(self.ty, &self.w, n_in, x, &[], &mut y);
         y.par_chunks_mut(n_out).for_each(|row| {
             for (v, b) in row.iter_mut().zip(&self.b) {
                 *v += *b;
@@ -45,8 +52,8 @@ impl Linear {
         y
     }
 
-    fn len(&self) -> usize {
-        self.w.len() + self.b.len()
+    fn bytes(&self) -> usize {
+        self.w.len() + 4 * self.b.len()
     }
 }
 
@@ -73,8 +80,8 @@ impl LayerNorm {
         y
     }
 
-    fn len(&self) -> usize {
-        self.w.len() + self.b.len()
+    fn bytes(&self) -> usize {
+        4 * (self.w.len() + self.b.len())
     }
 }
 
@@ -181,9 +188,25 @@ impl Loader<'_> {
     }
 
     fn linear(&self, name: &str, n_in: usize, n_out: usize) -> Result<Linear, ModelError> {
+        let wname = format!("{name}.weight");
+        let w = self.get(&wname, &[n_in, n_out])?;
+        let b = self.get(&format!("{name}.bias"), &[n_out])?;
+        let t = self.file.tensor(&wname).expect("checked by get");
+        if !matches!(
+            t.ty,
+            quant::GgmlType::F16 | quant::GgmlType::BF16 | quant::GgmlType::F32
+        ) {
+            return Ok(Linear::of_f32(&w, b, n_in, n_out));
+        }
+        // The float rows as the file has them (`get` checked shape and type).
+        let bytes = self
+            .file
+            .try_tensor_data(t)
+            .map_err(|e| in_file(self.path, e))?;
         Ok(Linear {
-            w: self.get(&format!("{name}.weight"), &[n_in, n_out])?,
-            b: self.get(&format!("{name}.bias"), &[n_out])?,
+            ty: t.ty,
+            w: bytes.to_vec(),
+            b,
             n_in,
             n_out,
         })
@@ -244,12 +267,7 @@ impl VisionModel {
                 }
             }
         }
-        let patch = Linear {
-            w: patch_w,
-            b: l.get("v.patch_embd.bias", &[h])?,
-            n_in: pv,
-            n_out: h,
-        };
+        let patch = Linear::of_f32(&patch_w, l.get("v.patch_embd.bias", &[h])?, pv, h);
         let pos = l.get("v.position_embd.weight", &[h, c.pos_side * c.pos_side])?;
         let blocks = (0..c.n_layer)
             .map(|i| {
@@ -297,16 +315,20 @@ impl VisionModel {
             .blocks
             .iter()
             .map(|b| {
-                b.ln1.len() + b.qkv.len() + b.out.len() + b.ln2.len() + b.up.len() + b.down.len()
+                b.ln1.bytes()
+                    + b.qkv.bytes()
+                    + b.out.bytes()
+                    + b.ln2.bytes()
+                    + b.up.bytes()
+                    + b.down.bytes()
             })
             .sum();
-        let n = self.patch.len()
-            + self.pos.len()
+        (self.patch.bytes()
+            + 4 * self.pos.len()
             + blocks
-            + self.post_ln.len()
-            + self.mm0.len()
-            + self.mm2.len();
-        (n * std::mem::size_of::<f32>()) as u64
+            + self.post_ln.bytes()
+            + self.mm0.bytes()
+            + self.mm2.bytes()) as u64
     }
 
     /// sha256 of the file's bytes (metadata and tensors): two encoders with the same
