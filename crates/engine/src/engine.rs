@@ -261,6 +261,13 @@ impl Engine {
         self.exec.expert_reads()
     }
 
+    /// The executor's failure after which it runs nothing more (a GPU's sticky context
+    /// error, a lost device), once one happened: every request is refused from then on
+    /// and the process must be restarted (the server reports it unhealthy and exits).
+    pub fn fatal(&self) -> Option<&str> {
+        self.sched.fatal()
+    }
+
     /// A fault that keeps some requests from being served until it clears or the
     /// process restarts — the model file changed under the running server, an
     /// expert read is out past its deadline — in words; `None` while healthy (for

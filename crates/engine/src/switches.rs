@@ -31,7 +31,8 @@
 //! package's dequantization oracle on a machine that cannot install it),
 //! `SCORIA_REPO_ROOT` (where the GPU machine's copy of the repository is),
 //! `SCORIA_TEST_KILLED_WRITER` (`tests/faults_prompt_cache.rs` runs itself as a child that
-//! writes the prompt cache there until it is killed). The test
+//! writes the prompt cache there until it is killed), `SCORIA_TEST_DEVICE_FAULT`
+//! ([`TEST_DEVICE_FAULT`]). The test
 //! scripts' own variables (`SCORIA_BIN`, `SCORIA_URL`, `SCORIA_API_KEY`, the
 //! `*_TIMEOUT`s) are documented at the top of each script.
 
@@ -47,6 +48,11 @@ pub const CUDA_SYNC: &str = "SCORIA_CUDA_SYNC";
 pub const GPU_UNVALIDATED_TYPES: &str = "SCORIA_GPU_UNVALIDATED_TYPES";
 /// The tiered decode step's time line.
 pub const TRACE_DECODE: &str = "SCORIA_TRACE_DECODE";
+/// Tests only: the CPU executor's step number N (counted from 1) fails as a lost
+/// device would (a fatal executor error), so the path a GPU's sticky error takes —
+/// the requests ended, the engine refusing more, `/health` unhealthy, a non-zero
+/// exit — runs on any machine.
+pub const TEST_DEVICE_FAULT: &str = "SCORIA_TEST_DEVICE_FAULT";
 
 /// True when the variable `name` is set to anything but "" or "0".
 pub fn on(name: &str) -> bool {

@@ -28,6 +28,9 @@ pub enum Logits {
 pub struct ExecError {
     pub op: String,
     pub msg: String,
+    /// The device can run nothing more (a GPU's sticky context error, a lost device):
+    /// the process must be restarted.
+    pub fatal: bool,
 }
 
 impl ExecError {
@@ -35,6 +38,15 @@ impl ExecError {
         ExecError {
             op: op.into(),
             msg: msg.to_string(),
+            fatal: false,
+        }
+    }
+
+    /// An error after which the device runs nothing more.
+    pub fn fatal(op: impl Into<String>, msg: impl std::fmt::Display) -> ExecError {
+        ExecError {
+            fatal: true,
+            ..ExecError::new(op, msg)
         }
     }
 }

@@ -82,6 +82,8 @@ struct Inner {
     expert_reads: Option<engine::experts::ReadCounters>,
     /// The engine's standing fault (`Engine::standing_fault`), in words.
     fault: Option<String>,
+    /// The executor's failure for good (`Engine::fatal`): the process must restart.
+    fatal: Option<String>,
 }
 
 struct Queued {
@@ -606,6 +608,20 @@ impl Stats {
     /// The engine's standing fault, if one was reported.
     pub fn fault(&self) -> Option<String> {
         self.lock().fault.clone()
+    }
+
+    /// The executor failed for good (`Engine::fatal`); logged once. It never clears.
+    pub fn set_fatal(&self, fatal: String) {
+        let mut g = self.lock();
+        if g.fatal.is_none() {
+            tracing::error!("health: unhealthy: {fatal}");
+            g.fatal = Some(fatal);
+        }
+    }
+
+    /// The executor's failure for good, once one happened.
+    pub fn fatal(&self) -> Option<String> {
+        self.lock().fatal.clone()
     }
 
     /// The latest device report, if the engine gave one.

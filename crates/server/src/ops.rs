@@ -205,15 +205,22 @@ fn queue_note(slots: usize) -> String {
 /// `/health`: 200 `"ok"`; 503 `"degraded"` while the engine reports a standing
 /// fault (`fault` says what and the remedy; see docs/server.md, Operations): the
 /// process is up, but requests that need what the fault holds back fail, so a load
-/// balancer should send them elsewhere until it answers 200 again.
+/// balancer should send them elsewhere until it answers 200 again; 503 `"unhealthy"`
+/// once the executor failed for good (a lost device): the process is stopping, with a
+/// non-zero exit status, for its supervisor to restart it.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let snap = state.stats.snapshot();
     let current = &snap["current"];
     let busy = !current.is_null();
-    let fault = state.stats.fault();
-    let (code, status) = match fault {
-        None => (StatusCode::OK, "ok"),
-        Some(_) => (StatusCode::SERVICE_UNAVAILABLE, "degraded"),
+    let (fault, status) = match (state.stats.fatal(), state.stats.fault()) {
+        (Some(f), _) => (Some(f), "unhealthy"),
+        (None, Some(f)) => (Some(f), "degraded"),
+        (None, None) => (None, "ok"),
+    };
+    let code = if fault.is_some() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
     };
     let body = json!({
         "status": status,

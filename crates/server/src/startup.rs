@@ -32,6 +32,9 @@ pub enum ServeError {
     Host(String),
     #[error("cannot start: {0}")]
     Io(#[from] std::io::Error),
+    /// The executor failed for good while serving (a lost device): the server stopped.
+    #[error("the executor failed and can run nothing more: {0}; restart the server")]
+    Fatal(String),
 }
 
 /// "cannot load PATH: why", with the path once (errors from the file name it already).
@@ -265,12 +268,30 @@ pub fn run(settings: settings::Settings) -> Result<(), ServeError> {
             "scoria serve: ready on http://{bound} (OpenAI: /v1/chat/completions /v1/completions /v1/responses /v1/models; Anthropic: /v1/messages; /health /metrics /){}",
             if settings.api_key.is_some() { "; API key required" } else { "" }
         );
+        let fatal = {
+            let stats = state.stats.clone();
+            async move {
+                loop {
+                    if let Some(f) = stats.fatal() {
+                        return f;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
         tokio::select! {
             r = &mut server => {
                 r.map_err(|e| std::io::Error::other(e.to_string()))??;
                 return Ok(());
             }
             _ = shutdown_signal() => {}
+            f = fatal => {
+                // The engine refuses every request now: stop at once (the requests'
+                // final events go out) and exit non-zero for the supervisor.
+                eprintln!("scoria serve: the executor failed and can run nothing more: {f}; stopping");
+                stop(state, stop_tx, server, Duration::ZERO).await;
+                return Err(ServeError::Fatal(f));
+            }
         }
         let grace = Duration::from_secs(settings.server.shutdown_grace as u64);
         stop(state, stop_tx, server, grace).await;

@@ -99,6 +99,11 @@ pub trait Generator: Send + 'static {
     fn standing_fault(&self) -> Option<String> {
         None
     }
+
+    /// The executor's failure after which it runs nothing more (`Engine::fatal`).
+    fn fatal(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Generator for engine::Engine {
@@ -146,6 +151,10 @@ impl Generator for engine::Engine {
 
     fn standing_fault(&self) -> Option<String> {
         engine::Engine::standing_fault(self)
+    }
+
+    fn fatal(&self) -> Option<String> {
+        engine::Engine::fatal(self).map(str::to_string)
     }
 }
 
@@ -414,6 +423,9 @@ fn serve(
 fn report_fault(generator: &dyn Generator, stats: &Stats) -> bool {
     if let Some(c) = generator.expert_reads() {
         stats.set_expert_reads(c);
+    }
+    if let Some(f) = generator.fatal() {
+        stats.set_fatal(f);
     }
     let fault = generator.standing_fault();
     let standing = fault.is_some();

@@ -813,6 +813,10 @@ impl CpuBackend {
 pub struct CpuExecutor {
     backend: CpuBackend,
     states: Vec<CpuState>,
+    /// Steps run so far, and the one `SCORIA_TEST_DEVICE_FAULT` makes fail as a lost
+    /// device would (tests only).
+    steps: u64,
+    device_fault_at: Option<u64>,
 }
 
 impl CpuExecutor {
@@ -820,7 +824,15 @@ impl CpuExecutor {
         let states = (0..n_seq)
             .map(|_| backend.new_state(n_ctx))
             .collect::<Result<_, _>>()?;
-        Ok(CpuExecutor { backend, states })
+        let device_fault_at = std::env::var(crate::switches::TEST_DEVICE_FAULT)
+            .ok()
+            .and_then(|v| v.parse().ok());
+        Ok(CpuExecutor {
+            backend,
+            states,
+            steps: 0,
+            device_fault_at,
+        })
     }
 
     /// Sequence `seq`'s state, or an error naming `op`.
@@ -965,6 +977,17 @@ impl Executor for CpuExecutor {
     /// step for all its rows, and each entry gets the bits it would get alone. With
     /// tiered experts, an entry whose rows could not get their experts fails alone.
     fn step_each(&mut self, batch: &[SeqStep]) -> Result<Vec<EntryResult>, ExecError> {
+        self.steps += 1;
+        if self.device_fault_at == Some(self.steps) {
+            return Err(ExecError::fatal(
+                "step",
+                format!(
+                    "the device stopped answering (injected at step {} by {})",
+                    self.steps,
+                    crate::switches::TEST_DEVICE_FAULT
+                ),
+            ));
+        }
         // A mutable borrow of each named state; a sequence named twice is refused
         // (its two entries would race for one state).
         let mut slots: Vec<Option<&mut CpuState>> = self.states.iter_mut().map(Some).collect();

@@ -171,8 +171,35 @@ fn tied(w: &ModelWeights) -> bool {
 }
 
 pub(crate) fn cuda_err(op: &str) -> impl Fn(CudaError) -> ExecError + '_ {
-    move |e| ExecError::new(op, e)
+    move |e| {
+        let text = e.to_string();
+        if STICKY.iter().any(|s| text.contains(s)) {
+            ExecError::fatal(
+                op,
+                format!("{text} (the CUDA context cannot run anything more: restart the process)"),
+            )
+        } else {
+            ExecError::new(op, text)
+        }
+    }
 }
+
+/// The CUDA driver's errors that leave the context unusable (every later call fails
+/// with them): a kernel that faulted, or the device lost.
+const STICKY: &[&str] = &[
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_DEVICE_UNAVAILABLE",
+    "CUDA_ERROR_DEVICE_NOT_LICENSED",
+];
 
 /// Bytes the upload will take in VRAM (for the startup check).
 pub(crate) fn upload_bytes(w: &ModelWeights) -> u64 {

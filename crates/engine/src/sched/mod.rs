@@ -166,6 +166,8 @@ pub(crate) struct Scheduler {
     drafter: Option<Drafter>,
     /// The vision encoder requests' images go through (None: text only).
     vision: Option<std::sync::Arc<media::Vision>>,
+    /// The executor failed for good (a lost device): every request is refused.
+    fatal: Option<String>,
 }
 
 impl Scheduler {
@@ -194,6 +196,7 @@ impl Scheduler {
             spec: SpecConfig::default(),
             drafter: None,
             vision: None,
+            fatal: None,
         }
     }
 
@@ -270,10 +273,28 @@ impl Scheduler {
     /// Queues `req`; `step` admits it to a slot in arrival order and reports to
     /// `sink` until it ends (`RequestCallbacks::done`, exactly once).
     pub fn submit(&mut self, mut req: GenerateRequest, mut sink: Box<dyn RequestCallbacks + Send>) {
+        if let Some(e) = self.fatal_error() {
+            sink.done(Err(e));
+            return;
+        }
         match self.mark_images(&mut req) {
             Ok(()) => self.queue.push_back((req, sink)),
             Err(e) => sink.done(Err(e)),
         }
+    }
+
+    /// What the executor's failure that ends this engine's work said (None: none).
+    pub fn fatal(&self) -> Option<&str> {
+        self.fatal.as_deref()
+    }
+
+    /// The error every request gets once the executor failed for good.
+    fn fatal_error(&self) -> Option<EngineError> {
+        self.fatal.as_ref().map(|f| {
+            EngineError::Device(format!(
+                "the executor failed and can run nothing more ({f}); restart the server"
+            ))
+        })
     }
 
     /// Writes the ids of `req`'s images over their placeholders (after checking the
@@ -290,6 +311,16 @@ impl Scheduler {
     /// piece of the first waiting prompt) in one executor step. True while work
     /// remains.
     pub fn step(&mut self, exec: &mut dyn Executor) -> bool {
+        if let Some(e) = self.fatal_error() {
+            // Nothing runs any more: what waits is refused.
+            for (_, mut sink) in self.queue.drain(..) {
+                sink.done(Err(EngineError::Device(e.to_string())));
+            }
+            for (_, mut sink) in self.running.drain(..) {
+                sink.done(Err(EngineError::Device(e.to_string())));
+            }
+            return false;
+        }
         if self.running.is_empty() {
             // A slot still marked busy lost its request to a panic mid-step: its
             // state may hold part of that step, so it starts over.
@@ -337,6 +368,12 @@ impl Scheduler {
             .n_ctx
             .saturating_sub(self.seqs.iter().map(|c| c.history.len()).sum());
         let mut done = step::run(exec, &mut self.seqs, &self.limits, &mut items, room);
+        if let Some(f) = done.fatal.take() {
+            tracing::error!(
+                "the executor failed for good: {f}; every request is refused from now on"
+            );
+            self.fatal = Some(f);
+        }
         if done.ran == 0 && done.starved {
             // Every running request waits for room that only they hold: the newest
             // ends (finish `ContextFull`) so the others can go on.
@@ -435,6 +472,9 @@ impl Scheduler {
         on_logits: Option<LogitsFn<'a>>,
     ) -> Result<Completion, EngineError> {
         self.check_idle()?;
+        if let Some(e) = self.fatal_error() {
+            return Err(e);
+        }
         let mut sink = Closures {
             on_prompt,
             on_token,

@@ -404,6 +404,8 @@ pub(super) struct Stepped {
     pub ran: usize,
     /// Some entry waited for room in the context pool.
     pub starved: bool,
+    /// The executor failed in a way it cannot recover from (`ExecError::fatal`).
+    pub fatal: Option<String>,
 }
 
 /// One scheduler step over `items` (requests in admission order): every decoding
@@ -526,6 +528,7 @@ pub(super) fn run(
             ended,
             ran,
             starved,
+            fatal: None,
         };
     }
     let batch: Vec<SeqStep> = entries
@@ -603,6 +606,7 @@ pub(super) fn run(
                 ended,
                 ran,
                 starved,
+                fatal: err.fatal.then(|| err.to_string()),
             };
         }
     };
@@ -688,6 +692,7 @@ pub(super) fn run(
         ended,
         ran,
         starved,
+        fatal: None,
     }
 }
 
