@@ -10,22 +10,12 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 #[test]
 fn a_lost_device_stops_the_server_with_a_non_zero_status() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("tiny.gguf");
-    let g = model::geometry::Geometry::by_name(Some(model::Arch::Qwen3Moe), "tiny").expect("tiny");
-    model::synth::synthesize(
-        &path,
-        &g,
-        &model::synth::SynthOptions {
-            preset: model::synth::Preset::Q8_0,
-            seed: 3,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
+    let path = common::tiny_model(dir.path());
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")

@@ -6,28 +6,12 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// A tiny model with random weights: its answers run to `max_tokens`.
-fn model(dir: &Path) -> PathBuf {
-    let path = dir.join("tiny-qwen3moe.gguf");
-    let g = model::geometry::Geometry::by_name(Some(model::Arch::Qwen3Moe), "tiny").expect("tiny");
-    model::synth::synthesize(
-        &path,
-        &g,
-        &model::synth::SynthOptions {
-            preset: model::synth::Preset::Q8_0,
-            seed: 3,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
-    path
-}
+mod common;
 
 struct Server {
     child: Child,
@@ -180,7 +164,7 @@ fn cache_entries(cache: &Path) -> usize {
 #[test]
 fn sigterm_lets_a_stream_finish_within_the_grace_period_and_exits_0() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = model(dir.path());
+    let path = common::tiny_model(dir.path());
     let cache = dir.path().join("cache");
     let mut srv = Server::start(&path, &cache, 120);
     // A conversation the stream's request takes the only slot from: it goes to the
@@ -216,7 +200,7 @@ fn sigterm_lets_a_stream_finish_within_the_grace_period_and_exits_0() {
 #[test]
 fn sigterm_past_the_grace_period_ends_a_stream_with_a_final_error_event_and_exits_0() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = model(dir.path());
+    let path = common::tiny_model(dir.path());
     let cache = dir.path().join("cache");
     let mut srv = Server::start(&path, &cache, 0);
     let (s, got) = srv.stream(100_000);

@@ -3,7 +3,9 @@
 //! accepted format, and the refusals of bad, huge and odd images.
 
 use std::io::Cursor;
-use std::path::PathBuf;
+
+mod common;
+use common::{fixture, read_npy};
 
 use image::{ImageEncoder, ImageFormat, Rgb, RgbImage, RgbaImage};
 use model::vision::preprocess::{
@@ -11,13 +13,6 @@ use model::vision::preprocess::{
 };
 use model::vision::VisionConfig;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen35moe-vision")
-        .join(name)
-}
-
-/// The fixture processor's geometry (reference.json "processor").
 fn cfg() -> VisionConfig {
     VisionConfig {
         hidden: 64,
@@ -45,51 +40,6 @@ fn fixture_limits() -> ImageLimits {
     }
 }
 
-/// A little-endian f32 `.npy` (version 1 or 2, C order): (shape, values).
-fn read_npy_f32(path: &PathBuf) -> (Vec<usize>, Vec<f32>) {
-    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(&b[..6], b"\x93NUMPY", "{}: not a .npy file", path.display());
-    let (hlen, start) = match b[6] {
-        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
-        _ => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
-    };
-    let header = std::str::from_utf8(&b[start..start + hlen]).unwrap();
-    assert!(
-        header.contains("'descr': '<f4'"),
-        "{}: not little-endian f32: {header}",
-        path.display()
-    );
-    assert!(
-        header.contains("'fortran_order': False"),
-        "{}: not C order: {header}",
-        path.display()
-    );
-    let shape_txt = header
-        .split("'shape': (")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap();
-    let shape: Vec<usize> = shape_txt
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse().unwrap())
-        .collect();
-    let data: Vec<f32> = b[start + hlen..]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    assert_eq!(
-        data.len(),
-        shape.iter().product::<usize>(),
-        "{}: size and shape disagree",
-        path.display()
-    );
-    (shape, data)
-}
-
 #[test]
 fn on_grid_image_matches_the_reference_bit_for_bit() {
     let bytes = std::fs::read(fixture("image.png")).unwrap();
@@ -97,7 +47,7 @@ fn on_grid_image_matches_the_reference_bit_for_bit() {
     assert_eq!(p.grid, [1, 6, 8]);
     assert_eq!(p.resized, (128, 96));
     assert_eq!(p.rows(2), 12);
-    let (shape, want) = read_npy_f32(&fixture("pixel_values_image.npy"));
+    let (shape, want) = read_npy(&fixture("pixel_values_image.npy"));
     assert_eq!(shape, vec![48, 1536]);
     assert_eq!(p.pixels.len(), want.len());
     let differ = p
@@ -123,7 +73,7 @@ fn resized_image_matches_the_reference() {
     let p = prepare(&bytes, &cfg(), &fixture_limits()).unwrap();
     assert_eq!(p.grid, [1, 6, 10]);
     assert_eq!(p.resized, (160, 96));
-    let (shape, want) = read_npy_f32(&fixture("pixel_values_odd.npy"));
+    let (shape, want) = read_npy(&fixture("pixel_values_odd.npy"));
     assert_eq!(shape, vec![60, 1536]);
     assert_eq!(p.pixels.len(), want.len());
     let mut max = 0f32;

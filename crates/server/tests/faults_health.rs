@@ -6,29 +6,19 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::fault::{inject, Fault, Rule, Site};
+
+mod common;
+use common::{http, serve};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEADLINE: Duration = Duration::from_millis(500);
 
 /// A tiny qwen3moe with random weights whose experts are all read from the file.
 fn engine(path: &Path) -> engine::Engine {
-    let g = model::geometry::Geometry::by_name(Some(model::Arch::Qwen3Moe), "tiny").expect("tiny");
-    model::synth::synthesize(
-        path,
-        &g,
-        &model::synth::SynthOptions {
-            preset: model::synth::Preset::Q8_0,
-            seed: 5,
-            sync: false,
-        },
-        &|_, _| {},
-    )
-    .expect("synthesize");
+    common::tiny_model(path, model::Arch::Qwen3Moe, 5);
     engine::Engine::load(
         path,
         &engine::EngineConfig {
@@ -42,47 +32,6 @@ fn engine(path: &Path) -> engine::Engine {
         },
     )
     .expect("load")
-}
-
-async fn serve(engine: engine::Engine) -> SocketAddr {
-    let stats = Arc::new(server::metrics::Stats::new());
-    let loaded = server::core_for(engine, Default::default(), stats.clone()).expect("core");
-    let state = server::AppState::new(
-        stats,
-        loaded.info,
-        loaded.tokenizer,
-        loaded.template,
-        json!({}),
-        None,
-        "faulty".into(),
-    )
-    .with_core(loaded.core);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, server::app(Arc::new(state))).await });
-    addr
-}
-
-/// One request on its own connection: the status and the body.
-async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("head");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, rest.to_string())
 }
 
 async fn health(addr: SocketAddr) -> (u16, Value) {
