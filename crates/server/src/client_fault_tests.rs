@@ -188,7 +188,9 @@ async fn headers_sent_byte_by_byte_have_their_connection_closed_at_the_deadline(
 
 /// A kept-alive connection: the next request sent at once is served; the next head sent
 /// byte by byte, or none at all, has the connection closed at the deadline, timed from
-/// when the connection went idle after its answer.
+/// when the connection went idle after its answer (the server's clock starts when it
+/// wrote the answer, a little before the client has read it: hence the slack below the
+/// limit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_alive_connections_are_timed_for_every_head() {
     let limit = Duration::from_millis(600);
@@ -276,7 +278,7 @@ async fn kept_alive_connections_are_timed_for_every_head() {
     assert!(closed(&mut r).await, "a dribbled second head was answered");
     let waited = idle.elapsed();
     assert!(
-        waited >= limit && waited < Duration::from_secs(3),
+        waited >= limit * 3 / 4 && waited < Duration::from_secs(3),
         "{waited:?}"
     );
     dribbler.abort();
@@ -294,7 +296,7 @@ async fn kept_alive_connections_are_timed_for_every_head() {
     assert!(closed(&mut r).await, "an idle connection stayed open");
     let waited = idle.elapsed();
     assert!(
-        waited >= limit && waited < Duration::from_secs(3),
+        waited >= limit * 3 / 4 && waited < Duration::from_secs(3),
         "{waited:?}"
     );
 }
