@@ -5,8 +5,11 @@
 #                                      the GPU and the release `scoria` binary into
 #                                      DIR (default .carry/gpu, ignored by git) and
 #                                      packs them as DIR.tar.xz (what to carry: the
-#                                      machine takes a limited working tree, and xz
-#                                      keeps the archive ~10% under gzip's size)
+#                                      machine takes a limited working tree: every
+#                                      executable embeds the same kernels, so one xz
+#                                      stream whose dictionary spans several of them
+#                                      packs 270 MB into ~15 MB, where -T0's
+#                                      independent blocks left 70 MB)
 #   scripts/gpu-tests.sh run [DIR]     (on the GPU machine, from the repository
 #                                      root) unpacks DIR.tar.xz when DIR is absent,
 #                                      runs every test executable in DIR against the
@@ -20,7 +23,7 @@
 # The kernels are built for sm_90 only (the GPU machine's H200; every executable
 # embeds them, and the archive must stay small) unless SCORIA_CUDA_ARCHS says otherwise.
 # The other test targets run on the CPU alone and are left to the ordinary test run.
-GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch engine-sched engine-spec"
+GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch engine-sched engine-spec engine-vision"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config
@@ -64,7 +67,7 @@ for line in sys.stdin:
             print("built", "test-" + target)
 ' "$DIR" "$GPU_TARGETS"
   strip "$DIR"/scoria "$DIR"/test-*
-  tar -C "$(dirname "$DIR")" -cf - "$(basename "$DIR")" | xz -T0 -6 >"$DIR.tar.xz"
+  tar -C "$(dirname "$DIR")" -cf - "$(basename "$DIR")" | xz -T1 --lzma2=preset=6,dict=192MiB >"$DIR.tar.xz"
   du -sh "$DIR" "$DIR.tar.xz"
   ;;
 run)

@@ -25,7 +25,10 @@ __device__ __forceinline__ float sc_warp_max(float v) {
 // pos = *pos0_dev + t. rope is f32 [n_ctx][n_rot/2][2] = (cos, sin). A null q_norm /
 // k_norm skips that norm. With `kv_tab` each token t is one of its own sequence (a
 // batched decode step): its position is pos0_dev[t] and its caches are at kv_tab[2t]
-// (K) and kv_tab[2t + 1] (V).
+// (K) and kv_tab[2t + 1] (V). With `mpos` (i32 [n_tok][3], multimodal (t, h, w)
+// positions) the rotation of pair p takes the h position when p % 3 == 1 and
+// p < 3·sec_h, the w position when p % 3 == 2 and p < 3·sec_w, else t; the cache row is
+// still pos.
 #define SC_PREP_WARPS 4
 template <bool ROWS>
 __device__ __forceinline__ void attn_prep_body(const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
@@ -33,7 +36,8 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ q_raw, 
               const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
               const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
               float* __restrict__ v_cache, float* __restrict__ q_out,
-              const unsigned long long* __restrict__ kv_tab) { 
+              const unsigned long long* __restrict__ kv_tab, const int* __restrict__ mpos,
+              int sec_h, int sec_w) { 
   __shared__ float sbuf[SC_PREP_WARPS][SC_MAX_HD];
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const long long item = (long long)blockIdx.x * SC_PREP_WARPS + wi;
@@ -67,16 +71,20 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ q_raw, 
   }
   __syncwarp();
   const int half = n_rot / 2;
-  const float* cs = rope + (size_t)pos * half * 2;
   for (int i = lane; i < hd; i += 32) {
     float y;
-    if (i < half) {
-      const float x0 = buf[i], x1 = buf[i + half], c = cs[2 * i], s = cs[2 * i + 1];
-      y = sc_sub(sc_mul(x0, c), sc_mul(x1, s));
-    } else if (i < n_rot) {
-      const int p = i - half;
-      const float x0 = buf[p], x1 = buf[i], c = cs[2 * p], s = cs[2 * p + 1];
-      y = sc_add(sc_mul(x0, s), sc_mul(x1, c));
+    if (i < n_rot) {
+      // Rotary pair p = (p, p + half), at the token's position, or with `mpos` at the
+      // (t, h, w) position its section takes (model::math::mrope_table).
+      const int p = i < half ? i : i - half;
+      int at = pos;
+      if (mpos) {
+        const int axis = (p % 3 == 1 && p < 3 * sec_h) ? 1 : (p % 3 == 2 && p < 3 * sec_w) ? 2 : 0;
+        at = mpos[3 * t + axis];
+      }
+      const float c = rope[((size_t)at * half + p) * 2], s = rope[((size_t)at * half + p) * 2 + 1];
+      const float x0 = buf[p], x1 = buf[p + half];
+      y = i < half ? sc_sub(sc_mul(x0, c), sc_mul(x1, s)) : sc_add(sc_mul(x0, s), sc_mul(x1, c));
     } else {
       y = buf[i];
     }
@@ -94,18 +102,20 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep(const
               const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
               const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
               float* __restrict__ v_cache, float* __restrict__ q_out,
-              const unsigned long long* __restrict__ kv_tab) {
+              const unsigned long long* __restrict__ kv_tab, const int* __restrict__ mpos,
+              int sec_h, int sec_w) {
   sc_pdl_enter();
-  attn_prep_body<false>(q_raw, k_raw, v_raw, n_tok, pos0_dev, n_head, n_head_kv, hd, q_stride, q_norm, k_norm, eps, rope, n_rot, k_cache, v_cache, q_out, kv_tab);
+  attn_prep_body<false>(q_raw, k_raw, v_raw, n_tok, pos0_dev, n_head, n_head_kv, hd, q_stride, q_norm, k_norm, eps, rope, n_rot, k_cache, v_cache, q_out, kv_tab, mpos, sec_h, sec_w);
 }
 extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
               int n_tok, const int* __restrict__ pos0_dev, int n_head, int n_head_kv, int hd, int q_stride,
               const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
               const float* __restrict__ rope, int n_rot, float* __restrict__ k_cache,
               float* __restrict__ v_cache, float* __restrict__ q_out,
-              const unsigned long long* __restrict__ kv_tab) {
+              const unsigned long long* __restrict__ kv_tab, const int* __restrict__ mpos,
+              int sec_h, int sec_w) {
   sc_pdl_enter();
-  attn_prep_body<true>(q_raw, k_raw, v_raw, n_tok, pos0_dev, n_head, n_head_kv, hd, q_stride, q_norm, k_norm, eps, rope, n_rot, k_cache, v_cache, q_out, kv_tab);
+  attn_prep_body<true>(q_raw, k_raw, v_raw, n_tok, pos0_dev, n_head, n_head_kv, hd, q_stride, q_norm, k_norm, eps, rope, n_rot, k_cache, v_cache, q_out, kv_tab, mpos, sec_h, sec_w);
 }
 
 // ---------------------------------------------------------------------- attn_core

@@ -166,10 +166,11 @@ impl Engine {
             _ => None,
         };
         let mut memory = MemoryAccount::new(&file, &mcfg, n_ctx, parallel, prompt_cache, available);
-        let vision = match &cfg.mmproj {
-            Some(p) => open_vision(p, &mcfg, report.device)?,
-            None => None,
-        };
+        let vision = cfg
+            .mmproj
+            .as_deref()
+            .map(|p| open_vision(p, &mcfg))
+            .transpose()?;
         let drafter = choose_drafter(&cfg.spec, &mcfg, exec.as_mut())?;
         let mut sched = Scheduler::new(
             parallel,
@@ -489,13 +490,12 @@ pub fn check_threads(n: usize) -> Result<(), EngineError> {
 }
 
 /// The vision encoder of `path` for a model of `mcfg`, refused (with the numbers) when
-/// it belongs to another model; None, with a warning, where the executor cannot take
-/// images yet (the GPU's).
+/// it belongs to another model. It runs on the CPU whatever the executor (its rows
+/// go into the text model's steps as they are).
 fn open_vision(
     path: &Path,
     mcfg: &ModelConfig,
-    device: Device,
-) -> Result<Option<crate::sched::media::Vision>, EngineError> {
+) -> Result<crate::sched::media::Vision, EngineError> {
     let model = model::vision::encoder::VisionModel::open(path)?;
     let out = model.config().out_hidden;
     if out != mcfg.n_embd {
@@ -512,22 +512,15 @@ fn open_vision(
             mcfg.arch.name()
         )));
     }
-    if device != Device::Cpu {
-        tracing::warn!(
-            "--mmproj {}: the GPU executor takes no images yet, so this server is text only; run with --device cpu for images",
-            path.display()
-        );
-        return Ok(None);
-    }
     tracing::info!(
-        "vision encoder {}: {} blocks of width {}, patch {}, merge {}",
+        "vision encoder {}: {} blocks of width {}, patch {}, merge {} (on the CPU)",
         path.display(),
         model.config().n_layer,
         model.config().hidden,
         model.config().patch_size,
         model.config().merge
     );
-    Ok(Some(crate::sched::media::Vision::new(model)))
+    Ok(crate::sched::media::Vision::new(model))
 }
 
 /// The routing profile `cfg.expert_profile` names, checked against the model.

@@ -240,18 +240,8 @@ fn assert_same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
 }
 
 fn trunk_experts(path: &Path) -> (u64, model::ModelConfig) {
-    let (bytes, _, cfg) = trunk_experts_and_largest(path);
+    let (bytes, _, cfg) = common::trunk_experts_and_largest(path);
     (bytes, cfg)
-}
-
-/// [`trunk_experts`] with the bytes of one expert of the largest layer.
-fn trunk_experts_and_largest(path: &Path) -> (u64, u64, model::ModelConfig) {
-    let file = gguf::GgufFile::open(path).expect("open");
-    let cfg = model::ModelConfig::from_gguf(&file).expect("config");
-    let index = engine::experts::ExpertIndex::build(&file, &cfg).expect("index");
-    let sizes = index.trunk_expert_bytes();
-    let bytes = sizes.iter().sum::<u64>() * cfg.n_expert as u64;
-    (bytes, sizes.into_iter().max().unwrap_or(0), cfg)
 }
 
 /// Invariant 1 for the tiered expert store: budgets that keep every expert in VRAM,
@@ -283,7 +273,7 @@ fn tiered_experts_give_the_resident_bits() {
             "{geometry}: resident run is tiered"
         );
         let used = full.device_report().vram_used.expect("vram");
-        let (experts, largest, cfg) = trunk_experts_and_largest(&path);
+        let (experts, largest, cfg) = common::trunk_experts_and_largest(&path);
         let (k, n) = (cfg.n_expert_used as u64, cfg.n_expert as u64);
         // What the resident run holds besides the experts, plus the context's share.
         let fixed = used - experts + engine::cuda::CONTEXT_VRAM;

@@ -5,15 +5,24 @@
 //! image; the greedy tokens must be the reference's and every decode position's logits
 //! within the text tolerance. Then the invariants: an image request beside text
 //! requests gets its solo bits, and the prompt cache tells images apart by their bytes.
+//! On the device `SCORIA_TEST_DEVICE` names (the GPU suite runs them on the GPU, with
+//! the encoder on the CPU).
 
 mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{bits, together};
+use common::{bits, test_device, together};
 use engine::{Engine, EngineConfig, GenerateRequest, Precision, PromptImage};
 use model::vision::PreparedImage;
+
+/// VRAM the GPU executor keeps beside its weights and slots (`engine::cuda::CONTEXT_VRAM`
+/// where the build has it; the CPU reports no VRAM and never reads it).
+#[cfg(feature = "cuda")]
+const CONTEXT_VRAM: u64 = engine::cuda::CONTEXT_VRAM;
+#[cfg(not(feature = "cuda"))]
+const CONTEXT_VRAM: u64 = 0;
 
 fn fixtures() -> PathBuf {
     common::fixtures("qwen35moe-vision")
@@ -66,13 +75,23 @@ fn image(salt: u8) -> Arc<PreparedImage> {
     })
 }
 
+/// Float-reference activations on the CPU; the GPU's F32 matrices take f32
+/// activations anyway.
+fn precision() -> Precision {
+    if test_device() == engine::Device::Cpu {
+        Precision::ReferenceF32
+    } else {
+        Precision::Canonical
+    }
+}
+
 fn load(mmproj: &str, prompt_cache: Option<u64>) -> Engine {
     Engine::load(
         &fixtures().join("model-f32.gguf"),
         &EngineConfig {
             max_context: Some(256),
-            precision: Precision::ReferenceF32,
-            device: Some(engine::Device::Cpu),
+            precision: precision(),
+            device: Some(test_device()),
             mmproj: Some(fixtures().join(mmproj)),
             prompt_cache,
             parallel: Some(3),
@@ -141,8 +160,8 @@ fn text_only_prompts_keep_their_bits_with_an_encoder_loaded() {
         &fixtures().join("model-f32.gguf"),
         &EngineConfig {
             max_context: Some(256),
-            precision: Precision::ReferenceF32,
-            device: Some(engine::Device::Cpu),
+            precision: precision(),
+            device: Some(test_device()),
             ..Default::default()
         },
     )
@@ -174,25 +193,37 @@ fn an_image_request_beside_text_requests_gets_its_solo_bits() {
 #[test]
 fn tiered_experts_give_an_image_request_the_resident_bits() {
     let r = reference();
-    let run = |ram_budget| {
+    let model = fixtures().join("model-f32.gguf");
+    let run = |budgets: (Option<u64>, Option<u64>)| {
         let mut eng = Engine::load(
-            &fixtures().join("model-f32.gguf"),
+            &model,
             &EngineConfig {
                 max_context: Some(256),
-                precision: Precision::ReferenceF32,
-                device: Some(engine::Device::Cpu),
+                precision: precision(),
+                device: Some(test_device()),
                 mmproj: Some(fixtures().join("mmproj-f32.gguf")),
-                ram_budget,
+                parallel: Some(1),
+                vram_budget: budgets.0,
+                ram_budget: budgets.1,
                 ..Default::default()
             },
         )
         .unwrap();
         let seen = together(&mut eng, &[request(&r, image(0), 8)]).remove(0);
-        (seen, eng.expert_reads())
+        let used = eng.device_report().vram_used;
+        (seen, eng.expert_reads(), used)
     };
-    let (resident, _) = run(None);
-    // A budget of one byte: every routed expert is read from the file.
-    let (tiered, reads) = run(Some(1));
+    let (resident, _, used) = run((None, None));
+    let budgets = match used {
+        // The GPU: VRAM for half the experts, none in RAM, so misses come from the file.
+        Some(used) => {
+            let (experts, _, _) = common::trunk_experts_and_largest(&model);
+            (Some(used - experts / 2 + CONTEXT_VRAM), Some(0))
+        }
+        // A RAM budget of one byte: every routed expert is read from the file.
+        None => (None, Some(1)),
+    };
+    let (tiered, reads, _) = run(budgets);
     let reads = reads.expect("tiered");
     assert!(reads.experts > 0, "{reads:?}");
     assert!(tiered.done.as_ref().unwrap().is_ok(), "{:?}", tiered.done);
@@ -209,8 +240,8 @@ fn cached_state_is_shared_only_by_the_same_image() {
             &fixtures().join("model-f32.gguf"),
             &EngineConfig {
                 max_context: Some(256),
-                precision: Precision::ReferenceF32,
-                device: Some(engine::Device::Cpu),
+                precision: precision(),
+                device: Some(test_device()),
                 mmproj: Some(fixtures().join("mmproj-f32.gguf")),
                 parallel: Some(1),
                 ..Default::default()
@@ -274,7 +305,7 @@ fn misplaced_images_and_engines_without_an_encoder_are_refused() {
         &fixtures().join("model-f32.gguf"),
         &EngineConfig {
             max_context: Some(256),
-            device: Some(engine::Device::Cpu),
+            device: Some(test_device()),
             ..Default::default()
         },
     )
@@ -293,7 +324,7 @@ fn an_encoder_for_another_model_is_refused_at_load() {
         &fixtures().join("model-f32.gguf"),
         &EngineConfig {
             max_context: Some(64),
-            device: Some(engine::Device::Cpu),
+            device: Some(test_device()),
             mmproj: Some(fixtures().join("mmproj-demo-f16.gguf")),
             ..Default::default()
         },

@@ -49,14 +49,43 @@ fn core_kernel(hd: usize, rows: bool, wide: bool) -> Option<K> {
     })
 }
 
+/// The rotary table of [`Gpu::attn_prep`] and where each token finds its row.
+#[derive(Debug, Clone, Copy)]
+pub struct Rotary {
+    /// The host's table f32 [n_ctx][n_rot/2][2] of (cos, sin) (`model::math`).
+    pub table: u64,
+    /// Rotated dims of each head (even, at most head_dim).
+    pub n_rot: usize,
+    /// 0: token t rotates at its cache position. Otherwise device i32 [n_tok][3], each
+    /// token's multimodal (t, h, w) position (Qwen3.5's M-RoPE): pair p rotates at the
+    /// h position when p % 3 == 1 and p < 3·sections[0], at w when p % 3 == 2 and
+    /// p < 3·sections[1], else at t (`model::math::mrope_table`). Every position must
+    /// be a row of the table (not checked on the device).
+    pub mpos: u64,
+    /// The h and w sections of the model's `rope.dimension_sections`.
+    pub sections: [usize; 2],
+}
+
+impl Rotary {
+    /// Every token at its cache position.
+    pub fn plain(table: u64, n_rot: usize) -> Rotary {
+        Rotary {
+            table,
+            n_rot,
+            mpos: 0,
+            sections: [0, 0],
+        }
+    }
+}
+
 impl Gpu {
     /// For each token t (position `*pos0_dev + t`): every query head of `q_raw`
     /// (f32 [n_tok][n_head·q_stride], head h at h·q_stride) RMS-normed with `q_norm`,
     /// NeoX-rotated on its first `n_rot` dims and written to `q_out`
     /// [n_tok][n_head][head_dim]; every key head of `k_raw` ([n_tok][n_head_kv·head_dim])
     /// normed with `k_norm`, rotated and written to `k_cache` [n_ctx][n_head_kv][head_dim]
-    /// at the token's position; `v_raw` copied to `v_cache` likewise. `rope` is the
-    /// host's table f32 [n_ctx][n_rot/2][2] of (cos, sin) (`model::math`). A zero
+    /// at the token's position; `v_raw` copied to `v_cache` likewise, rotated as `rope`
+    /// says ([`Rotary`]). A zero
     /// `q_norm` / `k_norm` skips that norm. The position is read on the device, so a
     /// captured graph replays at whatever position is stored there; the caller keeps
     /// `pos0 + n_tok <= n_ctx` (it is not checked on the device). With a non-zero
@@ -78,14 +107,14 @@ impl Gpu {
         q_norm: u64,
         k_norm: u64,
         eps: f32,
-        rope: u64,
-        n_rot: usize,
+        rope: &Rotary,
         k_cache: u64,
         v_cache: u64,
         q_out: u64,
         kv_tab: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "attn_prep";
+        let n_rot = rope.n_rot;
         if head_dim == 0 || head_dim > MAX_HD {
             return Err(CudaError::bad(
                 KN,
@@ -121,7 +150,7 @@ impl Gpu {
             Arg::P(opt_addr(KN, "q_norm", q_norm, 4)?),
             Arg::P(opt_addr(KN, "k_norm", k_norm, 4)?),
             Arg::F32(eps),
-            Arg::P(addr(KN, "rope", rope, 4)?),
+            Arg::P(addr(KN, "rope", rope.table, 4)?),
             Arg::I32(int(KN, "n_rot", n_rot)?),
             Arg::P(if kv_tab == 0 {
                 addr(KN, "k_cache", k_cache, 4)?
@@ -135,6 +164,9 @@ impl Gpu {
             }),
             Arg::P(addr(KN, "q_out", q_out, 4)?),
             Arg::P(opt_addr(KN, "kv_tab", kv_tab, 8)?),
+            Arg::P(opt_addr(KN, "mpos", rope.mpos, 4)?),
+            Arg::I32(int(KN, "sections[0]", rope.sections[0])?),
+            Arg::I32(int(KN, "sections[1]", rope.sections[1])?),
         ];
         let kernel = if kv_tab == 0 {
             K::AttnPrep
@@ -321,6 +353,9 @@ impl Gpu {
             Arg::P(if n_split > 1 { scratch } else { 0 }),
             Arg::I32(n_split as i32),
             Arg::P(opt_addr(KN, "kv_tab", kv_tab, 8)?),
+            Arg::P(opt_addr(KN, "mpos", rope.mpos, 4)?),
+            Arg::I32(int(KN, "sections[0]", rope.sections[0])?),
+            Arg::I32(int(KN, "sections[1]", rope.sections[1])?),
         ];
         let q_out = act_q8_args(KN, oq, false)?;
         let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];

@@ -11,6 +11,7 @@ mod moe;
 mod norm;
 mod quant;
 
+pub use attention::Rotary;
 pub use deltanet::{DnRows, DnStep, MAX_D_CONV};
 pub use moe::{
     MoeRoute, RouterRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS,

@@ -2,7 +2,7 @@
 //! an f64 softmax attention within 1e-5 of the output's scale.
 
 use crate::{assert_bits, down, gpu, poisoned, up, QOut, Rng};
-use cuda::ActQ8;
+use cuda::{ActQ8, Rotary};
 
 /// The host's rope table [n_ctx][n_rot/2][2] = (cos, sin), as model::math computes them.
 pub fn rope_table(n_ctx: usize, n_rot: usize, theta: f32) -> Vec<f32> {
@@ -113,8 +113,7 @@ fn attn_prep_matches_norm_and_rope() {
             dqn.ptr(),
             dkn.ptr(),
             eps,
-            drope.ptr(),
-            c.n_rot,
+            &Rotary::plain(drope.ptr(), c.n_rot),
             kc.ptr(),
             vc.ptr(),
             q_out.ptr(),
@@ -126,6 +125,84 @@ fn attn_prep_matches_norm_and_rope() {
         assert_bits(&down(&g, &kc), &want_k, &format!("k cache, {what}"));
         assert_bits(&down(&g, &vc), &want_v, &format!("v cache, {what}"));
     }
+}
+
+/// Multimodal positions (Qwen3.5's interleaved M-RoPE): each token's pairs rotate at
+/// the t, h or w position their section gives, bit for bit as the CPU's
+/// `mrope_table`, while its K/V still go to its cache row.
+#[test]
+fn attn_prep_rotates_at_multimodal_positions() {
+    let Some(g) = gpu("attn_prep") else { return };
+    let mut rng = Rng::new(21);
+    // Qwen3.5's heads: 256 dims, 64 rotated, sections [11, 11, 10, 0].
+    let (n_tok, pos0, nh, nkv, hd, n_rot) = (7, 9, 4, 2, 256, 64);
+    let sections = [11, 11, 10, 0];
+    let (n_ctx, eps, theta) = (64, 1e-6f32, 10_000_000.0f32);
+    let q_raw = rng.vec(n_tok * nh * hd, 3.0);
+    let k_raw = rng.vec(n_tok * nkv * hd, 3.0);
+    let v_raw = rng.vec(n_tok * nkv * hd, 3.0);
+    let (qn, kn) = (rng.vec(hd, 2.0), rng.vec(hd, 2.0));
+    // Positions anywhere in the table, the three axes apart (an image's rows), and
+    // one token with t = h = w (text).
+    let mut mpos: Vec<[u32; 3]> = (0..n_tok)
+        .map(|_| [0; 3].map(|_| rng.below(n_ctx) as u32))
+        .collect();
+    mpos[3] = [17; 3];
+    let kvw = nkv * hd;
+    let mut want_q = vec![0f32; n_tok * nh * hd];
+    let mut want_k = vec![f32::from_bits(u32::MAX); n_ctx * kvw];
+    for t in 0..n_tok {
+        let table = model::math::mrope_table(mpos[t], n_rot, theta, sections);
+        for h in 0..nh {
+            let dst = &mut want_q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+            dst.copy_from_slice(&q_raw[(t * nh + h) * hd..(t * nh + h + 1) * hd]);
+            model::math::rms_norm(dst, &qn, eps);
+            model::math::rope_neox_with(dst, &table);
+        }
+        let p = pos0 + t;
+        for h in 0..nkv {
+            let dst = &mut want_k[p * kvw + h * hd..p * kvw + (h + 1) * hd];
+            dst.copy_from_slice(&k_raw[(t * nkv + h) * hd..(t * nkv + h + 1) * hd]);
+            model::math::rms_norm(dst, &kn, eps);
+            model::math::rope_neox_with(dst, &table);
+        }
+    }
+    let (dq, dk, dv) = (up(&g, &q_raw), up(&g, &k_raw), up(&g, &v_raw));
+    let (dqn, dkn) = (up(&g, &qn), up(&g, &kn));
+    let drope = up(&g, &rope_table(n_ctx, n_rot, theta));
+    let flat: Vec<i32> = mpos.iter().flatten().map(|&p| p as i32).collect();
+    let dmpos = up(&g, &flat);
+    let pos = up(&g, &[pos0 as i32]);
+    let (kc, vc) = (poisoned(&g, n_ctx * kvw), poisoned(&g, n_ctx * kvw));
+    let q_out = poisoned(&g, n_tok * nh * hd);
+    let rope = Rotary {
+        table: drope.ptr(),
+        n_rot,
+        mpos: dmpos.ptr(),
+        sections: [sections[1], sections[2]],
+    };
+    g.attn_prep(
+        dq.ptr(),
+        dk.ptr(),
+        dv.ptr(),
+        n_tok,
+        pos.ptr(),
+        nh,
+        nkv,
+        hd,
+        hd,
+        dqn.ptr(),
+        dkn.ptr(),
+        eps,
+        &rope,
+        kc.ptr(),
+        vc.ptr(),
+        q_out.ptr(),
+        0,
+    )
+    .unwrap();
+    assert_bits(&down(&g, &q_out), &want_q, "q at multimodal positions");
+    assert_bits(&down(&g, &kc), &want_k, "k cache at multimodal positions");
 }
 
 /// Softmax attention in f64 (engine/src/cpu/attention.rs's math), and per output the

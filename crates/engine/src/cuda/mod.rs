@@ -609,14 +609,19 @@ impl CudaExecutor {
         want: Want,
     ) -> Result<u64, ExecError> {
         let logits = model::forward(&self.be, tokens, pos0, &mut self.states[seq], want.logits())?;
+        self.finish_step(logits.ptr, want)
+    }
+
+    /// The step's output from its logits: for `Greedy` the argmax's address.
+    fn finish_step(&mut self, logits: u64, want: Want) -> Result<u64, ExecError> {
         if want == Want::Greedy {
             self.be
                 .gpu
-                .argmax(logits.ptr, self.be.cfg.n_vocab, self.argmax_out.ptr())
+                .argmax(logits, self.be.cfg.n_vocab, self.argmax_out.ptr())
                 .map_err(cuda_err("argmax"))?;
             Ok(self.argmax_out.ptr())
         } else {
-            Ok(logits.ptr)
+            Ok(logits)
         }
     }
 
@@ -840,7 +845,7 @@ impl CudaExecutor {
         // One token of several sequences: batched passes of up to MAX_ROWS rows.
         if self.be.batches_rows() {
             let rows: Vec<usize> = (0..batch.len())
-                .filter(|&i| batch[i].tokens.len() == 1)
+                .filter(|&i| batch[i].tokens.len() == 1 && !has_media(&batch[i]))
                 .collect();
             for chunk in rows.chunks(MAX_ROWS).filter(|c| c.len() > 1) {
                 let entries: Vec<&SeqStep> = chunk.iter().map(|&i| &batch[i]).collect();
@@ -871,6 +876,9 @@ impl CudaExecutor {
     /// One entry on its own: a decode token through its sequence's graph, or a
     /// prompt in the pieces the arena holds.
     fn step_one(&mut self, s: &SeqStep) -> Result<StepOut, ExecError> {
+        if has_media(s) {
+            return self.step_media(s);
+        }
         if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) {
             self.be.load_inputs(s.tokens, s.pos0)?;
             let out = if self.use_graphs && self.be.tiered.is_some() {
@@ -894,6 +902,62 @@ impl CudaExecutor {
             let out = self.launch_step(s.seq, chunk, pos0, want)?;
             let rows = if want == Want::Logits(Logits::All) {
                 chunk.len()
+            } else {
+                1
+            };
+            self.read_out(out, want, rows)
+        })
+    }
+}
+
+/// Whether a step entry feeds image rows or multimodal rotary positions.
+fn has_media(s: &SeqStep) -> bool {
+    !s.media.embeds.is_empty() || s.media.rope.is_some()
+}
+
+impl CudaExecutor {
+    /// An entry with images or multimodal positions (a prompt holding images, or a
+    /// later token of such a request): on its own, without graphs (its inputs are
+    /// host copies made at each step), in the pieces the arena holds. The image rows'
+    /// ids name images, not vocabulary entries: they embed token 0 and are overwritten.
+    fn step_media(&mut self, s: &SeqStep) -> Result<StepOut, ExecError> {
+        let piece = if s.want == Want::Logits(Logits::All) {
+            MAX_LOGIT_ROWS
+        } else {
+            self.be.chunk_tokens
+        };
+        crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {
+            let off = pos0 - s.pos0;
+            let n = chunk.len();
+            let embeds: Vec<(usize, &[f32])> = s
+                .media
+                .embeds
+                .iter()
+                .filter(|(r, _)| (off..off + n).contains(r))
+                .map(|&(r, e)| (r - off, e))
+                .collect();
+            let mut ids = chunk.to_vec();
+            for &(r, _) in &embeds {
+                ids[r] = 0;
+            }
+            self.be.load_inputs(&ids, pos0)?;
+            let media = model::Media {
+                embeds: &embeds,
+                rope: s.media.rope.map(|r| &r[off..off + n]),
+            };
+            let mut seg = [Segment {
+                tokens: chunk,
+                pos0,
+                state: &mut self.states[s.seq],
+                logits: want.logits(),
+                media,
+            }];
+            let logits = model::forward_batch(&self.be, &mut seg)?
+                .pop()
+                .ok_or_else(|| ExecError::new("step", "the pass returned no logits"))?;
+            let out = self.finish_step(logits.ptr, want)?;
+            let rows = if want == Want::Logits(Logits::All) {
+                n
             } else {
                 1
             };

@@ -118,3 +118,14 @@ pub fn fixtures(name: &str) -> std::path::PathBuf {
     };
     root.join("tests/fixtures").join(name)
 }
+
+/// The bytes of the routed experts of every layer of the file at `path`, the bytes
+/// of one expert of its largest layer, and its config.
+pub fn trunk_experts_and_largest(path: &Path) -> (u64, u64, model::ModelConfig) {
+    let file = gguf::GgufFile::open(path).expect("open");
+    let cfg = model::ModelConfig::from_gguf(&file).expect("config");
+    let index = engine::experts::ExpertIndex::build(&file, &cfg).expect("index");
+    let sizes = index.trunk_expert_bytes();
+    let bytes = sizes.iter().sum::<u64>() * cfg.n_expert as u64;
+    (bytes, sizes.into_iter().max().unwrap_or(0), cfg)
+}

@@ -5,7 +5,7 @@
 
 use super::{is_float, CudaBackend, CudaState, DBuf};
 use crate::cuda::weights::{cuda_err, AttnDev, DevWeight, DnDev, MixerDev};
-use cuda::ActQ8;
+use cuda::{ActQ8, Rotary};
 use model::ExecError;
 
 /// Whether a DeltaNet layer with input projections `ws` has the one-token kernels
@@ -16,7 +16,8 @@ pub(super) fn dn_step_shape(ws: &[&DevWeight], ssm: &model::SsmConfig) -> bool {
 
 impl CudaBackend {
     /// One sequence's attention over its tokens, at positions `pos0..` (its first row's
-    /// position on the device; see `check_pos`): `Backend::attention`.
+    /// position on the device; see `check_pos`): `Backend::attention`. `mpos`: 0, or
+    /// the rows' multimodal rotary positions on the device (`load_mpos`).
     pub(super) fn attention_seq(
         &self,
         layer: usize,
@@ -24,6 +25,7 @@ impl CudaBackend {
         x: &DBuf,
         pos0: usize,
         state: &mut CudaState,
+        mpos: u64,
     ) -> Result<DBuf, ExecError> {
         let pos_dev = self.check_pos(pos0, "attention")?;
         let MixerDev::Attention(a) = &self.w.layers[layer].mixer else {
@@ -68,7 +70,7 @@ impl CudaBackend {
         };
         let (kc, vc) = &state.kv[slot];
         let raw = (&q_raw, &k_raw, &v_raw);
-        self.attention_core(a, raw, pos_dev, (kc.ptr(), vc.ptr()), 0, state.n_ctx)
+        self.attention_core(a, raw, pos_dev, mpos, (kc.ptr(), vc.ptr()), 0, state.n_ctx)
     }
 
     /// One sequence's DeltaNet over its tokens: `Backend::delta_net`.
@@ -229,13 +231,15 @@ impl CudaBackend {
     /// projection, for the rows of `q_raw`. `caches` are one sequence's (K, V), whose
     /// first position is at `pos_dev`; or, with `kv_tab`, ignored: each row is one
     /// token of its own sequence, its caches in the table and its position at
-    /// `pos_dev` + 4·row (rows mode).
+    /// `pos_dev` + 4·row (rows mode). `mpos`: 0, or each row's multimodal rotary
+    /// position on the device (`cuda::Rotary::mpos`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_core(
         &self,
         a: &AttnDev,
         (q_raw, k_raw, v_raw): (&DBuf, &DBuf, &DBuf),
         pos_dev: u64,
+        mpos: u64,
         caches: (u64, u64),
         kv_tab: u64,
         n_ctx: usize,
@@ -245,6 +249,12 @@ impl CudaBackend {
         let n = q_raw.rows;
         let q_stride = if cfg.attn_output_gate { 2 * hd } else { hd };
         let q = self.arena.alloc(n, nh * hd, "attention")?;
+        let rope = Rotary {
+            table: self.rope.ptr(),
+            n_rot: cfg.n_rot,
+            mpos,
+            sections: cfg.rope_sections.map_or([0, 0], |s| [s[1], s[2]]),
+        };
         self.gpu
             .attn_prep(
                 q_raw.ptr,
@@ -259,8 +269,7 @@ impl CudaBackend {
                 a.q_norm.ptr(),
                 a.k_norm.ptr(),
                 cfg.eps,
-                self.rope.ptr(),
-                cfg.n_rot,
+                &rope,
                 caches.0,
                 caches.1,
                 q.ptr,

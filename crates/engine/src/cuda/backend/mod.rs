@@ -166,6 +166,9 @@ pub struct CudaBackend {
     /// sequence's rows are consecutive positions, so a segment reads its first).
     tok: DevBuf<i32>,
     pos: DevBuf<i32>,
+    /// A prompt piece's multimodal rotary positions, i32 [chunk_tokens][3] (models
+    /// with `rope_sections`; one element otherwise), written by `load_mpos`.
+    mpos: DevBuf<i32>,
     /// The positions written to `pos` (checked by the mixers).
     pos_host: Vec<usize>,
     /// The first row of the segment whose mixer runs (its position is `pos[seg_row]`).
@@ -275,6 +278,16 @@ impl CudaBackend {
         let pos = gpu
             .alloc::<i32>(chunk_tokens.max(MAX_ROWS), "positions")
             .map_err(cuda_err("allocate step inputs"))?;
+        let mpos = gpu
+            .alloc::<i32>(
+                if cfg.rope_sections.is_some() {
+                    3 * chunk_tokens
+                } else {
+                    1
+                },
+                "multimodal positions",
+            )
+            .map_err(cuda_err("allocate step inputs"))?;
         let counts = MoeCounts::new(&gpu)?;
         let rows = RowTables::new(&gpu, &cfg)?;
         Ok(CudaBackend {
@@ -291,6 +304,7 @@ impl CudaBackend {
             rope,
             tok,
             pos,
+            mpos,
             pos_host: vec![0],
             seg_row: Cell::new(0),
             rows,
@@ -336,7 +350,34 @@ impl CudaBackend {
     }
 
     pub(crate) fn rope_bytes(&self) -> u64 {
-        self.rope.bytes()
+        self.rope.bytes() + self.mpos.bytes()
+    }
+
+    /// Writes one segment's multimodal rotary positions to `mpos` and returns its
+    /// address (not during capture: the executor runs such steps without graphs).
+    fn load_mpos(&self, rope: &[[u32; 3]]) -> Result<u64, ExecError> {
+        let rows = self.rope.len() / self.cfg.n_rot.max(2);
+        if self.cfg.rope_sections.is_none() || 3 * rope.len() > self.mpos.len() {
+            return Err(ExecError::new(
+                "attention",
+                format!(
+                    "{} rows of multimodal positions (this model takes {})",
+                    rope.len(),
+                    self.mpos.len() / 3
+                ),
+            ));
+        }
+        if let Some(p) = rope.iter().flatten().find(|&&p| p as usize >= rows) {
+            return Err(ExecError::new(
+                "attention",
+                format!("multimodal position {p} is past the rotary table's {rows} positions"),
+            ));
+        }
+        let flat: Vec<i32> = rope.iter().flatten().map(|&p| p as i32).collect();
+        self.gpu
+            .copy_to_device(&flat, self.mpos.ptr())
+            .map_err(cuda_err("upload multimodal positions"))?;
+        Ok(self.mpos.ptr())
     }
 
     pub(crate) fn new_state_for(&self, n_ctx: usize) -> Result<CudaState, ExecError> {
@@ -563,6 +604,24 @@ impl Backend for CudaBackend {
         Ok(x)
     }
 
+    /// An image row over the embedded token (not during capture).
+    fn set_row(&self, x: &mut DBuf, row: usize, data: &[f32]) -> Result<(), ExecError> {
+        if row >= x.rows || data.len() != x.cols {
+            return Err(ExecError::new(
+                "set_row",
+                format!(
+                    "row {row} of {} values into {} rows of {}",
+                    data.len(),
+                    x.rows,
+                    x.cols
+                ),
+            ));
+        }
+        self.gpu
+            .copy_to_device(data, x.ptr + (row * x.cols * 4) as u64)
+            .map_err(cuda_err("set_row"))
+    }
+
     fn rms_norm(&self, x: &DBuf, which: Norm) -> Result<DBuf, ExecError> {
         let (w, out, q) = self.norm_target(x, which)?;
         self.gpu
@@ -655,18 +714,23 @@ impl Backend for CudaBackend {
         h: &DBuf,
         parts: &mut [SegmentRows<'_, CudaState>],
     ) -> Result<DBuf, ExecError> {
-        if parts.iter().any(|p| p.rope.is_some()) {
-            return Err(ExecError::new(
-                "mix_segments",
-                "the CUDA executor has no multimodal rotary positions yet (images run on the CPU executor)",
-            ));
-        }
         let mix = |hs: &DBuf, p: &mut SegmentRows<'_, CudaState>| match kind {
             LayerKind::Attention => self.attention(layer, slot, hs, p.pos0, p.state),
             LayerKind::DeltaNet => self.delta_net(layer, slot, hs, p.state),
         };
         if let [p] = parts {
+            // A prompt with images (the executor runs it on its own, without graphs).
+            if let (Some(rope), LayerKind::Attention) = (p.rope, kind) {
+                let mpos = self.load_mpos(rope)?;
+                return self.attention_seq(layer, slot, h, p.pos0, p.state, mpos);
+            }
             return mix(h, p);
+        }
+        if parts.iter().any(|p| p.rope.is_some()) {
+            return Err(ExecError::new(
+                "mix_segments",
+                "a sequence with multimodal positions runs in a pass of its own on the CUDA executor",
+            ));
         }
         if self.rows_mode(parts) {
             let out = match kind {
@@ -698,7 +762,7 @@ impl Backend for CudaBackend {
         pos0: usize,
         state: &mut CudaState,
     ) -> Result<DBuf, ExecError> {
-        self.attention_seq(layer, slot, x, pos0, state)
+        self.attention_seq(layer, slot, x, pos0, state, 0)
     }
 
     fn delta_net(

@@ -230,7 +230,7 @@ impl CudaBackend {
         let outs = self.multi_rows(&ws, x, xq, None)?;
         let raw = (&outs[0], &outs[1], &outs[2]);
         let tab = self.kv_tab(slot);
-        self.attention_core(a, raw, self.pos.ptr(), (0, 0), tab, n_ctx)
+        self.attention_core(a, raw, self.pos.ptr(), 0, (0, 0), tab, n_ctx)
             .map(Some)
     }
 }
