@@ -353,9 +353,6 @@ impl Gpu {
             Arg::P(if n_split > 1 { scratch } else { 0 }),
             Arg::I32(n_split as i32),
             Arg::P(opt_addr(KN, "kv_tab", kv_tab, 8)?),
-            Arg::P(opt_addr(KN, "mpos", rope.mpos, 4)?),
-            Arg::I32(int(KN, "sections[0]", rope.sections[0])?),
-            Arg::I32(int(KN, "sections[1]", rope.sections[1])?),
         ];
         let q_out = act_q8_args(KN, oq, false)?;
         let grid = [n_head_kv as u32, row_tiles as u32, n_split as u32];
