@@ -396,7 +396,14 @@ pub fn synthesize(
     let (writer, specs) = declare(geometry, opts)?;
     let layout = writer.layout().map_err(SynthError::Layout)?;
     let total = layout.file_size;
-    let tmp = path.with_file_name(format!(".{file_name}.partial-{}", std::process::id()));
+    // Unique per call, not only per process: tests on several threads may write the
+    // same cached file at once (each renames its own complete copy into place).
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_file_name(format!(
+        ".{file_name}.partial-{}-{call}",
+        std::process::id()
+    ));
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |err| SynthError::Io { path: p, err }
