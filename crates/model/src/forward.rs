@@ -194,6 +194,18 @@ pub trait Backend {
     fn lm_head(&self, x: &Self::Buf) -> Result<Self::Buf, ExecError>;
 }
 
+/// The check of every [`Backend::set_row`]: `len` values into row `row` of a buffer of
+/// `rows` rows of `cols`.
+pub fn check_set_row(rows: usize, cols: usize, row: usize, len: usize) -> Result<(), ExecError> {
+    if row >= rows || len != cols {
+        return Err(ExecError::new(
+            "set_row",
+            format!("row {row} of {len} values into {rows} rows of {cols}"),
+        ));
+    }
+    Ok(())
+}
+
 /// One segment's part of a batch's activations, for [`Backend::mix_segments`]: its
 /// `rows` (after the rows of the parts before it), at positions `pos0..`, advancing
 /// `state`.

@@ -20,7 +20,8 @@ pub mod weights;
 
 pub use config::{Arch, LayerKind, ModelConfig, SsmConfig};
 pub use forward::{
-    forward, forward_batch, Backend, ExecError, Logits, Media, Norm, Segment, SegmentRows,
+    check_set_row, forward, forward_batch, Backend, ExecError, Logits, Media, Norm, Segment,
+    SegmentRows,
 };
 pub use weights::ModelWeights;
 

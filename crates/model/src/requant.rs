@@ -161,7 +161,7 @@ pub fn requantize(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dst.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+    let tmp = crate::synth::partial_path(dst, &name);
     let io = |err| RequantError::Io {
         path: dst.to_path_buf(),
         err,

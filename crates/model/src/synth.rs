@@ -396,14 +396,7 @@ pub fn synthesize(
     let (writer, specs) = declare(geometry, opts)?;
     let layout = writer.layout().map_err(SynthError::Layout)?;
     let total = layout.file_size;
-    // Unique per call, not only per process: tests on several threads may write the
-    // same cached file at once (each renames its own complete copy into place).
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_file_name(format!(
-        ".{file_name}.partial-{}-{call}",
-        std::process::id()
-    ));
+    let tmp = partial_path(path, &file_name);
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |err| SynthError::Io { path: p, err }
@@ -570,6 +563,18 @@ pub fn synthetic_demo() -> (Geometry, SynthOptions) {
         sync: true,
     };
     (g, opts)
+}
+
+/// Where a file named `file_name` beside `path` is written before it is renamed into
+/// place: unique per call, not only per process, since threads of one process may write
+/// the same file at once (each renames its own complete copy into place).
+pub(crate) fn partial_path(path: &Path, file_name: &str) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    path.with_file_name(format!(
+        ".{file_name}.partial-{}-{call}",
+        std::process::id()
+    ))
 }
 
 /// The path of the synthetic demo model ([`synthetic_demo`]: random weights, for tests

@@ -650,17 +650,7 @@ impl Backend for CpuBackend {
     }
 
     fn set_row(&self, x: &mut Act, row: usize, data: &[f32]) -> Result<(), ExecError> {
-        if row >= x.rows || data.len() != x.cols {
-            return Err(ExecError::new(
-                "set_row",
-                format!(
-                    "row {row} of {} values into {} rows of {}",
-                    data.len(),
-                    x.rows,
-                    x.cols
-                ),
-            ));
-        }
+        model::check_set_row(x.rows, x.cols, row, data.len())?;
         x.data[row * x.cols..(row + 1) * x.cols].copy_from_slice(data);
         Ok(())
     }

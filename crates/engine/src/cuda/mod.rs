@@ -600,28 +600,34 @@ impl CudaExecutor {
     }
 
     /// Runs the forward pass (kernels only; capturable for one token) and, for
-    /// `Greedy`, the argmax; returns the device address of the output.
+    /// `Greedy`, the argmax; returns the device address of the output. `media`: the
+    /// rows' images and rotary positions (`Media::default()` for text).
     fn launch_step(
         &mut self,
         seq: usize,
         tokens: &[u32],
         pos0: usize,
         want: Want,
+        media: model::Media<'_>,
     ) -> Result<u64, ExecError> {
-        let logits = model::forward(&self.be, tokens, pos0, &mut self.states[seq], want.logits())?;
-        self.finish_step(logits.ptr, want)
-    }
-
-    /// The step's output from its logits: for `Greedy` the argmax's address.
-    fn finish_step(&mut self, logits: u64, want: Want) -> Result<u64, ExecError> {
+        let mut seg = [Segment {
+            tokens,
+            pos0,
+            state: &mut self.states[seq],
+            logits: want.logits(),
+            media,
+        }];
+        let logits = model::forward_batch(&self.be, &mut seg)?
+            .pop()
+            .ok_or_else(|| ExecError::new("step", "the pass returned no logits"))?;
         if want == Want::Greedy {
             self.be
                 .gpu
-                .argmax(logits, self.be.cfg.n_vocab, self.argmax_out.ptr())
+                .argmax(logits.ptr, self.be.cfg.n_vocab, self.argmax_out.ptr())
                 .map_err(cuda_err("argmax"))?;
             Ok(self.argmax_out.ptr())
         } else {
-            Ok(logits)
+            Ok(logits.ptr)
         }
     }
 
@@ -630,7 +636,9 @@ impl CudaExecutor {
     fn decode_graph(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
         let slot = usize::from(s.want == Want::Greedy);
         if self.graphs[s.seq][slot].is_none() {
-            let g = self.capture(|ex| ex.launch_step(s.seq, s.tokens, s.pos0, s.want))?;
+            let g = self.capture(|ex| {
+                ex.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default())
+            })?;
             self.graphs[s.seq][slot] = Some(g);
         }
         let g = self.graphs[s.seq][slot]
@@ -666,7 +674,7 @@ impl CudaExecutor {
             Ok(())
         };
         let out = begin
-            .and_then(|()| self.launch_step(s.seq, s.tokens, s.pos0, s.want))
+            .and_then(|()| self.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default()))
             .and_then(|out| self.be.seg_break().map(|()| out));
         let run = self.be.seg.borrow_mut().take();
         let gpu = &self.be.gpu;
@@ -876,17 +884,14 @@ impl CudaExecutor {
     /// One entry on its own: a decode token through its sequence's graph, or a
     /// prompt in the pieces the arena holds.
     fn step_one(&mut self, s: &SeqStep) -> Result<StepOut, ExecError> {
-        if has_media(s) {
-            return self.step_media(s);
-        }
-        if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) {
-            self.be.load_inputs(s.tokens, s.pos0)?;
+        if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) && !has_media(s) {
+            self.be.load_inputs(s.tokens, s.pos0, None)?;
             let out = if self.use_graphs && self.be.tiered.is_some() {
                 self.decode_segments(s)?
             } else if self.use_graphs {
                 self.decode_graph(s)?
             } else {
-                self.launch_step(s.seq, s.tokens, s.pos0, s.want)?
+                self.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default())?
             };
             return self.read_out(out, s.want, 1);
         }
@@ -897,9 +902,34 @@ impl CudaExecutor {
         } else {
             self.be.chunk_tokens
         };
+        // An entry with images (a prompt holding them, or a later token of such a
+        // request) comes this way too, without graphs: its rows and rotary positions
+        // are host copies made at each step. Image rows' ids name images, not
+        // vocabulary entries: they embed token 0 and are overwritten.
         crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {
-            self.be.load_inputs(chunk, pos0)?;
-            let out = self.launch_step(s.seq, chunk, pos0, want)?;
+            let (off, n) = (pos0 - s.pos0, chunk.len());
+            let embeds: Vec<(usize, &[f32])> = s
+                .media
+                .embeds
+                .iter()
+                .filter(|(r, _)| (off..off + n).contains(r))
+                .map(|&(r, e)| (r - off, e))
+                .collect();
+            let rope = s.media.rope.map(|r| &r[off..off + n]);
+            if embeds.is_empty() {
+                self.be.load_inputs(chunk, pos0, rope)?;
+            } else {
+                let mut ids = chunk.to_vec();
+                for &(r, _) in &embeds {
+                    ids[r] = 0;
+                }
+                self.be.load_inputs(&ids, pos0, rope)?;
+            }
+            let media = model::Media {
+                embeds: &embeds,
+                rope,
+            };
+            let out = self.launch_step(s.seq, chunk, pos0, want, media)?;
             let rows = if want == Want::Logits(Logits::All) {
                 chunk.len()
             } else {
@@ -913,55 +943,4 @@ impl CudaExecutor {
 /// Whether a step entry feeds image rows or multimodal rotary positions.
 fn has_media(s: &SeqStep) -> bool {
     !s.media.embeds.is_empty() || s.media.rope.is_some()
-}
-
-impl CudaExecutor {
-    /// An entry with images or multimodal positions (a prompt holding images, or a
-    /// later token of such a request): on its own, without graphs (its inputs are
-    /// host copies made at each step), in the pieces the arena holds. The image rows'
-    /// ids name images, not vocabulary entries: they embed token 0 and are overwritten.
-    fn step_media(&mut self, s: &SeqStep) -> Result<StepOut, ExecError> {
-        let piece = if s.want == Want::Logits(Logits::All) {
-            MAX_LOGIT_ROWS
-        } else {
-            self.be.chunk_tokens
-        };
-        crate::exec::in_pieces(s.tokens, s.pos0, s.want, piece, |chunk, pos0, want| {
-            let off = pos0 - s.pos0;
-            let n = chunk.len();
-            let embeds: Vec<(usize, &[f32])> = s
-                .media
-                .embeds
-                .iter()
-                .filter(|(r, _)| (off..off + n).contains(r))
-                .map(|&(r, e)| (r - off, e))
-                .collect();
-            let mut ids = chunk.to_vec();
-            for &(r, _) in &embeds {
-                ids[r] = 0;
-            }
-            self.be.load_inputs(&ids, pos0)?;
-            let media = model::Media {
-                embeds: &embeds,
-                rope: s.media.rope.map(|r| &r[off..off + n]),
-            };
-            let mut seg = [Segment {
-                tokens: chunk,
-                pos0,
-                state: &mut self.states[s.seq],
-                logits: want.logits(),
-                media,
-            }];
-            let logits = model::forward_batch(&self.be, &mut seg)?
-                .pop()
-                .ok_or_else(|| ExecError::new("step", "the pass returned no logits"))?;
-            let out = self.finish_step(logits.ptr, want)?;
-            let rows = if want == Want::Logits(Logits::All) {
-                n
-            } else {
-                1
-            };
-            self.read_out(out, want, rows)
-        })
-    }
 }

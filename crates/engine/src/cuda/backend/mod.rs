@@ -167,10 +167,11 @@ pub struct CudaBackend {
     tok: DevBuf<i32>,
     pos: DevBuf<i32>,
     /// A prompt piece's multimodal rotary positions, i32 [chunk_tokens][3] (models
-    /// with `rope_sections`; one element otherwise), written by `load_mpos`.
+    /// with `rope_sections`; one element otherwise), written by `load_inputs`.
     mpos: DevBuf<i32>,
-    /// The positions written to `pos` (checked by the mixers).
+    /// The positions written to `pos` and to `mpos` (checked by the mixers).
     pos_host: Vec<usize>,
+    mpos_host: Vec<[u32; 3]>,
     /// The first row of the segment whose mixer runs (its position is `pos[seg_row]`).
     seg_row: Cell<usize>,
     /// Rows mode's device tables of each row's state.
@@ -306,6 +307,7 @@ impl CudaBackend {
             pos,
             mpos,
             pos_host: vec![0],
+            mpos_host: Vec::new(),
             seg_row: Cell::new(0),
             rows,
             counts,
@@ -333,15 +335,25 @@ impl CudaBackend {
             .map_err(cuda_err("upload tokens"))
     }
 
-    /// Writes one sequence's step inputs where the kernels read them: its token ids
-    /// and first position.
-    pub(crate) fn load_inputs(&mut self, tokens: &[u32], pos0: usize) -> Result<(), ExecError> {
+    /// Writes one sequence's step inputs where the kernels read them: its token ids,
+    /// first position and, for a request with images, each row's multimodal rotary
+    /// position (not capturable: such steps run without graphs).
+    pub(crate) fn load_inputs(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        rope: Option<&[[u32; 3]]>,
+    ) -> Result<(), ExecError> {
         self.upload_ids(tokens)?;
         self.gpu
             .copy_to_device(&[pos0 as i32], self.pos.ptr())
             .map_err(cuda_err("upload position"))?;
         self.pos_host = vec![pos0];
         self.rows.ids.clear();
+        self.mpos_host.clear();
+        if let Some(rope) = rope {
+            self.load_mpos(rope)?;
+        }
         Ok(())
     }
 
@@ -353,9 +365,8 @@ impl CudaBackend {
         self.rope.bytes() + self.mpos.bytes()
     }
 
-    /// Writes one segment's multimodal rotary positions to `mpos` and returns its
-    /// address (not during capture: the executor runs such steps without graphs).
-    fn load_mpos(&self, rope: &[[u32; 3]]) -> Result<u64, ExecError> {
+    /// Writes one segment's multimodal rotary positions to `mpos`.
+    fn load_mpos(&mut self, rope: &[[u32; 3]]) -> Result<(), ExecError> {
         let rows = self.rope.len() / self.cfg.n_rot.max(2);
         if self.cfg.rope_sections.is_none() || 3 * rope.len() > self.mpos.len() {
             return Err(ExecError::new(
@@ -377,7 +388,8 @@ impl CudaBackend {
         self.gpu
             .copy_to_device(&flat, self.mpos.ptr())
             .map_err(cuda_err("upload multimodal positions"))?;
-        Ok(self.mpos.ptr())
+        self.mpos_host = rope.to_vec();
+        Ok(())
     }
 
     pub(crate) fn new_state_for(&self, n_ctx: usize) -> Result<CudaState, ExecError> {
@@ -606,17 +618,7 @@ impl Backend for CudaBackend {
 
     /// An image row over the embedded token (not during capture).
     fn set_row(&self, x: &mut DBuf, row: usize, data: &[f32]) -> Result<(), ExecError> {
-        if row >= x.rows || data.len() != x.cols {
-            return Err(ExecError::new(
-                "set_row",
-                format!(
-                    "row {row} of {} values into {} rows of {}",
-                    data.len(),
-                    x.rows,
-                    x.cols
-                ),
-            ));
-        }
+        model::check_set_row(x.rows, x.cols, row, data.len())?;
         self.gpu
             .copy_to_device(data, x.ptr + (row * x.cols * 4) as u64)
             .map_err(cuda_err("set_row"))
@@ -721,8 +723,13 @@ impl Backend for CudaBackend {
         if let [p] = parts {
             // A prompt with images (the executor runs it on its own, without graphs).
             if let (Some(rope), LayerKind::Attention) = (p.rope, kind) {
-                let mpos = self.load_mpos(rope)?;
-                return self.attention_seq(layer, slot, h, p.pos0, p.state, mpos);
+                if self.mpos_host != rope {
+                    return Err(ExecError::new(
+                        "attention",
+                        "the multimodal positions were not written to the device",
+                    ));
+                }
+                return self.attention_seq(layer, slot, h, p.pos0, p.state, self.mpos.ptr());
             }
             return mix(h, p);
         }

@@ -93,6 +93,7 @@ impl CudaBackend {
             .copy_to_device(&tab, self.rows.tab.ptr())
             .map_err(cuda_err("upload state tables"))?;
         self.pos_host = positions.to_vec();
+        self.mpos_host.clear();
         self.rows.ids = states.iter().map(|s| state_id(s)).collect();
         Ok(())
     }
