@@ -76,8 +76,6 @@ run)
     tar -C "$(dirname "$DIR")" -xJf "$DIR.tar.xz"
   fi
   export SCORIA_REQUIRE_GPU=1 SCORIA_TEST_DEVICE="${SCORIA_TEST_DEVICE:-cuda}" SCORIA_REPO_ROOT="$ROOT"
-  # The suite is what validates the low-bit types' kernels (cuda::validated_on_gpu).
-  export SCORIA_GPU_UNVALIDATED_TYPES=1
   pass=0; fail=0; status=0
   for t in "$DIR"/test-*; do
     echo "== $(basename "$t")"

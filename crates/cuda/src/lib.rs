@@ -24,9 +24,9 @@ pub use gguf::GgmlType;
 pub use gpu::{DevBuf, Event, Gpu, Graph, Lane, PinnedBuf};
 #[cfg(feature = "cuda")]
 pub use ops::{
-    supports_type, validated_on_gpu, ActQ8, DnRows, DnStep, Mat, MoeRoute, Rotary, RouterRoute,
-    Tile, TileShape, FUSED_MAX_EXPERTS, MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS,
-    ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT, TILE_GROUP, TILE_TOKENS,
+    supports_type, ActQ8, DnRows, DnStep, Mat, MoeRoute, Rotary, RouterRoute, Tile, TileShape,
+    FUSED_MAX_EXPERTS, MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS, ROUTER_MAX_TOKENS,
+    ROUTE_IN_ROUTER_MAX_EXPERT, TILE_GROUP, TILE_TOKENS,
 };
 
 /// True when this build has the CUDA executor (feature `cuda`).

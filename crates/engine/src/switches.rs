@@ -12,7 +12,6 @@
 //! | `SCORIA_NO_FUSED_DECODE` | the CUDA executor | send a one-token step through the prompt path's separate kernels instead of the fused ones (same bits) |
 //! | `SCORIA_NO_PDL` | the CUDA executor | launch without programmatic dependent launch |
 //! | `SCORIA_CUDA_SYNC` | the CUDA executor | synchronise after every launch outside capture, so an asynchronous fault names its kernel |
-//! | `SCORIA_GPU_UNVALIDATED_TYPES` | the CUDA executor, at load | accept the low-bit weight types whose CUDA kernels have not yet passed the GPU suite (`cuda::validated_on_gpu`); the GPU suite sets it |
 //! | `SCORIA_TRACE_DECODE` | the CUDA executor, tiered | print every 128 decode tokens where a layer step's time went |
 //! | `SCORIA_ISA` | `quant` (a value: `scalar`, `avx2`, `avx512bw`, `avx512`, `amx`) | run the CPU kernels at a lower instruction-set level than the CPU has |
 //! | `SCORIA_LOG` | the `scoria` binary (a `tracing` filter, e.g. `debug`) | log detail |
@@ -44,8 +43,6 @@ pub const NO_FUSED_DECODE: &str = "SCORIA_NO_FUSED_DECODE";
 pub const NO_PDL: &str = "SCORIA_NO_PDL";
 /// Synchronise after every launch.
 pub const CUDA_SYNC: &str = "SCORIA_CUDA_SYNC";
-/// Accept weight types whose CUDA kernels have not yet passed the GPU suite.
-pub const GPU_UNVALIDATED_TYPES: &str = "SCORIA_GPU_UNVALIDATED_TYPES";
 /// The tiered decode step's time line.
 pub const TRACE_DECODE: &str = "SCORIA_TRACE_DECODE";
 /// Tests only: the CPU executor's step number N (counted from 1) fails as a lost

@@ -211,7 +211,7 @@ fn tiered_experts_give_an_image_request_the_resident_bits() {
         .unwrap();
         let seen = together(&mut eng, &[request(&r, image(0), 8)]).remove(0);
         let used = eng.device_report().vram_used;
-        (seen, eng.expert_reads(), used)
+        (seen, eng.expert_stats(), used)
     };
     let (resident, _, used) = run((None, None));
     let budgets = match used {
@@ -223,9 +223,9 @@ fn tiered_experts_give_an_image_request_the_resident_bits() {
         // A RAM budget of one byte: every routed expert is read from the file.
         None => (None, Some(1)),
     };
-    let (tiered, reads, _) = run(budgets);
-    let reads = reads.expect("tiered");
-    assert!(reads.experts > 0, "{reads:?}");
+    let (tiered, stats, _) = run(budgets);
+    let stats = stats.expect("tiered");
+    assert!(stats.disk_misses > 0, "{stats:?}");
     assert!(tiered.done.as_ref().unwrap().is_ok(), "{:?}", tiered.done);
     assert_eq!(tiered.tokens, resident.tokens);
     assert_eq!(tiered.logits, resident.logits);

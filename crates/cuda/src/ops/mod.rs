@@ -17,9 +17,7 @@ pub use moe::{
     MoeRoute, RouterRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS,
     ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT,
 };
-pub use quant::{
-    supports_type, validated_on_gpu, ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS,
-};
+pub use quant::{supports_type, ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 
 use crate::kernels::K;
 

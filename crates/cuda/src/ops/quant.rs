@@ -432,18 +432,6 @@ pub fn supports_type(ty: GgmlType) -> bool {
     type_info(ty).is_some()
 }
 
-/// Whether `ty`'s kernels have passed the GPU suite (`scripts/gpu-tests.sh run`) on a
-/// GPU. The low-bit types' kernels are built and their block decoding is checked on the
-/// host (`tests/host_formats.rs`), but they have not yet run on a GPU: the engine
-/// refuses them unless told to try them (`engine::switches::GPU_UNVALIDATED_TYPES`).
-pub fn validated_on_gpu(ty: GgmlType) -> bool {
-    use GgmlType as T;
-    matches!(
-        ty,
-        T::F32 | T::F16 | T::BF16 | T::Q8_0 | T::Q4_0 | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS
-    )
-}
-
 /// Checks a weight matrix's shape: a supported type, whole blocks and 32-value
 /// sub-blocks per row, and `row_bytes` matching the type.
 pub(crate) fn check_weights(

@@ -298,18 +298,6 @@ fn check_width(w: &Weight) -> Result<(), ExecError> {
             ),
         ));
     }
-    if !cuda::validated_on_gpu(w.ty) && !crate::switches::on(crate::switches::GPU_UNVALIDATED_TYPES)
-    {
-        return Err(ExecError::new(
-            "upload weights",
-            format!(
-                "{}: tensor type {} has CUDA kernels that have not yet passed the GPU test suite; run this model on the CPU (--device cpu), or set {}=1 to try them",
-                w.name,
-                w.ty,
-                crate::switches::GPU_UNVALIDATED_TYPES
-            ),
-        ));
-    }
     let n = w.row_len();
     if n == 0 || !n.is_multiple_of(32) {
         return Err(ExecError::new(
