@@ -20,10 +20,13 @@
 // run also writes the new state (the last d_conv-1 inputs), after reading the old one.
 // `out` may be `qkv` only with one run (gridDim.y == 1): runs read their
 // predecessors' inputs. (A batched decode step's rows take the conv inside
-// matvec_multi_rows, each on its own state.)
+// matvec_multi_rows, each on its own state.) `trail` (may be null): the history after
+// each token but the last, entry t at t·conv_dim·(d_conv-1) in the state's layout (a
+// verify step's, for a rollback to any of its tokens).
 extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, float* __restrict__ state,
                                                           const float* __restrict__ taps, int n_tok,
-                                                          int conv_dim, int d_conv, int tpb, float* out) {
+                                                          int conv_dim, int d_conv, int tpb, float* out,
+                                                          float* __restrict__ trail) {
   sc_pdl_enter();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= conv_dim) return;
@@ -63,6 +66,12 @@ extern "C" __global__ void __launch_bounds__(128) dn_conv(const float* qkv, floa
 #pragma unroll
     for (int j = 0; j < SC_MAX_DCONV; j++)
       if (j == hist - 1) st[j] = x;
+    if (trail != nullptr && t + 1 < n_tok) {
+      float* tr = trail + (size_t)t * conv_dim * hist + (size_t)c * hist;
+#pragma unroll
+      for (int j = 0; j < SC_MAX_DCONV; j++)
+        if (j < hist) tr[j] = st[j];
+    }
   }
   if (run == 0) {
     // With one run `st` is the new state; with several, n_tok >= tpb >= hist and
@@ -154,13 +163,16 @@ __device__ __forceinline__ void sc_cp_async_wait_all() { asm volatile("cp.async.
 //    S[i] += k_i·δ; o += S[i]·q_i; S[i] *= e^g'; kv' += S[i]·k'_i, so two independent
 //    sums advance together. Every S[i] sees update(t) then decay(t+1), and both sums
 //    keep their i order: the bits of the loops one after another (and of dn_step).
+// With a `trail` (non-null), the state after each token but the last also goes there
+// (entry t at t·n_v_heads·DK·DK, in the state's layout): S after token t's update,
+// before token t+1's decay — the state a sequence fed up to token t holds.
 template <int DK>
 __device__ __forceinline__ void dn_recurrence_body(
     const float* __restrict__ conv_out, int n_tok, int conv_dim, const float* __restrict__ beta_src,
     int beta_stride, const int* __restrict__ beta_idx, const float* __restrict__ alpha_src, int alpha_stride,
     const int* __restrict__ alpha_idx, const float* __restrict__ a, const float* __restrict__ dt_bias,
     const int* __restrict__ k_head_of, float* __restrict__ state, int n_k_heads, int n_v_heads,
-    float* __restrict__ out) {
+    float* __restrict__ out, float* __restrict__ trail) {
   constexpr int R = SC_DN_RUN;
   __shared__ __align__(16) float sq[2][R][DK];
   __shared__ __align__(16) float sk[2][R][DK];
@@ -246,6 +258,7 @@ __device__ __forceinline__ void dn_recurrence_body(
       const int t1 = t + 1, r1 = t1 / R, u1 = t1 - r1 * R, b1 = r1 & 1;
       const float* kn = sk[b1][u1];
       const float d1 = sgb[b1][0][u1];
+      float* tr = trail != nullptr ? trail + (size_t)t * n_v_heads * DK * DK + (size_t)h * DK * DK + j : nullptr;
       float kv1 = 0.0f;
 #pragma unroll
       for (int i = 0; i < DK; i += 4) {
@@ -256,6 +269,7 @@ __device__ __forceinline__ void dn_recurrence_body(
 #pragma unroll
         for (int c = 0; c < 4; c++) {
           S[i + c] = sc_add(S[i + c], sc_mul(kk[c], delta));
+          if (tr != nullptr) tr[(size_t)(i + c) * DK] = S[i + c];
           o = sc_add(o, sc_mul(S[i + c], qq[c]));
           S[i + c] = sc_mul(S[i + c], d1);
           kv1 = sc_add(kv1, sc_mul(S[i + c], nn[c]));
@@ -280,10 +294,11 @@ __device__ __forceinline__ void dn_recurrence_body(
       int beta_stride, const int* __restrict__ beta_idx, const float* __restrict__ alpha_src,     \
       int alpha_stride, const int* __restrict__ alpha_idx, const float* __restrict__ a,           \
       const float* __restrict__ dt_bias, const int* __restrict__ k_head_of,                       \
-      float* __restrict__ state, int n_k_heads, int n_v_heads, float* __restrict__ out) { sc_pdl_enter();         \
+      float* __restrict__ state, int n_k_heads, int n_v_heads, float* __restrict__ out,           \
+      float* __restrict__ trail) { sc_pdl_enter();                                                  \
     dn_recurrence_body<DK>(conv_out, n_tok, conv_dim, beta_src, beta_stride, beta_idx, alpha_src, \
                            alpha_stride, alpha_idx, a, dt_bias, k_head_of, state, n_k_heads,      \
-                           n_v_heads, out);                                                       \
+                           n_v_heads, out, trail);                                                \
   }
 
 SC_DN_REC(32)

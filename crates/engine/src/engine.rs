@@ -551,6 +551,10 @@ fn cuda_budgets<'a>(
         prompt_pool: cfg.prompt_pool,
         guess_experts: cfg.guess_experts.unwrap_or(crate::DEFAULT_GUESS_EXPERTS),
         slots_flexible: cfg.parallel.is_none(),
+        verify_tokens: match cfg.spec.mode {
+            SpecMode::Off => 0,
+            _ => cfg.spec.draft_max + 1,
+        },
     }
 }
 
@@ -656,8 +660,7 @@ fn choose_drafter(
         SpecMode::Off => Ok(None),
         _ if !exec.rollbacks() && spec.mode == SpecMode::Auto => Ok(None),
         _ if !exec.rollbacks() => refuse(format!(
-            "speculative decoding is not built for the {device} executor yet (a verify \
-             step must roll the sequence back, which only the CPU executor does)"
+            "the {device} executor cannot roll a sequence back after a verify step here"
         )),
         // The model's own MTP block where it has one and the executor runs it, else
         // prompt lookup.

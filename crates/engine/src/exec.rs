@@ -264,12 +264,45 @@ fn no_snapshots(op: &str) -> ExecError {
     )
 }
 
+/// Where the last step of a sequence that kept its trail (a verify step) began and
+/// how many tokens it fed.
+#[derive(Debug, Clone, Copy)]
+pub struct TrailSpan {
+    pub pos0: usize,
+    pub n: usize,
+}
+
+impl TrailSpan {
+    /// For `Executor::rollback` to `pos` after the step `span` kept (None: the last
+    /// step kept no trail): the index of the token whose state the sequence takes
+    /// (`pos − 1 − pos0`), with the span; an error naming the cause otherwise.
+    pub fn entry(span: Option<TrailSpan>, pos: usize) -> Result<(usize, TrailSpan), ExecError> {
+        let span = span.ok_or_else(|| {
+            ExecError::new(
+                "rollback",
+                "the sequence's last step kept no trail (call keep_trail before the verify step)",
+            )
+        })?;
+        if pos <= span.pos0 || pos > span.pos0 + span.n {
+            return Err(ExecError::new(
+                "rollback",
+                format!(
+                    "position {pos} is outside the last verify step's positions {}..={}",
+                    span.pos0 + 1,
+                    span.pos0 + span.n
+                ),
+            ));
+        }
+        Ok((pos - span.pos0 - 1, span))
+    }
+}
+
 /// The error of an executor without rollback.
 fn no_rollback(op: &str) -> ExecError {
     ExecError::new(
         op,
         "rolling a sequence back after a verify step is not built for this executor \
-         (the CPU executor has it): speculative decoding is off here",
+         (the CPU and CUDA executors have it): speculative decoding is off here",
     )
 }
 
@@ -371,6 +404,11 @@ pub trait Executor: Send {
     /// steps need them; else they return an error).
     fn rollbacks(&self) -> bool {
         false
+    }
+    /// The most tokens a verify step may feed here (the pending token and its
+    /// drafts): the scheduler drafts at most one fewer.
+    fn verify_tokens(&self) -> usize {
+        usize::MAX
     }
     /// The next step of sequence `seq` is a verify step (the last accepted token and
     /// drafts after it): it keeps the recurrent state after each of its tokens, so

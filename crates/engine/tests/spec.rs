@@ -13,6 +13,7 @@ mod common;
 use common::{bits, Collect, Seen};
 use engine::cpu::{CpuBackend, CpuExecutor};
 use engine::exec::{Executor, SeqStep, StepOut, Want};
+use engine::spec::Drafter;
 use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams, SpecConfig, SpecMode};
 use gguf::GgufFile;
 use model::geometry::ARCHS;
@@ -37,8 +38,18 @@ fn executor(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Box<dyn Executor> {
         }
         #[cfg(feature = "cuda")]
         engine::Device::Cuda(n) => Box::new(
-            engine::cuda::CudaExecutor::open(n, cfg, &weights, 128, 1, Default::default())
-                .expect("CUDA executor"),
+            engine::cuda::CudaExecutor::open(
+                n,
+                cfg,
+                &weights,
+                128,
+                1,
+                engine::cuda::Budgets {
+                    verify_tokens: 8,
+                    ..Default::default()
+                },
+            )
+            .expect("CUDA executor"),
         ),
         #[cfg(not(feature = "cuda"))]
         d => panic!("{d:?}: this build has no CUDA executor"),
@@ -436,36 +447,46 @@ fn demo_model_structured_and_free_requests_keep_their_bytes() {
     assert!(drafted > 0 && accepted > 0, "{accepted} of {drafted}");
 }
 
-/// On the test device: the CPU speculates (`auto` and `ngram` draft by prompt
-/// lookup); the CUDA executor, which cannot roll a sequence back yet, gets no drafts
-/// from `auto` and refuses `--spec ngram` at load, naming the executor and the remedy.
+/// On the test device: `auto` and `ngram` draft by prompt lookup on the CPU and on
+/// the GPU (which rolls back on the device); `mtp` on the GPU, which does not run the
+/// MTP block, is refused at load, naming the executor and the remedy.
 #[test]
 fn the_test_device_speculates_or_refuses_at_load() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
     let auto = engine(&path, 1, SpecMode::Auto, 8);
-    let ngram = Engine::load(
-        &path,
-        &EngineConfig {
-            max_context: Some(256),
-            device: Some(common::test_device()),
-            spec: SpecConfig {
-                mode: SpecMode::Ngram,
-                ..SpecConfig::default()
+    let load = |mode| {
+        Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(256),
+                device: Some(common::test_device()),
+                spec: SpecConfig {
+                    mode,
+                    ..SpecConfig::default()
+                },
+                ..Default::default()
             },
-            ..Default::default()
-        },
-    );
+        )
+    };
+    let ngram = load(SpecMode::Ngram).expect("ngram");
+    assert_eq!(ngram.drafter(), Some(Drafter::Ngram));
     match common::test_device() {
         engine::Device::Cpu => {
             assert!(auto.drafter().is_some());
-            assert!(ngram.expect("ngram on the CPU").drafter().is_some());
+            assert!(load(SpecMode::Mtp)
+                .expect("mtp on the CPU")
+                .drafter()
+                .is_some());
         }
         engine::Device::Cuda(_) => {
-            assert!(auto.drafter().is_none());
-            let e = ngram.err().expect("refused on the GPU").to_string();
+            assert_eq!(auto.drafter(), Some(Drafter::Ngram));
+            let e = load(SpecMode::Mtp)
+                .err()
+                .expect("mtp refused on the GPU")
+                .to_string();
             assert!(
-                e.contains("--spec ngram") && e.contains("cuda") && e.contains("--spec off"),
+                e.contains("--spec mtp") && e.contains("--spec ngram") && e.contains("--spec off"),
                 "{e}"
             );
         }
@@ -625,6 +646,47 @@ fn demo_mtp_block_matches_transformers_and_its_drafts_are_accepted() {
             t.cache_n
         );
     }
+}
+
+/// With the routed experts tiered on the test device (the GPU: VRAM slots for half of
+/// them, the rest read from the file; the CPU: every one read from the file), prompt
+/// lookup's verify steps and rollbacks keep the bytes of plain decoding with every
+/// expert resident, greedy and sampled.
+#[test]
+fn tiered_prompt_lookup_keeps_the_bytes_of_resident_plain_decoding() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
+    let mut plain = engine(&path, 1, SpecMode::Off, 8);
+    let used = plain.device_report().vram_used;
+    let (vram_budget, ram_budget) = common::tiering_budgets(&path, used);
+    let mut spec = Engine::load(
+        &path,
+        &EngineConfig {
+            max_context: Some(2048),
+            parallel: Some(1),
+            device: Some(common::test_device()),
+            vram_budget,
+            ram_budget,
+            spec: SpecConfig {
+                mode: SpecMode::Ngram,
+                draft_max: 8,
+                draft_min: 0,
+            },
+            ..Default::default()
+        },
+    )
+    .expect("tiered load");
+    let reqs = vec![
+        request(echoing(&mut plain, 30, 1), 60, SamplingParams::default()),
+        request(echoing(&mut plain, 20, 2), 60, seeded(7)),
+    ];
+    plain.reset().expect("reset");
+    let a = run_alone(&mut plain, &reqs);
+    let b = run_alone(&mut spec, &reqs);
+    same("tiered lookup", &a, &b);
+    assert!(drafts(&b).0 > 0, "nothing drafted");
+    let stats = spec.expert_stats().expect("tiered");
+    assert!(stats.disk_misses > 0, "{stats:?}");
 }
 
 /// With the routed experts tiered (`--ram-budget`: read from the file when routed to),

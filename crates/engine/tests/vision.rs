@@ -17,13 +17,6 @@ use common::{bits, test_device, together};
 use engine::{Engine, EngineConfig, GenerateRequest, Precision, PromptImage};
 use model::vision::PreparedImage;
 
-/// VRAM the GPU executor keeps beside its weights and slots (`engine::cuda::CONTEXT_VRAM`
-/// where the build has it; the CPU reports no VRAM and never reads it).
-#[cfg(feature = "cuda")]
-const CONTEXT_VRAM: u64 = engine::cuda::CONTEXT_VRAM;
-#[cfg(not(feature = "cuda"))]
-const CONTEXT_VRAM: u64 = 0;
-
 fn fixtures() -> PathBuf {
     common::fixtures("qwen35moe-vision")
 }
@@ -214,16 +207,7 @@ fn tiered_experts_give_an_image_request_the_resident_bits() {
         (seen, eng.expert_stats(), used)
     };
     let (resident, _, used) = run((None, None));
-    let budgets = match used {
-        // The GPU: VRAM for half the experts, none in RAM, so misses come from the file.
-        Some(used) => {
-            let (experts, _, _) = common::trunk_experts_and_largest(&model);
-            (Some(used - experts / 2 + CONTEXT_VRAM), Some(0))
-        }
-        // A RAM budget of one byte: every routed expert is read from the file.
-        None => (None, Some(1)),
-    };
-    let (tiered, stats, _) = run(budgets);
+    let (tiered, stats, _) = run(common::tiering_budgets(&model, used));
     let stats = stats.expect("tiered");
     assert!(stats.disk_misses > 0, "{stats:?}");
     assert!(tiered.done.as_ref().unwrap().is_ok(), "{:?}", tiered.done);

@@ -54,7 +54,9 @@ impl Gpu {
     /// The causal depthwise conv of `n_tok` tokens, per channel in token order, as
     /// `model::deltanet::conv_step`: qkv f32 [n_tok][conv_dim] in, silu(conv) to `out`
     /// (may be `qkv`), `state` f32 [conv_dim][d_conv-1] (oldest first) advanced in
-    /// place, `taps` f32 [conv_dim][d_conv].
+    /// place, `taps` f32 [conv_dim][d_conv]. `trail` (0: none): f32
+    /// [n_tok − 1][conv_dim][d_conv-1], the state after each token but the last (what a
+    /// sequence fed up to that token holds: a verify step's, for a rollback).
     #[allow(clippy::too_many_arguments)]
     pub fn dn_conv(
         &self,
@@ -65,6 +67,7 @@ impl Gpu {
         conv_dim: usize,
         d_conv: usize,
         out: u64,
+        trail: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "dn_conv";
         if d_conv == 0 || d_conv > MAX_D_CONV {
@@ -100,6 +103,7 @@ impl Gpu {
             Arg::I32(int(KN, "d_conv", d_conv)?),
             Arg::I32(int(KN, "tokens per run", tpb)?),
             Arg::P(addr(KN, "out", out, 4)?),
+            Arg::P(opt_addr(KN, "trail", trail, 4)?),
         ];
         let runs = n_tok.div_ceil(tpb);
         self.launch(
@@ -153,7 +157,8 @@ impl Gpu {
     /// `norm_w` [dv]; out [n_tok][Hv·dv]. β of (t, h) is
     /// `beta_src[t·beta_stride + beta_idx[h]]`, α likewise (index arrays i32 [Hv]),
     /// which serves fused and separate β/α projections alike. d_state must be 32, 64
-    /// or 128.
+    /// or 128. `trail` (0: none): f32 [n_tok − 1][Hv][dk][dv], the state after each
+    /// token but the last (a verify step's, for a rollback; `dn_conv`'s likewise).
     #[allow(clippy::too_many_arguments)]
     pub fn dn_recurrence(
         &self,
@@ -177,6 +182,7 @@ impl Gpu {
         n_v_heads: usize,
         d_state: usize,
         out: u64,
+        trail: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "dn_recurrence";
         let k = match d_state {
@@ -217,6 +223,7 @@ impl Gpu {
             Arg::I32(int(KN, "n_k_heads", n_k_heads)?),
             Arg::I32(int(KN, "n_v_heads", n_v_heads)?),
             Arg::P(addr(KN, "out", out, 4)?),
+            Arg::P(opt_addr(KN, "trail", trail, 4)?),
         ];
         let grid = [
             int(KN, "n_v_heads", n_v_heads)? as u32,

@@ -206,6 +206,7 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
             conv_dim,
             d_conv,
             dconv.ptr(),
+            0,
         )
         .unwrap();
         let what = format!(
@@ -253,6 +254,7 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
             hv,
             d,
             out.ptr(),
+            0,
         )
         .unwrap();
         assert_bits(&down(&g, &dssm), &ssm, &format!("recurrent state, {what}"));
@@ -298,18 +300,21 @@ fn deltanet_matches_the_cpu_bit_for_bit() {
 #[test]
 fn deltanet_prompt_equals_token_by_token() {
     // The invariant the executor relies on: feeding T tokens at once leaves the same
-    // state and outputs as T single-token calls.
+    // state and outputs as T single-token calls; and the trail a verify step keeps
+    // holds, for each token but the last, the state T single-token calls leave there
+    // (what a rollback restores). T crosses the recurrence's 16-token runs.
     let Some(g) = gpu("deltanet prompt vs decode") else {
         return;
     };
     let mut rng = Rng::new(31);
-    let (hk, hv, d, t_n, d_conv) = (2usize, 4usize, 128usize, 6usize, 4usize);
+    let (hk, hv, d, t_n, d_conv) = (2usize, 4usize, 128usize, 18usize, 4usize);
     let (kd, vd) = (hk * d, hv * d);
     let conv_dim = 2 * kd + vd;
+    let (conv_len, ssm_len) = (conv_dim * (d_conv - 1), hv * d * d);
     let qkv = rng.vec(t_n * conv_dim, 2.0);
     let taps = rng.vec(conv_dim * d_conv, 0.7);
-    let cst0 = rng.vec(conv_dim * (d_conv - 1), 1.0);
-    let ssm0 = rng.vec(hv * d * d, 0.2);
+    let cst0 = rng.vec(conv_len, 1.0);
+    let ssm0 = rng.vec(ssm_len, 0.2);
     let ba = rng.vec(t_n * hv, 2.0);
     let z = rng.vec(t_n * vd, 2.0);
     let nw = rng.vec(d, 1.0);
@@ -328,12 +333,29 @@ fn deltanet_prompt_equals_token_by_token() {
         up(&g, &nw),
     );
     let scale = 1.0 / (d as f32).sqrt();
-    let run = |tokens: &[(usize, usize)]| {
+    // Outputs, final conv and recurrent state, the states after each call, and the
+    // trails of the calls (when `trail`).
+    type Run = (
+        Vec<f32>,
+        Vec<f32>,
+        Vec<f32>,
+        Vec<(Vec<f32>, Vec<f32>)>,
+        Vec<f32>,
+        Vec<f32>,
+    );
+    let run = |tokens: &[(usize, usize)], trail: bool| -> Run {
         let (cst, ssm) = (up(&g, &cst0), up(&g, &ssm0));
-        let mut outs = Vec::new();
+        let (mut outs, mut after, mut ctrail, mut strail) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for &(t0, n) in tokens {
             let x = up(&g, &qkv[t0 * conv_dim..(t0 + n) * conv_dim]);
             let conv = poisoned(&g, n * conv_dim);
+            let entries = if trail { n - 1 } else { 0 };
+            let (ct, st) = (
+                poisoned(&g, (entries * conv_len).max(1)),
+                poisoned(&g, (entries * ssm_len).max(1)),
+            );
+            let ptr = |b: &cuda::DevBuf<f32>| if trail { b.ptr() } else { 0 };
             g.dn_conv(
                 x.ptr(),
                 cst.ptr(),
@@ -342,6 +364,7 @@ fn deltanet_prompt_equals_token_by_token() {
                 conv_dim,
                 d_conv,
                 conv.ptr(),
+                ptr(&ct),
             )
             .unwrap();
             g.dn_qk_norm(conv.ptr(), n, conv_dim, hk, d, scale).unwrap();
@@ -367,16 +390,40 @@ fn deltanet_prompt_equals_token_by_token() {
                 hv,
                 d,
                 out.ptr(),
+                ptr(&st),
             )
             .unwrap();
             outs.extend(down(&g, &out));
+            after.push((down(&g, &cst), down(&g, &ssm)));
+            if trail {
+                ctrail.extend(&down(&g, &ct)[..entries * conv_len]);
+                strail.extend(&down(&g, &st)[..entries * ssm_len]);
+            }
         }
-        (outs, down(&g, &cst), down(&g, &ssm))
+        (outs, down(&g, &cst), down(&g, &ssm), after, ctrail, strail)
     };
-    let whole = run(&[(0, t_n)]);
+    let whole = run(&[(0, t_n)], false);
     let single: Vec<(usize, usize)> = (0..t_n).map(|t| (t, 1)).collect();
-    let steps = run(&single);
+    let steps = run(&single, false);
     assert_bits(&steps.0, &whole.0, "outputs");
     assert_bits(&steps.1, &whole.1, "conv state");
     assert_bits(&steps.2, &whole.2, "recurrent state");
+    // With the trail: the same outputs and state, and each entry the state after
+    // its token.
+    let kept = run(&[(0, t_n)], true);
+    assert_bits(&kept.0, &whole.0, "outputs with the trail");
+    assert_bits(&kept.1, &whole.1, "conv state with the trail");
+    assert_bits(&kept.2, &whole.2, "recurrent state with the trail");
+    for (t, (c, s)) in steps.3[..t_n - 1].iter().enumerate() {
+        assert_bits(
+            &kept.4[t * conv_len..(t + 1) * conv_len],
+            c,
+            &format!("conv trail after token {t}"),
+        );
+        assert_bits(
+            &kept.5[t * ssm_len..(t + 1) * ssm_len],
+            s,
+            &format!("recurrent trail after token {t}"),
+        );
+    }
 }

@@ -25,7 +25,7 @@ use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm, Segm
 use rayon::prelude::*;
 
 use crate::api::{Device, DeviceReport, Precision};
-use crate::exec::{EntryResult, Executor, SeqSnapshot, SeqStep, StepOut, Want};
+use crate::exec::{EntryResult, Executor, SeqSnapshot, SeqStep, StepOut, TrailSpan, Want};
 
 /// Activations: `rows` tokens × `cols` features, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,14 +236,6 @@ pub struct Trail {
     pub ssm: Vec<f32>,
 }
 
-/// Where the last step of a sequence that kept its trail began and how many tokens
-/// it fed.
-#[derive(Debug, Clone, Copy)]
-pub struct TrailSpan {
-    pub pos0: usize,
-    pub n: usize,
-}
-
 /// One sequence's state.
 pub struct CpuState {
     pub n_ctx: usize,
@@ -281,23 +273,7 @@ impl CpuState {
     /// had after token `pos − 1`, and K/V from `pos` on are forgotten. The trail is
     /// used up either way.
     pub fn rollback(&mut self, pos: usize) -> Result<(), ExecError> {
-        let span = self.trail.take().ok_or_else(|| {
-            ExecError::new(
-                "rollback",
-                "the sequence's last step kept no trail (call keep_trail before the verify step)",
-            )
-        })?;
-        if pos <= span.pos0 || pos > span.pos0 + span.n {
-            return Err(ExecError::new(
-                "rollback",
-                format!(
-                    "position {pos} is outside the last verify step's positions {}..={}",
-                    span.pos0 + 1,
-                    span.pos0 + span.n
-                ),
-            ));
-        }
-        let t = pos - span.pos0 - 1;
+        let (t, span) = TrailSpan::entry(self.trail.take(), pos)?;
         for d in &mut self.dn {
             let tr = d.trail.take().ok_or_else(|| {
                 ExecError::new(

@@ -6,6 +6,7 @@
 //! with the numbers and the remedy (docs/design.md invariant 5).
 
 mod backend;
+mod rollback;
 mod snapshot;
 mod trace;
 mod weights;
@@ -130,7 +131,8 @@ pub struct VramAccount {
     pub total: u64,
 }
 
-/// Budgets of the tiered expert store.
+/// What the executor may take (the tiered expert store's VRAM and RAM) and what it
+/// keeps room for (verify steps).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Budgets<'a> {
     /// VRAM this executor may use in all (None: the free VRAM minus a reserve).
@@ -154,6 +156,16 @@ pub struct Budgets<'a> {
     /// instead (a tiered executor decodes one sequence at a time, and every expert
     /// kept in VRAM speeds it up).
     pub slots_flexible: bool,
+    /// The most tokens a speculative verify step feeds (the pending token and its
+    /// drafts; 0: no speculation): each sequence keeps room for the DeltaNet state
+    /// after each of them but the last, to roll back to (at most
+    /// [`MAX_LOGIT_ROWS`]: a verify step is one pass).
+    pub verify_tokens: usize,
+}
+
+/// The most tokens a verify step may feed on this executor for `budgets`.
+fn verify_tokens(budgets: &Budgets) -> usize {
+    budgets.verify_tokens.min(MAX_LOGIT_ROWS)
 }
 
 /// A captured decode step of one sequence: replaying it runs one token.
@@ -251,7 +263,9 @@ impl CudaExecutor {
         let name = gpu.name();
         let (free, total) = gpu.mem_info().map_err(dev)?;
         let w_bytes = weights::upload_bytes(weights);
-        let state_one = cfg.seq_state_bytes(n_ctx) as u64;
+        // A sequence's K/V and recurrent state, and its verify trail.
+        let trail = cfg.recurrent_state_bytes() * verify_tokens(&budgets).saturating_sub(1);
+        let state_one = (cfg.seq_state_bytes(n_ctx) + trail) as u64;
         let state = state_one * n_seq as u64;
         let (_, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let budget = match budgets.vram {
@@ -317,7 +331,15 @@ impl CudaExecutor {
             scratch: be.arena_bytes() + be.rope_bytes(),
             total,
         };
-        Self::finish(be, n_ctx, n_seq, ordinal, name, vram)
+        Self::finish(
+            be,
+            n_ctx,
+            n_seq,
+            verify_tokens(&budgets),
+            ordinal,
+            name,
+            vram,
+        )
     }
 
     /// The dense weights, state and scratch in VRAM, the routed experts in slots
@@ -447,19 +469,28 @@ impl CudaExecutor {
             scratch: be.arena_bytes() + be.rope_bytes(),
             total,
         };
-        Self::finish(be, n_ctx, n_seq, ordinal, name, vram)
+        Self::finish(
+            be,
+            n_ctx,
+            n_seq,
+            verify_tokens(&budgets),
+            ordinal,
+            name,
+            vram,
+        )
     }
 
     fn finish(
         be: CudaBackend,
         n_ctx: usize,
         n_seq: usize,
+        verify_tokens: usize,
         ordinal: usize,
         name: String,
         vram: VramAccount,
     ) -> Result<CudaExecutor, EngineError> {
         let states = (0..n_seq)
-            .map(|_| be.new_state_for(n_ctx))
+            .map(|_| be.new_state_for(n_ctx, verify_tokens))
             .collect::<Result<Vec<_>, _>>()?;
         let argmax_out = be
             .gpu
@@ -467,11 +498,20 @@ impl CudaExecutor {
             .map_err(cuda_err("allocate"))?;
         // A tiered step waits for the host at every MoE layer: graph segments.
         let use_graphs = !crate::switches::on(crate::switches::NO_GRAPH);
+        let trail = be.cfg.recurrent_state_bytes() * verify_tokens.saturating_sub(1) * n_seq;
         tracing::info!(
-            "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB, scratch {:.2} GiB (prompt chunks of {} tokens), of {:.2} GiB",
+            "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB{}, scratch {:.2} GiB (prompt chunks of {} tokens), of {:.2} GiB",
             gib(vram.weights),
             gib(vram.expert_slots),
             gib(vram.state),
+            if verify_tokens > 0 {
+                format!(
+                    " (of which {:.2} GiB the DeltaNet states of verify steps of up to {verify_tokens} tokens)",
+                    gib(trail as u64)
+                )
+            } else {
+                String::new()
+            },
             gib(vram.scratch),
             be.chunk_tokens,
             gib(vram.total)
@@ -763,7 +803,34 @@ impl Executor for CudaExecutor {
         let st = self.state("clear", seq)?;
         self.be.clear_state(st)?;
         self.fed[seq] = 0;
+        self.states[seq].trail.armed = false;
+        self.states[seq].trail.span = None;
         Ok(())
+    }
+
+    fn rollbacks(&self) -> bool {
+        self.states.first().is_some_and(|s| s.trail.tokens > 1)
+    }
+
+    fn verify_tokens(&self) -> usize {
+        self.states.first().map_or(0, |s| s.trail.tokens)
+    }
+
+    fn keep_trail(&mut self, seq: usize) -> Result<(), ExecError> {
+        if !self.rollbacks() {
+            return Err(ExecError::new(
+                "keep_trail",
+                "this GPU executor was opened without speculative decoding (no room for \
+                 verify steps' states)",
+            ));
+        }
+        self.state("keep_trail", seq)?;
+        self.states[seq].trail.armed = true;
+        Ok(())
+    }
+
+    fn rollback(&mut self, seq: usize, pos: usize) -> Result<(), ExecError> {
+        self.roll_back(seq, pos)
     }
 
     fn snapshots(&self) -> bool {
@@ -796,6 +863,7 @@ impl Executor for CudaExecutor {
         self.shape("restore", seq)?.check_restore(snap, upto)?;
         // Marked unfed first: a failed upload leaves no claim on the state.
         self.fed[seq] = 0;
+        self.states[seq].trail.span = None;
         let n = upto * self.kv_width();
         let st = &self.states[seq];
         let mut parts: Vec<(&[f32], u64)> = Vec::new();
@@ -811,6 +879,7 @@ impl Executor for CudaExecutor {
     fn restore_recurrent(&mut self, seq: usize, snap: &SeqSnapshot) -> Result<(), ExecError> {
         self.shape("restore_recurrent", seq)?
             .check_restore_recurrent(snap)?;
+        self.states[seq].trail.span = None;
         let parts: Vec<_> = recurrent_uploads(snap, &self.states[seq]).collect();
         upload_f32s(&self.be.gpu, &mut self.snap_buf, &parts)?;
         self.fed[seq] = snap.pos;
@@ -833,11 +902,14 @@ impl Executor for CudaExecutor {
                 ));
             }
         }
+        self.check_trails(batch)?;
         // Until the step is done its sequences' state is in between.
         for s in batch {
             self.fed[s.seq] = 0;
         }
-        let outs = self.run_step(batch)?;
+        let outs = self.run_step(batch);
+        self.end_trails(batch, outs.is_ok());
+        let outs = outs?;
         for s in batch {
             self.fed[s.seq] = s.pos0 + s.tokens.len();
         }

@@ -439,7 +439,10 @@ pub(super) fn run(
                 }
                 room -= 1;
                 let pos0 = seqs[act.seq].history.len();
-                let drafts = act.drafts(exec, room.min(lim.n_ctx.saturating_sub(pos0 + 1)));
+                let cap = room
+                    .min(lim.n_ctx.saturating_sub(pos0 + 1))
+                    .min(exec.verify_tokens().saturating_sub(1));
+                let drafts = act.drafts(exec, cap);
                 room -= drafts.len();
                 let verify = !drafts.is_empty();
                 let mut tokens = vec![t];

@@ -129,3 +129,25 @@ pub fn trunk_experts_and_largest(path: &Path) -> (u64, u64, model::ModelConfig) 
     let bytes = sizes.iter().sum::<u64>() * cfg.n_expert as u64;
     (bytes, sizes.into_iter().max().unwrap_or(0), cfg)
 }
+
+/// Budgets (VRAM, RAM) that tier the routed experts of the file at `path` on the
+/// test device, which reported `vram_used` with every expert resident: on the GPU,
+/// VRAM for half the experts and none in RAM, so misses come from the file; on the
+/// CPU (no VRAM), a RAM budget of one byte, so every routed expert is read from it.
+pub fn tiering_budgets(path: &Path, vram_used: Option<u64>) -> (Option<u64>, Option<u64>) {
+    match vram_used {
+        Some(used) => {
+            let (experts, _, _) = trunk_experts_and_largest(path);
+            (Some(used - experts / 2 + context_vram()), Some(0))
+        }
+        None => (None, Some(1)),
+    }
+}
+
+/// VRAM the GPU executor keeps beside its weights and slots.
+fn context_vram() -> u64 {
+    #[cfg(feature = "cuda")]
+    return engine::cuda::CONTEXT_VRAM;
+    #[cfg(not(feature = "cuda"))]
+    0
+}

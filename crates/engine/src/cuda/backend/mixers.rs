@@ -107,6 +107,12 @@ impl CudaBackend {
             .collect::<Result<_, _>>()?;
         let conv_dim = ssm.conv_dim();
         let conv = self.arena.alloc(t_n, conv_dim, "delta_net")?;
+        // A verify step (the executor checked that it fits the trail; one token leaves
+        // nothing to keep, and a captured decode step never names the trail).
+        let (conv_trail, ssm_trail) = match &state.trail {
+            t if t.armed && t_n > 1 && !t.ssm.is_empty() => (t.conv[slot].ptr(), t.ssm[slot].ptr()),
+            _ => (0, 0),
+        };
         self.gpu
             .dn_conv(
                 qkv.ptr,
@@ -116,6 +122,7 @@ impl CudaBackend {
                 conv_dim,
                 ssm.d_conv,
                 conv.ptr,
+                conv_trail,
             )
             .map_err(cuda_err("dn_conv"))?;
         let scale = 1.0 / (ssm.d_state as f32).sqrt();
@@ -145,6 +152,7 @@ impl CudaBackend {
                 ssm.n_v_heads,
                 ssm.d_state,
                 y.ptr,
+                ssm_trail,
             )
             .map_err(cuda_err("dn_recurrence"))?;
         self.mm(&d.out, &y)

@@ -67,6 +67,24 @@ pub struct CudaState {
     /// recurrent state [Hv][dk][dv].
     pub conv: Vec<DevBuf<f32>>,
     pub ssm: Vec<DevBuf<f32>>,
+    /// What a verify step keeps to roll back to any of its tokens.
+    pub trail: CudaTrail,
+}
+
+/// A verify step's DeltaNet states after each of its tokens but the last
+/// (`Executor::keep_trail`): per DeltaNet layer, entry t of `conv` and `ssm` at t
+/// times the layer's state length (what `dn_conv` and `dn_recurrence` write).
+#[derive(Default)]
+pub struct CudaTrail {
+    pub conv: Vec<DevBuf<f32>>,
+    pub ssm: Vec<DevBuf<f32>>,
+    /// The most tokens a verify step may feed (the entries plus one); 0: the
+    /// executor was opened without speculation and keeps no trail.
+    pub tokens: usize,
+    /// The next step writes the trail.
+    pub armed: bool,
+    /// Where the last step that wrote it began and how many tokens it fed.
+    pub span: Option<crate::exec::TrailSpan>,
 }
 
 const ALIGN: usize = 256;
@@ -392,7 +410,13 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(crate) fn new_state_for(&self, n_ctx: usize) -> Result<CudaState, ExecError> {
+    /// A sequence of `n_ctx` positions whose verify steps feed up to `trail_tokens`
+    /// tokens (0: no speculation, no trail).
+    pub(crate) fn new_state_for(
+        &self,
+        n_ctx: usize,
+        trail_tokens: usize,
+    ) -> Result<CudaState, ExecError> {
         let cfg = &self.cfg;
         let g = &self.gpu;
         let kv_len = n_ctx * cfg.n_head_kv * cfg.head_dim;
@@ -406,16 +430,25 @@ impl CudaBackend {
             ));
         }
         let (mut conv, mut ssm) = (Vec::new(), Vec::new());
+        let mut trail = CudaTrail {
+            tokens: trail_tokens,
+            ..Default::default()
+        };
+        let entries = trail_tokens.saturating_sub(1);
         if let Some(s) = &cfg.ssm {
+            let (conv_len, ssm_len) = (
+                s.conv_dim() * (s.d_conv - 1),
+                s.n_v_heads * s.d_state * s.d_state,
+            );
+            let alloc =
+                |n: usize, what: &str| g.alloc::<f32>(n, what).map_err(cuda_err("allocate state"));
             for _ in 0..n_delta_net(cfg) {
-                conv.push(
-                    g.alloc::<f32>(s.conv_dim() * (s.d_conv - 1), "conv state")
-                        .map_err(cuda_err("allocate state"))?,
-                );
-                ssm.push(
-                    g.alloc::<f32>(s.n_v_heads * s.d_state * s.d_state, "DeltaNet state")
-                        .map_err(cuda_err("allocate state"))?,
-                );
+                conv.push(alloc(conv_len, "conv state")?);
+                ssm.push(alloc(ssm_len, "DeltaNet state")?);
+                if entries > 0 {
+                    trail.conv.push(alloc(entries * conv_len, "conv trail")?);
+                    trail.ssm.push(alloc(entries * ssm_len, "DeltaNet trail")?);
+                }
             }
         }
         Ok(CudaState {
@@ -423,6 +456,7 @@ impl CudaBackend {
             kv,
             conv,
             ssm,
+            trail,
         })
     }
 
@@ -565,7 +599,7 @@ impl Backend for CudaBackend {
     }
 
     fn new_state(&self, n_ctx: usize) -> Result<CudaState, ExecError> {
-        self.new_state_for(n_ctx)
+        self.new_state_for(n_ctx, 0)
     }
 
     /// Reads the token ids the executor wrote to `tok`.
