@@ -168,6 +168,12 @@ fn verify_tokens(budgets: &Budgets) -> usize {
     budgets.verify_tokens.min(MAX_LOGIT_ROWS)
 }
 
+/// VRAM a sequence keeps for its verify steps of up to `verify_tokens` tokens: the
+/// DeltaNet state after each token but the last.
+fn trail_bytes(cfg: &ModelConfig, verify_tokens: usize) -> usize {
+    cfg.recurrent_state_bytes() * verify_tokens.saturating_sub(1)
+}
+
 /// A captured decode step of one sequence: replaying it runs one token.
 struct DecodeGraph {
     graph: Graph,
@@ -263,9 +269,8 @@ impl CudaExecutor {
         let name = gpu.name();
         let (free, total) = gpu.mem_info().map_err(dev)?;
         let w_bytes = weights::upload_bytes(weights);
-        // A sequence's K/V and recurrent state, and its verify trail.
-        let trail = cfg.recurrent_state_bytes() * verify_tokens(&budgets).saturating_sub(1);
-        let state_one = (cfg.seq_state_bytes(n_ctx) + trail) as u64;
+        let state_one =
+            (cfg.seq_state_bytes(n_ctx) + trail_bytes(cfg, verify_tokens(&budgets))) as u64;
         let state = state_one * n_seq as u64;
         let (_, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let budget = match budgets.vram {
@@ -498,7 +503,7 @@ impl CudaExecutor {
             .map_err(cuda_err("allocate"))?;
         // A tiered step waits for the host at every MoE layer: graph segments.
         let use_graphs = !crate::switches::on(crate::switches::NO_GRAPH);
-        let trail = be.cfg.recurrent_state_bytes() * verify_tokens.saturating_sub(1) * n_seq;
+        let trail = trail_bytes(&be.cfg, verify_tokens) * n_seq;
         tracing::info!(
             "cuda:{ordinal} {name}: weights {:.2} GiB, expert slots {:.2} GiB, KV/state {:.2} GiB{}, scratch {:.2} GiB (prompt chunks of {} tokens), of {:.2} GiB",
             gib(vram.weights),
