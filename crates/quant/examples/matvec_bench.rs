@@ -9,7 +9,8 @@
 //! report (row, token) dots per second and the effective GFLOP/s (2·rows·cols·tokens).
 //! `--matmul` runs only those; `--tail` the cost of a matmul's last partial group of
 //! tokens at the AMX level (see `tail_bench`); `--lowbit` one thread's speed on every
-//! quantized type.
+//! quantized type; `--short` one thread's nanoseconds per dot on rows of a few 32-value
+//! blocks (a partial group of 8, like the demo model's 128-wide LM head).
 
 use std::time::{Duration, Instant};
 
@@ -112,6 +113,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "--lowbit") {
         lowbit_bench(budget);
+        return;
+    }
+    if std::env::args().any(|a| a == "--short") {
+        short_bench(budget);
         return;
     }
     println!(
@@ -241,6 +246,48 @@ fn moe_bench(budget: Duration) {
         batched * 1e6,
         bytes / batched
     );
+}
+
+/// `--short`: nanoseconds per (row, token) dot of Q4_0 and Q8_0 rows of 4, 7, 12 and
+/// 16 blocks (128, 224, 384, 512 values: all, all, half and none of them a partial group
+/// of 8 blocks), one token (`matvec`) and 16 tokens (`matmul`), per kernel level, on
+/// one thread: run it with `RAYON_NUM_THREADS=1`.
+fn short_bench(budget: Duration) {
+    let rows = 8192usize;
+    println!(
+        "{:<6} {:>5} {:<9} {:>12} {:>12}",
+        "type", "cols", "isa", "matvec ns", "matmul16 ns"
+    );
+    for ty in [T::Q4_0, T::Q8_0] {
+        for cols in [128usize, 224, 384, 512] {
+            let w = random_matrix(ty, rows, cols, 3);
+            let mut s = 9u64;
+            let xs: Vec<f32> = (0..cols * 16)
+                .map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let xqs: Vec<quant::ActQ8> = xs.chunks_exact(cols).map(quant::quantize_act).collect();
+            let mut out = vec![0f32; rows * 16];
+            for isa in Isa::ALL {
+                if !isa.is_available() || isa == Isa::Amx {
+                    continue;
+                }
+                let mv = time_it(budget, || {
+                    quant::matvec_with(isa, ty, &w, cols, &xs[..cols], &xqs[0], &mut out[..rows])
+                });
+                let mm = time_it(budget, || {
+                    quant::matmul_with(isa, ty, &w, cols, &xs, &xqs, &mut out)
+                });
+                println!(
+                    "{:<6} {:>5} {:<9} {:>12.2} {:>12.2}",
+                    ty.name(),
+                    cols,
+                    isa.name(),
+                    mv / rows as f64 * 1e9,
+                    mm / (rows * 16) as f64 * 1e9
+                );
+            }
+        }
+    }
 }
 
 /// Prompt processing: `matmul` of n tokens against one matrix, per type and kernel level.

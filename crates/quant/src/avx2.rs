@@ -117,30 +117,6 @@ pub(crate) mod imp {
         _mm_cvtss_f32(s1)
     }
 
-    /// Finishes a row whose first `done` sub-blocks are in `acc`: the remaining
-    /// sub-blocks go through the scalar contribution (same float operations).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(crate) fn finish_with_tail(
-        acc: &[__m256; 4],
-        done: usize,
-        total: usize,
-        contrib: impl Fn(usize) -> f32,
-    ) -> f32 {
-        if done == total {
-            return tree(acc);
-        }
-        let mut a = [0f32; 32];
-        for k in 0..4 {
-            // SAFETY: a[8k..8k+8] is in bounds.
-            unsafe { _mm256_storeu_ps(a.as_mut_ptr().add(8 * k), acc[k]) };
-        }
-        for s in done..total {
-            a[s % 32] += contrib(s);
-        }
-        crate::combine_lanes(a)
-    }
-
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn ld(p: *const u8) -> __m256i {
@@ -262,6 +238,33 @@ pub(crate) mod imp {
         let mut v = [_mm256_setzero_si256(); 8];
         for j in 0..8 {
             v[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], lda(qa.add(SUB * j))), ones);
+        }
+        hsum8x8(&v)
+    }
+
+    /// [`dots8`] (untransposed) of the activation vectors `a[j]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dots8_v(w: &[__m256i; 8], a: &[__m256i; 8]) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let mut v = [_mm256_setzero_si256(); 8];
+        for j in 0..8 {
+            v[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], a[j]), ones);
+        }
+        hsum8x8(&v)
+    }
+
+    /// [`dots8_signed`] (untransposed) of the activation vectors `a[j]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dots8_signed_v(w: &[__m256i; 8], aw: &[__m256i; 8], a: &[__m256i; 8]) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let mut v = [_mm256_setzero_si256(); 8];
+        for j in 0..8 {
+            v[j] = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(a[j], w[j])),
+                ones,
+            );
         }
         hsum8x8(&v)
     }
@@ -644,6 +647,83 @@ pub(crate) mod imp {
         _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
     }
 
+    // The last partial group of a Q8_0 / Q4_0 row (r = nb % 8 blocks, 1..=7) runs as
+    // one more group of 8 whose blocks r..8 are padding: weights and activations 0 (so
+    // the integer dot is 0), activation scale and sum 0, and weight scale -0.0. A padded
+    // lane's contribution is then `(-0.0 * +0.0) * 0.0 = -0.0`, and `acc + -0.0 == acc`
+    // for every acc (`+ +0.0` would turn a -0.0 accumulator into +0.0; accumulators
+    // that start at +0.0 never become -0.0 when rounding to nearest, but the identity
+    // need not rely on that). The real blocks go through the float sequence of
+    // `scalar.rs` (`acc[s % 32] += (d * da) * isum`; group g goes into vector g & 3,
+    // and sub-block 8g + k is accumulator 8(g & 3) + k = (8g + k) % 32). Nothing past
+    // the row or the activations is read. The partial group keeps its order in the
+    // transposed activations too (`transpose_act`), so every token's tail reads `qs`.
+
+    /// Lanes k < r: -1 (r ≤ 8).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn tail_mask(r: usize) -> __m256i {
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(r as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+
+    /// [`f16x8`] of the first r (< 8) blocks at p; lanes r..8 are -0.0 (see above).
+    /// Built in a register: eight 2-byte stores read back as one 16-byte load would
+    /// stall the store forwarding.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn f16x8_tail(p: *const u8, stride: usize, r: usize) -> __m256 {
+        let mut h = _mm_set1_epi16(0x8000u16 as i16);
+        macro_rules! lane {
+            ($($k:literal),+) => {$(
+                if $k < r {
+                    let v = (p.add(stride * $k) as *const u16).read_unaligned();
+                    h = _mm_insert_epi16::<$k>(h, v as i32);
+                }
+            )+};
+        }
+        lane!(0, 1, 2, 3, 4, 5, 6);
+        _mm256_cvtph_ps(h)
+    }
+
+    /// The 32 activations of each of the first r (< 8) sub-blocks at qa, zeros after.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn act_tail(qa: *const i8, r: usize) -> [__m256i; 8] {
+        let mut a = [_mm256_setzero_si256(); 8];
+        for (k, v) in a.iter_mut().enumerate() {
+            if k < r {
+                *v = lda(qa.add(SUB * k));
+            }
+        }
+        a
+    }
+
+    /// Adds `c = (d * da) * isum` of a partial group (`mask` = [`tail_mask`]; the
+    /// activation scales past it read as +0.0) at sub-block 8g to `acc[g & 3]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn add_tail(
+        acc: &mut [__m256; 4],
+        g: usize,
+        d: __m256,
+        xq: &ActQ8,
+        mask: __m256i,
+        isum: __m256i,
+    ) {
+        let da = _mm256_maskload_ps(xq.d.as_ptr().add(8 * g), mask);
+        let c = scale_c(d, da, isum);
+        // Constant indices: `acc` may then stay in registers.
+        match g & 3 {
+            0 => acc[0] = _mm256_add_ps(acc[0], c),
+            1 => acc[1] = _mm256_add_ps(acc[1], c),
+            2 => acc[2] = _mm256_add_ps(acc[2], c),
+            _ => acc[3] = _mm256_add_ps(acc[3], c),
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn dot_q8_0<const N: usize, const T: bool>(
         row: &[u8],
@@ -674,14 +754,40 @@ pub(crate) mod imp {
                 acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
             }
         }
-        let mut out = [0f32; N];
-        for t in 0..N {
-            let x = xq[t];
-            out[t] = finish_with_tail(&acc[t], 8 * groups, nb, |s| {
-                scalar::q8_0_contrib(&row[Q8_0_BYTES * s..Q8_0_BYTES * (s + 1)], s, x)
-            });
+        let r = nb - 8 * groups;
+        if r > 0 {
+            // The partial group (see `tail_mask`).
+            let g = groups;
+            let base = row.as_ptr().add(Q8_0_BYTES * 8 * g);
+            let mut w = [_mm256_setzero_si256(); 8];
+            for (k, wk) in w.iter_mut().enumerate() {
+                if k < r {
+                    *wk = ld(base.add(Q8_0_BYTES * k + 2));
+                }
+            }
+            let mut aw = [_mm256_setzero_si256(); 8];
+            for k in 0..8 {
+                aw[k] = _mm256_sign_epi8(w[k], w[k]);
+            }
+            let d = f16x8_tail(base, Q8_0_BYTES, r);
+            let mask = tail_mask(r);
+            for t in 0..N {
+                let a = act_tail(xq[t].qs.as_ptr().add(SUB * 8 * g), r);
+                let isum = dots8_signed_v(&w, &aw, &a);
+                add_tail(&mut acc[t], g, d, xq[t], mask, isum);
+            }
         }
-        out
+        trees(&acc)
+    }
+
+    /// The 32 values (0..15) of the Q4_0 block whose 16 quant bytes are at p.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0_unpack(p: *const u8, m4: __m256i) -> __m256i {
+        let q = _mm_loadu_si128(p as *const __m128i);
+        // Low nibbles are values 0..15, high nibbles values 16..31.
+        let qq = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+        _mm256_and_si256(qq, m4)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -699,11 +805,7 @@ pub(crate) mod imp {
             let base = row.as_ptr().add(Q4_0_BYTES * 8 * g);
             let mut w = [_mm256_setzero_si256(); 8];
             for (k, wk) in w.iter_mut().enumerate() {
-                let q = _mm_loadu_si128(base.add(Q4_0_BYTES * k + 2) as *const __m128i);
-                // Low nibbles are values 0..15, high nibbles values 16..31.
-                let qq =
-                    _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-                *wk = _mm256_and_si256(qq, m4);
+                *wk = q4_0_unpack(base.add(Q4_0_BYTES * k + 2), m4);
             }
             if T {
                 w = transpose8(w);
@@ -719,14 +821,28 @@ pub(crate) mod imp {
                 acc[t][g & 3] = _mm256_add_ps(acc[t][g & 3], scale_c(d, da, isum));
             }
         }
-        let mut out = [0f32; N];
-        for t in 0..N {
-            let x = xq[t];
-            out[t] = finish_with_tail(&acc[t], 8 * groups, nb, |s| {
-                scalar::q4_0_contrib(&row[Q4_0_BYTES * s..Q4_0_BYTES * (s + 1)], s, x)
-            });
+        let r = nb - 8 * groups;
+        if r > 0 {
+            // The partial group (see `tail_mask`).
+            let g = groups;
+            let base = row.as_ptr().add(Q4_0_BYTES * 8 * g);
+            let mut w = [_mm256_setzero_si256(); 8];
+            for (k, wk) in w.iter_mut().enumerate() {
+                if k < r {
+                    *wk = q4_0_unpack(base.add(Q4_0_BYTES * k + 2), m4);
+                }
+            }
+            let d = f16x8_tail(base, Q4_0_BYTES, r);
+            let mask = tail_mask(r);
+            for t in 0..N {
+                let a = act_tail(xq[t].qs.as_ptr().add(SUB * 8 * g), r);
+                let dots = dots8_v(&w, &a);
+                let sums = _mm256_maskload_epi32(xq[t].sums.as_ptr().add(8 * g), mask);
+                let isum = _mm256_sub_epi32(dots, _mm256_slli_epi32(sums, 3));
+                add_tail(&mut acc[t], g, d, xq[t], mask, isum);
+            }
         }
-        out
+        trees(&acc)
     }
 
     /// Float rows: element i → accumulator i % 32 by fma; `load(i)` gives the

@@ -923,3 +923,105 @@ fn float_rows_of_any_length_run_on_every_kernel_level() {
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+/// Q4_0 and Q8_0 rows of 1..=20 blocks: every partial last group of 8 blocks (1..=7,
+/// which the SIMD kernels run as one padded group) after 0, 1 and 2 whole groups,
+/// against the scalar dot bit for bit through the single-row kernel (`dot_with`,
+/// `matvec_with`) and the many-token kernels (`matmul_with` of 15 tokens: tiles of 8,
+/// 4, 2 and 1, transposed activations) at every level. Three kinds of row: random;
+/// random with blocks whose contribution is exactly -0.0 or +0.0 (a weight scale of
+/// ±0.0, quants of value 0 under a negative scale, an all-zero activation block); and
+/// every block such a zero, so that the scalar result is exactly +0.0.
+#[test]
+fn short_q4_0_and_q8_0_rows_are_bit_identical_on_every_kernel_level() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let levels = isas();
+    let (n_rows, n_tok) = (3usize, 15usize);
+    for ty in [T::Q4_0, T::Q8_0] {
+        let bs = ty.type_size();
+        // Quant bytes of value 0: 8 in each Q4_0 nibble, 0 in Q8_0.
+        let zero_q = if ty == T::Q4_0 { 0x88u8 } else { 0 };
+        for nb in 1..=20usize {
+            let n_cols = 32 * nb;
+            for kind in 0..3 {
+                let zeros = |rng: &mut StdRng| kind == 2 || (kind == 1 && rng.random_bool(0.4));
+                let mut w = Vec::with_capacity(n_rows * nb * bs);
+                for _ in 0..n_rows {
+                    let mut row = random_row(&mut rng, ty, n_cols);
+                    for blk in row.chunks_exact_mut(bs) {
+                        if !zeros(&mut rng) {
+                            continue;
+                        }
+                        match rng.random_range(0..3) {
+                            0 => blk[..2].copy_from_slice(&common::f16_bytes(-0.0)),
+                            1 => blk[..2].copy_from_slice(&common::f16_bytes(0.0)),
+                            _ => {
+                                blk[..2].copy_from_slice(&common::f16_bytes(-0.01));
+                                blk[2..].fill(zero_q);
+                            }
+                        }
+                    }
+                    w.extend(row);
+                }
+                let mut xs = Vec::with_capacity(n_tok * n_cols);
+                for _ in 0..n_tok {
+                    let mut x = rand_floats(&mut rng, n_cols);
+                    for b in x.chunks_exact_mut(32) {
+                        // Only among random rows' blocks: a zero activation block under
+                        // a zero-weight row would leave a contribution of +0.0 too.
+                        if kind == 1 && rng.random_bool(0.25) {
+                            b.fill(0.0);
+                        }
+                    }
+                    xs.extend(x);
+                }
+                let xqs: Vec<ActQ8> = xs
+                    .chunks_exact(n_cols)
+                    .map(|x| quant::quantize_act_with(Isa::Scalar, x))
+                    .collect();
+                let rb = nb * bs;
+                let x_of = |t: usize| &xs[t * n_cols..(t + 1) * n_cols];
+                let want: Vec<Vec<f32>> = (0..n_tok)
+                    .map(|t| {
+                        (0..n_rows)
+                            .map(|r| {
+                                let row = &w[r * rb..(r + 1) * rb];
+                                quant::dot_with(Isa::Scalar, ty, row, x_of(t), &xqs[t])
+                            })
+                            .collect()
+                    })
+                    .collect();
+                if kind == 2 {
+                    assert!(want.iter().flatten().all(|v| v.to_bits() == 0));
+                }
+                let what = format!("{ty} {nb} blocks, kind {kind}");
+                for &isa in &levels {
+                    for t in 0..n_tok {
+                        for r in 0..n_rows {
+                            let row = &w[r * rb..(r + 1) * rb];
+                            let got = quant::dot_with(isa, ty, row, x_of(t), &xqs[t]);
+                            assert_eq!(
+                                got.to_bits(),
+                                want[t][r].to_bits(),
+                                "dot {what} {isa} t={t} r={r}: {got} vs scalar {}",
+                                want[t][r]
+                            );
+                        }
+                        let mut out = vec![f32::NAN; n_rows];
+                        quant::matvec_with(isa, ty, &w, n_cols, x_of(t), &xqs[t], &mut out);
+                        assert_eq!(bits(&out), bits(&want[t]), "matvec {what} {isa} t={t}");
+                    }
+                    let mut out = vec![f32::NAN; n_rows * n_tok];
+                    quant::matmul_with(isa, ty, &w, n_cols, &xs, &xqs, &mut out);
+                    for t in 0..n_tok {
+                        assert_eq!(
+                            bits(&out[t * n_rows..(t + 1) * n_rows]),
+                            bits(&want[t]),
+                            "matmul {what} {isa} t={t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
