@@ -297,6 +297,15 @@ fn prompt_lookup_emits_the_bytes_of_plain_decoding() {
         let fresh = engine(&path, 1, SpecMode::Off, 8);
         let mut fresh = fresh;
         let want = run_alone(&mut fresh, &next);
+        // The same turn without speculation: a cached turn has the bits of a cold one.
+        plain.reset().expect("reset");
+        run_alone(&mut plain, &reqs[..1]);
+        let cached = run_alone(&mut plain, &next);
+        same(
+            &format!("{arch} cached turn, no speculation"),
+            &want,
+            &cached,
+        );
         spec.reset().expect("reset");
         let first = run_alone(&mut spec, &reqs[..1]);
         same(&format!("{arch} first turn"), &a[..1], &first);
@@ -470,9 +479,11 @@ fn demo_model_structured_and_free_requests_keep_their_bytes() {
     assert!(drafted > 0 && accepted > 0, "{accepted} of {drafted}");
 }
 
-/// On the test device: `auto` and `ngram` draft by prompt lookup on the CPU and on
-/// the GPU (which rolls back on the device); `mtp` on the GPU, which does not run the
-/// MTP block, is refused at load, naming the executor and the remedy.
+/// On the test device: `auto` and `ngram` draft by prompt lookup on the CPU, and on
+/// the GPU (which rolls back on the device) when `SCORIA_CUDA_SPEC` lets it (the GPU
+/// suite does; otherwise `auto` drafts nothing there and `ngram` is refused naming the
+/// switch); `mtp` on the GPU, which does not run the MTP block, is refused at load,
+/// naming the remedy.
 #[test]
 fn the_test_device_speculates_or_refuses_at_load() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -492,17 +503,30 @@ fn the_test_device_speculates_or_refuses_at_load() {
             },
         )
     };
-    let ngram = load(SpecMode::Ngram).expect("ngram");
-    assert_eq!(ngram.drafter(), Some(Drafter::Ngram));
     match common::test_device() {
         engine::Device::Cpu => {
+            let ngram = load(SpecMode::Ngram).expect("ngram");
+            assert_eq!(ngram.drafter(), Some(Drafter::Ngram));
             assert!(auto.drafter().is_some());
             assert!(load(SpecMode::Mtp)
                 .expect("mtp on the CPU")
                 .drafter()
                 .is_some());
         }
+        engine::Device::Cuda(_) if !engine::switches::on(engine::switches::CUDA_SPEC) => {
+            assert_eq!(auto.drafter(), None);
+            let e = load(SpecMode::Ngram)
+                .err()
+                .expect("ngram refused")
+                .to_string();
+            assert!(
+                e.contains("SCORIA_CUDA_SPEC") && e.contains("--spec off"),
+                "{e}"
+            );
+        }
         engine::Device::Cuda(_) => {
+            let ngram = load(SpecMode::Ngram).expect("ngram");
+            assert_eq!(ngram.drafter(), Some(Drafter::Ngram));
             assert_eq!(auto.drafter(), Some(Drafter::Ngram));
             let e = load(SpecMode::Mtp)
                 .err()
@@ -679,13 +703,25 @@ fn demo_mtp_block_matches_transformers_and_its_drafts_are_accepted() {
 fn tiered_prompt_lookup_keeps_the_bytes_of_resident_plain_decoding() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
-    let mut plain = engine(&path, 1, SpecMode::Off, 8);
+    // A short context: the resident run's prompt scratch (which grows with the
+    // context) is then close to what the tiered load plans for, so half the experts'
+    // VRAM less does tier them.
+    let mut plain = Engine::load(
+        &path,
+        &EngineConfig {
+            max_context: Some(256),
+            parallel: Some(1),
+            device: Some(common::test_device()),
+            ..Default::default()
+        },
+    )
+    .expect("load");
     let used = plain.device_report().vram_used;
     let (vram_budget, ram_budget) = common::tiering_budgets(&path, used);
     let mut spec = Engine::load(
         &path,
         &EngineConfig {
-            max_context: Some(2048),
+            max_context: Some(256),
             parallel: Some(1),
             device: Some(common::test_device()),
             vram_budget,

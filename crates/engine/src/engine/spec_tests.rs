@@ -82,7 +82,7 @@ fn without_rollback_auto_is_off_and_an_explicit_mode_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("--spec ngram") && e.contains("not built") && e.contains("--spec auto"),
+        e.contains("--spec ngram") && e.contains("cannot roll") && e.contains("--spec auto"),
         "{e}"
     );
 }
