@@ -59,6 +59,24 @@ macro_rules! wrap_q {
     }};
 }
 
+/// [`wrap_q!`] with the loop over rows too (`Kernel::QRows`), `$rows` being the
+/// kernel's row loop. The single-row dot is the loop over one row, so that the
+/// loop is the kernel's only caller (and gets it inlined).
+#[cfg(target_arch = "x86_64")]
+macro_rules! wrap_rows {
+    ($rows:ident) => {{
+        fn w(row: &[u8], xq: &ActQ8) -> f32 {
+            let mut out = 0.0;
+            unsafe { $rows(row.len(), row, xq, std::slice::from_mut(&mut out)) };
+            out
+        }
+        fn rows(rb: usize, w: &[u8], xq: &ActQ8, out: &mut [f32]) {
+            unsafe { $rows(rb, w, xq, out) }
+        }
+        Kernel::QRows(w, rows)
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 macro_rules! wrap_f {
     ($f:ident) => {{
@@ -95,8 +113,8 @@ macro_rules! avx512_kernels {
                     T::F32 => wrap_f!(dot_f32),
                     T::F16 => wrap_f!(dot_f16),
                     T::BF16 => wrap_f!(dot_bf16),
-                    T::Q8_0 => wrap_q!(dot_q8_0),
-                    T::Q4_0 => wrap_q!(dot_q4_0),
+                    T::Q8_0 => wrap_rows!(rows_q8_0),
+                    T::Q4_0 => wrap_rows!(rows_q4_0),
                     T::Q4_K => wrap_q!(dot_q4_k),
                     T::Q5_K => wrap_q!(dot_q5_k),
                     T::Q6_K => wrap_q!(dot_q6_k),
@@ -997,6 +1015,17 @@ macro_rules! avx512_kernels {
                 trees(&acc)
             }
 
+            /// `crate::RowsFn` of Q8_0: the single-row dot of each row (its only
+            /// caller, so inlined; it checks each row's shape itself).
+            #[target_feature(enable = $feat)]
+            unsafe fn rows_q8_0(rb: usize, w: &[u8], xq: &ActQ8, out: &mut [f32]) {
+                let mut ahead = crate::RowPrefetch::new(w);
+                for (i, o) in out.iter_mut().enumerate() {
+                    ahead.before_row_ending((i + 1) * rb);
+                    *o = dot_q8_0::<1, false>(&w[i * rb..(i + 1) * rb], [xq], [&[]])[0];
+                }
+            }
+
             /// The 64 values (0..15) of two Q4_0 blocks from their quant bytes q0, q1.
             #[inline]
             #[target_feature(enable = $feat)]
@@ -1124,6 +1153,17 @@ macro_rules! avx512_kernels {
                     }
                 }
                 trees(&acc)
+            }
+
+            /// `crate::RowsFn` of Q4_0: the single-row dot of each row (its only
+            /// caller, so inlined; it checks each row's shape itself).
+            #[target_feature(enable = $feat)]
+            unsafe fn rows_q4_0(rb: usize, w: &[u8], xq: &ActQ8, out: &mut [f32]) {
+                let mut ahead = crate::RowPrefetch::new(w);
+                for (i, o) in out.iter_mut().enumerate() {
+                    ahead.before_row_ending((i + 1) * rb);
+                    *o = dot_q4_0::<1, false>(&w[i * rb..(i + 1) * rb], [xq], [&[]])[0];
+                }
             }
 
             /// The combine tree for float rows: acc0 = accumulators 0..15, acc1 = 16..31.

@@ -339,13 +339,21 @@ pub fn quantize_act_with(isa: Isa, x: &[f32]) -> ActQ8 {
 pub(crate) enum Kernel {
     Q(fn(&[u8], &ActQ8) -> f32),
     F(fn(&[u8], &[f32]) -> f32),
+    /// A quantized kernel with a loop over rows: the single-row dot, and
+    /// `rows(rb, w, xq, out)`, which is [`dot_rows`] of it (the same bits) in one
+    /// call, so that short rows pay the call once per chunk of rows, not per row.
+    QRows(fn(&[u8], &ActQ8) -> f32, RowsFn),
 }
+
+/// `out[i]` = row i of `w` (rows of `rb` bytes, `out.len()` of them) · xq, with the
+/// prefetches of [`RowPrefetch`].
+pub(crate) type RowsFn = fn(usize, &[u8], &ActQ8, &mut [f32]);
 
 impl Kernel {
     #[inline]
     fn dot(self, row: &[u8], x: &[f32], xq: &ActQ8) -> f32 {
         match self {
-            Kernel::Q(f) => f(row, xq),
+            Kernel::Q(f) | Kernel::QRows(f, _) => f(row, xq),
             Kernel::F(f) => f(row, x),
         }
     }
@@ -472,10 +480,48 @@ pub fn prefetch<T>(data: &[T]) {
 /// before its dot: a hint, so the values are those of the plain loop.
 #[inline]
 fn dot_rows(k: Kernel, rb: usize, w: &[u8], x: &[f32], xq: &ActQ8, out: &mut [f32]) {
+    if let Kernel::QRows(_, rows) = k {
+        return rows(rb, w, xq, out);
+    }
     for (i, (o, row)) in out.iter_mut().zip(w.chunks_exact(rb)).enumerate() {
-        let ahead = (i * rb + PREFETCH_AHEAD).min(w.len());
-        prefetch(&w[ahead..(ahead + rb).min(w.len())]);
+        prefetch_row(w, i, rb);
         *o = k.dot(row, x, xq);
+    }
+}
+
+/// The prefetch of [`dot_rows`] before row i (of `rb` bytes) of `w`.
+#[inline]
+fn prefetch_row(w: &[u8], i: usize, rb: usize) {
+    let ahead = (i * rb + PREFETCH_AHEAD).min(w.len());
+    prefetch(&w[ahead..(ahead + rb).min(w.len())]);
+}
+
+/// [`dot_rows`]'s prefetches for a loop over rows in order, each 64-byte line asked
+/// for once: before row i, the lines up to [`PREFETCH_AHEAD`] past its end that
+/// were not asked for yet (the same bytes as `dot_rows`, without its per-row
+/// bounds arithmetic and the repeats of lines two rows share). A hint only.
+pub(crate) struct RowPrefetch<'a> {
+    w: &'a [u8],
+    next: usize,
+}
+
+impl<'a> RowPrefetch<'a> {
+    #[inline]
+    pub(crate) fn new(w: &'a [u8]) -> Self {
+        RowPrefetch {
+            w,
+            next: PREFETCH_AHEAD.min(w.len()),
+        }
+    }
+
+    /// Before the row that ends at byte `end` of `w`.
+    #[inline]
+    pub(crate) fn before_row_ending(&mut self, end: usize) {
+        let to = (end + PREFETCH_AHEAD).min(self.w.len());
+        if self.next < to {
+            prefetch(&self.w[self.next..to]);
+            self.next = (to + 63) & !63;
+        }
     }
 }
 

@@ -1025,3 +1025,49 @@ fn short_q4_0_and_q8_0_rows_are_bit_identical_on_every_kernel_level() {
         }
     }
 }
+
+/// The loops over rows of the Q4_0/Q8_0 kernels (`matvec`, serial and parallel, and
+/// `matvec_many`): every row of a matrix of short rows, for row counts that are not
+/// multiples of anything, is the scalar dot bit for bit.
+#[test]
+fn q4_0_and_q8_0_row_loops_are_bit_identical_for_any_row_count() {
+    let mut rng = StdRng::seed_from_u64(17);
+    for ty in [T::Q4_0, T::Q8_0] {
+        for nb in [1usize, 4, 9] {
+            let n_cols = 32 * nb;
+            let rb = nb * ty.type_size();
+            // 1200 rows of 4+ blocks are over 64 KiB: `matvec` splits them over threads.
+            for n_rows in [1usize, 2, 3, 5, 7, 9, 17, 1200] {
+                let w: Vec<u8> = (0..n_rows)
+                    .flat_map(|_| random_row(&mut rng, ty, n_cols))
+                    .collect();
+                let x = rand_floats(&mut rng, n_cols);
+                let xq = quant::quantize_act_with(Isa::Scalar, &x);
+                let want: Vec<f32> = w
+                    .chunks_exact(rb)
+                    .map(|row| quant::dot_with(Isa::Scalar, ty, row, &x, &xq))
+                    .collect();
+                let what = format!("{ty} {nb} blocks, {n_rows} rows");
+                for isa in isas() {
+                    let mut out = vec![f32::NAN; n_rows];
+                    quant::matvec_with(isa, ty, &w, n_cols, &x, &xq, &mut out);
+                    assert_eq!(bits(&out), bits(&want), "matvec {what} {isa}");
+                    let mut jobs = [quant::MatvecJob {
+                        ty,
+                        w: &w,
+                        n_cols,
+                        x: &x,
+                        xq: &xq,
+                        out: &mut out,
+                    }];
+                    jobs[0].out.fill(f32::NAN);
+                    quant::try_matvec_many_with(isa, &mut jobs).expect("shapes");
+                    assert_eq!(bits(&out), bits(&want), "matvec_many {what} {isa}");
+                }
+                let mut out = vec![f32::NAN; n_rows];
+                quant::try_matvec_serial(ty, &w, n_cols, &x, &xq, &mut out).expect("shapes");
+                assert_eq!(bits(&out), bits(&want), "matvec serial {what}");
+            }
+        }
+    }
+}
