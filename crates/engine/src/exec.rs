@@ -19,6 +19,9 @@ pub enum Want {
     /// Only the greedy token of the last position (argmax, lowest id on ties),
     /// chosen on the device so only the id comes back.
     Greedy,
+    /// The greedy token of every position ([`StepOut::Tokens`]): a verify step of a
+    /// plain greedy request, whose rows need only their argmax.
+    GreedyRows,
 }
 
 impl Want {
@@ -27,6 +30,7 @@ impl Want {
         match self {
             Want::Logits(w) => w,
             Want::Greedy => Logits::Last,
+            Want::GreedyRows => Logits::All,
         }
     }
 }
@@ -52,6 +56,8 @@ pub enum StepOut {
     /// n_vocab per returned position.
     Logits(Vec<f32>),
     Token(u32),
+    /// One greedy token per position ([`Want::GreedyRows`]).
+    Tokens(Vec<u32>),
 }
 
 /// A host copy of one sequence's state at position `pos` (tokens `0..pos` fed):
@@ -449,8 +455,9 @@ pub trait Executor: Send {
 
 /// Runs a sequence's tokens in pieces of at most `piece` tokens through `run(tokens,
 /// pos0, want)`: the earlier pieces only advance the state (their greedy token, the
-/// cheapest output, is dropped); every position's logits are collected with
-/// `Logits::All`, else the last piece's output is returned.
+/// cheapest output, is dropped); every position's output is collected when `want`
+/// asks for every position (`Logits::All`, `GreedyRows`), else the last piece's
+/// output is returned.
 pub(crate) fn in_pieces<E>(
     tokens: &[u32],
     pos0: usize,
@@ -458,9 +465,9 @@ pub(crate) fn in_pieces<E>(
     piece: usize,
     mut run: impl FnMut(&[u32], usize, Want) -> Result<StepOut, E>,
 ) -> Result<StepOut, E> {
-    let all = want == Want::Logits(Logits::All);
+    let all = want.logits() == Logits::All;
     let n = tokens.len().div_ceil(piece);
-    let mut logits = Vec::new();
+    let (mut logits, mut ids) = (Vec::new(), Vec::new());
     let mut last = StepOut::Logits(Vec::new());
     for (i, chunk) in tokens.chunks(piece).enumerate() {
         let w = if all || i + 1 == n {
@@ -469,9 +476,15 @@ pub(crate) fn in_pieces<E>(
             Want::Greedy
         };
         last = run(chunk, pos0 + i * piece, w)?;
-        if let (true, StepOut::Logits(l)) = (all, &last) {
-            logits.extend_from_slice(l);
+        match (all, &last) {
+            (true, StepOut::Logits(l)) => logits.extend_from_slice(l),
+            (true, StepOut::Tokens(t)) => ids.extend_from_slice(t),
+            _ => {}
         }
     }
-    Ok(if all { StepOut::Logits(logits) } else { last })
+    Ok(match want {
+        Want::Logits(Logits::All) => StepOut::Logits(logits),
+        Want::GreedyRows => StepOut::Tokens(ids),
+        _ => last,
+    })
 }

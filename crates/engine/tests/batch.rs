@@ -107,6 +107,10 @@ impl Harness {
                 (StepOut::Token(a), StepOut::Token(b)) => {
                     assert_eq!(a, b, "{label}: entry {k} (seq {}) token", s.seq)
                 }
+                (StepOut::Tokens(a), StepOut::Tokens(b)) => {
+                    assert_eq!(a.len(), s.tokens.len(), "{label}: entry {k} rows");
+                    assert_eq!(a, b, "{label}: entry {k} (seq {}) tokens", s.seq)
+                }
                 (a, b) => panic!("{label}: entry {k}: output kinds differ: {a:?} vs {b:?}"),
             }
         }
@@ -228,7 +232,10 @@ fn check(geometry: &str, preset: Preset) {
         "{err}"
     );
     // Multi-token pieces of running sequences, all positions' logits.
-    h.step(&label("pieces"), &[(1, 4, all), (0, 1, last), (3, 2, all)]);
+    h.step(
+        &label("pieces"),
+        &[(1, 4, all), (0, 1, last), (3, 2, Want::GreedyRows)],
+    );
     // A sequence cleared and started afresh in a batch beside running ones.
     h.clear(2);
     h.step(
@@ -236,7 +243,7 @@ fn check(geometry: &str, preset: Preset) {
         &[
             (0, 1, last),
             (2, 4, all),
-            (1, 1, Want::Greedy),
+            (1, 1, Want::GreedyRows),
             (3, 1, last),
         ],
     );

@@ -58,7 +58,7 @@ fn step(ex: &mut CpuExecutor, seq: usize, toks: &[u32], pos0: usize, want: Want)
         .expect("step");
     match out.into_iter().next().expect("one output") {
         StepOut::Logits(l) => l.iter().map(|x| x.to_bits()).collect(),
-        StepOut::Token(_) => Vec::new(),
+        StepOut::Token(_) | StepOut::Tokens(_) => Vec::new(),
     }
 }
 

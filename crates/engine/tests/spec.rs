@@ -13,6 +13,7 @@ mod common;
 use common::{bits, Collect, Seen};
 use engine::cpu::{CpuBackend, CpuExecutor};
 use engine::exec::{Executor, SeqStep, StepOut, Want};
+use engine::sampler::argmax;
 use engine::spec::Drafter;
 use engine::{Engine, EngineConfig, Flow, GenerateRequest, SamplingParams, SpecConfig, SpecMode};
 use gguf::GgufFile;
@@ -109,13 +110,31 @@ fn rollback_gives_the_bits_of_never_feeding_the_rejected_drafts() {
             let mut spec = executor(&file, &cfg);
             logits(spec.as_mut(), &prompt, 0, Want::Logits(Logits::Last));
             spec.keep_trail(0).expect("keep_trail");
-            let rows = logits(spec.as_mut(), &fed, p, Want::Logits(Logits::All));
-            for (i, l) in one_by_one.iter().enumerate() {
+            if keep % 2 == 0 {
+                // A plain greedy request's verify step: each row's argmax.
+                let step = SeqStep {
+                    seq: 0,
+                    tokens: &fed,
+                    pos0: p,
+                    want: Want::GreedyRows,
+                    media: Default::default(),
+                };
+                let out = spec.step(&[step]).expect("step").remove(0);
+                let want: Vec<u32> = one_by_one.iter().map(|l| argmax(l)).collect();
                 assert_eq!(
-                    bits(&rows[i * nv..(i + 1) * nv]),
-                    bits(l),
-                    "{arch}: verify row {i} differs from decoding its token alone"
+                    out,
+                    StepOut::Tokens(want),
+                    "{arch}: a verify step's greedy rows differ from decoding alone"
                 );
+            } else {
+                let rows = logits(spec.as_mut(), &fed, p, Want::Logits(Logits::All));
+                for (i, l) in one_by_one.iter().enumerate() {
+                    assert_eq!(
+                        bits(&rows[i * nv..(i + 1) * nv]),
+                        bits(l),
+                        "{arch}: verify row {i} differs from decoding its token alone"
+                    );
+                }
             }
             spec.rollback(0, p + keep).expect("rollback");
             // The reference: only `keep` tokens were ever fed.
@@ -477,6 +496,22 @@ fn demo_model_structured_and_free_requests_keep_their_bytes() {
     let (drafted, accepted) = drafts(&b);
     eprintln!("demo: {accepted} of {drafted} drafts accepted");
     assert!(drafted > 0 && accepted > 0, "{accepted} of {drafted}");
+    // Plain greedy with nobody asking for logits: decode steps take the executor's
+    // argmax (`Want::Greedy`) and verify steps each row's (`Want::GreedyRows`).
+    let free = &reqs[2];
+    let g_plain = plain
+        .generate(free, &mut |_| Flow::Continue)
+        .expect("plain");
+    let g_spec = spec.generate(free, &mut |_| Flow::Continue).expect("spec");
+    assert_eq!(g_plain.tokens, g_spec.tokens, "demo: greedy rows");
+    assert_eq!(
+        g_plain.tokens, b[2].tokens,
+        "demo: greedy rows against logits"
+    );
+    assert!(
+        g_spec.timings.draft_n_accepted > 0,
+        "demo: greedy rows drafted nothing"
+    );
 }
 
 /// On the test device: `auto` and `ngram` draft by prompt lookup on the CPU, and on

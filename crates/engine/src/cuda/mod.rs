@@ -499,7 +499,7 @@ impl CudaExecutor {
             .collect::<Result<Vec<_>, _>>()?;
         let argmax_out = be
             .gpu
-            .alloc::<i32>(MAX_ROWS, "argmax")
+            .alloc::<i32>(MAX_ROWS.max(MAX_LOGIT_ROWS), "argmax")
             .map_err(cuda_err("allocate"))?;
         // A tiered step waits for the host at every MoE layer: graph segments.
         let use_graphs = !crate::switches::on(crate::switches::NO_GRAPH);
@@ -623,7 +623,7 @@ impl CudaExecutor {
         };
         let gpu = &self.be.gpu;
         let vocab = self.be.cfg.n_vocab;
-        let ids: Vec<i32> = if entries.iter().any(|e| e.want == Want::Greedy) {
+        let ids: Vec<i32> = if entries.iter().any(|e| !matches!(e.want, Want::Logits(_))) {
             gpu.download(self.argmax_out.ptr(), entries.len())
                 .map_err(cuda_err("download tokens"))?
         } else {
@@ -635,6 +635,7 @@ impl CudaExecutor {
             .map(|(i, e)| {
                 Ok(match e.want {
                     Want::Greedy => StepOut::Token(ids[i] as u32),
+                    Want::GreedyRows => StepOut::Tokens(vec![ids[i] as u32]),
                     Want::Logits(_) => StepOut::Logits(
                         gpu.download(logits + (i * vocab * 4) as u64, vocab)
                             .map_err(cuda_err("download logits"))?,
@@ -645,7 +646,8 @@ impl CudaExecutor {
     }
 
     /// Runs the forward pass (kernels only; capturable for one token) and, for
-    /// `Greedy`, the argmax; returns the device address of the output. `media`: the
+    /// `Greedy` and `GreedyRows`, the argmax of the last row or of every row; returns
+    /// the device address of the output. `media`: the
     /// rows' images and rotary positions (`Media::default()` for text).
     fn launch_step(
         &mut self,
@@ -665,15 +667,16 @@ impl CudaExecutor {
         let logits = model::forward_batch(&self.be, &mut seg)?
             .pop()
             .ok_or_else(|| ExecError::new("step", "the pass returned no logits"))?;
-        if want == Want::Greedy {
-            self.be
-                .gpu
-                .argmax(logits.ptr, self.be.cfg.n_vocab, self.argmax_out.ptr())
-                .map_err(cuda_err("argmax"))?;
-            Ok(self.argmax_out.ptr())
-        } else {
-            Ok(logits.ptr)
-        }
+        let rows = match want {
+            Want::Greedy => 1,
+            Want::GreedyRows => tokens.len(),
+            Want::Logits(_) => return Ok(logits.ptr),
+        };
+        self.be
+            .gpu
+            .argmax_rows(logits.ptr, self.be.cfg.n_vocab, rows, self.argmax_out.ptr())
+            .map_err(cuda_err("argmax"))?;
+        Ok(self.argmax_out.ptr())
     }
 
     /// One decode token of sequence `seq` through its captured graph
@@ -758,13 +761,18 @@ impl CudaExecutor {
 
     fn read_out(&self, out: u64, want: Want, rows: usize) -> Result<StepOut, ExecError> {
         Ok(match want {
-            Want::Greedy => {
+            Want::Greedy | Want::GreedyRows => {
                 let t: Vec<i32> = self
                     .be
                     .gpu
-                    .download(out, 1)
-                    .map_err(cuda_err("download token"))?;
-                StepOut::Token(t[0] as u32)
+                    .download(out, rows)
+                    .map_err(cuda_err("download tokens"))?;
+                let t: Vec<u32> = t.into_iter().map(|t| t as u32).collect();
+                if want == Want::Greedy {
+                    StepOut::Token(t[0])
+                } else {
+                    StepOut::Tokens(t)
+                }
             }
             Want::Logits(_) => StepOut::Logits(
                 self.be
@@ -961,7 +969,8 @@ impl CudaExecutor {
     /// One entry on its own: a decode token through its sequence's graph, or a
     /// prompt in the pieces the arena holds.
     fn step_one(&mut self, s: &SeqStep) -> Result<StepOut, ExecError> {
-        if s.tokens.len() == 1 && s.want != Want::Logits(Logits::All) && !has_media(s) {
+        let every_row = s.want.logits() == Logits::All;
+        if s.tokens.len() == 1 && !every_row && !has_media(s) {
             self.be.load_inputs(s.tokens, s.pos0, None)?;
             let out = if self.use_graphs && self.be.tiered.is_some() {
                 self.decode_segments(s)?
@@ -974,7 +983,7 @@ impl CudaExecutor {
         }
         // Several tokens: pieces the arena holds (every position's logits
         // need more room, so those pieces are shorter).
-        let piece = if s.want == Want::Logits(Logits::All) {
+        let piece = if every_row {
             MAX_LOGIT_ROWS
         } else {
             self.be.chunk_tokens
@@ -1007,7 +1016,7 @@ impl CudaExecutor {
                 rope,
             };
             let out = self.launch_step(s.seq, chunk, pos0, want, media)?;
-            let rows = if want == Want::Logits(Logits::All) {
+            let rows = if want.logits() == Logits::All {
                 chunk.len()
             } else {
                 1

@@ -209,6 +209,10 @@ impl Active {
                         (self.sampler.sample(l), false)
                     }
                     StepOut::Token(t) => (*t, false),
+                    StepOut::Tokens(_) => {
+                        let e = ExecError::new("step", "several tokens came back for one position");
+                        return Outcome::Done(Err(e.into()));
+                    }
                 },
             };
             if let Some(c) = self.constraint.as_mut() {
@@ -313,7 +317,8 @@ impl Active {
     }
 
     /// A verify step fed `tokens` (the pending token, then drafts) and returned `out`,
-    /// every position's logits: emits tokens from the rows one by one exactly as
+    /// every position's logits (or, for a plain greedy request, every position's
+    /// greedy token, `Want::GreedyRows`): emits tokens from the rows one by one exactly as
     /// plain decoding would from those logits (the mask after the tokens before it,
     /// the sampler, the callbacks), going on to the next row only while the token
     /// emitted equals the draft fed there; then rolls the sequence back to the last
@@ -328,25 +333,34 @@ impl Active {
         sink: &mut dyn RequestCallbacks,
     ) -> Result<Outcome, ExecError> {
         let nv = lim.n_vocab;
-        let all = match out {
-            StepOut::Logits(l) if l.len() == tokens.len() * nv => l,
-            _ => {
-                return Err(ExecError::new(
-                    "verify",
-                    format!(
-                        "the executor did not return the logits of the step's {} positions",
-                        tokens.len()
-                    ),
-                ))
-            }
+        let whole = match &out {
+            StepOut::Logits(l) => l.len() == tokens.len() * nv,
+            StepOut::Tokens(t) => t.len() == tokens.len(),
+            StepOut::Token(_) => false,
+        };
+        if !whole {
+            return Err(ExecError::new(
+                "verify",
+                format!(
+                    "the executor did not return the output of the step's {} positions",
+                    tokens.len()
+                ),
+            ));
+        }
+        // Row i's output, as a decode step of that position would return it.
+        let row = |i: usize| match &out {
+            StepOut::Logits(l) => StepOut::Logits(l[i * nv..(i + 1) * nv].to_vec()),
+            StepOut::Tokens(t) => StepOut::Token(t[i]),
+            StepOut::Token(t) => StepOut::Token(*t),
         };
         let pos0 = cache.history.len();
         self.pending = None;
         self.timings.draft_n += tokens.len() - 1;
         let mut fed = 0;
         let mut outcome = Outcome::Running;
-        for (i, row) in all.chunks_exact(nv).enumerate() {
-            cache.history.push(tokens[i]);
+        for (i, &token) in tokens.iter().enumerate() {
+            let row = row(i);
+            cache.history.push(token);
             fed = i + 1;
             if i > 0 && self.need_mask {
                 // This row's mask, after the token just accepted (plain decoding
@@ -359,10 +373,10 @@ impl Active {
                     }
                 }
             }
-            if sink.wants_logits() {
-                sink.logits(row);
+            if let (true, StepOut::Logits(l)) = (sink.wants_logits(), &row) {
+                sink.logits(l);
             }
-            outcome = self.advance(cache, StepOut::Logits(row.to_vec()), lim, sink);
+            outcome = self.advance(cache, row, lim, sink);
             let accepted = matches!(outcome, Outcome::Running)
                 && self.forced.is_empty()
                 && tokens.get(i + 1).is_some_and(|&d| self.pending == Some(d));
@@ -450,10 +464,11 @@ pub(super) fn run(
                 entries.push(Entry {
                     item: i,
                     tokens,
-                    want: if verify {
-                        Want::Logits(Logits::All)
-                    } else {
-                        act.want
+                    want: match (verify, act.want) {
+                        (false, w) => w,
+                        // Plain greedy: each row's argmax is all the rows give.
+                        (true, Want::Greedy) => Want::GreedyRows,
+                        (true, _) => Want::Logits(Logits::All),
                     },
                     prompt: false,
                     verify,
