@@ -125,9 +125,17 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(
 // lane = head dims (lane + 32j) for the outputs. Online softmax per row: m (running
 // max), l (running sum), o (running Σ p·v).
 //
-// Split mode (n_split > 1, for few query rows over a long context): blockIdx.z takes
-// one of n_split key ranges of the current length and writes its (m, l, o) to
-// `scratch`; attn_combine merges them. Otherwise the block writes the output.
+// The canonical order, whatever the launch: a row's keys 0..=pos go in chunks of
+// SC_ACHUNK keys at absolute positions (chunk c = keys c·SC_ACHUNK ..), each chunk's
+// (m, l, o) by the online softmax over its tiles of 32 from a fresh start, and the
+// chunks folded in order by sc_attn_fold (a chunk the row sees nothing of is skipped).
+// So a row's bits depend only on its position and the cache, never on how many rows
+// or splits ran with it (prefill ≡ decode ≡ verify ≡ a prompt continued after decode).
+//
+// Split mode (n_split > 1, for few query rows): blockIdx.z is the chunk, whose
+// (m, l, o) the block writes to `scratch` (m = -inf for a chunk past the end);
+// attn_combine folds them. Otherwise (one launch over every key) the block folds its
+// chunks itself as it walks them and writes the output.
 //
 // Rows mode (kv_tab given: a batched decode step): each of the n_tok tokens is one
 // token of a sequence of its own, blockIdx.y = token b, with position pos0_dev[b] and
@@ -143,6 +151,29 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(
 #define SC_AK 32      // keys per tile
 #define SC_AWARPS 4   // 4 rows per warp
 #define SC_AWARPS_WIDE 16
+#define SC_ACHUNK 128  // keys per canonical chunk (a multiple of SC_AK; Gpu's KEY_CHUNK)
+
+// Folds a chunk's (m, l, o) into a row's running (M, L, O): the canonical merge of the
+// chunks, in chunk order, shared by the one-launch kernels and attn_combine. A chunk
+// with nothing visible (m = -inf) is skipped; the first visible one is copied.
+template <int N>
+__device__ __forceinline__ void sc_attn_fold(float& M, float& L, float (&O)[N], float m, float l,
+                                             const float (&o)[N]) {
+  if (m == -INFINITY) return;
+  if (M == -INFINITY) {
+    M = m;
+    L = l;
+#pragma unroll
+    for (int j = 0; j < N; j++) O[j] = o[j];
+    return;
+  }
+  const float mn = fmaxf(M, m);
+  const float a = sc_exp(__fsub_rn(M, mn)), b = sc_exp(__fsub_rn(m, mn));
+  L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(l, b));
+#pragma unroll
+  for (int j = 0; j < N; j++) O[j] = __fadd_rn(__fmul_rn(O[j], a), __fmul_rn(o[j], b));
+  M = mn;
+}
 
 // The gated output of one row: o / l, times sigmoid(gate) when gated.
 __device__ __forceinline__ float sc_attn_out(float o, float l, const float* gate, size_t gi) {
@@ -202,89 +233,104 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
     limit[qi] = r < n_rows ? pos0 + r / group : -1;
   }
   const int block_limit = pos0 + last_row / group;  // the block's last visible key
-  // This split's key range.
-  const int len_all = pos0 + n_loc;
-  int chunk = (len_all + n_split - 1) / n_split;
-  chunk = (chunk + SC_AK - 1) / SC_AK * SC_AK;
-  const int k_begin = split * chunk;
-  const int k_end = min(k_begin + chunk, block_limit + 1);
+  // The chunks this block takes: its split's, or every one it sees.
+  const int c_first = n_split > 1 ? split : 0;
+  const int c_last = n_split > 1 ? split : block_limit / SC_ACHUNK;
 
+  // The fold of the chunks so far (one-launch mode) and the current chunk's state.
+  float M[4], L[4], O[4][ND];
   float m[4], l[4], o[4][ND];
 #pragma unroll
   for (int qi = 0; qi < 4; qi++) {
-    m[qi] = -INFINITY;
-    l[qi] = 0.0f;
+    M[qi] = -INFINITY;
+    L[qi] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < ND; j++) o[qi][j] = 0.0f;
+    for (int j = 0; j < ND; j++) O[qi][j] = 0.0f;
   }
 
-  for (int kb = k_begin; kb < k_end; kb += SC_AK) {
-    __syncthreads();  // the previous tile is consumed (and, first time, sQ is written)
-    for (int idx = threadIdx.x; idx < SC_AK * (HD / 4); idx += blockDim.x) {
-      const int j = idx / (HD / 4), c = idx % (HD / 4);
-      const int key = kb + j;
-      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-      if (key < k_end) {
-        const size_t off = ((size_t)key * n_head_kv + kvh) * HD + 4 * c;
-        kv = *(const float4*)(k_cache + off);
-        vv = *(const float4*)(v_cache + off);
-      }
-      float* kd = sK + j * (HD + 1) + 4 * c;
-      kd[0] = kv.x;
-      kd[1] = kv.y;
-      kd[2] = kv.z;
-      kd[3] = kv.w;
-      *(float4*)(sV + j * HD + 4 * c) = vv;
-    }
-    __syncthreads();
-
-    // Scores: lane = key.
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    const float* kr = sK + lane * (HD + 1);
-    const float* qw = sQ + (wi * 4) * HD;
-#pragma unroll 4
-    for (int d = 0; d < HD; d += 4) {
-      const float k0 = kr[d], k1 = kr[d + 1], k2 = kr[d + 2], k3 = kr[d + 3];
-#pragma unroll
-      for (int qi = 0; qi < 4; qi++) {
-        const float4 qv = *(const float4*)(qw + qi * HD + d);
-        s[qi] = fmaf(qv.x, k0, s[qi]);
-        s[qi] = fmaf(qv.y, k1, s[qi]);
-        s[qi] = fmaf(qv.z, k2, s[qi]);
-        s[qi] = fmaf(qv.w, k3, s[qi]);
-      }
-    }
-    const int key = kb + lane;
-    float p[4];
+  for (int c = c_first; c <= c_last; c++) {
+    const int k_begin = c * SC_ACHUNK;
+    const int k_end = min(k_begin + SC_ACHUNK, block_limit + 1);
 #pragma unroll
     for (int qi = 0; qi < 4; qi++) {
-      const float sc = (key <= limit[qi] && key < k_end) ? s[qi] * scale : -INFINITY;
-      const float m_new = fmaxf(m[qi], sc_warp_max(sc));
-      if (m_new == -INFINITY) {  // nothing visible to this row yet
-        p[qi] = 0.0f;
-        continue;
-      }
-      const float alpha = sc_exp(m[qi] - m_new);
-      p[qi] = sc_exp(sc - m_new);
-      l[qi] = l[qi] * alpha + sc_warp_sum(p[qi]);  // every lane holds the same value
-      l[qi] = __shfl_sync(SC_FULL, l[qi], 0);
-      m[qi] = m_new;
+      m[qi] = -INFINITY;
+      l[qi] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < ND; j++) o[qi][j] *= alpha;
+      for (int j = 0; j < ND; j++) o[qi][j] = 0.0f;
     }
-    // o += Σ_key p · v: lane = output dims.
-#pragma unroll 4
-    for (int j = 0; j < SC_AK; j++) {
-      const float* vr = sV + j * HD + lane;
-      float pj[4];
-#pragma unroll
-      for (int qi = 0; qi < 4; qi++) pj[qi] = __shfl_sync(SC_FULL, p[qi], j);
-#pragma unroll
-      for (int jd = 0; jd < ND; jd++) {
-        const float v = vr[32 * jd];
-#pragma unroll
-        for (int qi = 0; qi < 4; qi++) o[qi][jd] = fmaf(pj[qi], v, o[qi][jd]);
+
+    for (int kb = k_begin; kb < k_end; kb += SC_AK) {
+      __syncthreads();  // the previous tile is consumed (and, first time, sQ is written)
+      for (int idx = threadIdx.x; idx < SC_AK * (HD / 4); idx += blockDim.x) {
+        const int j = idx / (HD / 4), c = idx % (HD / 4);
+        const int key = kb + j;
+        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+        if (key < k_end) {
+          const size_t off = ((size_t)key * n_head_kv + kvh) * HD + 4 * c;
+          kv = *(const float4*)(k_cache + off);
+          vv = *(const float4*)(v_cache + off);
+        }
+        float* kd = sK + j * (HD + 1) + 4 * c;
+        kd[0] = kv.x;
+        kd[1] = kv.y;
+        kd[2] = kv.z;
+        kd[3] = kv.w;
+        *(float4*)(sV + j * HD + 4 * c) = vv;
       }
+      __syncthreads();
+
+      // Scores: lane = key.
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      const float* kr = sK + lane * (HD + 1);
+      const float* qw = sQ + (wi * 4) * HD;
+#pragma unroll 4
+      for (int d = 0; d < HD; d += 4) {
+        const float k0 = kr[d], k1 = kr[d + 1], k2 = kr[d + 2], k3 = kr[d + 3];
+#pragma unroll
+        for (int qi = 0; qi < 4; qi++) {
+          const float4 qv = *(const float4*)(qw + qi * HD + d);
+          s[qi] = fmaf(qv.x, k0, s[qi]);
+          s[qi] = fmaf(qv.y, k1, s[qi]);
+          s[qi] = fmaf(qv.z, k2, s[qi]);
+          s[qi] = fmaf(qv.w, k3, s[qi]);
+        }
+      }
+      const int key = kb + lane;
+      float p[4];
+#pragma unroll
+      for (int qi = 0; qi < 4; qi++) {
+        const float sc = (key <= limit[qi] && key < k_end) ? s[qi] * scale : -INFINITY;
+        const float m_new = fmaxf(m[qi], sc_warp_max(sc));
+        if (m_new == -INFINITY) {  // nothing visible to this row yet
+          p[qi] = 0.0f;
+          continue;
+        }
+        const float alpha = sc_exp(m[qi] - m_new);
+        p[qi] = sc_exp(sc - m_new);
+        l[qi] = l[qi] * alpha + sc_warp_sum(p[qi]);  // every lane holds the same value
+        l[qi] = __shfl_sync(SC_FULL, l[qi], 0);
+        m[qi] = m_new;
+#pragma unroll
+        for (int j = 0; j < ND; j++) o[qi][j] *= alpha;
+      }
+      // o += Σ_key p · v: lane = output dims.
+#pragma unroll 4
+      for (int j = 0; j < SC_AK; j++) {
+        const float* vr = sV + j * HD + lane;
+        float pj[4];
+#pragma unroll
+        for (int qi = 0; qi < 4; qi++) pj[qi] = __shfl_sync(SC_FULL, p[qi], j);
+#pragma unroll
+        for (int jd = 0; jd < ND; jd++) {
+          const float v = vr[32 * jd];
+#pragma unroll
+          for (int qi = 0; qi < 4; qi++) o[qi][jd] = fmaf(pj[qi], v, o[qi][jd]);
+        }
+      }
+    }
+    if (n_split == 1) {
+#pragma unroll
+      for (int qi = 0; qi < 4; qi++) sc_attn_fold(M[qi], L[qi], O[qi], m[qi], l[qi], o[qi]);
     }
   }
 
@@ -311,7 +357,7 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
 #pragma unroll
       for (int jd = 0; jd < ND; jd++) {
         const int d = lane + 32 * jd;
-        out[th * HD + d] = sc_attn_out(o[qi][jd], l[qi], gate, (size_t)t * n_head * q_stride + (size_t)h * q_stride + HD + d);
+        out[th * HD + d] = sc_attn_out(O[qi][jd], L[qi], gate, (size_t)t * n_head * q_stride + (size_t)h * q_stride + HD + d);
       }
     }
   }
@@ -341,9 +387,9 @@ SC_ATTN_CORE(64, attn_core_rows_hd64, true, SC_AWARPS)
 SC_ATTN_CORE(128, attn_core_rows_hd128, true, SC_AWARPS)
 SC_ATTN_CORE(256, attn_core_rows_hd256, true, SC_AWARPS)
 
-// Merges the n_split partial results of every (token, head): with M = max m_s,
-// o = Σ_s e^(m_s - M)·o_s / Σ_s e^(m_s - M)·l_s, in split order. One block per
-// (token, head), one thread per head dim.
+// Folds the n_split chunk results of every (token, head) in chunk order
+// (sc_attn_fold, as the one-launch kernels fold them). One block per (token, head),
+// one thread per head dim.
 extern "C" __global__ void __launch_bounds__(SC_MAX_HD)
     attn_combine(const float* __restrict__ scratch, int n_split, int n_tok, int n_head, int hd,
                  const float* __restrict__ gate, int q_stride, float* __restrict__ out, int8_t* __restrict__ qs,
@@ -356,19 +402,14 @@ extern "C" __global__ void __launch_bounds__(SC_MAX_HD)
   const float* pm = scratch;
   const float* pl = scratch + (size_t)n_split * rows_total;
   const float* po = scratch + 2 * (size_t)n_split * rows_total;
-  float mx = -INFINITY;
-  for (int s = 0; s < n_split; s++) mx = fmaxf(mx, pm[s * rows_total + th]);
-  float lsum = 0.0f, osum = 0.0f;
+  float mx = -INFINITY, lsum = 0.0f, osum[1] = {0.0f};
   for (int s = 0; s < n_split; s++) {
     const size_t si = s * rows_total + th;
-    const float ms = pm[si];
-    if (ms == -INFINITY) continue;  // a split with no visible key
-    const float f = sc_exp(ms - mx);
-    lsum = lsum + pl[si] * f;
-    osum = osum + po[si * hd + d] * f;
+    const float os[1] = {po[si * hd + d]};
+    sc_attn_fold(mx, lsum, osum, pm[si], pl[si], os);
   }
   const size_t t = th / n_head, h = th % n_head;
-  const float y = sc_attn_out(osum, lsum, gate, t * n_head * q_stride + h * q_stride + hd + d);
+  const float y = sc_attn_out(osum[0], lsum, gate, t * n_head * q_stride + h * q_stride + hd + d);
   out[th * hd + d] = y;
   // Each warp holds 32 consecutive dims of the row (hd is a multiple of 32).
   if (qs) {

@@ -316,3 +316,115 @@ fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
         "a resumed prompt gives the cold tokens"
     );
 }
+
+/// A chat turn that continues a slot after a long decode (the slot's K/V and
+/// recurrent state written token by token by the decode path, then the new turn's
+/// prompt piece on top) gives the bits of a cold prompt over the whole conversation:
+/// every decode position equals the cold pass's row, and the new turn's logits and
+/// tokens equal a cold start's. Every arch, decode long enough to cross the attention
+/// kernels' tiles.
+#[test]
+fn a_turn_after_a_long_decode_equals_a_cold_prompt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut failures = Vec::new();
+    for arch in model::geometry::ARCHS {
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
+        let load = || {
+            Engine::load(
+                &path,
+                &EngineConfig {
+                    max_context: Some(1024),
+                    parallel: Some(1),
+                    device: Some(test_device()),
+                    ..Default::default()
+                },
+            )
+            .expect("load")
+        };
+        let mut eng = load();
+        let n_vocab = eng.info().n_vocab;
+        let prompt: Vec<u32> = (0..84u32).map(|i| (i * 7919 + 13) % 5000 + 100).collect();
+        let (tokens, step_logits) = decode(&mut eng, &prompt, 120);
+        let mut seq = prompt.clone();
+        seq.extend_from_slice(&tokens[..tokens.len() - 1]);
+        let all = load().logits_all(&seq).expect("logits_all");
+        if let Some(i) = step_logits.iter().enumerate().position(|(i, l)| {
+            let row = prompt.len() - 1 + i;
+            bits(&all[row * n_vocab..(row + 1) * n_vocab]) != bits(l)
+        }) {
+            failures.push(format!(
+                "{arch}: decode position {} differs from the cold prompt's row",
+                prompt.len() - 1 + i
+            ));
+        }
+        for (n, q) in [(120usize, 65usize), (120, 4), (6, 65), (6, 4)] {
+            let tokens = &tokens[..n];
+            let mut turn = prompt.clone();
+            turn.extend_from_slice(tokens);
+            turn.extend((0..q as u32).map(|i| (i * 104_729 + 7) % 5000 + 100));
+            let (cold_tokens, cold_logits) = decode(&mut load(), &turn, 8);
+            // The slot continues: its history is the first turn, fed token by token.
+            eng.reset().expect("reset");
+            decode(&mut eng, &prompt, n);
+            let (warm_tokens, warm_logits) = decode(&mut eng, &turn, 8);
+            let first = warm_logits
+                .iter()
+                .zip(&cold_logits)
+                .position(|(a, b)| bits(a) != bits(b));
+            if let Some(i) = first {
+                failures.push(format!(
+                    "{arch}: a turn of {q} new tokens after {n} decoded: its logits {i} differ \
+                     from a cold start's (tokens {warm_tokens:?} against {cold_tokens:?})"
+                ));
+            }
+        }
+    }
+    for f in &failures {
+        eprintln!("{f}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A prompt's last row has the same bits whether the prompt runs as one piece or in
+/// the 64-row pieces that every position's logits take (`logits_all`): the kernels a
+/// long piece takes (larger tiles, grouped experts, split attention) give each row the
+/// bits of a short one. Every arch, pieces around the kernels' tile sizes.
+#[test]
+fn a_prompt_row_has_the_same_bits_in_a_piece_of_any_length() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut failures = Vec::new();
+    for arch in model::geometry::ARCHS {
+        let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
+        let mut eng = Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(1024),
+                parallel: Some(1),
+                device: Some(test_device()),
+                ..Default::default()
+            },
+        )
+        .expect("load");
+        let n_vocab = eng.info().n_vocab;
+        for len in [16usize, 17, 33, 64, 65, 97, 128, 129, 200, 269] {
+            let prompt: Vec<u32> = (0..len as u32)
+                .map(|i| (i * 7919 + 13) % 5000 + 100)
+                .collect();
+            eng.reset().expect("reset");
+            let all = eng.logits_all(&prompt).expect("logits_all");
+            eng.reset().expect("reset");
+            let (_, one_piece) = decode(&mut eng, &prompt, 1);
+            let last = &all[(len - 1) * n_vocab..];
+            if bits(last) != bits(&one_piece[0]) {
+                failures.push(format!(
+                    "{arch}: a prompt of {len} tokens in one piece gives its last row other bits \
+                     than in 64-row pieces"
+                ));
+            }
+        }
+    }
+    for f in &failures {
+        eprintln!("{f}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -741,35 +741,33 @@ fn tiered_prompt_lookup_keeps_the_bytes_of_resident_plain_decoding() {
     // A short context: the resident run's prompt scratch (which grows with the
     // context) is then close to what the tiered load plans for, so half the experts'
     // VRAM less does tier them.
-    let mut plain = Engine::load(
-        &path,
-        &EngineConfig {
-            max_context: Some(256),
-            parallel: Some(1),
-            device: Some(common::test_device()),
-            ..Default::default()
-        },
-    )
-    .expect("load");
-    let used = plain.device_report().vram_used;
-    let (vram_budget, ram_budget) = common::tiering_budgets(&path, used);
-    let mut spec = Engine::load(
-        &path,
-        &EngineConfig {
-            max_context: Some(256),
-            parallel: Some(1),
-            device: Some(common::test_device()),
-            vram_budget,
-            ram_budget,
-            spec: SpecConfig {
-                mode: SpecMode::Ngram,
-                draft_max: 8,
-                draft_min: 0,
+    let load = |mode, vram_budget, ram_budget| {
+        Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(256),
+                parallel: Some(1),
+                device: Some(common::test_device()),
+                vram_budget,
+                ram_budget,
+                spec: SpecConfig {
+                    mode,
+                    draft_max: 8,
+                    draft_min: 0,
+                },
+                ..Default::default()
             },
-            ..Default::default()
-        },
-    )
-    .expect("tiered load");
+        )
+    };
+    // What the resident engine uses with speculation's room for verify steps (the
+    // GPU keeps a trail of states per slot): half the experts' VRAM less tiers them.
+    let used = load(SpecMode::Ngram, None, None)
+        .expect("load")
+        .device_report()
+        .vram_used;
+    let (vram_budget, ram_budget) = common::tiering_budgets(&path, used);
+    let mut plain = load(SpecMode::Off, None, None).expect("load");
+    let mut spec = load(SpecMode::Ngram, vram_budget, ram_budget).expect("tiered load");
     let reqs = vec![
         looping(request(
             echoing(&mut plain, 30, 1),

@@ -17,10 +17,21 @@ const AK: usize = 32;
 const ROWS_PER_WARP: usize = 4;
 /// The largest head dimension attn_prep takes (SC_MAX_HD).
 const MAX_HD: usize = 256;
-/// Most key splits of one decode step.
-const MAX_SPLIT: usize = 64;
-/// Fewest keys worth a split of their own.
-const KEYS_PER_SPLIT: usize = 64;
+/// Keys per canonical chunk (kernels/attention.cu SC_ACHUNK): a row's keys go in
+/// chunks of this many at absolute positions, folded in order, whatever the launch.
+const KEY_CHUNK: usize = 128;
+/// The most scratch a split launch's partial results take; past it the launch walks
+/// every key in each block instead (the same bits, fewer blocks).
+const SPLIT_SCRATCH_MAX: usize = 256 << 20;
+
+/// Scratch of `n_split` chunks' (m, l, o) for `n_tok` tokens (0 when not split).
+fn split_bytes(n_split: usize, n_tok: usize, n_head: usize, head_dim: usize) -> u64 {
+    if n_split <= 1 {
+        0
+    } else {
+        (n_split * n_tok * n_head * (head_dim + 2) * 4) as u64
+    }
+}
 
 /// Dynamic shared memory of attn_core for a head dimension (`wide`: the 64-row
 /// launches): the Q tile, the K tile (rows padded by one float) and the V tile.
@@ -176,20 +187,26 @@ impl Gpu {
         self.launch(kernel, [blocks(items, 4)?, 1, 1], 128, 0, &args)
     }
 
-    /// How many key ranges `attn_core` splits the context into for this shape: 1 when
-    /// the query rows alone fill the GPU (prompts), more for few rows over a long
-    /// context (decode). Depends only on host values, so a captured graph keeps it.
-    fn attn_splits(&self, n_tok: usize, n_head: usize, n_head_kv: usize, n_ctx: usize) -> usize {
+    /// How many blocks along the keys `attn_core` launches for `n_tok` tokens (of one
+    /// sequence, or in rows mode of one sequence each): 1 when the query rows alone
+    /// fill the GPU (prompts: each block walks every key) or when the chunks' partial
+    /// results would need more than [`SPLIT_SCRATCH_MAX`], else one per [`KEY_CHUNK`]
+    /// keys of the capacity (decode, verify steps). Either gives the same bits.
+    /// Depends only on host values, so a captured graph keeps it.
+    fn attn_splits(&self, n_tok: usize, rows_mode: bool, shape: [usize; 4]) -> usize {
+        let [n_head, n_head_kv, head_dim, n_ctx] = shape;
         let group = n_head / n_head_kv.max(1);
-        let base = n_head_kv * (n_tok * group).div_ceil(AQ);
+        let per_seq = if rows_mode { 1 } else { n_tok };
+        let base = n_head_kv * (per_seq * group).div_ceil(AQ);
         let sms = self.sm_count as usize;
-        if base == 0 || base >= sms {
+        let chunks = n_ctx.div_ceil(KEY_CHUNK);
+        if base == 0 || base >= sms || chunks <= 1 {
             return 1;
         }
-        (2 * sms)
-            .div_ceil(base)
-            .min(n_ctx.div_ceil(KEYS_PER_SPLIT))
-            .clamp(1, MAX_SPLIT)
+        if chunks * n_tok * n_head * (head_dim + 2) * 4 > SPLIT_SCRATCH_MAX {
+            return 1;
+        }
+        chunks
     }
 
     /// Bytes of scratch `attn_core` needs for this shape (0: none). Allocate it once
@@ -202,16 +219,17 @@ impl Gpu {
         head_dim: usize,
         n_ctx: usize,
     ) -> u64 {
-        let s = self.attn_splits(n_tok, n_head, n_head_kv, n_ctx);
-        if s <= 1 {
-            0
-        } else {
-            (s * n_tok * n_head * (head_dim + 2) * 4) as u64
-        }
+        let shape = [n_head, n_head_kv, head_dim, n_ctx];
+        split_bytes(
+            self.attn_splits(n_tok, false, shape),
+            n_tok,
+            n_head,
+            head_dim,
+        )
     }
 
     /// [`Gpu::attn_scratch_bytes`] of `attn_core` in rows mode (`n_rows` sequences of
-    /// one token each): each row's one-token scratch.
+    /// one token each).
     pub fn attn_rows_scratch_bytes(
         &self,
         n_rows: usize,
@@ -220,7 +238,13 @@ impl Gpu {
         head_dim: usize,
         n_ctx: usize,
     ) -> u64 {
-        n_rows as u64 * self.attn_scratch_bytes(1, n_head, n_head_kv, head_dim, n_ctx)
+        let shape = [n_head, n_head_kv, head_dim, n_ctx];
+        split_bytes(
+            self.attn_splits(n_rows, true, shape),
+            n_rows,
+            n_head,
+            head_dim,
+        )
     }
 
     /// Causal softmax attention of `q` (f32 [n_tok][n_head][head_dim], from
@@ -232,8 +256,10 @@ impl Gpu {
     /// at a moving position); `n_ctx` (the cache's capacity) only sizes the key split.
     /// `scratch` must hold [`Gpu::attn_scratch_bytes`] bytes (it may be 0 when that is
     /// 0). head_dim must be 32, 64, 128 or 256; q, k_cache, v_cache 16-byte aligned.
-    /// Deterministic, not bit-identical to the CPU (online softmax). When the keys
-    /// are split (the partial results merged by a second kernel), that kernel also
+    /// Deterministic, not bit-identical to the CPU (online softmax); a row's bits
+    /// depend only on its position and the cache (keys in chunks of [`KEY_CHUNK`] at
+    /// absolute positions, folded in order), never on the rows or splits launched
+    /// with it. When the keys are split (a block per chunk, folded by a second kernel), that kernel also
     /// writes `out`'s quantized copy to `oq` ([`Gpu::quantize_act`]'s bits) unless
     /// `oq` is [`ActQ8::NONE`]; returns whether it did (the caller quantizes otherwise).
     ///
@@ -293,9 +319,15 @@ impl Gpu {
             ));
         }
         // Rows mode: each token is a sequence of its own, split as one token.
-        let n_split = self.attn_splits(if rows_mode { 1 } else { n_tok }, n_head, n_head_kv, n_ctx);
+        let n_split = self.attn_splits(n_tok, rows_mode, [n_head, n_head_kv, head_dim, n_ctx]);
         if n_split > 1 {
             addr(KN, "scratch", scratch, 4)?;
+        }
+        if n_split > MAX_GRID_YZ {
+            return Err(CudaError::bad(
+                KN,
+                format!("a context of {n_ctx} keys is too long for one launch (split it)"),
+            ));
         }
         // A prompt of one key range and more rows than one block: the wide launch
         // (the same bits per row), when this GPU gives it the shared memory.

@@ -331,6 +331,17 @@ fn attn_core_matches_softmax_attention() {
             hd: 64,
             gated: false,
         },
+        // A prompt continuing a long sequence over many key chunks: one launch that
+        // walks every chunk, against one-token calls split a block per chunk.
+        CoreCase {
+            n_tok: 300,
+            pos0: 400,
+            n_ctx: 1024,
+            n_head: 4,
+            n_head_kv: 2,
+            hd: 128,
+            gated: false,
+        },
         // A longer prompt: many key tiles per block.
         CoreCase {
             n_tok: 600,
@@ -412,9 +423,12 @@ fn attn_core_matches_softmax_attention() {
             );
         }
         assert_bits(&run(), &got, &format!("{what}: run to run"));
-        // A prompt (the wide launch once it has more rows than a block) gives each
-        // token the bits of its one-token call, where that takes one key range too.
-        if c.n_tok > 1 && g.attn_scratch_bytes(1, nh, nkv, hd, c.n_ctx) == 0 {
+        // A prompt (the wide launch once it has more rows than a block; split a block
+        // per key chunk or not) gives each token the bits of its one-token call (split
+        // or not): the keys' chunks are the same and folded alike.
+        if c.n_tok > 1 {
+            let sb1 = g.attn_scratch_bytes(1, nh, nkv, hd, c.n_ctx);
+            let scratch1 = poisoned(&g, (sb1 as usize / 4).max(1));
             for t in 0..c.n_tok {
                 let row = |v: &[f32], w: usize| up(&g, &v[t * w..(t + 1) * w]);
                 let (q1, g1) = (row(&q, nh * hd), row(&gate_raw, nh * q_stride));
@@ -433,7 +447,7 @@ fn attn_core_matches_softmax_attention() {
                     if c.gated { g1.ptr() } else { 0 },
                     q_stride,
                     out.ptr(),
-                    0,
+                    if sb1 > 0 { scratch1.ptr() } else { 0 },
                     ActQ8::NONE,
                     0,
                 )
@@ -441,7 +455,7 @@ fn attn_core_matches_softmax_attention() {
                 assert_bits(
                     &down(&g, &out),
                     &got[t * nh * hd..(t + 1) * nh * hd],
-                    &format!("{what}: token {t} alone"),
+                    &format!("{what}: token {t} alone (scratch {sb1})"),
                 );
             }
         }
