@@ -19,11 +19,13 @@
 # The tests are ordinary test targets built with `--features cuda`: the kernel
 # tests of crates/cuda (every kernel against the CPU reference, bit for bit where
 # docs/design.md requires it) and the engine's parity and invariant tests run with
-# SCORIA_TEST_DEVICE=cuda. SCORIA_REQUIRE_GPU=1 makes a missing GPU a failure.
+# SCORIA_TEST_DEVICE=cuda, and the GPU's faults (engine's tests/faults_gpu.rs: VRAM
+# taken by another process, a real sticky error). SCORIA_REQUIRE_GPU=1 makes a missing
+# GPU a failure.
 # The kernels are built for sm_90 only (the GPU machine's H200; every executable
 # embeds them, and the archive must stay small) unless SCORIA_CUDA_ARCHS says otherwise.
 # The other test targets run on the CPU alone and are left to the ordinary test run.
-GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch engine-sched engine-spec engine-vision"
+GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch engine-sched engine-spec engine-vision engine-faults_gpu"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config

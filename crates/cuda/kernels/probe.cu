@@ -17,3 +17,13 @@ extern "C" __global__ void __launch_bounds__(256) math_probe(const float* __rest
   out[3 * (size_t)n + i] = sc_softplus(v);
   out[4 * (size_t)n + i] = sc_log1p(v);
 }
+
+// Tests only (the engine's SCORIA_TEST_CUDA_FAULT): one thread writes to `addr`, an
+// address the caller picks outside every allocation, so the context gets a real
+// CUDA_ERROR_ILLEGAL_ADDRESS (sticky: every later call of the context fails). The
+// address is a parameter so that the compiler cannot see the store is invalid.
+extern "C" __global__ void fault_probe(unsigned long long addr) { sc_pdl_enter();
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *(volatile unsigned int*)addr = 0xdeadbeefu;
+  }
+}

@@ -69,6 +69,17 @@ impl CudaError {
         }
     }
 
+    /// The device had no memory for what was asked (a plain allocation, a graph's
+    /// instantiation or upload, a launch's local memory): not sticky, the context
+    /// goes on; once another process frees VRAM the same call may succeed.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            CudaError::OutOfMemory { .. } => true,
+            CudaError::Driver { code, .. } => code.starts_with("CUDA_ERROR_OUT_OF_MEMORY"),
+            _ => false,
+        }
+    }
+
     pub(crate) fn bad(kernel: &'static str, msg: impl Into<String>) -> CudaError {
         CudaError::BadArgs {
             kernel,
@@ -107,5 +118,28 @@ mod tests {
     fn sizes_read_well() {
         assert_eq!(super::gib(1288490189), "1.2 GiB");
         assert_eq!(super::gib(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn out_of_memory_is_told_from_sticky_errors() {
+        use super::CudaError;
+        let driver = |code: &str| CudaError::Driver {
+            call: "cuGraphInstantiate".into(),
+            code: code.into(),
+        };
+        assert!(driver("CUDA_ERROR_OUT_OF_MEMORY (out of memory)").is_out_of_memory());
+        assert!(CudaError::OutOfMemory {
+            bytes: 1,
+            what: "x".into(),
+            free: 0,
+            total: 1
+        }
+        .is_out_of_memory());
+        for sticky in [
+            "CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)",
+            "CUDA_ERROR_LAUNCH_FAILED (unspecified launch failure)",
+        ] {
+            assert!(!driver(sticky).is_out_of_memory(), "{sticky}");
+        }
     }
 }

@@ -205,6 +205,7 @@ kernels! {
     DnRecurrenceDk128 = "dn_recurrence_dk128",
     DnGatedNorm = "dn_gated_norm",
     MathProbe = "math_probe",
+    FaultProbe = "fault_probe",
 }
 
 /// The loaded function of every kernel, indexed by `K`.

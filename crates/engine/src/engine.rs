@@ -277,6 +277,13 @@ impl Engine {
         self.exec.standing_fault()
     }
 
+    /// A condition the server goes on serving with but that makes requests slower
+    /// or some of them fail — the GPU short of memory because another process took
+    /// VRAM — in words; `None` while there is none (for `/health`'s `warning`).
+    pub fn standing_warning(&self) -> Option<String> {
+        self.exec.standing_warning()
+    }
+
     /// The ISA the CPU kernels use.
     pub fn kernel_isa(&self) -> &'static str {
         quant::kernel_isa()

@@ -348,6 +348,12 @@ pub trait Executor: Send {
     fn standing_fault(&self) -> Option<String> {
         None
     }
+    /// A condition that does not keep requests from being served but makes them
+    /// slower or some of them fail (a GPU short of memory because another process
+    /// took VRAM), in words; `None` while there is none.
+    fn standing_warning(&self) -> Option<String> {
+        None
+    }
     /// The most prompt tokens one step should carry (the engine feeds prompts in
     /// pieces of this many; the pieces do not change the results).
     fn prompt_chunk(&self) -> usize {

@@ -16,7 +16,11 @@
 //!   its result;
 //! - [`Site::CacheCreate`], [`Site::CacheWrite`], [`Site::CacheRead`]: the prompt
 //!   cache creating an entry's temporary file, writing its bytes, and reading an
-//!   entry at load (`prompt_cache`).
+//!   entry at load (`prompt_cache`);
+//! - [`Site::GpuGraph`]: the CUDA executor instantiating a captured graph (a decode
+//!   step's, a batched decode step's, or a segment of a tiered one), on the path
+//!   `cuda graph`; any fault makes it fail as the driver does when another process
+//!   took the VRAM it needs (`CUDA_ERROR_OUT_OF_MEMORY`).
 
 use std::time::Duration;
 
@@ -32,6 +36,8 @@ pub enum Site {
     CacheWrite,
     /// The prompt cache reads an entry file at load.
     CacheRead,
+    /// The CUDA executor instantiates a captured graph (any fault: out of VRAM).
+    GpuGraph,
 }
 
 /// What happens at a matching hook.

@@ -32,7 +32,9 @@
 //! `SCORIA_REPO_ROOT` (where the GPU machine's copy of the repository is),
 //! `SCORIA_TEST_KILLED_WRITER` (`tests/faults_prompt_cache.rs` runs itself as a child that
 //! writes the prompt cache there until it is killed), `SCORIA_TEST_DEVICE_FAULT`
-//! ([`TEST_DEVICE_FAULT`]). The test
+//! ([`TEST_DEVICE_FAULT`]), `SCORIA_TEST_CUDA_FAULT` ([`TEST_CUDA_FAULT`]),
+//! `SCORIA_TEST_FAULTS_GPU_CHILD` (`tests/faults_gpu.rs` runs itself as a child that
+//! holds the GPU's free memory until it is killed, or that meets a sticky error). The test
 //! scripts' own variables (`SCORIA_BIN`, `SCORIA_URL`, `SCORIA_API_KEY`, the
 //! `*_TIMEOUT`s) are documented at the top of each script.
 
@@ -53,6 +55,10 @@ pub const TRACE_DECODE: &str = "SCORIA_TRACE_DECODE";
 /// the requests ended, the engine refusing more, `/health` unhealthy, a non-zero
 /// exit — runs on any machine.
 pub const TEST_DEVICE_FAULT: &str = "SCORIA_TEST_DEVICE_FAULT";
+/// Tests only: the CUDA executor's step number N (counted from 1) launches a kernel
+/// that writes to an illegal address, so the context gets a real sticky error
+/// (`CUDA_ERROR_ILLEGAL_ADDRESS`) and the step fails with it, fatally.
+pub const TEST_CUDA_FAULT: &str = "SCORIA_TEST_CUDA_FAULT";
 
 /// True when the variable `name` is set to anything but "" or "0".
 pub fn on(name: &str) -> bool {

@@ -82,6 +82,8 @@ struct Inner {
     expert_reads: Option<engine::experts::ReadCounters>,
     /// The engine's standing fault (`Engine::standing_fault`), in words.
     fault: Option<String>,
+    /// The engine's standing warning (`Engine::standing_warning`), in words.
+    warning: Option<String>,
     /// The executor's failure for good (`Engine::fatal`): the process must restart.
     fatal: Option<String>,
 }
@@ -608,6 +610,24 @@ impl Stats {
     /// The engine's standing fault, if one was reported.
     pub fn fault(&self) -> Option<String> {
         self.lock().fault.clone()
+    }
+
+    /// The engine's standing warning now (None: none): the server serves, but
+    /// slower or with some requests failing (the GPU short of memory); logged when
+    /// it appears and when it clears.
+    pub fn set_warning(&self, warning: Option<String>) {
+        let mut g = self.lock();
+        match (&g.warning, &warning) {
+            (None, Some(w)) => tracing::warn!("health: warning: {w}"),
+            (Some(_), None) => tracing::info!("health: the warning has cleared"),
+            _ => {}
+        }
+        g.warning = warning;
+    }
+
+    /// The engine's standing warning, if one was reported.
+    pub fn warning(&self) -> Option<String> {
+        self.lock().warning.clone()
     }
 
     /// The executor failed for good (`Engine::fatal`); logged once. It never clears.

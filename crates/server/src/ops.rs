@@ -207,7 +207,10 @@ fn queue_note(slots: usize) -> String {
 /// process is up, but requests that need what the fault holds back fail, so a load
 /// balancer should send them elsewhere until it answers 200 again; 503 `"unhealthy"`
 /// once the executor failed for good (a lost device): the process is stopping, with a
-/// non-zero exit status, for its supervisor to restart it.
+/// non-zero exit status, for its supervisor to restart it. `warning` (null when
+/// none) names a condition the server goes on serving with, slower or with some
+/// requests failing (the GPU short of memory since another process took VRAM),
+/// without changing the status.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let snap = state.stats.snapshot();
     let current = &snap["current"];
@@ -225,6 +228,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     let body = json!({
         "status": status,
         "fault": fault,
+        "warning": state.stats.warning(),
         "loading": false,
         "version": VERSION,
         "model": public_model_json(&state),

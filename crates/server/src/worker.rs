@@ -100,6 +100,12 @@ pub trait Generator: Send + 'static {
         None
     }
 
+    /// What the server goes on serving with but slower or with some requests
+    /// failing (the GPU short of memory), in words; None while there is none.
+    fn standing_warning(&self) -> Option<String> {
+        None
+    }
+
     /// The executor's failure after which it runs nothing more (`Engine::fatal`).
     fn fatal(&self) -> Option<String> {
         None
@@ -151,6 +157,10 @@ impl Generator for engine::Engine {
 
     fn standing_fault(&self) -> Option<String> {
         engine::Engine::standing_fault(self)
+    }
+
+    fn standing_warning(&self) -> Option<String> {
+        engine::Engine::standing_warning(self)
     }
 
     fn fatal(&self) -> Option<String> {
@@ -332,7 +342,7 @@ fn serve(
     let mut busy = false;
     let mut reported = Instant::now();
     let mut stop: Option<mpsc::Sender<()>> = None;
-    // A standing fault is re-read while idle, so /health sees it clear.
+    // A standing fault or warning is re-read while idle, so /health sees it clear.
     let mut fault = false;
     loop {
         if stop.is_some() && !busy {
@@ -418,8 +428,8 @@ fn serve(
     }
 }
 
-/// Gives the statistics the engine's expert-read counters and standing fault;
-/// true while a fault stands.
+/// Gives the statistics the engine's expert-read counters and standing fault and
+/// warning; true while either stands.
 fn report_fault(generator: &dyn Generator, stats: &Stats) -> bool {
     if let Some(c) = generator.expert_reads() {
         stats.set_expert_reads(c);
@@ -427,10 +437,13 @@ fn report_fault(generator: &dyn Generator, stats: &Stats) -> bool {
     if let Some(f) = generator.fatal() {
         stats.set_fatal(f);
     }
+    let warning = generator.standing_warning();
+    let warned = warning.is_some();
+    stats.set_warning(warning);
     let fault = generator.standing_fault();
     let standing = fault.is_some();
     stats.set_fault(fault);
-    standing
+    standing || warned
 }
 
 fn finish_str(f: FinishReason) -> &'static str {

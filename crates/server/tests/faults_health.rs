@@ -100,7 +100,9 @@ async fn health_and_metrics_report_expert_read_faults() {
     let (status, h) = health(addr).await;
     assert_eq!((status, h["status"].as_str()), (200, Some("ok")), "{h}");
     assert!(h["fault"].is_null(), "{h}");
+    assert!(h["warning"].is_null(), "{h}");
     assert_eq!(metric(addr, "scoria:fault").await, 0.0);
+    assert_eq!(metric(addr, "scoria:warning").await, 0.0);
     assert_eq!(metric(addr, "scoria:expert_read_failures_total").await, 0.0);
     let (status, clean) = complete(addr).await;
     assert_eq!(status, 200, "{clean}");

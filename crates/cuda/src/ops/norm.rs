@@ -203,4 +203,14 @@ impl Gpu {
         ];
         self.launch(K::MathProbe, [blocks(n, 256)?, 1, 1], 256, 0, &args)
     }
+
+    /// Tests only: queues a kernel that writes to device address 8, which no
+    /// allocation holds, so the context gets a real `CUDA_ERROR_ILLEGAL_ADDRESS` — a
+    /// sticky error: every later call of this context fails, and the process must
+    /// be restarted. Asynchronous, like any launch: the next synchronisation reports
+    /// it.
+    #[doc(hidden)]
+    pub fn provoke_illegal_address(&self) -> Result<(), CudaError> {
+        self.launch(K::FaultProbe, [1, 1, 1], 32, 0, &[Arg::U64(8)])
+    }
 }

@@ -22,7 +22,8 @@ use crate::{Device, DeviceReport, EngineError};
 use cuda::{Gpu, Graph, Lane};
 use model::{ExecError, Logits, ModelConfig, ModelWeights, Segment};
 use std::collections::HashMap;
-use weights::cuda_err;
+use std::time::{Duration, Instant};
+use weights::{cuda_err, is_out_of_vram};
 
 /// Tokens per step the scratch arena is sized for with every expert resident (a
 /// prompt is fed in chunks of at most this many).
@@ -187,6 +188,22 @@ struct DecodeSegments {
     out: u64,
 }
 
+/// How long after running out of device memory the executor captures no new CUDA
+/// graph (and `/health` warns).
+pub const PRESSURE_RETRY: Duration = Duration::from_secs(30);
+
+/// The GPU ran out of memory while serving: another process took VRAM since
+/// startup (the executor's own buffers were all allocated then). A decode step
+/// whose graph is not captured yet runs the same kernels one by one (the same bits,
+/// slower) until `retry_at`; graphs captured before go on being replayed. It ends
+/// at the first step that completes without running out after `retry_at`.
+struct Pressure {
+    /// What failed, with the free VRAM then.
+    what: String,
+    at: Instant,
+    retry_at: Instant,
+}
+
 pub struct CudaExecutor {
     be: CudaBackend,
     states: Vec<CudaState>,
@@ -206,6 +223,11 @@ pub struct CudaExecutor {
     row_graphs: HashMap<Vec<usize>, DecodeGraph>,
     argmax_out: cuda::DevBuf<i32>,
     use_graphs: bool,
+    /// Set while the GPU is short of memory (see [`Pressure`]).
+    pressure: Option<Pressure>,
+    /// Steps run so far, and the one `SCORIA_TEST_CUDA_FAULT` makes fault (tests).
+    steps: u64,
+    cuda_fault_at: Option<u64>,
     ordinal: usize,
     name: String,
     vram: VramAccount,
@@ -531,6 +553,11 @@ impl CudaExecutor {
             states,
             argmax_out,
             use_graphs,
+            pressure: None,
+            steps: 0,
+            cuda_fault_at: std::env::var(crate::switches::TEST_CUDA_FAULT)
+                .ok()
+                .and_then(|v| v.parse().ok()),
             ordinal,
             name,
             vram,
@@ -579,20 +606,129 @@ impl CudaExecutor {
         Ok(base)
     }
 
-    /// Captures the kernels `launch` issues as a graph, with the address of its output.
+    /// Captures the kernels `launch` issues as a graph, with the address of its
+    /// output. Nothing runs on the device meanwhile, so when the capture itself
+    /// fails (the inner error: e.g. out of VRAM to instantiate the graph) the caller
+    /// may launch the same kernels without a graph; the outer error is `launch`'s.
     fn capture(
         &mut self,
         launch: impl FnOnce(&mut Self) -> Result<u64, ExecError>,
-    ) -> Result<DecodeGraph, ExecError> {
-        self.be
-            .gpu
-            .begin_capture()
-            .map_err(cuda_err("begin capture"))?;
+    ) -> Result<Result<DecodeGraph, cuda::CudaError>, ExecError> {
+        if let Err(e) = self.be.gpu.begin_capture() {
+            return Ok(Err(e));
+        }
         let out = launch(self);
         // End the capture whatever happened, so the stream is usable again.
-        let graph = self.be.gpu.end_capture().map_err(cuda_err("end capture"));
+        let graph = self
+            .be
+            .gpu
+            .end_capture()
+            .and_then(|g| injected_graph_oom().map(|()| g));
         let out = out?;
-        Ok(DecodeGraph { graph: graph?, out })
+        Ok(graph.map(|graph| DecodeGraph { graph, out }))
+    }
+
+    /// A graph could not be captured or launched (`e`, in `op`): out of VRAM, the
+    /// step goes on without it (Ok, after the warning); any other error fails the
+    /// step (a sticky one fatally).
+    fn graph_failed(&mut self, op: &str, e: cuda::CudaError) -> Result<(), ExecError> {
+        if !e.is_out_of_memory() {
+            return Err(cuda_err(op)(e));
+        }
+        self.out_of_vram(&format!("{op}: {e}"));
+        Ok(())
+    }
+
+    /// Notes that the GPU ran out of memory doing `what` (see [`Pressure`]): a
+    /// warning in the log when it starts, then a quiet renewal each time.
+    fn out_of_vram(&mut self, what: &str) {
+        let ordinal = self.ordinal;
+        let free = match self.be.gpu.mem_info() {
+            Ok((free, total)) => format!("{:.2} GiB free of {:.2} GiB", gib(free), gib(total)),
+            Err(_) => "free VRAM unknown".to_string(),
+        };
+        // The remedy is said once, after.
+        let what = what.replace(&format!(": {}", weights::OUT_OF_VRAM), "");
+        let what = format!("cuda:{ordinal}: {what} ({free} then)");
+        let now = Instant::now();
+        if self.pressure.is_none() {
+            tracing::warn!(
+                "{what}: another process took VRAM since scoria started. Decode steps \
+                 whose CUDA graphs are not captured yet run their kernels one by one (the \
+                 same output, slower), and capturing is tried again in {} s; a request \
+                 whose step cannot run fails with this error and the next ones go on. \
+                 Free the GPU, or run scoria with a lower --vram-budget or --parallel",
+                PRESSURE_RETRY.as_secs()
+            );
+        } else {
+            tracing::debug!("{what}: still short of VRAM");
+        }
+        self.pressure = Some(Pressure {
+            what,
+            at: now,
+            retry_at: now + PRESSURE_RETRY,
+        });
+    }
+
+    /// A step completed: the shortage of VRAM is over once it is `PRESSURE_RETRY`
+    /// old (graphs are captured again from this step on).
+    fn end_pressure(&mut self) {
+        if self
+            .pressure
+            .as_ref()
+            .is_some_and(|p| Instant::now() >= p.retry_at)
+        {
+            self.pressure = None;
+            tracing::info!(
+                "cuda:{}: no shortage of VRAM for {} s: decode steps are captured as CUDA \
+                 graphs again",
+                self.ordinal,
+                PRESSURE_RETRY.as_secs()
+            );
+        }
+    }
+
+    /// True while no new graph should be captured (out of VRAM lately).
+    fn capture_paused(&self) -> bool {
+        self.pressure
+            .as_ref()
+            .is_some_and(|p| Instant::now() < p.retry_at)
+    }
+
+    /// One decode token of sequence `s.seq` without a graph: the kernels the
+    /// captured step holds, launched one by one (what `SCORIA_NO_GRAPH` runs).
+    fn decode_eager(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
+        if let Some(t) = &self.be.tiered {
+            // Clears what a failed step left in the routing mailbox.
+            t.begin_token(&self.be.gpu, false)?;
+        }
+        let out = self.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default())?;
+        if let Some(t) = &self.be.tiered {
+            t.end_token(&self.be.gpu)?;
+        }
+        Ok(out)
+    }
+
+    /// `SCORIA_TEST_CUDA_FAULT`'s step: a kernel writes to an illegal address, and
+    /// the error the synchronisation after it reports (sticky: fatal).
+    fn injected_sticky_error(&self) -> ExecError {
+        tracing::warn!(
+            "cuda:{}: step {} writes to an illegal address ({})",
+            self.ordinal,
+            self.steps,
+            crate::switches::TEST_CUDA_FAULT
+        );
+        let gpu = &self.be.gpu;
+        match gpu.provoke_illegal_address().and_then(|()| gpu.sync()) {
+            Err(e) => cuda_err("step")(e),
+            Ok(()) => ExecError::new(
+                "step",
+                format!(
+                    "{}: the kernel writing to an illegal address ran without a fault",
+                    crate::switches::TEST_CUDA_FAULT
+                ),
+            ),
+        }
     }
 
     /// One token of each of several sequences in one pass (batched decode): every
@@ -606,18 +742,32 @@ impl CudaExecutor {
         self.be.load_rows(&tokens, &positions, &states)?;
         let logits = if self.use_graphs {
             let key: Vec<usize> = entries.iter().map(|e| e.seq).collect();
-            if !self.row_graphs.contains_key(&key) {
+            if !self.row_graphs.contains_key(&key) && !self.capture_paused() {
                 if self.row_graphs.len() >= MAX_ROW_GRAPHS {
                     self.row_graphs.clear();
                 }
-                let g = self.capture(|ex| ex.launch_rows(entries))?;
-                self.row_graphs.insert(key.clone(), g);
+                match self.capture(|ex| ex.launch_rows(entries))? {
+                    Ok(g) => {
+                        self.row_graphs.insert(key.clone(), g);
+                    }
+                    Err(e) => self.graph_failed("capture a batched decode step", e)?,
+                }
             }
-            let g = &self.row_graphs[&key];
-            g.graph
-                .launch(&self.be.gpu)
-                .map_err(cuda_err("graph launch"))?;
-            g.out
+            let gpu = &self.be.gpu;
+            match self
+                .row_graphs
+                .get(&key)
+                .map(|g| g.graph.launch(gpu).map(|()| g.out))
+            {
+                Some(Ok(out)) => out,
+                Some(Err(e)) => {
+                    // Nothing of it ran: the same kernels without the graph.
+                    self.row_graphs.remove(&key);
+                    self.graph_failed("launch a batched decode step's graph", e)?;
+                    self.launch_rows(entries)?
+                }
+                None => self.launch_rows(entries)?,
+            }
         } else {
             self.launch_rows(entries)?
         };
@@ -681,27 +831,48 @@ impl CudaExecutor {
 
     /// One decode token of sequence `seq` through its captured graph
     /// (capturing it the first time).
+    /// Without VRAM for the graph (see [`Pressure`]), the same kernels one by one.
     fn decode_graph(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
         let slot = usize::from(s.want == Want::Greedy);
         if self.graphs[s.seq][slot].is_none() {
-            let g = self.capture(|ex| {
-                ex.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default())
-            })?;
-            self.graphs[s.seq][slot] = Some(g);
+            if self.capture_paused() {
+                return self.decode_eager(s);
+            }
+            match self
+                .capture(|ex| ex.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default()))?
+            {
+                Ok(g) => self.graphs[s.seq][slot] = Some(g),
+                Err(e) => {
+                    self.graph_failed("capture a decode step", e)?;
+                    return self.decode_eager(s);
+                }
+            }
         }
         let g = self.graphs[s.seq][slot]
             .as_ref()
             .ok_or_else(|| ExecError::new("decode", "graph missing"))?;
-        g.graph
-            .launch(&self.be.gpu)
-            .map_err(cuda_err("graph launch"))?;
-        Ok(g.out)
+        match g.graph.launch(&self.be.gpu) {
+            Ok(()) => Ok(g.out),
+            Err(e) => {
+                // Nothing of it ran: the same kernels without the graph.
+                self.graphs[s.seq][slot] = None;
+                self.graph_failed("launch a decode step's graph", e)?;
+                self.decode_eager(s)
+            }
+        }
     }
 
     /// One tiered decode token of sequence `seq`: its device work between the MoE
     /// layers' host parts replayed from graph segments (captured the first time).
+    /// Out of VRAM for a segment's graph (see [`Pressure`]): when no segment of
+    /// the step has run yet, the step runs its kernels one by one instead; past the
+    /// first segment the step fails (its state is part-way; the scheduler starts
+    /// the slot over).
     fn decode_segments(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
         let slot = usize::from(s.want == Want::Greedy);
+        if self.segments[s.seq][slot].is_none() && self.capture_paused() {
+            return self.decode_eager(s);
+        }
         let cached = self.segments[s.seq][slot].take();
         let record = cached.is_none();
         let (graphs, recorded_out) = cached.map_or((Vec::new(), None), |c| (c.graphs, Some(c.out)));
@@ -731,7 +902,17 @@ impl CudaExecutor {
             // A failure mid-capture: close it so the stream is usable again.
             let _ = gpu.end_capture();
         }
-        let out = out?;
+        let out = match out {
+            Err(e) if is_out_of_vram(&e) => {
+                self.out_of_vram(&e.to_string());
+                if run.as_ref().is_some_and(|r| r.graphs.is_empty()) {
+                    // No segment ran: the same kernels without graphs.
+                    return self.decode_eager(s);
+                }
+                return Err(e);
+            }
+            out => out?,
+        };
         let run = run.ok_or_else(|| ExecError::new("decode", "segment state missing"))?;
         if recorded_out.is_some_and(|o| o != out) {
             return Err(ExecError::new(
@@ -916,17 +1097,41 @@ impl Executor for CudaExecutor {
             }
         }
         self.check_trails(batch)?;
+        self.steps += 1;
+        if self.cuda_fault_at == Some(self.steps) {
+            return Err(self.injected_sticky_error());
+        }
         // Until the step is done its sequences' state is in between.
         for s in batch {
             self.fed[s.seq] = 0;
         }
         let outs = self.run_step(batch);
         self.end_trails(batch, outs.is_ok());
+        match &outs {
+            Err(e) if is_out_of_vram(e) => self.out_of_vram(&e.to_string()),
+            Ok(_) => self.end_pressure(),
+            Err(_) => {}
+        }
         let outs = outs?;
         for s in batch {
             self.fed[s.seq] = s.pos0 + s.tokens.len();
         }
         Ok(outs)
+    }
+
+    /// While the GPU ran out of memory less than `PRESSURE_RETRY` ago.
+    fn standing_warning(&self) -> Option<String> {
+        let p = self.pressure.as_ref()?;
+        (Instant::now() < p.retry_at).then(|| {
+            format!(
+                "VRAM pressure: {} {} s ago; decode steps without a captured CUDA graph \
+                 run kernel by kernel (same output, slower), and a request whose step \
+                 cannot run fails. Another process took VRAM since scoria started: free \
+                 the GPU, or run scoria with a lower --vram-budget or --parallel",
+                p.what,
+                p.at.elapsed().as_secs(),
+            )
+        })
     }
 }
 
@@ -977,7 +1182,7 @@ impl CudaExecutor {
             } else if self.use_graphs {
                 self.decode_graph(s)?
             } else {
-                self.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default())?
+                self.decode_eager(s)?
             };
             return self.read_out(out, s.want, 1);
         }
@@ -1023,6 +1228,23 @@ impl CudaExecutor {
             };
             self.read_out(out, want, rows)
         })
+    }
+}
+
+/// The fault-injection hook of a graph's instantiation (`fault::Site::GpuGraph`):
+/// an injected fault fails it as the driver does when VRAM is short. Nothing
+/// without the `fault-injection` feature.
+pub(crate) fn injected_graph_oom() -> Result<(), cuda::CudaError> {
+    match crate::fault::hit(
+        crate::fault::Site::GpuGraph,
+        std::path::Path::new("cuda graph"),
+        0,
+    ) {
+        Some(_) => Err(cuda::CudaError::Driver {
+            call: "cuGraphInstantiate".into(),
+            code: "CUDA_ERROR_OUT_OF_MEMORY (out of memory; injected by a test)".into(),
+        }),
+        None => Ok(()),
     }
 }
 

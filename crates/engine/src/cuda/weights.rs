@@ -170,6 +170,10 @@ fn tied(w: &ModelWeights) -> bool {
     w.output.name == w.token_embd.name
 }
 
+/// A CUDA error as the executor reports it: a sticky one is fatal (nothing more
+/// runs in the context); running out of device memory is not (the context goes on,
+/// and the same call may succeed once VRAM is freed), and its message says so and
+/// what to do ([`OUT_OF_VRAM`]); the others name their call.
 pub(crate) fn cuda_err(op: &str) -> impl Fn(CudaError) -> ExecError + '_ {
     move |e| {
         let text = e.to_string();
@@ -178,10 +182,34 @@ pub(crate) fn cuda_err(op: &str) -> impl Fn(CudaError) -> ExecError + '_ {
                 op,
                 format!("{text} (the CUDA context cannot run anything more: restart the process)"),
             )
+        } else if e.is_out_of_memory() && text.starts_with("cuMemHostAlloc") {
+            ExecError::new(
+                op,
+                format!(
+                    "{text}: host memory could not be pinned (the host is short of RAM, or \
+                     the GPU of memory to map it: other programs took it): free RAM or \
+                     VRAM, or run scoria with a lower --ram-budget"
+                ),
+            )
+        } else if e.is_out_of_memory() {
+            ExecError::new(op, format!("{text}: {OUT_OF_VRAM}"))
         } else {
             ExecError::new(op, text)
         }
     }
+}
+
+/// What an out-of-memory error of the GPU adds to its message: scoria checked the
+/// free VRAM at startup and allocated its buffers then, so another process took
+/// what is missing since. The executor recognises such errors by it ([`is_out_of_vram`]).
+pub(crate) const OUT_OF_VRAM: &str = "the GPU is out of memory: another process took VRAM \
+     since scoria started (nvidia-smi lists them); free the GPU, or run scoria with a lower \
+     --vram-budget or --parallel";
+
+/// Whether `e` is a GPU's out-of-memory error (see [`cuda_err`]), which the
+/// executor survives.
+pub(crate) fn is_out_of_vram(e: &ExecError) -> bool {
+    !e.fatal && e.msg.contains(OUT_OF_VRAM)
 }
 
 /// The CUDA driver's errors that leave the context unusable (every later call fails

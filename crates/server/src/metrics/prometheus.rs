@@ -17,6 +17,7 @@ impl Stats {
         let (device, tiers) = (g.device.clone(), g.expert_tiers.clone());
         let cache = g.cache.clone();
         let (reads, fault) = (g.expert_reads, g.fault.is_some());
+        let warning = g.warning.is_some();
         let processing = g.live.len();
         let depth = g.queue.len();
         let live_tokens: usize = g.live.iter().map(|c| c.tokens).sum();
@@ -280,6 +281,12 @@ impl Stats {
             "gauge",
             "1 while a fault keeps some requests from being served (the model file changed, an expert read is stuck): /health says degraded and why.",
             if fault { 1.0 } else { 0.0 },
+        );
+        metric(
+            "scoria:warning",
+            "gauge",
+            "1 while the server serves under a standing warning (the GPU short of memory since another process took VRAM: slower, some requests may fail): /health's warning says what.",
+            if warning { 1.0 } else { 0.0 },
         );
         if let Some(r) = &reads {
             for (name, help, v) in [

@@ -535,3 +535,26 @@ fn a_request_admitted_since_the_engines_last_slot_list_shows_as_processing() {
         "{slots:?}"
     );
 }
+
+#[test]
+fn a_warning_stands_beside_ok_health_until_it_clears() {
+    let s = Stats::new();
+    let gauge = |s: &Stats| {
+        s.render_prometheus(256)
+            .lines()
+            .find_map(|l| l.strip_prefix("scoria:warning ")?.parse::<f64>().ok())
+            .expect("scoria:warning")
+    };
+    assert!(s.warning().is_none());
+    assert_eq!(gauge(&s), 0.0);
+    s.set_warning(Some("VRAM pressure: cuda:0: ...".into()));
+    assert_eq!(s.warning().as_deref(), Some("VRAM pressure: cuda:0: ..."));
+    assert_eq!(gauge(&s), 1.0);
+    assert!(
+        s.fault().is_none() && s.fatal().is_none(),
+        "a warning is neither a fault nor a failure"
+    );
+    s.set_warning(None);
+    assert!(s.warning().is_none());
+    assert_eq!(gauge(&s), 0.0);
+}

@@ -30,6 +30,7 @@ impl CudaBackend {
             let g = self
                 .gpu
                 .end_capture()
+                .and_then(|g| crate::cuda::injected_graph_oom().map(|()| g))
                 .map_err(cuda_err("capture a step segment"))?;
             g.launch(&self.gpu)
                 .map_err(cuda_err("launch a step segment"))?;
