@@ -78,8 +78,6 @@ run)
     tar -C "$(dirname "$DIR")" -xJf "$DIR.tar.xz"
   fi
   export SCORIA_REQUIRE_GPU=1 SCORIA_TEST_DEVICE="${SCORIA_TEST_DEVICE:-cuda}" SCORIA_REPO_ROOT="$ROOT"
-  # Speculation on the GPU is tested here before it is on for users (engine::switches).
-  export SCORIA_CUDA_SPEC=1
   pass=0; fail=0; status=0
   for t in "$DIR"/test-*; do
     echo "== $(basename "$t")"

@@ -558,10 +558,8 @@ fn cuda_budgets<'a>(
         prompt_pool: cfg.prompt_pool,
         guess_experts: cfg.guess_experts.unwrap_or(crate::DEFAULT_GUESS_EXPERTS),
         slots_flexible: cfg.parallel.is_none(),
-        // Speculation on the GPU is not yet exact in every case (switches::CUDA_SPEC).
         verify_tokens: match cfg.spec.mode {
             SpecMode::Off => 0,
-            _ if !crate::switches::on(crate::switches::CUDA_SPEC) => 0,
             _ => cfg.spec.draft_max + 1,
         },
     }
@@ -668,11 +666,6 @@ fn choose_drafter(
     match spec.mode {
         SpecMode::Off => Ok(None),
         _ if !exec.rollbacks() && spec.mode == SpecMode::Auto => Ok(None),
-        _ if !exec.rollbacks() && matches!(device, Device::Cuda(_)) => refuse(format!(
-            "speculative decoding on the GPU ({device}) is not yet exact in every case \
-             (set {}=1 to try it)",
-            crate::switches::CUDA_SPEC
-        )),
         _ if !exec.rollbacks() => refuse(format!(
             "the {device} executor cannot roll a sequence back after a verify step"
         )),

@@ -514,11 +514,9 @@ fn demo_model_structured_and_free_requests_keep_their_bytes() {
     );
 }
 
-/// On the test device: `auto` and `ngram` draft by prompt lookup on the CPU, and on
-/// the GPU (which rolls back on the device) when `SCORIA_CUDA_SPEC` lets it (the GPU
-/// suite does; otherwise `auto` drafts nothing there and `ngram` is refused naming the
-/// switch); `mtp` on the GPU, which does not run the MTP block, is refused at load,
-/// naming the remedy.
+/// On the test device: `auto` and `ngram` draft by prompt lookup on the CPU and on
+/// the GPU (which rolls back on the device); `mtp` on the GPU, which does not run the
+/// MTP block, is refused at load, naming the remedy.
 #[test]
 fn the_test_device_speculates_or_refuses_at_load() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -547,17 +545,6 @@ fn the_test_device_speculates_or_refuses_at_load() {
                 .expect("mtp on the CPU")
                 .drafter()
                 .is_some());
-        }
-        engine::Device::Cuda(_) if !engine::switches::on(engine::switches::CUDA_SPEC) => {
-            assert_eq!(auto.drafter(), None);
-            let e = load(SpecMode::Ngram)
-                .err()
-                .expect("ngram refused")
-                .to_string();
-            assert!(
-                e.contains("SCORIA_CUDA_SPEC") && e.contains("--spec off"),
-                "{e}"
-            );
         }
         engine::Device::Cuda(_) => {
             let ngram = load(SpecMode::Ngram).expect("ngram");
