@@ -25,7 +25,7 @@
 
 mod common;
 
-use common::{bits, together, Seen};
+use common::{bits, gpu, together, Seen};
 use cuda::Gpu;
 use engine::fault::{inject, Fault, Rule, Site};
 use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest};
@@ -46,20 +46,6 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// GPU 0, or None (and why) when this machine has none.
-fn gpu() -> Option<Gpu> {
-    match Gpu::open(0) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            if std::env::var("SCORIA_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("SCORIA_REQUIRE_GPU=1 but no GPU: {e}");
-            }
-            eprintln!("skipped: no GPU ({e})");
-            None
-        }
-    }
 }
 
 fn load(path: &Path, parallel: usize, budgets: (Option<u64>, Option<u64>)) -> Engine {

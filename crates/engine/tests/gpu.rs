@@ -16,25 +16,12 @@
 
 mod common;
 
-use common::{bits, decode, synth};
-use cuda::{ActQ8, Gpu, Tile};
+use common::{bits, decode, gpu, synth};
+use cuda::{ActQ8, Tile};
 use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest};
 use model::synth::{Mix, Preset};
 use quant::GgmlType;
 use std::path::Path;
-
-fn gpu() -> Option<Gpu> {
-    match Gpu::open(0) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            if std::env::var("SCORIA_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("SCORIA_REQUIRE_GPU=1 but no GPU: {e}");
-            }
-            eprintln!("skipped: no GPU ({e})");
-            None
-        }
-    }
-}
 
 /// A seeded generator of values in [-1, 1) (xorshift; no zeros in practice).
 struct Rng(u64);

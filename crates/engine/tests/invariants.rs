@@ -317,6 +317,20 @@ fn prompt_progress_is_reported_per_piece_and_a_stop_keeps_the_pieces_read() {
     );
 }
 
+/// One slot over a context of 1024 on the test device.
+fn one_slot(path: &std::path::Path) -> Engine {
+    Engine::load(
+        path,
+        &EngineConfig {
+            max_context: Some(1024),
+            parallel: Some(1),
+            device: Some(test_device()),
+            ..Default::default()
+        },
+    )
+    .expect("load")
+}
+
 /// A chat turn that continues a slot after a long decode (the slot's K/V and
 /// recurrent state written token by token by the decode path, then the new turn's
 /// prompt piece on top) gives the bits of a cold prompt over the whole conversation:
@@ -329,18 +343,7 @@ fn a_turn_after_a_long_decode_equals_a_cold_prompt() {
     let mut failures = Vec::new();
     for arch in model::geometry::ARCHS {
         let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
-        let load = || {
-            Engine::load(
-                &path,
-                &EngineConfig {
-                    max_context: Some(1024),
-                    parallel: Some(1),
-                    device: Some(test_device()),
-                    ..Default::default()
-                },
-            )
-            .expect("load")
-        };
+        let load = || one_slot(&path);
         let mut eng = load();
         let n_vocab = eng.info().n_vocab;
         let prompt: Vec<u32> = (0..84u32).map(|i| (i * 7919 + 13) % 5000 + 100).collect();
@@ -395,16 +398,7 @@ fn a_prompt_row_has_the_same_bits_in_a_piece_of_any_length() {
     let mut failures = Vec::new();
     for arch in model::geometry::ARCHS {
         let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
-        let mut eng = Engine::load(
-            &path,
-            &EngineConfig {
-                max_context: Some(1024),
-                parallel: Some(1),
-                device: Some(test_device()),
-                ..Default::default()
-            },
-        )
-        .expect("load");
+        let mut eng = one_slot(&path);
         let n_vocab = eng.info().n_vocab;
         for len in [16usize, 17, 33, 64, 65, 97, 128, 129, 200, 269] {
             let prompt: Vec<u32> = (0..len as u32)

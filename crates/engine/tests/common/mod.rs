@@ -151,3 +151,19 @@ fn context_vram() -> u64 {
     #[cfg(not(feature = "cuda"))]
     0
 }
+
+/// GPU 0, or None (and why) when this machine has none; `SCORIA_REQUIRE_GPU=1` makes a
+/// missing GPU a failure.
+#[cfg(feature = "cuda")]
+pub fn gpu() -> Option<cuda::Gpu> {
+    match cuda::Gpu::open(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            if std::env::var("SCORIA_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("SCORIA_REQUIRE_GPU=1 but no GPU: {e}");
+            }
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+    }
+}
