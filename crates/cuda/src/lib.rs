@@ -1,7 +1,7 @@
 //! CUDA for scoria: the device context, its one stream, device and pinned buffers,
 //! graphs, and the kernels (`kernels/*.cu`, compiled by build.rs with nvcc).
 //!
-//! Everything but [`compiled`] exists only with the `cuda` feature; without it the
+//! Everything but [`compiled`] and [`shapes`] exists only with the `cuda` feature; without it the
 //! crate builds with no CUDA at all. See README.md for the kernel list and which
 //! kernels are bit-identical to the CPU.
 
@@ -13,6 +13,7 @@ mod gpu;
 mod kernels;
 #[cfg(feature = "cuda")]
 mod ops;
+pub mod shapes;
 
 #[cfg(feature = "cuda")]
 pub use cudarc::driver::{DeviceRepr, ValidAsZeroBits};

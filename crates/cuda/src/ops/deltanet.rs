@@ -7,8 +7,7 @@ use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
 use crate::ops::quant::ActQ8;
 
-/// The most conv taps dn_conv takes (kernels/deltanet.cu SC_MAX_DCONV).
-pub const MAX_D_CONV: usize = 8;
+pub use crate::shapes::MAX_D_CONV;
 /// Tokens per run of dn_conv (runs go in parallel).
 const DN_CONV_RUN: usize = 32;
 

@@ -10,10 +10,8 @@ use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
 use gguf::GgmlType;
 
-/// The most experts `route_topk` takes (kernels/moe.cu SC_MAX_EXPERT).
-pub const MAX_EXPERTS: usize = 1024;
-/// The largest k `route_topk` takes (kernels/moe.cu SC_MAX_K).
-pub const MAX_TOP_K: usize = 32;
+pub use crate::shapes::MAX_EXPERTS;
+pub use crate::shapes::MAX_TOP_K;
 /// The most experts [`Gpu::moe_gate_up`] routes (kernels/moe.cu SC_FUSED_MAX_EXPERT).
 pub const FUSED_MAX_EXPERTS: usize = 512;
 /// The most tokens [`Gpu::router`] takes (a block row each; a longer prompt's router

@@ -282,6 +282,7 @@ impl CudaExecutor {
         budgets: Budgets,
     ) -> Result<CudaExecutor, EngineError> {
         let dev = |e: cuda::CudaError| EngineError::Device(e.to_string());
+        weights::check_shape(cfg)?;
         weights::check_tensors(weights)?;
         let mut gpu = Gpu::open(ordinal).map_err(dev)?;
         gpu.set_diagnostics(

@@ -306,6 +306,19 @@ fn matrices(w: &ModelWeights) -> Vec<&Weight> {
     v
 }
 
+/// Refuses a model whose shape the GPU kernels are not built for (`cuda::shapes`:
+/// head and state widths, conv width, expert counts), naming the GGUF keys, before
+/// the GPU is opened.
+pub(crate) fn check_shape(cfg: &ModelConfig) -> Result<(), ExecError> {
+    let shape = cuda::shapes::ModelShape {
+        head_dim: cfg.head_dim,
+        n_expert: cfg.n_expert,
+        top_k: cfg.n_expert_used,
+        deltanet: cfg.ssm.as_ref().map(|s| (s.d_state, s.d_conv)),
+    };
+    cuda::shapes::check(cfg.arch.name(), &shape).map_err(|e| ExecError::new("load", e))
+}
+
 /// Refuses a model the GPU kernels cannot run, by tensor name, before anything is
 /// allocated: a tensor type without CUDA kernels, or rows that are not whole 32-value
 /// groups ([`check_width`]).
