@@ -638,7 +638,14 @@ fn open_executor(
                 let budgets = cuda_budgets(cfg, profile.as_ref());
                 match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, gpu_seqs, budgets) {
                     Ok(e) => return Ok(Box::new(e)),
-                    Err(e) => tracing::info!("no usable GPU, running on the CPU: {e}"),
+                    Err(e @ EngineError::Device(_)) => {
+                        tracing::info!("no usable GPU, running on the CPU: {e}")
+                    }
+                    // A GPU that answers but cannot take this model (its shapes, its
+                    // types, its size): say so louder than a machine without one.
+                    Err(e) => {
+                        tracing::warn!("the GPU cannot run this model, running on the CPU: {e}")
+                    }
                 }
             }
             cpu(weights)

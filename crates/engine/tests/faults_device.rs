@@ -6,16 +6,9 @@
 
 mod common;
 
-use common::{together, Seen};
+use common::together;
 use engine::{Engine, EngineConfig, GenerateRequest};
 use model::synth::Preset;
-
-fn err(s: &Seen) -> String {
-    match &s.done {
-        Some(Err(e)) => e.clone(),
-        other => panic!("an error expected, got {other:?}"),
-    }
-}
 
 #[test]
 fn a_lost_device_ends_the_requests_and_the_engine_refuses_more() {
@@ -45,30 +38,5 @@ fn a_lost_device_ends_the_requests_and_the_engine_refuses_more() {
             GenerateRequest::greedy(p.clone(), 8),
         ],
     );
-    let first = err(&seen[0]);
-    assert!(first.contains("the device stopped answering"), "{first}");
-    assert!(
-        !seen[0].tokens.is_empty(),
-        "the steps before the fault emitted tokens"
-    );
-    let second = err(&seen[1]);
-    assert!(
-        second.contains("can run nothing more") && second.contains("restart"),
-        "{second}"
-    );
-    let fatal = eng
-        .fatal()
-        .expect("the engine reports the failure")
-        .to_string();
-    assert!(fatal.contains("the device stopped answering"), "{fatal}");
-    // Later requests, queued or alone, are refused at once with the remedy.
-    let later = together(&mut eng, &[GenerateRequest::greedy(p.clone(), 4)]);
-    assert!(err(&later[0]).contains("restart the server"));
-    let e = eng
-        .generate(&GenerateRequest::greedy(p, 4), &mut |_| {
-            engine::Flow::Continue
-        })
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("restart the server"), "{e}");
+    common::assert_device_lost(&mut eng, &seen, "the device stopped answering", &p);
 }

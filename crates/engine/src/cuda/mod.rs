@@ -282,9 +282,11 @@ impl CudaExecutor {
         budgets: Budgets,
     ) -> Result<CudaExecutor, EngineError> {
         let dev = |e: cuda::CudaError| EngineError::Device(e.to_string());
+        // Whether there is a GPU first (no GPU is not this model's fault), then
+        // whether its kernels take this model, before anything is allocated.
+        let mut gpu = Gpu::open(ordinal).map_err(dev)?;
         weights::check_shape(cfg)?;
         weights::check_tensors(weights)?;
-        let mut gpu = Gpu::open(ordinal).map_err(dev)?;
         gpu.set_diagnostics(
             crate::switches::on(crate::switches::CUDA_SYNC),
             crate::switches::on(crate::switches::NO_PDL),

@@ -308,7 +308,7 @@ fn matrices(w: &ModelWeights) -> Vec<&Weight> {
 
 /// Refuses a model whose shape the GPU kernels are not built for (`cuda::shapes`:
 /// head and state widths, conv width, expert counts), naming the GGUF keys, before
-/// the GPU is opened.
+/// anything is allocated.
 pub(crate) fn check_shape(cfg: &ModelConfig) -> Result<(), ExecError> {
     let shape = cuda::shapes::ModelShape {
         head_dim: cfg.head_dim,

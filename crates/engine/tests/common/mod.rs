@@ -167,3 +167,40 @@ pub fn gpu() -> Option<cuda::Gpu> {
         }
     }
 }
+
+/// What a lost device leaves, checked on `eng` after two one-slot requests (`seen`,
+/// the second queued behind the first) met it: the first emitted tokens, then ended
+/// with the executor's error (`cause`); the queued one was refused with the remedy;
+/// `Engine::fatal` names `cause`; every later request, queued or alone, is refused
+/// at once with the remedy.
+pub fn assert_device_lost(eng: &mut Engine, seen: &[Seen], cause: &str, prompt: &[u32]) {
+    let err = |s: &Seen| match &s.done {
+        Some(Err(e)) => e.clone(),
+        other => panic!("an error expected, got {other:?}"),
+    };
+    let first = err(&seen[0]);
+    assert!(first.contains(cause), "{first}");
+    assert!(
+        !seen[0].tokens.is_empty(),
+        "the steps before the fault emitted tokens"
+    );
+    let second = err(&seen[1]);
+    assert!(
+        second.contains("can run nothing more") && second.contains("restart"),
+        "{second}"
+    );
+    let fatal = eng
+        .fatal()
+        .expect("the engine reports the failure")
+        .to_string();
+    assert!(fatal.contains(cause), "{fatal}");
+    let later = together(eng, &[GenerateRequest::greedy(prompt.to_vec(), 4)]);
+    assert!(err(&later[0]).contains("restart the server"));
+    let e = eng
+        .generate(&GenerateRequest::greedy(prompt.to_vec(), 4), &mut |_| {
+            Flow::Continue
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("restart the server"), "{e}");
+}
