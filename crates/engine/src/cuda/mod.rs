@@ -6,23 +6,27 @@
 //! with the numbers and the remedy (docs/design.md invariant 5).
 
 mod backend;
+mod graphs;
 mod rollback;
 mod snapshot;
 mod trace;
 mod weights;
 
 use backend::tiered::{self, Tiered};
+use backend::MAX_ROWS;
 pub use backend::{CudaBackend, CudaState, DBuf};
-use backend::{SegRun, MAX_ROWS};
+pub(crate) use graphs::injected_graph_oom;
+pub use graphs::PRESSURE_RETRY;
+use graphs::{DecodeGraph, DecodeSegments, Pressure};
 use snapshot::{recurrent_uploads, upload_f32s};
 
 use crate::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
 use crate::experts::{plan, ExpertIndex, ExpertStore, PlanRequest, RoutingProfile, TierStats};
 use crate::{Device, DeviceReport, EngineError};
-use cuda::{Gpu, Graph, Lane};
+use cuda::{Gpu, Lane};
 use model::{ExecError, Logits, ModelConfig, ModelWeights, Segment};
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use weights::{cuda_err, is_out_of_vram};
 
 /// Tokens per step the scratch arena is sized for with every expert resident (a
@@ -110,8 +114,6 @@ pub const CONTEXT_VRAM: u64 = (1 << 30) + (64 << 20);
 const MAX_LOGIT_ROWS: usize = 64;
 /// The fewest prompt tokens between marks on the GPU (see `min_mark_gap`).
 const MIN_MARK_GAP: usize = 32;
-/// Captured batched decode passes kept at once (one per list of sequences).
-const MAX_ROW_GRAPHS: usize = 64;
 /// VRAM left free for the driver and the CUDA context's own needs.
 const RESERVE: u64 = 512 << 20;
 
@@ -173,35 +175,6 @@ fn verify_tokens(budgets: &Budgets) -> usize {
 /// DeltaNet state after each token but the last.
 fn trail_bytes(cfg: &ModelConfig, verify_tokens: usize) -> usize {
     cfg.recurrent_state_bytes() * verify_tokens.saturating_sub(1)
-}
-
-/// A captured decode step of one sequence: replaying it runs one token.
-struct DecodeGraph {
-    graph: Graph,
-    /// Logits (n_vocab) or the greedy token id (one i32), on the device.
-    out: u64,
-}
-
-/// A tiered decode step of one sequence captured as segments (see `SegRun`).
-struct DecodeSegments {
-    graphs: Vec<Graph>,
-    out: u64,
-}
-
-/// How long after running out of device memory the executor captures no new CUDA
-/// graph (and `/health` warns).
-pub const PRESSURE_RETRY: Duration = Duration::from_secs(30);
-
-/// The GPU ran out of memory while serving: another process took VRAM since
-/// startup (the executor's own buffers were all allocated then). A decode step
-/// whose graph is not captured yet runs the same kernels one by one (the same bits,
-/// slower) until `retry_at`; graphs captured before go on being replayed. It ends
-/// at the first step that completes without running out after `retry_at`.
-struct Pressure {
-    /// What failed, with the free VRAM then.
-    what: String,
-    at: Instant,
-    retry_at: Instant,
 }
 
 pub struct CudaExecutor {
@@ -609,109 +582,6 @@ impl CudaExecutor {
         Ok(base)
     }
 
-    /// Captures the kernels `launch` issues as a graph, with the address of its
-    /// output. Nothing runs on the device meanwhile, so when the capture itself
-    /// fails (the inner error: e.g. out of VRAM to instantiate the graph) the caller
-    /// may launch the same kernels without a graph; the outer error is `launch`'s.
-    fn capture(
-        &mut self,
-        launch: impl FnOnce(&mut Self) -> Result<u64, ExecError>,
-    ) -> Result<Result<DecodeGraph, cuda::CudaError>, ExecError> {
-        if let Err(e) = self.be.gpu.begin_capture() {
-            return Ok(Err(e));
-        }
-        let out = launch(self);
-        // End the capture whatever happened, so the stream is usable again.
-        let graph = self
-            .be
-            .gpu
-            .end_capture()
-            .and_then(|g| injected_graph_oom().map(|()| g));
-        let out = out?;
-        Ok(graph.map(|graph| DecodeGraph { graph, out }))
-    }
-
-    /// A graph could not be captured or launched (`e`, in `op`): out of VRAM, the
-    /// step goes on without it (Ok, after the warning); any other error fails the
-    /// step (a sticky one fatally).
-    fn graph_failed(&mut self, op: &str, e: cuda::CudaError) -> Result<(), ExecError> {
-        if !e.is_out_of_memory() {
-            return Err(cuda_err(op)(e));
-        }
-        self.out_of_vram(&format!("{op}: {e}"));
-        Ok(())
-    }
-
-    /// Notes that the GPU ran out of memory doing `what` (see [`Pressure`]): a
-    /// warning in the log when it starts, then a quiet renewal each time.
-    fn out_of_vram(&mut self, what: &str) {
-        let ordinal = self.ordinal;
-        let free = match self.be.gpu.mem_info() {
-            Ok((free, total)) => format!("{:.2} GiB free of {:.2} GiB", gib(free), gib(total)),
-            Err(_) => "free VRAM unknown".to_string(),
-        };
-        // The remedy is said once, after.
-        let what = what.replace(&format!(": {}", weights::OUT_OF_VRAM), "");
-        let what = format!("cuda:{ordinal}: {what} ({free} then)");
-        let now = Instant::now();
-        if self.pressure.is_none() {
-            tracing::warn!(
-                "{what}: another process took VRAM since scoria started. Decode steps \
-                 whose CUDA graphs are not captured yet run their kernels one by one (the \
-                 same output, slower), and capturing is tried again in {} s; a request \
-                 whose step cannot run fails with this error and the next ones go on. \
-                 Free the GPU, or run scoria with a lower --vram-budget or --parallel",
-                PRESSURE_RETRY.as_secs()
-            );
-        } else {
-            tracing::debug!("{what}: still short of VRAM");
-        }
-        self.pressure = Some(Pressure {
-            what,
-            at: now,
-            retry_at: now + PRESSURE_RETRY,
-        });
-    }
-
-    /// A step completed: the shortage of VRAM is over once it is `PRESSURE_RETRY`
-    /// old (graphs are captured again from this step on).
-    fn end_pressure(&mut self) {
-        if self
-            .pressure
-            .as_ref()
-            .is_some_and(|p| Instant::now() >= p.retry_at)
-        {
-            self.pressure = None;
-            tracing::info!(
-                "cuda:{}: no shortage of VRAM for {} s: decode steps are captured as CUDA \
-                 graphs again",
-                self.ordinal,
-                PRESSURE_RETRY.as_secs()
-            );
-        }
-    }
-
-    /// True while no new graph should be captured (out of VRAM lately).
-    fn capture_paused(&self) -> bool {
-        self.pressure
-            .as_ref()
-            .is_some_and(|p| Instant::now() < p.retry_at)
-    }
-
-    /// One decode token of sequence `s.seq` without a graph: the kernels the
-    /// captured step holds, launched one by one (what `SCORIA_NO_GRAPH` runs).
-    fn decode_eager(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
-        if let Some(t) = &self.be.tiered {
-            // Clears what a failed step left in the routing mailbox.
-            t.begin_token(&self.be.gpu, false)?;
-        }
-        let out = self.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default())?;
-        if let Some(t) = &self.be.tiered {
-            t.end_token(&self.be.gpu)?;
-        }
-        Ok(out)
-    }
-
     /// `SCORIA_TEST_CUDA_FAULT`'s step: a kernel writes to an illegal address, and
     /// the error the synchronisation after it reports (sticky: fatal).
     fn injected_sticky_error(&self) -> ExecError {
@@ -743,37 +613,7 @@ impl CudaExecutor {
         let positions: Vec<usize> = entries.iter().map(|e| e.pos0).collect();
         let states: Vec<&CudaState> = entries.iter().map(|e| &self.states[e.seq]).collect();
         self.be.load_rows(&tokens, &positions, &states)?;
-        let logits = if self.use_graphs {
-            let key: Vec<usize> = entries.iter().map(|e| e.seq).collect();
-            if !self.row_graphs.contains_key(&key) && !self.capture_paused() {
-                if self.row_graphs.len() >= MAX_ROW_GRAPHS {
-                    self.row_graphs.clear();
-                }
-                match self.capture(|ex| ex.launch_rows(entries))? {
-                    Ok(g) => {
-                        self.row_graphs.insert(key.clone(), g);
-                    }
-                    Err(e) => self.graph_failed("capture a batched decode step", e)?,
-                }
-            }
-            let gpu = &self.be.gpu;
-            match self
-                .row_graphs
-                .get(&key)
-                .map(|g| g.graph.launch(gpu).map(|()| g.out))
-            {
-                Some(Ok(out)) => out,
-                Some(Err(e)) => {
-                    // Nothing of it ran: the same kernels without the graph.
-                    self.row_graphs.remove(&key);
-                    self.graph_failed("launch a batched decode step's graph", e)?;
-                    self.launch_rows(entries)?
-                }
-                None => self.launch_rows(entries)?,
-            }
-        } else {
-            self.launch_rows(entries)?
-        };
+        let logits = self.decode_rows(entries)?;
         let gpu = &self.be.gpu;
         let vocab = self.be.cfg.n_vocab;
         let ids: Vec<i32> = if entries.iter().any(|e| !matches!(e.want, Want::Logits(_))) {
@@ -830,117 +670,6 @@ impl CudaExecutor {
             .argmax_rows(logits.ptr, self.be.cfg.n_vocab, rows, self.argmax_out.ptr())
             .map_err(cuda_err("argmax"))?;
         Ok(self.argmax_out.ptr())
-    }
-
-    /// One decode token of sequence `seq` through its captured graph
-    /// (capturing it the first time).
-    /// Without VRAM for the graph (see [`Pressure`]), the same kernels one by one.
-    fn decode_graph(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
-        let slot = usize::from(s.want == Want::Greedy);
-        if self.graphs[s.seq][slot].is_none() {
-            if self.capture_paused() {
-                return self.decode_eager(s);
-            }
-            match self
-                .capture(|ex| ex.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default()))?
-            {
-                Ok(g) => self.graphs[s.seq][slot] = Some(g),
-                Err(e) => {
-                    self.graph_failed("capture a decode step", e)?;
-                    return self.decode_eager(s);
-                }
-            }
-        }
-        let g = self.graphs[s.seq][slot]
-            .as_ref()
-            .ok_or_else(|| ExecError::new("decode", "graph missing"))?;
-        match g.graph.launch(&self.be.gpu) {
-            Ok(()) => Ok(g.out),
-            Err(e) => {
-                // Nothing of it ran: the same kernels without the graph.
-                self.graphs[s.seq][slot] = None;
-                self.graph_failed("launch a decode step's graph", e)?;
-                self.decode_eager(s)
-            }
-        }
-    }
-
-    /// One tiered decode token of sequence `seq`: its device work between the MoE
-    /// layers' host parts replayed from graph segments (captured the first time).
-    /// Out of VRAM for a segment's graph (see [`Pressure`]): when no segment of
-    /// the step has run yet, the step runs its kernels one by one instead; past the
-    /// first segment the step fails (its state is part-way; the scheduler starts
-    /// the slot over).
-    fn decode_segments(&mut self, s: &SeqStep) -> Result<u64, ExecError> {
-        let slot = usize::from(s.want == Want::Greedy);
-        if self.segments[s.seq][slot].is_none() && self.capture_paused() {
-            return self.decode_eager(s);
-        }
-        let cached = self.segments[s.seq][slot].take();
-        let record = cached.is_none();
-        let (graphs, recorded_out) = cached.map_or((Vec::new(), None), |c| (c.graphs, Some(c.out)));
-        *self.be.seg.borrow_mut() = Some(SegRun {
-            record,
-            graphs,
-            next: 0,
-        });
-        let gpu = &self.be.gpu;
-        if let Some(t) = &self.be.tiered {
-            t.begin_token(gpu, !record)?;
-        }
-        let begin = if record {
-            gpu.begin_capture()
-                .map_err(cuda_err("capture a step segment"))
-        } else {
-            gpu.set_skip(true);
-            Ok(())
-        };
-        let out = begin
-            .and_then(|()| self.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default()))
-            .and_then(|out| self.be.seg_break().map(|()| out));
-        let run = self.be.seg.borrow_mut().take();
-        let gpu = &self.be.gpu;
-        gpu.set_skip(false);
-        if gpu.is_capturing() {
-            // A failure mid-capture: close it so the stream is usable again.
-            let _ = gpu.end_capture();
-        }
-        let out = match out {
-            Err(e) if is_out_of_vram(&e) => {
-                self.out_of_vram(&e.to_string());
-                if run.as_ref().is_some_and(|r| r.graphs.is_empty()) {
-                    // No segment ran: the same kernels without graphs.
-                    return self.decode_eager(s);
-                }
-                return Err(e);
-            }
-            out => out?,
-        };
-        let run = run.ok_or_else(|| ExecError::new("decode", "segment state missing"))?;
-        if recorded_out.is_some_and(|o| o != out) {
-            return Err(ExecError::new(
-                "decode",
-                "the replayed step's output is not where the captured one wrote it",
-            ));
-        }
-        if !record && run.next != run.graphs.len() {
-            return Err(ExecError::new(
-                "decode",
-                format!(
-                    "the step ran {} of its {} captured segments",
-                    run.next,
-                    run.graphs.len()
-                ),
-            ));
-        }
-        self.segments[s.seq][slot] = Some(DecodeSegments {
-            graphs: run.graphs,
-            out,
-        });
-        if let Some(t) = &self.be.tiered {
-            t.end_token(&self.be.gpu)?;
-        }
-        Ok(out)
     }
 
     fn read_out(&self, out: u64, want: Want, rows: usize) -> Result<StepOut, ExecError> {
@@ -1231,23 +960,6 @@ impl CudaExecutor {
             };
             self.read_out(out, want, rows)
         })
-    }
-}
-
-/// The fault-injection hook of a graph's instantiation (`fault::Site::GpuGraph`):
-/// an injected fault fails it as the driver does when VRAM is short. Nothing
-/// without the `fault-injection` feature.
-pub(crate) fn injected_graph_oom() -> Result<(), cuda::CudaError> {
-    match crate::fault::hit(
-        crate::fault::Site::GpuGraph,
-        std::path::Path::new("cuda graph"),
-        0,
-    ) {
-        Some(_) => Err(cuda::CudaError::Driver {
-            call: "cuGraphInstantiate".into(),
-            code: "CUDA_ERROR_OUT_OF_MEMORY (out of memory; injected by a test)".into(),
-        }),
-        None => Ok(()),
     }
 }
 
