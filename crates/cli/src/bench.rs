@@ -13,8 +13,10 @@
 //!   `Timings::prompt_ms`: from the start of that evaluation until the logits of the
 //!   last prompt position are on the host. t/s = N / that time.
 //! * `tgN @ dD`: one request whose prompt is max(D, 1) random ids (evaluated, not
-//!   timed), decoded greedily with `stop_at_eog = false` (end-of-generation tokens are
-//!   ignored, as `scoria run --ignore-eos` does) and `max_tokens = N + 1`. The engine's
+//!   timed), decoded greedily (or as `--temp`, `--top-k`, `--top-p`, `--min-p` say,
+//!   each token drawn where the logits are, as a chat request's) with
+//!   `stop_at_eog = false` (end-of-generation tokens are ignored, as
+//!   `scoria run --ignore-eos` does) and `max_tokens = N + 1`. The engine's
 //!   `Timings::predicted_ms` covers everything after the prompt step: N one-token
 //!   forward steps, at positions max(D, 1) .. max(D, 1) + N - 1, and the greedy pick of
 //!   N + 1 tokens (the last one is picked but never fed). Plain greedy sampling lets
@@ -105,6 +107,19 @@ pub struct BenchArgs {
     /// use a schema the output cannot finish within the test (an unbounded array).
     #[arg(long = "json-schema", value_name = "FILE")]
     pub json_schema: Option<PathBuf>,
+    /// Generation tests sample at this temperature (0: greedy), as a chat request
+    /// does; the report records the sampling settings.
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Generation tests keep the k most likely tokens (0: all).
+    #[arg(long = "top-k", default_value_t = 0)]
+    pub top_k: usize,
+    /// Generation tests keep the smallest set of tokens holding this probability.
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Generation tests drop tokens less likely than this share of the best one's.
+    #[arg(long = "min-p", default_value_t = 0.0)]
+    pub min_p: f32,
     /// Where and how the engine runs (the settings `serve` has too).
     #[command(flatten)]
     pub engine: server::settings::EngineArgs,
@@ -243,13 +258,20 @@ impl Sample {
     }
 }
 
-fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
+/// A request of the run: `sampling` (greedy unless the sampling flags say otherwise,
+/// no penalties) with `seed`.
+fn request(
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    seed: u64,
+    sampling: &SamplingParams,
+) -> GenerateRequest {
     GenerateRequest {
         prompt,
         max_tokens,
         sampling: SamplingParams {
             seed: Some(seed),
-            ..Default::default() // temperature 0: greedy, no penalties
+            ..sampling.clone()
         },
         stop_at_eog: false,
         constraint: None,
@@ -266,6 +288,7 @@ fn run_once(
     t: &TestSpec,
     ids: &[u32],
     seed: u64,
+    sampling: &SamplingParams,
     constraint: Option<&engine::constraint::Constraint>,
 ) -> Result<Sample> {
     eng.reset()?;
@@ -273,9 +296,12 @@ fn run_once(
     if t.n_gen == 0 {
         let d = t.n_depth;
         if d > 0 {
-            eng.generate(&request(ids[..d].to_vec(), 0, seed), &mut keep_going)?;
+            eng.generate(
+                &request(ids[..d].to_vec(), 0, seed, sampling),
+                &mut keep_going,
+            )?;
         }
-        let c = eng.generate(&request(ids.to_vec(), 0, seed), &mut keep_going)?;
+        let c = eng.generate(&request(ids.to_vec(), 0, seed, sampling), &mut keep_going)?;
         let tm = &c.timings;
         if tm.prompt_n != t.n_prompt || tm.cache_n != d {
             bail!(
@@ -288,7 +314,7 @@ fn run_once(
         }
         Sample::from_ms(t.n_prompt, tm.prompt_ms)
     } else {
-        let mut req = request(ids.to_vec(), t.n_gen + 1, seed);
+        let mut req = request(ids.to_vec(), t.n_gen + 1, seed, sampling);
         req.constraint = constraint.cloned();
         let c = eng.generate(&req, &mut keep_going)?;
         if c.timings.predicted_n != t.n_gen + 1 || c.finish != FinishReason::Length {
@@ -339,6 +365,7 @@ fn run_streams(
     t: &TestSpec,
     streams: &[Vec<u32>],
     seed: u64,
+    sampling: &SamplingParams,
     check: bool,
 ) -> Result<Sample> {
     eng.reset()?;
@@ -346,7 +373,7 @@ fn run_streams(
     for ids in streams {
         if ids.len() > 1 {
             eng.generate(
-                &request(ids[..ids.len() - 1].to_vec(), 0, seed),
+                &request(ids[..ids.len() - 1].to_vec(), 0, seed, sampling),
                 &mut keep_going,
             )?;
         }
@@ -358,7 +385,7 @@ fn run_streams(
     let t0 = std::time::Instant::now();
     for (ids, out) in streams.iter().zip(&outs) {
         eng.submit(
-            request(ids.clone(), t.n_gen + 1, seed),
+            request(ids.clone(), t.n_gen + 1, seed, sampling),
             Box::new(Collect(out.clone())),
         );
     }
@@ -385,7 +412,10 @@ fn run_streams(
     if check {
         for (k, ids) in streams.iter().enumerate() {
             eng.reset()?;
-            let alone = eng.generate(&request(ids.clone(), t.n_gen + 1, seed), &mut keep_going)?;
+            let alone = eng.generate(
+                &request(ids.clone(), t.n_gen + 1, seed, sampling),
+                &mut keep_going,
+            )?;
             if alone.tokens != got[k] {
                 let at = alone
                     .tokens
@@ -434,6 +464,10 @@ impl Sink {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    // `scoria run`'s ranges (the server's).
+    crate::run::check_range("temp", a.temperature, 0.0, 2.0)?;
+    crate::run::check_range("top-p", a.top_p, 0.0, 1.0)?;
+    crate::run::check_range("min-p", a.min_p, 0.0, 1.0)?;
     if let Some(n) = a.engine.threads {
         engine::check_threads(n)?;
     }
@@ -510,6 +544,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Some(engine::constraint::Constraint::new(g))
         }
     };
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        ..Default::default()
+    };
+    if sampling.temperature > 0.0 {
+        eprintln!(
+            "scoria bench: generation tests sample: temperature {}, top-k {}, top-p {}, min-p {}",
+            sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+        );
+    }
     let device = eng.device_report();
     let threads = rayon::current_num_threads();
     eprintln!(
@@ -570,10 +617,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 let streams: Vec<Vec<u32>> = (0..t.n_streams)
                     .map(|k| random_ids(a.seed ^ ((k as u64) << 32), i, run, len, n_vocab))
                     .collect();
-                run_streams(&mut eng, t, &streams, a.seed ^ run, run == 0)
+                run_streams(&mut eng, t, &streams, a.seed ^ run, &sampling, run == 0)
             } else {
                 let ids = random_ids(a.seed, i, run, len, n_vocab);
-                run_once(&mut eng, t, &ids, a.seed ^ run, constraint.as_ref())
+                run_once(
+                    &mut eng,
+                    t,
+                    &ids,
+                    a.seed ^ run,
+                    &sampling,
+                    constraint.as_ref(),
+                )
             }
             .with_context(|| format!("test {label}, run {run}"))?;
             if run > 0 {
@@ -638,6 +692,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         build_commit: std::env::var("SCORIA_COMMIT")
             .unwrap_or_else(|_| env!("SCORIA_BUILD_COMMIT").into()),
         ram_read_bps,
+        sampling,
         tests: results,
     };
     let text = match a.format {

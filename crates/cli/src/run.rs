@@ -66,7 +66,7 @@ pub struct RunArgs {
     pub engine: server::settings::EngineArgs,
 }
 
-fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
+pub(crate) fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
     if !(lo..=hi).contains(&v) || v.is_nan() {
         bail!("--{name} {v} is out of range [{lo}, {hi}]");
     }
@@ -192,20 +192,21 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
         logits_pass_ms = Some(t.elapsed().as_secs_f64() * 1000.0);
         all_logits.truncate((prompt.len() - 1) * n_vocab);
     }
-    let completion = eng.generate_with_logits(
-        &req,
-        &mut |ev| {
-            let piece = dec.push(ev.token);
-            let _ = stdout.write_all(piece.as_bytes());
-            let _ = stdout.flush();
-            Flow::Continue
-        },
-        &mut |l| {
-            if want_logits {
-                all_logits.extend_from_slice(l);
-            }
-        },
-    )?;
+    let mut on_token = |ev: &engine::TokenEvent| {
+        let piece = dec.push(ev.token);
+        let _ = stdout.write_all(piece.as_bytes());
+        let _ = stdout.flush();
+        Flow::Continue
+    };
+    // Without a dump nothing asks for the logits: the executor picks each token where
+    // they are (on a GPU only the id comes back), as the server does.
+    let completion = if want_logits {
+        eng.generate_with_logits(&req, &mut on_token, &mut |l| {
+            all_logits.extend_from_slice(l)
+        })?
+    } else {
+        eng.generate(&req, &mut on_token)?
+    };
     let _ = stdout.write_all(dec.finish().as_bytes());
     println!();
     let mut tm = completion.timings.clone();

@@ -5,8 +5,8 @@
 
 #include "sc_common.cuh"
 #include "scoria_math.cuh"
+#include "sc_argmax.cuh"
 
-#define SC_FULL 0xffffffffu
 
 // Row reductions run one block per row: the block stages the row's terms (squares or
 // products) in shared memory in one coalesced pass, then warp 0 runs the canonical
@@ -158,53 +158,10 @@ extern "C" __global__ void __launch_bounds__(256) swiglu(const float* g, const f
   }
 }
 
-// The greedy choice, as engine::sampler::argmax: the lowest index of the largest value
-// among those greater than -inf; NaN never wins; 0 when no value qualifies (all NaN or
-// -inf). One block of 1024 threads.
-__device__ __forceinline__ void sc_better(float& bv, int& bi, float v, int i) {
-  if (v > bv || (v == bv && i < bi)) {
-    bv = v;
-    bi = i;
-  }
-}
-
+// The greedy choice of each row (sc_row_argmax in sc_argmax.cuh). One block of 1024
+// threads a row: block b takes row b (n values) and writes out_idx[b].
 extern "C" __global__ void __launch_bounds__(1024) argmax(const float* __restrict__ x, int n,
                                                           int* __restrict__ out_idx) { sc_pdl_enter();
-  // Block b takes row b (n values) and writes out_idx[b].
-  x += (size_t)blockIdx.x * n;
-  out_idx += blockIdx.x;
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  // Increasing i within a thread: strict > keeps the lowest index of equal values.
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = x[i];
-    if (v > bv) {
-      bv = v;
-      bi = i;
-    }
-  }
-  for (int w = 16; w > 0; w >>= 1) {
-    const float ov = __shfl_xor_sync(SC_FULL, bv, w);
-    const int oi = __shfl_xor_sync(SC_FULL, bi, w);
-    sc_better(bv, bi, ov, oi);
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) {
-    sv[warp] = bv;
-    si[warp] = bi;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const int nw = blockDim.x >> 5;
-    bv = lane < nw ? sv[lane] : -INFINITY;
-    bi = lane < nw ? si[lane] : 0x7fffffff;
-    for (int w = 16; w > 0; w >>= 1) {
-      const float ov = __shfl_xor_sync(SC_FULL, bv, w);
-      const int oi = __shfl_xor_sync(SC_FULL, bi, w);
-      sc_better(bv, bi, ov, oi);
-    }
-    if (lane == 0) out_idx[0] = bi == 0x7fffffff ? 0 : bi;
-  }
+  const int best = sc_row_argmax(x + (size_t)blockIdx.x * n, n);
+  if (threadIdx.x == 0) out_idx[blockIdx.x] = best;
 }

@@ -133,6 +133,7 @@ kernels! {
     Add = "add",
     Swiglu = "swiglu",
     Argmax = "argmax",
+    SampleRows = "sample_rows",
     RouteTopk = "route_topk",
     RouterF32R = "router_f32_r",
     RouterF16R = "router_f16_r",

@@ -22,6 +22,10 @@ pub enum Want {
     /// The greedy token of every position ([`StepOut::Tokens`]): a verify step of a
     /// plain greedy request, whose rows need only their argmax.
     GreedyRows,
+    /// The token [`SeqStep::draw`] picks from the last position's logits
+    /// (`sampler::sample_with`), chosen where the logits are, so only the id comes back
+    /// ([`StepOut::Token`]).
+    Sample,
 }
 
 impl Want {
@@ -29,7 +33,7 @@ impl Want {
     pub fn logits(self) -> Logits {
         match self {
             Want::Logits(w) => w,
-            Want::Greedy => Logits::Last,
+            Want::Greedy | Want::Sample => Logits::Last,
             Want::GreedyRows => Logits::All,
         }
     }
@@ -45,6 +49,16 @@ pub struct SeqStep<'a> {
     /// Image rows and multimodal rotary positions (a prompt with images; the
     /// default: text).
     pub media: model::Media<'a>,
+    /// What [`Want::Sample`] samples with (None for every other want).
+    pub draw: Option<&'a crate::sampler::Draw>,
+}
+
+impl SeqStep<'_> {
+    /// The draw of a [`Want::Sample`] entry.
+    pub fn sample_draw(&self) -> Result<&crate::sampler::Draw, ExecError> {
+        self.draw
+            .ok_or_else(|| ExecError::new("step", "a sampled entry came without its draw"))
+    }
 }
 
 /// One entry's outcome in [`Executor::step_each`].

@@ -1,13 +1,36 @@
 //! Token selection: greedy, or temperature sampling filtered by top-k, top-p and
-//! min-p, after penalties and logit bias.
+//! min-p, after penalties and logit bias — one definition, computed the same way
+//! by the CPU (here) and the GPU (`crates/cuda/kernels/sample.cu`), so a seed gives
+//! the same tokens on every device, in every batch and under speculation.
 //!
-//! Order of operations (fixed, so a seed reproduces a request): logit bias →
-//! repetition penalty → presence/frequency penalties → (greedy: argmax, lowest
-//! id on ties) → temperature → top-k → softmax → top-p → min-p → renormalise →
-//! draw with the seeded generator.
+//! # The definition
+//! A request's [`Sampler`] turns its settings and history into a [`Draw`] for the
+//! token at sequence index `pos` (prompt tokens count; the first generated token's
+//! `pos` is the prompt's length). [`sample_with`] then picks from the logits:
+//! 1. **Edits** ([`Edit`], one per token id, in this order): the sum of the
+//!    request's logit biases for the id (in request order) is added; the repetition
+//!    penalty divides a positive logit and multiplies a non-positive one, for ids
+//!    among the last `repeat_last_n` tokens; `presence + frequency × count` is
+//!    subtracted for generated ids. `e` = the edited logits.
+//! 2. **Greedy** (temperature ≤ 0), no finite logit, or a +inf one: [`argmax`] of `e`.
+//! 3. **Weights.** `m` = the largest finite `e`; a finite logit's weight is
+//!    `w = ⌊exp((e − m) / T) · 2³¹⌋` (an integer; `exp` is `model::math::exp`, the
+//!    CPU's and GPU's same bits; 0 below `(e − m)/T < −22`), so the best token
+//!    weighs exactly 2³¹ and every later sum is an exact integer: no summation
+//!    order to agree on.
+//! 4. **Rank**: by `e` descending (−0 = +0), the lower id first on ties.
+//!    **top-k** keeps the first k finite logits of that rank; **min-p** drops
+//!    weights below `⌈min_p · 2³¹⌉`.
+//! 5. **top-p**: `need = ⌈top_p · S⌉` (f64, clamped to 1..=S; S = the kept
+//!    weights' sum); the nucleus is the shortest prefix of the rank whose weights
+//!    reach `need`.
+//! 6. **Draw**: `r = ⌊bits · S_n / 2⁶⁴⌋` with `bits` = [`draw_bits`]`(seed, pos)`
+//!    (a counter-based hash: no generator state, so a verify row, a batched row
+//!    and a plain step at the same position draw the same number) and `S_n` the
+//!    nucleus's weight; the token is the first id, in id order, at which the
+//!    running sum of nucleus weights passes `r`.
 
-use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Sampling settings for one request. `temperature <= 0` is greedy (argmax,
 /// lowest id wins a tie) and ignores the rest except penalties and logit bias.
@@ -49,9 +72,86 @@ impl Default for SamplingParams {
     }
 }
 
+pub use model::math::{sample_weight, SAMPLE_WEIGHT_ONE as WEIGHT_ONE};
+
+/// The change one token's logit gets before sampling (module docs, step 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Edit {
+    pub id: u32,
+    /// Added first (the sum of the request's biases for the id; 0.0 = none).
+    pub add: f32,
+    /// Then a positive logit is divided by it, another multiplied (1.0 = none).
+    pub repeat: f32,
+    /// Then subtracted (presence and frequency penalties; 0.0 = none).
+    pub sub: f32,
+}
+
+impl Edit {
+    #[inline]
+    pub fn apply(&self, v: f32) -> f32 {
+        let mut v = v + self.add;
+        if self.repeat != 1.0 {
+            v = if v > 0.0 {
+                v / self.repeat
+            } else {
+                v * self.repeat
+            };
+        }
+        v - self.sub
+    }
+}
+
+/// Everything [`sample_with`] needs for one position (module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draw {
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// 1.0 or more = off.
+    pub top_p: f32,
+    /// Weights below this are dropped (min-p; 0 = off).
+    pub min_w: u32,
+    /// [`draw_bits`] of the request's seed and the position.
+    pub bits: u64,
+    /// At most one per id, ascending ids.
+    pub edits: Vec<Edit>,
+}
+
+impl Draw {
+    /// The logits after the edits (a copy only when there are edits).
+    fn edited<'a>(&self, logits: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        if self.edits.is_empty() {
+            return std::borrow::Cow::Borrowed(logits);
+        }
+        let mut l = logits.to_vec();
+        for e in &self.edits {
+            if let Some(v) = l.get_mut(e.id as usize) {
+                *v = e.apply(*v);
+            }
+        }
+        std::borrow::Cow::Owned(l)
+    }
+}
+
+/// SplitMix64's finaliser.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The random number a request with `seed` draws for the token at sequence index
+/// `pos`: a hash of both, so it depends on nothing else.
+pub fn draw_bits(seed: u64, pos: u64) -> u64 {
+    mix64(mix64(seed) ^ pos)
+}
+
 pub struct Sampler {
     params: SamplingParams,
-    rng: rand::rngs::StdRng,
+    seed: u64,
+    /// Sequence index of the next token to be chosen.
+    pos: u64,
     /// Counts of generated tokens, for presence/frequency penalties.
     counts: HashMap<u32, u32>,
     /// Recent tokens (prompt tail and generated) for the repetition penalty.
@@ -64,7 +164,8 @@ impl Sampler {
         let recent = prompt[prompt.len().saturating_sub(keep)..].to_vec();
         Sampler {
             params: params.clone(),
-            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            seed,
+            pos: prompt.len() as u64,
             counts: HashMap::new(),
             recent,
         }
@@ -85,6 +186,7 @@ impl Sampler {
     pub fn accept(&mut self, token: u32) {
         *self.counts.entry(token).or_insert(0) += 1;
         self.recent.push(token);
+        self.pos += 1;
         let keep = self.params.repeat_last_n;
         if self.recent.len() > keep {
             let drop = self.recent.len() - keep;
@@ -92,262 +194,170 @@ impl Sampler {
         }
     }
 
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// The draw for the next token (module docs), for [`sample_with`] here or the
+    /// same computation on a device.
+    pub fn draw(&self) -> Draw {
         let p = &self.params;
-        let repeat = p.repeat_penalty != 1.0 && p.repeat_last_n > 0;
-        let presence = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
-        // A copy only when something edits the logits.
-        let mut edited = Vec::new();
-        let l: &[f32] = if p.logit_bias.is_empty() && !repeat && !presence {
-            logits
+        let mut edits: BTreeMap<u32, Edit> = BTreeMap::new();
+        fn at(m: &mut BTreeMap<u32, Edit>, id: u32) -> &mut Edit {
+            m.entry(id).or_insert(Edit {
+                id,
+                add: 0.0,
+                repeat: 1.0,
+                sub: 0.0,
+            })
+        }
+        for &(id, bias) in &p.logit_bias {
+            at(&mut edits, id).add += bias;
+        }
+        if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
+            for &id in &self.recent {
+                at(&mut edits, id).repeat = p.repeat_penalty;
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&id, &c) in &self.counts {
+                at(&mut edits, id).sub = p.presence_penalty + p.frequency_penalty * c as f32;
+            }
+        }
+        let min_w = if p.min_p > 0.0 {
+            (p.min_p as f64 * WEIGHT_ONE as f64)
+                .ceil()
+                .min(WEIGHT_ONE as f64) as u32
         } else {
-            edited.extend_from_slice(logits);
-            for &(id, bias) in &p.logit_bias {
-                if let Some(v) = edited.get_mut(id as usize) {
-                    *v += bias;
-                }
-            }
-            if repeat {
-                let mut seen: Vec<u32> = self.recent.clone();
-                seen.sort_unstable();
-                seen.dedup();
-                for id in seen {
-                    if let Some(v) = edited.get_mut(id as usize) {
-                        *v = if *v > 0.0 {
-                            *v / p.repeat_penalty
-                        } else {
-                            *v * p.repeat_penalty
-                        };
-                    }
-                }
-            }
-            if presence {
-                for (&id, &c) in &self.counts {
-                    if let Some(v) = edited.get_mut(id as usize) {
-                        *v -= p.presence_penalty + p.frequency_penalty * c as f32;
-                    }
-                }
-            }
-            &edited
+            0
         };
-        if p.temperature <= 0.0 {
-            return argmax(l);
+        Draw {
+            temperature: p.temperature,
+            top_k: p.top_k.min(u32::MAX as usize) as u32,
+            top_p: p.top_p,
+            min_w,
+            bits: draw_bits(self.seed, self.pos),
+            edits: edits.into_values().collect(),
         }
-        let Some(mut d) = Ranked::new(l, p.temperature, p.top_k) else {
-            return argmax(l);
-        };
-        let n = d.len();
-        let mut keep = n;
-        if p.top_p < 1.0 {
-            // The smallest prefix whose mass reaches top_p (else everything).
-            let mut acc = 0.0f32;
-            let mut i = 0;
-            while i < n && !d.tail_cannot_change(i, acc) {
-                acc += d.prob(i);
-                if acc >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
-                i += 1;
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = d.prob(0) * p.min_p;
-            let mut k = 0;
-            // Past the ranked prefix every probability is below TAIL_MAX.
-            while k < keep && !(k == d.ranked && floor > TAIL_MAX) && d.prob(k) >= floor {
-                k += 1;
-            }
-            keep = k.max(1);
-        }
-        let mut total = 0.0f32;
-        let mut i = 0;
-        while i < keep && !d.tail_cannot_change(i, total) {
-            total += d.prob(i);
-            i += 1;
-        }
-        let mut r: f32 = self.rng.random::<f32>() * total;
-        for i in 0..keep {
-            let pr = d.prob(i);
-            if r < pr {
-                return d.id(i);
-            }
-            r -= pr;
-        }
-        d.id(keep - 1)
+    }
+
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        sample_with(&self.draw(), logits)
     }
 }
 
-/// Candidates whose logit, after temperature, is more than this below the best one's
-/// have e^(l − max) < 1.6e-8: added to a running sum of at least 0.5 (the softmax
-/// sum starts at e^0 = 1; the mass of the ranked prefix is ≈ 1), such a term rounds
-/// away (it is below half an ulp, 2^-25), wherever it comes in the sum.
-const TAIL_CUTOFF: f32 = -18.0;
-/// A bound on every tail probability: e^-18 / sum, sum ≥ 1.
-const TAIL_MAX: f32 = 2.9e-8;
+/// `⌈top_p · total⌉` in f64, within 1..=total (module docs, step 5).
+pub fn top_p_need(top_p: f32, total: u64) -> u64 {
+    ((top_p as f64 * total as f64).ceil() as u64).clamp(1, total.max(1))
+}
+
+/// The token `draw` picks from `logits` (module docs).
+pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
+    let l = draw.edited(logits);
+    let l: &[f32] = &l;
+    if draw.temperature <= 0.0 {
+        return argmax(l);
+    }
+    // The largest value: finite unless every value is NaN or -inf (no candidate) or
+    // one is +inf; both cases are the argmax's.
+    let best = argmax(l);
+    let m = l[best as usize];
+    if !m.is_finite() {
+        return best;
+    }
+    let t = draw.temperature;
+    let keep = |w: u32| if w < draw.min_w { 0 } else { w };
+    let draw_at = |s_n: u64| ((draw.bits as u128 * s_n as u128) >> 64) as u64;
+    // The kept candidates with a weight, in id order.
+    let k = draw.top_k as usize;
+    let cand: Vec<(u32, f32, u32)> = if k > 0 && k < l.iter().filter(|v| v.is_finite()).count() {
+        let finite = l
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, v));
+        top_k_of(finite, k)
+            .into_iter()
+            .map(|(id, v)| (id, v, keep(sample_weight(v, m, t))))
+            .filter(|c| c.2 > 0)
+            .collect()
+    } else {
+        // Every weight, in one vectorised pass.
+        thread_local! {
+            static WEIGHTS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let direct = WEIGHTS.with_borrow_mut(|w| {
+            w.resize(l.len(), 0);
+            model::math::sample_weights(l, m, t, w);
+            if draw.top_p < 1.0 {
+                return Err(w
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, &w)| {
+                        let w = keep(w);
+                        (w > 0).then_some((i as u32, l[i], w))
+                    })
+                    .collect());
+            }
+            // No top-p: the draw walks the weights themselves, a chunk's sum at a time.
+            const CHUNK: usize = 4096;
+            let sum = |c: &[u32]| c.iter().map(|&w| keep(w) as u64).sum::<u64>();
+            let r = draw_at(sum(w));
+            let mut acc = 0u64;
+            for (ci, c) in w.chunks(CHUNK).enumerate() {
+                let s = sum(c);
+                if r < acc + s {
+                    let at = c.iter().position(|&w| {
+                        acc += keep(w) as u64;
+                        r < acc
+                    });
+                    return Ok(at.map(|i| ci * CHUNK + i));
+                }
+                acc += s;
+            }
+            Ok(None)
+        });
+        match direct {
+            Ok(Some(i)) => return i as u32,
+            // Not reached: the best candidate weighs 2^31 > r.
+            Ok(None) => return best,
+            Err(cand) => cand,
+        }
+    };
+    let total: u64 = cand.iter().map(|c| c.2 as u64).sum();
+    let mut member = vec![true; cand.len()];
+    if draw.top_p < 1.0 {
+        let need = top_p_need(draw.top_p, total);
+        // Ranked by value; the first component is the index into `cand` (ascending,
+        // so ties keep id order).
+        let mut ranked: Vec<(u32, f32)> = cand
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i as u32, c.1))
+            .collect();
+        sort_ranked(&mut ranked);
+        member.iter_mut().for_each(|m| *m = false);
+        let mut acc = 0u64;
+        for &(i, _) in &ranked {
+            member[i as usize] = true;
+            acc += cand[i as usize].2 as u64;
+            if acc >= need {
+                break;
+            }
+        }
+    }
+    let kept = || cand.iter().zip(&member).filter(|c| *c.1).map(|c| c.0);
+    let r = draw_at(kept().map(|c| c.2 as u64).sum());
+    let mut acc = 0u64;
+    for c in kept() {
+        acc += c.2 as u64;
+        if r < acc {
+            return c.0;
+        }
+    }
+    // Not reached: the best candidate is always kept, so s_n ≥ 2^31 > r.
+    best
+}
 
 /// top-k of at most this many candidates keeps them in a heap during one pass over
 /// the logits; a larger k selects over all candidates.
 const HEAP_TOP_K: usize = 1024;
-
-/// The softmax over the candidates, ranked only as far as it matters.
-///
-/// The sampler's arithmetic is fixed (module docs): candidates (finite logits divided
-/// by the temperature) in descending order, lower id first on ties; after top-k,
-/// `sum = Σ e^(l_i − max)` in that order, each probability `e^(l_i − max) / sum`, and
-/// the top-p, min-p and draw walks in that order. Sorting a 150k–250k vocabulary and
-/// taking every exponential each token cost more than the model step, and nearly all
-/// of it is tail whose terms round away. So top-k is a selection, only candidates
-/// within [`TAIL_CUTOFF`] of the best are listed and ranked up front (a radix sort
-/// when there are many, as in a flat distribution), and the rest are listed and
-/// ranked only if a walk reaches them with a sum their terms could still change. The
-/// choices are the full sort's, bit for bit (`tests::matches_the_full_sort_sampler`).
-struct Ranked<'a> {
-    logits: &'a [f32],
-    temperature: f32,
-    /// `cand[..ranked]`: the best candidates in final order; the rest rank below them.
-    cand: Vec<(u32, f32)>,
-    /// Tail candidates not in `cand` yet (still only in `logits`).
-    unlisted: usize,
-    /// `probs[i]` for i < ranked.
-    probs: Vec<f32>,
-    ranked: usize,
-    max: f32,
-    sum: f32,
-}
-
-impl<'a> Ranked<'a> {
-    /// The candidates of `logits` at `temperature`, the best `top_k` of them (0 = all);
-    /// `None` when no logit is finite.
-    fn new(logits: &'a [f32], temperature: f32, top_k: usize) -> Option<Ranked<'a>> {
-        let cand_of = |i: usize, v: f32| (i as u32, v / temperature);
-        let (n_finite, raw_max) = logits
-            .iter()
-            .filter(|v| v.is_finite())
-            .fold((0usize, f32::NEG_INFINITY), |(n, m), &v| (n + 1, m.max(v)));
-        if n_finite == 0 {
-            return None;
-        }
-        // Dividing by a positive temperature keeps the order, so this is the
-        // largest candidate exactly.
-        let max = raw_max / temperature;
-        let mut d = Ranked {
-            logits,
-            temperature,
-            cand: Vec::new(),
-            unlisted: 0,
-            probs: Vec::new(),
-            ranked: 0,
-            max,
-            sum: 0.0,
-        };
-        let finite = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| cand_of(i, v));
-        if !max.is_finite() {
-            // ±inf after the division: no tail bound holds; rank everything.
-            d.cand = finite.collect();
-            if top_k > 0 && top_k < n_finite {
-                d.cand.select_nth_unstable_by(top_k - 1, order);
-                d.cand.truncate(top_k);
-                d.cand.sort_unstable_by_key(|c| c.0);
-            }
-            sort_ranked(&mut d.cand);
-            d.ranked = d.cand.len();
-        } else if top_k > 0 && top_k < n_finite {
-            let mut kept = top_k_of(finite, top_k);
-            // Stable split: ids stay ascending for the radix sort's tie order.
-            let mut tail = Vec::new();
-            kept.retain(|c| {
-                let head = in_head(c.1, max);
-                if !head {
-                    tail.push(*c);
-                }
-                head
-            });
-            sort_ranked(&mut kept);
-            d.ranked = kept.len();
-            kept.extend(tail);
-            d.cand = kept;
-        } else {
-            d.cand = Vec::with_capacity(n_finite);
-            d.cand.extend(finite.filter(|c| in_head(c.1, max)));
-            sort_ranked(&mut d.cand);
-            d.ranked = d.cand.len();
-            d.unlisted = n_finite - d.ranked;
-        }
-        d.probs = d.cand[..d.ranked]
-            .iter()
-            .map(|c| (c.1 - max).exp())
-            .collect();
-        // The tail adds nothing to this sum (see TAIL_CUTOFF), so it ends here.
-        d.sum = d.probs.iter().sum();
-        let sum = d.sum;
-        d.probs.iter_mut().for_each(|x| *x /= sum);
-        Some(d)
-    }
-
-    fn len(&self) -> usize {
-        self.cand.len() + self.unlisted
-    }
-
-    /// Lists and ranks the tail (once, if a walk gets there).
-    fn rank_all(&mut self) {
-        if self.unlisted > 0 {
-            let t = self.temperature;
-            let tail: Vec<(u32, f32)> = self
-                .logits
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| v.is_finite())
-                .map(|(i, &v)| (i as u32, v / t))
-                .filter(|c| !in_head(c.1, self.max))
-                .collect();
-            debug_assert_eq!(tail.len(), self.unlisted);
-            self.cand.extend(tail);
-            self.unlisted = 0;
-        }
-        if self.ranked == self.cand.len() {
-            return;
-        }
-        self.cand[self.ranked..].sort_unstable_by(order);
-        let (max, sum) = (self.max, self.sum);
-        self.probs.extend(
-            self.cand[self.ranked..]
-                .iter()
-                .map(|c| (c.1 - max).exp() / sum),
-        );
-        self.ranked = self.cand.len();
-    }
-
-    fn prob(&mut self, i: usize) -> f32 {
-        if i >= self.ranked {
-            self.rank_all();
-        }
-        self.probs[i]
-    }
-
-    fn id(&mut self, i: usize) -> u32 {
-        if i >= self.ranked {
-            self.rank_all();
-        }
-        self.cand[i].0
-    }
-
-    /// True when a running sum `acc` of the probabilities in rank order has reached
-    /// the unranked tail (i == ranked) and no tail term can change it: each is below
-    /// TAIL_MAX < 2^-25, at most half an ulp of any acc ≥ 0.5.
-    fn tail_cannot_change(&self, i: usize, acc: f32) -> bool {
-        i == self.ranked && i < self.len() && acc.is_finite() && acc >= 0.5
-    }
-}
-
-/// Whether a candidate (logit after temperature) is within the cutoff of the best.
-fn in_head(v: f32, max: f32) -> bool {
-    v - max >= TAIL_CUTOFF
-}
 
 /// Descending by logit; ties keep the lower id first (a total order: ids differ).
 fn order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
@@ -530,58 +540,71 @@ pub fn argmax(l: &[f32]) -> u32 {
 mod tests {
     use super::*;
 
-    /// The sampler's temperature path as it was before the ranked softmax: every
-    /// candidate sorted, every probability computed. The new one must choose the same.
-    fn full_sort_sample(p: &SamplingParams, rng: &mut rand::rngs::StdRng, l: &[f32]) -> u32 {
+    use rand::{Rng, SeedableRng};
+
+    /// The definition in the module docs, step by step, without the shortcuts:
+    /// every finite logit sorted, every weight computed.
+    fn reference_sample(d: &Draw, logits: &[f32]) -> u32 {
+        let mut l = logits.to_vec();
+        for e in &d.edits {
+            if let Some(v) = l.get_mut(e.id as usize) {
+                *v = e.apply(*v);
+            }
+        }
+        let greedy = || scan_argmax(&l);
+        if d.temperature <= 0.0 || l.contains(&f32::INFINITY) {
+            return greedy();
+        }
         let mut cand: Vec<(u32, f32)> = l
             .iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, v / p.temperature))
+            .map(|(i, &v)| (i as u32, v))
             .collect();
         if cand.is_empty() {
-            return argmax(l);
+            return greedy();
         }
-        cand.sort_by(|a, b| {
-            b.1.partial_cmp(&a.1)
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(a.0.cmp(&b.0))
-        });
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.truncate(p.top_k);
+        cand.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+        if d.top_k > 0 {
+            cand.truncate(d.top_k as usize);
         }
-        let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|c| (c.1 - max).exp()).collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= sum);
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (i, &pr) in probs.iter().enumerate() {
-                acc += pr;
-                if acc >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
+        let m = cand[0].1;
+        let mut w: Vec<(u32, u64)> = cand
+            .iter()
+            .map(|&(id, v)| {
+                let x = (v - m) / d.temperature;
+                let w = if x < -22.0 {
+                    0
+                } else {
+                    (model::math::exp(x) as f64 * 2f64.powi(31)).floor() as u64
+                };
+                (id, if w < d.min_w as u64 { 0 } else { w })
+            })
+            .collect();
+        if d.top_p < 1.0 {
+            let total: u64 = w.iter().map(|c| c.1).sum();
+            let need = ((d.top_p as f64 * total as f64).ceil() as u64).clamp(1, total);
+            let mut acc = 0;
+            let end = w
+                .iter()
+                .position(|c| {
+                    acc += c.1;
+                    acc >= need
+                })
+                .unwrap();
+            w.truncate(end + 1);
+        }
+        w.sort_by_key(|c| c.0);
+        let s: u64 = w.iter().map(|c| c.1).sum();
+        let r = ((d.bits as u128 * s as u128) >> 64) as u64;
+        let mut acc = 0;
+        for (id, x) in w {
+            acc += x;
+            if r < acc {
+                return id;
             }
-            probs.truncate(keep);
-            cand.truncate(keep);
         }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p;
-            let keep = probs.iter().take_while(|&&x| x >= floor).count().max(1);
-            probs.truncate(keep);
-            cand.truncate(keep);
-        }
-        let total: f32 = probs.iter().sum();
-        let mut r: f32 = rng.random::<f32>() * total;
-        for (i, &pr) in probs.iter().enumerate() {
-            if r < pr {
-                return cand[i].0;
-            }
-            r -= pr;
-        }
-        cand[cand.len() - 1].0
+        panic!("the walk passed the nucleus");
     }
 
     /// Random logits of many shapes: flat and peaked, ties, ±0, -inf, huge values.
@@ -619,41 +642,177 @@ mod tests {
     }
 
     #[test]
-    fn matches_the_full_sort_sampler() {
+    fn matches_the_reference_sampler() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(12);
         let mut draws = 0;
         for case in 0..120 {
             let l = logits_case(&mut rng, case);
-            for temperature in [0.05f32, 0.6, 1.0, 3.0] {
-                for top_k in [0usize, 20, 1000, 2000] {
+            for temperature in [0.0f32, 0.05, 0.6, 1.0, 3.0] {
+                for top_k in [0usize, 1, 20, 1000, 2000] {
                     for (top_p, min_p) in [
                         (1.0f32, 0.0f32),
                         (0.9, 0.0),
                         (0.999_999, 0.0),
+                        (0.0, 0.0),
                         (1.0, 0.05),
-                        (0.95, 1e-12),
-                        (1.0, 1e-9),
+                        (0.95, 1e-7),
                     ] {
                         let p = SamplingParams {
                             temperature,
                             top_k,
                             top_p,
                             min_p,
+                            presence_penalty: if case % 3 == 0 { 0.7 } else { 0.0 },
+                            repeat_penalty: if case % 4 == 1 { 1.3 } else { 1.0 },
+                            logit_bias: if case % 5 == 2 {
+                                vec![(0, 2.5), (1, f32::NEG_INFINITY), (0, -1.0)]
+                            } else {
+                                Vec::new()
+                            },
                             ..Default::default()
                         };
-                        let seed = rng.random::<u64>();
-                        let mut s = Sampler::new(&p, seed, &[]);
-                        let mut old_rng = rand::rngs::StdRng::seed_from_u64(seed);
+                        let n = l.len() as u32;
+                        let prompt: Vec<u32> = (0..8).map(|i| (i * 7) % n).collect();
+                        let mut s = Sampler::new(&p, rng.random(), &prompt);
                         for _ in 0..2 {
-                            let want = full_sort_sample(&p, &mut old_rng, &l);
-                            assert_eq!(s.sample(&l), want, "case {case}, {p:?}");
+                            let d = s.draw();
+                            let got = s.sample(&l);
+                            assert_eq!(got, reference_sample(&d, &l), "case {case}, {p:?}");
+                            s.accept(got);
                             draws += 1;
                         }
                     }
                 }
             }
         }
-        assert!(draws > 15_000);
+        assert!(draws > 30_000);
+    }
+
+    /// Frequencies over many positions follow the filtered softmax.
+    #[test]
+    fn draws_follow_the_distribution() {
+        let l = [0.0f32, 1.0, 2.0, 2.0, -1.0, 0.5, f32::NEG_INFINITY, 3.0];
+        let n = 200_000u64;
+        let check = |p: SamplingParams, want: &[f64]| {
+            let mut s = Sampler::new(&p, 5, &[]);
+            let mut hits = [0u64; 8];
+            for _ in 0..n {
+                let t = s.sample(&l);
+                s.accept(t);
+                hits[t as usize] += 1;
+            }
+            for (i, (&h, &w)) in hits.iter().zip(want).enumerate() {
+                let f = h as f64 / n as f64;
+                // 6 standard deviations of a binomial frequency.
+                let sd = (w * (1.0 - w) / n as f64).sqrt();
+                assert!(
+                    (f - w).abs() <= 6.0 * sd + 1e-9,
+                    "{p:?}: id {i}: {f} vs {w}"
+                );
+            }
+        };
+        let softmax = |t: f64, keep: &[usize]| {
+            let e: Vec<f64> = (0..8)
+                .map(|i| {
+                    if keep.contains(&i) {
+                        (l[i] as f64 / t).exp()
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(|x| x / s).collect::<Vec<_>>()
+        };
+        let all = [0, 1, 2, 3, 4, 5, 7];
+        let base = SamplingParams {
+            temperature: 1.0,
+            repeat_penalty: 1.0,
+            ..Default::default()
+        };
+        check(base.clone(), &softmax(1.0, &all));
+        check(
+            SamplingParams {
+                temperature: 0.5,
+                ..base.clone()
+            },
+            &softmax(0.5, &all),
+        );
+        // top-k 3: 7 (3.0), then 2 and 3 (2.0, tied: both, lower id first).
+        check(
+            SamplingParams {
+                top_k: 3,
+                ..base.clone()
+            },
+            &softmax(1.0, &[7, 2, 3]),
+        );
+        // top-p 0.5: 7 holds ~0.46 of the mass, with 2 it passes 0.5.
+        check(
+            SamplingParams {
+                top_p: 0.5,
+                ..base.clone()
+            },
+            &softmax(1.0, &[7, 2]),
+        );
+        // min-p 0.3: e^(l-3) >= 0.3 keeps 7, 2, 3.
+        check(
+            SamplingParams { min_p: 0.3, ..base },
+            &softmax(1.0, &[7, 2, 3]),
+        );
+    }
+
+    #[test]
+    fn a_draw_depends_on_the_seed_and_the_position_only() {
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.9,
+            ..Default::default()
+        };
+        // The same position reached with another history draws the same bits.
+        let mut a = Sampler::new(&p, 42, &[1, 2, 3]);
+        a.accept(9);
+        let b = Sampler::new(&p, 42, &[5, 5, 5, 5]);
+        assert_eq!(a.draw().bits, b.draw().bits);
+        assert_eq!(a.draw().bits, draw_bits(42, 4));
+        assert_ne!(draw_bits(42, 4), draw_bits(42, 5));
+        assert_ne!(draw_bits(42, 4), draw_bits(43, 4));
+    }
+
+    #[test]
+    fn edits_sum_biases_then_penalise() {
+        let p = SamplingParams {
+            logit_bias: vec![(3, 1.5), (1, -2.0), (3, 0.25)],
+            repeat_penalty: 2.0,
+            repeat_last_n: 2,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(&p, 1, &[7, 3, 1]);
+        s.accept(3);
+        s.accept(3);
+        // recent: [3, 3]; counts: {3: 2}.
+        let d = s.draw();
+        assert_eq!(
+            d.edits,
+            vec![
+                Edit {
+                    id: 1,
+                    add: -2.0,
+                    repeat: 1.0,
+                    sub: 0.0
+                },
+                Edit {
+                    id: 3,
+                    add: 1.75,
+                    repeat: 2.0,
+                    sub: 1.0
+                },
+            ]
+        );
+        // (1 + 1.75) / 2 - 1, and (-3 + 1.75) * 2 - 1 (not positive: multiplied).
+        assert_eq!(d.edits[1].apply(1.0), 0.375);
+        assert_eq!(d.edits[1].apply(-3.0), -3.5);
     }
 
     #[test]
@@ -784,7 +943,13 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
         let draw = |seed| {
             let mut s = Sampler::new(&p, seed, &[]);
-            (0..40).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+            (0..40)
+                .map(|_| {
+                    let t = s.sample(&logits);
+                    s.accept(t);
+                    t
+                })
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         // top-k 2: only the two best ids (6 and 13, value 1.8, ties by id) ever appear.

@@ -9,6 +9,7 @@ mod common;
 
 use engine::cpu::{CpuBackend, CpuExecutor};
 use engine::exec::{Executor, SeqStep, StepOut, Want};
+use engine::sampler::{Draw, Edit};
 use gguf::GgufFile;
 use model::synth::Preset;
 use model::{Logits, ModelConfig, ModelWeights};
@@ -67,15 +68,36 @@ impl Harness {
     /// Runs `entries` as one batch and each alone; asserts identical outputs.
     fn step(&mut self, label: &str, entries: &[Entry]) {
         let toks: Vec<Vec<u32>> = entries.iter().map(|&(_, n, _)| self.tokens(n)).collect();
+        // Sampled entries: a flat-ish draw with penalties, its bits from the position.
+        let draws: Vec<Option<Draw>> = entries
+            .iter()
+            .map(|&(seq, n, want)| {
+                (want == Want::Sample).then(|| Draw {
+                    temperature: 1.5,
+                    top_k: if seq % 2 == 0 { 0 } else { 40 },
+                    top_p: 0.9,
+                    min_w: 0,
+                    bits: engine::sampler::draw_bits(seq as u64, (self.pos[seq] + n) as u64),
+                    edits: vec![Edit {
+                        id: 5,
+                        add: 1.0,
+                        repeat: 1.3,
+                        sub: 0.5,
+                    }],
+                })
+            })
+            .collect();
         let batch: Vec<SeqStep> = entries
             .iter()
             .zip(&toks)
-            .map(|(&(seq, _, want), t)| SeqStep {
+            .zip(&draws)
+            .map(|((&(seq, _, want), t), d)| SeqStep {
                 seq,
                 tokens: t,
                 pos0: self.pos[seq],
                 want,
                 media: Default::default(),
+                draw: d.as_ref(),
             })
             .collect();
         let got = self.batched.step(&batch).expect("batched step");
@@ -165,7 +187,7 @@ fn check(geometry: &str, preset: Preset) {
             (3, 1, last),
             (0, 1, all),
             (2, 1, Want::Greedy),
-            (1, 1, last),
+            (1, 1, Want::Sample),
         ],
     );
     h.step(
@@ -177,9 +199,9 @@ fn check(geometry: &str, preset: Preset) {
         h.step(
             &label(&format!("decode again, {r}")),
             &[
-                (1, 1, last),
+                (1, 1, Want::Sample),
                 (3, 1, Want::Greedy),
-                (0, 1, last),
+                (0, 1, Want::Sample),
                 (2, 1, last),
             ],
         );
@@ -196,6 +218,7 @@ fn check(geometry: &str, preset: Preset) {
                 pos0: h.pos[2],
                 want: last,
                 media: Default::default(),
+                draw: None,
             },
             SeqStep {
                 seq: 0,
@@ -203,6 +226,7 @@ fn check(geometry: &str, preset: Preset) {
                 pos0: h.pos[0],
                 want: last,
                 media: Default::default(),
+                draw: None,
             },
             SeqStep {
                 seq: 2,
@@ -210,6 +234,7 @@ fn check(geometry: &str, preset: Preset) {
                 pos0: h.pos[2] + 1,
                 want: last,
                 media: Default::default(),
+                draw: None,
             },
         ])
         .expect_err("a sequence named twice must be refused");
@@ -225,6 +250,7 @@ fn check(geometry: &str, preset: Preset) {
             pos0: 0,
             want: last,
             media: Default::default(),
+            draw: None,
         }])
         .expect_err("an unknown sequence must be refused");
     assert!(
@@ -234,7 +260,12 @@ fn check(geometry: &str, preset: Preset) {
     // Multi-token pieces of running sequences, all positions' logits.
     h.step(
         &label("pieces"),
-        &[(1, 4, all), (0, 1, last), (3, 2, Want::GreedyRows)],
+        &[
+            (1, 4, all),
+            (0, 1, last),
+            (3, 2, Want::GreedyRows),
+            (2, 3, Want::Sample),
+        ],
     );
     // A sequence cleared and started afresh in a batch beside running ones.
     h.clear(2);

@@ -630,3 +630,167 @@ fn low_bit_files_prefill_equals_decode_and_the_cpu() {
         eprintln!("{geometry} {preset}: prefill == decode on the GPU, position 0 == CPU");
     }
 }
+
+/// Logits of many shapes for the sampler: flat and peaked, exact ties, ±0, banned
+/// (-inf), NaN and +inf entries, at vocabulary sizes up to Qwen3.5's.
+fn sampling_logits(rng: &mut impl rand::Rng, case: usize) -> Vec<f32> {
+    let n = [1usize, 7, 300, 3000, 50_000, 248_320][case % 6];
+    let scale = [0.05f32, 1.0, 4.0, 30.0][(case / 6) % 4];
+    let mut l: Vec<f32> = (0..n)
+        .map(|_| (rng.random::<f32>() + rng.random::<f32>() - 1.0) * scale)
+        .collect();
+    match (case / 24) % 5 {
+        1 => l.iter_mut().for_each(|v| *v = (*v * 2.0).round() / 2.0),
+        2 => {
+            for (i, v) in l.iter_mut().enumerate() {
+                if i % 5 == 0 {
+                    *v = f32::NEG_INFINITY;
+                } else if i % 7 == 0 {
+                    *v = if i % 2 == 0 { 0.0 } else { -0.0 };
+                } else if i % 11 == 0 {
+                    *v = f32::NAN;
+                }
+            }
+        }
+        3 => {
+            let i = rng.random_range(0..n);
+            l[i] += 40.0;
+        }
+        4 if case.is_multiple_of(3) => l[n / 2] = f32::INFINITY,
+        _ => {}
+    }
+    l
+}
+
+/// `Gpu::sample_rows` picks `sampler::sample_with`'s token, bit for bit: every
+/// setting (greedy with penalties, temperature, top-k over and under the heap bound,
+/// top-p, min-p, edits), several rows per launch in any order, on logits of every shape.
+#[test]
+fn device_sampling_is_the_cpu_sampler() {
+    use engine::sampler::{sample_with, Sampler, SamplingParams};
+    use rand::{Rng, SeedableRng};
+    let Some(g) = gpu() else { return };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let out = g.alloc::<i32>(8, "out").expect("out");
+    let mut checked = 0;
+    for case in 0..120 {
+        let l = sampling_logits(&mut rng, case);
+        let n = l.len();
+        // Four rows of these logits, each with its own settings.
+        let draws: Vec<engine::sampler::Draw> = (0..4)
+            .map(|r| {
+                let p = SamplingParams {
+                    temperature: [0.0f32, 0.3, 1.0, 2.5][(case + r) % 4],
+                    top_k: [0usize, 1, 20, 2000, 100_000][(case / 2 + r) % 5],
+                    top_p: [1.0f32, 0.95, 0.5, 0.0][(case / 3 + r) % 4],
+                    min_p: [0.0f32, 0.05, 1e-6][(case / 5 + r) % 3],
+                    presence_penalty: if r == 1 { 0.8 } else { 0.0 },
+                    repeat_penalty: if r == 2 { 1.2 } else { 1.0 },
+                    logit_bias: if r == 3 {
+                        vec![(0, 3.0), (n as u32 / 2, -1.5), (n as u32 + 5, 9.0)]
+                    } else {
+                        Vec::new()
+                    },
+                    ..Default::default()
+                };
+                let prompt: Vec<u32> = (0..30).map(|i| (i * 13 % n) as u32).collect();
+                let mut s = Sampler::new(&p, rng.random(), &prompt);
+                for t in &prompt[..9] {
+                    s.accept(*t);
+                }
+                s.draw()
+            })
+            .collect();
+        let want: Vec<u32> = draws.iter().map(|d| sample_with(d, &l)).collect();
+        let rows: Vec<f32> = (0..4).flat_map(|_| l.iter().copied()).collect();
+        let dev = g.upload(&rows, "logits").expect("logits");
+        let edits: Vec<Vec<(u32, f32, f32, f32)>> = draws
+            .iter()
+            .map(|d| {
+                d.edits
+                    .iter()
+                    .map(|e| (e.id, e.add, e.repeat, e.sub))
+                    .collect()
+            })
+            .collect();
+        // Blocks in another order than the rows, tokens to other slots.
+        let order = [2usize, 0, 3, 1];
+        let specs: Vec<cuda::SampleRow> = order
+            .iter()
+            .map(|&r| cuda::SampleRow {
+                row: r,
+                out: 7 - r,
+                temperature: draws[r].temperature,
+                top_k: draws[r].top_k,
+                top_p: draws[r].top_p,
+                min_w: draws[r].min_w,
+                bits: draws[r].bits,
+                edits: &edits[r],
+            })
+            .collect();
+        let words = cuda::sample_words(&specs).expect("words");
+        let params = g.upload(&words, "params").expect("params");
+        g.sample_rows(dev.ptr(), n, 4, params.ptr(), out.ptr())
+            .expect("sample_rows");
+        let got: Vec<i32> = g.download(out.ptr(), 8).expect("download");
+        for r in 0..4 {
+            assert_eq!(
+                got[7 - r] as u32,
+                want[r],
+                "case {case} ({n} logits), row {r}: {:?}",
+                draws[r]
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 480);
+}
+
+/// A sampled request draws its tokens on the GPU (only ids come back) and gets the
+/// tokens the host sampler picks from the same logits (the request run again with the
+/// logits sent to the host), with penalties and every filter on.
+#[test]
+fn sampled_decoding_on_the_device_equals_the_host_sampler() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = synth(dir.path(), "tiny-qwen35moe", Preset::Q4KM, 11);
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 31 + 7) % 3000).collect();
+    for var in [None, Some(engine::switches::NO_GRAPH)] {
+        let mut eng = match var {
+            None => load(&path, Device::Cuda(0)),
+            Some(v) => load_with(&path, v),
+        };
+        for (temperature, top_k, top_p, min_p, presence) in [
+            (1.0f32, 0usize, 1.0f32, 0.0f32, 0.0f32),
+            (0.7, 20, 0.8, 0.0, 1.5),
+            (1.3, 0, 0.95, 0.02, 0.0),
+            (0.0, 0, 1.0, 0.0, 2.0),
+        ] {
+            let mut req = GenerateRequest::greedy(prompt.clone(), 24);
+            req.sampling = engine::SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                presence_penalty: presence,
+                seed: Some(99),
+                ..Default::default()
+            };
+            eng.reset().expect("reset");
+            let device = eng
+                .generate(&req, &mut |_| Flow::Continue)
+                .expect("generate");
+            eng.reset().expect("reset");
+            let host = eng
+                .generate_with_logits(&req, &mut |_| Flow::Continue, &mut |_| {})
+                .expect("generate with logits");
+            assert_eq!(
+                device.tokens, host.tokens,
+                "{var:?}: temperature {temperature}, top-k {top_k}, top-p {top_p}, \
+                 min-p {min_p}, presence {presence}"
+            );
+        }
+    }
+}

@@ -65,6 +65,7 @@ fn logits(exec: &mut dyn Executor, tokens: &[u32], pos0: usize, want: Want) -> V
             pos0,
             want,
             media: Default::default(),
+            draw: None,
         }])
         .expect("step");
     match out.into_iter().next() {
@@ -118,6 +119,7 @@ fn rollback_gives_the_bits_of_never_feeding_the_rejected_drafts() {
                     pos0: p,
                     want: Want::GreedyRows,
                     media: Default::default(),
+                    draw: None,
                 };
                 let out = spec.step(&[step]).expect("step").remove(0);
                 let want: Vec<u32> = one_by_one.iter().map(|l| argmax(l)).collect();

@@ -326,6 +326,35 @@ multiversion! {
     }
 }
 
+/// Sampling weights (the engine's sampler, `engine::sampler` module docs): a finite
+/// logit `e` at `d = (e − m) / t` weighs `⌊exp(d) · 2³¹⌋`, 0 below `d < −22` and when
+/// `e` is not finite. `sc_weight` in the CUDA sampler computes the same bits.
+#[inline(always)]
+pub fn sample_weight(e: f32, m: f32, t: f32) -> u32 {
+    let d = (e - m) / t;
+    if e.is_finite() && d >= SAMPLE_WEIGHT_CUT {
+        // d ≤ 0 for e ≤ m: exp(d) ≤ 1, at most 2^31; the cast truncates.
+        (exp(d) * SAMPLE_WEIGHT_ONE as f32) as u32
+    } else {
+        0
+    }
+}
+
+/// The weight of the largest logit.
+pub const SAMPLE_WEIGHT_ONE: u32 = 1 << 31;
+/// `(e − m) / t` below this weighs 0 (e^-22 · 2^31 < 1: its floor is 0 anyway).
+pub const SAMPLE_WEIGHT_CUT: f32 = -22.0;
+
+multiversion! {
+    /// `out[i] = sample_weight(l[i], m, t)` for every logit (the slices have the same
+    /// length): a sampling step's weights over the whole vocabulary, vectorised.
+    pub fn sample_weights / sample_weights_at(l: &[f32], m: f32, t: f32, out: &mut [u32]) {
+        for (o, &e) in out.iter_mut().zip(l) {
+            *o = sample_weight(e, m, t);
+        }
+    }
+}
+
 multiversion! {
     /// ln Σ e^x_i: the maximum (exact in any order), e^(x_i - max) with our `exp`
     /// summed in the canonical 32-lane order, then max + ln_1p(sum - 1) (the sum is

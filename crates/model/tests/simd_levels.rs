@@ -5,7 +5,9 @@
 //! rounding tie (x·log2(e) exactly half an integer).
 
 use model::deltanet::{conv_step_at, gated_norm_at, step_at};
-use model::math::{l2_norm_at, log_sum_exp_at, rms_norm_at, silu_mul_at};
+use model::math::{
+    l2_norm_at, log_sum_exp_at, rms_norm_at, sample_weight, sample_weights_at, silu_mul_at,
+};
 use model::simd::Level;
 
 /// xorshift64*, deterministic.
@@ -112,6 +114,30 @@ fn elementwise_and_norms_match_plain() {
                     gated_norm_at(Level::Plain, &mut a, &x, &small, 1e-6);
                     gated_norm_at(level, &mut b, &x, &small, 1e-6);
                     assert_eq!(bits(&a), bits(&b), "gated_norm {level:?} n={n}");
+                }
+            }
+        }
+    }
+}
+
+/// The sampler's weights over a vocabulary, at every level, are the scalar function's.
+#[test]
+fn sample_weights_match_plain() {
+    let mut r = Rng(93);
+    for n in [1usize, 7, 33, 1000, 248_320] {
+        let logits: Vec<f32> = (0..n).map(|_| r.unit() * 30.0).collect();
+        for x in [logits, nasty(n, 7 + n as u64)] {
+            let m = x
+                .iter()
+                .copied()
+                .filter(|v| v.is_finite())
+                .fold(f32::MIN, f32::max);
+            for t in [0.05f32, 0.7, 1.0, 3.0] {
+                let want: Vec<u32> = x.iter().map(|&e| sample_weight(e, m, t)).collect();
+                for level in Level::available() {
+                    let mut got = vec![7u32; n];
+                    sample_weights_at(level, &x, m, t, &mut got);
+                    assert_eq!(got, want, "{level:?} n={n} t={t}");
                 }
             }
         }

@@ -170,6 +170,8 @@ pub struct Report {
     pub build_commit: String,
     /// RAM read bandwidth measured before CPU generation tests (bytes per second).
     pub ram_read_bps: Option<f64>,
+    /// How generation tests chose tokens (greedy: temperature 0).
+    pub sampling: engine::SamplingParams,
     pub tests: Vec<TestResult>,
 }
 
@@ -260,6 +262,12 @@ impl Report {
             "repetitions": self.repetitions,
             "warmup_runs": 1,
             "ram_read_bps": self.ram_read_bps,
+            "sampling": {
+                "temperature": self.sampling.temperature,
+                "top_k": self.sampling.top_k,
+                "top_p": self.sampling.top_p,
+                "min_p": self.sampling.min_p,
+            },
         });
         match v {
             Value::Object(m) => m,

@@ -218,6 +218,7 @@ fn sample_report(device: engine::Device) -> Report {
         command: "scoria bench -m /m/q35.gguf".into(),
         build_commit: "abc1234".into(),
         ram_read_bps: None,
+        sampling: Default::default(),
         tests: vec![
             result(
                 TestSpec {

@@ -10,6 +10,7 @@ mod deltanet;
 mod moe;
 mod norm;
 mod quant;
+mod sample;
 
 pub use attention::Rotary;
 pub use deltanet::{DnRows, DnStep, MAX_D_CONV};
@@ -18,6 +19,7 @@ pub use moe::{
     ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT,
 };
 pub use quant::{supports_type, ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
+pub use sample::{sample_words, SampleRow};
 
 use crate::kernels::K;
 

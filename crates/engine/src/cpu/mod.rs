@@ -1066,6 +1066,9 @@ impl Executor for CpuExecutor {
                 Ok(match s.want {
                     Want::Logits(_) => StepOut::Logits(l.data),
                     Want::Greedy => StepOut::Token(crate::sampler::argmax(&l.data)),
+                    Want::Sample => {
+                        StepOut::Token(crate::sampler::sample_with(s.sample_draw()?, &l.data))
+                    }
                     Want::GreedyRows => StepOut::Tokens(
                         l.data
                             .chunks_exact(l.data.len() / s.tokens.len())

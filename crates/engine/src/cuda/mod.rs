@@ -8,6 +8,7 @@
 mod backend;
 mod graphs;
 mod rollback;
+mod sample;
 mod snapshot;
 mod trace;
 mod weights;
@@ -195,6 +196,8 @@ pub struct CudaExecutor {
     /// sequences: the logits rows, with every row's greedy token in `argmax_out`.
     row_graphs: HashMap<Vec<usize>, DecodeGraph>,
     argmax_out: cuda::DevBuf<i32>,
+    /// `Want::Sample`'s parameters (`sample.rs`; allocated at the first sampled step).
+    sample_params: Option<cuda::DevBuf<u32>>,
     use_graphs: bool,
     /// Set while the GPU is short of memory (see [`Pressure`]).
     pressure: Option<Pressure>,
@@ -528,6 +531,7 @@ impl CudaExecutor {
             snap_buf: None,
             states,
             argmax_out,
+            sample_params: None,
             use_graphs,
             pressure: None,
             steps: 0,
@@ -614,6 +618,13 @@ impl CudaExecutor {
         let states: Vec<&CudaState> = entries.iter().map(|e| &self.states[e.seq]).collect();
         self.be.load_rows(&tokens, &positions, &states)?;
         let logits = self.decode_rows(entries)?;
+        let sampled: Vec<(usize, usize, &crate::sampler::Draw)> = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.want == Want::Sample)
+            .map(|(i, e)| Ok((i, i, e.sample_draw()?)))
+            .collect::<Result<_, ExecError>>()?;
+        self.sample_rows(logits, &sampled)?;
         let gpu = &self.be.gpu;
         let vocab = self.be.cfg.n_vocab;
         let ids: Vec<i32> = if entries.iter().any(|e| !matches!(e.want, Want::Logits(_))) {
@@ -627,7 +638,7 @@ impl CudaExecutor {
             .enumerate()
             .map(|(i, e)| {
                 Ok(match e.want {
-                    Want::Greedy => StepOut::Token(ids[i] as u32),
+                    Want::Greedy | Want::Sample => StepOut::Token(ids[i] as u32),
                     Want::GreedyRows => StepOut::Tokens(vec![ids[i] as u32]),
                     Want::Logits(_) => StepOut::Logits(
                         gpu.download(logits + (i * vocab * 4) as u64, vocab)
@@ -663,7 +674,7 @@ impl CudaExecutor {
         let rows = match want {
             Want::Greedy => 1,
             Want::GreedyRows => tokens.len(),
-            Want::Logits(_) => return Ok(logits.ptr),
+            Want::Logits(_) | Want::Sample => return Ok(logits.ptr),
         };
         self.be
             .gpu
@@ -672,8 +683,25 @@ impl CudaExecutor {
         Ok(self.argmax_out.ptr())
     }
 
-    fn read_out(&self, out: u64, want: Want, rows: usize) -> Result<StepOut, ExecError> {
+    /// Entry `s`'s output (for `want`, `rows` rows) from `out`, what `launch_step`
+    /// returned; a sampled entry's token is drawn here.
+    fn read_out(
+        &mut self,
+        out: u64,
+        want: Want,
+        rows: usize,
+        s: &SeqStep,
+    ) -> Result<StepOut, ExecError> {
         Ok(match want {
+            Want::Sample => {
+                self.sample_rows(out, &[(0, 0, s.sample_draw()?)])?;
+                let t: Vec<i32> = self
+                    .be
+                    .gpu
+                    .download(self.argmax_out.ptr(), 1)
+                    .map_err(cuda_err("download tokens"))?;
+                StepOut::Token(t[0] as u32)
+            }
             Want::Greedy | Want::GreedyRows => {
                 let t: Vec<i32> = self
                     .be
@@ -916,7 +944,7 @@ impl CudaExecutor {
             } else {
                 self.decode_eager(s)?
             };
-            return self.read_out(out, s.want, 1);
+            return self.read_out(out, s.want, 1, s);
         }
         // Several tokens: pieces the arena holds (every position's logits
         // need more room, so those pieces are shorter).
@@ -958,7 +986,7 @@ impl CudaExecutor {
             } else {
                 1
             };
-            self.read_out(out, want, rows)
+            self.read_out(out, want, rows, s)
         })
     }
 }

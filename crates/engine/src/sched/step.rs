@@ -25,7 +25,7 @@ use crate::constraint::{ConstraintError, ConstraintRun, LogitMask};
 use crate::error::EngineError;
 use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::experts::TierStats;
-use crate::sampler::Sampler;
+use crate::sampler::{Draw, Sampler};
 use crate::spec::{Drafter, RequestSpec};
 
 /// One request being decoded in a slot.
@@ -90,16 +90,14 @@ impl Active {
         });
         let sampler = Sampler::new(&req.sampling, seed, &req.prompt);
         let constraint = req.constraint.as_ref().map(|c| c.start(&lim.eog));
-        // With plain greedy sampling and nobody asking for logits, the device
-        // picks the token and only its id comes back.
-        let want = if !logits
-            && req.logprobs.is_none()
-            && sampler.is_plain_greedy()
-            && constraint.is_none()
-        {
+        // With nobody asking for logits and no grammar mask, the executor picks the
+        // token where the logits are and only its id comes back.
+        let want = if logits || req.logprobs.is_some() || constraint.is_some() {
+            Want::Logits(Logits::Last)
+        } else if sampler.is_plain_greedy() {
             Want::Greedy
         } else {
-            Want::Logits(Logits::Last)
+            Want::Sample
         };
         let now = Instant::now();
         Active {
@@ -402,6 +400,8 @@ struct Entry {
     item: usize,
     tokens: Vec<u32>,
     want: Want,
+    /// What a `Want::Sample` entry samples with.
+    draw: Option<Draw>,
     prompt: bool,
     /// A verify step: `tokens[1..]` are drafts, and the executor keeps the trail to
     /// roll the sequence back to the last one accepted.
@@ -470,6 +470,7 @@ pub(super) fn run(
                         (true, Want::Greedy) => Want::GreedyRows,
                         (true, _) => Want::Logits(Logits::All),
                     },
+                    draw: (!verify && act.want == Want::Sample).then(|| act.sampler.draw()),
                     prompt: false,
                     verify,
                     media: None,
@@ -496,6 +497,7 @@ pub(super) fn run(
                 } else {
                     Want::Greedy
                 },
+                draw: (end == p.len() && act.want == Want::Sample).then(|| act.sampler.draw()),
                 prompt: true,
                 verify: false,
                 media: None,
@@ -563,6 +565,7 @@ pub(super) fn run(
                     embeds: rows,
                     rope: e.media.as_ref().map(|m| &m.rope[..]),
                 },
+                draw: e.draw.as_ref(),
             }
         })
         .collect();
