@@ -17,10 +17,9 @@
 //!    `w = ⌊exp((e − m) / T) · 2³¹⌋` (an integer; `exp` is `model::math::exp`, the
 //!    CPU's and GPU's same bits; 0 below `(e − m)/T < −22`), so the best token
 //!    weighs exactly 2³¹ and every later sum is an exact integer: no summation
-//!    order to agree on.
-//! 4. **Rank**: by `e` descending (−0 = +0), the lower id first on ties.
-//!    **top-k** keeps the first k finite logits of that rank; **min-p** drops
-//!    weights below `⌈min_p · 2³¹⌉`.
+//!    order to agree on. **min-p** zeroes weights below `⌈min_p · 2³¹⌉`.
+//! 4. **Rank**: the tokens of non-zero weight by weight descending, the lower id
+//!    first on ties. **top-k** keeps the first k of the rank.
 //! 5. **top-p**: `need = ⌈top_p · S⌉` (f64, clamped to 1..=S; S = the kept
 //!    weights' sum); the nucleus is the shortest prefix of the rank whose weights
 //!    reach `need`.
@@ -29,6 +28,9 @@
 //!    and a plain step at the same position draw the same number) and `S_n` the
 //!    nucleus's weight; the token is the first id, in id order, at which the
 //!    running sum of nucleus weights passes `r`.
+//!
+//! After step 3 everything is integer arithmetic on the weights, so a device can
+//! compute it with any grouping of threads and still agree bit for bit.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -251,113 +253,132 @@ pub fn top_p_need(top_p: f32, total: u64) -> u64 {
 pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
     let l = draw.edited(logits);
     let l: &[f32] = &l;
-    if draw.temperature <= 0.0 {
-        return argmax(l);
-    }
     // The largest value: finite unless every value is NaN or -inf (no candidate) or
-    // one is +inf; both cases are the argmax's.
+    // one is +inf; both cases, and greedy, are the argmax's.
     let best = argmax(l);
     let m = l[best as usize];
-    if !m.is_finite() {
+    if draw.temperature <= 0.0 || !m.is_finite() {
         return best;
     }
-    let t = draw.temperature;
-    let keep = |w: u32| if w < draw.min_w { 0 } else { w };
-    let draw_at = |s_n: u64| ((draw.bits as u128 * s_n as u128) >> 64) as u64;
-    // The kept candidates with a weight, in id order.
-    let k = draw.top_k as usize;
-    let cand: Vec<(u32, f32, u32)> = if k > 0 && k < l.iter().filter(|v| v.is_finite()).count() {
-        let finite = l
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, v));
-        top_k_of(finite, k)
-            .into_iter()
-            .map(|(id, v)| (id, v, keep(sample_weight(v, m, t))))
-            .filter(|c| c.2 > 0)
-            .collect()
-    } else {
-        // Every weight, in one vectorised pass.
-        thread_local! {
-            static WEIGHTS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    thread_local! {
+        static WEIGHTS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    WEIGHTS.with_borrow_mut(|w| {
+        w.resize(l.len(), 0);
+        model::math::sample_weights(l, m, draw.temperature, w);
+        if draw.min_w > 0 {
+            w.iter_mut()
+                .filter(|x| **x < draw.min_w)
+                .for_each(|x| *x = 0);
         }
-        let direct = WEIGHTS.with_borrow_mut(|w| {
-            w.resize(l.len(), 0);
-            model::math::sample_weights(l, m, t, w);
-            if draw.top_p < 1.0 {
-                return Err(w
-                    .iter()
+        // The candidates left after top-k and top-p, (id, weight) in id order; None
+        // while every non-zero weight is one.
+        let mut cand: Option<Vec<(u32, u32)>> = None;
+        let k = draw.top_k as usize;
+        if k > 0 && k < w.iter().filter(|&&x| x > 0).count() {
+            cand = Some(top_k_by_weight(w, k));
+        }
+        if draw.top_p < 1.0 {
+            let c = cand.unwrap_or_else(|| {
+                w.iter()
                     .enumerate()
-                    .filter_map(|(i, &w)| {
-                        let w = keep(w);
-                        (w > 0).then_some((i as u32, l[i], w))
-                    })
-                    .collect());
-            }
-            // No top-p: the draw walks the weights themselves, a chunk's sum at a time.
-            const CHUNK: usize = 4096;
-            let sum = |c: &[u32]| c.iter().map(|&w| keep(w) as u64).sum::<u64>();
-            let r = draw_at(sum(w));
+                    .filter(|c| *c.1 > 0)
+                    .map(|(i, &x)| (i as u32, x))
+                    .collect()
+            });
+            let need = top_p_need(draw.top_p, c.iter().map(|c| c.1 as u64).sum());
+            let mut ranked = c;
+            rank_by_weight(&mut ranked);
             let mut acc = 0u64;
-            for (ci, c) in w.chunks(CHUNK).enumerate() {
-                let s = sum(c);
-                if r < acc + s {
-                    let at = c.iter().position(|&w| {
-                        acc += keep(w) as u64;
-                        r < acc
-                    });
-                    return Ok(at.map(|i| ci * CHUNK + i));
-                }
-                acc += s;
-            }
-            Ok(None)
-        });
-        match direct {
-            Ok(Some(i)) => return i as u32,
-            // Not reached: the best candidate weighs 2^31 > r.
-            Ok(None) => return best,
-            Err(cand) => cand,
+            let end = ranked
+                .iter()
+                .position(|c| {
+                    acc += c.1 as u64;
+                    acc >= need
+                })
+                .map_or(ranked.len(), |i| i + 1);
+            ranked.truncate(end);
+            ranked.sort_unstable_by_key(|c| c.0);
+            cand = Some(ranked);
         }
-    };
-    let total: u64 = cand.iter().map(|c| c.2 as u64).sum();
-    let mut member = vec![true; cand.len()];
-    if draw.top_p < 1.0 {
-        let need = top_p_need(draw.top_p, total);
-        // Ranked by value; the first component is the index into `cand` (ascending,
-        // so ties keep id order).
-        let mut ranked: Vec<(u32, f32)> = cand
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (i as u32, c.1))
-            .collect();
-        sort_ranked(&mut ranked);
-        member.iter_mut().for_each(|m| *m = false);
+        let draw_at = |s_n: u64| ((draw.bits as u128 * s_n as u128) >> 64) as u64;
+        if let Some(c) = cand {
+            let r = draw_at(c.iter().map(|c| c.1 as u64).sum());
+            let mut acc = 0u64;
+            // Not reached past the end: the best candidate weighs 2^31 > r.
+            return c
+                .iter()
+                .find(|c| {
+                    acc += c.1 as u64;
+                    r < acc
+                })
+                .map_or(best, |c| c.0);
+        }
+        // Every weight is a candidate: the draw walks them, a chunk's sum at a time.
+        const CHUNK: usize = 4096;
+        let sum = |c: &[u32]| c.iter().map(|&x| x as u64).sum::<u64>();
+        let r = draw_at(sum(w));
         let mut acc = 0u64;
-        for &(i, _) in &ranked {
-            member[i as usize] = true;
-            acc += cand[i as usize].2 as u64;
-            if acc >= need {
-                break;
+        for (ci, c) in w.chunks(CHUNK).enumerate() {
+            let s = sum(c);
+            if r < acc + s {
+                let at = c.iter().position(|&x| {
+                    acc += x as u64;
+                    r < acc
+                });
+                return at.map_or(best, |i| (ci * CHUNK + i) as u32);
             }
+            acc += s;
         }
-    }
-    let kept = || cand.iter().zip(&member).filter(|c| *c.1).map(|c| c.0);
-    let r = draw_at(kept().map(|c| c.2 as u64).sum());
-    let mut acc = 0u64;
-    for c in kept() {
-        acc += c.2 as u64;
-        if r < acc {
-            return c.0;
-        }
-    }
-    // Not reached: the best candidate is always kept, so s_n ≥ 2^31 > r.
-    best
+        best
+    })
 }
 
-/// top-k of at most this many candidates keeps them in a heap during one pass over
-/// the logits; a larger k selects over all candidates.
+/// top-k of at most this many candidates keeps them in a heap during one pass; a
+/// larger k selects over all candidates.
 const HEAP_TOP_K: usize = 1024;
+
+/// The `k` best of the non-zero weights `w` by the rank (weight descending, lower id
+/// first), as (id, weight) in id order.
+fn top_k_by_weight(w: &[u32], k: usize) -> Vec<(u32, u32)> {
+    use std::cmp::Reverse;
+    // A larger key ranks first.
+    let key = |id: u32, x: u32| (x, Reverse(id));
+    let mut kept: Vec<(u32, u32)> = if k <= HEAP_TOP_K {
+        // One pass; nearly every candidate is turned away by one comparison.
+        let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
+        for (i, &x) in w.iter().enumerate() {
+            if x == 0 {
+                continue;
+            }
+            let c = Reverse(key(i as u32, x));
+            if heap.len() < k {
+                heap.push(c);
+            } else if let Some(mut worst) = heap.peek_mut() {
+                if c < *worst {
+                    *worst = c;
+                }
+            }
+        }
+        heap.into_iter()
+            .map(|Reverse((x, Reverse(id)))| (id, x))
+            .collect()
+    } else {
+        let mut all: Vec<(u32, u32)> = w
+            .iter()
+            .enumerate()
+            .filter(|c| *c.1 > 0)
+            .map(|(i, &x)| (i as u32, x))
+            .collect();
+        if k < all.len() {
+            all.select_nth_unstable_by_key(k - 1, |c| Reverse(key(c.0, c.1)));
+            all.truncate(k);
+        }
+        all
+    };
+    kept.sort_unstable_by_key(|c| c.0);
+    kept
+}
 
 /// Descending by logit; ties keep the lower id first (a total order: ids differ).
 fn order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
@@ -430,35 +451,16 @@ fn top_k_of(cand: impl Iterator<Item = (u32, f32)>, k: usize) -> Vec<(u32, f32)>
     kept
 }
 
-/// Sorts candidates by [`order`]; `c` must have ascending ids (the radix sort is
-/// stable and keys on the value only, so ties keep that id order).
-fn sort_ranked(c: &mut [(u32, f32)]) {
+/// Sorts (id, weight) pairs by the rank: weight descending, the lower id first. `c`
+/// must have ascending ids (the radix sort is stable and keys on the weight only, so
+/// ties keep that id order).
+fn rank_by_weight(c: &mut [(u32, u32)]) {
     if c.len() < 1024 {
-        c.sort_unstable_by(order);
+        c.sort_unstable_by_key(|&(id, x)| (std::cmp::Reverse(x), id));
         return;
     }
-    // Key: ascending u32 for descending value. -0.0 and +0.0 compare equal in
-    // `order`, so they get one key (`+ 0.0` turns -0.0 into +0.0); the value comes
-    // back from the key, so a -0.0 returns as +0.0, which no later step tells apart
-    // (it only enters `v - max`, then e^x).
-    let key = |v: f32| {
-        let b = (v + 0.0).to_bits();
-        let asc = if b & 0x8000_0000 != 0 {
-            !b
-        } else {
-            b | 0x8000_0000
-        };
-        !asc
-    };
-    let value = |k: u32| {
-        let asc = !k;
-        f32::from_bits(if asc & 0x8000_0000 != 0 {
-            asc & 0x7FFF_FFFF
-        } else {
-            !asc
-        })
-    };
-    let mut a: Vec<(u32, u32)> = c.iter().map(|&(id, v)| (key(v), id)).collect();
+    // Key: ascending u32 for descending weight.
+    let mut a: Vec<(u32, u32)> = c.iter().map(|&(id, x)| (!x, id)).collect();
     let mut b = vec![(0u32, 0u32); a.len()];
     // Three stable passes of 11 bits (LSD); counts for all of them in one read.
     const BITS: u32 = 11;
@@ -488,7 +490,7 @@ fn sort_ranked(c: &mut [(u32, f32)]) {
         std::mem::swap(&mut a, &mut b);
     }
     for (dst, &(k, id)) in c.iter_mut().zip(&a) {
-        *dst = (id, value(k));
+        *dst = (id, !k);
     }
 }
 
@@ -543,7 +545,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// The definition in the module docs, step by step, without the shortcuts:
-    /// every finite logit sorted, every weight computed.
+    /// every weight computed, every candidate sorted.
     fn reference_sample(d: &Draw, logits: &[f32]) -> u32 {
         let mut l = logits.to_vec();
         for e in &d.edits {
@@ -551,54 +553,48 @@ mod tests {
                 *v = e.apply(*v);
             }
         }
-        let greedy = || scan_argmax(&l);
-        if d.temperature <= 0.0 || l.contains(&f32::INFINITY) {
-            return greedy();
+        let best = scan_argmax(&l);
+        let m = l[best as usize];
+        if d.temperature <= 0.0 || !m.is_finite() {
+            return best;
         }
-        let mut cand: Vec<(u32, f32)> = l
+        let mut c: Vec<(u32, u64)> = l
             .iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, v))
-            .collect();
-        if cand.is_empty() {
-            return greedy();
-        }
-        cand.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
-        if d.top_k > 0 {
-            cand.truncate(d.top_k as usize);
-        }
-        let m = cand[0].1;
-        let mut w: Vec<(u32, u64)> = cand
-            .iter()
-            .map(|&(id, v)| {
+            .map(|(i, &v)| {
                 let x = (v - m) / d.temperature;
                 let w = if x < -22.0 {
                     0
                 } else {
                     (model::math::exp(x) as f64 * 2f64.powi(31)).floor() as u64
                 };
-                (id, if w < d.min_w as u64 { 0 } else { w })
+                (i as u32, if w < d.min_w as u64 { 0 } else { w })
             })
+            .filter(|c| c.1 > 0)
             .collect();
+        c.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        if d.top_k > 0 {
+            c.truncate(d.top_k as usize);
+        }
         if d.top_p < 1.0 {
-            let total: u64 = w.iter().map(|c| c.1).sum();
+            let total: u64 = c.iter().map(|c| c.1).sum();
             let need = ((d.top_p as f64 * total as f64).ceil() as u64).clamp(1, total);
             let mut acc = 0;
-            let end = w
+            let end = c
                 .iter()
                 .position(|c| {
                     acc += c.1;
                     acc >= need
                 })
                 .unwrap();
-            w.truncate(end + 1);
+            c.truncate(end + 1);
         }
-        w.sort_by_key(|c| c.0);
-        let s: u64 = w.iter().map(|c| c.1).sum();
+        c.sort_by_key(|c| c.0);
+        let s: u64 = c.iter().map(|c| c.1).sum();
         let r = ((d.bits as u128 * s as u128) >> 64) as u64;
         let mut acc = 0;
-        for (id, x) in w {
+        for (id, x) in c {
             acc += x;
             if r < acc {
                 return id;
@@ -818,24 +814,16 @@ mod tests {
     #[test]
     fn radix_ranking_equals_the_comparison_sort() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(13);
-        for case in 0..60 {
-            let l = logits_case(&mut rng, case);
-            let mut c: Vec<(u32, f32)> = l
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| v.is_finite())
-                .map(|(i, &v)| (i as u32, v))
-                .collect();
-            let mut want = c.clone();
-            want.sort_by(order);
-            sort_ranked(&mut c);
-            // The radix sort returns -0.0 as +0.0 (see sort_ranked).
-            let bits = |v: &[(u32, f32)]| {
-                v.iter()
-                    .map(|&(i, x)| (i, (x + 0.0).to_bits()))
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(bits(&c), bits(&want), "case {case}");
+        for n in [0usize, 1, 5, 1023, 1024, 5000, 70_000] {
+            for spread in [3u32, 1 << 12, u32::MAX] {
+                let mut c: Vec<(u32, u32)> = (0..n as u32)
+                    .map(|i| (i * 3, rng.random_range(0..=spread)))
+                    .collect();
+                let mut want = c.clone();
+                want.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+                rank_by_weight(&mut c);
+                assert_eq!(c, want, "n {n}, spread {spread}");
+            }
         }
     }
 
