@@ -75,11 +75,20 @@ __device__ __forceinline__ void sc_my_range(int n, int& lo, int& hi) {
 }
 
 // Shared state of one block's selects.
+// top-k of at most this many goes by the gathered candidates (sc_small_top_k).
+#define SC_SMALL_K 1024
+// ... when at most this many weights reach the threshold the thread maxima give.
+#define SC_GATHER 2048
+
 struct ScSelect {
   sc_u64 hist[256];
   sc_u64 red[33];
   sc_u64 bc[4];
   unsigned lo[32], hi[32];
+  // sc_small_top_k's candidates (weight, id), the thread maxima, the rank order.
+  unsigned cw[SC_GATHER], cid[SC_GATHER];
+  unsigned tmax[SC_SAMPLE_THREADS], order[SC_SMALL_K];
+  unsigned count;
 };
 
 // The weight kappa at which the rank (weight descending) of the non-zero weights
@@ -134,10 +143,23 @@ __device__ unsigned sc_select(const unsigned* __restrict__ w, int n, sc_u64 want
     const unsigned dmask = (1u << width) - 1u;
     for (int d = tid; d < 256; d += nt) s.hist[d] = 0;
     __syncthreads();
-    for (int i = tid; i < n; i += nt) {
-      const unsigned x = w[i];
-      if (x && (x & mask) == prefix) {
-        atomicAdd(&s.hist[(x >> shift) & dmask], WEIGHTED ? (sc_u64)x : 1ull);
+    // Whole warps take each round, so all lanes reach the warp-wide intrinsics; lanes
+    // that hit one bin add together first (most weights share their top digits).
+    const int n_up = (n + 31) & ~31;
+    for (int i = tid; i < n_up; i += nt) {
+      const unsigned x = i < n ? w[i] : 0u;
+      const unsigned b = (x && (x & mask) == prefix) ? (x >> shift) & dmask : 256u;
+      const unsigned peers = __match_any_sync(SC_FULL, b);
+      if (b != 256u) {
+        const bool leader = lane == __ffs(peers) - 1;
+        if (WEIGHTED) {
+          // Weights are below 2^32: two 16-bit halves keep each warp sum in 32 bits.
+          const unsigned lo16 = __reduce_add_sync(peers, x & 0xffffu);
+          const unsigned hi16 = __reduce_add_sync(peers, x >> 16);
+          if (leader) atomicAdd(&s.hist[b], ((sc_u64)hi16 << 16) + lo16);
+        } else if (leader) {
+          atomicAdd(&s.hist[b], (sc_u64)__popc(peers));
+        }
       }
     }
     __syncthreads();
@@ -162,6 +184,88 @@ __device__ unsigned sc_select(const unsigned* __restrict__ w, int n, sc_u64 want
   }
   if (WEIGHTED) eq /= prefix;  // the mass of the values equal to kappa, over kappa
   return prefix;
+}
+
+// Block-wide maximum of v (u32); every thread gets it.
+__device__ __forceinline__ unsigned sc_block_max(unsigned v, ScSelect& s) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(SC_FULL, v, o));
+  if ((threadIdx.x & 31) == 0) s.hi[threadIdx.x >> 5] = v;
+  __syncthreads();
+  unsigned r = 0;
+  for (int k = 0; k < (int)(blockDim.x >> 5); ++k) r = max(r, s.hi[k]);
+  __syncthreads();
+  return r;
+}
+
+// top-k for k ≤ SC_SMALL_K (≤ the block's threads), then top-p and the draw, without a
+// radix pass: the k-th largest of the threads' maxima is a weight tau that at least k
+// weights reach, so every top-k member is among the weights ≥ tau; when those are at
+// most SC_GATHER they are gathered (in any order), ranked exactly by counting (weight
+// descending, lower id first), and the rest runs on the k members in shared memory.
+// Returns false (nothing written) when more than SC_GATHER weights reach tau.
+__device__ bool sc_small_top_k(const unsigned* __restrict__ w, int n, unsigned k, bool cut,
+                               float top_p, sc_u64 bits, ScSelect& s, int* out) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  unsigned mx = 0;
+  for (int i = tid; i < n; i += nt) mx = max(mx, w[i]);
+  s.tmax[tid] = mx;
+  __syncthreads();
+  // The k-th largest maximum: the largest one that at least k maxima reach.
+  unsigned reach = 0;
+  for (int u = 0; u < nt; ++u) reach += s.tmax[u] >= mx ? 1u : 0u;
+  const unsigned tau = max(1u, sc_block_max(reach >= k ? mx : 0u, s));
+  sc_u64 c = 0;
+  for (int i = tid; i < n; i += nt) c += w[i] >= tau ? 1ull : 0ull;
+  const sc_u64 nc = sc_block_sum(c, s.red);
+  if (nc > SC_GATHER) return false;
+  if (tid == 0) s.count = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += nt) {
+    if (w[i] >= tau) {
+      const unsigned slot = atomicAdd(&s.count, 1u);
+      s.cw[slot] = w[i];
+      s.cid[slot] = i;
+    }
+  }
+  __syncthreads();
+  for (int j = tid; j < (int)nc; j += nt) {
+    const unsigned wj = s.cw[j], ij = s.cid[j];
+    unsigned r = 0;
+    for (int u = 0; u < (int)nc; ++u) {
+      r += (s.cw[u] > wj || (s.cw[u] == wj && s.cid[u] < ij)) ? 1u : 0u;
+    }
+    if (r < k) s.order[r] = j;
+  }
+  __syncthreads();
+  // Thread r holds the member of rank r.
+  const bool ranked = tid < (int)k;
+  const unsigned wr = ranked ? s.cw[s.order[tid]] : 0u;
+  const unsigned idr = ranked ? s.cid[s.order[tid]] : 0xffffffffu;
+  bool member = ranked;
+  sc_u64 total;
+  if (cut) {
+    const sc_u64 before = sc_block_scan(wr, s.red, total);
+    const double cf = ceil(__dmul_rn((double)top_p, (double)total));
+    const sc_u64 cap = total > 0 ? total : 1ull;
+    const sc_u64 need = cf <= 1.0 ? 1ull : (cf >= (double)cap ? cap : (sc_u64)cf);
+    member = ranked && before < need;
+  }
+  // The nucleus in id order: a member's place is the number of members of lower id.
+  __syncthreads();  // s.order's readers are done; tmax becomes the members' ids
+  s.tmax[tid] = member ? idr : 0xffffffffu;
+  __syncthreads();
+  unsigned place = 0;
+  if (member) {
+    for (int u = 0; u < (int)k; ++u) place += s.tmax[u] < idr ? 1u : 0u;
+    s.cw[place] = wr;
+    s.cid[place] = idr;
+  }
+  const sc_u64 n_members = sc_block_sum(member ? 1ull : 0ull, s.red);
+  const unsigned v = tid < (int)n_members ? s.cw[tid] : 0u;
+  const sc_u64 base = sc_block_scan(v, s.red, total);
+  const sc_u64 r = __umul64hi(bits, total);
+  if (tid < (int)n_members && base <= r && r < base + v) *out = (int)s.cid[tid];
+  return true;
 }
 
 // Block b: params[b·10 ..]: logits row, temperature (f32 bits), top_k (0 = off), top_p
@@ -224,6 +328,10 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS)
   // 4. top-k: what ranks below the k-th weight becomes 0 (equal weights: the lower
   // ids stay).
   if (top_k > 0 && top_k < n_pos) {
+    if (top_k <= SC_SMALL_K && top_k <= (unsigned)nt &&
+        sc_small_top_k(w, n, top_k, top_p < 1.0f, top_p, bits, sel, out)) {
+      return;
+    }
     sc_u64 above, eq;
     const unsigned kappa = sc_select<false>(w, n, top_k, sel, above, eq);
     const sc_u64 take = top_k - above;
