@@ -22,10 +22,13 @@ pub enum Want {
     /// The greedy token of every position ([`StepOut::Tokens`]): a verify step of a
     /// plain greedy request, whose rows need only their argmax.
     GreedyRows,
-    /// The token [`SeqStep::draw`] picks from the last position's logits
+    /// The token [`SeqStep::draws`]`[0]` picks from the last position's logits
     /// (`sampler::sample_with`), chosen where the logits are, so only the id comes back
     /// ([`StepOut::Token`]).
     Sample,
+    /// Each position's token as its draw in [`SeqStep::draws`] picks it
+    /// ([`StepOut::Tokens`]): a verify step of a sampled request.
+    SampleRows,
 }
 
 impl Want {
@@ -34,7 +37,7 @@ impl Want {
         match self {
             Want::Logits(w) => w,
             Want::Greedy | Want::Sample => Logits::Last,
-            Want::GreedyRows => Logits::All,
+            Want::GreedyRows | Want::SampleRows => Logits::All,
         }
     }
 }
@@ -49,15 +52,28 @@ pub struct SeqStep<'a> {
     /// Image rows and multimodal rotary positions (a prompt with images; the
     /// default: text).
     pub media: model::Media<'a>,
-    /// What [`Want::Sample`] samples with (None for every other want).
-    pub draw: Option<&'a crate::sampler::Draw>,
+    /// What [`Want::Sample`] (one draw) and [`Want::SampleRows`] (one a position)
+    /// sample with; empty for every other want.
+    pub draws: &'a [crate::sampler::Draw],
 }
 
 impl SeqStep<'_> {
-    /// The draw of a [`Want::Sample`] entry.
-    pub fn sample_draw(&self) -> Result<&crate::sampler::Draw, ExecError> {
-        self.draw
-            .ok_or_else(|| ExecError::new("step", "a sampled entry came without its draw"))
+    /// The draws of the `n` positions from `first` of a sampled entry.
+    pub fn sample_draws(
+        &self,
+        first: usize,
+        n: usize,
+    ) -> Result<&[crate::sampler::Draw], ExecError> {
+        self.draws.get(first..first + n).ok_or_else(|| {
+            ExecError::new(
+                "step",
+                format!(
+                    "a sampled entry came with {} draws for positions {first}..{}",
+                    self.draws.len(),
+                    first + n
+                ),
+            )
+        })
     }
 }
 
@@ -504,7 +520,7 @@ pub(crate) fn in_pieces<E>(
     }
     Ok(match want {
         Want::Logits(Logits::All) => StepOut::Logits(logits),
-        Want::GreedyRows => StepOut::Tokens(ids),
+        Want::GreedyRows | Want::SampleRows => StepOut::Tokens(ids),
         _ => last,
     })
 }

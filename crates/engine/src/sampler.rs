@@ -149,6 +149,7 @@ pub fn draw_bits(seed: u64, pos: u64) -> u64 {
     mix64(mix64(seed) ^ pos)
 }
 
+#[derive(Clone)]
 pub struct Sampler {
     params: SamplingParams,
     seed: u64,
@@ -237,6 +238,19 @@ impl Sampler {
             bits: draw_bits(self.seed, self.pos),
             edits: edits.into_values().collect(),
         }
+    }
+
+    /// The draws of the next `drafts.len() + 1` tokens, each as if the drafts before
+    /// it had been emitted (a verify step's rows).
+    pub fn draws_ahead(&self, drafts: &[u32]) -> Vec<Draw> {
+        let mut s = self.clone();
+        let mut out = Vec::with_capacity(drafts.len() + 1);
+        for &t in drafts {
+            out.push(s.draw());
+            s.accept(t);
+        }
+        out.push(s.draw());
+        out
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {

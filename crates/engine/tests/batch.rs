@@ -97,7 +97,7 @@ impl Harness {
                 pos0: self.pos[seq],
                 want,
                 media: Default::default(),
-                draw: d.as_ref(),
+                draws: d.as_slice(),
             })
             .collect();
         let got = self.batched.step(&batch).expect("batched step");
@@ -218,7 +218,7 @@ fn check(geometry: &str, preset: Preset) {
                 pos0: h.pos[2],
                 want: last,
                 media: Default::default(),
-                draw: None,
+                draws: &[],
             },
             SeqStep {
                 seq: 0,
@@ -226,7 +226,7 @@ fn check(geometry: &str, preset: Preset) {
                 pos0: h.pos[0],
                 want: last,
                 media: Default::default(),
-                draw: None,
+                draws: &[],
             },
             SeqStep {
                 seq: 2,
@@ -234,7 +234,7 @@ fn check(geometry: &str, preset: Preset) {
                 pos0: h.pos[2] + 1,
                 want: last,
                 media: Default::default(),
-                draw: None,
+                draws: &[],
             },
         ])
         .expect_err("a sequence named twice must be refused");
@@ -250,7 +250,7 @@ fn check(geometry: &str, preset: Preset) {
             pos0: 0,
             want: last,
             media: Default::default(),
-            draw: None,
+            draws: &[],
         }])
         .expect_err("an unknown sequence must be refused");
     assert!(

@@ -54,7 +54,7 @@ fn step(ex: &mut CpuExecutor, seq: usize, toks: &[u32], pos0: usize, want: Want)
             pos0,
             want,
             media: Default::default(),
-            draw: None,
+            draws: &[],
         }])
         .expect("step");
     match out.into_iter().next().expect("one output") {

@@ -65,7 +65,7 @@ fn logits(exec: &mut dyn Executor, tokens: &[u32], pos0: usize, want: Want) -> V
             pos0,
             want,
             media: Default::default(),
-            draw: None,
+            draws: &[],
         }])
         .expect("step");
     match out.into_iter().next() {
@@ -119,7 +119,7 @@ fn rollback_gives_the_bits_of_never_feeding_the_rejected_drafts() {
                     pos0: p,
                     want: Want::GreedyRows,
                     media: Default::default(),
-                    draw: None,
+                    draws: &[],
                 };
                 let out = spec.step(&[step]).expect("step").remove(0);
                 let want: Vec<u32> = one_by_one.iter().map(|l| argmax(l)).collect();
@@ -277,6 +277,7 @@ fn prompt_lookup_emits_the_bytes_of_plain_decoding() {
     // Drafted and accepted over every arch: random weights rarely repeat themselves,
     // but the verify steps must have both kept and rejected drafts.
     let mut total = (0, 0);
+    let mut sampled_rows = 0;
     for arch in ARCHS {
         let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
         let mut plain = engine(&path, 3, SpecMode::Off, 8);
@@ -308,6 +309,16 @@ fn prompt_lookup_emits_the_bytes_of_plain_decoding() {
         assert!(drafted > 0, "{arch}: nothing was drafted");
         eprintln!("{arch}: {accepted} of {drafted} drafts accepted");
         total = (total.0 + drafted, total.1 + accepted);
+        // Nobody asking for logits: decode steps take the executor's token (greedy:
+        // `Want::Greedy`; seeded: `Want::Sample`, drawn where the logits are) and
+        // verify steps each row's (`GreedyRows`, `SampleRows` with the draw of each
+        // row's position); the tokens are those chosen from the logits on the host.
+        for (i, r) in reqs.iter().enumerate() {
+            spec.reset().expect("reset");
+            let c = spec.generate(r, &mut |_| Flow::Continue).expect("spec");
+            assert_eq!(c.tokens, a[i].tokens, "{arch}: request {i} without logits");
+            sampled_rows += usize::from(r.sampling.temperature > 0.0) * c.timings.draft_n_accepted;
+        }
 
         // A chat turn continuing the first request's conversation: its slot's state
         // (after verify steps and rollbacks) serves the new prompt's start.
@@ -344,6 +355,10 @@ fn prompt_lookup_emits_the_bytes_of_plain_decoding() {
         "{} of {} drafts accepted: the test must see drafts kept and rejected",
         total.1,
         total.0
+    );
+    assert!(
+        sampled_rows > 0,
+        "no sampled request kept a draft: SampleRows went untested"
     );
 }
 

@@ -1066,8 +1066,19 @@ impl Executor for CpuExecutor {
                 Ok(match s.want {
                     Want::Logits(_) => StepOut::Logits(l.data),
                     Want::Greedy => StepOut::Token(crate::sampler::argmax(&l.data)),
-                    Want::Sample => {
-                        StepOut::Token(crate::sampler::sample_with(s.sample_draw()?, &l.data))
+                    Want::Sample => StepOut::Token(crate::sampler::sample_with(
+                        &s.sample_draws(0, 1)?[0],
+                        &l.data,
+                    )),
+                    Want::SampleRows => {
+                        let n = s.tokens.len();
+                        StepOut::Tokens(
+                            l.data
+                                .chunks_exact(l.data.len() / n)
+                                .zip(s.sample_draws(0, n)?)
+                                .map(|(row, d)| crate::sampler::sample_with(d, row))
+                                .collect(),
+                        )
                     }
                     Want::GreedyRows => StepOut::Tokens(
                         l.data

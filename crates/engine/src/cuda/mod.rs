@@ -621,8 +621,8 @@ impl CudaExecutor {
         let sampled: Vec<(usize, usize, &crate::sampler::Draw)> = entries
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.want == Want::Sample)
-            .map(|(i, e)| Ok((i, i, e.sample_draw()?)))
+            .filter(|(_, e)| matches!(e.want, Want::Sample | Want::SampleRows))
+            .map(|(i, e)| Ok((i, i, &e.sample_draws(0, 1)?[0])))
             .collect::<Result<_, ExecError>>()?;
         self.sample_rows(logits, &sampled)?;
         let gpu = &self.be.gpu;
@@ -639,7 +639,7 @@ impl CudaExecutor {
             .map(|(i, e)| {
                 Ok(match e.want {
                     Want::Greedy | Want::Sample => StepOut::Token(ids[i] as u32),
-                    Want::GreedyRows => StepOut::Tokens(vec![ids[i] as u32]),
+                    Want::GreedyRows | Want::SampleRows => StepOut::Tokens(vec![ids[i] as u32]),
                     Want::Logits(_) => StepOut::Logits(
                         gpu.download(logits + (i * vocab * 4) as u64, vocab)
                             .map_err(cuda_err("download logits"))?,
@@ -674,7 +674,7 @@ impl CudaExecutor {
         let rows = match want {
             Want::Greedy => 1,
             Want::GreedyRows => tokens.len(),
-            Want::Logits(_) | Want::Sample => return Ok(logits.ptr),
+            Want::Logits(_) | Want::Sample | Want::SampleRows => return Ok(logits.ptr),
         };
         self.be
             .gpu
@@ -683,24 +683,35 @@ impl CudaExecutor {
         Ok(self.argmax_out.ptr())
     }
 
-    /// Entry `s`'s output (for `want`, `rows` rows) from `out`, what `launch_step`
-    /// returned; a sampled entry's token is drawn here.
+    /// Entry `s`'s output for `want` (`rows` rows, from its position `first`) from
+    /// `out`, what `launch_step` returned; a sampled entry's tokens are drawn here.
     fn read_out(
         &mut self,
         out: u64,
         want: Want,
-        rows: usize,
+        (first, rows): (usize, usize),
         s: &SeqStep,
     ) -> Result<StepOut, ExecError> {
         Ok(match want {
-            Want::Sample => {
-                self.sample_rows(out, &[(0, 0, s.sample_draw()?)])?;
+            Want::Sample | Want::SampleRows => {
+                let each: Vec<(usize, usize, &crate::sampler::Draw)> = s
+                    .sample_draws(first, rows)?
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| (i, i, d))
+                    .collect();
+                self.sample_rows(out, &each)?;
                 let t: Vec<i32> = self
                     .be
                     .gpu
-                    .download(self.argmax_out.ptr(), 1)
+                    .download(self.argmax_out.ptr(), rows)
                     .map_err(cuda_err("download tokens"))?;
-                StepOut::Token(t[0] as u32)
+                let t: Vec<u32> = t.into_iter().map(|t| t as u32).collect();
+                if want == Want::Sample {
+                    StepOut::Token(t[0])
+                } else {
+                    StepOut::Tokens(t)
+                }
             }
             Want::Greedy | Want::GreedyRows => {
                 let t: Vec<i32> = self
@@ -944,7 +955,7 @@ impl CudaExecutor {
             } else {
                 self.decode_eager(s)?
             };
-            return self.read_out(out, s.want, 1, s);
+            return self.read_out(out, s.want, (0, 1), s);
         }
         // Several tokens: pieces the arena holds (every position's logits
         // need more room, so those pieces are shorter).
@@ -986,7 +997,7 @@ impl CudaExecutor {
             } else {
                 1
             };
-            self.read_out(out, want, rows, s)
+            self.read_out(out, want, (off, rows), s)
         })
     }
 }

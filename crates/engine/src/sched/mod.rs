@@ -550,7 +550,7 @@ impl Scheduler {
                 pos0,
                 want,
                 media: Default::default(),
-                draw: None,
+                draws: &[],
             }])?
             .pop()
             .ok_or_else(|| ExecError::new("step", "the executor returned no output"))

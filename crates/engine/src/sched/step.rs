@@ -315,8 +315,8 @@ impl Active {
     }
 
     /// A verify step fed `tokens` (the pending token, then drafts) and returned `out`,
-    /// every position's logits (or, for a plain greedy request, every position's
-    /// greedy token, `Want::GreedyRows`): emits tokens from the rows one by one exactly as
+    /// every position's logits (or, for a request that needs no logits, every
+    /// position's token: `Want::GreedyRows`, `Want::SampleRows`): emits tokens from the rows one by one exactly as
     /// plain decoding would from those logits (the mask after the tokens before it,
     /// the sampler, the callbacks), going on to the next row only while the token
     /// emitted equals the draft fed there; then rolls the sequence back to the last
@@ -400,8 +400,8 @@ struct Entry {
     item: usize,
     tokens: Vec<u32>,
     want: Want,
-    /// What a `Want::Sample` entry samples with.
-    draw: Option<Draw>,
+    /// What a `Want::Sample` or `Want::SampleRows` entry samples with.
+    draws: Vec<Draw>,
     prompt: bool,
     /// A verify step: `tokens[1..]` are drafts, and the executor keeps the trail to
     /// roll the sequence back to the last one accepted.
@@ -461,16 +461,24 @@ pub(super) fn run(
                 let verify = !drafts.is_empty();
                 let mut tokens = vec![t];
                 tokens.extend(drafts);
+                let want = match (verify, act.want) {
+                    (false, w) => w,
+                    // Plain greedy: each row's argmax is all the rows give; sampled:
+                    // each row's token, drawn as if the drafts before it were kept.
+                    (true, Want::Greedy) => Want::GreedyRows,
+                    (true, Want::Sample) => Want::SampleRows,
+                    (true, _) => Want::Logits(Logits::All),
+                };
+                let draws = match want {
+                    Want::Sample => vec![act.sampler.draw()],
+                    Want::SampleRows => act.sampler.draws_ahead(&tokens[1..]),
+                    _ => Vec::new(),
+                };
                 entries.push(Entry {
                     item: i,
                     tokens,
-                    want: match (verify, act.want) {
-                        (false, w) => w,
-                        // Plain greedy: each row's argmax is all the rows give.
-                        (true, Want::Greedy) => Want::GreedyRows,
-                        (true, _) => Want::Logits(Logits::All),
-                    },
-                    draw: (!verify && act.want == Want::Sample).then(|| act.sampler.draw()),
+                    want,
+                    draws,
                     prompt: false,
                     verify,
                     media: None,
@@ -497,7 +505,11 @@ pub(super) fn run(
                 } else {
                     Want::Greedy
                 },
-                draw: (end == p.len() && act.want == Want::Sample).then(|| act.sampler.draw()),
+                draws: if end == p.len() && act.want == Want::Sample {
+                    vec![act.sampler.draw()]
+                } else {
+                    Vec::new()
+                },
                 prompt: true,
                 verify: false,
                 media: None,
@@ -565,7 +577,7 @@ pub(super) fn run(
                     embeds: rows,
                     rope: e.media.as_ref().map(|m| &m.rope[..]),
                 },
-                draw: e.draw.as_ref(),
+                draws: &e.draws,
             }
         })
         .collect();
