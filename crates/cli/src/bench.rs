@@ -107,19 +107,10 @@ pub struct BenchArgs {
     /// use a schema the output cannot finish within the test (an unbounded array).
     #[arg(long = "json-schema", value_name = "FILE")]
     pub json_schema: Option<PathBuf>,
-    /// Generation tests sample at this temperature (0: greedy), as a chat request
-    /// does; the report records the sampling settings.
-    #[arg(long = "temp", default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Generation tests keep the k most likely tokens (0: all).
-    #[arg(long = "top-k", default_value_t = 0)]
-    pub top_k: usize,
-    /// Generation tests keep the smallest set of tokens holding this probability.
-    #[arg(long = "top-p", default_value_t = 1.0)]
-    pub top_p: f32,
-    /// Generation tests drop tokens less likely than this share of the best one's.
-    #[arg(long = "min-p", default_value_t = 0.0)]
-    pub min_p: f32,
+    /// How generation tests choose tokens (greedy unless --temp is above 0; each token
+    /// drawn where the logits are, as a chat request's); the report records it.
+    #[command(flatten)]
+    pub sampling: crate::run::Sampling,
     /// Where and how the engine runs (the settings `serve` has too).
     #[command(flatten)]
     pub engine: server::settings::EngineArgs,
@@ -464,10 +455,7 @@ impl Sink {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    // `scoria run`'s ranges (the server's).
-    crate::run::check_range("temp", a.temperature, 0.0, 2.0)?;
-    crate::run::check_range("top-p", a.top_p, 0.0, 1.0)?;
-    crate::run::check_range("min-p", a.min_p, 0.0, 1.0)?;
+    a.sampling.check()?;
     if let Some(n) = a.engine.threads {
         engine::check_threads(n)?;
     }
@@ -544,13 +532,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Some(engine::constraint::Constraint::new(g))
         }
     };
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        ..Default::default()
-    };
+    let sampling = a.sampling.params();
     if sampling.temperature > 0.0 {
         eprintln!(
             "scoria bench: generation tests sample: temperature {}, top-k {}, top-p {}, min-p {}",

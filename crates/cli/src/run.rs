@@ -32,19 +32,8 @@ pub struct RunArgs {
     /// model).
     #[arg(long = "image", value_name = "FILE", conflicts_with = "prompt_ids")]
     pub image: Vec<PathBuf>,
-    /// Sampling temperature, 0 to 2 as on the server (0 = greedy).
-    #[arg(long = "temp", default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Sample from the k most likely tokens only (0 = off).
-    #[arg(long = "top-k", default_value_t = 0)]
-    pub top_k: usize,
-    /// Sample from the smallest set of tokens whose probabilities sum to p, in (0, 1]
-    /// (1 = off).
-    #[arg(long = "top-p", default_value_t = 1.0)]
-    pub top_p: f32,
-    /// Drop tokens less likely than min-p times the most likely one, in [0, 1] (0 = off).
-    #[arg(long = "min-p", default_value_t = 0.0)]
-    pub min_p: f32,
+    #[command(flatten)]
+    pub sampling: Sampling,
     /// Penalize tokens among the last 64: positive logits divided by it, negative ones
     /// multiplied (llama.cpp style; 1 = off).
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
@@ -66,7 +55,45 @@ pub struct RunArgs {
     pub engine: server::settings::EngineArgs,
 }
 
-pub(crate) fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
+/// The token filters `run` and `bench` take (the server's names and ranges).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Sampling {
+    /// Sampling temperature, 0 to 2 as on the server (0 = greedy).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample from the k most likely tokens only (0 = off).
+    #[arg(long = "top-k", default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample from the smallest set of tokens whose probabilities sum to p, in (0, 1]
+    /// (1 = off).
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely one, in [0, 1] (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.0)]
+    pub min_p: f32,
+}
+
+impl Sampling {
+    /// Refuses a value outside the server's range, naming the flag.
+    pub fn check(&self) -> Result<()> {
+        check_range("temp", self.temperature, 0.0, 2.0)?;
+        check_range("top-p", self.top_p, 0.0, 1.0)?;
+        check_range("min-p", self.min_p, 0.0, 1.0)
+    }
+
+    /// The engine's settings: these filters, no penalties, no seed.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            ..Default::default()
+        }
+    }
+}
+
+fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
     if !(lo..=hi).contains(&v) || v.is_nan() {
         bail!("--{name} {v} is out of range [{lo}, {hi}]");
     }
@@ -75,9 +102,7 @@ pub(crate) fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
 
 pub fn run(a: RunArgs) -> Result<()> {
     // The server's range (settings `temp`): one meaning for --temp everywhere.
-    check_range("temp", a.temperature, 0.0, 2.0)?;
-    check_range("top-p", a.top_p, 0.0, 1.0)?;
-    check_range("min-p", a.min_p, 0.0, 1.0)?;
+    a.sampling.check()?;
     check_range("repeat-penalty", a.repeat_penalty, 0.0, 100.0)?;
     if let Some(n) = a.engine.threads {
         engine::check_threads(n)?;
@@ -163,13 +188,9 @@ fn generate(a: &RunArgs, model: &std::path::Path, dump: Option<std::fs::File>) -
         prompt: prompt.clone(),
         max_tokens: a.n_predict,
         sampling: SamplingParams {
-            temperature: a.temperature,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
             repeat_penalty: a.repeat_penalty,
             seed: a.seed,
-            ..Default::default()
+            ..a.sampling.params()
         },
         stop_at_eog: !a.ignore_eos,
         constraint: None,
