@@ -268,6 +268,19 @@ __device__ bool sc_small_top_k(const unsigned* __restrict__ w, int n, unsigned k
   return true;
 }
 
+// Whether a non-zero weight v (walked in id order) is in the nucleus: always without
+// top-p (`cut` false); with it, when above kp, or equal to kp while the weight ranked
+// before it (`above`, then `eb`: the equal ones of lower id) is under need. `eb`
+// advances past a v equal to kp.
+__device__ __forceinline__ bool sc_in_nucleus(unsigned v, bool cut, unsigned kp, sc_u64 above,
+                                              sc_u64 need, sc_u64& eb) {
+  if (!cut || v > kp) return true;
+  if (v < kp) return false;
+  const bool in = above + eb < need;
+  eb += v;
+  return in;
+}
+
 // Block b: params[b·10 ..]: logits row, temperature (f32 bits), top_k (0 = off), top_p
 // (f32 bits; ≥ 1 = off), min_w, the draw's 64 random bits (low, high), the row's first
 // edit, its edit count, and o: out_idx[o] gets the token. edits[e·4 ..]: id, add,
@@ -383,17 +396,7 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS)
     sc_u64 eb = eq_before;
     for (int i = lo; i < hi; ++i) {
       const unsigned v = w[i];
-      if (!v) continue;
-      bool in = true;
-      if (cut) {
-        if (v < kp) {
-          in = false;
-        } else if (v == kp) {
-          in = above + eb < need;
-          eb += v;
-        }
-      }
-      if (in) mine += v;
+      if (v && sc_in_nucleus(v, cut, kp, above, need, eb)) mine += v;
     }
   }
   sc_u64 s_n;
@@ -407,17 +410,7 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS)
     sc_u64 acc = base, eb = eq_before;
     for (int i = lo; i < hi; ++i) {
       const unsigned v = w[i];
-      if (!v) continue;
-      bool in = true;
-      if (cut) {
-        if (v < kp) {
-          in = false;
-        } else if (v == kp) {
-          in = above + eb < need;
-          eb += v;
-        }
-      }
-      if (in) {
+      if (v && sc_in_nucleus(v, cut, kp, above, need, eb)) {
         acc += v;
         if (r < acc) {
           *out = i;
