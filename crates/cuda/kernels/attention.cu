@@ -133,8 +133,10 @@ extern "C" __global__ void __launch_bounds__(32 * SC_PREP_WARPS) attn_prep_rows(
 // or splits ran with it (prefill ≡ decode ≡ verify ≡ a prompt continued after decode).
 //
 // Split mode (n_split > 1, for few query rows): blockIdx.z is the chunk, whose
-// (m, l, o) the block writes to `scratch` (m = -inf for a chunk past the end);
-// attn_combine folds them. Otherwise (one launch over every key) the block folds its
+// (m, l, o) the block writes to `scratch` (m = -inf for a row that sees none of it;
+// nothing at all for a chunk past every row's last key: the grid spans the cache's
+// capacity, the rows' positions are on the device); attn_combine folds each row's
+// chunks up to its last key. Otherwise (one launch over every key) the block folds its
 // chunks itself as it walks them and writes the output.
 //
 // Rows mode (kv_tab given: a batched decode step): each of the n_tok tokens is one
@@ -192,6 +194,9 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
                                                int n_split, const unsigned long long* __restrict__ kv_tab) {
   constexpr int ND = HD / 32;  // output dims per lane
   constexpr int AQ = 4 * NW;   // query rows per block
+  // float4s of K (and of V) each thread loads per tile, and how many at once.
+  constexpr int TILE_PER = (SC_AK * (HD / 4) + 32 * NW - 1) / (32 * NW);
+  constexpr int TILE_BATCH = TILE_PER < 32 / NW ? TILE_PER : 32 / NW;
   extern __shared__ float4 smem4[];
   float* smem = (float*)smem4;
   float* sQ = smem;                        // [AQ][HD]
@@ -212,18 +217,6 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   }
   const int split = blockIdx.z;
 
-  // Query tile (zeros for rows past the end).
-  for (int idx = threadIdx.x; idx < AQ * (HD / 4); idx += blockDim.x) {
-    const int rl = idx / (HD / 4), c = idx % (HD / 4);
-    const int r = row0 + rl;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (r < n_rows) {
-      const int t = t0 + r / group, h = kvh * group + r % group;
-      v = *(const float4*)(q + ((size_t)t * n_head + h) * HD + 4 * c);
-    }
-    *(float4*)(sQ + rl * HD + 4 * c) = v;
-  }
-
   // This warp's 4 rows: their last visible key (-1 for rows past the end).
   int limit[4];
   int last_row = min(row0 + AQ, n_rows) - 1;
@@ -236,6 +229,22 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
   // The chunks this block takes: its split's, or every one it sees.
   const int c_first = n_split > 1 ? split : 0;
   const int c_last = n_split > 1 ? split : block_limit / SC_ACHUNK;
+  // A chunk past every row's last key: nothing to write (attn_combine stops at each
+  // row's last chunk), so a cache's capacity costs a decode step almost nothing.
+  if (c_first * SC_ACHUNK > block_limit) return;
+
+  // Query tile (zeros for rows past the end).
+  for (int idx = threadIdx.x; idx < AQ * (HD / 4); idx += blockDim.x) {
+    const int rl = idx / (HD / 4), c = idx % (HD / 4);
+    const int r = row0 + rl;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < n_rows) {
+      const int t = t0 + r / group, h = kvh * group + r % group;
+      v = *(const float4*)(q + ((size_t)t * n_head + h) * HD + 4 * c);
+    }
+    *(float4*)(sQ + rl * HD + 4 * c) = v;
+  }
+
 
   // The fold of the chunks so far (one-launch mode) and the current chunk's state.
   float M[4], L[4], O[4][ND];
@@ -261,21 +270,36 @@ __device__ __forceinline__ void attn_core_body(const float* __restrict__ q, int 
 
     for (int kb = k_begin; kb < k_end; kb += SC_AK) {
       __syncthreads();  // the previous tile is consumed (and, first time, sQ is written)
-      for (int idx = threadIdx.x; idx < SC_AK * (HD / 4); idx += blockDim.x) {
-        const int j = idx / (HD / 4), c = idx % (HD / 4);
-        const int key = kb + j;
-        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-        if (key < k_end) {
-          const size_t off = ((size_t)key * n_head_kv + kvh) * HD + 4 * c;
-          kv = *(const float4*)(k_cache + off);
-          vv = *(const float4*)(v_cache + off);
+      // The tile's float4s in batches whose loads are all issued before the first
+      // store, so a thread waits for memory once a batch, not once a float4.
+#pragma unroll
+      for (int b0 = 0; b0 < TILE_PER; b0 += TILE_BATCH) {
+        float4 kv[TILE_BATCH], vv[TILE_BATCH];
+#pragma unroll
+        for (int u = 0; u < TILE_BATCH; u++) {
+          const int idx = threadIdx.x + (b0 + u) * 32 * NW;
+          const int key = kb + idx / (HD / 4);
+          kv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          vv[u] = kv[u];
+          if (idx < SC_AK * (HD / 4) && key < k_end) {
+            const size_t off = ((size_t)key * n_head_kv + kvh) * HD + 4 * (idx % (HD / 4));
+            kv[u] = *(const float4*)(k_cache + off);
+            vv[u] = *(const float4*)(v_cache + off);
+          }
         }
-        float* kd = sK + j * (HD + 1) + 4 * c;
-        kd[0] = kv.x;
-        kd[1] = kv.y;
-        kd[2] = kv.z;
-        kd[3] = kv.w;
-        *(float4*)(sV + j * HD + 4 * c) = vv;
+#pragma unroll
+        for (int u = 0; u < TILE_BATCH; u++) {
+          const int idx = threadIdx.x + (b0 + u) * 32 * NW;
+          if (idx < SC_AK * (HD / 4)) {
+            const int j = idx / (HD / 4), c = idx % (HD / 4);
+            float* kd = sK + j * (HD + 1) + 4 * c;
+            kd[0] = kv[u].x;
+            kd[1] = kv[u].y;
+            kd[2] = kv[u].z;
+            kd[3] = kv[u].w;
+            *(float4*)(sV + j * HD + 4 * c) = vv[u];
+          }
+        }
       }
       __syncthreads();
 
@@ -387,31 +411,50 @@ SC_ATTN_CORE(64, attn_core_rows_hd64, true, SC_AWARPS)
 SC_ATTN_CORE(128, attn_core_rows_hd128, true, SC_AWARPS)
 SC_ATTN_CORE(256, attn_core_rows_hd256, true, SC_AWARPS)
 
-// Folds the n_split chunk results of every (token, head) in chunk order
-// (sc_attn_fold, as the one-launch kernels fold them). One block per (token, head),
-// one thread per head dim.
-extern "C" __global__ void __launch_bounds__(SC_MAX_HD)
+// Folds the chunk results of every (token, head) in chunk order (sc_attn_fold, as
+// the one-launch kernels fold them), up to the chunk of the token's last key (its
+// position: pos0_dev[0] + t, or pos0_dev[t] in rows mode; attn_core writes nothing
+// for a chunk past every row of its block). One warp per (token, head) and 32 head
+// dims (blockIdx.y), one lane per dim: the fold is a chain of dependent steps, so
+// many short chains on many SMs. The partial results are loaded SC_COMBINE_AHEAD
+// chunks at a time, all issued before the first fold.
+#define SC_COMBINE_AHEAD 32
+extern "C" __global__ void __launch_bounds__(32)
     attn_combine(const float* __restrict__ scratch, int n_split, int n_tok, int n_head, int hd,
                  const float* __restrict__ gate, int q_stride, float* __restrict__ out, int8_t* __restrict__ qs,
-                 float* __restrict__ qd, int* __restrict__ qsum) {
+                 float* __restrict__ qd, int* __restrict__ qsum, const int* __restrict__ pos0_dev,
+                 int rows_mode) {
   sc_pdl_enter();
   const size_t th = blockIdx.x;
-  const int d = threadIdx.x;
-  if (d >= hd) return;
+  const int d = blockIdx.y * 32 + threadIdx.x;
   const size_t rows_total = (size_t)n_tok * n_head;
   const float* pm = scratch;
   const float* pl = scratch + (size_t)n_split * rows_total;
   const float* po = scratch + 2 * (size_t)n_split * rows_total;
+  const int tok = (int)(th / n_head);
+  const int pos = rows_mode ? pos0_dev[tok] : pos0_dev[0] + tok;
+  const int n_used = min(n_split, pos / SC_ACHUNK + 1);
   float mx = -INFINITY, lsum = 0.0f, osum[1] = {0.0f};
-  for (int s = 0; s < n_split; s++) {
-    const size_t si = s * rows_total + th;
-    const float os[1] = {po[si * hd + d]};
-    sc_attn_fold(mx, lsum, osum, pm[si], pl[si], os);
+  for (int s0 = 0; s0 < n_used; s0 += SC_COMBINE_AHEAD) {
+    float cm[SC_COMBINE_AHEAD], cl[SC_COMBINE_AHEAD], co[SC_COMBINE_AHEAD];
+#pragma unroll
+    for (int u = 0; u < SC_COMBINE_AHEAD; u++) {
+      // Past the last chunk: a chunk that is there (the last), read and skipped.
+      const size_t si = (size_t)min(s0 + u, n_used - 1) * rows_total + th;
+      cm[u] = pm[si];
+      cl[u] = pl[si];
+      co[u] = po[si * hd + d];
+    }
+#pragma unroll
+    for (int u = 0; u < SC_COMBINE_AHEAD; u++) {
+      const float os[1] = {co[u]};
+      sc_attn_fold(mx, lsum, osum, s0 + u < n_used ? cm[u] : -INFINITY, cl[u], os);
+    }
   }
   const size_t t = th / n_head, h = th % n_head;
   const float y = sc_attn_out(osum[0], lsum, gate, t * n_head * q_stride + h * q_stride + hd + d);
   out[th * hd + d] = y;
-  // Each warp holds 32 consecutive dims of the row (hd is a multiple of 32).
+  // The warp holds 32 consecutive dims of the row (hd is a multiple of 32).
   if (qs) {
     const size_t at = th * hd + (d & ~31);
     sc_quant_block(y, d & 31, qs + at, qd + at / 32, qsum + at / 32);

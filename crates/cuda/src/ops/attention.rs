@@ -191,7 +191,8 @@ impl Gpu {
     /// sequence, or in rows mode of one sequence each): 1 when the query rows alone
     /// fill the GPU (prompts: each block walks every key) or when the chunks' partial
     /// results would need more than [`SPLIT_SCRATCH_MAX`], else one per [`KEY_CHUNK`]
-    /// keys of the capacity (decode, verify steps). Either gives the same bits.
+    /// keys of the capacity (decode, verify steps; the blocks past the rows' last key
+    /// return at once, and the fold stops there). Either gives the same bits.
     /// Depends only on host values, so a captured graph keeps it.
     fn attn_splits(&self, n_tok: usize, rows_mode: bool, shape: [usize; 4]) -> usize {
         let [n_head, n_head_kv, head_dim, n_ctx] = shape;
@@ -402,10 +403,13 @@ impl Gpu {
                 q_out[0],
                 q_out[1],
                 q_out[2],
+                Arg::P(pos0_dev),
+                Arg::I32(i32::from(rows_mode)),
             ];
             let rows = u32::try_from(n_tok * n_head)
                 .map_err(|_| CudaError::bad(KN, "too many (token, head) rows"))?;
-            self.launch(K::AttnCombine, [rows, 1, 1], head_dim as u32, 0, &args)?;
+            let dims = (head_dim / 32) as u32;
+            self.launch(K::AttnCombine, [rows, dims, 1], 32, 0, &args)?;
         }
         Ok(n_split > 1 && oq != ActQ8::NONE)
     }
