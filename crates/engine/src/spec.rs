@@ -76,6 +76,10 @@ pub struct SpecConfig {
     pub draft_max: usize,
     /// Fewer drafts than this are not verified: the step decodes one token.
     pub draft_min: usize,
+    /// Draft as long as the acceptance allows whatever a verify step costs (`false`:
+    /// the length is chosen from the measured cost of verify steps, see
+    /// [`StepCosts`], and speculation pauses where it does not pay).
+    pub fixed: bool,
 }
 
 impl Default for SpecConfig {
@@ -84,6 +88,7 @@ impl Default for SpecConfig {
             mode: SpecMode::Off,
             draft_max: DEFAULT_DRAFT_MAX,
             draft_min: 0,
+            fixed: false,
         }
     }
 }
@@ -197,6 +202,16 @@ pub(crate) struct RequestSpec {
     prompt_len: usize,
     /// The longest draft the running acceptance allows now (see [`RequestSpec::verified`]).
     run_cap: usize,
+    /// Drafts kept and draft positions tried, decayed at each verify step: the chance
+    /// that a draft token is kept (see [`RequestSpec::keep_rate`]).
+    kept: f64,
+    tried: f64,
+    /// Take the longest draft allowed, whatever it costs (`SpecConfig::fixed`).
+    fixed: bool,
+    /// Steps decoded without drafts because none paid, and after how many such steps
+    /// a draft is tried anyway (the acceptance and the costs change as the text does).
+    paused: usize,
+    probe_every: usize,
 }
 
 impl RequestSpec {
@@ -218,28 +233,64 @@ impl RequestSpec {
             text: prompt.to_vec(),
             prompt_len: prompt.len(),
             run_cap: n_max,
+            kept: PRIOR_KEPT,
+            tried: PRIOR_TRIED,
+            fixed: cfg.fixed,
+            paused: 0,
+            probe_every: FIRST_PROBE,
         })
     }
 
     /// Drafts after `emitted` (the request's output so far; its last token is the
     /// one the step feeds), at most `cap`; empty when fewer than `n_min` (at least
     /// one) come.
-    pub fn draft(&mut self, emitted: &[u32], cap: usize) -> Vec<u32> {
+    pub fn draft(&mut self, emitted: &[u32], cap: usize, costs: &StepCosts) -> Vec<u32> {
         // `text` is the prompt and a prefix of the output: bring it to the output's end.
         let synced = self.text.len() - self.prompt_len;
         self.text
             .extend_from_slice(&emitted[synced.min(emitted.len())..]);
         let d = match self.drafter {
-            Drafter::Ngram => ngram_draft(&self.text, self.len(cap)),
+            Drafter::Ngram => {
+                let n = self.len(cap, costs);
+                ngram_draft(&self.text, n)
+            }
             // The executor drafts (`RequestSpec::len` long).
             Drafter::Mtp => Vec::new(),
         };
         self.enough(d)
     }
 
-    /// How long the next draft may be, at most `cap`.
-    pub fn len(&self, cap: usize) -> usize {
-        self.n_max.min(self.run_cap).min(cap)
+    /// How long the next draft may be, at most `cap`: the longest the running
+    /// acceptance allows, or (unless `fixed`) the length among those that brings the
+    /// most tokens per second by `costs` — 0 where no draft pays, except every
+    /// `probe_every`-th such step, which drafts anyway to measure again.
+    pub fn len(&mut self, cap: usize, costs: &StepCosts) -> usize {
+        let most = self.n_max.min(self.run_cap).min(cap);
+        if self.fixed || most == 0 {
+            return most;
+        }
+        let Some(best) = best_len(self.keep_rate(), self.n_min.max(1), most, costs) else {
+            return most;
+        };
+        if best > 0 {
+            self.paused = 0;
+            self.probe_every = FIRST_PROBE;
+            return best;
+        }
+        self.paused += 1;
+        if self.paused < self.probe_every {
+            return 0;
+        }
+        // A probe; the next one waits twice as long while none pays.
+        self.paused = 0;
+        self.probe_every = (self.probe_every * 2).min(LAST_PROBE);
+        most
+    }
+
+    /// The chance that a draft token is kept, from the verify steps so far (decayed,
+    /// starting from a prior of [`PRIOR_KEPT`] / [`PRIOR_TRIED`]).
+    pub fn keep_rate(&self) -> f64 {
+        self.kept / self.tried
     }
 
     /// `d`, or nothing when it is shorter than `n_min` (at least one).
@@ -256,6 +307,14 @@ impl RequestSpec {
     /// what was kept after one that did not (a verify row past the first rejection is
     /// wasted work: every row costs the LM head), never below `n_min` nor 1.
     pub fn verified(&mut self, drafted: usize, accepted: usize) {
+        // Draft positions tried: up to and including the first rejected one.
+        let tried = if accepted < drafted {
+            accepted + 1
+        } else {
+            drafted
+        };
+        self.kept = KEEP_DECAY * self.kept + accepted as f64;
+        self.tried = KEEP_DECAY * self.tried + tried as f64;
         let floor = self.n_min.max(1);
         self.run_cap = if accepted >= drafted {
             (self.run_cap.max(1) * 2).min(self.n_max)
@@ -263,6 +322,90 @@ impl RequestSpec {
             (accepted + 1).max(floor).min(self.n_max)
         };
     }
+}
+
+/// The prior of a request's keep rate: as if 3 of 4 draft tokens had been kept
+/// (what the peers report for MTP and lookup drafts on chat and code).
+const PRIOR_KEPT: f64 = 3.0;
+const PRIOR_TRIED: f64 = 4.0;
+/// Weight of the keep counts before each verify step (0.8: the last ~5 steps count most).
+const KEEP_DECAY: f64 = 0.8;
+/// Steps without drafts (none paid) before the first probe, and the longest wait.
+const FIRST_PROBE: usize = 16;
+const LAST_PROBE: usize = 256;
+
+/// What a step of one sequence costs by the tokens it feeds (1: a decode step; k+1: a
+/// verify step of k drafts), measured by the scheduler around the executor's call:
+/// seconds, a moving average per token count. The first step of each count is not
+/// counted (it may capture a CUDA graph or fault pages in).
+#[derive(Debug, Clone, Default)]
+pub struct StepCosts {
+    /// Index tokens − 1: (steps seen, average seconds).
+    seen: Vec<(u32, f64)>,
+}
+
+/// Weight of a new measurement in [`StepCosts`]' averages.
+const COST_WEIGHT: f64 = 0.2;
+
+impl StepCosts {
+    /// A step of one sequence feeding `tokens` tokens took `secs`.
+    pub fn observe(&mut self, tokens: usize, secs: f64) {
+        if tokens == 0 || tokens > MAX_DRAFT + 1 || !secs.is_finite() {
+            return;
+        }
+        if self.seen.len() < tokens {
+            self.seen.resize(tokens, (0, 0.0));
+        }
+        let (n, avg) = &mut self.seen[tokens - 1];
+        *avg = match *n {
+            0 => 0.0,
+            1 => secs,
+            _ => *avg + COST_WEIGHT * (secs - *avg),
+        };
+        *n = n.saturating_add(1);
+    }
+
+    /// Seconds of a step feeding `tokens`, where measured.
+    fn secs(&self, tokens: usize) -> Option<f64> {
+        self.seen
+            .get(tokens.checked_sub(1)?)
+            .filter(|&&(n, _)| n >= 2)
+            .map(|&(_, s)| s)
+    }
+
+    /// A step feeding `tokens` over a decode step: measured, or the nearest measured
+    /// count below it (a count never tried looks as cheap as the last tried, so it
+    /// gets tried); None until a decode step has been measured.
+    pub fn relative(&self, tokens: usize) -> Option<f64> {
+        let one = self.secs(1).filter(|&s| s > 0.0)?;
+        let at = (1..=tokens).rev().find_map(|t| self.secs(t))?;
+        Some(at / one)
+    }
+}
+
+/// The draft length in {0} ∪ [min_len, most] with the most expected tokens per unit
+/// of step cost: a verify step of k drafts emits 1 + p + … + p^k tokens on average (p:
+/// the chance each draft is kept, given the ones before it were) and costs
+/// `costs.relative(k + 1)` decode steps. None while the costs are unknown.
+pub fn best_len(p: f64, min_len: usize, most: usize, costs: &StepCosts) -> Option<usize> {
+    costs.relative(1)?;
+    let p = p.clamp(0.0, 1.0);
+    let (mut best, mut best_rate) = (0, 1.0);
+    let (mut expect, mut pk) = (1.0, 1.0);
+    for k in 1..=most {
+        pk *= p;
+        expect += pk;
+        if k < min_len {
+            continue;
+        }
+        let cost = costs.relative(k + 1)?.max(f64::MIN_POSITIVE);
+        // Ties go to the shorter draft (less work for the same tokens).
+        if expect / cost > best_rate * (1.0 + 1e-9) {
+            best = k;
+            best_rate = expect / cost;
+        }
+    }
+    Some(best)
 }
 
 #[cfg(test)]
@@ -294,6 +437,7 @@ mod tests {
             mode: SpecMode::Ngram,
             draft_max: 8,
             draft_min: 0,
+            fixed: false,
         };
         let loop_text: Vec<u32> = [7, 8, 9].repeat(10);
         let mut s = RequestSpec::new(
@@ -303,23 +447,122 @@ mod tests {
             &loop_text,
         )
         .expect("speculates");
-        assert_eq!(s.draft(&[], 64).len(), 8);
+        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 8);
         s.verified(8, 1);
-        assert_eq!(s.draft(&[], 64).len(), 2);
+        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 2);
         s.verified(2, 0);
-        assert_eq!(s.draft(&[], 64).len(), 1);
+        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 1);
         s.verified(1, 1);
         s.verified(2, 2);
-        assert_eq!(s.draft(&[], 64).len(), 4);
+        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 4);
         s.verified(4, 4);
         s.verified(8, 8);
-        assert_eq!(s.draft(&[], 64).len(), 8);
+        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 8);
         // n_max 0: no speculation at all.
         let none = DraftLimits {
             n_max: Some(0),
             n_min: None,
         };
         assert!(RequestSpec::new(Some(Drafter::Ngram), &cfg, none, &loop_text).is_none());
+    }
+
+    /// Costs measured three times at each token count up to `upto`.
+    fn measured(upto: usize, secs: impl Fn(usize) -> f64) -> StepCosts {
+        let mut c = StepCosts::default();
+        for t in 1..=upto {
+            for _ in 0..3 {
+                c.observe(t, secs(t));
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn step_costs_skip_the_first_step_and_fill_gaps_from_below() {
+        let mut c = StepCosts::default();
+        c.observe(1, 9.0); // a graph's capture: not counted
+        assert_eq!(c.relative(1), None);
+        c.observe(1, 0.002);
+        assert_eq!(c.relative(1), Some(1.0));
+        // 5 tokens never measured: as cheap as the nearest count measured below.
+        assert_eq!(c.relative(5), Some(1.0));
+        c.observe(3, 1.0);
+        c.observe(3, 0.004);
+        assert_eq!(c.relative(3), Some(2.0));
+        assert_eq!(c.relative(5), Some(2.0));
+        // A moving average: one slow step moves it a fifth of the way.
+        c.observe(3, 0.014);
+        assert!((c.relative(3).unwrap() - 3.0).abs() < 1e-9);
+        // Nonsense is ignored.
+        c.observe(0, 1.0);
+        c.observe(MAX_DRAFT + 2, 1.0);
+        c.observe(2, f64::NAN);
+        assert_eq!(c.relative(2), Some(1.0));
+    }
+
+    #[test]
+    fn the_draft_length_follows_the_step_costs() {
+        assert_eq!(best_len(0.9, 1, 8, &StepCosts::default()), None);
+        // Every row costs a decode step (a small model's LM head on the CPU): no
+        // draft pays, however likely it is kept.
+        let linear = measured(9, |t| 0.002 * t as f64);
+        assert_eq!(best_len(0.95, 1, 8, &linear), Some(0));
+        // Rows nearly free: the longest draft, unless nothing is kept.
+        let flat = measured(9, |t| 0.003 * (1.0 + 0.01 * t as f64));
+        assert_eq!(best_len(0.9, 1, 8, &flat), Some(8));
+        assert_eq!(best_len(0.0, 1, 8, &flat), Some(0));
+        // A GPU's verify steps (5 tokens cost 2 decode steps) at 3 of 4 kept: rates
+        // 1.40, 1.54, 1.56, 1.52 for 1..4 drafts.
+        let gpu = measured(9, |t| 0.003 * (1.0 + 0.25 * (t - 1) as f64));
+        assert_eq!(best_len(0.75, 1, 8, &gpu), Some(3));
+        assert_eq!(best_len(0.75, 1, 2, &gpu), Some(2));
+        // Below the least draft verified, nothing is a choice.
+        assert_eq!(best_len(0.75, 5, 8, &gpu), Some(5));
+        assert_eq!(best_len(0.3, 5, 8, &gpu), Some(0));
+    }
+
+    #[test]
+    fn speculation_pauses_where_it_does_not_pay_and_probes() {
+        let cfg = SpecConfig {
+            mode: SpecMode::Ngram,
+            draft_max: 8,
+            ..SpecConfig::default()
+        };
+        let loop_text: Vec<u32> = [7, 8, 9].repeat(10);
+        let spec = |cfg: &SpecConfig| {
+            RequestSpec::new(
+                Some(Drafter::Ngram),
+                cfg,
+                DraftLimits::default(),
+                &loop_text,
+            )
+            .expect("speculates")
+        };
+        let linear = measured(9, |t| 0.002 * t as f64);
+        let mut s = spec(&cfg);
+        let lens: Vec<usize> = (0..48).map(|_| s.draft(&[], 64, &linear).len()).collect();
+        // 15 steps without drafts, a probe, 31 without, a probe.
+        let probes: Vec<usize> = (0..48).filter(|&i| lens[i] > 0).collect();
+        assert_eq!(probes, [15, 47]);
+        assert_eq!(lens[15], 8);
+        // Fixed: the longest, whatever the costs.
+        let mut f = spec(&SpecConfig { fixed: true, ..cfg });
+        assert_eq!(f.draft(&[], 64, &linear).len(), 8);
+        // Where drafts pay, the length follows the keep rate: all kept → long.
+        let gpu = measured(17, |t| 0.003 * (1.0 + 0.25 * (t - 1) as f64));
+        let mut g = spec(&cfg);
+        assert_eq!(g.draft(&[], 64, &gpu).len(), 3);
+        for _ in 0..10 {
+            g.verified(8, 8);
+        }
+        assert!(g.keep_rate() > 0.95, "{}", g.keep_rate());
+        assert_eq!(g.draft(&[], 64, &gpu).len(), 8);
+        // ... none kept → none drafted (until a probe).
+        for _ in 0..30 {
+            g.verified(1, 0);
+        }
+        assert!(g.keep_rate() < 0.1, "{}", g.keep_rate());
+        assert_eq!(g.draft(&[], 64, &gpu).len(), 0);
     }
 
     #[test]

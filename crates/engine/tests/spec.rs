@@ -7,6 +7,9 @@
 //! The executor's rollback itself is checked against a sequence that was never fed
 //! the rejected drafts. They run on the executor of the test device
 //! (`SCORIA_TEST_DEVICE`); one that cannot roll back says so and is skipped.
+//! Most tests fix the draft length (`SpecConfig::fixed`: they count drafts, and a
+//! length chosen from measured step costs depends on the machine's timing);
+//! `drafts_chosen_by_step_cost_keep_the_bytes` runs the default choice.
 
 mod common;
 
@@ -178,6 +181,7 @@ fn engine(path: &Path, parallel: usize, spec: SpecMode, draft_max: usize) -> Eng
                 mode: spec,
                 draft_max,
                 draft_min: 0,
+                fixed: true,
             },
             ..Default::default()
         },
@@ -362,6 +366,53 @@ fn prompt_lookup_emits_the_bytes_of_plain_decoding() {
     );
 }
 
+/// The default draft length, chosen from what this machine's steps cost and the
+/// drafts kept (so how much is drafted depends on the timing): the bytes are plain
+/// decoding's, alone and side by side.
+#[test]
+fn drafts_chosen_by_step_cost_keep_the_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
+    let mut plain = engine(&path, 2, SpecMode::Off, 8);
+    let mut spec = Engine::load(
+        &path,
+        &EngineConfig {
+            max_context: Some(2048),
+            parallel: Some(2),
+            device: Some(common::test_device()),
+            spec: SpecConfig {
+                mode: SpecMode::Ngram,
+                draft_max: 8,
+                ..SpecConfig::default()
+            },
+            ..Default::default()
+        },
+    )
+    .expect("load");
+    if spec.drafter().is_none() {
+        eprintln!("no speculation on this executor; skipped");
+        return;
+    }
+    let reqs = vec![
+        looping(request(
+            echoing(&mut plain, 30, 1),
+            160,
+            SamplingParams::default(),
+        )),
+        looping(request(echoing(&mut plain, 20, 2), 160, seeded(7))),
+        request(echoing(&mut plain, 12, 4), 100, seeded(9)),
+    ];
+    plain.reset().expect("reset");
+    let a = run_alone(&mut plain, &reqs);
+    let b = run_alone(&mut spec, &reqs);
+    same("alone", &a, &b);
+    spec.reset().expect("reset");
+    let c = common::together(&mut spec, &reqs);
+    same("side by side", &a, &c);
+    let (drafted, accepted) = drafts(&b);
+    eprintln!("by step cost: {accepted} of {drafted} drafts accepted");
+}
+
 /// Per-request limits: `n_max` 0 turns a request's speculation off, a smaller one
 /// caps its drafts; the tokens stay plain decoding's.
 #[test]
@@ -437,6 +488,7 @@ fn explicit_modes_the_engine_cannot_serve_are_refused() {
                     mode,
                     draft_max: max,
                     draft_min: min,
+                    fixed: true,
                 },
                 ..Default::default()
             },
@@ -603,6 +655,7 @@ fn mtp_drafts_emit_the_bytes_of_plain_decoding() {
                     mode: SpecMode::Mtp,
                     draft_max: 4,
                     draft_min: 0,
+                    fixed: true,
                 },
                 ..Default::default()
             },
@@ -758,6 +811,7 @@ fn tiered_prompt_lookup_keeps_the_bytes_of_resident_plain_decoding() {
                     mode,
                     draft_max: 8,
                     draft_min: 0,
+                    fixed: true,
                 },
                 ..Default::default()
             },
@@ -811,6 +865,7 @@ fn tiered_mtp_drafts_keep_the_bytes() {
                     mode,
                     draft_max: 3,
                     draft_min: 0,
+                    fixed: true,
                 },
                 ..Default::default()
             },

@@ -217,6 +217,7 @@ impl EngineSettings {
             mode: self.spec,
             draft_max: self.draft_max,
             draft_min: self.draft_min,
+            fixed: self.draft_fixed,
         };
         cfg.mmproj = self.mmproj.clone();
     }

@@ -39,7 +39,7 @@ use crate::api::{
 use crate::error::EngineError;
 use crate::exec::{self, Executor, SeqStep, StepOut, Want};
 use crate::prompt_cache::{self, PromptCache};
-use crate::spec::{Drafter, SpecConfig};
+use crate::spec::{Drafter, SpecConfig, StepCosts};
 use callbacks::{Closures, LogitsFn};
 use seq_cache::SeqCache;
 use step::Active;
@@ -164,6 +164,8 @@ pub(crate) struct Scheduler {
     /// Speculative decoding's settings, and the draft source (None: off).
     spec: SpecConfig,
     drafter: Option<Drafter>,
+    /// What steps of one sequence cost by the tokens they feed (draft lengths follow).
+    costs: StepCosts,
     /// The vision encoder requests' images go through (None: text only).
     vision: Option<std::sync::Arc<media::Vision>>,
     /// The executor failed for good (a lost device): every request is refused.
@@ -195,6 +197,7 @@ impl Scheduler {
             last_ran: 0,
             spec: SpecConfig::default(),
             drafter: None,
+            costs: StepCosts::default(),
             vision: None,
             fatal: None,
         }
@@ -367,7 +370,14 @@ impl Scheduler {
             .limits
             .n_ctx
             .saturating_sub(self.seqs.iter().map(|c| c.history.len()).sum());
-        let mut done = step::run(exec, &mut self.seqs, &self.limits, &mut items, room);
+        let mut done = step::run(
+            exec,
+            &mut self.seqs,
+            &self.limits,
+            &mut items,
+            room,
+            &mut self.costs,
+        );
         if let Some(f) = done.fatal.take() {
             tracing::error!(
                 "the executor failed for good: {f}; every request is refused from now on"
@@ -494,7 +504,14 @@ impl Scheduler {
                     .limits
                     .n_ctx
                     .saturating_sub(self.seqs[seq].history.len());
-                let done = step::run(exec, &mut self.seqs, &self.limits, &mut items, room);
+                let done = step::run(
+                    exec,
+                    &mut self.seqs,
+                    &self.limits,
+                    &mut items,
+                    room,
+                    &mut self.costs,
+                );
                 if done.ended[0] {
                     break;
                 }

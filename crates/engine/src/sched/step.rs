@@ -26,7 +26,7 @@ use crate::error::EngineError;
 use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::experts::TierStats;
 use crate::sampler::{Draw, Sampler};
-use crate::spec::{Drafter, RequestSpec};
+use crate::spec::{Drafter, RequestSpec, StepCosts};
 
 /// One request being decoded in a slot.
 pub(super) struct Active {
@@ -274,7 +274,7 @@ impl Active {
     /// positions free for them): none unless the request speculates and its next
     /// token is not forced, and none that could only be emitted past `max_tokens`.
     /// The executor is told to keep the trail the verify step needs to roll back.
-    fn drafts(&mut self, exec: &mut dyn Executor, cap: usize) -> Vec<u32> {
+    fn drafts(&mut self, exec: &mut dyn Executor, cap: usize, costs: &StepCosts) -> Vec<u32> {
         let Some(spec) = self.spec.as_mut() else {
             return Vec::new();
         };
@@ -284,12 +284,16 @@ impl Active {
         // A verify step emits at most one token past its drafts.
         let left = self.req.max_tokens.saturating_sub(self.out.len() + 1);
         let mut drafts = match spec.drafter {
-            Drafter::Ngram => spec.draft(&self.out, cap.min(left)),
+            Drafter::Ngram => spec.draft(&self.out, cap.min(left), costs),
             Drafter::Mtp => {
                 let Some(t) = self.pending else {
                     return Vec::new();
                 };
-                match exec.mtp_draft(self.seq, t, spec.len(cap.min(left))) {
+                let n = spec.len(cap.min(left), costs);
+                if n == 0 {
+                    return Vec::new();
+                }
+                match exec.mtp_draft(self.seq, t, n) {
                     Ok(d) => spec.enough(d),
                     Err(e) => {
                         tracing::warn!("slot {}: no MTP draft: {e}", self.seq);
@@ -432,6 +436,7 @@ pub(super) fn run(
     lim: &Limits,
     items: &mut [(&mut Active, &mut dyn RequestCallbacks)],
     mut room: usize,
+    costs: &mut StepCosts,
 ) -> Stepped {
     let mut ended = vec![false; items.len()];
     let mut starved = false;
@@ -456,7 +461,7 @@ pub(super) fn run(
                 let cap = room
                     .min(lim.n_ctx.saturating_sub(pos0 + 1))
                     .min(exec.verify_tokens().saturating_sub(1));
-                let drafts = act.drafts(exec, cap);
+                let drafts = act.drafts(exec, cap, costs);
                 room -= drafts.len();
                 let verify = !drafts.is_empty();
                 let mut tokens = vec![t];
@@ -596,7 +601,16 @@ pub(super) fn run(
             .into_iter()
             .map(|(i, c)| (i, s.spawn(move || c.next_mask())))
             .collect();
+        let t0 = Instant::now();
         let result = exec.step_each(&batch);
+        let took = t0.elapsed().as_secs_f64();
+        // What a step of one sequence costs by the tokens it feeds: the draft
+        // lengths are chosen by it.
+        if let ([e], Ok(_)) = (&entries[..], &result) {
+            if !e.prompt && e.media.is_none() {
+                costs.observe(e.tokens.len(), took);
+            }
+        }
         let masks: Vec<_> = helpers.into_iter().map(|(i, h)| (i, h.join())).collect();
         (result, masks)
     });

@@ -182,6 +182,11 @@ settings! {
         /// token (a request's `speculative.n_min` overrides it).
         draft_min: usize = "engine" "draft-min", Kind::Count { min: 0 }, json!(0), "",
             arg Option<u64>;
+        /// Speculative decoding: draft as long as the acceptance allows, whatever a
+        /// verify step costs. Without it the draft length is chosen from what verify
+        /// steps measured to cost against a decode step and how many drafts are kept,
+        /// and speculation pauses (trying again now and then) where it does not pay.
+        draft_fixed: bool = "engine" "draft-fixed", Kind::Bool, json!(false), "", arg bool;
         /// Context length to allocate.
         max_context: Option<usize> = "engine" "max-context", Kind::Count { min: 64 }, NULL,
             "engine default: min(trained, 4096)", arg Option<usize>, short = 'c';
