@@ -279,7 +279,13 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
     }
     WEIGHTS.with_borrow_mut(|w| {
         w.resize(l.len(), 0);
-        model::math::sample_weights(l, m, draw.temperature, w);
+        // Elementwise, so split across the pool's threads (idle between steps) for a
+        // whole vocabulary: the same weights in any split.
+        use rayon::prelude::*;
+        const PAR_CHUNK: usize = 16 << 10;
+        w.par_chunks_mut(PAR_CHUNK)
+            .zip(l.par_chunks(PAR_CHUNK))
+            .for_each(|(w, l)| model::math::sample_weights(l, m, draw.temperature, w));
         if draw.min_w > 0 {
             w.iter_mut()
                 .filter(|x| **x < draw.min_w)
@@ -348,48 +354,45 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
     })
 }
 
-/// top-k of at most this many candidates keeps them in a heap during one pass; a
-/// larger k selects over all candidates.
-const HEAP_TOP_K: usize = 1024;
+/// Weights per group whose maximum bounds top-k's cut from below.
+const TOP_K_GROUP: usize = 64;
 
 /// The `k` best of the non-zero weights `w` by the rank (weight descending, lower id
-/// first), as (id, weight) in id order.
+/// first), as (id, weight) in id order. The k-th largest of the groups' maxima is a
+/// weight tau that at least k weights reach, so every member is among the weights ≥
+/// tau: those (few, unless many weights are equal) are gathered in one vectorisable
+/// pass and selected exactly.
 fn top_k_by_weight(w: &[u32], k: usize) -> Vec<(u32, u32)> {
     use std::cmp::Reverse;
-    // A larger key ranks first.
-    let key = |id: u32, x: u32| (x, Reverse(id));
-    let mut kept: Vec<(u32, u32)> = if k <= HEAP_TOP_K {
-        // One pass; nearly every candidate is turned away by one comparison.
-        let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
-        for (i, &x) in w.iter().enumerate() {
-            if x == 0 {
-                continue;
-            }
-            let c = Reverse(key(i as u32, x));
-            if heap.len() < k {
-                heap.push(c);
-            } else if let Some(mut worst) = heap.peek_mut() {
-                if c < *worst {
-                    *worst = c;
-                }
-            }
-        }
-        heap.into_iter()
-            .map(|Reverse((x, Reverse(id)))| (id, x))
-            .collect()
+    let maxima: Vec<u32> = w
+        .chunks(TOP_K_GROUP)
+        .map(|g| g.iter().copied().max().unwrap_or(0))
+        .collect();
+    let tau = if k <= maxima.len() {
+        let mut m = maxima.clone();
+        *m.select_nth_unstable_by_key(k - 1, |&x| Reverse(x)).1
     } else {
-        let mut all: Vec<(u32, u32)> = w
-            .iter()
-            .enumerate()
-            .filter(|c| *c.1 > 0)
-            .map(|(i, &x)| (i as u32, x))
-            .collect();
-        if k < all.len() {
-            all.select_nth_unstable_by_key(k - 1, |c| Reverse(key(c.0, c.1)));
-            all.truncate(k);
+        0
+    }
+    .max(1);
+    // Only groups whose maximum reaches tau hold candidates.
+    let mut kept: Vec<(u32, u32)> = Vec::new();
+    for (gi, g) in w.chunks(TOP_K_GROUP).enumerate() {
+        if maxima[gi] >= tau {
+            let base = gi * TOP_K_GROUP;
+            kept.extend(
+                g.iter()
+                    .enumerate()
+                    .filter(|c| *c.1 >= tau)
+                    .map(|(i, &x)| ((base + i) as u32, x)),
+            );
         }
-        all
-    };
+    }
+    if k < kept.len() {
+        // A larger weight ranks first, then the lower id.
+        kept.select_nth_unstable_by_key(k - 1, |c| (Reverse(c.1), c.0));
+        kept.truncate(k);
+    }
     kept.sort_unstable_by_key(|c| c.0);
     kept
 }
@@ -436,6 +439,10 @@ impl Ord for Worst {
         order(&self.0, &o.0)
     }
 }
+
+/// top-k of at most this many candidates keeps them in a heap during one pass; a
+/// larger k selects over all candidates.
+const HEAP_TOP_K: usize = 1024;
 
 /// The best `k` candidates (by [`order`], a total order, so the set is unique), in
 /// ascending id order.

@@ -160,6 +160,14 @@ pub fn exp(x: f32) -> f32 {
     if x < EXP_UNDERFLOW {
         return 0.0;
     }
+    exp_in_range(x)
+}
+
+/// [`exp`] for x in [`EXP_UNDERFLOW`, `EXP_OVERFLOW`] (callers guarantee it): its
+/// operations without the range checks (the same bits there), so a loop over it
+/// vectorises.
+#[inline(always)]
+fn exp_in_range(x: f32) -> f32 {
     let kf = (x * LOG2_E).round_ties_even();
     let r = (-kf).mul_add(EXP_LN2_HI, x);
     let r = (-kf).mul_add(EXP_LN2_LO, r);
@@ -174,7 +182,9 @@ pub fn exp(x: f32) -> f32 {
     // n is in -150..=128; n1, n2 in -75..=64, so both powers are normal and
     // the first product is exact. The second rounds once (subnormal results)
     // or overflows to +inf (n = 128 with p large enough).
-    let n = kf as i32;
+    // SAFETY: kf is integral and, x being in range, within -150..=128: an i32. (A
+    // saturating `as` would keep loops over it from vectorising.)
+    let n: i32 = unsafe { kf.to_int_unchecked() };
     let n1 = n >> 1;
     let n2 = n - n1;
     (p * pow2i(n1)) * pow2i(n2)
@@ -332,11 +342,20 @@ multiversion! {
 #[inline(always)]
 pub fn sample_weight(e: f32, m: f32, t: f32) -> u32 {
     let d = (e - m) / t;
-    if e.is_finite() && d >= SAMPLE_WEIGHT_CUT {
-        // d ≤ 0 for e ≤ m: exp(d) ≤ 1, at most 2^31; the cast truncates.
-        (exp(d) * SAMPLE_WEIGHT_ONE as f32) as u32
-    } else {
-        0
+    let ok = e.is_finite() && d >= SAMPLE_WEIGHT_CUT;
+    // d ≤ 0 for e ≤ m: exp(d) ≤ 1, at most 2^31; the cast truncates. Without branches
+    // (a loop over it vectorises): d is in exp's range once clamped above, and a d
+    // past EXP_OVERFLOW gives +inf either way, which the cast saturates.
+    let x = if ok { d.min(EXP_OVERFLOW) } else { 0.0 };
+    let f = exp_in_range(x) * SAMPLE_WEIGHT_ONE as f32;
+    // `f as u32` without the saturating cast's branches: f is not NaN and ≥ 0, and
+    // 2^32 or more saturates to u32::MAX as the cast does.
+    // SAFETY: the clamped value is in [0, 2^32).
+    let w: u32 = unsafe { f.min(4_294_967_040.0).to_int_unchecked() };
+    match (ok, f >= 4_294_967_296.0) {
+        (false, _) => 0,
+        (true, true) => u32::MAX,
+        (true, false) => w,
     }
 }
 

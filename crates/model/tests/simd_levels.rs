@@ -6,7 +6,8 @@
 
 use model::deltanet::{conv_step_at, gated_norm_at, step_at};
 use model::math::{
-    l2_norm_at, log_sum_exp_at, rms_norm_at, sample_weight, sample_weights_at, silu_mul_at,
+    exp, l2_norm_at, log_sum_exp_at, rms_norm_at, sample_weight, sample_weights_at, silu_mul_at,
+    SAMPLE_WEIGHT_CUT, SAMPLE_WEIGHT_ONE,
 };
 use model::simd::Level;
 
@@ -138,6 +139,19 @@ fn sample_weights_match_plain() {
                     let mut got = vec![7u32; n];
                     sample_weights_at(level, &x, m, t, &mut got);
                     assert_eq!(got, want, "{level:?} n={n} t={t}");
+                }
+                // The branch-free weight is the definition with the checked exp, also
+                // where m is not the maximum (d > 0, past exp's overflow).
+                for mm in [m, 0.0, -5.0, -1e30, f32::MIN] {
+                    for &e in &x {
+                        let d = (e - mm) / t;
+                        let def = if e.is_finite() && d >= SAMPLE_WEIGHT_CUT {
+                            (exp(d) * SAMPLE_WEIGHT_ONE as f32) as u32
+                        } else {
+                            0
+                        };
+                        assert_eq!(sample_weight(e, mm, t), def, "e={e} m={mm} t={t}");
+                    }
                 }
             }
         }
