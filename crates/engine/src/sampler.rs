@@ -360,8 +360,8 @@ const TOP_K_GROUP: usize = 64;
 /// The `k` best of the non-zero weights `w` by the rank (weight descending, lower id
 /// first), as (id, weight) in id order. The k-th largest of the groups' maxima is a
 /// weight tau that at least k weights reach, so every member is among the weights ≥
-/// tau: those (few, unless many weights are equal) are gathered in one vectorisable
-/// pass and selected exactly.
+/// tau: those (few, unless many weights are equal) are gathered from the groups whose
+/// maximum reaches tau and selected exactly.
 fn top_k_by_weight(w: &[u32], k: usize) -> Vec<(u32, u32)> {
     use std::cmp::Reverse;
     let maxima: Vec<u32> = w
