@@ -295,7 +295,7 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
         // while every non-zero weight is one.
         let mut cand: Option<Vec<(u32, u32)>> = None;
         let k = draw.top_k as usize;
-        if k > 0 && k < w.iter().filter(|&&x| x > 0).count() {
+        if k > 0 {
             cand = Some(top_k_by_weight(w, k));
         }
         if draw.top_p < 1.0 {
@@ -358,7 +358,7 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
 const TOP_K_GROUP: usize = 64;
 
 /// The `k` best of the non-zero weights `w` by the rank (weight descending, lower id
-/// first), as (id, weight) in id order. The k-th largest of the groups' maxima is a
+/// first), as (id, weight) in id order; all of them when there are at most `k`. The k-th largest of the groups' maxima is a
 /// weight tau that at least k weights reach, so every member is among the weights ≥
 /// tau: those (few, unless many weights are equal) are gathered from the groups whose
 /// maximum reaches tau and selected exactly.
