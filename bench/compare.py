@@ -28,7 +28,7 @@ import statistics
 import sys
 
 PROFILES = ("FULL", "W24", "W16", "W12-R16", "RAM", "CPU-16T")
-MODELS = ("N80", "Q35", "M30")
+MODELS = ("N80", "Q35", "M30", "Q122", "Q397", "DEMO")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -179,7 +179,7 @@ def main(argv=None):
     ap.add_argument("scoria_file", metavar="SCORIA", help="scoria bench -o json (or jsonl) output")
     ap.add_argument("peer_file", metavar="PEER", help="llama-bench -o json (or jsonl) output")
     ap.add_argument("--profile", help="FULL, W24, W16, W12-R16, RAM or CPU-16T (docs/benchmarks.md)")
-    ap.add_argument("--model", help='e.g. "Q35 synthetic, random routing" (first word N80, Q35 or M30)')
+    ap.add_argument("--model", help='e.g. "Q35 synthetic, random routing" (first word N80, Q35, M30, Q122, Q397 or DEMO)')
     ap.add_argument("--machine", help="where it ran, e.g. the GPU and CPU")
     ap.add_argument("--commit", help="scoria's commit (default: the JSON's build_commit, $SCORIA_COMMIT)")
     ap.add_argument("--peer-commit", help="the peer's commit (default: llama-bench's build_commit)")
