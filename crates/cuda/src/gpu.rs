@@ -669,40 +669,15 @@ impl Gpu {
     /// expert store's RAM tier). Synchronous: not allowed during capture.
     pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuf, CudaError> {
         self.refuse_in_capture("alloc_pinned")?;
-        self.ctx.bind()?;
-        if bytes == 0 {
-            return Ok(PinnedBuf {
-                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-                len: 0,
-                dev: 0,
-                ctx: self.ctx.clone(),
-            });
-        }
-        // SAFETY: a plain pinned allocation; PORTABLE makes it pinned for every
-        // context, DEVICEMAP readable and writable by kernels (`PinnedBuf::dev_ptr`).
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        let ptr = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| {
-            CudaError::driver(
-                format!(
-                    "cuMemHostAlloc({} of pinned host memory)",
-                    gib(bytes as u64)
-                ),
-                e,
-            )
-        })?;
-        // SAFETY: `ptr` holds `bytes` bytes; zeroing makes every byte initialised.
-        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
-        let mut buf = PinnedBuf {
-            ptr: ptr as *mut u8,
-            len: bytes,
-            dev: 0,
+        self.pinned_alloc().alloc(bytes)
+    }
+
+    /// What allocates pinned host memory in this GPU's context without the `Gpu`
+    /// (see [`PinnedAlloc`]).
+    pub fn pinned_alloc(&self) -> PinnedAlloc {
+        PinnedAlloc {
             ctx: self.ctx.clone(),
-        };
-        // SAFETY: `ptr` was allocated mapped above; `dev` receives its device address.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut buf.dev, ptr, 0) }
-            .result()
-            .map_err(|e| CudaError::driver("cuMemHostGetDevicePointer", e))?;
-        Ok(buf)
+        }
     }
 
     /// Copies `bytes` bytes of `src` from `offset` to device address `dst`,
@@ -957,6 +932,55 @@ impl<T> Drop for DevBuf<T> {
         unsafe {
             let _ = result::free_sync(self.ptr);
         }
+    }
+}
+
+/// Allocates page-locked host memory in a GPU's context on any thread, without the
+/// [`Gpu`] ([`Gpu::pinned_alloc`]): for a thread of its own that owns the buffers it
+/// fills, such as an expert reader's staging. Unlike [`Gpu::alloc_pinned`] it cannot
+/// tell whether the GPU's stream is being captured: call it only outside a capture.
+#[derive(Clone)]
+pub struct PinnedAlloc {
+    ctx: Arc<Ctx>,
+}
+
+impl PinnedAlloc {
+    /// `bytes` bytes of pinned host memory, zeroed, mapped for kernels.
+    pub fn alloc(&self, bytes: usize) -> Result<PinnedBuf, CudaError> {
+        self.ctx.bind()?;
+        if bytes == 0 {
+            return Ok(PinnedBuf {
+                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                len: 0,
+                dev: 0,
+                ctx: self.ctx.clone(),
+            });
+        }
+        // SAFETY: a plain pinned allocation; PORTABLE makes it pinned for every
+        // context, DEVICEMAP readable and writable by kernels (`PinnedBuf::dev_ptr`).
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        let ptr = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| {
+            CudaError::driver(
+                format!(
+                    "cuMemHostAlloc({} of pinned host memory)",
+                    gib(bytes as u64)
+                ),
+                e,
+            )
+        })?;
+        // SAFETY: `ptr` holds `bytes` bytes; zeroing makes every byte initialised.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+        let mut buf = PinnedBuf {
+            ptr: ptr as *mut u8,
+            len: bytes,
+            dev: 0,
+            ctx: self.ctx.clone(),
+        };
+        // SAFETY: `ptr` was allocated mapped above; `dev` receives its device address.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut buf.dev, ptr, 0) }
+            .result()
+            .map_err(|e| CudaError::driver("cuMemHostGetDevicePointer", e))?;
+        Ok(buf)
     }
 }
 

@@ -22,7 +22,7 @@ pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use gguf::GgmlType;
 #[cfg(feature = "cuda")]
-pub use gpu::{DevBuf, Event, Gpu, Graph, Lane, PinnedBuf};
+pub use gpu::{DevBuf, Event, Gpu, Graph, Lane, PinnedAlloc, PinnedBuf};
 #[cfg(feature = "cuda")]
 pub use ops::{
     sample_words, supports_type, ActQ8, DnRows, DnStep, Mat, MoeRoute, Rotary, RouterRoute,
