@@ -562,6 +562,17 @@ fn cuda_budgets<'a>(
             SpecMode::Off => 0,
             _ => cfg.spec.draft_max + 1,
         },
+        reads: read_policy(cfg),
+    }
+}
+
+/// How tiered experts held only in the file are read (both executors).
+fn read_policy(cfg: &EngineConfig) -> experts::ReadPolicy {
+    experts::ReadPolicy {
+        deadline: cfg
+            .expert_read_deadline
+            .unwrap_or(experts::DEFAULT_READ_DEADLINE),
+        ..Default::default()
     }
 }
 
@@ -592,12 +603,7 @@ fn open_executor(
                         })
                     })
                     .transpose()?;
-                let policy = experts::ReadPolicy {
-                    deadline: cfg
-                        .expert_read_deadline
-                        .unwrap_or(experts::DEFAULT_READ_DEADLINE),
-                    ..Default::default()
-                };
+                let policy = read_policy(cfg);
                 Some(CpuTier::open(file, mcfg, budget, profile.as_ref(), policy)?)
             }
             None => None,

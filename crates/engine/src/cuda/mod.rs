@@ -21,8 +21,11 @@ pub use graphs::PRESSURE_RETRY;
 use graphs::{DecodeGraph, DecodeSegments, Pressure};
 use snapshot::{recurrent_uploads, upload_f32s};
 
-use crate::exec::{Executor, SeqSnapshot, SeqStep, StepOut, Want};
-use crate::experts::{plan, ExpertIndex, ExpertStore, PlanRequest, RoutingProfile, TierStats};
+use crate::exec::{EntryResult, Executor, SeqSnapshot, SeqStep, StepOut, Want};
+use crate::experts::{
+    plan, ExpertIndex, ExpertStore, PlanRequest, ReadCounters, ReadPolicy, RoutingProfile,
+    TierStats,
+};
 use crate::{Device, DeviceReport, EngineError};
 use cuda::{Gpu, Lane};
 use model::{ExecError, Logits, ModelConfig, ModelWeights, Segment};
@@ -165,6 +168,8 @@ pub struct Budgets<'a> {
     /// after each of them but the last, to roll back to (at most
     /// [`MAX_LOGIT_ROWS`]: a verify step is one pass).
     pub verify_tokens: usize,
+    /// How experts held only in the file are read (their deadline).
+    pub reads: ReadPolicy,
 }
 
 /// The most tokens a verify step may feed on this executor for `budgets`.
@@ -444,6 +449,7 @@ impl CudaExecutor {
             budgets.guess_experts,
             probe,
             map_ok,
+            budgets.reads,
             &|done| bar.set_position(dense + done),
         )?;
         bar.finish_and_clear();
@@ -851,7 +857,16 @@ impl Executor for CudaExecutor {
         Ok(())
     }
 
+    /// All or nothing: an entry that failed fails the step.
     fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError> {
+        self.step_each(batch)?.into_iter().collect()
+    }
+
+    /// With tiered experts each entry runs in a pass of its own, and an entry whose
+    /// pass could not read an expert from the file fails alone (its sequence holds
+    /// part of the step); the other entries' passes give the bits they give alone.
+    /// Any other error fails the step.
+    fn step_each(&mut self, batch: &[SeqStep]) -> Result<Vec<EntryResult>, ExecError> {
         let mut seen = vec![false; self.states.len()];
         for s in batch {
             if s.seq >= self.states.len() {
@@ -877,17 +892,34 @@ impl Executor for CudaExecutor {
             self.fed[s.seq] = 0;
         }
         let outs = self.run_step(batch);
-        self.end_trails(batch, outs.is_ok());
+        match &outs {
+            Ok(outs) => {
+                for (s, out) in batch.iter().zip(outs) {
+                    self.end_trails(std::slice::from_ref(s), out.is_ok());
+                }
+            }
+            Err(_) => self.end_trails(batch, false),
+        }
         match &outs {
             Err(e) if is_out_of_vram(e) => self.out_of_vram(&e.to_string()),
             Ok(_) => self.end_pressure(),
             Err(_) => {}
         }
         let outs = outs?;
-        for s in batch {
-            self.fed[s.seq] = s.pos0 + s.tokens.len();
+        for (s, out) in batch.iter().zip(&outs) {
+            if out.is_ok() {
+                self.fed[s.seq] = s.pos0 + s.tokens.len();
+            }
         }
         Ok(outs)
+    }
+
+    fn expert_reads(&self) -> Option<ReadCounters> {
+        self.be.tiered.as_ref().map(Tiered::read_counters)
+    }
+
+    fn standing_fault(&self) -> Option<String> {
+        self.be.tiered.as_ref().and_then(Tiered::standing_fault)
     }
 
     /// While the GPU ran out of memory less than `PRESSURE_RETRY` ago.
@@ -908,9 +940,10 @@ impl Executor for CudaExecutor {
 
 impl CudaExecutor {
     /// The entries of a checked step: batched passes where they can go together,
-    /// the rest one by one.
-    fn run_step(&mut self, batch: &[SeqStep]) -> Result<Vec<StepOut>, ExecError> {
-        let mut outs: Vec<Option<StepOut>> = batch.iter().map(|_| None).collect();
+    /// the rest one by one (each entry of a tiered executor on its own; its outcome
+    /// may be an expert that could not be read, see [`Self::step_entry`]).
+    fn run_step(&mut self, batch: &[SeqStep]) -> Result<Vec<EntryResult>, ExecError> {
+        let mut outs: Vec<Option<EntryResult>> = batch.iter().map(|_| None).collect();
         // One token of several sequences: batched passes of up to MAX_ROWS rows.
         if self.be.batches_rows() {
             let rows: Vec<usize> = (0..batch.len())
@@ -919,16 +952,39 @@ impl CudaExecutor {
             for chunk in rows.chunks(MAX_ROWS).filter(|c| c.len() > 1) {
                 let entries: Vec<&SeqStep> = chunk.iter().map(|&i| &batch[i]).collect();
                 for (&i, out) in chunk.iter().zip(self.step_rows(&entries)?) {
-                    outs[i] = Some(out);
+                    outs[i] = Some(Ok(out));
                 }
             }
         }
         for (s, out) in batch.iter().zip(outs.iter_mut()) {
             if out.is_none() {
-                *out = Some(self.step_one(s)?);
+                *out = Some(self.step_entry(s)?);
             }
         }
         Ok(outs.into_iter().flatten().collect())
+    }
+
+    /// One entry on its own ([`Self::step_one`]). With tiered experts, a pass that
+    /// failed because an expert could not be read from the file fails this entry
+    /// alone (`Ok(Err)`): the device first finishes what the pass had issued (copies
+    /// into slots the store has forgotten included), so the next pass starts from a
+    /// quiet device; every other error fails the step.
+    fn step_entry(&mut self, s: &SeqStep) -> Result<EntryResult, ExecError> {
+        let Some(t) = &self.be.tiered else {
+            return self.step_one(s).map(Ok);
+        };
+        t.begin_reads();
+        match self.step_one(s) {
+            Ok(out) => Ok(Ok(out)),
+            Err(e) if self.be.tiered.as_ref().is_some_and(Tiered::read_failed) => {
+                self.be
+                    .gpu
+                    .sync()
+                    .map_err(cuda_err("finish a step whose expert read failed"))?;
+                Ok(Err(e))
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -1,34 +1,121 @@
 //! Moving experts' bytes into VRAM: a step's misses into their slots (from the
-//! pinned RAM copy in one copy each, or read from the file with `O_DIRECT` into
-//! pinned staging and copied from there), a layer's likely experts into the prompt
+//! pinned RAM copy in one copy each, or read from the file into pinned staging by the
+//! [`ExpertReader`] and copied from there), a layer's likely experts into the prompt
 //! pool while its mixer runs, and a decode token's guessed experts into the next
 //! layer's slots ahead of its step. Copies on the copier are ordered by events.
 
 use super::{matrices, pinned, Tiered, STAGING_EXPERTS};
 use crate::cuda::weights::{cuda_err, DevWeight, MoeDev};
-use crate::experts::io::{DirectReader, ReadRequest};
-use crate::experts::{Fetch, Home};
+use crate::experts::{ExpertReader, Fetch, Filled, Home, ReadCounters, ReadError, Staging};
 use cuda::{Event, Gpu, Lane, PinnedBuf};
 use model::ExecError;
 use std::cell::RefMut;
 use std::time::Instant;
 
+/// Pinned memory is staging for expert reads: the reader's thread owns a buffer
+/// while its reads are in flight (a `PinnedBuf` is plain host memory, `Send`; it
+/// keeps its context alive, so a buffer a stalled read still holds when the
+/// executor is dropped is freed when that read ends).
+impl Staging for PinnedBuf {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
 /// Reads of experts held only in the file.
 pub(super) struct FileReads {
-    /// Per shard, opened at the first read from it.
-    pub readers: Vec<Option<DirectReader>>,
-    /// Pinned staging the reads land in (room for `STAGING_EXPERTS` experts).
-    pub staging: PinnedBuf,
+    /// Reads whole experts into pinned staging on a thread of its own, with the
+    /// deadline, the retry and a verdict per expert (`experts::reader`). A read past
+    /// its deadline keeps its buffer until the kernel is done with it, so a late
+    /// read never lands in staging a copy reads; reads fail at once meanwhile.
+    pub reader: ExpertReader<PinnedBuf>,
+    /// The last read, while copies from its staging to VRAM may still run on the
+    /// lane named: its buffer goes back to the reader only once that lane has
+    /// drained them (before the next read, as the one staging buffer was reused).
+    pub copying: Option<(Filled<PinnedBuf>, Lane)>,
+    /// Bytes of the staging allocated at load.
+    pub staging_bytes: u64,
+}
+
+impl FileReads {
+    /// Hands the last read's staging back to the reader once the copies reading it
+    /// are done (waiting for the lane they went on).
+    fn reuse_staging(&mut self, gpu: &Gpu) -> Result<(), ExecError> {
+        if let Some((f, lane)) = self.copying.take() {
+            let drained = match lane {
+                Lane::Copier => gpu.sync_copier(),
+                Lane::Stream => gpu.sync(),
+            };
+            if let Err(e) = drained {
+                // Copies may still read it: keep it out of the reader's hands.
+                self.copying = Some((f, lane));
+                return Err(cuda_err("wait for staging")(e));
+            }
+            self.reader.recycle(f.into_buf());
+        }
+        Ok(())
+    }
 }
 
 impl Tiered {
+    /// What the reads of experts from the file have done so far.
+    pub fn read_counters(&self) -> ReadCounters {
+        self.reads.borrow().reader.counters()
+    }
+
+    /// What keeps experts held only in the file from being read now, if anything
+    /// (the file changed, a read is out past its deadline).
+    pub fn standing_fault(&self) -> Option<String> {
+        self.reads
+            .borrow_mut()
+            .reader
+            .standing_fault()
+            .map(|e| e.to_string())
+    }
+
+    /// Starts an entry's pass: no expert read has failed in it.
+    pub fn begin_reads(&self) {
+        self.read_failed.set(false);
+    }
+
+    /// Whether a read of experts from the file failed since [`Self::begin_reads`]
+    /// (the pass's error is then that read's: its entry fails alone).
+    pub fn read_failed(&self) -> bool {
+        self.read_failed.get()
+    }
+
+    /// The error of expert `expert` of layer `layer` that could not be read, noted
+    /// as the pass's read failure.
+    fn read_error(&self, layer: usize, expert: u32, err: &ReadError) -> ExecError {
+        self.read_failed.set(true);
+        // Noted once; the mapped file shows the changed bytes, the pinned copy the
+        // loaded ones.
+        let changed = matches!(err, ReadError::Changed { .. });
+        if changed && !self.file_changed.replace(true) && self.cpu_from_map {
+            tracing::warn!(
+                "the CPU computes its share of the experts from the pinned copy from now \
+                 on, not from the changed file"
+            );
+        }
+        ExecError::new(
+            "read expert",
+            format!("layer {layer} expert {expert}: {err}"),
+        )
+    }
+
     /// Copies the experts of `fetch` into their slots of layer `layer` (whose slot
     /// matrices are `mats`: the layer's, or the pool's), on `lane`: on the stream,
     /// ordered before anything issued after; on the copier, ordered by the caller
     /// (the copier made to wait before, the stream made to wait before the batch
-    /// computes). On a failure the caller makes
-    /// the store forget the step's fetches (`ExpertStore::forget`), so that no later
-    /// step computes with bytes that did not arrive.
+    /// computes). Experts held only in the file are read first, in rounds of
+    /// `STAGING_EXPERTS`; an expert that cannot be read (after the reader's retry,
+    /// past its deadline, from a changed file) fails the call with its error, and
+    /// [`Self::read_failed`] says so. On any failure the caller makes the store
+    /// forget the step's fetches (`ExpertStore::forget`), so that no later step
+    /// computes with bytes that did not arrive.
     pub fn fetch(
         &self,
         gpu: &Gpu,
@@ -60,82 +147,46 @@ impl Tiered {
             return Ok(());
         }
         let t0 = Instant::now();
-        let store = self.store.borrow();
-        let index = store.index();
         let mut reads = self.reads.borrow_mut();
-        let FileReads { readers, staging } = &mut *reads;
-        for round in from_file.chunks(STAGING_EXPERTS) {
-            // The staging may still be read by the previous round's copies.
-            match lane {
-                Lane::Copier => gpu.sync_copier(),
-                Lane::Stream => gpu.sync(),
-            }
-            .map_err(cuda_err("wait for staging"))?;
-            let mut ranges = Vec::new();
-            let mut shard = None;
-            for f in round {
-                let locs = index.expert(layer, f.expert as usize).ok_or_else(|| {
-                    ExecError::new(
-                        "read expert",
-                        format!("layer {layer} expert {} is not in the index", f.expert),
-                    )
-                })?;
-                for loc in locs {
-                    if *shard.get_or_insert(loc.shard) != loc.shard {
-                        return Err(ExecError::new(
-                            "read expert",
-                            format!("layer {layer}: expert tensors span several shards"),
-                        ));
+        let done = (|| {
+            for round in from_file.chunks(STAGING_EXPERTS) {
+                reads.reuse_staging(gpu)?;
+                let experts: Vec<u32> = round.iter().map(|f| f.expert).collect();
+                let got = reads
+                    .reader
+                    .read(layer, &experts)
+                    .map_err(|e| self.read_error(layer, experts[0], &e))?;
+                if let Some((i, err)) =
+                    (0..round.len()).find_map(|i| got.ranges(i).err().map(|e| (i, e.clone())))
+                {
+                    // None of its bytes were copied: the staging is free again.
+                    reads.reader.recycle(got.into_buf());
+                    return Err(self.read_error(layer, experts[i], &err));
+                }
+                // Held until the copies reading it are done (`reuse_staging`).
+                let (got, _) = reads.copying.insert((got, lane));
+                for (i, f) in round.iter().enumerate() {
+                    let r = got
+                        .ranges(i)
+                        .map_err(|e| self.read_error(layer, f.expert, e))?;
+                    for (j, w) in mats.iter().enumerate() {
+                        gpu.copy_pinned_to_device(
+                            lane,
+                            got.buf(),
+                            r[j].start,
+                            w.matrix_bytes as usize,
+                            w.ptr + f.slot as u64 * w.stride,
+                        )
+                        .map_err(cuda_err("copy expert from staging"))?;
                     }
-                    ranges.push((loc.offset, loc.len as usize));
                 }
             }
-            let shard = shard.unwrap_or(0);
-            let reader = match &mut readers[shard] {
-                Some(r) => r,
-                slot => {
-                    let path = index.shard_path(shard).ok_or_else(|| {
-                        ExecError::new("read expert", format!("no shard {shard}"))
-                    })?;
-                    slot.insert(
-                        DirectReader::open(path).map_err(|e| ExecError::new("read expert", e))?,
-                    )
-                }
-            };
-            let base = staging.as_slice().as_ptr() as usize;
-            let mut reqs =
-                ReadRequest::carve(staging.as_mut_slice(), &ranges).ok_or_else(|| {
-                    ExecError::new(
-                        "read expert",
-                        "the staging buffer is too small or unaligned",
-                    )
-                })?;
-            reader
-                .read_batch(&mut reqs)
-                .map_err(|e| ExecError::new("read expert", e))?;
-            // Where each matrix's bytes sit in the staging.
-            let offs: Vec<usize> = reqs
-                .iter()
-                .map(|r| r.data().as_ptr() as usize - base)
-                .collect();
-            drop(reqs);
-            for (i, f) in round.iter().enumerate() {
-                for (j, w) in mats.iter().enumerate() {
-                    gpu.copy_pinned_to_device(
-                        lane,
-                        staging,
-                        offs[3 * i + j],
-                        w.matrix_bytes as usize,
-                        w.ptr + f.slot as u64 * w.stride,
-                    )
-                    .map_err(cuda_err("copy expert from staging"))?;
-                }
-            }
-        }
-        drop(store);
+            Ok(())
+        })();
+        drop(reads);
         let ns = t0.elapsed().as_nanos() as u64;
         self.store.borrow_mut().add_disk_time(ns);
-        Ok(())
+        done
     }
 
     /// Copies layer `layer`'s prefetched experts into the prompt pool on the copier

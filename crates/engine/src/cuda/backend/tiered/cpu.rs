@@ -156,7 +156,8 @@ impl Tiered {
 
     /// The gate, up and down matrices (type, bytes) of the experts `cpu` ((expert,
     /// RAM offset)) of layer `layer` as the CPU reads them (the pinned copy or the
-    /// mapped file, whichever measured faster), and the layer's n_ff.
+    /// mapped file, whichever measured faster, the pinned copy once the file was
+    /// found changed), and the layer's n_ff.
     #[allow(clippy::type_complexity)]
     fn cpu_mats(
         &self,
@@ -166,13 +167,14 @@ impl Tiered {
         let shapes = self.shapes(layer);
         let ram = self.ram[layer].as_slice();
         let mapped = &self.mapped[layer];
+        let from_map = self.cpu_from_map && !self.file_changed.get();
         let mats = cpu
             .iter()
             .map(|&(e, off)| {
                 let mut at = off;
                 std::array::from_fn(|j| {
                     let (ty, len) = shapes[j];
-                    let bytes = if self.cpu_from_map {
+                    let bytes = if from_map {
                         mapped[j].matrix_bytes(e as usize)
                     } else {
                         &ram[at..at + len]

@@ -11,10 +11,14 @@
 //! (docs/design.md invariant 1).
 //!
 //! A miss in the RAM copy is one asynchronous copy from pinned memory. A miss
-//! that is only in the file is read with `O_DIRECT` (io_uring) into pinned staging, then
-//! copied; the staging is reused only after the stream has drained the copies reading
-//! it. A failed read ends the step with an error naming the file and offset: no slot is
-//! ever computed with bytes that did not arrive.
+//! that is only in the file is read by an [`ExpertReader`](crate::experts::ExpertReader)
+//! (`O_DIRECT`, io_uring, on a thread of its own, with a deadline and one retry) into
+//! pinned staging, then copied; the staging goes back to the reader only after the
+//! lane that copies from it has drained those copies. An expert that cannot be read
+//! fails the pass it was needed in, with an error naming the file, offset and cause,
+//! and the store forgets the step's fetches: no slot is ever computed with bytes that
+//! did not arrive. A tiered executor runs each entry of a step in a pass of its own,
+//! so the executor fails only that entry (`CudaExecutor::step_each`).
 //!
 //! The mode's state is [`Tiered`]; its parts are in files of their own: the layer
 //! step of the backend (`layer.rs`: the routing read on the host, the slots'
@@ -37,7 +41,7 @@ use crate::cpu::team::Team;
 use crate::cuda::trace::{DecodeTrace, DevPoint, HostPoint};
 use crate::cuda::weights::{cuda_err, DevWeight, MoeDev};
 use crate::experts::io::ALIGN;
-use crate::experts::{CostModel, ExpertStore, TierStats};
+use crate::experts::{CostModel, ExpertReader, ExpertStore, ReadPolicy, TierStats};
 use cuda::{DevBuf, Event, Gpu, PinnedBuf};
 use model::weights::Weight;
 use model::{ExecError, ModelWeights};
@@ -61,8 +65,15 @@ pub(crate) struct Tiered {
     /// Whether the CPU reads experts from the mapped file rather than the pinned
     /// copy (whichever measured faster; the bytes are the same).
     cpu_from_map: bool,
-    /// Reads of experts held only in the file: the readers and the pinned staging.
+    /// A read found the model file changed since it was loaded: the CPU reads its
+    /// experts from the pinned copy from then on, never from the mapped file (which
+    /// shows the file as it is now).
+    file_changed: Cell<bool>,
+    /// Reads of experts held only in the file: the reader and its pinned staging.
     reads: RefCell<FileReads>,
+    /// A read of experts from the file failed in the current entry's pass
+    /// (`begin_reads`, `read_failed`).
+    read_failed: Cell<bool>,
     /// The routing's way to the host.
     mailbox: RefCell<Mailbox>,
     /// A decode step's slot per rank on its way to the device (pinned, like `outs`).
@@ -132,9 +143,10 @@ pub(crate) fn matrices(m: &MoeDev) -> [&DevWeight; 3] {
 
 impl Tiered {
     /// Allocates and fills the pinned RAM copy the store's plan asks for (from the
-    /// memory-mapped file), and the staging for file reads; `pool` is the prompt
-    /// pool's VRAM (the store's `with_pool` bytes), `n_embd` the model's width (an
-    /// expert's input).
+    /// memory-mapped file), and the staging for file reads, and opens the model
+    /// file for them (`reads`: their deadline; a file that is not the one the store's
+    /// index was built from is refused); `pool` is the prompt pool's VRAM (the
+    /// store's `with_pool` bytes), `n_embd` the model's width (an expert's input).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -146,6 +158,7 @@ impl Tiered {
         guesses: usize,
         probe: (u64, usize),
         map_ok: bool,
+        reads: ReadPolicy,
         progress: &dyn Fn(u64),
     ) -> Result<Tiered, ExecError> {
         let mut ram = Vec::with_capacity(store.n_layer());
@@ -190,7 +203,16 @@ impl Tiered {
         let staging = gpu
             .alloc_pinned(span * STAGING_EXPERTS)
             .map_err(cuda_err("pinned staging for expert reads"))?;
-        let n_shards = store.index().shard_paths().len();
+        let staging_bytes = staging.len() as u64;
+        // More staging only while the one allocated here is out of reach (it never
+        // is in practice: a read past its deadline keeps it, but no read is made
+        // until it comes back).
+        let alloc = gpu.pinned_alloc();
+        let mut reader = ExpertReader::open(store.index(), reads, move |n| {
+            alloc.alloc(n).map_err(|e| e.to_string())
+        })
+        .map_err(|e| ExecError::new("open the model file for expert reads", e))?;
+        reader.recycle(staging);
         let mailbox = Mailbox::new(gpu, n_embd)?;
         let mut t = Tiered {
             store: RefCell::new(store),
@@ -210,10 +232,13 @@ impl Tiered {
                 })
                 .collect(),
             cpu_from_map: false,
+            file_changed: Cell::new(false),
             reads: RefCell::new(FileReads {
-                readers: (0..n_shards).map(|_| None).collect(),
-                staging,
+                reader,
+                copying: None,
+                staging_bytes,
             }),
+            read_failed: Cell::new(false),
             outs: RefCell::new(None),
             mailbox: RefCell::new(mailbox),
             slot_ids: RefCell::new(None),
@@ -288,7 +313,7 @@ impl Tiered {
     }
 
     pub fn staging_bytes(&self) -> u64 {
-        self.reads.borrow().staging.len() as u64
+        self.reads.borrow().staging_bytes
     }
 
     pub fn stats(&self) -> TierStats {
