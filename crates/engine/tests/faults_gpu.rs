@@ -19,6 +19,13 @@
 //!   address) ends the requests with `CUDA_ERROR_ILLEGAL_ADDRESS`, and the engine
 //!   reports itself failed for good and refuses every later request (in a child
 //!   process: the context stays unusable).
+//! - Tiered experts read from the model file (`engine::fault`, site `ExpertRead`,
+//!   as `faults_disk.rs` on the CPU): a read that fails once or returns short
+//!   changes no byte; one that fails again ends only the request routed to that
+//!   expert, with the file, offset and cause, while the request beside it gives its
+//!   bytes alone and the next one works; a read that stalls fails its request at the
+//!   deadline, requests served from RAM and VRAM go on, reads resume when it comes
+//!   back; a file written in place is refused from then on.
 //!
 //! Without a GPU these tests print why and pass, unless `SCORIA_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
@@ -27,11 +34,13 @@ mod common;
 
 use common::{bits, gpu, together, Seen};
 use cuda::Gpu;
+use engine::experts::{ExpertIndex, RoutingProfile};
 use engine::fault::{inject, Fault, Rule, Site};
 use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest};
 use model::synth::Preset;
+use model::tensors::ExpertMatrix;
 use std::io::BufRead;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -485,4 +494,340 @@ fn sticky_child() {
     common::assert_device_lost(&mut eng, &seen, "CUDA_ERROR_ILLEGAL_ADDRESS", &p);
     let fatal = eng.fatal().unwrap_or_default().to_string();
     println!("sticky child: done ({fatal})");
+}
+
+// ---------------------------------------------------------------------------------
+// Tiered experts read from the model file on the GPU: faults injected through
+// `engine::fault` (site `ExpertRead`) into the real reads, as `faults_disk.rs` does
+// on the CPU.
+
+/// How long a step waits for an expert read in these tests.
+const READ_DEADLINE: Duration = Duration::from_millis(500);
+
+/// A (longer) and B (short, so that some experts are left that it never uses): the
+/// requests of `faults_disk.rs`, on its model.
+fn disk_requests() -> [GenerateRequest; 2] {
+    let toks = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i * 7919 + salt * 104_729 + 13) % 5000) as u32 + 100)
+            .collect()
+    };
+    [
+        GenerateRequest::greedy(toks(24, 1), 8),
+        GenerateRequest::greedy(toks(3, 2), 2),
+    ]
+}
+
+/// The file offset the read of expert `e`'s gate matrix of layer `l` starts at
+/// (the block the matrix starts in), as a range for a rule.
+fn gate_reads(index: &ExpertIndex, l: usize, e: usize) -> std::ops::Range<u64> {
+    let m = index.matrix(l, e, ExpertMatrix::Gate).expect("matrix");
+    let start = m.offset / 4096 * 4096;
+    start..start + 1
+}
+
+/// The model, an expert A routes to and B never does, B's routing profile and the
+/// RAM that holds exactly B's experts, the VRAM budget that tiers the experts, and
+/// A's and B's answers alone on a clean tiered engine.
+struct DiskSetup {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    index: ExpertIndex,
+    fault: (usize, usize),
+    b_profile: PathBuf,
+    b_bytes: u64,
+    vram: u64,
+    refs: Vec<Answer>,
+}
+
+/// A tiered engine of two slots: VRAM `vram`, RAM `ram` (with B's profile when
+/// given), reads waiting [`READ_DEADLINE`].
+fn load_tiered(path: &Path, vram: u64, ram: u64, profile: Option<&Path>) -> Engine {
+    Engine::load(
+        path,
+        &EngineConfig {
+            max_context: Some(256),
+            parallel: Some(2),
+            device: Some(Device::Cuda(0)),
+            prompt_cache: Some(0),
+            vram_budget: Some(vram),
+            ram_budget: Some(ram),
+            expert_profile: profile.map(Path::to_path_buf),
+            expert_read_deadline: Some(READ_DEADLINE),
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A request alone: its tokens and the bits of the logits each came from.
+fn solo(eng: &mut Engine, req: &GenerateRequest) -> Answer {
+    let mut logits = Vec::new();
+    let c = eng
+        .generate_with_logits(req, &mut |_| Flow::Continue, &mut |l| logits.push(bits(l)))
+        .unwrap_or_else(|e| panic!("generate: {e}"));
+    (c.tokens, logits)
+}
+
+fn disk_setup() -> DiskSetup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 11);
+    let reqs = disk_requests();
+    // The routing of each request alone, recorded on the CPU (the GPU routes alike).
+    let routed = |req: &GenerateRequest| {
+        let mut e = Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(256),
+                parallel: Some(1),
+                device: Some(Device::Cpu),
+                prompt_cache: Some(0),
+                record_routing: true,
+                ..Default::default()
+            },
+        )
+        .expect("load on the CPU");
+        solo(&mut e, req);
+        let counts = e.routing_counts().expect("recording");
+        let p = RoutingProfile::from_counts("test", e.config(), counts).expect("profile");
+        (p, counts.snapshot())
+    };
+    let (_, a) = routed(&reqs[0]);
+    let (b_profile, b) = routed(&reqs[1]);
+    let fault = (0..a.len())
+        .flat_map(|l| (0..a[l].len()).map(move |e| (l, e)))
+        .find(|&(l, e)| a[l][e] > 0 && b[l][e] == 0)
+        .expect("an expert A routes to and B does not (make B shorter)");
+    let file = gguf::GgufFile::open(&path).expect("open");
+    let cfg = model::ModelConfig::from_gguf(&file).expect("config");
+    let index = ExpertIndex::build(&file, &cfg).expect("index");
+    let b_bytes = (0..b.len())
+        .map(|l| b[l].iter().filter(|&&n| n > 0).count() as u64 * index.expert_bytes(l).expect("l"))
+        .sum();
+    let profile_path = dir.path().join("b.profile.json");
+    b_profile.save(&profile_path).expect("save");
+    let used = load(&path, 2, (None, None)).device_report().vram_used;
+    let vram = common::tiering_budgets(&path, used)
+        .0
+        .expect("a VRAM budget");
+    // The references: each request alone on a clean tiered engine, every expert
+    // outside the slots read from the file.
+    let mut eng = load_tiered(&path, vram, 0, None);
+    assert!(eng.expert_stats().is_some(), "the experts are not tiered");
+    let refs = reqs.iter().map(|r| solo(&mut eng, r)).collect();
+    assert!(eng.expert_stats().expect("tiered").disk_misses > 0);
+    DiskSetup {
+        _dir: dir,
+        path,
+        index,
+        fault,
+        b_profile: profile_path,
+        b_bytes,
+        vram,
+        refs,
+    }
+}
+
+impl DiskSetup {
+    fn fault_rule(&self, fault: Fault) -> Rule {
+        let (l, e) = self.fault;
+        Rule::new(Site::ExpertRead, self.path.to_string_lossy(), fault).at(gate_reads(
+            &self.index,
+            l,
+            e,
+        ))
+    }
+
+    /// A and B side by side: both give their answers alone.
+    fn both_work(&self, seen: &[Seen]) {
+        for (i, s) in seen.iter().enumerate() {
+            assert!(
+                matches!(s.done, Some(Ok(_))),
+                "request {i}: {:?}",
+                s.done.as_ref().map(|r| r.as_ref().err())
+            );
+            assert_eq!(
+                (s.tokens.clone(), s.logits.clone()),
+                self.refs[i],
+                "request {i}"
+            );
+        }
+    }
+
+    /// A and B side by side: A ended with an error containing each of `parts`, B
+    /// gave its answer alone.
+    fn only_a_failed(&self, seen: &[Seen], parts: &[&str]) {
+        let msg = match &seen[0].done {
+            Some(Err(m)) => m.clone(),
+            other => panic!(
+                "A should have failed: {:?}",
+                other.as_ref().map(|r| r.as_ref().map(|c| c.tokens.clone()))
+            ),
+        };
+        for p in parts {
+            assert!(msg.contains(p), "{p:?} not in {msg:?}");
+        }
+        assert!(
+            matches!(seen[1].done, Some(Ok(_))),
+            "B: {:?}",
+            seen[1].done.as_ref().map(|r| r.as_ref().err())
+        );
+        assert_eq!(
+            (seen[1].tokens.clone(), seen[1].logits.clone()),
+            self.refs[1],
+            "B beside the failed A"
+        );
+    }
+
+    /// A alone gives its answer again.
+    fn a_works(&self, eng: &mut Engine) {
+        assert_eq!(solo(eng, &disk_requests()[0]), self.refs[0], "A after");
+    }
+}
+
+#[test]
+fn an_expert_read_failing_once_or_short_changes_nothing_on_the_gpu() {
+    let _one = one_at_a_time();
+    if gpu().is_none() {
+        return;
+    }
+    let s = disk_setup();
+    let mut eng = load_tiered(&s.path, s.vram, 0, None);
+    let short = inject(Rule::new(
+        Site::ExpertRead,
+        s.path.to_string_lossy(),
+        Fault::Short(4096),
+    ));
+    let once = inject(s.fault_rule(Fault::Errno(libc::EIO)).times(1));
+    let seen = together(&mut eng, &disk_requests());
+    assert!(short.fired() > 0, "no read went to the file");
+    assert_eq!(once.fired(), 1, "the faulty expert was not read");
+    s.both_work(&seen);
+    let c = eng.expert_reads().expect("reads");
+    assert_eq!((c.retries, c.failed), (1, 0), "{c:?}");
+    assert!(eng.standing_fault().is_none());
+    assert!(eng.fatal().is_none());
+}
+
+#[test]
+fn an_expert_read_failing_again_ends_only_its_request_on_the_gpu() {
+    let _one = one_at_a_time();
+    if gpu().is_none() {
+        return;
+    }
+    let s = disk_setup();
+    // Nothing in RAM: B's experts are read from the file too, in the same steps.
+    let mut eng = load_tiered(&s.path, s.vram, 0, None);
+    {
+        let _f = inject(s.fault_rule(Fault::Errno(libc::EIO)));
+        let seen = together(&mut eng, &disk_requests());
+        let gate = s
+            .index
+            .matrix(s.fault.0, s.fault.1, ExpertMatrix::Gate)
+            .expect("gate");
+        s.only_a_failed(
+            &seen,
+            &[
+                "read expert",
+                &s.path.to_string_lossy(),
+                &format!("layer {} expert {}", s.fault.0, s.fault.1),
+                &format!("at offset {}", gate.offset),
+                "Input/output error",
+                "again when retried",
+            ],
+        );
+        // Still failing: the next request needing it fails the same way, B works.
+        let seen = together(&mut eng, &disk_requests());
+        s.only_a_failed(&seen, &["Input/output error"]);
+        let c = eng.expert_reads().expect("reads");
+        assert!(c.failed >= 2 && c.retries >= 2, "{c:?}");
+        assert!(eng.fatal().is_none());
+    }
+    // The fault gone, A works again (its slot started over, and no VRAM slot holds
+    // bytes of the expert that did not arrive).
+    s.a_works(&mut eng);
+    let seen = together(&mut eng, &disk_requests());
+    s.both_work(&seen);
+    assert!(eng.standing_fault().is_none());
+}
+
+#[test]
+fn a_stalled_expert_read_on_the_gpu_fails_its_request_at_the_deadline_and_the_others_go_on() {
+    let _one = one_at_a_time();
+    if gpu().is_none() {
+        return;
+    }
+    let s = disk_setup();
+    // B's experts in the pinned RAM copy (and the first slots): B never waits for
+    // the disk.
+    let mut eng = load_tiered(&s.path, s.vram, s.b_bytes, Some(&s.b_profile));
+    let stall = Duration::from_secs(4);
+    let f = inject(s.fault_rule(Fault::Stall(stall)).times(1));
+    let t0 = Instant::now();
+    let seen = together(&mut eng, &disk_requests());
+    assert!(
+        t0.elapsed() < stall,
+        "the step waited for the stalled read: {:?}",
+        t0.elapsed()
+    );
+    s.only_a_failed(
+        &seen,
+        &[
+            &s.path.to_string_lossy(),
+            "no answer within the 0.5 s deadline",
+        ],
+    );
+    assert_eq!(f.fired(), 1);
+    // While the read is out: the engine says so, and requests needing the disk fail
+    // fast while B, served from RAM and VRAM, works.
+    let fault = eng.standing_fault().expect("a read is out");
+    assert!(fault.contains("has not come back for"), "{fault}");
+    let seen = together(&mut eng, &disk_requests());
+    s.only_a_failed(&seen, &["has not come back for"]);
+    // Once it is back, everything works again.
+    while eng.standing_fault().is_some() {
+        assert!(t0.elapsed() < stall * 3, "the stalled read never came back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.a_works(&mut eng);
+    let c = eng.expert_reads().expect("reads");
+    assert_eq!(c.stalls, 1, "{c:?}");
+    assert!(eng.fatal().is_none());
+}
+
+#[test]
+fn a_model_file_written_in_place_is_never_served_on_the_gpu() {
+    let _one = one_at_a_time();
+    if gpu().is_none() {
+        return;
+    }
+    let s = disk_setup();
+    let mut eng = load_tiered(&s.path, s.vram, s.b_bytes, Some(&s.b_profile));
+    // Written in place (grown by a few bytes): A's experts from the file are refused.
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&s.path)
+        .expect("open");
+    f.write_all(&[0; 16]).expect("append");
+    drop(f);
+    let seen = together(&mut eng, &disk_requests());
+    s.only_a_failed(
+        &seen,
+        &[
+            &s.path.to_string_lossy(),
+            "the model file changed while scoria was serving it",
+            "restart scoria",
+        ],
+    );
+    let fault = eng.standing_fault().expect("standing");
+    assert!(
+        fault.contains("changed while scoria was serving it"),
+        "{fault}"
+    );
+    // B, served from RAM and VRAM, still works; A keeps failing (a restart is the
+    // remedy).
+    let seen = together(&mut eng, &disk_requests());
+    s.only_a_failed(&seen, &["changed while scoria was serving it"]);
+    assert!(eng.fatal().is_none());
 }
