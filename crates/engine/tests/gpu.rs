@@ -524,11 +524,12 @@ fn fused_decode_equals_the_separate_kernels() {
     }
 }
 
-/// A miss that cannot be read ends the step with an error naming the file and the
-/// offset, never a computation with missing bytes; the engine keeps answering (with
-/// the same error while the file stays broken).
+/// A model file cut short under a tiered GPU engine is refused, naming the file, the
+/// change and the remedy, never read into a computation with missing bytes; the
+/// engine keeps answering (with the same error while the file stays changed). A read
+/// that fails with the file intact names its offset (tests/faults_gpu.rs).
 #[test]
-fn a_failed_expert_read_is_an_error_naming_file_and_offset() {
+fn a_model_file_cut_short_is_refused_naming_the_file() {
     if gpu().is_none() {
         return;
     }
@@ -551,7 +552,8 @@ fn a_failed_expert_read_is_an_error_naming_file_and_offset() {
         },
     )
     .expect("tiered load");
-    // Cut the file in half: every expert past the cut is unreadable now.
+    // Cut the file in half: the reader sees the size change before any read and
+    // refuses the file from then on (its bytes are no longer the ones loaded).
     let len = std::fs::metadata(&path).expect("stat").len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -562,12 +564,15 @@ fn a_failed_expert_read_is_an_error_naming_file_and_offset() {
     for attempt in 0..2 {
         let e = t
             .logits_all(&prompt)
-            .expect_err("a read past the end must fail");
+            .expect_err("a file cut short must not be read");
         let msg = e.to_string();
         eprintln!("attempt {attempt}: {msg}");
         assert!(
-            msg.contains(&path.display().to_string()) && msg.contains("offset"),
-            "the error names neither the file nor the offset: {msg}"
+            msg.contains(&path.display().to_string())
+                && msg.contains("the model file changed while scoria was serving it")
+                && msg.contains(&format!("its size went from {len} to {} bytes", len / 2))
+                && msg.contains("restart scoria"),
+            "the error does not name the file, the change and the remedy: {msg}"
         );
     }
 }
