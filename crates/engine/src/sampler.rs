@@ -291,38 +291,25 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
                 .filter(|x| **x < draw.min_w)
                 .for_each(|x| *x = 0);
         }
-        // The candidates left after top-k and top-p, (id, weight) in id order; None
-        // while every non-zero weight is one.
-        let mut cand: Option<Vec<(u32, u32)>> = None;
+        let draw_at = |s_n: u64| ((draw.bits as u128 * s_n as u128) >> 64) as u64;
         let k = draw.top_k as usize;
         if k > 0 {
-            cand = Some(top_k_by_weight(w, k));
-        }
-        if draw.top_p < 1.0 {
-            let c = cand.unwrap_or_else(|| {
-                w.iter()
-                    .enumerate()
-                    .filter(|c| *c.1 > 0)
-                    .map(|(i, &x)| (i as u32, x))
-                    .collect()
-            });
-            let need = top_p_need(draw.top_p, c.iter().map(|c| c.1 as u64).sum());
-            let mut ranked = c;
-            rank_by_weight(&mut ranked);
-            let mut acc = 0u64;
-            let end = ranked
-                .iter()
-                .position(|c| {
-                    acc += c.1 as u64;
-                    acc >= need
-                })
-                .map_or(ranked.len(), |i| i + 1);
-            ranked.truncate(end);
-            ranked.sort_unstable_by_key(|c| c.0);
-            cand = Some(ranked);
-        }
-        let draw_at = |s_n: u64| ((draw.bits as u128 * s_n as u128) >> 64) as u64;
-        if let Some(c) = cand {
+            // top-k's candidates, (id, weight) in id order, then top-p among them.
+            let mut c = top_k_by_weight(w, k);
+            if draw.top_p < 1.0 {
+                let need = top_p_need(draw.top_p, c.iter().map(|c| c.1 as u64).sum());
+                rank_by_weight(&mut c);
+                let mut acc = 0u64;
+                let end = c
+                    .iter()
+                    .position(|c| {
+                        acc += c.1 as u64;
+                        acc >= need
+                    })
+                    .map_or(c.len(), |i| i + 1);
+                c.truncate(end);
+                c.sort_unstable_by_key(|c| c.0);
+            }
             let r = draw_at(c.iter().map(|c| c.1 as u64).sum());
             let mut acc = 0u64;
             // Not reached past the end: the best candidate weighs 2^31 > r.
@@ -334,24 +321,159 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
                 })
                 .map_or(best, |c| c.0);
         }
-        // Every weight is a candidate: the draw walks them, a chunk's sum at a time.
+        // Without top-k the candidates are the whole vocabulary or top-p's nucleus,
+        // told apart by a predicate rather than gathered: the draw walks the weights
+        // in id order, a chunk's sum at a time.
+        let nucleus = if draw.top_p < 1.0 {
+            nucleus(w, draw.top_p)
+        } else {
+            Nucleus::everything(w)
+        };
         const CHUNK: usize = 4096;
-        let sum = |c: &[u32]| c.iter().map(|&x| x as u64).sum::<u64>();
-        let r = draw_at(sum(w));
+        let r = draw_at(nucleus.sum);
         let mut acc = 0u64;
         for (ci, c) in w.chunks(CHUNK).enumerate() {
-            let s = sum(c);
+            let base = ci * CHUNK;
+            let kept = |i: usize, x: u32| nucleus.weight(base + i, x) as u64;
+            let s: u64 = c.iter().enumerate().map(|(i, &x)| kept(i, x)).sum();
             if r < acc + s {
-                let at = c.iter().position(|&x| {
-                    acc += x as u64;
+                let at = c.iter().enumerate().position(|(i, &x)| {
+                    acc += kept(i, x);
                     r < acc
                 });
-                return at.map_or(best, |i| (ci * CHUNK + i) as u32);
+                return at.map_or(best, |i| (base + i) as u32);
             }
             acc += s;
         }
         best
     })
+}
+
+/// Buckets of [`weight_bucket`]: a weight's bit length and the 3 bits below its
+/// leading one (weights below 16 one bucket each); every u32 falls in one of 240.
+const NUCLEUS_BUCKETS: usize = 240;
+
+/// The log-scale bucket of weight `x`: increasing in `x`; [`bucket_floor`] is the
+/// least weight in it.
+fn weight_bucket(x: u32) -> usize {
+    if x < 16 {
+        return x as usize;
+    }
+    let shift = 28 - x.leading_zeros(); // bit length − 4, at least 1
+    16 + (shift as usize - 1) * 8 + ((x >> shift) & 7) as usize
+}
+
+/// The least weight in bucket `b` of [`weight_bucket`] (2³² for `NUCLEUS_BUCKETS`:
+/// past every weight).
+fn bucket_floor(b: usize) -> u64 {
+    if b < 16 {
+        return b as u64;
+    }
+    let (shift, top) = ((b - 16) / 8 + 1, (b - 16) % 8 + 8);
+    (top as u64) << shift
+}
+
+/// The candidates of a draw without top-k: every weight at least `floor`, and of the
+/// weights equal to `floor` those with ids up to `last_id` (the rank puts the lower id
+/// first); `sum` is their weights' sum.
+struct Nucleus {
+    floor: u32,
+    last_id: u32,
+    sum: u64,
+}
+
+impl Nucleus {
+    /// Every weight (those of 0 add nothing).
+    fn everything(w: &[u32]) -> Nucleus {
+        Nucleus {
+            floor: 0,
+            last_id: u32::MAX,
+            sum: w.iter().map(|&x| x as u64).sum(),
+        }
+    }
+
+    /// Weight `x` of id `id` if it is a candidate, else 0; branch-free.
+    #[inline(always)]
+    fn weight(&self, id: usize, x: u32) -> u32 {
+        let kept = x > self.floor || (x == self.floor && id as u32 <= self.last_id);
+        x * kept as u32
+    }
+}
+
+/// Weights' sums per [`weight_bucket`], on the pool's threads.
+fn bucket_masses(w: &[u32]) -> [u64; NUCLEUS_BUCKETS] {
+    use rayon::prelude::*;
+    const PAR_CHUNK: usize = 16 << 10;
+    w.par_chunks(PAR_CHUNK)
+        .map(|c| {
+            // Four histograms, so that neighbours in the same bucket (most of them)
+            // do not wait on each other's additions.
+            let mut m = [[0u64; NUCLEUS_BUCKETS]; 4];
+            let quads = c.chunks_exact(4);
+            for &x in quads.remainder() {
+                m[0][weight_bucket(x)] += x as u64;
+            }
+            for q in quads {
+                for (m, &x) in m.iter_mut().zip(q) {
+                    m[weight_bucket(x)] += x as u64;
+                }
+            }
+            let [mut a, b, c, d] = m;
+            for i in 0..NUCLEUS_BUCKETS {
+                a[i] += b[i] + c[i] + d[i];
+            }
+            a
+        })
+        .reduce(
+            || [0u64; NUCLEUS_BUCKETS],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                a
+            },
+        )
+}
+
+/// top-p's nucleus over every weight (module docs, step 5) without ranking them:
+/// the rank's running sum reaches `need` in the log-scale bucket where the buckets'
+/// masses, summed from the top, do; only that bucket's weights are gathered and
+/// ranked to find the weight (and id) at which it does. Every heavier weight ranks
+/// before it, every lighter one after.
+fn nucleus(w: &[u32], top_p: f32) -> Nucleus {
+    let mass = bucket_masses(w);
+    let need = top_p_need(top_p, mass.iter().sum());
+    let mut above = 0u64;
+    // Bucket 0 holds the zero weights only and adds nothing; the sum reaches need.
+    let b = (1..NUCLEUS_BUCKETS)
+        .rev()
+        .find(|&b| {
+            let reach = above + mass[b] >= need;
+            if !reach {
+                above += mass[b];
+            }
+            reach
+        })
+        .unwrap_or(1);
+    let (lo, hi) = (bucket_floor(b), bucket_floor(b + 1));
+    let mut inb: Vec<(u32, u32)> = w
+        .iter()
+        .enumerate()
+        .filter(|c| (lo..hi).contains(&(*c.1 as u64)))
+        .map(|(i, &x)| (i as u32, x))
+        .collect();
+    rank_by_weight(&mut inb);
+    let mut acc = above;
+    for &(id, x) in &inb {
+        acc += x as u64;
+        if acc >= need {
+            return Nucleus {
+                floor: x,
+                last_id: id,
+                sum: acc,
+            };
+        }
+    }
+    // Unreachable: the bucket's weights bring the sum to need.
+    Nucleus::everything(w)
 }
 
 /// Weights per group whose maximum bounds top-k's cut from below.
@@ -830,6 +952,80 @@ mod tests {
         // (1 + 1.75) / 2 - 1, and (-3 + 1.75) * 2 - 1 (not positive: multiplied).
         assert_eq!(d.edits[1].apply(1.0), 0.375);
         assert_eq!(d.edits[1].apply(-3.0), -3.5);
+    }
+
+    #[test]
+    fn weight_buckets_increase_and_start_at_their_floor() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut xs: Vec<u32> = (0..64).chain([u32::MAX, 1 << 31, (1 << 31) - 1]).collect();
+        xs.extend((0..20_000).map(|_| rng.random::<u32>() >> rng.random_range(0..32)));
+        xs.sort_unstable();
+        let mut last = 0;
+        for &x in &xs {
+            let b = weight_bucket(x);
+            assert!(
+                b < NUCLEUS_BUCKETS && b >= last,
+                "{x}: bucket {b} after {last}"
+            );
+            let floor = bucket_floor(b);
+            assert!(floor <= x as u64, "{x}: floor {floor} of bucket {b}");
+            assert_eq!(weight_bucket(floor as u32), b, "{x}");
+            let next = bucket_floor(b + 1);
+            assert!((x as u64) < next, "{x}: next floor {next}");
+            last = b;
+        }
+    }
+
+    /// top-p alone finds its nucleus from the buckets' masses and one bucket's rank:
+    /// the same ids and sum as the rank of every weight, on peaked and flat
+    /// distributions and with many equal weights.
+    #[test]
+    fn the_nucleus_from_buckets_is_the_ranked_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        for case in 0..240 {
+            let n = 1 + rng.random_range(0..5000usize);
+            let spread = [0.01f32, 1.0, 5.0, 30.0][case % 4];
+            let w: Vec<u32> = (0..n)
+                .map(|i| {
+                    let e = -spread * rng.random::<f32>() - if i % 97 == 0 { 0.0 } else { 1.0 };
+                    // Every third case in steps of 1/8: many equal weights.
+                    let e = if case % 3 == 0 {
+                        (e * 8.0).round() / 8.0
+                    } else {
+                        e
+                    };
+                    sample_weight(e, 0.0, 1.0)
+                })
+                .collect();
+            if w.iter().all(|&x| x == 0) {
+                continue;
+            }
+            for top_p in [0.0f32, 0.3, 0.8, 0.95, 0.999_999] {
+                let nuc = nucleus(&w, top_p);
+                let got: Vec<u32> = (0..n)
+                    .filter(|&i| nuc.weight(i, w[i]) > 0)
+                    .map(|i| i as u32)
+                    .collect();
+                let mut rank: Vec<(u32, u32)> = w
+                    .iter()
+                    .enumerate()
+                    .filter(|c| *c.1 > 0)
+                    .map(|(i, &x)| (i as u32, x))
+                    .collect();
+                let need = top_p_need(top_p, rank.iter().map(|c| c.1 as u64).sum());
+                rank_by_weight(&mut rank);
+                let mut acc = 0u64;
+                let end = rank.iter().position(|c| {
+                    acc += c.1 as u64;
+                    acc >= need
+                });
+                rank.truncate(end.expect("the weights reach need") + 1);
+                let mut want: Vec<u32> = rank.iter().map(|c| c.0).collect();
+                want.sort_unstable();
+                assert_eq!(got, want, "case {case}, top_p {top_p}");
+                assert_eq!(nuc.sum, acc, "case {case}, top_p {top_p}");
+            }
+        }
     }
 
     #[test]
