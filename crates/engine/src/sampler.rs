@@ -480,7 +480,8 @@ fn nucleus(w: &[u32], top_p: f32) -> Nucleus {
 const TOP_K_GROUP: usize = 64;
 
 /// The `k` best of the non-zero weights `w` by the rank (weight descending, lower id
-/// first), as (id, weight) in id order; all of them when there are at most `k`. The k-th largest of the groups' maxima is a
+/// first), as (id, weight) in id order; all of them when there are at most `k`
+/// (also the top logits', by their [`logit_key`]s). The k-th largest of the groups' maxima is a
 /// weight tau that at least k weights reach, so every member is among the weights ≥
 /// tau: those (few, unless many weights are equal) are gathered from the groups whose
 /// maximum reaches tau and selected exactly.
@@ -526,72 +527,35 @@ fn order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
         .then(a.0.cmp(&b.0))
 }
 
-/// The `k` largest logits as (id, logit), largest first; ties: the lower id first.
+/// The `k` largest logits as (id, logit), largest first; ties (−0 and +0 among them):
+/// the lower id first; NaN never.
 pub fn top_logits(l: &[f32], k: usize) -> Vec<(u32, f32)> {
     if k == 0 {
         return Vec::new();
     }
-    let mut top = top_k_of(
-        l.iter()
-            .enumerate()
-            .map(|(i, &v)| (i as u32, v))
-            .filter(|c| !c.1.is_nan()),
-        k,
-    );
+    let keys: Vec<u32> = l.iter().map(|&v| logit_key(v)).collect();
+    let mut top: Vec<(u32, f32)> = top_k_by_weight(&keys, k)
+        .into_iter()
+        .map(|(id, _)| (id, l[id as usize]))
+        .collect();
     top.sort_unstable_by(order);
     top
 }
 
-/// A candidate in the top-k heap: the heap's greatest is the one that ranks last.
-struct Worst((u32, f32));
-
-impl PartialEq for Worst {
-    fn eq(&self, o: &Self) -> bool {
-        order(&self.0, &o.0).is_eq()
+/// A logit as a key that keeps its order ([`top_k_by_weight`] ranks keys as it
+/// ranks weights): a larger logit has a larger key, −0 and +0 share one, and NaN's
+/// is 0, which is never kept (−inf's is 0x7f_ffff).
+fn logit_key(v: f32) -> u32 {
+    if v.is_nan() {
+        return 0;
     }
-}
-impl Eq for Worst {}
-impl PartialOrd for Worst {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Worst {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        order(&self.0, &o.0)
-    }
-}
-
-/// top-k of at most this many candidates keeps them in a heap during one pass; a
-/// larger k selects over all candidates.
-const HEAP_TOP_K: usize = 1024;
-
-/// The best `k` candidates (by [`order`], a total order, so the set is unique), in
-/// ascending id order.
-fn top_k_of(cand: impl Iterator<Item = (u32, f32)>, k: usize) -> Vec<(u32, f32)> {
-    let mut kept: Vec<(u32, f32)> = if k <= HEAP_TOP_K {
-        // One pass; nearly every candidate is turned away by one comparison.
-        let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
-        for c in cand {
-            if heap.len() < k {
-                heap.push(Worst(c));
-            } else if let Some(mut worst) = heap.peek_mut() {
-                if order(&c, &worst.0).is_lt() {
-                    *worst = Worst(c);
-                }
-            }
-        }
-        heap.into_iter().map(|w| w.0).collect()
+    // −0 + 0 = +0.
+    let b = (v + 0.0).to_bits();
+    if b >> 31 == 1 {
+        !b
     } else {
-        let mut all: Vec<(u32, f32)> = cand.collect();
-        if k < all.len() {
-            all.select_nth_unstable_by(k - 1, order);
-            all.truncate(k);
-        }
-        all
-    };
-    kept.sort_unstable_by_key(|c| c.0);
-    kept
+        b | 1 << 31
+    }
 }
 
 /// Sorts (id, weight) pairs by the rank: weight descending, the lower id first. `c`
@@ -1112,6 +1076,43 @@ mod tests {
         );
         assert!(top_logits(&l, 0).is_empty());
         assert_eq!(top_logits(&l, 9).len(), 5);
+    }
+
+    /// top_logits against a full sort by `order`, over logits with ties, ±0, ±inf
+    /// and NaN, for k below, at and past the number of non-NaN logits.
+    #[test]
+    fn top_logits_are_the_first_of_the_sorted_logits() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for case in 0..300 {
+            let n = 1 + rng.random_range(0..3000usize);
+            let l: Vec<f32> = (0..n)
+                .map(|_| match rng.random_range(0..20) {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 => f32::INFINITY,
+                    3 => 0.0,
+                    4 => -0.0,
+                    5 => -f32::MIN_POSITIVE,
+                    6..=9 => (rng.random_range(-4i32..4) as f32) * 0.5,
+                    _ => rng.random_range(-40.0f32..40.0),
+                })
+                .collect();
+            let mut all: Vec<(u32, f32)> = l
+                .iter()
+                .enumerate()
+                .filter(|c| !c.1.is_nan())
+                .map(|(i, &v)| (i as u32, v))
+                .collect();
+            all.sort_by(order);
+            for k in [1, 2, 20, n / 2 + 1, all.len(), n + 5] {
+                let want: Vec<(u32, f32)> = all.iter().copied().take(k).collect();
+                let got = top_logits(&l, k);
+                let bits = |v: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                    v.iter().map(|c| (c.0, c.1.to_bits())).collect()
+                };
+                assert_eq!(bits(&got), bits(&want), "case {case}, k {k}");
+            }
+        }
     }
 
     #[test]
