@@ -258,6 +258,10 @@ impl Sampler {
     }
 }
 
+/// Weights per task when a pass over the vocabulary is split across the pool's
+/// threads (elementwise or integer sums: the same result in any split).
+const PAR_CHUNK: usize = 16 << 10;
+
 /// `⌈top_p · total⌉` in f64, within 1..=total (module docs, step 5).
 pub fn top_p_need(top_p: f32, total: u64) -> u64 {
     ((top_p as f64 * total as f64).ceil() as u64).clamp(1, total.max(1))
@@ -282,7 +286,6 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
         // Elementwise, so split across the pool's threads (idle between steps) for a
         // whole vocabulary: the same weights in any split.
         use rayon::prelude::*;
-        const PAR_CHUNK: usize = 16 << 10;
         w.par_chunks_mut(PAR_CHUNK)
             .zip(l.par_chunks(PAR_CHUNK))
             .for_each(|(w, l)| model::math::sample_weights(l, m, draw.temperature, w));
@@ -299,14 +302,7 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
             if draw.top_p < 1.0 {
                 let need = top_p_need(draw.top_p, c.iter().map(|c| c.1 as u64).sum());
                 rank_by_weight(&mut c);
-                let mut acc = 0u64;
-                let end = c
-                    .iter()
-                    .position(|c| {
-                        acc += c.1 as u64;
-                        acc >= need
-                    })
-                    .map_or(c.len(), |i| i + 1);
+                let end = reach(&c, 0, need).map_or(c.len(), |(i, _)| i + 1);
                 c.truncate(end);
                 c.sort_unstable_by_key(|c| c.0);
             }
@@ -403,7 +399,6 @@ impl Nucleus {
 /// Weights' sums per [`weight_bucket`], on the pool's threads.
 fn bucket_masses(w: &[u32]) -> [u64; NUCLEUS_BUCKETS] {
     use rayon::prelude::*;
-    const PAR_CHUNK: usize = 16 << 10;
     w.par_chunks(PAR_CHUNK)
         .map(|c| {
             // Four histograms, so that neighbours in the same bucket (most of them)
@@ -461,19 +456,28 @@ fn nucleus(w: &[u32], top_p: f32) -> Nucleus {
         .map(|(i, &x)| (i as u32, x))
         .collect();
     rank_by_weight(&mut inb);
-    let mut acc = above;
-    for &(id, x) in &inb {
-        acc += x as u64;
-        if acc >= need {
-            return Nucleus {
-                floor: x,
-                last_id: id,
-                sum: acc,
-            };
-        }
+    match reach(&inb, above, need) {
+        Some((i, sum)) => Nucleus {
+            floor: inb[i].1,
+            last_id: inb[i].0,
+            sum,
+        },
+        // Unreachable: the bucket's weights bring the sum to need.
+        None => Nucleus::everything(w),
     }
-    // Unreachable: the bucket's weights bring the sum to need.
-    Nucleus::everything(w)
+}
+
+/// Where the running sum of `ranked`'s weights (in rank order), from `above`, first
+/// reaches `need`: the index and the sum there.
+fn reach(ranked: &[(u32, u32)], above: u64, need: u64) -> Option<(usize, u64)> {
+    let mut acc = above;
+    ranked
+        .iter()
+        .position(|c| {
+            acc += c.1 as u64;
+            acc >= need
+        })
+        .map(|i| (i, acc))
 }
 
 /// Weights per group whose maximum bounds top-k's cut from below.
