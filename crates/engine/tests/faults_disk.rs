@@ -10,17 +10,16 @@
 
 mod common;
 
-use common::{bits, together, Seen};
+use common::{fault_requests, gate_reads, only_a_failed, solo, together, Bits};
 use engine::experts::{
     AlignedBuf, ExpertIndex, ExpertReader, ReadError, ReadPolicy, ReaderOptions, RoutingProfile,
 };
 use engine::fault::{inject, Fault, Rule, Site};
-use engine::{Device, Engine, EngineConfig, Flow, GenerateRequest};
+use engine::{Device, Engine, EngineConfig, GenerateRequest};
 use gguf::GgufFile;
 use model::synth::Preset;
 use model::tensors::ExpertMatrix;
 use model::{Arch, ModelConfig};
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,15 +31,6 @@ fn open(path: &Path) -> (Arc<GgufFile>, ModelConfig, ExpertIndex) {
     let cfg = ModelConfig::from_gguf(&file).expect("config");
     let index = ExpertIndex::build(&file, &cfg).expect("index");
     (file, cfg, index)
-}
-
-/// The file offset the first read of expert `e`'s gate matrix of layer `l` starts
-/// at (its aligned span's: the block the matrix starts in), as a range for a rule.
-/// The blocks after it may be shared with the next matrix, whose read starts there.
-fn gate_reads(index: &ExpertIndex, l: usize, e: usize) -> Range<u64> {
-    let m = index.matrix(l, e, ExpertMatrix::Gate).expect("matrix");
-    let start = m.offset / 4096 * 4096;
-    start..start + 1
 }
 
 fn reader(index: &ExpertIndex) -> ExpertReader<AlignedBuf> {
@@ -295,20 +285,6 @@ fn a_file_written_under_the_reader_is_refused_and_a_replaced_one_is_read_as_load
 // ---------------------------------------------------------------------------------
 // Under a running engine.
 
-fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest::greedy(prompt, max_tokens)
-}
-
-/// A (longer) and B (short, so that some experts are left that it never uses).
-fn requests() -> [GenerateRequest; 2] {
-    let toks = |n: usize, salt: usize| -> Vec<u32> {
-        (0..n)
-            .map(|i| ((i * 7919 + salt * 104_729 + 13) % 5000) as u32 + 100)
-            .collect()
-    };
-    [request(toks(24, 1), 8), request(toks(3, 2), 2)]
-}
-
 fn load(path: &Path, ram_budget: Option<u64>, profile: Option<&Path>, record: bool) -> Engine {
     Engine::load(
         path,
@@ -327,39 +303,6 @@ fn load(path: &Path, ram_budget: Option<u64>, profile: Option<&Path>, record: bo
     .expect("load")
 }
 
-/// A request's tokens and the bits of the logits each was chosen from.
-type Bits = (Vec<u32>, Vec<Vec<u32>>);
-
-fn solo(eng: &mut Engine, req: &GenerateRequest) -> Bits {
-    let mut logits = Vec::new();
-    let c = eng
-        .generate_with_logits(req, &mut |_| Flow::Continue, &mut |l| logits.push(bits(l)))
-        .expect("generate");
-    (c.tokens, logits)
-}
-
-/// What a faulted run of A and B must show: A ended with an error containing each
-/// of `parts`, B has its solo bytes.
-fn check(seen: &[Seen], refs: &[Bits], parts: &[&str]) {
-    let msg = match &seen[0].done {
-        Some(Err(m)) => m.clone(),
-        other => panic!(
-            "A should have failed: {:?}",
-            other.as_ref().map(|r| r.as_ref().map(|c| c.tokens.clone()))
-        ),
-    };
-    for p in parts {
-        assert!(msg.contains(p), "{p:?} not in {msg:?}");
-    }
-    assert!(
-        matches!(seen[1].done, Some(Ok(_))),
-        "B: {:?}",
-        seen[1].done.as_ref().map(|r| r.as_ref().err())
-    );
-    assert_eq!(seen[1].tokens, refs[1].0, "B's tokens");
-    assert_eq!(seen[1].logits, refs[1].1, "B's logits");
-}
-
 /// The model, the solo bytes of A and B on the mapped file, and an expert (layer,
 /// expert) A routes to and B never does, with B's routing profile saved in `dir`.
 struct Setup {
@@ -376,7 +319,7 @@ struct Setup {
 fn setup(arch: Arch) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = tiny(dir.path(), arch);
-    let reqs = requests();
+    let reqs = fault_requests();
     let mut eng = load(&path, None, None, false);
     let refs: Vec<Bits> = reqs
         .iter()
@@ -428,7 +371,7 @@ impl Setup {
 
     /// Checks `eng` still serves A (alone, from a clean start) with its solo bytes.
     fn a_works(&self, eng: &mut Engine) {
-        let reqs = requests();
+        let reqs = fault_requests();
         assert_eq!(solo(eng, &reqs[0]), self.refs[0], "A after the fault");
     }
 }
@@ -436,7 +379,7 @@ impl Setup {
 #[test]
 fn tiered_experts_on_the_cpu_give_the_mapped_bits() {
     let s = setup(Arch::Qwen35Moe);
-    let reqs = requests();
+    let reqs = fault_requests();
     for budget in [0, s.b_bytes] {
         let mut eng = load(&s.path, Some(budget), Some(&s.b_profile), false);
         let seen = together(&mut eng, &reqs);
@@ -458,7 +401,7 @@ fn tiered_experts_on_the_cpu_give_the_mapped_bits() {
 #[test]
 fn a_failed_expert_read_ends_only_the_request_that_needed_it() {
     let s = setup(Arch::Qwen35Moe);
-    let reqs = requests();
+    let reqs = fault_requests();
     // Every expert from the file: B's experts are read in the same batches as A's.
     let mut eng = load(&s.path, Some(0), None, false);
     {
@@ -468,7 +411,7 @@ fn a_failed_expert_read_ends_only_the_request_that_needed_it() {
             .index
             .matrix(s.fault.0, s.fault.1, ExpertMatrix::Gate)
             .expect("gate");
-        check(
+        only_a_failed(
             &seen,
             &s.refs,
             &[
@@ -480,7 +423,7 @@ fn a_failed_expert_read_ends_only_the_request_that_needed_it() {
         );
         // Still failing: the next request needing it fails the same way, B works.
         let seen = together(&mut eng, &reqs);
-        check(&seen, &s.refs, &["Input/output error"]);
+        only_a_failed(&seen, &s.refs, &["Input/output error"]);
         assert!(eng.expert_reads().expect("reads").failed >= 2);
     }
     // The fault gone, A works again (its slot started over).
@@ -491,7 +434,7 @@ fn a_failed_expert_read_ends_only_the_request_that_needed_it() {
 #[test]
 fn a_read_failing_once_or_returning_short_changes_nothing() {
     let s = setup(Arch::Qwen3Moe);
-    let reqs = requests();
+    let reqs = fault_requests();
     let mut eng = load(&s.path, Some(0), None, false);
     let short = inject(Rule::new(
         Site::ExpertRead,
@@ -520,7 +463,7 @@ fn a_read_failing_once_or_returning_short_changes_nothing() {
 #[test]
 fn a_stalled_expert_read_fails_its_request_at_the_deadline_and_the_others_go_on() {
     let s = setup(Arch::Qwen35Moe);
-    let reqs = requests();
+    let reqs = fault_requests();
     // B's experts in RAM: B never waits for the disk.
     let mut eng = load(&s.path, Some(s.b_bytes), Some(&s.b_profile), false);
     let stall = Duration::from_secs(4);
@@ -532,7 +475,7 @@ fn a_stalled_expert_read_fails_its_request_at_the_deadline_and_the_others_go_on(
         "the step waited for the stalled read: {:?}",
         t0.elapsed()
     );
-    check(
+    only_a_failed(
         &seen,
         &s.refs,
         &[
@@ -546,7 +489,7 @@ fn a_stalled_expert_read_fails_its_request_at_the_deadline_and_the_others_go_on(
     let fault = eng.standing_fault().expect("a read is out");
     assert!(fault.contains("has not come back for"), "{fault}");
     let seen = together(&mut eng, &reqs);
-    check(&seen, &s.refs, &["has not come back for"]);
+    only_a_failed(&seen, &s.refs, &["has not come back for"]);
     // Once it is back, everything works again.
     while eng.standing_fault().is_some() {
         assert!(t0.elapsed() < stall * 3, "the stalled read never came back");
@@ -560,7 +503,7 @@ fn a_stalled_expert_read_fails_its_request_at_the_deadline_and_the_others_go_on(
 #[test]
 fn a_model_file_changed_under_the_engine_is_never_served() {
     let s = setup(Arch::Qwen35Moe);
-    let reqs = requests();
+    let reqs = fault_requests();
     let mut eng = load(&s.path, Some(s.b_bytes), Some(&s.b_profile), false);
     // Written in place (grown by a few bytes): A's experts from the file are refused.
     use std::io::Write;
@@ -571,7 +514,7 @@ fn a_model_file_changed_under_the_engine_is_never_served() {
     f.write_all(&[0; 16]).expect("append");
     drop(f);
     let seen = together(&mut eng, &reqs);
-    check(
+    only_a_failed(
         &seen,
         &s.refs,
         &[
@@ -587,13 +530,13 @@ fn a_model_file_changed_under_the_engine_is_never_served() {
     );
     // B, served from RAM, still works; A keeps failing (a restart is the remedy).
     let seen = together(&mut eng, &reqs);
-    check(&seen, &s.refs, &["changed while scoria was serving it"]);
+    only_a_failed(&seen, &s.refs, &["changed while scoria was serving it"]);
 }
 
 #[test]
 fn a_model_file_deleted_or_replaced_under_the_engine_is_still_read_as_loaded() {
     let s = setup(Arch::Qwen3Moe);
-    let reqs = requests();
+    let reqs = fault_requests();
     let mut eng = load(&s.path, Some(0), None, false);
     std::fs::remove_file(&s.path).expect("rm");
     std::fs::write(&s.path, vec![0x77; 1 << 16]).expect("another file at the path");

@@ -32,7 +32,7 @@
 
 mod common;
 
-use common::{bits, gpu, together, Seen};
+use common::{bits, fault_requests, gate_reads, gpu, only_a_failed, solo, together, Seen};
 use cuda::Gpu;
 use engine::experts::{ExpertIndex, RoutingProfile};
 use engine::fault::{inject, Fault, Rule, Site};
@@ -504,28 +504,6 @@ fn sticky_child() {
 /// How long a step waits for an expert read in these tests.
 const READ_DEADLINE: Duration = Duration::from_millis(500);
 
-/// A (longer) and B (short, so that some experts are left that it never uses): the
-/// requests of `faults_disk.rs`, on its model.
-fn disk_requests() -> [GenerateRequest; 2] {
-    let toks = |n: usize, salt: usize| -> Vec<u32> {
-        (0..n)
-            .map(|i| ((i * 7919 + salt * 104_729 + 13) % 5000) as u32 + 100)
-            .collect()
-    };
-    [
-        GenerateRequest::greedy(toks(24, 1), 8),
-        GenerateRequest::greedy(toks(3, 2), 2),
-    ]
-}
-
-/// The file offset the read of expert `e`'s gate matrix of layer `l` starts at
-/// (the block the matrix starts in), as a range for a rule.
-fn gate_reads(index: &ExpertIndex, l: usize, e: usize) -> std::ops::Range<u64> {
-    let m = index.matrix(l, e, ExpertMatrix::Gate).expect("matrix");
-    let start = m.offset / 4096 * 4096;
-    start..start + 1
-}
-
 /// The model, an expert A routes to and B never does, B's routing profile and the
 /// RAM that holds exactly B's experts, the VRAM budget that tiers the experts, and
 /// A's and B's answers alone on a clean tiered engine.
@@ -560,19 +538,10 @@ fn load_tiered(path: &Path, vram: u64, ram: u64, profile: Option<&Path>) -> Engi
     .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A request alone: its tokens and the bits of the logits each came from.
-fn solo(eng: &mut Engine, req: &GenerateRequest) -> Answer {
-    let mut logits = Vec::new();
-    let c = eng
-        .generate_with_logits(req, &mut |_| Flow::Continue, &mut |l| logits.push(bits(l)))
-        .unwrap_or_else(|e| panic!("generate: {e}"));
-    (c.tokens, logits)
-}
-
 fn disk_setup() -> DiskSetup {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 11);
-    let reqs = disk_requests();
+    let reqs = fault_requests();
     // The routing of each request alone, recorded on the CPU (the GPU routes alike).
     let routed = |req: &GenerateRequest| {
         let mut e = Engine::load(
@@ -654,34 +623,9 @@ impl DiskSetup {
         }
     }
 
-    /// A and B side by side: A ended with an error containing each of `parts`, B
-    /// gave its answer alone.
-    fn only_a_failed(&self, seen: &[Seen], parts: &[&str]) {
-        let msg = match &seen[0].done {
-            Some(Err(m)) => m.clone(),
-            other => panic!(
-                "A should have failed: {:?}",
-                other.as_ref().map(|r| r.as_ref().map(|c| c.tokens.clone()))
-            ),
-        };
-        for p in parts {
-            assert!(msg.contains(p), "{p:?} not in {msg:?}");
-        }
-        assert!(
-            matches!(seen[1].done, Some(Ok(_))),
-            "B: {:?}",
-            seen[1].done.as_ref().map(|r| r.as_ref().err())
-        );
-        assert_eq!(
-            (seen[1].tokens.clone(), seen[1].logits.clone()),
-            self.refs[1],
-            "B beside the failed A"
-        );
-    }
-
     /// A alone gives its answer again.
     fn a_works(&self, eng: &mut Engine) {
-        assert_eq!(solo(eng, &disk_requests()[0]), self.refs[0], "A after");
+        assert_eq!(solo(eng, &fault_requests()[0]), self.refs[0], "A after");
     }
 }
 
@@ -699,7 +643,7 @@ fn an_expert_read_failing_once_or_short_changes_nothing_on_the_gpu() {
         Fault::Short(4096),
     ));
     let once = inject(s.fault_rule(Fault::Errno(libc::EIO)).times(1));
-    let seen = together(&mut eng, &disk_requests());
+    let seen = together(&mut eng, &fault_requests());
     assert!(short.fired() > 0, "no read went to the file");
     assert_eq!(once.fired(), 1, "the faulty expert was not read");
     s.both_work(&seen);
@@ -720,13 +664,14 @@ fn an_expert_read_failing_again_ends_only_its_request_on_the_gpu() {
     let mut eng = load_tiered(&s.path, s.vram, 0, None);
     {
         let _f = inject(s.fault_rule(Fault::Errno(libc::EIO)));
-        let seen = together(&mut eng, &disk_requests());
+        let seen = together(&mut eng, &fault_requests());
         let gate = s
             .index
             .matrix(s.fault.0, s.fault.1, ExpertMatrix::Gate)
             .expect("gate");
-        s.only_a_failed(
+        only_a_failed(
             &seen,
+            &s.refs,
             &[
                 "read expert",
                 &s.path.to_string_lossy(),
@@ -737,8 +682,8 @@ fn an_expert_read_failing_again_ends_only_its_request_on_the_gpu() {
             ],
         );
         // Still failing: the next request needing it fails the same way, B works.
-        let seen = together(&mut eng, &disk_requests());
-        s.only_a_failed(&seen, &["Input/output error"]);
+        let seen = together(&mut eng, &fault_requests());
+        only_a_failed(&seen, &s.refs, &["Input/output error"]);
         let c = eng.expert_reads().expect("reads");
         assert!(c.failed >= 2 && c.retries >= 2, "{c:?}");
         assert!(eng.fatal().is_none());
@@ -746,7 +691,7 @@ fn an_expert_read_failing_again_ends_only_its_request_on_the_gpu() {
     // The fault gone, A works again (its slot started over, and no VRAM slot holds
     // bytes of the expert that did not arrive).
     s.a_works(&mut eng);
-    let seen = together(&mut eng, &disk_requests());
+    let seen = together(&mut eng, &fault_requests());
     s.both_work(&seen);
     assert!(eng.standing_fault().is_none());
 }
@@ -764,14 +709,15 @@ fn a_stalled_expert_read_on_the_gpu_fails_its_request_at_the_deadline_and_the_ot
     let stall = Duration::from_secs(4);
     let f = inject(s.fault_rule(Fault::Stall(stall)).times(1));
     let t0 = Instant::now();
-    let seen = together(&mut eng, &disk_requests());
+    let seen = together(&mut eng, &fault_requests());
     assert!(
         t0.elapsed() < stall,
         "the step waited for the stalled read: {:?}",
         t0.elapsed()
     );
-    s.only_a_failed(
+    only_a_failed(
         &seen,
+        &s.refs,
         &[
             &s.path.to_string_lossy(),
             "no answer within the 0.5 s deadline",
@@ -782,8 +728,8 @@ fn a_stalled_expert_read_on_the_gpu_fails_its_request_at_the_deadline_and_the_ot
     // fast while B, served from RAM and VRAM, works.
     let fault = eng.standing_fault().expect("a read is out");
     assert!(fault.contains("has not come back for"), "{fault}");
-    let seen = together(&mut eng, &disk_requests());
-    s.only_a_failed(&seen, &["has not come back for"]);
+    let seen = together(&mut eng, &fault_requests());
+    only_a_failed(&seen, &s.refs, &["has not come back for"]);
     // Once it is back, everything works again.
     while eng.standing_fault().is_some() {
         assert!(t0.elapsed() < stall * 3, "the stalled read never came back");
@@ -811,9 +757,10 @@ fn a_model_file_written_in_place_is_never_served_on_the_gpu() {
         .expect("open");
     f.write_all(&[0; 16]).expect("append");
     drop(f);
-    let seen = together(&mut eng, &disk_requests());
-    s.only_a_failed(
+    let seen = together(&mut eng, &fault_requests());
+    only_a_failed(
         &seen,
+        &s.refs,
         &[
             &s.path.to_string_lossy(),
             "the model file changed while scoria was serving it",
@@ -827,7 +774,7 @@ fn a_model_file_written_in_place_is_never_served_on_the_gpu() {
     );
     // B, served from RAM and VRAM, still works; A keeps failing (a restart is the
     // remedy).
-    let seen = together(&mut eng, &disk_requests());
-    s.only_a_failed(&seen, &["changed while scoria was serving it"]);
+    let seen = together(&mut eng, &fault_requests());
+    only_a_failed(&seen, &s.refs, &["changed while scoria was serving it"]);
     assert!(eng.fatal().is_none());
 }

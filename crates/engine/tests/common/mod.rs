@@ -204,3 +204,65 @@ pub fn assert_device_lost(eng: &mut Engine, seen: &[Seen], cause: &str, prompt: 
         .to_string();
     assert!(e.contains("restart the server"), "{e}");
 }
+
+/// A request's tokens and the bits of the logits each was chosen from.
+pub type Bits = (Vec<u32>, Vec<Vec<u32>>);
+
+/// A request alone: its [`Bits`].
+pub fn solo(eng: &mut Engine, req: &GenerateRequest) -> Bits {
+    let mut logits = Vec::new();
+    let c = eng
+        .generate_with_logits(req, &mut |_| Flow::Continue, &mut |l| logits.push(bits(l)))
+        .unwrap_or_else(|e| panic!("generate: {e}"));
+    (c.tokens, logits)
+}
+
+/// The disk-fault tests' requests: A (longer) and B (short, so that some experts
+/// are left that it never uses).
+pub fn fault_requests() -> [GenerateRequest; 2] {
+    let toks = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i * 7919 + salt * 104_729 + 13) % 5000) as u32 + 100)
+            .collect()
+    };
+    [
+        GenerateRequest::greedy(toks(24, 1), 8),
+        GenerateRequest::greedy(toks(3, 2), 2),
+    ]
+}
+
+/// What a faulted run of A and B side by side must show: A ended with an error
+/// containing each of `parts`, B has its solo bytes (`refs[1]`).
+pub fn only_a_failed(seen: &[Seen], refs: &[Bits], parts: &[&str]) {
+    let msg = match &seen[0].done {
+        Some(Err(m)) => m.clone(),
+        other => panic!(
+            "A should have failed: {:?}",
+            other.as_ref().map(|r| r.as_ref().map(|c| c.tokens.clone()))
+        ),
+    };
+    for p in parts {
+        assert!(msg.contains(p), "{p:?} not in {msg:?}");
+    }
+    assert!(
+        matches!(seen[1].done, Some(Ok(_))),
+        "B: {:?}",
+        seen[1].done.as_ref().map(|r| r.as_ref().err())
+    );
+    assert_eq!(seen[1].tokens, refs[1].0, "B's tokens");
+    assert_eq!(seen[1].logits, refs[1].1, "B's logits");
+}
+
+/// The file offset the read of expert `e`'s gate matrix of layer `l` starts at (the
+/// 4096-byte block the matrix starts in), as a range for a fault rule.
+pub fn gate_reads(
+    index: &engine::experts::ExpertIndex,
+    l: usize,
+    e: usize,
+) -> std::ops::Range<u64> {
+    let m = index
+        .matrix(l, e, model::tensors::ExpertMatrix::Gate)
+        .expect("matrix");
+    let start = m.offset / 4096 * 4096;
+    start..start + 1
+}
