@@ -288,12 +288,15 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
         use rayon::prelude::*;
         w.par_chunks_mut(PAR_CHUNK)
             .zip(l.par_chunks(PAR_CHUNK))
-            .for_each(|(w, l)| model::math::sample_weights(l, m, draw.temperature, w));
-        if draw.min_w > 0 {
-            w.iter_mut()
-                .filter(|x| **x < draw.min_w)
-                .for_each(|x| *x = 0);
-        }
+            .for_each(|(w, l)| {
+                model::math::sample_weights(l, m, draw.temperature, w);
+                // min-p's floor on the chunk just written, while it is in cache.
+                if draw.min_w > 0 {
+                    w.iter_mut()
+                        .filter(|x| **x < draw.min_w)
+                        .for_each(|x| *x = 0);
+                }
+            });
         let draw_at = |s_n: u64| ((draw.bits as u128 * s_n as u128) >> 64) as u64;
         let k = draw.top_k as usize;
         if k > 0 {
