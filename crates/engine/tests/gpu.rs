@@ -668,8 +668,9 @@ fn sampling_logits(rng: &mut impl rand::Rng, case: usize) -> Vec<f32> {
 }
 
 /// `Gpu::sample_rows` picks `sampler::sample_with`'s token, bit for bit: every
-/// setting (greedy with penalties, temperature, top-k over and under the heap bound,
-/// top-p, min-p, edits), several rows per launch in any order, on logits of every shape.
+/// setting (greedy with penalties, temperature, top-k small and past the vocabulary,
+/// top-p, min-p, edits), several rows per launch in any order, on logits of every shape
+/// (near-constant ones overflow the candidate list), twice over one scratch.
 #[test]
 fn device_sampling_is_the_cpu_sampler() {
     use engine::sampler::{sample_with, Sampler, SamplingParams};
@@ -677,6 +678,9 @@ fn device_sampling_is_the_cpu_sampler() {
     let Some(g) = gpu() else { return };
     let mut rng = rand::rngs::StdRng::seed_from_u64(21);
     let out = g.alloc::<i32>(8, "out").expect("out");
+    let scratch = g
+        .alloc::<u32>(cuda::sample_scratch_words(248_320, 4), "scratch")
+        .expect("scratch");
     let mut checked = 0;
     for case in 0..120 {
         let l = sampling_logits(&mut rng, case);
@@ -735,20 +739,38 @@ fn device_sampling_is_the_cpu_sampler() {
             .collect();
         let words = cuda::sample_words(&specs).expect("words");
         let params = g.upload(&words, "params").expect("params");
-        g.sample_rows(dev.ptr(), n, 4, params.ptr(), out.ptr())
+        // A scratch used with another n is zeroed again; with the same n the kernels
+        // leave it ready (the second call below).
+        g.memset(scratch.ptr(), 0, scratch.bytes()).expect("memset");
+        for call in 0..2 {
+            if call == 1 {
+                // The first call left weights in place of the logits.
+                g.copy_to_device(&rows, dev.ptr()).expect("logits");
+                g.memset(out.ptr(), 0xff, out.bytes()).expect("memset");
+            }
+            g.sample_rows(
+                dev.ptr(),
+                n,
+                4,
+                params.ptr(),
+                out.ptr(),
+                scratch.ptr(),
+                scratch.len(),
+            )
             .expect("sample_rows");
-        let got: Vec<i32> = g.download(out.ptr(), 8).expect("download");
-        for r in 0..4 {
-            assert_eq!(
-                got[7 - r] as u32,
-                want[r],
-                "case {case} ({n} logits), row {r}: {:?}",
-                draws[r]
-            );
-            checked += 1;
+            let got: Vec<i32> = g.download(out.ptr(), 8).expect("download");
+            for r in 0..4 {
+                assert_eq!(
+                    got[7 - r] as u32,
+                    want[r],
+                    "case {case} ({n} logits), call {call}, row {r}: {:?}",
+                    draws[r]
+                );
+                checked += 1;
+            }
         }
     }
-    assert_eq!(checked, 480);
+    assert_eq!(checked, 960);
 }
 
 /// A sampled request draws its tokens on the GPU (only ids come back) and gets the

@@ -19,7 +19,7 @@ pub use moe::{
     ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT,
 };
 pub use quant::{supports_type, ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
-pub use sample::{sample_words, SampleRow};
+pub use sample::{sample_scratch_words, sample_words, SampleRow};
 
 use crate::kernels::K;
 

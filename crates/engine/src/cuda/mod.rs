@@ -203,6 +203,8 @@ pub struct CudaExecutor {
     argmax_out: cuda::DevBuf<i32>,
     /// `Want::Sample`'s parameters (`sample.rs`; allocated at the first sampled step).
     sample_params: Option<cuda::DevBuf<u32>>,
+    /// What the sampling kernels of a row tell each other (`cuda::sample_scratch_words`).
+    sample_scratch: Option<cuda::DevBuf<u32>>,
     use_graphs: bool,
     /// Set while the GPU is short of memory (see [`Pressure`]).
     pressure: Option<Pressure>,
@@ -538,6 +540,7 @@ impl CudaExecutor {
             states,
             argmax_out,
             sample_params: None,
+            sample_scratch: None,
             use_graphs,
             pressure: None,
             steps: 0,

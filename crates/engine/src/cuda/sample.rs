@@ -68,12 +68,29 @@ impl CudaExecutor {
             .ok_or_else(|| ExecError::new("sample", "no parameter buffer"))?;
         gpu.copy_to_device(&words, params)
             .map_err(cuda_err("upload sampling parameters"))?;
+        let n_vocab = self.be.cfg.n_vocab;
+        let need = cuda::sample_scratch_words(n_vocab, rows.len());
+        if self.sample_scratch.as_ref().is_none_or(|b| b.len() < need) {
+            // Rows of a step at a time: grown to the most a step has sampled (zeroed,
+            // as the kernels need it the first time).
+            self.sample_scratch = None;
+            self.sample_scratch = Some(
+                gpu.alloc::<u32>(need, "sampling scratch")
+                    .map_err(cuda_err("allocate"))?,
+            );
+        }
+        let scratch = self
+            .sample_scratch
+            .as_ref()
+            .ok_or_else(|| ExecError::new("sample", "no scratch buffer"))?;
         gpu.sample_rows(
             logits,
-            self.be.cfg.n_vocab,
+            n_vocab,
             rows.len(),
             params,
             self.argmax_out.ptr(),
+            scratch.ptr(),
+            scratch.len(),
         )
         .map_err(cuda_err("sample"))
     }
