@@ -158,10 +158,33 @@ extern "C" __global__ void __launch_bounds__(256) swiglu(const float* g, const f
   }
 }
 
-// The greedy choice of each row (sc_row_argmax in sc_argmax.cuh). One block of 1024
-// threads a row: block b takes row b (n values) and writes out_idx[b].
-extern "C" __global__ void __launch_bounds__(1024) argmax(const float* __restrict__ x, int n,
-                                                          int* __restrict__ out_idx) { sc_pdl_enter();
-  const int best = sc_row_argmax(x + (size_t)blockIdx.x * n, n);
-  if (threadIdx.x == 0) out_idx[blockIdx.x] = best;
+// The greedy choice of each row (sc_argmax.cuh), each row spread over the GPU: grid
+// (blocks of SC_ARGMAX_CHUNK ids, rows), row y (n values) writes out_idx[y].
+// `scratch`: per row 2 + 2·gridDim.x words (ops/norm.rs: argmax_scratch_words): the
+// arrival counter (zero before the first use; the last block leaves it so), a word of
+// padding, then each block's (value, index).
+#define SC_ARGMAX_THREADS 256
+#define SC_ARGMAX_CHUNK 2048
+extern "C" __global__ void __launch_bounds__(SC_ARGMAX_THREADS)
+    argmax(const float* __restrict__ x, int n, int* __restrict__ out_idx, unsigned* __restrict__ scratch) {
+  sc_pdl_enter();
+  const int nb = gridDim.x;
+  const float* row = x + (size_t)blockIdx.y * n;
+  unsigned* st = scratch + (size_t)blockIdx.y * (2 + 2 * nb);
+  const int lo = blockIdx.x * SC_ARGMAX_CHUNK;
+  float bv;
+  int bi;
+  sc_range_best(row, lo, min(n, lo + SC_ARGMAX_CHUNK), bv, bi);
+  if (threadIdx.x == 0) {
+    st[2 + 2 * blockIdx.x] = __float_as_uint(bv);
+    st[3 + 2 * blockIdx.x] = (unsigned)bi;
+  }
+  if (!sc_last_block(&st[0], nb)) return;
+  bv = -INFINITY;
+  bi = SC_NO_INDEX;
+  for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+    sc_better(bv, bi, __uint_as_float(__ldcg(&st[2 + 2 * b])), (int)__ldcg(&st[3 + 2 * b]));
+  }
+  sc_block_best(bv, bi);
+  if (threadIdx.x == 0) out_idx[blockIdx.y] = bi == SC_NO_INDEX ? 0 : bi;
 }

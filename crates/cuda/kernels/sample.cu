@@ -100,21 +100,6 @@ __device__ __forceinline__ ScCtx sc_ctx(float* logits, int n, const unsigned* pa
   return c;
 }
 
-// Whether this block is the last of its row to get here: every thread's writes are
-// made visible first, so the last block sees the others'. The counter goes back to 0.
-__device__ __forceinline__ bool sc_last_block(unsigned* arrived, int nb) {
-  __shared__ unsigned s_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    s_last = atomicAdd(arrived, 1u) == (unsigned)nb - 1u ? 1u : 0u;
-    if (s_last) atomicExch(arrived, 0u);
-  }
-  __syncthreads();
-  if (s_last) __threadfence();
-  return s_last != 0;
-}
-
 // engine::sampler's weight of e (model::math::sample_weight), 0 below min_w.
 __device__ __forceinline__ unsigned sc_weight(float e, float m, float t, unsigned min_w) {
   if (!isfinite(e)) return 0u;
@@ -179,32 +164,6 @@ __device__ __forceinline__ sc_u64 sc_block_scan(sc_u64 v, sc_u64* tot, sc_u64& t
   total = tot[32];
   __syncthreads();
   return ex;
-}
-
-// Block-wide sc_better (sc_argmax.cuh: a larger value, or the lower id of equal ones); every thread gets the answer.
-__device__ __forceinline__ void sc_block_best(float& bv, int& bi) {
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(SC_FULL, bv, o);
-    const int oi = __shfl_xor_sync(SC_FULL, bi, o);
-    sc_better(bv, bi, ov, oi);
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) {
-    sv[warp] = bv;
-    si[warp] = bi;
-  }
-  __syncthreads();
-  const int nw = blockDim.x >> 5;
-  bv = lane < nw ? sv[lane] : -INFINITY;
-  bi = lane < nw ? si[lane] : 0x7fffffff;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(SC_FULL, bv, o);
-    const int oi = __shfl_xor_sync(SC_FULL, bi, o);
-    sc_better(bv, bi, ov, oi);
-  }
-  __syncthreads();
 }
 
 // Warp-aggregated additions to a shared histogram: lanes that hit one bin (b < nbins)
@@ -451,18 +410,10 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS) sample_max(SC_SA
     }
   }
   __syncthreads();
-  // 2. The block's argmax: ids increase within a thread, so strict > keeps the lowest
-  // of equal values; -inf and NaN never win.
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int i = c.lo + tid; i < c.hi; i += nt) {
-    const float v = c.x[i];
-    if (v > bv) {
-      bv = v;
-      bi = i;
-    }
-  }
-  sc_block_best(bv, bi);
+  // 2. The block's argmax.
+  float bv;
+  int bi;
+  sc_range_best(c.x, c.lo, c.hi, bv, bi);
   if (tid == 0) {
     c.part[blockIdx.x].v = bv;
     c.part[blockIdx.x].i = bi;
@@ -471,10 +422,10 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS) sample_max(SC_SA
   // 3. The row's argmax (0 when no value qualifies) and its value m: finite unless
   // there is no candidate or one is +inf, both the argmax's answer, as greedy's is.
   bv = -INFINITY;
-  bi = 0x7fffffff;
+  bi = SC_NO_INDEX;
   for (int b = tid; b < c.nb; b += nt) sc_better(bv, bi, __ldcg(&c.part[b].v), __ldcg(&c.part[b].i));
   sc_block_best(bv, bi);
-  const int best = bi == 0x7fffffff ? 0 : bi;
+  const int best = bi == SC_NO_INDEX ? 0 : bi;
   const bool done = __uint_as_float(c.pr[1]) <= 0.0f || !isfinite(bv);
   if (tid == 0) {
     c.st->done = done ? 1u : 0u;

@@ -18,6 +18,7 @@ pub use moe::{
     MoeRoute, RouterRoute, FUSED_MAX_EXPERTS, MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS,
     ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT,
 };
+pub use norm::argmax_scratch_words;
 pub use quant::{supports_type, ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 pub use sample::{sample_scratch_words, sample_words, SampleRow};
 

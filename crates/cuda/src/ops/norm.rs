@@ -158,19 +158,24 @@ impl Gpu {
 
     /// `out_idx[0]` (i32) = the greedy token of the n logits at `x`, exactly as
     /// `engine::sampler::argmax`: the lowest index of the largest value greater than
-    /// -inf; NaN never wins; 0 when no value qualifies (all NaN or -inf).
-    pub fn argmax(&self, x: u64, n: usize, out_idx: u64) -> Result<(), CudaError> {
-        self.argmax_rows(x, n, 1, out_idx)
+    /// -inf; NaN never wins; 0 when no value qualifies (all NaN or -inf). `scratch`:
+    /// see [`Gpu::argmax_rows`].
+    pub fn argmax(&self, x: u64, n: usize, out_idx: u64, scratch: u64) -> Result<(), CudaError> {
+        self.argmax_rows(x, n, 1, out_idx, scratch)
     }
 
     /// [`Gpu::argmax`] of each of `rows` rows of `n` values (`x` f32 [rows × n]) in
-    /// one launch: `out_idx[r]` (i32 [rows]) is row r's.
+    /// one launch, each row spread over the GPU: `out_idx[r]` (i32 [rows]) is row r's.
+    /// `scratch` holds [`argmax_scratch_words`]`(n, rows)` u32 words, zeroed before its
+    /// first use for this `n` (the kernel leaves it ready for the next call with the
+    /// same `n`, any number of rows, captured in a graph or not).
     pub fn argmax_rows(
         &self,
         x: u64,
         n: usize,
         rows: usize,
         out_idx: u64,
+        scratch: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "argmax";
         if n == 0 {
@@ -183,9 +188,12 @@ impl Gpu {
             Arg::P(addr(KN, "x", x, 4)?),
             Arg::I32(int(KN, "n", n)?),
             Arg::P(addr(KN, "out_idx", out_idx, 4)?),
+            Arg::P(addr(KN, "scratch", scratch, 4)?),
         ];
         let rows = u32::try_from(rows).map_err(|_| CudaError::bad(KN, "too many rows"))?;
-        self.launch(K::Argmax, [rows, 1, 1], 1024, 0, &args)
+        let blocks = u32::try_from(n.div_ceil(ARGMAX_CHUNK))
+            .map_err(|_| CudaError::bad(KN, "too many values"))?;
+        self.launch(K::Argmax, [blocks, rows, 1], 256, 0, &args)
     }
 
     /// For tests of scoria_math.cuh: `out[f·n + i] = f(x[i])` for f = exp, sigmoid,
@@ -213,4 +221,13 @@ impl Gpu {
     pub fn provoke_illegal_address(&self) -> Result<(), CudaError> {
         self.launch(K::FaultProbe, [1, 1, 1], 32, 0, &[Arg::U64(8)])
     }
+}
+
+/// Values per block of the argmax kernel (SC_ARGMAX_CHUNK in norm.cu).
+const ARGMAX_CHUNK: usize = 2048;
+
+/// Words of scratch [`Gpu::argmax_rows`] needs for `rows` rows of `n` values: per row
+/// an arrival counter, a word of padding and each block's (value, index).
+pub fn argmax_scratch_words(n: usize, rows: usize) -> usize {
+    (2 + 2 * n.div_ceil(ARGMAX_CHUNK)) * rows
 }

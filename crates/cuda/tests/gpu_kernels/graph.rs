@@ -26,6 +26,7 @@ fn captured_graph_replays_with_new_inputs() {
     };
     let y = poisoned(&g, n_rows);
     let best = filled::<i32>(&g, 1, 0xff);
+    let scratch = filled::<u32>(&g, cuda::argmax_scratch_words(n_rows, 1), 0);
 
     g.begin_capture().unwrap();
     g.quantize_act(x.ptr(), 1, n_cols, q).unwrap();
@@ -33,7 +34,8 @@ fn captured_graph_replays_with_new_inputs() {
         .unwrap();
     g.rms_norm(y.ptr(), 1, n_rows, dnw.ptr(), 1e-6, y.ptr(), ActQ8::NONE)
         .unwrap();
-    g.argmax(y.ptr(), n_rows, best.ptr()).unwrap();
+    g.argmax(y.ptr(), n_rows, best.ptr(), scratch.ptr())
+        .unwrap();
     let graph = g.end_capture().unwrap();
 
     for round in 0..3 {

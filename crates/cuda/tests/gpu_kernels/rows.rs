@@ -219,8 +219,22 @@ fn argmax_is_the_greedy_choice() {
     for (i, c) in cases.iter().enumerate() {
         let dx = up(&g, c);
         let out = filled::<i32>(&g, 1, 0xff);
-        g.argmax(dx.ptr(), c.len(), out.ptr()).unwrap();
+        let scratch = filled::<u32>(&g, cuda::argmax_scratch_words(c.len(), 1), 0);
+        g.argmax(dx.ptr(), c.len(), out.ptr(), scratch.ptr())
+            .unwrap();
         assert_eq!(down(&g, &out)[0], cpu_argmax(c), "argmax case {i}");
+    }
+    // The full-size cases as rows of one launch, twice over one scratch.
+    let rows: Vec<&Vec<f32>> = cases.iter().filter(|c| c.len() == n).collect();
+    let flat: Vec<f32> = rows.iter().flat_map(|c| c.iter().copied()).collect();
+    let dx = up(&g, &flat);
+    let scratch = filled::<u32>(&g, cuda::argmax_scratch_words(n, rows.len()), 0);
+    for call in 0..2 {
+        let out = filled::<i32>(&g, rows.len(), 0xff);
+        g.argmax_rows(dx.ptr(), n, rows.len(), out.ptr(), scratch.ptr())
+            .unwrap();
+        let want: Vec<i32> = rows.iter().map(|c| cpu_argmax(c)).collect();
+        assert_eq!(down(&g, &out), want, "argmax_rows, call {call}");
     }
 }
 

@@ -201,6 +201,8 @@ pub struct CudaExecutor {
     /// sequences: the logits rows, with every row's greedy token in `argmax_out`.
     row_graphs: HashMap<Vec<usize>, DecodeGraph>,
     argmax_out: cuda::DevBuf<i32>,
+    /// The argmax kernel's per-row blocks (`cuda::argmax_scratch_words`).
+    argmax_scratch: cuda::DevBuf<u32>,
     /// `Want::Sample`'s parameters (`sample.rs`; allocated at the first sampled step).
     sample_params: Option<cuda::DevBuf<u32>>,
     /// What the sampling kernels of a row tell each other (`cuda::sample_scratch_words`).
@@ -510,6 +512,13 @@ impl CudaExecutor {
             .gpu
             .alloc::<i32>(MAX_ROWS.max(MAX_LOGIT_ROWS), "argmax")
             .map_err(cuda_err("allocate"))?;
+        let argmax_scratch = be
+            .gpu
+            .alloc::<u32>(
+                cuda::argmax_scratch_words(be.cfg.n_vocab, MAX_ROWS.max(MAX_LOGIT_ROWS)),
+                "argmax scratch",
+            )
+            .map_err(cuda_err("allocate"))?;
         // A tiered step waits for the host at every MoE layer: graph segments.
         let use_graphs = !crate::switches::on(crate::switches::NO_GRAPH);
         let trail = trail_bytes(&be.cfg, verify_tokens) * n_seq;
@@ -539,6 +548,7 @@ impl CudaExecutor {
             snap_buf: None,
             states,
             argmax_out,
+            argmax_scratch,
             sample_params: None,
             sample_scratch: None,
             use_graphs,
@@ -590,7 +600,13 @@ impl CudaExecutor {
         }
         self.be
             .gpu
-            .argmax_rows(base, vocab, outs.len(), self.argmax_out.ptr())
+            .argmax_rows(
+                base,
+                vocab,
+                outs.len(),
+                self.argmax_out.ptr(),
+                self.argmax_scratch.ptr(),
+            )
             .map_err(cuda_err("argmax"))?;
         Ok(base)
     }
@@ -687,7 +703,13 @@ impl CudaExecutor {
         };
         self.be
             .gpu
-            .argmax_rows(logits.ptr, self.be.cfg.n_vocab, rows, self.argmax_out.ptr())
+            .argmax_rows(
+                logits.ptr,
+                self.be.cfg.n_vocab,
+                rows,
+                self.argmax_out.ptr(),
+                self.argmax_scratch.ptr(),
+            )
             .map_err(cuda_err("argmax"))?;
         Ok(self.argmax_out.ptr())
     }
