@@ -28,26 +28,49 @@ pub enum Logits {
 pub struct ExecError {
     pub op: String,
     pub msg: String,
+    pub kind: ExecErrorKind,
+}
+
+/// What an [`ExecError`] means for the caller: most fail the step; some are survived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExecErrorKind {
+    #[default]
+    Other,
     /// The device can run nothing more (a GPU's sticky context error, a lost device):
     /// the process must be restarted.
-    pub fatal: bool,
+    Fatal,
+    /// The GPU is out of memory (another process took VRAM since startup): the
+    /// executor gives back what it can and goes on.
+    OutOfVram,
+    /// Experts could not be read from the model file: only the request whose pass
+    /// needed them fails.
+    ExpertRead,
 }
 
 impl ExecError {
     pub fn new(op: impl Into<String>, msg: impl std::fmt::Display) -> ExecError {
-        ExecError {
-            op: op.into(),
-            msg: msg.to_string(),
-            fatal: false,
-        }
+        ExecError::of_kind(ExecErrorKind::Other, op, msg)
     }
 
     /// An error after which the device runs nothing more.
     pub fn fatal(op: impl Into<String>, msg: impl std::fmt::Display) -> ExecError {
+        ExecError::of_kind(ExecErrorKind::Fatal, op, msg)
+    }
+
+    pub fn of_kind(
+        kind: ExecErrorKind,
+        op: impl Into<String>,
+        msg: impl std::fmt::Display,
+    ) -> ExecError {
         ExecError {
-            fatal: true,
-            ..ExecError::new(op, msg)
+            op: op.into(),
+            msg: msg.to_string(),
+            kind,
         }
+    }
+
+    pub fn is_fatal(&self) -> bool {
+        self.kind == ExecErrorKind::Fatal
     }
 }
 

@@ -20,8 +20,8 @@ pub mod weights;
 
 pub use config::{Arch, LayerKind, ModelConfig, SsmConfig};
 pub use forward::{
-    check_set_row, forward, forward_batch, Backend, ExecError, Logits, Media, Norm, Segment,
-    SegmentRows,
+    check_set_row, forward, forward_batch, Backend, ExecError, ExecErrorKind, Logits, Media, Norm,
+    Segment, SegmentRows,
 };
 pub use weights::ModelWeights;
 

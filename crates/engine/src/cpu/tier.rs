@@ -258,7 +258,8 @@ impl CpuTier {
 }
 
 fn expert_err(layer: usize, expert: u32, err: &crate::experts::ReadError) -> ExecError {
-    ExecError::new(
+    ExecError::of_kind(
+        model::ExecErrorKind::ExpertRead,
         "read expert",
         format!("layer {layer} expert {expert}: {err}"),
     )

@@ -723,7 +723,9 @@ impl CudaExecutor {
         (first, rows): (usize, usize),
         s: &SeqStep,
     ) -> Result<StepOut, ExecError> {
-        Ok(match want {
+        // Where the tokens are: greedy's argmax wrote them at `out`; a sampled entry's
+        // are drawn now into `argmax_out`.
+        let tokens_at = match want {
             Want::Sample | Want::SampleRows => {
                 let each: Vec<(usize, usize, &crate::sampler::Draw)> = s
                     .sample_draws(first, rows)?
@@ -732,26 +734,19 @@ impl CudaExecutor {
                     .map(|(i, d)| (i, i, d))
                     .collect();
                 self.sample_rows(out, &each)?;
-                let t: Vec<i32> = self
-                    .be
-                    .gpu
-                    .download(self.argmax_out.ptr(), rows)
-                    .map_err(cuda_err("download tokens"))?;
-                let t: Vec<u32> = t.into_iter().map(|t| t as u32).collect();
-                if want == Want::Sample {
-                    StepOut::Token(t[0])
-                } else {
-                    StepOut::Tokens(t)
-                }
+                self.argmax_out.ptr()
             }
-            Want::Greedy | Want::GreedyRows => {
+            _ => out,
+        };
+        Ok(match want {
+            Want::Greedy | Want::GreedyRows | Want::Sample | Want::SampleRows => {
                 let t: Vec<i32> = self
                     .be
                     .gpu
-                    .download(out, rows)
+                    .download(tokens_at, rows)
                     .map_err(cuda_err("download tokens"))?;
                 let t: Vec<u32> = t.into_iter().map(|t| t as u32).collect();
-                if want == Want::Greedy {
+                if matches!(want, Want::Greedy | Want::Sample) {
                     StepOut::Token(t[0])
                 } else {
                     StepOut::Tokens(t)
@@ -995,13 +990,12 @@ impl CudaExecutor {
     /// into slots the store has forgotten included), so the next pass starts from a
     /// quiet device; every other error fails the step.
     fn step_entry(&mut self, s: &SeqStep) -> Result<EntryResult, ExecError> {
-        let Some(t) = &self.be.tiered else {
+        if self.be.tiered.is_none() {
             return self.step_one(s).map(Ok);
-        };
-        t.begin_reads();
+        }
         match self.step_one(s) {
             Ok(out) => Ok(Ok(out)),
-            Err(e) if self.be.tiered.as_ref().is_some_and(Tiered::read_failed) => {
+            Err(e) if e.kind == model::ExecErrorKind::ExpertRead => {
                 self.be
                     .gpu
                     .sync()

@@ -6,7 +6,7 @@
 
 use cuda::{CudaError, DevBuf, Gpu};
 use model::weights::{BetaAlpha, Mixer, ModelWeights, Weight};
-use model::{ExecError, ModelConfig};
+use model::{ExecError, ExecErrorKind, ModelConfig};
 use quant::GgmlType;
 use std::sync::Arc;
 
@@ -192,7 +192,11 @@ pub(crate) fn cuda_err(op: &str) -> impl Fn(CudaError) -> ExecError + '_ {
                 ),
             )
         } else if e.is_out_of_memory() {
-            ExecError::new(op, format!("{text}: {OUT_OF_VRAM}"))
+            ExecError::of_kind(
+                ExecErrorKind::OutOfVram,
+                op,
+                format!("{text}: {OUT_OF_VRAM}"),
+            )
         } else {
             ExecError::new(op, text)
         }
@@ -201,7 +205,7 @@ pub(crate) fn cuda_err(op: &str) -> impl Fn(CudaError) -> ExecError + '_ {
 
 /// What an out-of-memory error of the GPU adds to its message: scoria checked the
 /// free VRAM at startup and allocated its buffers then, so another process took
-/// what is missing since. The executor recognises such errors by it ([`is_out_of_vram`]).
+/// what is missing since.
 pub(crate) const OUT_OF_VRAM: &str = "the GPU is out of memory: another process took VRAM \
      since scoria started (nvidia-smi lists them); free the GPU, or run scoria with a lower \
      --vram-budget or --parallel";
@@ -209,7 +213,7 @@ pub(crate) const OUT_OF_VRAM: &str = "the GPU is out of memory: another process 
 /// Whether `e` is a GPU's out-of-memory error (see [`cuda_err`]), which the
 /// executor survives.
 pub(crate) fn is_out_of_vram(e: &ExecError) -> bool {
-    !e.fatal && e.msg.contains(OUT_OF_VRAM)
+    e.kind == ExecErrorKind::OutOfVram
 }
 
 /// The CUDA driver's errors that leave the context unusable (every later call fails

@@ -653,7 +653,7 @@ pub(super) fn run(
                 ended,
                 ran,
                 starved,
-                fatal: err.fatal.then(|| err.to_string()),
+                fatal: err.is_fatal().then(|| err.to_string()),
             };
         }
     };

@@ -8,7 +8,7 @@ use super::{matrices, pinned, Tiered, STAGING_EXPERTS};
 use crate::cuda::weights::{cuda_err, DevWeight, MoeDev};
 use crate::experts::{ExpertReader, Fetch, Filled, Home, ReadCounters, ReadError, Staging};
 use cuda::{Event, Gpu, Lane, PinnedBuf};
-use model::ExecError;
+use model::{ExecError, ExecErrorKind};
 use std::cell::RefMut;
 use std::time::Instant;
 
@@ -76,21 +76,9 @@ impl Tiered {
             .map(|e| e.to_string())
     }
 
-    /// Starts an entry's pass: no expert read has failed in it.
-    pub fn begin_reads(&self) {
-        self.read_failed.set(false);
-    }
-
-    /// Whether a read of experts from the file failed since [`Self::begin_reads`]
-    /// (the pass's error is then that read's: its entry fails alone).
-    pub fn read_failed(&self) -> bool {
-        self.read_failed.get()
-    }
-
-    /// The error of expert `expert` of layer `layer` that could not be read, noted
-    /// as the pass's read failure.
+    /// The error of expert `expert` of layer `layer` that could not be read
+    /// (`ExecErrorKind::ExpertRead`: its entry fails alone).
     fn read_error(&self, layer: usize, expert: u32, err: &ReadError) -> ExecError {
-        self.read_failed.set(true);
         // Noted once; the mapped file shows the changed bytes, the pinned copy the
         // loaded ones.
         let changed = matches!(err, ReadError::Changed { .. });
@@ -100,7 +88,8 @@ impl Tiered {
                  on, not from the changed file"
             );
         }
-        ExecError::new(
+        ExecError::of_kind(
+            ExecErrorKind::ExpertRead,
             "read expert",
             format!("layer {layer} expert {expert}: {err}"),
         )
@@ -113,7 +102,7 @@ impl Tiered {
     /// computes). Experts held only in the file are read first, in rounds of
     /// `STAGING_EXPERTS`; an expert that cannot be read (after the reader's retry,
     /// past its deadline, from a changed file) fails the call with its error, and
-    /// [`Self::read_failed`] says so. On any failure the caller makes the store
+    /// the error's kind is `ExecErrorKind::ExpertRead`. On any failure the caller makes the store
     /// forget the step's fetches (`ExpertStore::forget`), so that no later step
     /// computes with bytes that did not arrive.
     pub fn fetch(

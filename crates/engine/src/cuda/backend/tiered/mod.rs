@@ -71,9 +71,6 @@ pub(crate) struct Tiered {
     file_changed: Cell<bool>,
     /// Reads of experts held only in the file: the reader and its pinned staging.
     reads: RefCell<FileReads>,
-    /// A read of experts from the file failed in the current entry's pass
-    /// (`begin_reads`, `read_failed`).
-    read_failed: Cell<bool>,
     /// The routing's way to the host.
     mailbox: RefCell<Mailbox>,
     /// A decode step's slot per rank on its way to the device (pinned, like `outs`).
@@ -238,7 +235,6 @@ impl Tiered {
                 copying: None,
                 staging_bytes,
             }),
-            read_failed: Cell::new(false),
             outs: RefCell::new(None),
             mailbox: RefCell::new(mailbox),
             slot_ids: RefCell::new(None),
