@@ -283,22 +283,28 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
     }
     WEIGHTS.with_borrow_mut(|w| {
         w.resize(l.len(), 0);
+        let k = draw.top_k as usize;
+        // top-p alone finds its nucleus from the weights' log-scale buckets.
+        let by_buckets = k == 0 && draw.top_p < 1.0;
         // Elementwise, so split across the pool's threads (idle between steps) for a
-        // whole vocabulary: the same weights in any split.
+        // whole vocabulary: the same weights in any split. Each chunk's sum (and
+        // buckets) are taken while it is in cache.
         use rayon::prelude::*;
-        w.par_chunks_mut(PAR_CHUNK)
+        let chunks: Vec<(u64, Option<Box<Masses>>)> = w
+            .par_chunks_mut(PAR_CHUNK)
             .zip(l.par_chunks(PAR_CHUNK))
-            .for_each(|(w, l)| {
+            .map(|(w, l)| {
                 model::math::sample_weights(l, m, draw.temperature, w);
-                // min-p's floor on the chunk just written, while it is in cache.
                 if draw.min_w > 0 {
                     w.iter_mut()
                         .filter(|x| **x < draw.min_w)
                         .for_each(|x| *x = 0);
                 }
-            });
+                let sum = w.iter().map(|&x| x as u64).sum();
+                (sum, by_buckets.then(|| Box::new(bucket_masses(w))))
+            })
+            .collect();
         let draw_at = |s_n: u64| ((draw.bits as u128 * s_n as u128) >> 64) as u64;
-        let k = draw.top_k as usize;
         if k > 0 {
             // top-k's candidates, (id, weight) in id order, then top-p among them.
             let mut c = top_k_by_weight(w, k);
@@ -321,23 +327,43 @@ pub fn sample_with(draw: &Draw, logits: &[f32]) -> u32 {
                 .map_or(best, |c| c.0);
         }
         // Without top-k the candidates are the whole vocabulary or top-p's nucleus,
-        // told apart by a predicate rather than gathered: the draw walks the weights
-        // in id order, a chunk's sum at a time.
-        let nucleus = if draw.top_p < 1.0 {
-            nucleus(w, draw.top_p)
+        // told apart by a predicate rather than gathered: the draw finds its chunk
+        // by the chunks' sums of candidates, then walks that chunk in id order.
+        let total: u64 = chunks.iter().map(|c| c.0).sum();
+        let (nucleus, sums): (Nucleus, Vec<u64>) = if by_buckets {
+            let per_chunk: Vec<&Masses> = chunks.iter().filter_map(|c| c.1.as_deref()).collect();
+            let mut mass = [0u64; NUCLEUS_BUCKETS];
+            for m in &per_chunk {
+                mass.iter_mut().zip(m.iter()).for_each(|(a, b)| *a += b);
+            }
+            let (nucleus, b, members) = nucleus(w, &mass, total, draw.top_p);
+            // A chunk's candidates: its buckets above b, and its members of b that
+            // are in — no pass over the weights (a nucleus of every weight, never
+            // reached, keeps the chunks' sums).
+            let mut sums: Vec<u64> = if nucleus.floor == 0 {
+                chunks.iter().map(|c| c.0).collect()
+            } else {
+                per_chunk.iter().map(|m| m[b + 1..].iter().sum()).collect()
+            };
+            if nucleus.floor > 0 {
+                for &(id, x) in &members {
+                    sums[id as usize / PAR_CHUNK] += nucleus.weight(id as usize, x) as u64;
+                }
+            }
+            (nucleus, sums)
         } else {
-            Nucleus::everything(w)
+            (
+                Nucleus::everything(total),
+                chunks.iter().map(|c| c.0).collect(),
+            )
         };
-        const CHUNK: usize = 4096;
         let r = draw_at(nucleus.sum);
         let mut acc = 0u64;
-        for (ci, c) in w.chunks(CHUNK).enumerate() {
-            let base = ci * CHUNK;
-            let kept = |i: usize, x: u32| nucleus.weight(base + i, x) as u64;
-            let s: u64 = c.iter().enumerate().map(|(i, &x)| kept(i, x)).sum();
+        for (ci, (c, &s)) in w.chunks(PAR_CHUNK).zip(&sums).enumerate() {
             if r < acc + s {
+                let base = ci * PAR_CHUNK;
                 let at = c.iter().enumerate().position(|(i, &x)| {
-                    acc += kept(i, x);
+                    acc += nucleus.weight(base + i, x) as u64;
                     r < acc
                 });
                 return at.map_or(best, |i| (base + i) as u32);
@@ -382,12 +408,12 @@ struct Nucleus {
 }
 
 impl Nucleus {
-    /// Every weight (those of 0 add nothing).
-    fn everything(w: &[u32]) -> Nucleus {
+    /// Every weight (those of 0 add nothing); `sum` is theirs.
+    fn everything(sum: u64) -> Nucleus {
         Nucleus {
             floor: 0,
             last_id: u32::MAX,
-            sum: w.iter().map(|&x| x as u64).sum(),
+            sum,
         }
     }
 
@@ -399,46 +425,40 @@ impl Nucleus {
     }
 }
 
-/// Weights' sums per [`weight_bucket`], on the pool's threads.
-fn bucket_masses(w: &[u32]) -> [u64; NUCLEUS_BUCKETS] {
-    use rayon::prelude::*;
-    w.par_chunks(PAR_CHUNK)
-        .map(|c| {
-            // Four histograms, so that neighbours in the same bucket (most of them)
-            // do not wait on each other's additions.
-            let mut m = [[0u64; NUCLEUS_BUCKETS]; 4];
-            let quads = c.chunks_exact(4);
-            for &x in quads.remainder() {
-                m[0][weight_bucket(x)] += x as u64;
-            }
-            for q in quads {
-                for (m, &x) in m.iter_mut().zip(q) {
-                    m[weight_bucket(x)] += x as u64;
-                }
-            }
-            let [mut a, b, c, d] = m;
-            for i in 0..NUCLEUS_BUCKETS {
-                a[i] += b[i] + c[i] + d[i];
-            }
-            a
-        })
-        .reduce(
-            || [0u64; NUCLEUS_BUCKETS],
-            |mut a, b| {
-                a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                a
-            },
-        )
+/// Weights' sums per [`weight_bucket`].
+type Masses = [u64; NUCLEUS_BUCKETS];
+
+/// The weights' sums per [`weight_bucket`] of one chunk of the vocabulary.
+fn bucket_masses(c: &[u32]) -> Masses {
+    // Four histograms, so that neighbours in the same bucket (most of them) do not
+    // wait on each other's additions.
+    let mut m = [[0u64; NUCLEUS_BUCKETS]; 4];
+    let quads = c.chunks_exact(4);
+    for &x in quads.remainder() {
+        m[0][weight_bucket(x)] += x as u64;
+    }
+    for q in quads {
+        for (m, &x) in m.iter_mut().zip(q) {
+            m[weight_bucket(x)] += x as u64;
+        }
+    }
+    let [mut a, b, c, d] = m;
+    for i in 0..NUCLEUS_BUCKETS {
+        a[i] += b[i] + c[i] + d[i];
+    }
+    a
 }
 
-/// top-p's nucleus over every weight (module docs, step 5) without ranking them:
-/// the rank's running sum reaches `need` in the log-scale bucket where the buckets'
-/// masses, summed from the top, do; only that bucket's weights are gathered and
-/// ranked to find the weight (and id) at which it does. Every heavier weight ranks
-/// before it, every lighter one after.
-fn nucleus(w: &[u32], top_p: f32) -> Nucleus {
-    let mass = bucket_masses(w);
-    let need = top_p_need(top_p, mass.iter().sum());
+/// top-p's nucleus over every weight (module docs, step 5) without ranking them,
+/// from the buckets' masses `mass` (of `w`, whose sum is `total`): the rank's
+/// running sum reaches `need` in the log-scale bucket where the buckets' masses,
+/// summed from the top, do; only that bucket's weights are gathered (on the pool's
+/// threads, in id order) and ranked to find the weight (and id) at which it does.
+/// Every heavier weight ranks before it, every lighter one after. Also returns the
+/// bucket and its members as (id, weight).
+fn nucleus(w: &[u32], mass: &Masses, total: u64, top_p: f32) -> (Nucleus, usize, Vec<(u32, u32)>) {
+    use rayon::prelude::*;
+    let need = top_p_need(top_p, total);
     let mut above = 0u64;
     // Bucket 0 holds the zero weights only and adds nothing; the sum reaches need.
     let b = (1..NUCLEUS_BUCKETS)
@@ -451,23 +471,35 @@ fn nucleus(w: &[u32], top_p: f32) -> Nucleus {
             reach
         })
         .unwrap_or(1);
-    let (lo, hi) = (bucket_floor(b), bucket_floor(b + 1));
-    let mut inb: Vec<(u32, u32)> = w
-        .iter()
+    // x in [lo, hi) as one comparison (hi − lo fits in u32: lo ≥ 1, hi ≤ 2³²).
+    let lo = bucket_floor(b) as u32;
+    let width = (bucket_floor(b + 1) - bucket_floor(b)) as u32;
+    let mut members: Vec<(u32, u32)> = w
+        .par_chunks(PAR_CHUNK)
         .enumerate()
-        .filter(|c| (lo..hi).contains(&(*c.1 as u64)))
-        .map(|(i, &x)| (i as u32, x))
-        .collect();
-    rank_by_weight(&mut inb);
-    match reach(&inb, above, need) {
+        .map(|(ci, c)| {
+            let base = ci * PAR_CHUNK;
+            let mut v = Vec::new();
+            for (i, &x) in c.iter().enumerate() {
+                if x.wrapping_sub(lo) < width {
+                    v.push(((base + i) as u32, x));
+                }
+            }
+            v
+        })
+        .collect::<Vec<_>>()
+        .concat();
+    rank_by_weight(&mut members);
+    let nucleus = match reach(&members, above, need) {
         Some((i, sum)) => Nucleus {
-            floor: inb[i].1,
-            last_id: inb[i].0,
+            floor: members[i].1,
+            last_id: members[i].0,
             sum,
         },
         // Unreachable: the bucket's weights bring the sum to need.
-        None => Nucleus::everything(w),
-    }
+        None => Nucleus::everything(total),
+    };
+    (nucleus, b, members)
 }
 
 /// Where the running sum of `ranked`'s weights (in rank order), from `above`, first
@@ -954,7 +986,8 @@ mod tests {
     fn the_nucleus_from_buckets_is_the_ranked_one() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(9);
         for case in 0..240 {
-            let n = 1 + rng.random_range(0..5000usize);
+            // Every fifth case past one chunk of the pool's work (PAR_CHUNK).
+            let n = 1 + rng.random_range(0..if case % 5 == 0 { 40_000 } else { 5000usize });
             let spread = [0.01f32, 1.0, 5.0, 30.0][case % 4];
             let w: Vec<u32> = (0..n)
                 .map(|i| {
@@ -972,7 +1005,8 @@ mod tests {
                 continue;
             }
             for top_p in [0.0f32, 0.3, 0.8, 0.95, 0.999_999] {
-                let nuc = nucleus(&w, top_p);
+                let total = w.iter().map(|&x| x as u64).sum();
+                let nuc = nucleus(&w, &bucket_masses(&w), total, top_p).0;
                 let got: Vec<u32> = (0..n)
                     .filter(|&i| nuc.weight(i, w[i]) > 0)
                     .map(|i| i as u32)
