@@ -120,6 +120,21 @@ __device__ __forceinline__ sc_u64 sc_bucket_floor(int b) {
   return (sc_u64)((b - 16) % 8 + 8) << ((b - 16) / 8 + 1);
 }
 
+// The bucket where a quantity (counts or masses per bucket, `q`) summed from the top
+// bucket down reaches target; `above` gets the sum of the buckets above it. Bucket 0
+// holds the zero weights, never counted: the walk stops at bucket 1 at the latest,
+// whose floor is 1 (sampler::nucleus's walk).
+template <class Q>
+__device__ __forceinline__ int sc_bucket_reaching(const Q* q, sc_u64 target, sc_u64& above) {
+  above = 0;
+  int b = SC_BUCKETS - 1;
+  for (; b > 1; --b) {
+    if (above + q[b] >= target) break;
+    above += q[b];
+  }
+  return b;
+}
+
 // sampler::top_p_need: ⌈top_p · total⌉ in f64, within 1..=total.
 __device__ __forceinline__ sc_u64 sc_top_p_need(float top_p, sc_u64 total) {
   const double cf = ceil(__dmul_rn((double)top_p, (double)total));
@@ -496,17 +511,11 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS) sample_weigh(SC_
   st->total = total;
   sc_u64 n_pos = 0;
   for (int b = 0; b < SC_BUCKETS; ++b) n_pos += s_hc[b];
-  // Bucket 0 holds the zero weights, never counted; the walk stops at bucket 1 at the
-  // latest, whose floor is 1 (sampler::nucleus's walk).
   if (top_k > 0 && top_k < n_pos) {
     // top-k's member is in the bucket where the count from the top reaches k: every
     // member weighs at least its floor, and fewer than k weights are heavier.
-    sc_u64 acc = 0;
-    int b = SC_BUCKETS - 1;
-    for (; b > 1; --b) {
-      if (acc + s_hc[b] >= top_k) break;
-      acc += s_hc[b];
-    }
+    sc_u64 above;
+    const int b = sc_bucket_reaching(s_hc, top_k, above);
     st->topk = 1;
     st->lo = sc_bucket_floor(b);
     st->hi = 1ull << 32;
@@ -515,16 +524,12 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS) sample_weigh(SC_
   } else if (top_p < 1.0f) {
     // top-p alone: the bucket where the mass from the top reaches need.
     const sc_u64 need = sc_top_p_need(top_p, total);
-    sc_u64 acc = 0;
-    int b = SC_BUCKETS - 1;
-    for (; b > 1; --b) {
-      if (acc + s_hm[b] >= need) break;
-      acc += s_hm[b];
-    }
+    sc_u64 above;
+    const int b = sc_bucket_reaching(s_hm, need, above);
     st->topk = 0;
     st->lo = sc_bucket_floor(b);
     st->hi = sc_bucket_floor(b + 1);
-    st->above = acc;
+    st->above = above;
     st->need = need;
     st->gather = 1;
   } else {
