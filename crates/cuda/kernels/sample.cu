@@ -33,7 +33,7 @@
 // Words of a row's parameters and of one edit (Gpu::sample_rows documents them).
 #define SC_SAMPLE_PARAM_WORDS 10
 #define SC_SAMPLE_EDIT_WORDS 4
-// engine::sampler's NUCLEUS_BUCKETS.
+// engine::sampler::rank's NUCLEUS_BUCKETS.
 #define SC_BUCKETS 240
 // Candidates a row's list holds.
 #define SC_SAMPLE_CAND 32768
@@ -59,7 +59,7 @@ struct ScRow {
   sc_u64 total;         // every weight's sum
   sc_u64 above;         // top-p alone: the mass of the buckets above lo
   sc_u64 need;          // top-p alone: ⌈top_p · total⌉
-  unsigned floor, last_id;  // the nucleus (Nucleus in sampler.rs)
+  unsigned floor, last_id;  // the nucleus (Nucleus in sampler/rank.rs)
   sc_u64 sum;
 };
 static_assert(sizeof(ScRow) <= SC_ROW_STATE_WORDS * 4, "ScRow outgrew its words");
@@ -118,21 +118,6 @@ __device__ __forceinline__ int sc_bucket(unsigned x) {
 __device__ __forceinline__ sc_u64 sc_bucket_floor(int b) {
   if (b < 16) return (sc_u64)b;
   return (sc_u64)((b - 16) % 8 + 8) << ((b - 16) / 8 + 1);
-}
-
-// The bucket where a quantity (counts or masses per bucket, `q`) summed from the top
-// bucket down reaches target; `above` gets the sum of the buckets above it. Bucket 0
-// holds the zero weights, never counted: the walk stops at bucket 1 at the latest,
-// whose floor is 1 (sampler::nucleus's walk).
-template <class Q>
-__device__ __forceinline__ int sc_bucket_reaching(const Q* q, sc_u64 target, sc_u64& above) {
-  above = 0;
-  int b = SC_BUCKETS - 1;
-  for (; b > 1; --b) {
-    if (above + q[b] >= target) break;
-    above += q[b];
-  }
-  return b;
 }
 
 // sampler::top_p_need: ⌈top_p · total⌉ in f64, within 1..=total.
@@ -511,11 +496,17 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS) sample_weigh(SC_
   st->total = total;
   sc_u64 n_pos = 0;
   for (int b = 0; b < SC_BUCKETS; ++b) n_pos += s_hc[b];
+  // Bucket 0 holds the zero weights, never counted; the walk stops at bucket 1 at the
+  // latest, whose floor is 1 (sampler::nucleus's walk).
   if (top_k > 0 && top_k < n_pos) {
     // top-k's member is in the bucket where the count from the top reaches k: every
     // member weighs at least its floor, and fewer than k weights are heavier.
-    sc_u64 above;
-    const int b = sc_bucket_reaching(s_hc, top_k, above);
+    sc_u64 acc = 0;
+    int b = SC_BUCKETS - 1;
+    for (; b > 1; --b) {
+      if (acc + s_hc[b] >= top_k) break;
+      acc += s_hc[b];
+    }
     st->topk = 1;
     st->lo = sc_bucket_floor(b);
     st->hi = 1ull << 32;
@@ -524,12 +515,16 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS) sample_weigh(SC_
   } else if (top_p < 1.0f) {
     // top-p alone: the bucket where the mass from the top reaches need.
     const sc_u64 need = sc_top_p_need(top_p, total);
-    sc_u64 above;
-    const int b = sc_bucket_reaching(s_hm, need, above);
+    sc_u64 acc = 0;
+    int b = SC_BUCKETS - 1;
+    for (; b > 1; --b) {
+      if (acc + s_hm[b] >= need) break;
+      acc += s_hm[b];
+    }
     st->topk = 0;
     st->lo = sc_bucket_floor(b);
     st->hi = sc_bucket_floor(b + 1);
-    st->above = above;
+    st->above = acc;
     st->need = need;
     st->gather = 1;
   } else {
@@ -607,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(SC_SAMPLE_THREADS) sample_draw(SC_S
   const unsigned fl = __ldcg(&c.st->floor), last = __ldcg(&c.st->last_id);
   const sc_u64 s_n = __ldcg(&c.st->sum);
   const unsigned* w = reinterpret_cast<const unsigned*>(c.x);
-  // The nucleus (sampler.rs's Nucleus::weight): every weight above the floor, and of
+  // The nucleus (sampler/rank.rs's Nucleus::weight): every weight above the floor, and of
   // those equal to it the ids up to last.
   const auto kept = [fl, last](int i, unsigned x) -> sc_u64 {
     return (x > fl || (x == fl && (unsigned)i <= last)) ? x : 0u;

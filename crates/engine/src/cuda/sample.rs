@@ -49,58 +49,49 @@ impl CudaExecutor {
             .collect();
         let words = cuda::sample_words(&specs).map_err(cuda_err("sample"))?;
         let gpu = &self.be.gpu;
-        let n = words.len().max(MIN_WORDS).next_power_of_two();
-        let params = grown(
-            gpu,
-            &mut self.sample_params,
-            words.len(),
-            n,
-            "sampling parameters",
-        )?;
+        if self
+            .sample_params
+            .as_ref()
+            .is_none_or(|b| b.len() < words.len())
+        {
+            self.sample_params = None;
+            let n = words.len().max(MIN_WORDS).next_power_of_two();
+            self.sample_params = Some(
+                gpu.alloc::<u32>(n, "sampling parameters")
+                    .map_err(cuda_err("allocate"))?,
+            );
+        }
+        let params = self
+            .sample_params
+            .as_ref()
+            .map(|b| b.ptr())
+            .ok_or_else(|| ExecError::new("sample", "no parameter buffer"))?;
         gpu.copy_to_device(&words, params)
             .map_err(cuda_err("upload sampling parameters"))?;
-        // Rows of a step at a time: grown to the most a step has sampled (zeroed, as
-        // the kernels need it the first time).
         let n_vocab = self.be.cfg.n_vocab;
         let need = cuda::sample_scratch_words(n_vocab, rows.len());
-        let scratch = grown(
-            gpu,
-            &mut self.sample_scratch,
-            need,
-            need,
-            "sampling scratch",
-        )?;
+        if self.sample_scratch.as_ref().is_none_or(|b| b.len() < need) {
+            // Rows of a step at a time: grown to the most a step has sampled (zeroed,
+            // as the kernels need it the first time).
+            self.sample_scratch = None;
+            self.sample_scratch = Some(
+                gpu.alloc::<u32>(need, "sampling scratch")
+                    .map_err(cuda_err("allocate"))?,
+            );
+        }
+        let scratch = self
+            .sample_scratch
+            .as_ref()
+            .ok_or_else(|| ExecError::new("sample", "no scratch buffer"))?;
         gpu.sample_rows(
             logits,
             n_vocab,
             rows.len(),
             params,
             self.argmax_out.ptr(),
-            scratch,
-            need,
+            scratch.ptr(),
+            scratch.len(),
         )
         .map_err(cuda_err("sample"))
     }
-}
-
-/// The device address of `buf`, first replaced by a zeroed buffer of `alloc` words
-/// when it holds fewer than `need`.
-fn grown(
-    gpu: &cuda::Gpu,
-    buf: &mut Option<cuda::DevBuf<u32>>,
-    need: usize,
-    alloc: usize,
-    what: &str,
-) -> Result<u64, ExecError> {
-    if buf.as_ref().is_none_or(|b| b.len() < need) {
-        // The old buffer goes first: VRAM for one of them at a time.
-        *buf = None;
-        *buf = Some(
-            gpu.alloc::<u32>(alloc, what)
-                .map_err(cuda_err("allocate"))?,
-        );
-    }
-    buf.as_ref()
-        .map(|b| b.ptr())
-        .ok_or_else(|| ExecError::new("sample", format!("no {what}")))
 }
