@@ -17,7 +17,9 @@ pub use crate::sampler::SamplingParams;
 pub struct EngineConfig {
     /// CPU threads for the kernels (None: all cores).
     pub threads: Option<usize>,
-    /// Context length to allocate per sequence (None: min(model's trained context, 4096)).
+    /// Context length to allocate: a pool the slots share on the CPU, each slot's on a
+    /// GPU (None: the model's trained length when memory allows, else the longest
+    /// power of two that fits; see `ContextAsk::Auto`).
     pub max_context: Option<usize>,
     /// Slots: requests decoded at once, each in its own sequence (None:
     /// `DEFAULT_PARALLEL_CPU`; on a GPU, whose executor keeps a whole context per

@@ -17,7 +17,7 @@ use crate::cpu::{CpuBackend, CpuExecutor, CpuTier};
 use crate::error::EngineError;
 use crate::exec::Executor;
 use crate::experts;
-use crate::memory::{self, MemoryAccount, GIB};
+use crate::memory::{self, ContextAsk, MemoryAccount, GIB};
 use crate::prompt_cache::{self, PromptCache};
 use crate::sched::{CacheReport, Limits, RequestCallbacks, Scheduler, SlotInfo};
 use crate::spec::{Drafter, SpecConfig, SpecMode};
@@ -69,16 +69,14 @@ impl Engine {
             .map_err(|e| EngineError::Template(e.to_string()))?
             .map(Arc::new);
 
-        let n_ctx = match cfg.max_context {
-            Some(n) => {
-                if n < 16 {
-                    return Err(EngineError::Memory(format!(
-                        "--max-context {n} is too small (at least 16)"
-                    )));
-                }
-                n
+        let ask = match cfg.max_context {
+            Some(n) if n < 16 => {
+                return Err(EngineError::Memory(format!(
+                    "--max-context {n} is too small (at least 16)"
+                )))
             }
-            None => mcfg.n_ctx_train.min(4096),
+            Some(n) => ContextAsk::Fixed(n),
+            None => ContextAsk::Auto,
         };
         // The slots when none are asked for (the memory check below counts them; a
         // GPU executor takes one instead when that many would push experts out of VRAM).
@@ -89,13 +87,13 @@ impl Engine {
             )));
         }
         let available = memory::mem_available();
-        memory::check_state(&mcfg, n_ctx, parallel, available)?;
         let routing = cfg
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
-        let mut exec = open_executor(cfg, &file, &mcfg, weights, n_ctx, routing.clone())?;
+        let (mut exec, n_ctx) =
+            open_executor(cfg, &file, &mcfg, weights, ask, available, routing.clone())?;
         // The executor's slots (a tiered GPU takes one unless asked for more): the account
-        // counts those (no more than the check above did).
+        // counts those (no more than the memory check counted).
         let parallel = exec.sequences();
         let name = file
             .get("general.name")
@@ -578,19 +576,44 @@ fn read_policy(cfg: &EngineConfig) -> experts::ReadPolicy {
 
 /// Opens the executor `cfg.device` names, or the best one present: the GPU when
 /// the build has CUDA and one answers, else the CPU.
+///
+/// Returns it with its context: `ask`'s, or the one chosen for `ContextAsk::Auto`
+/// (logged with why). On the CPU the K/V and state of the pool are checked against
+/// the `available` RAM before anything is allocated; a GPU checks its VRAM.
 fn open_executor(
     cfg: &EngineConfig,
     file: &gguf::GgufFile,
     mcfg: &ModelConfig,
     weights: ModelWeights,
-    n_ctx: usize,
+    ask: ContextAsk,
+    available: Option<u64>,
     routing: Option<Arc<experts::RoutingCounts>>,
-) -> Result<Box<dyn Executor>, EngineError> {
+) -> Result<(Box<dyn Executor>, usize), EngineError> {
     let cpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
     #[cfg(feature = "cuda")]
     let gpu_seqs = cfg.parallel.unwrap_or(DEFAULT_PARALLEL_CPU);
     let recording = routing.is_some();
-    let cpu = |weights| -> Result<Box<dyn Executor>, EngineError> {
+    // A context no address space holds is refused on any device (the VRAM check
+    // would only say it does not fit).
+    if let ContextAsk::Fixed(n) = ask {
+        memory::check_state(mcfg, n, cpu_seqs, None)?;
+    }
+    #[cfg(feature = "cuda")]
+    let gpu = |e: cuda::CudaExecutor| {
+        let n_ctx = e.context();
+        (Box::new(e) as Box<dyn Executor>, n_ctx)
+    };
+    let cpu = |weights| -> Result<(Box<dyn Executor>, usize), EngineError> {
+        let (n_ctx, chosen) = match ask {
+            ContextAsk::Fixed(n) => (n, None),
+            ContextAsk::Auto => {
+                let (n, why) =
+                    memory::auto_context_cpu(mcfg, cpu_seqs, available, file.file_size());
+                (n, Some(why))
+            }
+        };
+        memory::check_state(mcfg, n_ctx, cpu_seqs, available)?;
+        memory::log_context(n_ctx, mcfg.n_ctx_train, chosen.as_deref(), false);
         // A RAM budget on the CPU tiers the experts (cpu/tier.rs).
         let tier = match cfg.ram_budget {
             Some(budget) => {
@@ -616,7 +639,7 @@ fn open_executor(
             tier,
             hidden: Default::default(),
         };
-        Ok(Box::new(CpuExecutor::new(backend, n_ctx, cpu_seqs)?))
+        Ok((Box::new(CpuExecutor::new(backend, n_ctx, cpu_seqs)?), n_ctx))
     };
     match cfg.device {
         Some(Device::Cpu) => cpu(weights),
@@ -627,8 +650,8 @@ fn open_executor(
         Some(Device::Cuda(n)) => {
             let profile = load_profile(cfg, mcfg)?;
             let budgets = cuda_budgets(cfg, profile.as_ref());
-            Ok(Box::new(cuda::CudaExecutor::open(
-                n, mcfg, &weights, n_ctx, gpu_seqs, budgets,
+            Ok(gpu(cuda::CudaExecutor::open_with(
+                n, mcfg, &weights, ask, gpu_seqs, budgets,
             )?))
         }
         #[cfg(not(feature = "cuda"))]
@@ -642,8 +665,8 @@ fn open_executor(
             if cfg.precision == crate::api::Precision::Canonical && !recording {
                 let profile = load_profile(cfg, mcfg)?;
                 let budgets = cuda_budgets(cfg, profile.as_ref());
-                match cuda::CudaExecutor::open(0, mcfg, &weights, n_ctx, gpu_seqs, budgets) {
-                    Ok(e) => return Ok(Box::new(e)),
+                match cuda::CudaExecutor::open_with(0, mcfg, &weights, ask, gpu_seqs, budgets) {
+                    Ok(e) => return Ok(gpu(e)),
                     Err(e @ EngineError::Device(_)) => {
                         tracing::info!("no usable GPU, running on the CPU: {e}")
                     }

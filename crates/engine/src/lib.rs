@@ -31,7 +31,7 @@ pub use engine::{
     MAX_THREADS_PER_CPU,
 };
 pub use error::EngineError;
-pub use memory::MemoryAccount;
+pub use memory::{ContextAsk, MemoryAccount};
 pub use record::{record_profile, ProfileInput, Recorded};
 pub use sched::{CacheCounters, CacheReport, RequestCallbacks, SlotInfo};
 pub use spec::{DraftLimits, SpecConfig, SpecMode};

@@ -133,6 +133,100 @@ pub(crate) fn check_state(
     Ok(())
 }
 
+/// The context pool's size: `--max-context`, or (`Auto`) the longest of
+/// [`context_candidates`] the memory allows, chosen by the executor that holds the
+/// K/V (the CPU here, [`auto_context_cpu`]; a GPU in its own open, which knows its
+/// VRAM). A chosen size is printed with why; an asked one is granted or refused
+/// (invariant 5), never shrunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextAsk {
+    Fixed(usize),
+    Auto,
+}
+
+/// The shortest context `Auto` chooses (a model trained for less gets its own).
+pub const MIN_AUTO_CONTEXT: usize = 4096;
+/// Below this an agent's first request (Claude Code's system prompt and tools are
+/// ~19k tokens) does not fit: a shorter chosen context is a warning. It is also the
+/// most `Auto` gives a model whose routed experts are tiered on a GPU, where every
+/// position of K/V takes VRAM from the expert slots.
+pub const AGENT_CONTEXT: usize = 32768;
+
+/// The lengths `Auto` tries, longest first: the trained length, then the powers of
+/// two below it down to [`MIN_AUTO_CONTEXT`] (the trained length alone when it is no
+/// longer than that).
+pub fn context_candidates(trained: usize) -> Vec<usize> {
+    let trained = trained.max(16);
+    let mut out = vec![trained];
+    let mut c = trained.next_power_of_two();
+    while c > MIN_AUTO_CONTEXT {
+        c /= 2;
+        if c < trained {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `Auto` on the CPU: the trained length if the K/V and recurrent state of a pool
+/// that long (the K/V grows with use, so this is the most it can take) fit in half of
+/// the RAM the weights leave; else the longest candidate that does; the shortest
+/// when none does (`check_state` then refuses it with the numbers). Without a
+/// reading of the available memory, at most [`AGENT_CONTEXT`]. Returns the length
+/// and why, for the log.
+pub(crate) fn auto_context_cpu(
+    mcfg: &ModelConfig,
+    parallel: usize,
+    available: Option<u64>,
+    weights: u64,
+) -> (usize, String) {
+    let trained = mcfg.n_ctx_train;
+    let cands = context_candidates(trained);
+    let Some(avail) = available else {
+        let c = cands
+            .iter()
+            .copied()
+            .find(|&c| c <= AGENT_CONTEXT)
+            .unwrap_or(cands[cands.len() - 1]);
+        return (c, "the available RAM could not be read".into());
+    };
+    let room = avail.saturating_sub(weights) / 2;
+    let need = |c: usize| pool_state_bytes(mcfg, c, parallel) as u64;
+    match cands.iter().copied().find(|&c| need(c) <= room) {
+        Some(c) if c == cands[0] => (c, "the model's trained length".into()),
+        found => {
+            let c = found.unwrap_or(cands[cands.len() - 1]);
+            let why = format!(
+                "the trained {trained} would take up to {:.2} GiB of K/V and state, more than half of the {:.2} GiB of RAM the weights leave",
+                need(trained) as f64 / GIB,
+                avail.saturating_sub(weights) as f64 / GIB
+            );
+            (c, why)
+        }
+    }
+}
+
+/// Logs the context a load ended with: asked for, or chosen and why; a warning when
+/// a chosen one is too short for coding agents.
+pub(crate) fn log_context(n_ctx: usize, trained: usize, chosen: Option<&str>, per_slot: bool) {
+    let unit = if per_slot {
+        "positions per slot"
+    } else {
+        "positions shared by the slots"
+    };
+    match chosen {
+        None => tracing::info!("context: {n_ctx} {unit} (--max-context)"),
+        Some(why) => {
+            tracing::info!("context: {n_ctx} {unit}: {why}; --max-context sets it");
+            if n_ctx < AGENT_CONTEXT && trained >= AGENT_CONTEXT {
+                tracing::warn!(
+                    "a context of {n_ctx} is too short for coding agents (their first request is ~10-20k tokens): pass --max-context {AGENT_CONTEXT} or more, with less of the model in VRAM or more memory"
+                );
+            }
+        }
+    }
+}
+
 /// Memory this process may still take: MemAvailable, or less inside a cgroup whose
 /// memory limit leaves less room (`None` where neither can be read).
 pub(crate) fn mem_available() -> Option<u64> {
@@ -240,7 +334,43 @@ pub(crate) fn populate_weights(file: &gguf::GgufFile, available: Option<u64>) {
 
 #[cfg(test)]
 mod tests {
-    use super::cgroup_headroom;
+    use super::{auto_context_cpu, cgroup_headroom, context_candidates, pool_state_bytes};
+
+    #[test]
+    fn auto_context_tries_the_trained_length_then_powers_of_two() {
+        assert_eq!(
+            context_candidates(262144),
+            [262144, 131072, 65536, 32768, 16384, 8192, 4096]
+        );
+        assert_eq!(context_candidates(40960), [40960, 32768, 16384, 8192, 4096]);
+        assert_eq!(context_candidates(4096), [4096]);
+        assert_eq!(context_candidates(2048), [2048]);
+        assert_eq!(context_candidates(5000), [5000, 4096]);
+    }
+
+    #[test]
+    fn auto_context_on_the_cpu_takes_what_half_the_ram_beside_the_weights_holds() {
+        let mcfg = model::geometry::Geometry::by_name(None, "qwen3.6-35b-a3b")
+            .expect("geometry")
+            .config()
+            .expect("config");
+        assert_eq!(mcfg.n_ctx_train, 262144);
+        let gib = 1u64 << 30;
+        let weights = 20 * gib;
+        let full = pool_state_bytes(&mcfg, 262144, 4) as u64;
+        // Plenty: the trained length.
+        let (c, why) = auto_context_cpu(&mcfg, 4, Some(weights + 2 * full), weights);
+        assert_eq!((c, why.as_str()), (262144, "the model's trained length"));
+        // A little more than half a full pool (the recurrent state does not halve):
+        // the next power of two down, and why.
+        let (c, why) = auto_context_cpu(&mcfg, 4, Some(weights + full + full / 8), weights);
+        assert_eq!(c, 131072);
+        assert!(why.contains("the trained 262144"), "{why}");
+        // Nothing fits: the shortest candidate (check_state refuses it with numbers).
+        assert_eq!(auto_context_cpu(&mcfg, 4, Some(weights), weights).0, 4096);
+        // No reading: at most the agents' length.
+        assert_eq!(auto_context_cpu(&mcfg, 4, None, weights).0, 32768);
+    }
 
     #[test]
     fn the_tightest_limit_of_the_cgroup_and_its_ancestors_counts() {

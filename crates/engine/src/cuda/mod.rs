@@ -26,6 +26,7 @@ use crate::experts::{
     plan, ExpertIndex, ExpertStore, PlanRequest, ReadCounters, ReadPolicy, RoutingProfile,
     TierStats,
 };
+use crate::memory::ContextAsk;
 use crate::{Device, DeviceReport, EngineError};
 use cuda::{Gpu, Lane};
 use model::{ExecError, Logits, ModelConfig, ModelWeights, Segment};
@@ -266,6 +267,35 @@ impl CudaExecutor {
         n_seq: usize,
         budgets: Budgets,
     ) -> Result<CudaExecutor, EngineError> {
+        Self::open_with(
+            ordinal,
+            cfg,
+            weights,
+            ContextAsk::Fixed(n_ctx),
+            n_seq,
+            budgets,
+        )
+    }
+
+    /// The positions each sequence holds.
+    pub fn context(&self) -> usize {
+        self.states.first().map_or(0, |st| st.n_ctx)
+    }
+
+    /// As [`open`](Self::open), with the context asked for, or (`ContextAsk::Auto`)
+    /// chosen here: the longest of `memory::context_candidates` that keeps every
+    /// weight in VRAM (with the slots asked for, or one when the slots are the
+    /// executor's to choose); when none does, the routed experts are tiered and the
+    /// longest up to `AGENT_CONTEXT` whose K/V and scratch take at most a quarter of
+    /// what the dense weights leave (the rest is expert slots). Logged with why.
+    pub fn open_with(
+        ordinal: usize,
+        cfg: &ModelConfig,
+        weights: &ModelWeights,
+        ask: ContextAsk,
+        n_seq: usize,
+        budgets: Budgets,
+    ) -> Result<CudaExecutor, EngineError> {
         let dev = |e: cuda::CudaError| EngineError::Device(e.to_string());
         // Whether there is a GPU first (no GPU is not this model's fault), then
         // whether its kernels take this model, before anything is allocated.
@@ -279,10 +309,6 @@ impl CudaExecutor {
         let name = gpu.name();
         let (free, total) = gpu.mem_info().map_err(dev)?;
         let w_bytes = weights::upload_bytes(weights);
-        let state_one =
-            (cfg.seq_state_bytes(n_ctx) + trail_bytes(cfg, verify_tokens(&budgets))) as u64;
-        let state = state_one * n_seq as u64;
-        let (_, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let budget = match budgets.vram {
             Some(b) if b <= CONTEXT_VRAM => {
                 return Err(EngineError::Memory(format!(
@@ -303,6 +329,103 @@ impl CudaExecutor {
             Some(b) => b - CONTEXT_VRAM,
             None => free.saturating_sub(RESERVE),
         };
+        let verify = verify_tokens(&budgets);
+        let state_of = |c: usize| (cfg.seq_state_bytes(c) + trail_bytes(cfg, verify)) as u64;
+        let scratch_of = |c: usize| scratch_for(&gpu, cfg, c, MAX_STEP_TOKENS).1;
+        let need = |c: usize, seqs: usize| w_bytes + state_of(c) * seqs as u64 + scratch_of(c);
+        // Whether every weight stays in VRAM at context c: with the slots asked
+        // for, or with one when they are the executor's to choose; `fast`: with room
+        // for the longest prompt chunks too (`prompt_chunk_for` takes a chunk whose
+        // scratch is at most a quarter of what the weights and the state leave).
+        let want = |c: usize, seqs: usize, fast: bool| {
+            if fast {
+                w_bytes
+                    + state_of(c) * seqs as u64
+                    + 4 * scratch_for(&gpu, cfg, c, PROMPT_CHUNKS[0]).1
+            } else {
+                need(c, seqs)
+            }
+        };
+        let full = |c: usize, fast: bool| {
+            want(c, n_seq, fast) <= budget
+                || (budgets.slots_flexible && n_seq > 1 && want(c, 1, fast) <= budget)
+        };
+        let (n_ctx, chosen) = match ask {
+            ContextAsk::Fixed(n) => (n, None),
+            ContextAsk::Auto => {
+                let trained = cfg.n_ctx_train;
+                let cands = crate::memory::context_candidates(trained);
+                // The longest that keeps prompts at full speed, else the longest that
+                // keeps every weight in VRAM, else tiered.
+                let whole = [true, false].into_iter().find_map(|fast| {
+                    cands
+                        .iter()
+                        .copied()
+                        .find(|&c| full(c, fast))
+                        .map(|c| (c, fast))
+                });
+                let (c, why) = match whole {
+                    Some((c, _)) if c == cands[0] => (c, "the model's trained length".to_string()),
+                    Some((c, fast)) => (
+                        c,
+                        format!(
+                            "the longest that keeps every weight in VRAM{} (the trained {trained} would need {:.2} GiB more)",
+                            if fast {
+                                format!(" with room for prompt chunks of {} tokens", PROMPT_CHUNKS[0])
+                            } else {
+                                String::new()
+                            },
+                            gib(want(trained, 1, fast).saturating_sub(budget))
+                        ),
+                    ),
+                    None => {
+                        let seqs = if budgets.slots_flexible { 1 } else { n_seq } as u64;
+                        let dense = w_bytes - weights::routed_expert_bytes(weights);
+                        let quarter = budget.saturating_sub(dense) / 4;
+                        let c = cands
+                            .iter()
+                            .copied()
+                            .filter(|&c| c <= crate::memory::AGENT_CONTEXT)
+                            .find(|&c| state_of(c) * seqs + scratch_of(c) <= quarter)
+                            .unwrap_or(cands[cands.len() - 1]);
+                        let why = format!(
+                            "the routed experts are tiered even at {} positions, so at most {} (or what a quarter of the VRAM beside the dense weights holds), leaving the rest to expert slots",
+                            cands[cands.len() - 1],
+                            crate::memory::AGENT_CONTEXT
+                        );
+                        (c, why)
+                    }
+                };
+                (c, Some(why))
+            }
+        };
+        let e = Self::open_at(
+            gpu, cfg, weights, n_ctx, n_seq, budgets, budget, w_bytes, free, total,
+        )?;
+        crate::memory::log_context(n_ctx, cfg.n_ctx_train, chosen.as_deref(), true);
+        Ok(e)
+    }
+
+    /// `open_with` once the context is known.
+    #[allow(clippy::too_many_arguments)]
+    fn open_at(
+        gpu: Gpu,
+        cfg: &ModelConfig,
+        weights: &ModelWeights,
+        n_ctx: usize,
+        n_seq: usize,
+        budgets: Budgets,
+        budget: u64,
+        w_bytes: u64,
+        free: u64,
+        total: u64,
+    ) -> Result<CudaExecutor, EngineError> {
+        let ordinal = gpu.ordinal();
+        let name = gpu.name();
+        let state_one =
+            (cfg.seq_state_bytes(n_ctx) + trail_bytes(cfg, verify_tokens(&budgets))) as u64;
+        let state = state_one * n_seq as u64;
+        let (_, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let (n_seq, state) = if budgets.slots_flexible
             && n_seq > 1
             && w_bytes + state + scratch > budget

@@ -187,9 +187,10 @@ settings! {
         /// steps measured to cost against a decode step and how many drafts are kept,
         /// and speculation pauses (trying again now and then) where it does not pay.
         draft_fixed: bool = "engine" "draft-fixed", Kind::Bool, json!(false), "", arg bool;
-        /// Context length to allocate.
+        /// Context length to allocate (per slot on a GPU; one pool the slots share on
+        /// the CPU).
         max_context: Option<usize> = "engine" "max-context", Kind::Count { min: 64 }, NULL,
-            "engine default: min(trained, 4096)", arg Option<usize>, short = 'c';
+            "the model's trained length when memory allows, else the longest power of two that fits (logged with why)", arg Option<usize>, short = 'c';
         /// Vision encoder (an mmproj GGUF, as llama.cpp's converter writes it): requests
         /// may then carry images.
         mmproj: Option<PathBuf> = "engine" "mmproj", Kind::Path, NULL,
