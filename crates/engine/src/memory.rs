@@ -206,6 +206,91 @@ pub(crate) fn auto_context_cpu(
     }
 }
 
+/// What `Auto` weighs on a GPU, where every slot holds its whole context in VRAM from
+/// the start (the sizes from the executor, which knows its kernels' scratch).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct GpuFit<'a> {
+    /// VRAM the executor may use.
+    pub budget: u64,
+    /// Slots asked for (or the default), and whether one may be taken instead.
+    pub seqs: usize,
+    pub slots_flexible: bool,
+    /// Every weight's bytes, and the dense part's (what stays when experts are tiered).
+    pub weights: u64,
+    pub dense: u64,
+    /// The longest prompt chunk (tokens), whose scratch `fast` means.
+    pub chunk: usize,
+    /// K/V and state of one sequence of context c.
+    pub state: &'a dyn Fn(usize) -> u64,
+    /// Scratch at context c for steps of the longest prompt chunk (`fast`) or the
+    /// shortest.
+    pub scratch: &'a dyn Fn(usize, bool) -> u64,
+}
+
+/// `Auto` on a GPU: the longest candidate that keeps every weight in VRAM with room
+/// for the longest prompt chunks (whose scratch the executor takes when it is at most a
+/// quarter of what the weights and the state leave); else the longest that keeps every
+/// weight in VRAM; with the slots asked for or, when they are the executor's to
+/// choose, one. When none does, the routed experts are tiered: the longest up to
+/// [`AGENT_CONTEXT`] whose K/V, state and scratch take at most a quarter of what the
+/// dense weights leave, the rest going to expert slots (the shortest candidate when
+/// none does; the executor then refuses it with the numbers). Returns it and why.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn auto_context_gpu(trained: usize, f: &GpuFit) -> (usize, String) {
+    let cands = context_candidates(trained);
+    let want = |c: usize, seqs: usize, fast: bool| {
+        let state = (f.state)(c).saturating_mul(seqs as u64);
+        let scratch = (f.scratch)(c, fast).saturating_mul(if fast { 4 } else { 1 });
+        f.weights.saturating_add(state).saturating_add(scratch)
+    };
+    let full = |c: usize, fast: bool| {
+        want(c, f.seqs, fast) <= f.budget
+            || (f.slots_flexible && f.seqs > 1 && want(c, 1, fast) <= f.budget)
+    };
+    let whole = [true, false].into_iter().find_map(|fast| {
+        cands
+            .iter()
+            .copied()
+            .find(|&c| full(c, fast))
+            .map(|c| (c, fast))
+    });
+    let shortest = cands[cands.len() - 1];
+    match whole {
+        Some((c, _)) if c == cands[0] => (c, "the model's trained length".to_string()),
+        Some((c, fast)) => {
+            let room = if fast {
+                format!(" with room for prompt chunks of {} tokens", f.chunk)
+            } else {
+                String::new()
+            };
+            let more = want(trained, 1, fast).saturating_sub(f.budget) as f64 / GIB;
+            let why = format!(
+                "the longest that keeps every weight in VRAM{room} (the trained {trained} would need {more:.2} GiB more)"
+            );
+            (c, why)
+        }
+        None => {
+            let seqs = if f.slots_flexible { 1 } else { f.seqs } as u64;
+            let quarter = f.budget.saturating_sub(f.dense) / 4;
+            let c = cands
+                .iter()
+                .copied()
+                .filter(|&c| c <= AGENT_CONTEXT)
+                .find(|&c| {
+                    (f.state)(c)
+                        .saturating_mul(seqs)
+                        .saturating_add((f.scratch)(c, false))
+                        <= quarter
+                })
+                .unwrap_or(shortest);
+            let why = format!(
+                "the routed experts are tiered even at {shortest} positions, so at most {AGENT_CONTEXT} (or what a quarter of the VRAM beside the dense weights holds), leaving the rest to expert slots"
+            );
+            (c, why)
+        }
+    }
+}
+
 /// Logs the context a load ended with: asked for, or chosen and why; a warning when
 /// a chosen one is too short for coding agents.
 pub(crate) fn log_context(n_ctx: usize, trained: usize, chosen: Option<&str>, per_slot: bool) {
@@ -334,7 +419,10 @@ pub(crate) fn populate_weights(file: &gguf::GgufFile, available: Option<u64>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{auto_context_cpu, cgroup_headroom, context_candidates, pool_state_bytes};
+    use super::{
+        auto_context_cpu, auto_context_gpu, cgroup_headroom, context_candidates, pool_state_bytes,
+        GpuFit,
+    };
 
     #[test]
     fn auto_context_tries_the_trained_length_then_powers_of_two() {
@@ -370,6 +458,54 @@ mod tests {
         assert_eq!(auto_context_cpu(&mcfg, 4, Some(weights), weights).0, 4096);
         // No reading: at most the agents' length.
         assert_eq!(auto_context_cpu(&mcfg, 4, None, weights).0, 32768);
+    }
+
+    #[test]
+    fn auto_context_on_a_gpu_keeps_the_weights_in_vram_before_a_long_context() {
+        // A sequence's state: 4 KiB a position (1 GiB at 262144); scratch 100 MiB
+        // (for prompt chunks of 4096: 400 MiB, of which the executor wants 4× room);
+        // 10 GiB of weights, 2 of them dense.
+        const MIB: u64 = 1 << 20;
+        let gib = 1u64 << 30;
+        let state = |c: usize| c as u64 * 4096;
+        let scratch = |_: usize, fast: bool| if fast { 400 * MIB } else { 100 * MIB };
+        let fit = |budget: u64, seqs: usize, slots_flexible: bool| GpuFit {
+            budget,
+            seqs,
+            slots_flexible,
+            weights: 10 * gib,
+            dense: 2 * gib,
+            chunk: 4096,
+            state: &state,
+            scratch: &scratch,
+        };
+        // Four slots of 262144 (4 GiB) with the chunks' room (1.56 GiB) fit 16 GiB.
+        let (c, why) = auto_context_gpu(262144, &fit(16 * gib, 4, true));
+        assert_eq!((c, why.as_str()), (262144, "the model's trained length"));
+        // 12.5 GiB: one slot of 131072 (12.06) is the longest that fits.
+        let (c, why) = auto_context_gpu(262144, &fit(12 * gib + 512 * MIB, 4, true));
+        assert_eq!(c, 131072);
+        assert!(why.contains("with room for prompt chunks of 4096"), "{why}");
+        // The four slots asked for: 32768 each (12.06).
+        assert_eq!(
+            auto_context_gpu(262144, &fit(12 * gib + 512 * MIB, 4, false)).0,
+            32768
+        );
+        // No room for the chunks' scratch at any length, but one slot of 32768 fits.
+        let (c, why) = auto_context_gpu(262144, &fit(10 * gib + 300 * MIB, 4, true));
+        assert_eq!(c, 32768);
+        assert!(!why.contains("prompt chunks"), "{why}");
+        // Tiered: at most 32768, within a quarter of what the dense weights leave.
+        let (c, why) = auto_context_gpu(262144, &fit(8 * gib, 4, true));
+        assert_eq!(c, 32768);
+        assert!(why.contains("tiered"), "{why}");
+        let (c, _) = auto_context_gpu(262144, &fit(2 * gib + 800 * MIB, 4, true));
+        assert_eq!(
+            c, 16384,
+            "a quarter of 800 MiB less 100 MiB of scratch holds 25600"
+        );
+        // A short trained length is taken as it is.
+        assert_eq!(auto_context_gpu(2048, &fit(16 * gib, 4, true)).0, 2048);
     }
 
     #[test]

@@ -283,11 +283,8 @@ impl CudaExecutor {
     }
 
     /// As [`open`](Self::open), with the context asked for, or (`ContextAsk::Auto`)
-    /// chosen here: the longest of `memory::context_candidates` that keeps every
-    /// weight in VRAM (with the slots asked for, or one when the slots are the
-    /// executor's to choose); when none does, the routed experts are tiered and the
-    /// longest up to `AGENT_CONTEXT` whose K/V and scratch take at most a quarter of
-    /// what the dense weights leave (the rest is expert slots). Logged with why.
+    /// chosen by `memory::auto_context_gpu` from this GPU's budget and this model's
+    /// state and scratch sizes. Logged with why.
     pub fn open_with(
         ordinal: usize,
         cfg: &ModelConfig,
@@ -331,71 +328,28 @@ impl CudaExecutor {
         };
         let verify = verify_tokens(&budgets);
         let state_of = |c: usize| (cfg.seq_state_bytes(c) + trail_bytes(cfg, verify)) as u64;
-        let scratch_of = |c: usize| scratch_for(&gpu, cfg, c, MAX_STEP_TOKENS).1;
-        let need = |c: usize, seqs: usize| w_bytes + state_of(c) * seqs as u64 + scratch_of(c);
-        // Whether every weight stays in VRAM at context c: with the slots asked
-        // for, or with one when they are the executor's to choose; `fast`: with room
-        // for the longest prompt chunks too (`prompt_chunk_for` takes a chunk whose
-        // scratch is at most a quarter of what the weights and the state leave).
-        let want = |c: usize, seqs: usize, fast: bool| {
-            if fast {
-                w_bytes
-                    + state_of(c) * seqs as u64
-                    + 4 * scratch_for(&gpu, cfg, c, PROMPT_CHUNKS[0]).1
-            } else {
-                need(c, seqs)
-            }
-        };
-        let full = |c: usize, fast: bool| {
-            want(c, n_seq, fast) <= budget
-                || (budgets.slots_flexible && n_seq > 1 && want(c, 1, fast) <= budget)
-        };
         let (n_ctx, chosen) = match ask {
             ContextAsk::Fixed(n) => (n, None),
             ContextAsk::Auto => {
-                let trained = cfg.n_ctx_train;
-                let cands = crate::memory::context_candidates(trained);
-                // The longest that keeps prompts at full speed, else the longest that
-                // keeps every weight in VRAM, else tiered.
-                let whole = [true, false].into_iter().find_map(|fast| {
-                    cands
-                        .iter()
-                        .copied()
-                        .find(|&c| full(c, fast))
-                        .map(|c| (c, fast))
-                });
-                let (c, why) = match whole {
-                    Some((c, _)) if c == cands[0] => (c, "the model's trained length".to_string()),
-                    Some((c, fast)) => (
-                        c,
-                        format!(
-                            "the longest that keeps every weight in VRAM{} (the trained {trained} would need {:.2} GiB more)",
-                            if fast {
-                                format!(" with room for prompt chunks of {} tokens", PROMPT_CHUNKS[0])
-                            } else {
-                                String::new()
-                            },
-                            gib(want(trained, 1, fast).saturating_sub(budget))
-                        ),
-                    ),
-                    None => {
-                        let seqs = if budgets.slots_flexible { 1 } else { n_seq } as u64;
-                        let dense = w_bytes - weights::routed_expert_bytes(weights);
-                        let quarter = budget.saturating_sub(dense) / 4;
-                        let c = cands
-                            .iter()
-                            .copied()
-                            .filter(|&c| c <= crate::memory::AGENT_CONTEXT)
-                            .find(|&c| state_of(c) * seqs + scratch_of(c) <= quarter)
-                            .unwrap_or(cands[cands.len() - 1]);
-                        let why = format!(
-                            "the routed experts are tiered even at {} positions, so at most {} (or what a quarter of the VRAM beside the dense weights holds), leaving the rest to expert slots",
-                            cands[cands.len() - 1],
-                            crate::memory::AGENT_CONTEXT
-                        );
-                        (c, why)
-                    }
+                let dense = w_bytes - weights::routed_expert_bytes(weights);
+                let fit = crate::memory::GpuFit {
+                    budget,
+                    seqs: n_seq,
+                    slots_flexible: budgets.slots_flexible,
+                    weights: w_bytes,
+                    dense,
+                    chunk: PROMPT_CHUNKS[0],
+                    state: &state_of,
+                    scratch: &|c, fast| {
+                        let step = if fast {
+                            PROMPT_CHUNKS[0]
+                        } else {
+                            MAX_STEP_TOKENS
+                        };
+                        scratch_for(&gpu, cfg, c, step).1
+                    },
                 };
+                let (c, why) = crate::memory::auto_context_gpu(cfg.n_ctx_train, &fit);
                 (c, Some(why))
             }
         };
