@@ -134,9 +134,9 @@ pub(crate) fn check_state(
 }
 
 /// The context pool's size: `--max-context`, or (`Auto`) the longest of
-/// [`context_candidates`] the memory allows, chosen by the executor that holds the
-/// K/V (the CPU here, [`auto_context_cpu`]; a GPU in its own open, which knows its
-/// VRAM). A chosen size is printed with why; an asked one is granted or refused
+/// [`context_candidates`] the memory allows, chosen for the executor that holds the
+/// K/V ([`auto_context_cpu`]; [`auto_context_gpu`] over the sizes a GPU's open
+/// measures). A chosen size is printed with why; an asked one is granted or refused
 /// (invariant 5), never shrunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContextAsk {

@@ -353,14 +353,16 @@ impl CudaExecutor {
                 (c, Some(why))
             }
         };
+        let state_one = state_of(n_ctx);
         let e = Self::open_at(
-            gpu, cfg, weights, n_ctx, n_seq, budgets, budget, w_bytes, free, total,
+            gpu, cfg, weights, n_ctx, n_seq, budgets, budget, w_bytes, state_one, free, total,
         )?;
         crate::memory::log_context(n_ctx, cfg.n_ctx_train, chosen.as_deref(), true);
         Ok(e)
     }
 
-    /// `open_with` once the context is known.
+    /// `open_with` once the context is known (`state_one`: one sequence's K/V, state
+    /// and verify trail at it).
     #[allow(clippy::too_many_arguments)]
     fn open_at(
         gpu: Gpu,
@@ -371,13 +373,12 @@ impl CudaExecutor {
         budgets: Budgets,
         budget: u64,
         w_bytes: u64,
+        state_one: u64,
         free: u64,
         total: u64,
     ) -> Result<CudaExecutor, EngineError> {
         let ordinal = gpu.ordinal();
         let name = gpu.name();
-        let state_one =
-            (cfg.seq_state_bytes(n_ctx) + trail_bytes(cfg, verify_tokens(&budgets))) as u64;
         let state = state_one * n_seq as u64;
         let (_, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
         let (n_seq, state) = if budgets.slots_flexible
