@@ -25,10 +25,10 @@ pub use gguf::GgmlType;
 pub use gpu::{DevBuf, Event, Gpu, Graph, Lane, PinnedAlloc, PinnedBuf};
 #[cfg(feature = "cuda")]
 pub use ops::{
-    argmax_scratch_words, sample_scratch_words, sample_words, supports_type, ActQ8, DnRows, DnStep,
-    Mat, MoeRoute, Rotary, RouterRoute, SampleRow, Tile, TileShape, FUSED_MAX_EXPERTS, MAX_D_CONV,
-    MAX_EXPERTS, MAX_TOP_K, PUBLISH_HEAD_WORDS, ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT,
-    TILE_GROUP, TILE_TOKENS,
+    argmax_scratch_words, sample_scratch_words, sample_words, supports_type,
+    vis_attention_supports, ActQ8, DnRows, DnStep, Mat, MoeRoute, Rotary, RouterRoute, SampleRow,
+    Tile, TileShape, VisEpilogue, VisWeight, FUSED_MAX_EXPERTS, MAX_D_CONV, MAX_EXPERTS, MAX_TOP_K,
+    PUBLISH_HEAD_WORDS, ROUTER_MAX_TOKENS, ROUTE_IN_ROUTER_MAX_EXPERT, TILE_GROUP, TILE_TOKENS,
 };
 
 /// True when this build has the CUDA executor (feature `cuda`).

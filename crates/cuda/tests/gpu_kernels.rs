@@ -22,6 +22,8 @@ mod moe_kernels;
 mod quant_kernels;
 #[path = "gpu_kernels/rows.rs"]
 mod rows;
+#[path = "gpu_kernels/vision.rs"]
+mod vision;
 
 use cuda::{ActQ8, DevBuf, DeviceRepr, Gpu, ValidAsZeroBits};
 

@@ -90,6 +90,13 @@ impl Engine {
         let routing = cfg
             .record_routing
             .then(|| Arc::new(experts::RoutingCounts::for_model(&mcfg)));
+        // The image encoder first: on a GPU its weights and scratch are allocated before
+        // the executor measures what VRAM it has.
+        let vision = cfg
+            .mmproj
+            .as_deref()
+            .map(|p| open_vision(p, &mcfg, cfg))
+            .transpose()?;
         let (mut exec, n_ctx) =
             open_executor(cfg, &file, &mcfg, weights, ask, available, routing.clone())?;
         // The executor's slots (a tiered GPU takes one unless asked for more): the account
@@ -164,11 +171,6 @@ impl Engine {
             _ => None,
         };
         let mut memory = MemoryAccount::new(&file, &mcfg, n_ctx, parallel, prompt_cache, available);
-        let vision = cfg
-            .mmproj
-            .as_deref()
-            .map(|p| open_vision(p, &mcfg))
-            .transpose()?;
         let drafter = choose_drafter(&cfg.spec, &mcfg, exec.as_mut())?;
         let mut sched = Scheduler::new(
             parallel,
@@ -181,6 +183,10 @@ impl Engine {
         sched.set_spec(cfg.spec, drafter);
         let vision_cfg = vision.map(|v| {
             memory.vision_bytes = v.model.bytes();
+            #[cfg(feature = "cuda")]
+            if let Some(g) = &v.gpu {
+                memory.vision_vram = g.weight_bytes() + g.scratch_bytes();
+            }
             let c = v.model.config().clone();
             sched.set_vision(v);
             c
@@ -495,11 +501,15 @@ pub fn check_threads(n: usize) -> Result<(), EngineError> {
 }
 
 /// The vision encoder of `path` for a model of `mcfg`, refused (with the numbers) when
-/// it belongs to another model. It runs on the CPU whatever the executor (its rows
-/// go into the text model's steps as they are).
+/// it belongs to another model. Its rows go into the text model's steps as they are.
+/// It runs on the GPU the executor would take (`--device cuda:N`, or GPU 0 when no
+/// device is named), with a copy on the CPU for images over the GPU's scratch; on
+/// the CPU alone with `--device cpu`, without a GPU, or when the GPU cannot take it
+/// (said in the log).
 fn open_vision(
     path: &Path,
     mcfg: &ModelConfig,
+    cfg: &EngineConfig,
 ) -> Result<crate::sched::media::Vision, EngineError> {
     let model = model::vision::encoder::VisionModel::open(path)?;
     let out = model.config().out_hidden;
@@ -517,15 +527,46 @@ fn open_vision(
             mcfg.arch.name()
         )));
     }
-    tracing::info!(
-        "vision encoder {}: {} blocks of width {}, patch {}, merge {} (on the CPU)",
-        path.display(),
-        model.config().n_layer,
-        model.config().hidden,
-        model.config().patch_size,
-        model.config().merge
+    let c = model.config();
+    let shape = format!(
+        "{} blocks of width {}, patch {}, merge {}",
+        c.n_layer, c.hidden, c.patch_size, c.merge
     );
-    Ok(crate::sched::media::Vision::new(model))
+    #[allow(unused_mut)]
+    let mut vision = crate::sched::media::Vision::new(model);
+    #[cfg(feature = "cuda")]
+    {
+        let ordinal = match cfg.device {
+            Some(Device::Cuda(n)) => Some(n),
+            Some(Device::Cpu) => None,
+            None => (cfg.precision == crate::api::Precision::Canonical
+                && ::cuda::Gpu::device_count().is_ok_and(|n| n > 0))
+            .then_some(0),
+        };
+        if let Some(n) = ordinal {
+            match cuda::vision::GpuEncoder::open(n, &vision.model) {
+                Ok(g) => {
+                    tracing::info!(
+                        "vision encoder {}: {shape}, on cuda:{n} ({:.2} GiB of weights, {:.2} GiB of scratch for images of up to {} patches; larger ones on the CPU)",
+                        path.display(),
+                        g.weight_bytes() as f64 / GIB,
+                        g.scratch_bytes() as f64 / GIB,
+                        g.max_patches()
+                    );
+                    vision.gpu = Some(g);
+                    return Ok(vision);
+                }
+                Err(e) => tracing::warn!(
+                    "vision encoder {}: not on cuda:{n} ({e}); images are encoded on the CPU",
+                    path.display()
+                ),
+            }
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = cfg;
+    tracing::info!("vision encoder {}: {shape} (on the CPU)", path.display());
+    Ok(vision)
 }
 
 /// The routing profile `cfg.expert_profile` names, checked against the model.

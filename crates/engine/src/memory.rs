@@ -30,6 +30,8 @@ pub struct MemoryAccount {
     pub prompt_cache: u64,
     /// The vision encoder's weights, dequantized in RAM (0: none).
     pub vision_bytes: u64,
+    /// The vision encoder's weights and scratch on the GPU (0: none).
+    pub vision_vram: u64,
     /// MemAvailable when loading, if known.
     pub available: Option<u64>,
 }
@@ -61,6 +63,7 @@ impl MemoryAccount {
             recurrent_bytes: mcfg.recurrent_state_bytes() as u64,
             prompt_cache,
             vision_bytes: 0,
+            vision_vram: 0,
             available,
         }
     }
@@ -81,10 +84,14 @@ impl MemoryAccount {
             self.bytes_per_position as f64 / 1024.0,
             self.recurrent_bytes as f64 / (1u64 << 20) as f64,
             gib(self.prompt_cache),
-            if self.vision_bytes > 0 {
-                format!("; vision encoder {:.2} GiB", gib(self.vision_bytes))
-            } else {
-                String::new()
+            match (self.vision_bytes, self.vision_vram) {
+                (0, _) => String::new(),
+                (r, 0) => format!("; vision encoder {:.2} GiB", gib(r)),
+                (r, v) => format!(
+                    "; vision encoder {:.2} GiB RAM + {:.2} GiB VRAM",
+                    gib(r),
+                    gib(v)
+                ),
             },
             self.available
                 .map(|a| format!("; {:.2} GiB RAM available", gib(a)))

@@ -6,7 +6,8 @@
 //! within the text tolerance. Then the invariants: an image request beside text
 //! requests gets its solo bits, and the prompt cache tells images apart by their bytes.
 //! On the device `SCORIA_TEST_DEVICE` names (the GPU suite runs them on the GPU, with
-//! the encoder on the CPU).
+//! the encoder on the GPU too); on the GPU the encoder's embedding is also checked
+//! against transformers' and the CPU encoder's directly.
 
 mod common;
 
@@ -320,4 +321,58 @@ fn an_encoder_for_another_model_is_refused_at_load() {
         msg.contains("128") && msg.contains("64") && msg.contains("another model"),
         "{msg}"
     );
+}
+
+/// The GPU encoder's embedding of the fixture image against transformers' (as the CPU
+/// encoder's is checked in the model crate) and the CPU encoder's, the same bits on a
+/// second run, and an image over its scratch refused by name.
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_encoder_embeds_as_transformers() {
+    if test_device() == engine::Device::Cpu {
+        eprintln!("SKIP gpu_encoder_embeds_as_transformers: SCORIA_TEST_DEVICE is the CPU");
+        return;
+    }
+    let (shape, want) = engine::npy::read_f32(&fixtures().join("image_embeds.npy")).unwrap();
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let max_diff =
+        |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    for (mmproj, tol) in [("mmproj-f32.gguf", 1e-5f32), ("mmproj-f16.gguf", 2e-3)] {
+        let m = model::vision::VisionModel::open(&fixtures().join(mmproj)).unwrap();
+        let g = engine::cuda::vision::GpuEncoder::open(0, &m).expect("open on the GPU");
+        let img = image(0);
+        let got = g.encode(&m, &img).expect("encode on the GPU");
+        assert_eq!([got.rows, got.width], [shape[0], shape[1]], "{mmproj}");
+        let d = max_diff(&got.data, &want);
+        assert!(
+            d <= tol * scale,
+            "{mmproj}: max |GPU - transformers| {d} > {tol} × {scale}"
+        );
+        let cpu = m.encode(&img).unwrap();
+        let dc = max_diff(&got.data, &cpu.data);
+        assert!(
+            dc <= tol * scale,
+            "{mmproj}: max |GPU - CPU| {dc} > {tol} × {scale}"
+        );
+        let again = g.encode(&m, &img).unwrap();
+        assert_eq!(bits(&again.data), bits(&got.data), "{mmproj}: a second run");
+        eprintln!(
+            "{mmproj}: GPU embedding within {:.2e} of transformers', {:.2e} of the CPU's (of the largest value {scale})",
+            d / scale,
+            dc / scale
+        );
+    }
+    let m = model::vision::VisionModel::open(&fixtures().join("mmproj-f16.gguf")).unwrap();
+    let g = engine::cuda::vision::GpuEncoder::open(0, &m).unwrap();
+    let side = 2 * (g.max_patches() as f64).sqrt() as usize;
+    let big = PreparedImage {
+        pixels: vec![0.0; side * side * m.config().patch_values()],
+        grid: [1, side, side],
+        resized: (side * 16, side * 16),
+        sha256: [7; 32],
+    };
+    let Err(e) = g.encode(&m, &big) else {
+        panic!("an image of {} patches is over the scratch", side * side)
+    };
+    assert!(e.to_string().contains("patches"), "{e}");
 }

@@ -11,6 +11,7 @@ mod moe;
 mod norm;
 mod quant;
 mod sample;
+mod vision;
 
 pub use attention::Rotary;
 pub use deltanet::{DnRows, DnStep, MAX_D_CONV};
@@ -21,6 +22,7 @@ pub use moe::{
 pub use norm::argmax_scratch_words;
 pub use quant::{supports_type, ActQ8, Mat, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 pub use sample::{sample_scratch_words, sample_words, SampleRow};
+pub use vision::{vis_attention_supports, VisEpilogue, VisWeight};
 
 use crate::kernels::K;
 

@@ -26,7 +26,7 @@ fn with_q(kn: &'static str, args: &[Arg], cols: usize, q: ActQ8) -> Result<Vec<A
 impl Gpu {
     /// Blocks for a grid-stride elementwise kernel over n items: enough to fill the
     /// GPU, no more.
-    fn stride_blocks(&self, n: usize) -> u32 {
+    pub(crate) fn stride_blocks(&self, n: usize) -> u32 {
         let cap = self.sm_count as usize * 16;
         n.div_ceil(256).clamp(1, cap) as u32
     }

@@ -11,6 +11,7 @@ mod rollback;
 mod sample;
 mod snapshot;
 mod trace;
+pub mod vision;
 mod weights;
 
 use backend::tiered::{self, Tiered};

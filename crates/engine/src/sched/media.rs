@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use model::vision::encoder::VisionModel;
-use model::vision::{mrope_positions, ImageEmbeds};
+use model::vision::{mrope_positions, ImageEmbeds, PreparedImage};
 use sha2::{Digest, Sha256};
 
 use crate::api::GenerateRequest;
@@ -22,12 +22,40 @@ pub struct Vision {
     pub model: VisionModel,
     /// sha256 of the encoder's weights: an image's ids depend on it.
     pub identity: [u8; 32],
+    /// The encoder's copy on a GPU, which encodes the images it has room for.
+    #[cfg(feature = "cuda")]
+    pub gpu: Option<crate::cuda::vision::GpuEncoder>,
 }
 
 impl Vision {
     pub fn new(model: VisionModel) -> Vision {
         let identity = model.identity();
-        Vision { model, identity }
+        Vision {
+            model,
+            identity,
+            #[cfg(feature = "cuda")]
+            gpu: None,
+        }
+    }
+
+    /// The merged embedding of `img`: on the GPU when the encoder has a copy there
+    /// with room for the image, else on the CPU. Which one depends only on the
+    /// image's size, so an image always gets the same bits.
+    pub fn encode(&self, img: &PreparedImage) -> Result<ImageEmbeds, EngineError> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            let n = img.grid.iter().product::<usize>();
+            if n <= g.max_patches() {
+                return g.encode(&self.model, img);
+            }
+            tracing::info!(
+                "an image of {n} patches is encoded on the CPU: the GPU encoder's scratch holds {}",
+                g.max_patches()
+            );
+        }
+        self.model
+            .encode(img)
+            .map_err(|e| EngineError::Image(e.to_string()))
     }
 }
 
@@ -87,7 +115,7 @@ struct Image {
 /// An image's rows: not needed yet, being encoded on a thread of their own, or there.
 enum Embeds {
     Later,
-    Encoding(std::thread::JoinHandle<Result<ImageEmbeds, model::ModelError>>),
+    Encoding(std::thread::JoinHandle<Result<ImageEmbeds, EngineError>>),
     Ready(Arc<ImageEmbeds>),
 }
 
@@ -128,7 +156,7 @@ impl RequestMedia {
                     Embeds::Later
                 } else {
                     let (v, img) = (vision.clone(), im.image.clone());
-                    Embeds::Encoding(std::thread::spawn(move || v.model.encode(&img)))
+                    Embeds::Encoding(std::thread::spawn(move || v.encode(&img)))
                 };
                 Image {
                     at: im.at,
@@ -183,14 +211,9 @@ impl RequestMedia {
                     let r = job
                         .join()
                         .map_err(|_| EngineError::Image("the encoder's thread panicked".into()))?;
-                    Arc::new(r.map_err(|e| EngineError::Image(e.to_string()))?)
+                    Arc::new(r?)
                 }
-                Embeds::Later => Arc::new(
-                    self.vision
-                        .model
-                        .encode(&im.image)
-                        .map_err(|e| EngineError::Image(e.to_string()))?,
-                ),
+                Embeds::Later => Arc::new(self.vision.encode(&im.image)?),
             };
             im.embeds = Embeds::Ready(e.clone());
             for p in lo..hi {

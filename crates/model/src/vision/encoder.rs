@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 /// `y = W·x + b` for each patch row `x`; `w` is `[n_out][n_in]` row-major, as the
 /// file's float rows (F16, BF16, F32: kept as they are, half the memory of f32 for the
 /// usual F16 file) or, for a quantized file, dequantized to F32 rows.
-struct Linear {
+pub struct Linear {
     ty: quant::GgmlType,
     w: Vec<u8>,
     b: Vec<f32>,
@@ -55,12 +55,41 @@ impl Linear {
     fn bytes(&self) -> usize {
         self.w.len() + 4 * self.b.len()
     }
+
+    pub fn n_in(&self) -> usize {
+        self.n_in
+    }
+
+    pub fn n_out(&self) -> usize {
+        self.n_out
+    }
+
+    pub fn bias(&self) -> &[f32] {
+        &self.b
+    }
+
+    /// The weights' type as kept (F16, BF16 or F32).
+    pub fn ty(&self) -> quant::GgmlType {
+        self.ty
+    }
+
+    /// The weights as f32 rows `[n_out][n_in]` (exact: every kept type is a float).
+    pub fn rows_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.n_in * self.n_out];
+        let row_bytes = self.w.len() / self.n_out;
+        out.par_chunks_mut(self.n_in)
+            .zip(self.w.par_chunks(row_bytes))
+            .for_each(|(dst, src)| {
+                quant::try_dequantize_row(self.ty, src, dst).expect("a float type, checked at load")
+            });
+        out
+    }
 }
 
 /// LayerNorm with weight and bias.
-struct LayerNorm {
-    w: Vec<f32>,
-    b: Vec<f32>,
+pub struct LayerNorm {
+    pub w: Vec<f32>,
+    pub b: Vec<f32>,
 }
 
 impl LayerNorm {
@@ -85,13 +114,27 @@ impl LayerNorm {
     }
 }
 
-struct Block {
-    ln1: LayerNorm,
-    qkv: Linear,
-    out: Linear,
-    ln2: LayerNorm,
-    up: Linear,
-    down: Linear,
+/// One ViT block: `x += out(attention(ln1(x)))`, `x += down(gelu_tanh(up(ln2(x))))`.
+pub struct Block {
+    pub ln1: LayerNorm,
+    pub qkv: Linear,
+    pub out: Linear,
+    pub ln2: LayerNorm,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// The encoder's weights, for a device that runs it (`VisionModel::weights`).
+pub struct VisionWeights<'a> {
+    /// The patch embedding as a matrix over a patch row's values.
+    pub patch: &'a Linear,
+    /// The learned positions, `[pos_side²][hidden]`.
+    pub pos: &'a [f32],
+    pub blocks: &'a [Block],
+    pub post_ln: &'a LayerNorm,
+    /// The merger: `mm2(gelu_erf(mm0(rows of merge² patches)))`.
+    pub mm0: &'a Linear,
+    pub mm2: &'a Linear,
 }
 
 /// The Qwen3.5/3.6 vision encoder with its weights in memory as f32.
@@ -337,8 +380,20 @@ impl VisionModel {
         self.identity
     }
 
-    /// The merged embedding of one image: `img.rows(merge)` rows of `out_hidden`.
-    pub fn encode(&self, img: &PreparedImage) -> Result<ImageEmbeds, ModelError> {
+    /// The weights, for a device that runs the encoder.
+    pub fn weights(&self) -> VisionWeights<'_> {
+        VisionWeights {
+            patch: &self.patch,
+            pos: &self.pos,
+            blocks: &self.blocks,
+            post_ln: &self.post_ln,
+            mm0: &self.mm0,
+            mm2: &self.mm2,
+        }
+    }
+
+    /// Checks that `img` is one image this encoder takes; returns its patch count.
+    pub fn check(&self, img: &PreparedImage) -> Result<usize, ModelError> {
         let c = &self.config;
         let [t, gh, gw] = img.grid;
         if t != 1 {
@@ -365,6 +420,14 @@ impl VisionModel {
                 img.pixels.len()
             )));
         }
+        Ok(n)
+    }
+
+    /// The merged embedding of one image: `img.rows(merge)` rows of `out_hidden`.
+    pub fn encode(&self, img: &PreparedImage) -> Result<ImageEmbeds, ModelError> {
+        let c = &self.config;
+        let n = self.check(img)?;
+        let [_, gh, gw] = img.grid;
         let h = c.hidden;
         let cells = patch_cells(gh, gw, c.merge);
 
@@ -581,6 +644,13 @@ struct Rope {
     cos: Vec<f32>,
     sin: Vec<f32>,
     half: usize,
+}
+
+/// cos and sin of the 2-D rotary angles of each patch at `cells`, `[n][hd/2]` each: the
+/// tables the encoder rotates q and k by (NeoX pairing, `j` with `j + hd/2`).
+pub fn rope_cos_sin(cells: &[(usize, usize)], hd: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
+    let r = rope_tables(cells, hd, theta);
+    (r.cos, r.sin)
 }
 
 fn rope_tables(cells: &[(usize, usize)], hd: usize, theta: f32) -> Rope {
