@@ -11,6 +11,7 @@
 use crate::EngineError;
 use cuda::{DevBuf, Gpu, VisEpilogue, VisWeight};
 use half::f16;
+use rayon::prelude::*;
 use model::vision::encoder::{
     interp_taps, patch_cells, rope_cos_sin, LayerNorm, Linear, VisionModel,
 };
@@ -41,15 +42,15 @@ impl DevLinear {
     /// file's weights are not f16 values.
     fn upload(gpu: &Gpu, l: &Linear, what: &str) -> Result<DevLinear, EngineError> {
         let w = l.rows_f32();
-        let hi: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
-        let lo: Vec<u16> = w
-            .iter()
-            .zip(&hi)
-            .map(|(&v, h)| f16::from_f32(v - h.to_f32()).to_bits())
-            .collect();
-        let hi: Vec<u16> = hi.iter().map(|h| h.to_bits()).collect();
+        let (hi, lo): (Vec<u16>, Vec<u16>) = w
+            .par_iter()
+            .map(|&v| {
+                let h = f16::from_f32(v);
+                (h.to_bits(), f16::from_f32(v - h.to_f32()).to_bits())
+            })
+            .unzip();
         // ±0 remainders: the f16 rows hold the weights exactly.
-        let exact = lo.iter().all(|&b| b & 0x7fff == 0);
+        let exact = lo.par_iter().all(|&b| b & 0x7fff == 0);
         Ok(DevLinear {
             hi: gpu.upload(&hi, what).map_err(dev)?,
             lo: if exact {
