@@ -11,11 +11,11 @@
 use crate::EngineError;
 use cuda::{DevBuf, Gpu, VisEpilogue, VisWeight};
 use half::f16;
-use rayon::prelude::*;
 use model::vision::encoder::{
     interp_taps, patch_cells, rope_cos_sin, LayerNorm, Linear, VisionModel,
 };
 use model::vision::{ImageEmbeds, PreparedImage};
+use rayon::prelude::*;
 use std::sync::Mutex;
 
 /// The most patches an image may have to be encoded on the GPU: 8,192 (about two
@@ -137,7 +137,6 @@ struct Inner {
 /// The encoder's weights and scratch on one GPU.
 pub struct GpuEncoder {
     inner: Mutex<Inner>,
-    ordinal: usize,
     weights: u64,
     scratch: u64,
     max_patches: usize,
@@ -244,16 +243,10 @@ impl GpuEncoder {
                 mm2,
                 s,
             }),
-            ordinal,
             weights,
             scratch,
             max_patches: n,
         })
-    }
-
-    /// The GPU it runs on.
-    pub fn ordinal(&self) -> usize {
-        self.ordinal
     }
 
     /// VRAM its weights take.
