@@ -72,24 +72,24 @@ fn load_err(path: &Path) -> String {
 fn unsupported_type_is_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = tiny(dir.path());
-    let dst = dir.path().join("q8k.gguf");
-    rewrite(&src, &dst, |name, ty, data| {
-        if name == "blk.1.ffn_up_exps.weight" {
-            // Same element count, stored as Q8_K (a type with no kernel here).
-            let n = data.len() / ty.type_size() * ty.block_size();
-            Some((
-                GgmlType::Q8_K,
-                vec![0u8; n / 256 * GgmlType::Q8_K.type_size()],
-            ))
-        } else {
-            Some((ty, data.to_vec()))
-        }
-    });
-    let e = load_err(&dst);
-    assert!(
-        e.contains("blk.1.ffn_up_exps.weight") && e.contains("Q8_K"),
-        "{e}"
-    );
+    // Q8_K has no kernel here; NVFP4 is what published NVFP4 GGUFs of Qwen3.5/3.6 hold.
+    for bad in [GgmlType::Q8_K, GgmlType::NVFP4] {
+        let dst = dir.path().join(format!("{bad}.gguf"));
+        rewrite(&src, &dst, |name, ty, data| {
+            if name == "blk.1.ffn_up_exps.weight" {
+                // Same element count, stored as `bad`.
+                let n = data.len() / ty.type_size() * ty.block_size();
+                Some((bad, vec![0u8; n / bad.block_size() * bad.type_size()]))
+            } else {
+                Some((ty, data.to_vec()))
+            }
+        });
+        let e = load_err(&dst);
+        assert!(
+            e.contains("blk.1.ffn_up_exps.weight") && e.contains(bad.name()),
+            "{e}"
+        );
+    }
 }
 
 #[test]

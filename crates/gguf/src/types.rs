@@ -40,11 +40,12 @@ pub enum GgmlType {
     TQ1_0,
     TQ2_0,
     MXFP4,
+    NVFP4,
 }
 
 impl GgmlType {
     /// Every type, for iteration in tests and tables.
-    pub const ALL: [GgmlType; 32] = [
+    pub const ALL: [GgmlType; 33] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -77,6 +78,7 @@ impl GgmlType {
         GgmlType::TQ1_0,
         GgmlType::TQ2_0,
         GgmlType::MXFP4,
+        GgmlType::NVFP4,
     ];
 
     /// (id, name, elements per block, bytes per block)
@@ -114,6 +116,8 @@ impl GgmlType {
             GgmlType::TQ1_0 => (34, "TQ1_0", 256, 54),
             GgmlType::TQ2_0 => (35, "TQ2_0", 256, 66),
             GgmlType::MXFP4 => (39, "MXFP4", 32, 17),
+            // Four unsigned e4m3 scales (one per 16 values) and 64 four-bit e2m1 codes.
+            GgmlType::NVFP4 => (40, "NVFP4", 64, 36),
         }
     }
 
@@ -188,6 +192,8 @@ mod tests {
         assert_eq!(GgmlType::TQ1_0.type_size(), 240 / 5 + 16 / 4 + 2);
         // MXFP4: one e8m0 scale byte and 32 four-bit codes.
         assert_eq!(GgmlType::MXFP4.type_size(), 1 + 16);
+        // NVFP4: four e4m3 scale bytes and 64 four-bit codes.
+        assert_eq!(GgmlType::NVFP4.type_size(), 4 + 32);
     }
 
     #[test]
