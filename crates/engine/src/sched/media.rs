@@ -40,22 +40,42 @@ impl Vision {
 
     /// The merged embedding of `img`: on the GPU when the encoder has a copy there
     /// with room for the image, else on the CPU. Which one depends only on the
-    /// image's size, so an image always gets the same bits.
+    /// image's size, so an image always gets the same bits. Logs where and how long.
     pub fn encode(&self, img: &PreparedImage) -> Result<ImageEmbeds, EngineError> {
+        let n = img.grid.iter().product::<usize>();
+        let (w, h) = img.resized;
+        let t = std::time::Instant::now();
+        let (out, place) = self.encode_on(img, n);
+        if out.is_ok() {
+            tracing::info!(
+                "image {w}×{h} ({n} patches) encoded on the {place} in {:.2} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        out
+    }
+
+    fn encode_on(
+        &self,
+        img: &PreparedImage,
+        n: usize,
+    ) -> (Result<ImageEmbeds, EngineError>, &'static str) {
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
-            let n = img.grid.iter().product::<usize>();
             if n <= g.max_patches() {
-                return g.encode(&self.model, img);
+                return (g.encode(&self.model, img), "GPU");
             }
             tracing::info!(
                 "an image of {n} patches is encoded on the CPU: the GPU encoder's scratch holds {}",
                 g.max_patches()
             );
         }
-        self.model
+        let _ = n; // only the GPU's choice reads it
+        let out = self
+            .model
             .encode(img)
-            .map_err(|e| EngineError::Image(e.to_string()))
+            .map_err(|e| EngineError::Image(e.to_string()));
+        (out, "CPU")
     }
 }
 
