@@ -45,7 +45,13 @@ impl Vision {
         let n = img.grid.iter().product::<usize>();
         let (w, h) = img.resized;
         let t = std::time::Instant::now();
-        let (out, place) = self.encode_on(img, n);
+        let (out, place) = match self.encode_on_gpu(img, n) {
+            Some(out) => (out, "GPU"),
+            None => {
+                let out = self.model.encode(img);
+                (out.map_err(|e| EngineError::Image(e.to_string())), "CPU")
+            }
+        };
         if out.is_ok() {
             tracing::info!(
                 "image {w}×{h} ({n} patches) encoded on the {place} in {:.2} s",
@@ -55,27 +61,32 @@ impl Vision {
         out
     }
 
-    fn encode_on(
+    /// The GPU's encoding of `img` (`n` patches); None where the encoder has no copy
+    /// on the GPU or no room there for the image.
+    #[cfg(feature = "cuda")]
+    fn encode_on_gpu(
         &self,
         img: &PreparedImage,
         n: usize,
-    ) -> (Result<ImageEmbeds, EngineError>, &'static str) {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            if n <= g.max_patches() {
-                return (g.encode(&self.model, img), "GPU");
-            }
+    ) -> Option<Result<ImageEmbeds, EngineError>> {
+        let g = self.gpu.as_ref()?;
+        if n > g.max_patches() {
             tracing::info!(
                 "an image of {n} patches is encoded on the CPU: the GPU encoder's scratch holds {}",
                 g.max_patches()
             );
+            return None;
         }
-        let _ = n; // only the GPU's choice reads it
-        let out = self
-            .model
-            .encode(img)
-            .map_err(|e| EngineError::Image(e.to_string()));
-        (out, "CPU")
+        Some(g.encode(&self.model, img))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn encode_on_gpu(
+        &self,
+        _img: &PreparedImage,
+        _n: usize,
+    ) -> Option<Result<ImageEmbeds, EngineError>> {
+        None
     }
 }
 
