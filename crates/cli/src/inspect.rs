@@ -79,6 +79,7 @@ fn file_type_name(ft: u64) -> &'static str {
         36 => "TQ1_0",
         37 => "TQ2_0",
         38 => "MXFP4_MOE",
+        39 => "NVFP4",
         _ => "unknown",
     }
 }

@@ -175,7 +175,8 @@ __device__ __forceinline__ float mq_finish(const MqScale& p, int acc, int hi, fl
 
 // The low-bit types' contribution (sc_formats.cuh's sequences) from the accumulators:
 // `acc` the whole sub-block's dot or, for the types with a multiplier a half
-// (SC_LB_HALVES), the first half's, `hi` the second's; `mn` Q2_K's Σ emul·a. Each
+// (SC_LB_HALVES, NVFP4 with them), the first half's, `hi` the second's; `mn` Q2_K's
+// Σ emul·a. Each
 // integer of the canonical sequence is below 2^24, so float products and sums of the
 // exact floats here are that integer, exactly (is = fma(m0, lo, m1·hi): m1·hi is
 // exact, and the fma rounds the exact is once, to itself); only a zero's sign can
@@ -188,6 +189,10 @@ __device__ __forceinline__ float mq_finish_lb(const MqScaleLb& p, int acc, int h
     is = sc_fma(p.m0, lo, sc_mul(p.m1, sc_from_magic(hi)));
   } else {
     is = sc_mul(p.m0, lo);
+  }
+  if constexpr (TY == SC_T_NVFP4) {
+    // c = (D * da) * lo; c = fma(E * da, hi, c): the halves' own scales.
+    return sc_fma(sc_mul(p.e, da), sc_from_magic(hi), sc_mul(sc_mul(p.d, da), lo));
   }
   // c = (D * da) * is
   const float c = sc_mul(sc_mul(p.d, da), is);

@@ -10,8 +10,8 @@
 //
 // Alignment each load needs (the host checks the row base): Q4_K, Q5_K: 16 bytes;
 // IQ4_XS: 8; Q8_0, Q4_0, Q6_K, F16, BF16: 2; F32: 4. Activation blocks (ActQ8.qs): 16.
-// The low-bit types: Q2_K, Q4_1, Q5_1, IQ1_M: 4; MXFP4: 1 (17-byte blocks); the
-// others 2.
+// The low-bit types: Q2_K, Q4_1, Q5_1, IQ1_M, NVFP4: 4; MXFP4: 1 (17-byte blocks);
+// the others 2.
 #pragma once
 
 #include "sc_common.cuh"
@@ -43,10 +43,11 @@
 #define SC_T_IQ3_S 22
 #define SC_T_IQ1_S 23
 #define SC_T_IQ1_M 24
+#define SC_T_NVFP4 25
 // The first and last low-bit code: their kernels are their own (see the low-bit
 // section below).
 #define SC_T_LOWBIT_FIRST SC_T_Q2_K
-#define SC_T_LOWBIT_LAST SC_T_IQ1_M
+#define SC_T_LOWBIT_LAST SC_T_NVFP4
 
 SC_HD uint8_t sc_ld8(const uint8_t* p) {
 #ifdef SC_DEVICE_CODE
@@ -298,7 +299,7 @@ SC_HD float sc_contrib_iq4_xs(const WIQ4& w, const uint32_t* a, float da, int as
 
 // ================================================================= the low-bit types
 // Q2_K, Q3_K, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S,
-// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (layouts: crates/quant/src/lowbit.rs). Each sub-block
+// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, NVFP4 (layouts: crates/quant/src/lowbit.rs). Each sub-block
 // decodes into the canonical integer form of crates/quant/src/lib.rs: a signed byte
 // weight w per value, an integer multiplier per 16-value half (mul_0, mul_1), the float
 // scale D and, with a minimum, E (and for Q2_K the halves' integer mins). Against an
@@ -307,6 +308,7 @@ SC_HD float sc_contrib_iq4_xs(const WIQ4& w, const uint32_t* a, float da, int as
 //   c  = (D * da) * is
 //   Q4_1, Q5_1: c = fma(E * da, asum, c)
 //   Q2_K:       c = fma(E * da, emul_0·Σ_{i<16} a + emul_1·Σ_{i≥16} a, c)
+//   NVFP4 (mul = 1, 0; E the second half's own scale): c = fma(E * da, Σ_{i≥16} w·a, c)
 
 // The codebooks (generated from the quant crate's: build.rs), read through the
 // read-only cache on the GPU: the lanes of a warp look up different rows, which
@@ -320,7 +322,7 @@ SC_HD float sc_contrib_iq4_xs(const WIQ4& w, const uint32_t* a, float da, int as
 
 struct WLB {
   float d;        // D
-  float e;        // E (Q2_K: -dmin; Q4_1, Q5_1: m)
+  float e;        // E (Q2_K: -dmin; Q4_1, Q5_1: m; NVFP4: the second half's scale)
   int m0, m1;     // the halves' multipliers
   int e0, e1;     // Q2_K: the halves' mins
   uint32_t q[8];  // w as signed bytes; words 0..3 values 0..15, words 4..7 values 16..31
@@ -547,6 +549,43 @@ SC_HD void sc_load_mxfp4(const uint8_t* row, int s, WLB& w) {
   }
   w.e = 0.0f;
   w.m0 = w.m1 = 1;
+  w.e0 = w.e1 = 0;
+}
+
+// An NVFP4 scale byte (unsigned e4m3, bias 7; bit 7 unused) with the halving the
+// doubled levels need, exactly: 0 for 0x00 and 0x7F, m · 2^-10 for exponent 0, else
+// (8 + m) · 2^(e − 11): quant's ue4m3_half.
+SC_HD float sc_ue4m3_half(uint32_t b) {
+  b &= 0xffu;
+  if (b == 0u || b == 0x7fu) return 0.0f;
+  const uint32_t e = (b >> 3) & 0xfu, m = b & 7u;
+  return e == 0u ? sc_mul(sc_i2f((int)m), 0.0009765625f) : sc_bits_f32(((e + 119u) << 23) | (m << 20));
+}
+
+// NVFP4 (36 bytes / 64, 4-byte aligned): d[4] (unsigned e4m3, one a 16-value group) @0,
+// qs[32] @4; group k's values 0..7 are the low nibbles of qs[8k..8k + 8], 8..15 their
+// high nibbles. Sub-block s is groups 2(s & 1), 2(s & 1) + 1 of block s >> 1.
+// w = K2[q], mul = 1, 0, D = the first group's scale, E = the second's.
+SC_HD void sc_load_nvfp4(const uint8_t* row, int s, WLB& w) {
+  const uint8_t* blk = row + 36 * (size_t)(s >> 1);
+  const int h = s & 1;
+  const uint32_t d = sc_ld32(blk);
+  w.d = sc_ue4m3_half(d >> (16 * h));
+  w.e = sc_ue4m3_half(d >> (16 * h + 8));
+  uint32_t raw[4];
+  sc_ld_w32<4>(blk + 4 + 16 * h, raw);
+  // Words 0, 1: the first group's 8 bytes (values 0..7 low, 8..15 high nibbles).
+#pragma unroll
+  for (int g = 0; g < 2; g++) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const uint32_t v = raw[2 * g + i];
+      w.q[4 * g + i] = sc_lut16(v & 0x0f0f0f0fu, SC_MXFP4_T0, SC_MXFP4_T1, SC_MXFP4_T2, SC_MXFP4_T3);
+      w.q[4 * g + 2 + i] = sc_lut16((v >> 4) & 0x0f0f0f0fu, SC_MXFP4_T0, SC_MXFP4_T1, SC_MXFP4_T2, SC_MXFP4_T3);
+    }
+  }
+  w.m0 = 1;
+  w.m1 = 0;
   w.e0 = w.e1 = 0;
 }
 
@@ -833,6 +872,19 @@ SC_HD float sc_contrib_q2_k(const WLB& w, const uint32_t* a, float da, int asum)
   return sc_fma(sc_mul(w.e, da), sc_i2f(w.e0 * alo + w.e1 * (asum - alo)), c);
 }
 
+// NVFP4: is = Σ_{i<16} w·a (mul = 1, 0); c = (D * da) * is; c = fma(E * da, Σ_{i≥16} w·a, c).
+SC_HD float sc_contrib_nvfp4(const WLB& w, const uint32_t* a, float da, int asum) {
+  (void)asum;
+  int lo = 0, hi = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    lo = sc_dp4a(w.q[i], a[i], lo);
+    hi = sc_dp4a(w.q[4 + i], a[4 + i], hi);
+  }
+  const float c = sc_mul(sc_mul(w.d, da), sc_i2f(lo));
+  return sc_fma(sc_mul(w.e, da), sc_i2f(hi), c);
+}
+
 // Every low-bit type: X(code, name, loader, contribution). The kernels (matvecs, the
 // fused MoE, the GEMM) and the host test (tests/host_formats.cpp) all take each type's
 // pair from this list.
@@ -852,12 +904,15 @@ SC_HD float sc_contrib_q2_k(const WLB& w, const uint32_t* a, float da, int asum)
   X(SC_T_IQ3_XXS, iq3_xxs, sc_load_iq3_xxs, sc_contrib_lb)          \
   X(SC_T_IQ3_S, iq3_s, sc_load_iq3_s, sc_contrib_lb)                \
   X(SC_T_IQ1_S, iq1_s, sc_load_iq1_s, sc_contrib_lb)                \
-  X(SC_T_IQ1_M, iq1_m, sc_load_iq1_m, sc_contrib_lb_halves)
+  X(SC_T_IQ1_M, iq1_m, sc_load_iq1_m, sc_contrib_lb_halves)       \
+  X(SC_T_NVFP4, nvfp4, sc_load_nvfp4, sc_contrib_nvfp4)
 
 // The types whose two halves have their own multipliers (is needs both half dots; the
-// prompt GEMM runs two K = 16 products for them, as for Q6_K).
-#define SC_LB_HALVES(TY) \
-  ((TY) == SC_T_Q2_K || (TY) == SC_T_Q3_K || (TY) == SC_T_IQ2_XS || (TY) == SC_T_IQ2_S || (TY) == SC_T_IQ1_M)
+// prompt GEMM runs two K = 16 products for them, as for Q6_K), and NVFP4, whose halves
+// have their own float scales.
+#define SC_LB_HALVES(TY)                                                                              \
+  ((TY) == SC_T_Q2_K || (TY) == SC_T_Q3_K || (TY) == SC_T_IQ2_XS || (TY) == SC_T_IQ2_S || (TY) == SC_T_IQ1_M || \
+   (TY) == SC_T_NVFP4)
 
 // Sub-block s of a low-bit row of type `ty` (the dequantization's dispatch).
 SC_HD void sc_load_lb(int ty, const uint8_t* row, int s, WLB& w) {
@@ -905,6 +960,8 @@ SC_HD float sc_dequant_lb(int ty, const uint8_t* row, int i) {
     case SC_T_IQ1_S:
     case SC_T_IQ1_M:  // (d * (2s + 1)) * (grid + δ): d = 8·D, grid + δ = w / 8 (exact)
       return sc_mul(sc_mul(sc_mul(w.d, 8.0f), m), sc_mul(qf, 0.125f));
+    case SC_T_NVFP4:  // the group's own scale * w
+      return sc_mul(h ? w.e : w.d, qf);
     default:  // Q5_0, IQ4_NL, MXFP4, TQ1_0, TQ2_0: D * w
       return sc_mul(w.d, qf);
   }

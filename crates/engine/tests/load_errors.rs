@@ -72,24 +72,63 @@ fn load_err(path: &Path) -> String {
 fn unsupported_type_is_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = tiny(dir.path());
-    // Q8_K has no kernel here; NVFP4 is what published NVFP4 GGUFs of Qwen3.5/3.6 hold.
-    for bad in [GgmlType::Q8_K, GgmlType::NVFP4] {
-        let dst = dir.path().join(format!("{bad}.gguf"));
-        rewrite(&src, &dst, |name, ty, data| {
-            if name == "blk.1.ffn_up_exps.weight" {
-                // Same element count, stored as `bad`.
-                let n = data.len() / ty.type_size() * ty.block_size();
-                Some((bad, vec![0u8; n / bad.block_size() * bad.type_size()]))
-            } else {
-                Some((ty, data.to_vec()))
-            }
-        });
-        let e = load_err(&dst);
-        assert!(
-            e.contains("blk.1.ffn_up_exps.weight") && e.contains(bad.name()),
-            "{e}"
-        );
-    }
+    // Q8_K has no kernel here (llama.cpp's activation type; no model stores weights in it).
+    let bad = GgmlType::Q8_K;
+    let dst = dir.path().join(format!("{bad}.gguf"));
+    rewrite(&src, &dst, |name, ty, data| {
+        if name == "blk.1.ffn_up_exps.weight" {
+            // Same element count, stored as `bad`.
+            let n = data.len() / ty.type_size() * ty.block_size();
+            Some((bad, vec![0u8; n / bad.block_size() * bad.type_size()]))
+        } else {
+            Some((ty, data.to_vec()))
+        }
+    });
+    let e = load_err(&dst);
+    assert!(
+        e.contains("blk.1.ffn_up_exps.weight") && e.contains(bad.name()),
+        "{e}"
+    );
+}
+
+/// An NVFP4 file converted from an FP4 checkpoint carries each matrix's second-level
+/// scale (`<matrix>.scale`), a factor on its product: refused by name, never ignored.
+#[test]
+fn second_level_scales_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = tiny(dir.path());
+    let dst = dir.path().join("scaled.gguf");
+    let f = GgufFile::open(&src).expect("open");
+    let kvs: Vec<(&str, gguf::Value)> = f
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    let mut tensors: Vec<InMemoryTensor> = f
+        .tensors()
+        .iter()
+        .map(|t| InMemoryTensor {
+            name: &t.name,
+            dims: &t.dims,
+            ty: t.ty,
+            data: f.tensor_data(t),
+        })
+        .collect();
+    let n_expert = f.tensor("blk.1.ffn_up_exps.weight").expect("experts").dims[2];
+    let dims = vec![n_expert];
+    let data: Vec<u8> = (0..n_expert).flat_map(|_| 0.5f32.to_le_bytes()).collect();
+    tensors.push(InMemoryTensor {
+        name: "blk.1.ffn_up_exps.scale",
+        dims: &dims,
+        ty: GgmlType::F32,
+        data: &data,
+    });
+    gguf::write_file(&dst, &kvs, &tensors).expect("write");
+    let e = load_err(&dst);
+    assert!(
+        e.contains("blk.1.ffn_up_exps.scale") && e.contains("not applied"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -74,7 +74,7 @@ pub enum Mix {
 
 /// The quantized types `--quant` takes by name, with the `general.file_type`
 /// (llama_ftype) a file of mostly that type carries.
-const UNIFORM: [(GgmlType, &str, u32); 21] = [
+const UNIFORM: [(GgmlType, &str, u32); 22] = [
     (GgmlType::Q4_0, "q4_0", 2),
     (GgmlType::Q4_1, "q4_1", 3),
     (GgmlType::Q5_0, "q5_0", 8),
@@ -96,6 +96,7 @@ const UNIFORM: [(GgmlType, &str, u32); 21] = [
     (GgmlType::TQ1_0, "tq1_0", 36),
     (GgmlType::TQ2_0, "tq2_0", 37),
     (GgmlType::MXFP4, "mxfp4", 38),
+    (GgmlType::NVFP4, "nvfp4", 39),
 ];
 
 const fn uniform_entry(ty: GgmlType) -> (&'static str, u32) {
@@ -110,8 +111,8 @@ const fn uniform_entry(ty: GgmlType) -> (&'static str, u32) {
 }
 
 impl Preset {
-    pub const ALL: [Preset; 30] = {
-        let mut all = [Preset::Q4KM; 30];
+    pub const ALL: [Preset; 31] = {
+        let mut all = [Preset::Q4KM; 31];
         let head = [
             Preset::Q4KM,
             Preset::Q8_0,

@@ -325,6 +325,20 @@ impl ModelWeights {
                     ty: t.ty,
                 });
             }
+            // NVFP4 files converted from NVIDIA's FP4 checkpoints keep each matrix's
+            // second-level scale beside it (`<matrix>.scale`, one per tensor or per
+            // expert), a factor on the matrix's product that no kernel here applies: such
+            // a file would load and compute wrong outputs. (`.input_scale` tensors are
+            // calibration data no product uses.)
+            if t.name.ends_with(".scale") {
+                return Err(ModelError::Unsupported(format!(
+                    "tensor `{}`: per-tensor output scales (NVFP4's second-level scale, \
+                     written when NVIDIA's FP4 checkpoints are converted) are not applied \
+                     by scoria yet; use a file quantized from the BF16 weights instead \
+                     (llama-quantize, any supported type, NVFP4 included)",
+                    t.name
+                )));
+            }
         }
         let table = tensors::table(cfg.arch);
         let trunk = Tensors {

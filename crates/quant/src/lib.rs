@@ -19,7 +19,8 @@
 //!
 //! **Sub-blocks.** A weight row of `n_cols` values is cut into sub-blocks of 32 values,
 //! s = 0..n_cols/32 (a 32-value block — Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 — is
-//! one sub-block; a 256-value block — the K-quants, the IQ types, TQ1_0, TQ2_0 — is 8). Sub-block s meets activation block s: `a` = its int8 values,
+//! one sub-block; NVFP4's 64-value block is 2; a 256-value block — the K-quants, the IQ
+//! types, TQ1_0, TQ2_0 — is 8). Sub-block s meets activation block s: `a` = its int8 values,
 //! `da` = its scale, `asum` = its integer sum. Each sub-block yields one f32
 //! contribution `c` (d, dmin and the f16 block scales are converted to f32 exactly):
 //!
@@ -51,8 +52,13 @@
 //! | IQ3_S | grid · sign | 1 + 2·sc | d | same |
 //! | IQ1_S | 8·grid ± 1 (the sign of δ) | 2·s + 1 | d / 8 | same |
 //! | IQ1_M | 8·grid ± 1 (each row's δ) | the halves' 2·s + 1 | d / 8 | same |
+//! | NVFP4 | `K2[q]` | 1, 0 | the first 16 values' scale | `c = (D * da) * is`; `c = fma(E * da, ie, c)` with E the second 16 values' scale, `ie = Σ_{i≥16} w·a` |
 //!
-//! D is exact: an f16 (or e8m0) scale converted to f32 times a power of two. The
+//! D is exact: an f16 (or e8m0) scale converted to f32 times a power of two (NVFP4's
+//! scales are unsigned e4m3 bytes, halved: `(8 + m) · 2^(e − 11)`, or `m · 2^-10` for
+//! e = 0). NVFP4 is the one type whose 16-value halves have *float* scales of their
+//! own (two e4m3 scales can be 2^15 apart, no integer multiplier holds that): its
+//! second half is the float step E. The
 //! types whose scales are per 16 values (Q2_K, Q3_K, IQ2_XS, IQ2_S, IQ1_M) keep both
 //! halves in the *integer* part, so every type has one float sequence per 32-value
 //! sub-block. The integer weights and multipliers are each layout's dequantization
@@ -172,6 +178,7 @@ mod scalar;
 
 pub use gguf::GgmlType;
 pub use isa::{kernel_isa, Isa};
+pub use lowbit_quantize::nvfp4_scale_byte;
 
 /// The accumulators of the canonical order.
 pub const LANES: usize = 32;
@@ -228,7 +235,7 @@ pub fn is_supported(ty: GgmlType) -> bool {
 
 /// Every type with kernels: the float types, then the quantized types in the order of
 /// the canonical-order table.
-pub const SUPPORTED: [GgmlType; 25] = [
+pub const SUPPORTED: [GgmlType; 26] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -254,6 +261,7 @@ pub const SUPPORTED: [GgmlType; 25] = [
     GgmlType::IQ3_S,
     GgmlType::IQ1_S,
     GgmlType::IQ1_M,
+    GgmlType::NVFP4,
 ];
 
 fn is_float(ty: GgmlType) -> bool {

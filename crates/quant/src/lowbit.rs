@@ -1,20 +1,22 @@
 //! The block types added for the files people download at 1.5–5 bits: Q2_K, Q3_K, Q4_1,
-//! Q5_0, Q5_1, IQ4_NL, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S
-//! and IQ1_M: their layouts, the decoding of a block into the *canonical integer form*
+//! Q5_0, Q5_1, IQ4_NL, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
+//! IQ1_M and NVFP4: their layouts, the decoding of a block into the *canonical integer form*
 //! every dot kernel reads, the scalar reference dot and dequantization (the simple
 //! quantizers are in `lowbit_quantize.rs`, the SIMD dots in `lowbit_simd.rs`).
 //!
 //! # The canonical integer form
 //!
-//! Whatever the layout, a run of 8 sub-blocks of 32 values (one 256-value block, or 8
-//! consecutive 32-value blocks) decodes into a [`Group`]:
+//! Whatever the layout, a run of 8 sub-blocks of 32 values (one 256-value block, 4
+//! consecutive 64-value blocks or 8 consecutive 32-value blocks) decodes into a [`Group`]:
 //! - `w[i]`: one signed integer weight per value (|w| ≤ 127);
 //! - `mul[2j]`, `mul[2j + 1]`: the integer multipliers of the two 16-value halves of
 //!   sub-block j (equal for types with one scale per 32 values);
 //! - `d[j]`: the sub-block's float scale D (an f16 or e8m0 scale converted to f32, times
 //!   a power of two, all exact);
 //! - for types with a minimum: `e[j]` (its float scale E) and, for Q2_K, `emul[2j]`,
-//!   `emul[2j + 1]` (the halves' integer mins).
+//!   `emul[2j + 1]` (the halves' integer mins);
+//! - for NVFP4, whose halves have float scales of their own: `d[j]` the first half's,
+//!   `e[j]` the second's, `mul` = (1, 0) and `emul` = (0, 1).
 //!
 //! Against activation sub-block s (`a`, `da`, `asum`; see the crate docs) sub-block j
 //! contributes
@@ -23,6 +25,7 @@
 //! c  = (d[j] * da) * is
 //! Min::Asum   (Q4_1, Q5_1): c = fma(e[j] * da, asum, c)
 //! Min::Halves (Q2_K):       c = fma(e[j] * da, emul[2j]·Σ_{i<16} a + emul[2j+1]·Σ_{i≥16} a, c)
+//! Min::Split  (NVFP4):      c = fma(e[j] * da, emul[2j]·Σ_{i<16} w·a + emul[2j+1]·Σ_{i≥16} w·a, c)
 //! ```
 //! and the row's contributions are accumulated and combined as for every other type.
 //! The crate docs' table gives each type's w, mul, d and e.
@@ -42,6 +45,9 @@ pub(crate) enum Min {
     Asum,
     /// `c = fma(e * da, ie, c)`, `ie` from the halves' integer mins (Q2_K).
     Halves,
+    /// `c = fma(e * da, ie, c)`, `ie` = `emul`-weighted halves' dots Σ w·a: a second
+    /// float scale for the second 16 values (NVFP4).
+    Split,
 }
 
 /// Eight sub-blocks in the canonical integer form (see the module docs).
@@ -75,7 +81,7 @@ pub(crate) struct Spec {
     pub block_vals: usize,
     pub min: Min,
     /// Decodes one block into the group: a 256-value block fills sub-blocks 0..8 (`j`
-    /// is 0); a 32-value block fills sub-block `j`.
+    /// is 0); a 64-value block sub-blocks `j`, `j + 1`; a 32-value block sub-block `j`.
     pub decode: DecodeFn,
     /// For 32-value blocks whose weights are a 16-entry table of their nibbles (IQ4_NL,
     /// MXFP4): the table, the offset of the 16 nibble bytes, and a decoder of the
@@ -100,16 +106,14 @@ impl Spec {
     }
 
     /// Decodes the first `n_sub` sub-blocks of the group whose bytes start `src`
-    /// (`n_sub` < 8 only for a row's last group of 32-value blocks).
+    /// (`n_sub` < 8 only for a row's last group of 32- or 64-value blocks; a whole
+    /// number of blocks).
     #[inline(always)]
     pub fn decode_group(&self, src: &[u8], n_sub: usize, g: &mut Group) {
-        if self.block_vals == QK_K {
-            (self.decode)(&src[..self.block_bytes], 0, g);
-        } else {
-            for j in 0..n_sub {
-                let b = &src[j * self.block_bytes..(j + 1) * self.block_bytes];
-                (self.decode)(b, j, g);
-            }
+        let per_block = self.block_vals / SUB;
+        for b in 0..n_sub.div_ceil(per_block) {
+            let blk = &src[b * self.block_bytes..(b + 1) * self.block_bytes];
+            (self.decode)(blk, b * per_block, g);
         }
     }
 }
@@ -173,6 +177,7 @@ pub(crate) const fn spec(ty: GgmlType) -> Option<Spec> {
         T::IQ3_S => mk(ty, 110, QK_K, Min::None, decode_iq3_s),
         T::IQ1_S => mk(ty, 50, QK_K, Min::None, decode_iq1_s),
         T::IQ1_M => mk(ty, 56, QK_K, Min::None, decode_iq1_m),
+        T::NVFP4 => mk(ty, 36, 2 * SUB, Min::Split, decode_nvfp4),
         _ => return None,
     })
 }
@@ -472,6 +477,49 @@ fn scales_mxfp4(b: &[u8], j: usize, g: &mut Group) {
     g.d[j] = e8m0_half(b[0]);
 }
 
+/// NVFP4 (36 B / 64): `d[4]` (unsigned e4m3, one a 16-value group) @0, `qs[32]` @4; group
+/// k's values 0..8 are the low nibbles of `qs[8k..8k + 8]`, 8..16 their high nibbles;
+/// `y = ue4m3_half(d[k]) * K2[q]`. A block is sub-blocks j (groups 0, 1) and j + 1
+/// (groups 2, 3). Canonical: w = K2[q], mul = (1, 0), emul = (0, 1), d = the first
+/// group's scale, e = the second's (Min::Split).
+#[inline(always)]
+fn decode_nvfp4(b: &[u8], j: usize, g: &mut Group) {
+    for k in 0..4 {
+        let w = &mut g.w[32 * j + 16 * k..32 * j + 16 * k + 16];
+        for i in 0..8 {
+            let q = b[4 + 8 * k + i];
+            w[i] = KVALUES_MXFP4[(q & 0xF) as usize];
+            w[i + 8] = KVALUES_MXFP4[(q >> 4) as usize];
+        }
+    }
+    for h in 0..2 {
+        let s = j + h;
+        g.mul[2 * s] = 1;
+        g.mul[2 * s + 1] = 0;
+        g.emul[2 * s] = 0;
+        g.emul[2 * s + 1] = 1;
+        g.d[s] = ue4m3_half(b[2 * h]);
+        g.e[s] = ue4m3_half(b[2 * h + 1]);
+    }
+}
+
+/// An NVFP4 scale byte (unsigned e4m3: 4 exponent bits, bias 7, 3 mantissa bits; bit
+/// 7 unused) with the halving the doubled levels need, exactly: 0 for 0x00 and 0x7F,
+/// `m · 2^-10` for exponent 0, else `(8 + m) · 2^(e − 11)`.
+#[inline]
+pub(crate) fn ue4m3_half(b: u8) -> f32 {
+    if b == 0 || b == 0x7F {
+        return 0.0;
+    }
+    let (e, m) = (((b >> 3) & 0xF) as i32, (b & 7) as u32);
+    if e == 0 {
+        // m · 2^-10: m's bits as an f32 mantissa under exponent 2^-10.
+        m as f32 * (1.0 / 1024.0)
+    } else {
+        f32::from_bits((((e - 11 + 127 + 3) as u32) << 23) | (m << 20))
+    }
+}
+
 const POW3: [u8; 5] = [1, 3, 9, 27, 81];
 
 /// Trit n (0..=4) of a TQ1_0 byte, as −1, 0 or +1.
@@ -720,7 +768,7 @@ pub(crate) mod kinds {
 
     kinds!(
         Q2_K, Q3_K, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
-        IQ3_S, IQ1_S, IQ1_M
+        IQ3_S, IQ1_S, IQ1_M, NVFP4
     );
 }
 
@@ -750,6 +798,10 @@ pub(crate) fn contrib(min: Min, g: &Group, j: usize, xq: &ActQ8, s: usize) -> f3
             let alo: i32 = a[..16].iter().map(|&v| v as i32).sum();
             let ahi: i32 = a[16..].iter().map(|&v| v as i32).sum();
             let ie = g.emul[2 * j] as i32 * alo + g.emul[2 * j + 1] as i32 * ahi;
+            c = (g.e[j] * da).mul_add(ie as f32, c);
+        }
+        Min::Split => {
+            let ie = g.emul[2 * j] as i32 * lo + g.emul[2 * j + 1] as i32 * hi;
             c = (g.e[j] * da).mul_add(ie as f32, c);
         }
     }
@@ -826,6 +878,7 @@ scalar_fns!(
     dot_iq3_s => IQ3_S,
     dot_iq1_s => IQ1_S,
     dot_iq1_m => IQ1_M,
+    dot_nvfp4 => NVFP4,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -839,7 +892,7 @@ pub(crate) fn dequantize(sp: &Spec, src: &[u8], dst: &mut [f32]) {
     let mut g = Group::default();
     for (b, blk) in src.chunks_exact(sp.block_bytes).enumerate() {
         let y = &mut dst[b * sp.block_vals..(b + 1) * sp.block_vals];
-        // A 32-value block decodes into sub-block 0 of the group.
+        // A 32- or 64-value block decodes into the group's first sub-blocks.
         (sp.decode)(blk, 0, &mut g);
         let n_sub = sp.block_vals / SUB;
         for j in 0..n_sub {
@@ -854,6 +907,8 @@ pub(crate) fn dequantize(sp: &Spec, src: &[u8], dst: &mut [f32]) {
                     T::Q3_K => (g.d[j] * m) * q,
                     T::Q4_1 | T::Q5_1 => (g.d[j] * q) + g.e[j],
                     T::Q5_0 | T::IQ4_NL | T::MXFP4 | T::TQ1_0 | T::TQ2_0 => g.d[j] * q,
+                    // The group's own scale: d for the first 16 values, e for the second.
+                    T::NVFP4 => [g.d[j], g.e[j]][i / 16] * q,
                     T::IQ2_XXS | T::IQ2_XS | T::IQ2_S => {
                         // d = 8·D; ls = (mul − 1) / 2.
                         let ls = ((g.mul[h] - 1) / 2) as f32;

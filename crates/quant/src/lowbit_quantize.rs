@@ -8,7 +8,7 @@ use half::f16;
 
 use crate::formats::{KVALUES_IQ4NL, QK_K};
 use crate::grids::*;
-use crate::lowbit::{e8m0_half, u32_at, Spec, KVALUES_MXFP4};
+use crate::lowbit::{e8m0_half, u32_at, ue4m3_half, Spec, KVALUES_MXFP4};
 
 fn put_f16(dst: &mut [u8], off: usize, v: f32) -> f32 {
     let h = f16::from_f32(v);
@@ -58,6 +58,7 @@ pub(crate) fn quantize(sp: &Spec, src: &[f32], dst: &mut [u8]) {
             GgmlType::IQ3_S => quantize_iq3_s(x, blk),
             GgmlType::IQ1_S => quantize_iq1(x, blk, false),
             GgmlType::IQ1_M => quantize_iq1(x, blk, true),
+            GgmlType::NVFP4 => quantize_nvfp4(x, blk),
             other => unreachable!("{other} is not a low-bit type"),
         }
     }
@@ -184,6 +185,26 @@ fn quantize_mxfp4(x: &[f32], b: &mut [u8]) {
         let q = nearest(KVALUES_MXFP4.iter().map(|&k| d * k as f32), v) as u8;
         b[1 + i % 16] |= q << (4 * (i / 16));
     }
+}
+
+/// NVFP4: per 16 values the e4m3 scale nearest to the one that puts their largest
+/// magnitude on the top level (12 doubled), then the nearest level.
+fn quantize_nvfp4(x: &[f32], b: &mut [u8]) {
+    for (k, g) in x.chunks_exact(16).enumerate() {
+        let sb = nvfp4_scale_byte(amax(g) / 12.0);
+        b[k] = sb;
+        let d = ue4m3_half(sb);
+        for (i, &v) in g.iter().enumerate() {
+            let q = nearest(KVALUES_MXFP4.iter().map(|&l| d * l as f32), v) as u8;
+            b[4 + 8 * k + i % 8] |= q << (4 * (i / 8));
+        }
+    }
+}
+
+/// The NVFP4 scale byte (unsigned e4m3, as the block stores it) whose value — the
+/// factor of the doubled e2m1 levels — is nearest to `v` (0 for `v` ≤ 0).
+pub fn nvfp4_scale_byte(v: f32) -> u8 {
+    nearest((0..0x7Fu8).map(ue4m3_half), v) as u8
 }
 
 /// Ternary values (0, 1, 2 for −1, 0, +1) of a block scaled by its largest magnitude.

@@ -11,7 +11,8 @@
 //! as `lowbit::contrib`. Bounds: |w| ≤ 127 and |a| ≤ 127, so a pair of products is at
 //! most 32,258 (no i16 saturation), and multipliers are at most 32 in size.
 //!
-//! A row's last partial group (32-value blocks only) runs through the scalar
+//! NVFP4's second float scale (`Min::Split`) takes the same products with the second
+//! multipliers (`emul`). A row's last partial group (32- and 64-value blocks) runs through the scalar
 //! contribution, the same float operations into the same accumulators.
 
 #[cfg(target_arch = "x86_64")]
@@ -87,6 +88,7 @@ macro_rules! by_type {
             GgmlType::IQ3_S => $m!(IQ3_S),
             GgmlType::IQ1_S => $m!(IQ1_S),
             GgmlType::IQ1_M => $m!(IQ1_M),
+            GgmlType::NVFP4 => $m!(NVFP4),
             _ => None,
         }
     };
@@ -220,7 +222,7 @@ mod imp {
                 let sums = _mm256_loadu_si256(xq.sums.as_ptr().add(8 * gi) as *const __m256i);
                 _mm256_fmadd_ps(_mm256_mul_ps(e, da), _mm256_cvtepi32_ps(sums), c)
             }
-            Min::Halves => {
+            Min::Halves | Min::Split => {
                 let e = _mm256_loadu_ps(g.e.as_ptr());
                 _mm256_fmadd_ps(_mm256_mul_ps(e, da), _mm256_cvtepi32_ps(ie), c)
             }
@@ -300,12 +302,16 @@ mod imp {
                     let a = _mm256_loadu_si256(qa.add(SUB * j) as *const __m256i);
                     let p = _mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(a, w[j]));
                     v[j] = _mm256_madd_epi16(p, mulv[j]);
-                    if sp.min == Min::Halves {
-                        ve[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, a), emulv[j]);
+                    match sp.min {
+                        Min::Halves => {
+                            ve[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, a), emulv[j])
+                        }
+                        Min::Split => ve[j] = _mm256_madd_epi16(p, emulv[j]),
+                        Min::None | Min::Asum => {}
                     }
                 }
                 let is = hsum8x8(&v);
-                let ie = if sp.min == Min::Halves {
+                let ie = if matches!(sp.min, Min::Halves | Min::Split) {
                     hsum8x8(&ve)
                 } else {
                     _mm256_setzero_si256()
@@ -391,7 +397,7 @@ mod imp {
                         let h32: [i32; 16] = std::array::from_fn(|q| g.mul[4 * k + q / 4] as i32);
                         m16[k] = _mm512_loadu_si512(h16.as_ptr() as *const __m512i);
                         m32[k] = _mm512_loadu_si512(h32.as_ptr() as *const __m512i);
-                        if sp.min == Min::Halves {
+                        if matches!(sp.min, Min::Halves | Min::Split) {
                             let f16: [i16; 32] = std::array::from_fn(|p| g.emul[4 * k + p / 8]);
                             let f32_: [i32; 16] =
                                 std::array::from_fn(|q| g.emul[4 * k + q / 4] as i32);
@@ -408,12 +414,14 @@ mod imp {
                             // a with w's sign: |w|·(a·sign w) = w·a.
                             let sa = _mm512_mask_sub_epi8(a, neg[k], zero, a);
                             p[k] = dp_mul(aw[k], sa, m16[k], m32[k]);
-                            if sp.min == Min::Halves {
-                                pe[k] = dp_mul(ones, a, e16[k], e32[k]);
+                            match sp.min {
+                                Min::Halves => pe[k] = dp_mul(ones, a, e16[k], e32[k]),
+                                Min::Split => pe[k] = dp_mul(aw[k], sa, e16[k], e32[k]),
+                                Min::None | Min::Asum => {}
                             }
                         }
                         let is = reduce(&p);
-                        let ie = if sp.min == Min::Halves {
+                        let ie = if matches!(sp.min, Min::Halves | Min::Split) {
                             reduce(&pe)
                         } else {
                             _mm256_setzero_si256()

@@ -17,8 +17,9 @@ use rand::{Rng, SeedableRng};
 const SPEC_TYPES: [T; 6] = [T::Q8_0, T::Q4_0, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ4_XS];
 const FLOAT: [T; 3] = [T::F32, T::F16, T::BF16];
 const LENGTHS: [usize; 4] = [256, 512, 2048, 4096 + 256];
-/// Extra lengths for the 32-value block types (partial groups of 8 blocks).
-const SMALL_LENGTHS: [usize; 4] = [32, 96, 288, 800];
+/// Extra lengths for the 32- and 64-value block types (partial groups of 8 sub-blocks),
+/// each type taking those that are whole blocks.
+const SMALL_LENGTHS: [usize; 8] = [32, 64, 96, 192, 288, 320, 800, 832];
 
 fn all_types() -> Vec<T> {
     quant_types().into_iter().chain(FLOAT).collect()
@@ -26,8 +27,12 @@ fn all_types() -> Vec<T> {
 
 fn lengths(ty: T) -> Vec<usize> {
     let mut v = LENGTHS.to_vec();
-    if ty.block_size() <= 32 {
-        v.extend(SMALL_LENGTHS);
+    if ty.block_size() < 256 {
+        v.extend(
+            SMALL_LENGTHS
+                .iter()
+                .filter(|&&n| n.is_multiple_of(ty.block_size())),
+        );
     }
     v
 }
@@ -225,6 +230,7 @@ fn supported_types_are_exactly_the_kernel_types() {
         T::TQ1_0,
         T::TQ2_0,
         T::MXFP4,
+        T::NVFP4,
     ];
     for ty in T::ALL {
         let expect = want.contains(&ty);
@@ -314,6 +320,7 @@ fn low_bit_tolerance(ty: T) -> (f32, f32) {
         T::Q5_1 => (4.0 / 31.0, 0.045),
         T::IQ4_NL => (0.35, 0.1),
         T::MXFP4 => (0.6, 0.21),
+        T::NVFP4 => (0.4, 0.15),
         T::TQ1_0 | T::TQ2_0 => (1.0, 0.6),
         T::IQ2_XXS | T::IQ2_XS => (2.2, 0.5),
         T::IQ2_S => (1.3, 0.37),

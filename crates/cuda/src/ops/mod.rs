@@ -64,6 +64,7 @@ pub(crate) fn dynamic_smem_needs() -> Vec<(K, u32)> {
         (K::MmqIq3S, quant::MMQ_DYN_SMEM),
         (K::MmqIq1S, quant::MMQ_DYN_SMEM),
         (K::MmqIq1M, quant::MMQ_DYN_SMEM),
+        (K::MmqNvfp4, quant::MMQ_DYN_SMEM),
     ]
 }
 

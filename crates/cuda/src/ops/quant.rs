@@ -410,6 +410,19 @@ fn type_info(ty: GgmlType) -> Option<TypeInfo> {
             4,
             false,
         ),
+        T::NVFP4 => (
+            (
+                K::MatvecNvfp4,
+                K::MatvecNvfp4T1,
+                K::MatvecNvfp4T4,
+                K::MmqNvfp4,
+                K::MatvecMultiRowsNvfp4,
+            ),
+            25,
+            64,
+            4,
+            false,
+        ),
         _ => return None,
     };
     Some(TypeInfo {

@@ -31,6 +31,8 @@ fn scale_fields(ty: GgmlType) -> (&'static [usize], usize) {
         T::IQ3_XXS => (&[0], 98),
         T::IQ3_S => (&[0], 110),
         T::IQ1_S => (&[0], 50),
+        // NVFP4's four e4m3 scale bytes: every byte is a finite scale.
+        T::NVFP4 => (&[], 36),
         _ => (&[], 0),
     }
 }

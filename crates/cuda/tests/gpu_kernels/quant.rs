@@ -4,8 +4,8 @@ use crate::{assert_bits, down, gpu, poisoned, up, DevActQ8, QOut, Rng};
 use cuda::{ActQ8, GgmlType, Tile, TileShape};
 
 /// Every type with kernels: the float types, the first quantized ones, then the low-bit
-/// types (Q2_K .. IQ1_M).
-pub(crate) const TYPES: [GgmlType; 25] = quant::SUPPORTED;
+/// types (Q2_K .. NVFP4).
+pub(crate) const TYPES: [GgmlType; 26] = quant::SUPPORTED;
 
 fn is_float(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)

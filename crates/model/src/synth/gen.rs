@@ -302,6 +302,8 @@ fn scaled_random(ty: GgmlType, buf: &mut [u8], std: f32, rng: &mut Rng) {
         match ty {
             // e = 128 is a scale of 1: powers of two only.
             GgmlType::MXFP4 => b[0] = (128.0 + f.log2().round()).clamp(1.0, 254.0) as u8,
+            // Each 16 values' e4m3 scale (1 at unit scale) becomes the nearest to f.
+            GgmlType::NVFP4 => b[..4].fill(quant::nvfp4_scale_byte(f)),
             GgmlType::IQ1_M => set_iq1_m_d(b, f),
             _ => {
                 // Without a minimum, a scale of random sign cancels the codes' own mean
@@ -356,6 +358,10 @@ fn unit_scales(ty: GgmlType, b: &mut [u8], rng: &mut Rng) -> &'static [(usize, f
             b[0] = 128;
             &[]
         }
+        T::NVFP4 => {
+            b[..4].fill(0x40); // (8 + 0) · 2^(8 − 11) = 1
+            &[]
+        }
         T::IQ1_M => {
             set_iq1_m_d(b, 1.0);
             &[]
@@ -408,8 +414,9 @@ mod tests {
             let n = y.len() as f64;
             let mean = y.iter().map(|&v| v as f64).sum::<f64>() / n;
             let sd = (y.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
-            // MXFP4's scale is a power of two: within a factor √2 of the target.
-            let (lo, hi) = if ty == GgmlType::MXFP4 {
+            // MXFP4's scale is a power of two: within a factor √2 of the target (NVFP4's
+            // small scales are e4m3 subnormals, a few steps apart).
+            let (lo, hi) = if matches!(ty, GgmlType::MXFP4 | GgmlType::NVFP4) {
                 (0.65, 1.5)
             } else {
                 (0.85, 1.15)

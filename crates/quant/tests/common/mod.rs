@@ -43,8 +43,9 @@ pub fn f16_fields(ty: T) -> &'static [usize] {
         T::Q3_K => &[108],
         T::TQ1_0 => &[52],
         T::TQ2_0 => &[64],
-        // MXFP4's scale is one e8m0 byte and IQ1_M's f16 is spread over four nibbles.
-        T::MXFP4 | T::IQ1_M => &[],
+        // MXFP4's scale is one e8m0 byte, NVFP4's four e4m3 bytes (every byte is a
+        // finite scale: random bytes are sane) and IQ1_M's f16 is spread over four nibbles.
+        T::MXFP4 | T::NVFP4 | T::IQ1_M => &[],
         _ => &[0],
     }
 }
