@@ -83,10 +83,23 @@ pub(crate) struct Spec {
     /// Decodes one block into the group: a 256-value block fills sub-blocks 0..8 (`j`
     /// is 0); a 64-value block sub-blocks `j`, `j + 1`; a 32-value block sub-block `j`.
     pub decode: DecodeFn,
-    /// For 32-value blocks whose weights are a 16-entry table of their nibbles (IQ4_NL,
-    /// MXFP4): the table, the offset of the 16 nibble bytes, and a decoder of the
-    /// block's scales alone (the SIMD kernels look the weights up with a byte shuffle).
-    pub lut: Option<(&'static [i8; 16], usize, DecodeFn)>,
+    /// For blocks whose weights are a 16-entry table of their nibbles (IQ4_NL, MXFP4,
+    /// NVFP4): the SIMD kernels look the weights up with a byte shuffle.
+    pub lut: Option<Lut>,
+}
+
+/// How a table type's nibbles sit in a block (see [`Spec::lut`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Lut {
+    pub table: &'static [i8; 16],
+    /// Offset of the block's nibble bytes: 16 a sub-block.
+    pub qs: usize,
+    /// The 16 bytes of a sub-block hold two runs of 8 (NVFP4's 16-value groups): values
+    /// 0..8 and 16..24 are the low nibbles, 8..16 and 24..32 the high ones. Otherwise
+    /// values 0..16 are the low nibbles and 16..32 the high ones.
+    pub runs_of_8: bool,
+    /// Decodes the block's scales alone.
+    pub scales: DecodeFn,
 }
 
 /// A block decoder (see [`Spec::decode`]).
@@ -135,16 +148,30 @@ const fn mk(
     }
 }
 
-const fn with_lut(
+const fn with_lut(s: Spec, table: &'static [i8; 16], qs: usize, scales: DecodeFn) -> Spec {
+    Spec {
+        lut: Some(Lut {
+            table,
+            qs,
+            runs_of_8: false,
+            scales,
+        }),
+        ..s
+    }
+}
+
+/// [`with_lut`] for nibbles in runs of 8 ([`Lut::runs_of_8`]).
+const fn with_lut_runs_of_8(
     s: Spec,
     table: &'static [i8; 16],
     qs: usize,
-    scales: fn(&[u8], usize, &mut Group),
+    scales: DecodeFn,
 ) -> Spec {
-    Spec {
-        lut: Some((table, qs, scales)),
-        ..s
+    let mut s = with_lut(s, table, qs, scales);
+    if let Some(l) = &mut s.lut {
+        l.runs_of_8 = true;
     }
+    s
 }
 
 /// The spec of `ty`, if it is one of this module's types.
@@ -177,7 +204,12 @@ pub(crate) const fn spec(ty: GgmlType) -> Option<Spec> {
         T::IQ3_S => mk(ty, 110, QK_K, Min::None, decode_iq3_s),
         T::IQ1_S => mk(ty, 50, QK_K, Min::None, decode_iq1_s),
         T::IQ1_M => mk(ty, 56, QK_K, Min::None, decode_iq1_m),
-        T::NVFP4 => mk(ty, 36, 2 * SUB, Min::Split, decode_nvfp4),
+        T::NVFP4 => with_lut_runs_of_8(
+            mk(ty, 36, 2 * SUB, Min::Split, decode_nvfp4),
+            &KVALUES_MXFP4,
+            4,
+            scales_nvfp4,
+        ),
         _ => return None,
     })
 }
@@ -492,6 +524,11 @@ fn decode_nvfp4(b: &[u8], j: usize, g: &mut Group) {
             w[i + 8] = KVALUES_MXFP4[(q >> 4) as usize];
         }
     }
+    scales_nvfp4(b, j, g);
+}
+
+#[inline(always)]
+fn scales_nvfp4(b: &[u8], j: usize, g: &mut Group) {
     for h in 0..2 {
         let s = j + h;
         g.mul[2 * s] = 1;

@@ -141,7 +141,7 @@ mod imp {
     use crate::avx2::imp::{hsum8x8, tree};
     use crate::formats::SUB;
     use crate::isa::{Avx2Proof, Avx512BwProof, Avx512Proof};
-    use crate::lowbit::{add_group, kinds, Group, Kind, Min, Spec};
+    use crate::lowbit::{add_group, kinds, Group, Kind, Lut, Min, Spec};
     use crate::{ActQ8, GgmlType, Kernel, Multi};
 
     /// These kernels read the activations as quantized: no extra layout.
@@ -154,38 +154,38 @@ mod imp {
     #[inline(always)]
     unsafe fn decode<K: Kind>(src: &[u8], g: &mut Group) {
         match K::SPEC.lut {
-            Some((table, qs, scales)) => decode_lut(src, K::SPEC.block_bytes, table, qs, scales, g),
+            Some(lut) => decode_lut(src, &K::SPEC, &lut, g),
             None => K::SPEC.decode_group(src, 8, g),
         }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn decode_lut(
-        src: &[u8],
-        bb: usize,
-        table: &[i8; 16],
-        qs: usize,
-        scales: fn(&[u8], usize, &mut Group),
-        g: &mut Group,
-    ) {
-        assert!(src.len() >= 8 * bb && qs + 16 <= bb);
-        // SAFETY: every load reads 16 bytes at qs of a block inside `src` (asserted);
-        // every store writes 16 bytes inside `g.w`.
+    fn decode_lut(src: &[u8], sp: &Spec, lut: &Lut, g: &mut Group) {
+        let (bb, per_block) = (sp.block_bytes, sp.block_vals / SUB);
+        assert!(src.len() >= 8 / per_block * bb && lut.qs + 16 * per_block <= bb);
+        // SAFETY: every load reads the 16 bytes of a sub-block inside a block of `src`
+        // (asserted); every store writes 16 bytes inside `g.w`.
         unsafe {
-            let t = _mm_loadu_si128(table.as_ptr() as *const __m128i);
+            let t = _mm_loadu_si128(lut.table.as_ptr() as *const __m128i);
             let m4 = _mm_set1_epi8(0x0F);
             for j in 0..8 {
-                let q = _mm_loadu_si128(src.as_ptr().add(j * bb + qs) as *const __m128i);
+                let at = j / per_block * bb + lut.qs + 16 * (j % per_block);
+                let q = _mm_loadu_si128(src.as_ptr().add(at) as *const __m128i);
                 let lo = _mm_shuffle_epi8(t, _mm_and_si128(q, m4));
                 let hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+                let (a, b) = if lut.runs_of_8 {
+                    (_mm_unpacklo_epi64(lo, hi), _mm_unpackhi_epi64(lo, hi))
+                } else {
+                    (lo, hi)
+                };
                 let w = g.w.as_mut_ptr().add(32 * j);
-                _mm_storeu_si128(w as *mut __m128i, lo);
-                _mm_storeu_si128(w.add(16) as *mut __m128i, hi);
+                _mm_storeu_si128(w as *mut __m128i, a);
+                _mm_storeu_si128(w.add(16) as *mut __m128i, b);
             }
         }
-        for j in 0..8 {
-            scales(&src[j * bb..(j + 1) * bb], j, g);
+        for b in 0..8 / per_block {
+            (lut.scales)(&src[b * bb..(b + 1) * bb], b * per_block, g);
         }
     }
 
