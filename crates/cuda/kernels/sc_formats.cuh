@@ -234,15 +234,22 @@ SC_HD void sc_load_q6_k(const uint8_t* row, int s, WQ6_K& w) {
     w.q[i] = sc_vsub4(u, 0x20202020u);
   }
 }
+// The two 16-value halves' dots of a sub-block: lo = Σ_{i<16} q·a, hi = Σ_{i≥16} q·a
+// (q, a: 8 words of signed bytes, words 0..3 the first half).
+SC_HD void sc_dot_halves(const uint32_t* q, const uint32_t* a, int& lo, int& hi) {
+  lo = 0;
+  hi = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    lo = sc_dp4a(q[i], a[i], lo);
+    hi = sc_dp4a(q[4 + i], a[4 + i], hi);
+  }
+}
 // isum = sc_lo·Σ_{i<16} q·a + sc_hi·Σ_{i≥16} q·a; c = (d * da) * isum
 SC_HD float sc_contrib_q6_k(const WQ6_K& w, const uint32_t* a, float da, int asum) {
   (void)asum;
-  int lo = 0, hi = 0;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    lo = sc_dp4a(w.q[i], a[i], lo);
-    hi = sc_dp4a(w.q[4 + i], a[4 + i], hi);
-  }
+  int lo, hi;
+  sc_dot_halves(w.q, a, lo, hi);
   return sc_finish_d(w.d, da, w.sc_lo * lo + w.sc_hi * hi);
 }
 
@@ -842,12 +849,8 @@ SC_HD float sc_contrib_lb(const WLB& w, const uint32_t* a, float da, int asum) {
 // A multiplier a half: is = mul_0·Σ_{i<16} w·a + mul_1·Σ_{i≥16} w·a; c = (D * da) * is.
 SC_HD float sc_contrib_lb_halves(const WLB& w, const uint32_t* a, float da, int asum) {
   (void)asum;
-  int lo = 0, hi = 0;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    lo = sc_dp4a(w.q[i], a[i], lo);
-    hi = sc_dp4a(w.q[4 + i], a[4 + i], hi);
-  }
+  int lo, hi;
+  sc_dot_halves(w.q, a, lo, hi);
   return sc_mul(sc_mul(w.d, da), sc_i2f(w.m0 * lo + w.m1 * hi));
 }
 // Q4_1, Q5_1 (mul = 1): c = (D * da) * is; c = fma(E * da, asum, c).
@@ -875,12 +878,8 @@ SC_HD float sc_contrib_q2_k(const WLB& w, const uint32_t* a, float da, int asum)
 // NVFP4: is = Σ_{i<16} w·a (mul = 1, 0); c = (D * da) * is; c = fma(E * da, Σ_{i≥16} w·a, c).
 SC_HD float sc_contrib_nvfp4(const WLB& w, const uint32_t* a, float da, int asum) {
   (void)asum;
-  int lo = 0, hi = 0;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    lo = sc_dp4a(w.q[i], a[i], lo);
-    hi = sc_dp4a(w.q[4 + i], a[4 + i], hi);
-  }
+  int lo, hi;
+  sc_dot_halves(w.q, a, lo, hi);
   const float c = sc_mul(sc_mul(w.d, da), sc_i2f(lo));
   return sc_fma(sc_mul(w.e, da), sc_i2f(hi), c);
 }
