@@ -56,12 +56,11 @@
 //!
 //! D is exact: an f16 (or e8m0) scale converted to f32 times a power of two (NVFP4's
 //! scales are unsigned e4m3 bytes, halved: `(8 + m) · 2^(e − 11)`, or `m · 2^-10` for
-//! e = 0). NVFP4 is the one type whose 16-value halves have *float* scales of their
-//! own (two e4m3 scales can be 2^15 apart, no integer multiplier holds that): its
-//! second half is the float step E. The
-//! types whose scales are per 16 values (Q2_K, Q3_K, IQ2_XS, IQ2_S, IQ1_M) keep both
-//! halves in the *integer* part, so every type has one float sequence per 32-value
-//! sub-block. The integer weights and multipliers are each layout's dequantization
+//! e = 0). The types whose scales are per 16 values (Q2_K, Q3_K, IQ2_XS, IQ2_S, IQ1_M)
+//! keep both halves in the *integer* part, so every type has one float sequence per
+//! 32-value sub-block. NVFP4 alone has *float* scales per 16 values (two e4m3 scales
+//! can be 2^15 apart, beyond any integer multiplier): its second half is the float
+//! step E. The integer weights and multipliers are each layout's dequantization
 //! formula with the common float factor taken out (`y = D · mul · w` for the
 //! multiplier of the value's half, plus the minimum: IQ2's `d · (0.5 + ls) / 4 ·
 //! grid · sign` is `d/8 · (2·ls + 1) · (grid · sign)`, IQ1's `d · (2s + 1) · (grid ±
