@@ -258,100 +258,209 @@ extern "C" __global__ void vis_rope(float* __restrict__ qkv, int n, int h, int h
 }
 
 // ------------------------------------------------------------------ vis_attn
-// out[i][head] = softmax_j(q_i·k_j·scale)·v over all n patches, for q, k, v in qkv
-// ([n][3·h]: q, then k, then v, each head's hd values together). One thread a query
-// (q and its output in registers), 128 queries a block; keys in tiles of 32 staged in
-// shared memory; an online softmax over the tiles (the running max and sum rescaled per
-// tile), the division at the end.
-#define VA_Q 128
-#define VA_T 32
-template <int HD>
-__device__ __forceinline__ void va_body(const float* __restrict__ qkv, int n, int h, float scale,
-                                        float* __restrict__ out) {
-  __shared__ __align__(16) float ks[VA_T][HD];
-  __shared__ __align__(16) float vs[VA_T][HD];
-  const int head = blockIdx.y, i = blockIdx.x * VA_Q + threadIdx.x;
-  const bool live = i < n;
+// out[i - q0][head] = softmax_j(q_i·k_j·scale)·v over all n patches, for the queries i in
+// [q0, q0 + nq) and q, k, v in qkv ([n][3·h]: q, then k, then v, each head's hd values
+// together; each query's result is the same whatever range it is in), on the f16 tensor cores
+// as vis_linear multiplies: every f32 operand split into f16 hi + lo, three products a
+// pair (hi·hi, hi·lo, lo·hi), f32 accumulation. 4 warps a block, 16 queries a warp; keys
+// in tiles of 64 (K as [key][dim], V transposed, both split, in shared memory); a flash
+// attention's online softmax per row (each row's max and sum over the 4 lanes holding
+// it), the division at the end. hd is padded with zeros to HDP (a multiple of 16).
+#define VA_Q 64
+#define VA_K 64
+#define VA_THREADS 128
+
+__device__ __forceinline__ uint32_t va_pack(__half a, __half b) {
+  return (uint32_t)__half_as_ushort(a) | ((uint32_t)__half_as_ushort(b) << 16);
+}
+
+// hi and lo f16 halves of (x, y), each packed as a pair.
+__device__ __forceinline__ void va_split2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __half hx = __float2half_rn(x), hy = __float2half_rn(y);
+  hi = va_pack(hx, hy);
+  lo = va_pack(__float2half_rn(x - __half2float(hx)), __float2half_rn(y - __half2float(hy)));
+}
+
+template <int HD, int HDP>
+__device__ __forceinline__ void va_body(const float* __restrict__ qkv, int n, int q0, int nq, int h,
+                                        float scale, float* __restrict__ out) {
+  constexpr int KS = HDP / 16;  // k-steps over the head's dims
+  constexpr int NT = HDP / 8;   // 8-dim output tiles
+  constexpr int LDK = HDP + 8;  // halves a shared K row holds
+  constexpr int LDV = VA_K + 8; // halves a shared V^T row holds
+  __shared__ __align__(16) __half skh[VA_K][LDK];
+  __shared__ __align__(16) __half skl[VA_K][LDK];
+  __shared__ __align__(16) __half svh[HDP][LDV];
+  __shared__ __align__(16) __half svl[HDP][LDV];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int head = blockIdx.y;
+  const int r0 = q0 + blockIdx.x * VA_Q + 16 * warp;  // the warp's first query
+  const int qend = q0 + nq;                           // past the last query
   const size_t stride = (size_t)3 * h;
-  float q[HD], o[HD];
-#pragma unroll
-  for (int d = 0; d < HD; d++) {
-    q[d] = live ? qkv[(size_t)i * stride + (size_t)head * HD + d] : 0.0f;
-    o[d] = 0.0f;
+  const float* base = qkv + (size_t)head * HD;
+
+  // The padded dims of K and V stay zero.
+  if constexpr (HDP > HD) {
+    constexpr int PAD = HDP > HD ? HDP - HD : 1;
+    for (int e = tid; e < VA_K * PAD; e += VA_THREADS) {
+      const int r = e / PAD, d = HD + e % PAD;
+      skh[r][d] = skl[r][d] = __float2half_rn(0.0f);
+      svh[d][r] = svl[d][r] = __float2half_rn(0.0f);
+    }
   }
-  float m = -INFINITY, l = 0.0f;
+
+  // The warp's 16 queries as A fragments (rows g and g + 8), hi and lo.
+  uint32_t qh[KS][4], ql[KS][4];
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+#pragma unroll
+    for (int part = 0; part < 4; part++) {
+      const int r = r0 + g + 8 * (part & 1), d = 16 * s + 2 * t4 + 8 * (part >> 1);
+      float2 v = make_float2(0.f, 0.f);
+      if (r < qend && d < HD) v = *reinterpret_cast<const float2*>(base + (size_t)r * stride + d);
+      va_split2(v.x, v.y, qh[s][part], ql[s][part]);
+    }
+  }
+
+  float o[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int k = 0; k < 4; k++) o[j][k] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
   constexpr int V4 = HD / 4;
-  for (int j0 = 0; j0 < n; j0 += VA_T) {
+  for (int j0 = 0; j0 < n; j0 += VA_K) {
     __syncthreads();  // the previous tile is consumed
-    for (int e = threadIdx.x; e < VA_T * V4; e += VA_Q) {
-      const int r = e / V4, c = 4 * (e % V4), j = j0 + r;
+    for (int e = tid; e < VA_K * V4; e += VA_THREADS) {
+      const int r = e / V4, d = 4 * (e % V4), j = j0 + r;
       float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
       if (j < n) {
-        const float* row = qkv + (size_t)j * stride + (size_t)head * HD + c;
+        const float* row = base + (size_t)j * stride + d;
         kv = *reinterpret_cast<const float4*>(row + h);
         vv = *reinterpret_cast<const float4*>(row + 2 * h);
       }
-      *reinterpret_cast<float4*>(&ks[r][c]) = kv;
-      *reinterpret_cast<float4*>(&vs[r][c]) = vv;
+      uint32_t a, b, c, dd;
+      va_split2(kv.x, kv.y, a, b);
+      va_split2(kv.z, kv.w, c, dd);
+      *reinterpret_cast<uint2*>(&skh[r][d]) = make_uint2(a, c);
+      *reinterpret_cast<uint2*>(&skl[r][d]) = make_uint2(b, dd);
+      const float vf[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const __half hi = __float2half_rn(vf[q]);
+        svh[d + q][r] = hi;
+        svl[d + q][r] = __float2half_rn(vf[q] - __half2float(hi));
+      }
     }
     __syncthreads();
-    const int nt = min(VA_T, n - j0);
-    float p[VA_T];
-    float tmax = -INFINITY;
+
+    // Scores of the warp's 16 rows against the tile's 64 keys.
+    float sc[VA_K / 8][4];
 #pragma unroll
-    for (int r = 0; r < VA_T; r++) {
-      float s = 0.0f;
+    for (int nt = 0; nt < VA_K / 8; nt++) {
 #pragma unroll
-      for (int c = 0; c < HD; c += 4) {
-        const float4 k4 = *reinterpret_cast<const float4*>(&ks[r][c]);
-        s = __fmaf_rn(q[c], k4.x, s);
-        s = __fmaf_rn(q[c + 1], k4.y, s);
-        s = __fmaf_rn(q[c + 2], k4.z, s);
-        s = __fmaf_rn(q[c + 3], k4.w, s);
+      for (int k = 0; k < 4; k++) sc[nt][k] = 0.0f;
+      const int key = 8 * nt + g;
+#pragma unroll
+      for (int s = 0; s < KS; s++) {
+        const int c = 16 * s + 2 * t4;
+        uint32_t bh[2], bl[2];
+        bh[0] = *reinterpret_cast<const uint32_t*>(&skh[key][c]);
+        bh[1] = *reinterpret_cast<const uint32_t*>(&skh[key][c + 8]);
+        bl[0] = *reinterpret_cast<const uint32_t*>(&skl[key][c]);
+        bl[1] = *reinterpret_cast<const uint32_t*>(&skl[key][c + 8]);
+        vl_mma(sc[nt], ql[s], bh);
+        vl_mma(sc[nt], qh[s], bl);
+        vl_mma(sc[nt], qh[s], bh);
       }
-      s = r < nt ? s * scale : -INFINITY;
-      p[r] = s;
-      tmax = fmaxf(tmax, s);
     }
-    const float mn = fmaxf(m, tmax);
-    const float corr = expf(m - mn);
-    m = mn;
-    float sum = 0.0f;
+    // Online softmax: row g holds sc[*][0..1], row g + 8 sc[*][2..3].
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < VA_T; r++) {
-      p[r] = expf(p[r] - mn);
-      sum += p[r];
+    for (int nt = 0; nt < VA_K / 8; nt++)
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int key = j0 + 8 * nt + 2 * t4 + (k & 1);
+        const float v = key < n ? sc[nt][k] * scale : -INFINITY;
+        sc[nt][k] = v;
+        mx[k >> 1] = fmaxf(mx[k >> 1], v);
+      }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);
+      corr[r] = expf(m[r] - mn);
+      m[r] = mn;
+      l[r] *= corr[r];
     }
-    l = l * corr + sum;
 #pragma unroll
-    for (int d = 0; d < HD; d++) o[d] *= corr;
+    for (int j = 0; j < NT; j++) {
+      o[j][0] *= corr[0];
+      o[j][1] *= corr[0];
+      o[j][2] *= corr[1];
+      o[j][3] *= corr[1];
+    }
 #pragma unroll
-    for (int r = 0; r < VA_T; r++) {
+    for (int nt = 0; nt < VA_K / 8; nt++)
 #pragma unroll
-      for (int c = 0; c < HD; c += 4) {
-        const float4 v4 = *reinterpret_cast<const float4*>(&vs[r][c]);
-        o[c] = __fmaf_rn(p[r], v4.x, o[c]);
-        o[c + 1] = __fmaf_rn(p[r], v4.y, o[c + 1]);
-        o[c + 2] = __fmaf_rn(p[r], v4.z, o[c + 2]);
-        o[c + 3] = __fmaf_rn(p[r], v4.w, o[c + 3]);
+      for (int k = 0; k < 4; k++) {
+        const float p = expf(sc[nt][k] - m[k >> 1]);
+        sc[nt][k] = p;
+        l[k >> 1] += p;
+      }
+    // O += P·V: P's C fragments of key tiles 2s and 2s + 1 are the A fragment of k-step s.
+#pragma unroll
+    for (int s = 0; s < VA_K / 16; s++) {
+      uint32_t ph[4], pl[4];
+      va_split2(sc[2 * s][0], sc[2 * s][1], ph[0], pl[0]);
+      va_split2(sc[2 * s][2], sc[2 * s][3], ph[1], pl[1]);
+      va_split2(sc[2 * s + 1][0], sc[2 * s + 1][1], ph[2], pl[2]);
+      va_split2(sc[2 * s + 1][2], sc[2 * s + 1][3], ph[3], pl[3]);
+      const int c = 16 * s + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        const int dim = 8 * j + g;
+        uint32_t bh[2], bl[2];
+        bh[0] = *reinterpret_cast<const uint32_t*>(&svh[dim][c]);
+        bh[1] = *reinterpret_cast<const uint32_t*>(&svh[dim][c + 8]);
+        bl[0] = *reinterpret_cast<const uint32_t*>(&svl[dim][c]);
+        bl[1] = *reinterpret_cast<const uint32_t*>(&svl[dim][c + 8]);
+        vl_mma(o[j], pl, bh);
+        vl_mma(o[j], ph, bl);
+        vl_mma(o[j], ph, bh);
       }
     }
   }
-  if (!live) return;
-  const float inv = 1.0f / l;
-  float* dst = out + (size_t)i * h + (size_t)head * HD;
+  float inv[2];
 #pragma unroll
-  for (int d = 0; d < HD; d++) dst[d] = o[d] * inv;
+  for (int r = 0; r < 2; r++) {
+    float t = l[r];
+    t += __shfl_xor_sync(0xffffffffu, t, 1);
+    t += __shfl_xor_sync(0xffffffffu, t, 2);
+    inv[r] = 1.0f / t;
+  }
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int r = r0 + g + 8 * (k >> 1), d = 8 * j + 2 * t4 + (k & 1);
+      if (r < qend && d < HD) out[(size_t)(r - q0) * h + (size_t)head * HD + d] = o[j][k] * inv[k >> 1];
+    }
 }
 
-#define VA_KERNEL(HD)                                                                                 \
-  extern "C" __global__ void __launch_bounds__(VA_Q, 1)                                              \
-      vis_attn_hd##HD(const float* __restrict__ qkv, int n, int h, float scale, float* __restrict__ out) { \
+#define VA_KERNEL(HD, HDP)                                                                            \
+  extern "C" __global__ void __launch_bounds__(VA_THREADS)                                           \
+      vis_attn_hd##HD(const float* __restrict__ qkv, int n, int q0, int nq, int h, float scale,      \
+                      float* __restrict__ out) {                                                      \
     sc_pdl_enter();                                                                                   \
-    va_body<HD>(qkv, n, h, scale, out);                                                               \
+    va_body<HD, HDP>(qkv, n, q0, nq, h, scale, out);                                                  \
   }
-VA_KERNEL(16)
-VA_KERNEL(32)
-VA_KERNEL(64)
-VA_KERNEL(72)
-VA_KERNEL(80)
+VA_KERNEL(16, 16)
+VA_KERNEL(32, 32)
+VA_KERNEL(64, 64)
+VA_KERNEL(72, 80)
+VA_KERNEL(80, 80)

@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release -p scoria-engine --features cuda --example encode_image_gpu -- \
 //!     MMPROJ WIDTHxHEIGHT [RUNS] [--cpu]
-//! cargo run ... --example encode_image_gpu -- --synth-q35 OUT.gguf
+//! cargo run ... --example encode_image_gpu -- --synth-q35 OUT.gguf [ROWS]
 //! ```
 //!
 //! The image is random pixels at the given size (multiples of 32 pixels: the patch grid
@@ -12,7 +12,9 @@
 //! nothing the later ones do not) and the best of RUNS (default 5).
 //! `--synth-q35` writes a random-weights mmproj (F16) at Qwen3.5/3.6-35B-A3B's encoder
 //! geometry (27 blocks of width 1152, MLP 4304, 16 heads, patch 16, merge 2, a 48×48
-//! position grid, rows of 2048) with the keys and tensors llama.cpp's converter writes.
+//! position grid, rows of 2048) with the keys and tensors llama.cpp's converter writes;
+//! ROWS changes the width of the merged rows (to pair the file with a smaller text model,
+//! e.g. the vision fixture's 64, when another engine needs one to load it).
 
 use std::path::Path;
 use std::time::Instant;
@@ -32,9 +34,9 @@ impl Rng {
     }
 }
 
-fn synth_q35(out: &Path) {
-    let (h, ffn, heads, layers, patch, merge, side, proj) =
-        (1152u64, 4304u64, 16u32, 27u32, 16u64, 2u32, 48u64, 2048u64);
+fn synth_q35(out: &Path, proj: u64) {
+    let (h, ffn, heads, layers, patch, merge, side) =
+        (1152u64, 4304u64, 16u32, 27u32, 16u64, 2u32, 48u64);
     let mut w = GgufWriter::new();
     let kv = |w: &mut GgufWriter, k: &str, v: Value| w.add_kv(k, v).expect("metadata");
     kv(&mut w, "general.architecture", Value::String("clip".into()));
@@ -167,7 +169,10 @@ fn synth_q35(out: &Path) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--synth-q35") {
-        synth_q35(Path::new(args.get(1).expect("--synth-q35 OUT.gguf")));
+        let rows = args
+            .get(2)
+            .map_or(2048, |r| r.parse().expect("ROWS: a number"));
+        synth_q35(Path::new(args.get(1).expect("--synth-q35 OUT.gguf")), rows);
         return;
     }
     let cpu = args.iter().any(|a| a == "--cpu");
@@ -202,7 +207,7 @@ fn main() {
         sha256: [0; 32],
     };
     let t = Instant::now();
-    let g = GpuEncoder::open(0, &m).unwrap_or_else(|e| {
+    let g = GpuEncoder::open(0, &m, None).unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(1)
     });

@@ -37,6 +37,10 @@ pub struct EngineConfig {
     pub device: Option<Device>,
     /// The vision encoder (an mmproj GGUF): requests may then carry images.
     pub mmproj: Option<std::path::PathBuf>,
+    /// The largest image, in patches, the vision encoder takes on the GPU (its scratch
+    /// is allocated for it at load; larger images are encoded on the CPU; 0 keeps every
+    /// image on the CPU). None: what a 32nd of the GPU's memory holds, 8,192 to 65,536.
+    pub vision_gpu_patches: Option<usize>,
     /// Count every routing decision (`scoria profile`; read with
     /// `Engine::routing_counts`). The CPU executor records them, so this runs on the
     /// CPU; asking for it with `--device cuda` is refused.

@@ -543,11 +543,18 @@ fn open_vision(
                 && ::cuda::Gpu::device_count().is_ok_and(|n| n > 0))
             .then_some(0),
         };
+        if cfg.vision_gpu_patches == Some(0) {
+            tracing::info!(
+                "vision encoder {}: {shape} (on the CPU: --vision-gpu-patches 0)",
+                path.display()
+            );
+            return Ok(vision);
+        }
         if let Some(n) = ordinal {
-            match cuda::vision::GpuEncoder::open(n, &vision.model) {
+            match cuda::vision::GpuEncoder::open(n, &vision.model, cfg.vision_gpu_patches) {
                 Ok(g) => {
                     tracing::info!(
-                        "vision encoder {}: {shape}, on cuda:{n} ({:.2} GiB of weights, {:.2} GiB of scratch for images of up to {} patches; larger ones on the CPU)",
+                        "vision encoder {}: {shape}, on cuda:{n} ({:.2} GiB of weights, {:.2} GiB of scratch for images of up to {} patches; larger ones on the CPU, --vision-gpu-patches sets it)",
                         path.display(),
                         g.weight_bytes() as f64 / GIB,
                         g.scratch_bytes() as f64 / GIB,

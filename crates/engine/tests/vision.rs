@@ -339,7 +339,7 @@ fn gpu_encoder_embeds_as_transformers() {
         |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     for (mmproj, tol) in [("mmproj-f32.gguf", 1e-5f32), ("mmproj-f16.gguf", 2e-3)] {
         let m = model::vision::VisionModel::open(&fixtures().join(mmproj)).unwrap();
-        let g = engine::cuda::vision::GpuEncoder::open(0, &m).expect("open on the GPU");
+        let g = engine::cuda::vision::GpuEncoder::open(0, &m, None).expect("open on the GPU");
         let img = image(0);
         let got = g.encode(&m, &img).expect("encode on the GPU");
         assert_eq!([got.rows, got.width], [shape[0], shape[1]], "{mmproj}");
@@ -362,17 +362,35 @@ fn gpu_encoder_embeds_as_transformers() {
             dc / scale
         );
     }
+    // Chunks of 8 patches (the fixture's image has 48) give the same bits as one
+    // chunk: every step computes a row from that row alone.
+    use engine::cuda::vision::GpuEncoder;
     let m = model::vision::VisionModel::open(&fixtures().join("mmproj-f16.gguf")).unwrap();
-    let g = engine::cuda::vision::GpuEncoder::open(0, &m).unwrap();
-    let side = 2 * (g.max_patches() as f64).sqrt() as usize;
-    let big = PreparedImage {
-        pixels: vec![0.0; side * side * m.config().patch_values()],
-        grid: [1, side, side],
-        resized: (side * 16, side * 16),
-        sha256: [7; 32],
-    };
-    let Err(e) = g.encode(&m, &big) else {
-        panic!("an image of {} patches is over the scratch", side * side)
+    let img = image(0);
+    let n = img.grid.iter().product::<usize>();
+    let whole = GpuEncoder::open(0, &m, Some(n)).unwrap();
+    let small = GpuEncoder::open_chunked(0, &m, Some(n), 8).unwrap();
+    let a = whole.encode(&m, &img).unwrap();
+    let b = small.encode(&m, &img).unwrap();
+    assert!(n > 8 && n.is_multiple_of(8), "{n} patches");
+    assert_eq!(
+        bits(&a.data),
+        bits(&b.data),
+        "chunks of 8 against one chunk"
+    );
+    assert!(small.scratch_bytes() < whole.scratch_bytes());
+    // The size the default is chosen by is the size allocated.
+    let size = engine::cuda::vision::ScratchSize::of(&m, engine::cuda::vision::CHUNK_ROWS);
+    assert_eq!(size.bytes(n), whole.scratch_bytes());
+    let on_24g = engine::cuda::vision::default_max_patches(size, 24 << 30);
+    assert!(
+        (8192..=65_536).contains(&on_24g) && on_24g.is_multiple_of(1024),
+        "{on_24g}"
+    );
+    // An image over the scratch is refused by name.
+    let tight = GpuEncoder::open(0, &m, Some(n - 4)).unwrap();
+    let Err(e) = tight.encode(&m, &img) else {
+        panic!("an image of {n} patches is over a scratch of {}", n - 4)
     };
     assert!(e.to_string().contains("patches"), "{e}");
 }

@@ -220,6 +220,7 @@ impl EngineSettings {
             fixed: self.draft_fixed,
         };
         cfg.mmproj = self.mmproj.clone();
+        cfg.vision_gpu_patches = self.vision_gpu_patches;
     }
 
     /// The vision encoder for `model` (`--mmproj`, else one `mmproj*.gguf` beside the

@@ -186,18 +186,22 @@ impl Gpu {
         self.launch(K::VisRope, [self.stride_blocks(n * h), 1, 1], 256, 0, &args)
     }
 
-    /// `out[i][head] = softmax_j(q_i·k_j / sqrt(hd))·v_j` over all `n` patches for
-    /// every head, q, k and v in `qkv` (`[n][3·h]`); `out` is `[n][h]`.
+    /// `out[i - q0][head] = softmax_j(q_i·k_j / sqrt(hd))·v_j` over all `n` patches for
+    /// every head and the queries `i` in `q0..q0 + nq`, q, k and v in `qkv` (`[n][3·h]`);
+    /// `out` is `[nq][h]`. A query's result does not depend on the range it is in.
+    #[allow(clippy::too_many_arguments)]
     pub fn vis_attention(
         &self,
         qkv: u64,
         n: usize,
+        q0: usize,
+        nq: usize,
         h: usize,
         hd: usize,
         out: u64,
     ) -> Result<(), CudaError> {
         const KN: &str = "vis_attention";
-        if n == 0 {
+        if nq == 0 {
             return Ok(());
         }
         let k = attn_kernel(hd).ok_or_else(|| {
@@ -209,14 +213,23 @@ impl Gpu {
         if !h.is_multiple_of(hd) || h / hd > super::MAX_GRID_YZ {
             return Err(CudaError::bad(KN, format!("rows of {h} for heads of {hd}")));
         }
+        if q0.checked_add(nq).is_none_or(|end| end > n) {
+            return Err(CudaError::bad(
+                KN,
+                format!("queries {q0}..{q0}+{nq} of {n} patches"),
+            ));
+        }
         let scale = (hd as f32).powf(-0.5);
         let args = [
             Arg::P(addr(KN, "qkv", qkv, 16)?),
             Arg::I32(int(KN, "n", n)?),
+            Arg::I32(int(KN, "q0", q0)?),
+            Arg::I32(int(KN, "nq", nq)?),
             Arg::I32(int(KN, "h", h)?),
             Arg::F32(scale),
             Arg::P(addr(KN, "out", out, 4)?),
         ];
-        self.launch(k, [blocks(n, 128)?, (h / hd) as u32, 1], 128, 0, &args)
+        // 64 queries a block (VA_Q in vision.cu), 4 warps.
+        self.launch(k, [blocks(nq, 64)?, (h / hd) as u32, 1], 128, 0, &args)
     }
 }

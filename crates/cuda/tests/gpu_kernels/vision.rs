@@ -148,8 +148,30 @@ fn vis_attention_matches_f64_softmax() {
         let qkv = rng.vec(n * 3 * h, 1.5);
         let d = up(&g, &qkv);
         let out = poisoned(&g, n * h);
-        g.vis_attention(d.ptr(), n, h, hd, out.ptr()).unwrap();
+        g.vis_attention(d.ptr(), n, 0, n, h, hd, out.ptr()).unwrap();
         let got = down(&g, &out);
+        // The queries in ranges of 37 give the same bits, and write only their own rows
+        // (the row past a range stays poisoned).
+        for q0 in (0..n).step_by(37) {
+            let nq = 37.min(n - q0);
+            let part = poisoned(&g, (nq + 1) * h);
+            g.vis_attention(d.ptr(), n, q0, nq, h, hd, part.ptr())
+                .unwrap();
+            let p = down(&g, &part);
+            assert!(
+                p[..nq * h]
+                    .iter()
+                    .zip(&got[q0 * h..(q0 + nq) * h])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "vis_attention n {n} hd {hd}: queries {q0}..+{nq} differ from the whole run"
+            );
+            let pad = &p[nq * h..];
+            assert!(
+                pad.iter().all(|v| v.is_nan()),
+                "vis_attention n {n} hd {hd}: queries {q0}..+{nq} wrote past their rows"
+            );
+        }
+        assert!(g.vis_attention(d.ptr(), n, n, 1, h, hd, out.ptr()).is_err());
         let scale = 1.0 / (hd as f64).sqrt();
         for i in 0..n {
             for hh in 0..heads {

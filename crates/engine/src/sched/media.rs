@@ -72,7 +72,7 @@ impl Vision {
         let g = self.gpu.as_ref()?;
         if n > g.max_patches() {
             tracing::info!(
-                "an image of {n} patches is encoded on the CPU: the GPU encoder's scratch holds {}",
+                "an image of {n} patches is encoded on the CPU: the GPU encoder's scratch holds {} (--vision-gpu-patches)",
                 g.max_patches()
             );
             return None;

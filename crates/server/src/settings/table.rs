@@ -198,6 +198,12 @@ settings! {
             arg Option<PathBuf>, value_name = "FILE";
         /// Load no vision encoder, even when an mmproj*.gguf lies beside the model.
         no_mmproj: bool = "engine" "no-mmproj", Kind::Bool, json!(false), "", arg bool;
+        /// Images of up to this many patches (16×16 pixels each for Qwen3.5/3.6) are
+        /// encoded on the GPU, in a scratch allocated at startup (about 19 KB a patch);
+        /// larger ones on the CPU. 0 keeps every image on the CPU.
+        vision_gpu_patches: Option<usize> = "engine" "vision-gpu-patches", Kind::Count { min: 0 },
+            NULL, "what a 32nd of the GPU's memory holds, 8,192 to 65,536 (logged at startup)",
+            arg Option<usize>;
         /// Images larger than this many pixels are scaled down to it (keeping their
         /// shape) before the encoder sees them: fewer prompt tokens per image.
         image_max_pixels: usize = "engine" "image-max-pixels", Kind::Count { min: 1 },
