@@ -350,18 +350,30 @@ mod imp {
                 _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v))
             }
 
-            /// Σ over each i32 lane's four bytes of u·s (u unsigned, s signed), times
-            /// the lane's multiplier: `m16` as i16 pairs, `m32` as i32 (VNNI).
+            /// The products u·s (u unsigned, s signed) summed as far as the lane's
+            /// multiplier allows: over each i32 lane's four bytes with VNNI, over each
+            /// i16 lane's two bytes without.
             #[inline]
             #[target_feature(enable = $feat)]
             #[allow(unused_unsafe)]
-            fn dp_mul(u: __m512i, s: __m512i, m16: __m512i, m32: __m512i) -> __m512i {
+            fn dp(u: __m512i, s: __m512i) -> __m512i {
                 if $vnni {
                     // SAFETY: only in the VNNI instantiation, whose features include avx512vnni.
-                    let d = unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s) };
+                    unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s) }
+                } else {
+                    _mm512_maddubs_epi16(u, s)
+                }
+            }
+
+            /// [`dp`]'s sums times the lane's multiplier, as i32 sums over four bytes:
+            /// `m16` as i16 pairs, `m32` as i32 (VNNI).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn mul(d: __m512i, m16: __m512i, m32: __m512i) -> __m512i {
+                if $vnni {
                     _mm512_mullo_epi32(d, m32)
                 } else {
-                    _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), m16)
+                    _mm512_madd_epi16(d, m16)
                 }
             }
 
@@ -413,10 +425,12 @@ mod imp {
                             let a = _mm512_loadu_si512(qa.add(64 * k) as *const __m512i);
                             // a with w's sign: |w|·(a·sign w) = w·a.
                             let sa = _mm512_mask_sub_epi8(a, neg[k], zero, a);
-                            p[k] = dp_mul(aw[k], sa, m16[k], m32[k]);
+                            let d = dp(aw[k], sa);
+                            p[k] = mul(d, m16[k], m32[k]);
                             match sp.min {
-                                Min::Halves => pe[k] = dp_mul(ones, a, e16[k], e32[k]),
-                                Min::Split => pe[k] = dp_mul(aw[k], sa, e16[k], e32[k]),
+                                Min::Halves => pe[k] = mul(dp(ones, a), e16[k], e32[k]),
+                                // The same products, the second half's multipliers.
+                                Min::Split => pe[k] = mul(d, e16[k], e32[k]),
                                 Min::None | Min::Asum => {}
                             }
                         }
