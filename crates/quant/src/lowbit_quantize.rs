@@ -204,7 +204,24 @@ fn quantize_nvfp4(x: &[f32], b: &mut [u8]) {
 /// The NVFP4 scale byte (unsigned e4m3, as the block stores it) whose value — the
 /// factor of the doubled e2m1 levels — is nearest to `v` (0 for `v` ≤ 0).
 pub fn nvfp4_scale_byte(v: f32) -> u8 {
-    nearest((0..0x7Fu8).map(ue4m3_half), v) as u8
+    // The values rise with the byte over 0..=0x7E (0x7F is e4m3's NaN, read as 0), so
+    // the nearest is the first byte at or above `v` or the one below it; a tie goes to
+    // the lower byte.
+    let (mut lo, mut hi) = (0u8, 0x7Fu8);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if ue4m3_half(mid) < v {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    match lo {
+        0 => 0,
+        0x7F => 0x7E,
+        b if v - ue4m3_half(b - 1) <= ue4m3_half(b) - v => b - 1,
+        b => b,
+    }
 }
 
 /// Ternary values (0, 1, 2 for −1, 0, +1) of a block scaled by its largest magnitude.
@@ -453,6 +470,38 @@ fn quantize_iq1(x: &[f32], b: &mut [u8], m: bool) {
                 qh |= ((idx >> 8) as u16 & 7) << (3 * k);
             }
             b[34 + 2 * j..36 + 2 * j].copy_from_slice(&qh.to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The binary search picks what a scan of every byte picks: each value, the points
+    /// halfway between neighbours (ties), one step either side of both, and the ends —
+    /// except past the largest scale, where the scan's differences all round to the same
+    /// float and it fell back to byte 0; the search gives the largest scale.
+    #[test]
+    fn nvfp4_scale_byte_is_the_nearest_of_every_byte() {
+        let scan = |v: f32| nearest((0..0x7Fu8).map(ue4m3_half), v) as u8;
+        for v in [f32::MAX, f32::INFINITY] {
+            assert_eq!(nvfp4_scale_byte(v), 0x7E);
+        }
+        let mut vs = vec![0.0, -1.0, f32::MIN_POSITIVE, 1e6, f32::NAN];
+        for b in 0..0x7Fu8 {
+            let l = ue4m3_half(b);
+            let h = ue4m3_half(b.saturating_add(1).min(0x7E));
+            let m = (l + h) / 2.0;
+            for x in [l, m, h] {
+                // The floats one step below and above x (x ≥ 0).
+                let below = f32::from_bits(x.to_bits().saturating_sub(1));
+                vs.extend([x, below, f32::from_bits(x.to_bits() + 1)]);
+            }
+            vs.push(l * 1.3);
+        }
+        for v in vs {
+            assert_eq!(nvfp4_scale_byte(v), scan(v), "v = {v:e}");
         }
     }
 }
