@@ -148,30 +148,11 @@ const fn mk(
     }
 }
 
-const fn with_lut(s: Spec, table: &'static [i8; 16], qs: usize, scales: DecodeFn) -> Spec {
+const fn with_lut(s: Spec, lut: Lut) -> Spec {
     Spec {
-        lut: Some(Lut {
-            table,
-            qs,
-            runs_of_8: false,
-            scales,
-        }),
+        lut: Some(lut),
         ..s
     }
-}
-
-/// [`with_lut`] for nibbles in runs of 8 ([`Lut::runs_of_8`]).
-const fn with_lut_runs_of_8(
-    s: Spec,
-    table: &'static [i8; 16],
-    qs: usize,
-    scales: DecodeFn,
-) -> Spec {
-    let mut s = with_lut(s, table, qs, scales);
-    if let Some(l) = &mut s.lut {
-        l.runs_of_8 = true;
-    }
-    s
 }
 
 /// The spec of `ty`, if it is one of this module's types.
@@ -185,15 +166,21 @@ pub(crate) const fn spec(ty: GgmlType) -> Option<Spec> {
         T::Q5_1 => mk(ty, 24, SUB, Min::Asum, decode_q5_1),
         T::IQ4_NL => with_lut(
             mk(ty, 18, SUB, Min::None, decode_iq4_nl),
-            &KVALUES_IQ4NL,
-            2,
-            scales_iq4_nl,
+            Lut {
+                table: &KVALUES_IQ4NL,
+                qs: 2,
+                runs_of_8: false,
+                scales: scales_iq4_nl,
+            },
         ),
         T::MXFP4 => with_lut(
             mk(ty, 17, SUB, Min::None, decode_mxfp4),
-            &KVALUES_MXFP4,
-            1,
-            scales_mxfp4,
+            Lut {
+                table: &KVALUES_MXFP4,
+                qs: 1,
+                runs_of_8: false,
+                scales: scales_mxfp4,
+            },
         ),
         T::TQ1_0 => mk(ty, 54, QK_K, Min::None, decode_tq1_0),
         T::TQ2_0 => mk(ty, 66, QK_K, Min::None, decode_tq2_0),
@@ -204,11 +191,14 @@ pub(crate) const fn spec(ty: GgmlType) -> Option<Spec> {
         T::IQ3_S => mk(ty, 110, QK_K, Min::None, decode_iq3_s),
         T::IQ1_S => mk(ty, 50, QK_K, Min::None, decode_iq1_s),
         T::IQ1_M => mk(ty, 56, QK_K, Min::None, decode_iq1_m),
-        T::NVFP4 => with_lut_runs_of_8(
+        T::NVFP4 => with_lut(
             mk(ty, 36, 2 * SUB, Min::Split, decode_nvfp4),
-            &KVALUES_MXFP4,
-            4,
-            scales_nvfp4,
+            Lut {
+                table: &KVALUES_MXFP4,
+                qs: 4,
+                runs_of_8: true,
+                scales: scales_nvfp4,
+            },
         ),
         _ => return None,
     })
