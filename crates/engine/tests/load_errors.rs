@@ -29,11 +29,12 @@ fn tiny(dir: &Path) -> PathBuf {
 }
 
 /// Rewrites `src` into `dst`, letting `edit` change each tensor (name, type, bytes)
-/// or drop it (None).
+/// or drop it (None), and adding `extra` after them.
 fn rewrite(
     src: &Path,
     dst: &Path,
     edit: impl Fn(&str, GgmlType, &[u8]) -> Option<(GgmlType, Vec<u8>)>,
+    extra: &[InMemoryTensor],
 ) {
     let f = GgufFile::open(src).expect("open");
     let kvs: Vec<(&str, gguf::Value)> = f
@@ -57,6 +58,7 @@ fn rewrite(
             ty: *ty,
             data,
         })
+        .chain(extra.iter().map(|t| InMemoryTensor { ..*t }))
         .collect();
     gguf::write_file(dst, &kvs, &tensors).expect("write");
 }
@@ -75,15 +77,20 @@ fn unsupported_type_is_refused_by_name() {
     // Q8_K has no kernel here (llama.cpp's activation type; no model stores weights in it).
     let bad = GgmlType::Q8_K;
     let dst = dir.path().join(format!("{bad}.gguf"));
-    rewrite(&src, &dst, |name, ty, data| {
-        if name == "blk.1.ffn_up_exps.weight" {
-            // Same element count, stored as `bad`.
-            let n = data.len() / ty.type_size() * ty.block_size();
-            Some((bad, vec![0u8; n / bad.block_size() * bad.type_size()]))
-        } else {
-            Some((ty, data.to_vec()))
-        }
-    });
+    rewrite(
+        &src,
+        &dst,
+        |name, ty, data| {
+            if name == "blk.1.ffn_up_exps.weight" {
+                // Same element count, stored as `bad`.
+                let n = data.len() / ty.type_size() * ty.block_size();
+                Some((bad, vec![0u8; n / bad.block_size() * bad.type_size()]))
+            } else {
+                Some((ty, data.to_vec()))
+            }
+        },
+        &[],
+    );
     let e = load_err(&dst);
     assert!(
         e.contains("blk.1.ffn_up_exps.weight") && e.contains(bad.name()),
@@ -98,32 +105,24 @@ fn second_level_scales_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = tiny(dir.path());
     let dst = dir.path().join("scaled.gguf");
-    let f = GgufFile::open(&src).expect("open");
-    let kvs: Vec<(&str, gguf::Value)> = f
-        .metadata()
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.clone()))
-        .collect();
-    let mut tensors: Vec<InMemoryTensor> = f
-        .tensors()
-        .iter()
-        .map(|t| InMemoryTensor {
-            name: &t.name,
-            dims: &t.dims,
-            ty: t.ty,
-            data: f.tensor_data(t),
-        })
-        .collect();
-    let n_expert = f.tensor("blk.1.ffn_up_exps.weight").expect("experts").dims[2];
-    let dims = vec![n_expert];
+    let n_expert = GgufFile::open(&src)
+        .expect("open")
+        .tensor("blk.1.ffn_up_exps.weight")
+        .expect("experts")
+        .dims[2];
     let data: Vec<u8> = (0..n_expert).flat_map(|_| 0.5f32.to_le_bytes()).collect();
-    tensors.push(InMemoryTensor {
+    let scale = InMemoryTensor {
         name: "blk.1.ffn_up_exps.scale",
-        dims: &dims,
+        dims: &[n_expert],
         ty: GgmlType::F32,
         data: &data,
-    });
-    gguf::write_file(&dst, &kvs, &tensors).expect("write");
+    };
+    rewrite(
+        &src,
+        &dst,
+        |_, ty, data| Some((ty, data.to_vec())),
+        &[scale],
+    );
     let e = load_err(&dst);
     assert!(
         e.contains("blk.1.ffn_up_exps.scale") && e.contains("not applied"),
@@ -136,9 +135,12 @@ fn missing_tensor_is_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = tiny(dir.path());
     let dst = dir.path().join("missing.gguf");
-    rewrite(&src, &dst, |name, ty, data| {
-        (name != "blk.2.attn_k_norm.weight").then(|| (ty, data.to_vec()))
-    });
+    rewrite(
+        &src,
+        &dst,
+        |name, ty, data| (name != "blk.2.attn_k_norm.weight").then(|| (ty, data.to_vec())),
+        &[],
+    );
     let e = load_err(&dst);
     assert!(e.contains("blk.2.attn_k_norm.weight"), "{e}");
 }
