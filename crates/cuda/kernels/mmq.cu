@@ -184,15 +184,15 @@ __device__ __forceinline__ float mq_finish(const MqScale& p, int acc, int hi, fl
 template <int TY>
 __device__ __forceinline__ float mq_finish_lb(const MqScaleLb& p, int acc, int hi, int mn, float da, float asum) {
   const float lo = sc_from_magic(acc);
+  if constexpr (TY == SC_T_NVFP4) {
+    // c = (D * da) * lo; c = fma(E * da, hi, c): the halves' own scales.
+    return sc_fma(sc_mul(p.e, da), sc_from_magic(hi), sc_mul(sc_mul(p.d, da), lo));
+  }
   float is;
   if constexpr (SC_LB_HALVES(TY)) {
     is = sc_fma(p.m0, lo, sc_mul(p.m1, sc_from_magic(hi)));
   } else {
     is = sc_mul(p.m0, lo);
-  }
-  if constexpr (TY == SC_T_NVFP4) {
-    // c = (D * da) * lo; c = fma(E * da, hi, c): the halves' own scales.
-    return sc_fma(sc_mul(p.e, da), sc_from_magic(hi), sc_mul(sc_mul(p.d, da), lo));
   }
   // c = (D * da) * is
   const float c = sc_mul(sc_mul(p.d, da), is);
