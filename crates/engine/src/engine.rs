@@ -577,7 +577,6 @@ fn open_vision(
 }
 
 /// The routing profile `cfg.expert_profile` names, checked against the model.
-#[cfg(feature = "cuda")]
 fn load_profile(
     cfg: &EngineConfig,
     mcfg: &ModelConfig,
@@ -665,15 +664,7 @@ fn open_executor(
         // A RAM budget on the CPU tiers the experts (cpu/tier.rs).
         let tier = match cfg.ram_budget {
             Some(budget) => {
-                let profile = cfg
-                    .expert_profile
-                    .as_deref()
-                    .map(|p| {
-                        experts::RoutingProfile::load(p, mcfg).map_err(|e| {
-                            EngineError::Settings(format!("--profile {}: {e}", p.display()))
-                        })
-                    })
-                    .transpose()?;
+                let profile = load_profile(cfg, mcfg)?;
                 let policy = read_policy(cfg);
                 Some(CpuTier::open(file, mcfg, budget, profile.as_ref(), policy)?)
             }
