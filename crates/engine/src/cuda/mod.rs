@@ -257,6 +257,21 @@ fn upload_bar(bytes: u64, ordinal: usize) -> indicatif::ProgressBar {
     bar
 }
 
+/// What opening an executor has settled once the context is chosen: the GPU, the
+/// model, the context and sequences, the budgets, the VRAM `budget` for weights, state
+/// and scratch (the CUDA context apart), and the GPU's free and total memory.
+struct Opening<'a> {
+    gpu: Gpu,
+    cfg: &'a ModelConfig,
+    weights: &'a ModelWeights,
+    n_ctx: usize,
+    n_seq: usize,
+    budgets: Budgets<'a>,
+    budget: u64,
+    free: u64,
+    total: u64,
+}
+
 impl CudaExecutor {
     /// Opens GPU `ordinal`, checks the VRAM the model needs, uploads the weights
     /// and allocates `n_seq` sequences of `n_ctx` positions.
@@ -355,34 +370,40 @@ impl CudaExecutor {
             }
         };
         let state_one = state_of(n_ctx);
-        let e = Self::open_at(
-            gpu, cfg, weights, n_ctx, n_seq, budgets, budget, w_bytes, state_one, free, total,
-        )?;
+        let o = Opening {
+            gpu,
+            cfg,
+            weights,
+            n_ctx,
+            n_seq,
+            budgets,
+            budget,
+            free,
+            total,
+        };
+        let e = Self::open_at(o, w_bytes, state_one)?;
         crate::memory::log_context(n_ctx, cfg.n_ctx_train, chosen.as_deref(), true);
         Ok(e)
     }
 
-    /// `open_with` once the context is known (`state_one`: one sequence's K/V, state
-    /// and verify trail at it).
-    #[allow(clippy::too_many_arguments)]
-    fn open_at(
-        gpu: Gpu,
-        cfg: &ModelConfig,
-        weights: &ModelWeights,
-        n_ctx: usize,
-        n_seq: usize,
-        budgets: Budgets,
-        budget: u64,
-        w_bytes: u64,
-        state_one: u64,
-        free: u64,
-        total: u64,
-    ) -> Result<CudaExecutor, EngineError> {
-        let ordinal = gpu.ordinal();
-        let name = gpu.name();
+    /// `open_with` once the context is known (`w_bytes`: the weights' upload size;
+    /// `state_one`: one sequence's K/V, state and verify trail at the context).
+    fn open_at(mut o: Opening, w_bytes: u64, state_one: u64) -> Result<CudaExecutor, EngineError> {
+        let Opening {
+            cfg,
+            weights,
+            n_ctx,
+            n_seq,
+            budget,
+            free,
+            total,
+            ..
+        } = o;
+        let ordinal = o.gpu.ordinal();
+        let name = o.gpu.name();
         let state = state_one * n_seq as u64;
-        let (_, scratch) = scratch_for(&gpu, cfg, n_ctx, MAX_STEP_TOKENS);
-        let (n_seq, state) = if budgets.slots_flexible
+        let (_, scratch) = scratch_for(&o.gpu, cfg, n_ctx, MAX_STEP_TOKENS);
+        let (n_seq, state) = if o.budgets.slots_flexible
             && n_seq > 1
             && w_bytes + state + scratch > budget
         {
@@ -394,10 +415,11 @@ impl CudaExecutor {
             (n_seq, state)
         };
         if w_bytes + state + scratch > budget {
-            return Self::open_tiered(gpu, cfg, weights, n_ctx, n_seq, budgets, budget, state);
+            o.n_seq = n_seq;
+            return Self::open_tiered(o, state);
         }
         let (chunk, (arena, scratch)) =
-            prompt_chunk_for(&gpu, cfg, n_ctx, budget - (w_bytes + state));
+            prompt_chunk_for(&o.gpu, cfg, n_ctx, budget - (w_bytes + state));
         let need = w_bytes + state + scratch + RESERVE;
         if need > free {
             return Err(EngineError::Memory(format!(
@@ -414,9 +436,9 @@ impl CudaExecutor {
             )));
         }
         let bar = upload_bar(w_bytes, ordinal);
-        let w = weights::upload(&gpu, cfg, weights, None, &|done| bar.set_position(done))?;
+        let w = weights::upload(&o.gpu, cfg, weights, None, &|done| bar.set_position(done))?;
         bar.finish_and_clear();
-        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, chunk, None)?;
+        let be = CudaBackend::new(o.gpu, cfg.clone(), w, arena, n_ctx, chunk, None)?;
         let vram = VramAccount {
             weights: w_bytes,
             expert_slots: 0,
@@ -429,31 +451,29 @@ impl CudaExecutor {
             be,
             n_ctx,
             n_seq,
-            verify_tokens(&budgets),
+            verify_tokens(&o.budgets),
             ordinal,
             name,
             vram,
         )
     }
 
-    /// The dense weights, state and scratch in VRAM, the routed experts in slots
-    /// (the rest of `budget`), a pinned RAM copy and the file.
-    #[allow(clippy::too_many_arguments)]
-    fn open_tiered(
-        gpu: Gpu,
-        cfg: &ModelConfig,
-        weights: &ModelWeights,
-        n_ctx: usize,
-        n_seq: usize,
-        budgets: Budgets,
-        budget: u64,
-        state: u64,
-    ) -> Result<CudaExecutor, EngineError> {
+    /// The dense weights, state (`state`, all sequences) and scratch in VRAM, the
+    /// routed experts in slots (the rest of the budget), a pinned RAM copy and the file.
+    fn open_tiered(o: Opening, state: u64) -> Result<CudaExecutor, EngineError> {
+        let Opening {
+            gpu,
+            cfg,
+            weights,
+            n_ctx,
+            n_seq,
+            budgets,
+            budget,
+            total,
+            ..
+        } = o;
         let ordinal = gpu.ordinal();
         let name = gpu.name();
-        let (_, total) = gpu
-            .mem_info()
-            .map_err(|e| EngineError::Device(e.to_string()))?;
         let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights);
         let left = budget.saturating_sub(dense + state);
         let (chunk, (arena, scratch)) = prompt_chunk_for(&gpu, cfg, n_ctx, left);
