@@ -1,7 +1,10 @@
 //! Dequantization against an implementation we did not write: the `gguf` Python
 //! package's numpy dequantizers (`oracle.py`), bit for bit, on random blocks (every byte
 //! random but the scales), on blocks of one repeated byte, on our quantizers' blocks,
-//! and on blocks the package's own quantizers wrote.
+//! and on blocks the package's own quantizers wrote. The package cannot quantize NVFP4,
+//! so NVFP4 blocks llama.cpp's `llama-quantize` wrote are kept in `tests/data`
+//! (`tests/data/README.md`) with the values they came from: they join the check, and
+//! they must dequantize near those values without Python.
 //!
 //! Needs `python3` with the `gguf` and `numpy` packages (scripts/install-test-deps.sh
 //! installs the pinned versions). Without them the test fails and says so;
@@ -64,6 +67,44 @@ fn run(args: &[&str]) -> String {
     text
 }
 
+/// NVFP4 blocks `llama-quantize` wrote (tests/data/README.md) and the values it read.
+const LLAMA_QUANTIZE_NVFP4: &[u8] = include_bytes!("data/nvfp4-llama-quantize.blocks");
+const LLAMA_QUANTIZE_NVFP4_SRC: &[u8] = include_bytes!("data/nvfp4-llama-quantize.src.f32");
+
+/// A quantizer we did not write, read back: each 16-value group within a fifth of its
+/// largest magnitude (half the widest gap between levels, 4 of 12, plus the e4m3
+/// scale's rounding) and 11% in RMS over all. A misread layout is far outside: the
+/// nibbles swapped give 140% RMS, the halves' scales swapped 83% of a group's largest.
+#[test]
+fn nvfp4_blocks_llama_quantize_wrote_dequantize_near_their_source() {
+    let src: Vec<f32> = LLAMA_QUANTIZE_NVFP4_SRC
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let mut y = vec![0f32; src.len()];
+    quant::dequantize_row(T::NVFP4, LLAMA_QUANTIZE_NVFP4, &mut y);
+    let (mut se, mut ss) = (0f64, 0f64);
+    for (g, (ys, xs)) in y.chunks(16).zip(src.chunks(16)).enumerate() {
+        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let worst = ys
+            .iter()
+            .zip(xs)
+            .fold(0f32, |a, (p, q)| a.max((p - q).abs()));
+        assert!(
+            worst <= 0.2 * amax,
+            "group {g}: error {worst} of its largest {amax}"
+        );
+        se += ys
+            .iter()
+            .zip(xs)
+            .map(|(p, q)| ((p - q) as f64).powi(2))
+            .sum::<f64>();
+        ss += xs.iter().map(|q| (*q as f64).powi(2)).sum::<f64>();
+    }
+    let rms = (se / ss).sqrt();
+    assert!(rms < 0.11, "RMS error {rms:.4} of the values'");
+}
+
 #[test]
 fn dequantization_equals_the_gguf_package_bitwise() {
     if !python_ready() {
@@ -83,6 +124,9 @@ fn dequantization_equals_the_gguf_package_bitwise() {
                 set_scales(ty, blk, &mut rng);
             }
             blocks.extend(b);
+        }
+        if ty == T::NVFP4 {
+            blocks.extend_from_slice(LLAMA_QUANTIZE_NVFP4);
         }
         // Our quantizer's blocks.
         let x = rand_floats(&mut rng, 8 * 256);
