@@ -99,6 +99,24 @@ pub fn down<T: DeviceRepr + Default + Clone>(g: &Gpu, b: &DevBuf<T>) -> Vec<T> {
     g.download(b.ptr(), b.len()).expect("download")
 }
 
+/// Softmax in f64 of q against each of `keys` (scores q·k·`scale`): the weights,
+/// summing to 1 (the attention references' common step).
+pub fn softmax_f64<'a>(q: &[f32], keys: impl Iterator<Item = &'a [f32]>, scale: f64) -> Vec<f64> {
+    let s: Vec<f64> = keys
+        .map(|k| {
+            q.iter()
+                .zip(k)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>()
+                * scale
+        })
+        .collect();
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    e.into_iter().map(|v| v / z).collect()
+}
+
 /// Bit-for-bit equality, reporting the first differences and how many there are.
 pub fn assert_bits(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");

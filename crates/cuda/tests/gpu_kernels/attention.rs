@@ -1,7 +1,7 @@
 //! attn_prep bit for bit against model::math (rms_norm, rope_neox); attn_core against
 //! an f64 softmax attention within 1e-5 of the output's scale.
 
-use crate::{assert_bits, down, gpu, poisoned, up, QOut, Rng};
+use crate::{assert_bits, down, gpu, poisoned, softmax_f64, up, QOut, Rng};
 use cuda::{ActQ8, Rotary};
 
 /// The host's rope table [n_ctx][n_rot/2][2] = (cos, sin), as model::math computes them.
@@ -227,25 +227,14 @@ fn reference(
             let kvh = h / group;
             let qh = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
             let n_pos = pos0 + t + 1;
-            let s: Vec<f64> = (0..n_pos)
-                .map(|p| {
-                    let k = &kc[(p * nkv + kvh) * hd..(p * nkv + kvh + 1) * hd];
-                    qh.iter()
-                        .zip(k)
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
-            let z: f64 = e.iter().sum();
+            let keys = (0..n_pos).map(|p| &kc[(p * nkv + kvh) * hd..(p * nkv + kvh + 1) * hd]);
+            let w = softmax_f64(qh, keys, scale);
             for d in 0..hd {
                 let (mut o, mut a) = (0f64, 0f64);
-                for p in 0..n_pos {
+                for (p, &wp) in w.iter().enumerate() {
                     let v = vc[(p * nkv + kvh) * hd + d] as f64;
-                    o += e[p] / z * v;
-                    a += e[p] / z * v.abs();
+                    o += wp * v;
+                    a += wp * v.abs();
                 }
                 if let Some((gt, stride)) = gate {
                     let gv = gt[t * nh * stride + h * stride + hd + d] as f64;

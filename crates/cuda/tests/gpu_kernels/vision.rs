@@ -2,7 +2,7 @@
 //! within a tolerance for the products and norms, bit for bit for the rotary step and
 //! the learned positions (the CPU encoder's operations in its order).
 
-use crate::{assert_bits, down, gpu, poisoned, up, Rng};
+use crate::{assert_bits, down, gpu, poisoned, softmax_f64, up, Rng};
 use cuda::{DevBuf, Gpu, VisEpilogue, VisWeight};
 use half::f16;
 
@@ -176,24 +176,12 @@ fn vis_attention_matches_f64_softmax() {
         for i in 0..n {
             for hh in 0..heads {
                 let q = &qkv[i * 3 * h + hh * hd..][..hd];
-                let s: Vec<f64> = (0..n)
-                    .map(|j| {
-                        let k = &qkv[j * 3 * h + h + hh * hd..][..hd];
-                        q.iter()
-                            .zip(k)
-                            .map(|(&a, &b)| a as f64 * b as f64)
-                            .sum::<f64>()
-                            * scale
-                    })
-                    .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
-                let z: f64 = e.iter().sum();
+                let keys = (0..n).map(|j| &qkv[j * 3 * h + h + hh * hd..][..hd]);
+                let w = softmax_f64(q, keys, scale);
                 for dd in 0..hd {
                     let want: f64 = (0..n)
-                        .map(|j| e[j] * qkv[j * 3 * h + 2 * h + hh * hd + dd] as f64)
-                        .sum::<f64>()
-                        / z;
+                        .map(|j| w[j] * qkv[j * 3 * h + 2 * h + hh * hd + dd] as f64)
+                        .sum::<f64>();
                     let gv = got[i * h + hh * hd + dd] as f64;
                     assert!(
                         (gv - want).abs() < 2e-5,
