@@ -6,8 +6,8 @@
 //! cargo run ... --example encode_image_gpu -- --synth-q35 OUT.gguf [ROWS]
 //! ```
 //!
-//! The image is random pixels at the given size (multiples of 32 pixels: the patch grid
-//! the processor resizes to), so no decoder runs: the time is the encoder's, from the
+//! The image is random pixels at the given size, rounded up to whole merged patches as the
+//! processor resizes (3840x2160 runs as 3840x2176), so no decoder runs: the time is the encoder's, from the
 //! pixels on the host to the merged rows on the host. Prints the first run (it includes
 //! nothing the later ones do not) and the best of RUNS (default 5).
 //! `--synth-q35` writes a random-weights mmproj (F16) at Qwen3.5/3.6-35B-A3B's encoder
@@ -193,11 +193,9 @@ fn main() {
         .split_once('x')
         .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
         .expect("WIDTHxHEIGHT");
+    // The sides the preprocessing would give: whole merged patches (3840x2160 -> 3840x2176).
     let unit = c.patch_size * c.merge;
-    assert!(
-        wd % unit == 0 && ht % unit == 0,
-        "sides must be multiples of {unit}"
-    );
+    let (wd, ht) = (wd.div_ceil(unit) * unit, ht.div_ceil(unit) * unit);
     let (gh, gw) = (ht / c.patch_size, wd / c.patch_size);
     let mut rng = Rng(42);
     let img = PreparedImage {
@@ -216,7 +214,10 @@ fn main() {
     let mut out = None;
     for _ in 0..runs.max(1) {
         let t = Instant::now();
-        out = Some(g.encode(&m, &img).expect("encode"));
+        out = Some(g.encode(&m, &img).unwrap_or_else(|e| {
+            eprintln!("image {wd}x{ht}: {e}");
+            std::process::exit(1)
+        }));
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let best = times.iter().cloned().fold(f64::MAX, f64::min);
