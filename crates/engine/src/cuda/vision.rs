@@ -46,8 +46,9 @@ impl ScratchSize {
         let c = model.config();
         let w = model.weights();
         let m2 = c.merge * c.merge;
-        let f = 4u64; // bytes of an f32 or an i32
-                      // x [n][h], qkv [n][3h], cos and sin [n][hd/2], four taps (index, weight) a patch.
+        // Bytes of an f32 or an i32.
+        let f = 4u64;
+        // x [n][h], qkv [n][3h], cos and sin [n][hd/2], four taps (index, weight) a patch.
         let per_patch = f * (4 * c.hidden + c.head_dim() + 8) as u64;
         let merged = chunk / m2;
         // pixels, xn, u (the MLP's inner rows, then the merger's), out.
