@@ -25,7 +25,7 @@
 # The kernels are built for sm_90 only (the GPU machine's H200; every executable
 # embeds them, and the archive must stay small) unless SCORIA_CUDA_ARCHS says otherwise.
 # The other test targets run on the CPU alone and are left to the ordinary test run.
-GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch engine-sched engine-spec engine-vision engine-faults_gpu"
+GPU_TARGETS="cuda-gpu_kernels engine-gpu engine-invariants engine-parity engine-batch engine-sched engine-spec engine-vision engine-faults_gpu engine-nvfp4_scales"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Where cargo puts what it builds: `target/` unless CARGO_TARGET_DIR or a cargo config

@@ -98,36 +98,56 @@ fn unsupported_type_is_refused_by_name() {
     );
 }
 
+/// `tiny` with `extra` tensors added.
+fn with_extra(dir: &Path, name: &str, extra: &[InMemoryTensor]) -> PathBuf {
+    let src = tiny(dir);
+    let dst = dir.join(name);
+    rewrite(&src, &dst, |_, ty, data| Some((ty, data.to_vec())), extra);
+    dst
+}
+
 /// An NVFP4 file converted from an FP4 checkpoint carries each matrix's second-level
-/// scale (`<matrix>.scale`), a factor on its product: refused by name, never ignored.
+/// scale (`<matrix>.scale`), applied to the matrix's products (tests/nvfp4_scales.rs).
+/// One the engine could not apply, or of the wrong size or value, is refused by name.
 #[test]
-fn second_level_scales_are_refused_by_name() {
+fn second_level_scales_it_cannot_apply_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let src = tiny(dir.path());
-    let dst = dir.path().join("scaled.gguf");
-    let n_expert = GgufFile::open(&src)
+    let n_expert = GgufFile::open(&tiny(dir.path()))
         .expect("open")
         .tensor("blk.1.ffn_up_exps.weight")
         .expect("experts")
-        .dims[2];
-    let data: Vec<u8> = (0..n_expert).flat_map(|_| 0.5f32.to_le_bytes()).collect();
-    let scale = InMemoryTensor {
-        name: "blk.1.ffn_up_exps.scale",
-        dims: &[n_expert],
-        ty: GgmlType::F32,
-        data: &data,
-    };
-    rewrite(
-        &src,
-        &dst,
-        |_, ty, data| Some((ty, data.to_vec())),
-        &[scale],
-    );
-    let e = load_err(&dst);
-    assert!(
-        e.contains("blk.1.ffn_up_exps.scale") && e.contains("not applied"),
-        "{e}"
-    );
+        .dims[2] as usize;
+    let one = 0.5f32.to_le_bytes();
+    let two: Vec<u8> = [0.5f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let nan = f32::NAN.to_le_bytes();
+    let cases: [(&str, &[u64], &[u8], &str); 4] = [
+        // A norm is read as a vector: no product to apply it to.
+        (
+            "blk.0.attn_norm.scale",
+            &[1],
+            &one,
+            "without a matrix product",
+        ),
+        ("token_embd.scale", &[1], &one, "without a matrix product"),
+        // Neither one value nor one per expert.
+        ("blk.1.ffn_up_exps.scale", &[2], &two, "one per expert"),
+        ("blk.1.attn_q.scale", &[1], &nan, "NaN"),
+    ];
+    assert_ne!(n_expert, 2);
+    for (name, dims, data, says) in cases {
+        let path = with_extra(
+            dir.path(),
+            "scaled.gguf",
+            &[InMemoryTensor {
+                name,
+                dims,
+                ty: GgmlType::F32,
+                data,
+            }],
+        );
+        let e = load_err(&path);
+        assert!(e.contains(name) && e.contains(says), "{name}: {e}");
+    }
 }
 
 #[test]

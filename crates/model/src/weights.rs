@@ -19,6 +19,10 @@ pub struct Weight {
     pub ty: GgmlType,
     /// ggml order: dims[0] is the row length.
     pub dims: Vec<usize>,
+    /// The matrix's second-level scale (`<matrix>.scale`, as NVFP4 files converted from
+    /// NVIDIA's FP4 checkpoints carry): a factor on every product with it, one value
+    /// for a matrix or for every expert of a stack, or one per expert. `None`: 1.
+    scale: Option<Arc<[f32]>>,
 }
 
 impl std::fmt::Debug for Weight {
@@ -28,6 +32,14 @@ impl std::fmt::Debug for Weight {
 }
 
 impl Weight {
+    /// The factor on each product with matrix `e` (expert e of a stack, 0 for a
+    /// matrix) when the file gives one: the product's values are multiplied by it,
+    /// one f32 multiplication each, before anything else reads them.
+    pub fn scale(&self, e: usize) -> Option<f32> {
+        self.scale
+            .as_ref()
+            .map(|s| if s.len() == 1 { s[0] } else { s[e] })
+    }
     /// The file the tensor lives in (offsets and shard paths for direct reads).
     pub fn file(&self) -> &Arc<GgufFile> {
         &self.file
@@ -71,6 +83,8 @@ pub struct Loader<'a> {
     file: &'a Arc<GgufFile>,
     /// Names of the tensors handed out (what the tests check against the file).
     read: RefCell<BTreeSet<String>>,
+    /// The `.scale` tensors attached to the matrices handed out.
+    scales: RefCell<BTreeSet<String>>,
 }
 
 impl<'a> Loader<'a> {
@@ -78,6 +92,7 @@ impl<'a> Loader<'a> {
         Loader {
             file,
             read: RefCell::new(BTreeSet::new()),
+            scales: RefCell::new(BTreeSet::new()),
         }
     }
 
@@ -117,6 +132,7 @@ impl<'a> Loader<'a> {
             name: name.to_string(),
             ty: t.ty,
             dims: found,
+            scale: None,
         })
     }
 
@@ -127,6 +143,80 @@ impl<'a> Loader<'a> {
             Ok(None)
         }
     }
+
+    /// `w` with its second-level scale attached when the file has one: `<stem>.scale`
+    /// beside `<stem>.weight` (llama.cpp's converter), or `<name>.scale`. One value, or
+    /// for a stack of experts one per expert; finite.
+    fn scaled(&self, mut w: Weight) -> Result<Weight, ModelError> {
+        let Some(name) = scale_names(&w.name).into_iter().find(|n| self.has(n)) else {
+            return Ok(w);
+        };
+        let n_mat = w.dims.get(2).copied().unwrap_or(1);
+        let t = self.file.tensor(&name).expect("found above");
+        let found: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+        let n: usize = found.iter().product();
+        let float = matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        if !float || (n != 1 && n != n_mat) {
+            let per = if n_mat > 1 {
+                format!(" or {n_mat} (one per expert)")
+            } else {
+                String::new()
+            };
+            return Err(ModelError::Unsupported(format!(
+                "tensor `{name}`: the second-level scale of `{}` should be 1{per} F32 \
+                 values, the file has {} {found:?}: the file is damaged or from a \
+                 converter scoria does not know; convert it again",
+                w.name, t.ty
+            )));
+        }
+        let s = self.get(&name, &[n])?.to_f32();
+        if let Some(i) = s.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Unsupported(format!(
+                "tensor `{name}`: value {i} is {}, not a scale: the file is damaged; convert it again",
+                s[i]
+            )));
+        }
+        self.scales.borrow_mut().insert(name);
+        w.scale = Some(s.into());
+        Ok(w)
+    }
+}
+
+/// Refuses a second-level scale the loader read the tensor of but did not attach (a
+/// scale on an embedding, a norm or another vector): no product applies it, so the
+/// file would compute wrong outputs. Scales of tensors not read (an MTP block past the
+/// first) are not looked at.
+fn unapplied_scales(l: &Loader) -> Result<(), ModelError> {
+    let read = l.read.borrow();
+    let scales = l.scales.borrow();
+    for t in l.file().tensors() {
+        let Some(base) = t.name.strip_suffix(".scale") else {
+            continue;
+        };
+        let of = [format!("{base}.weight"), base.to_string()]
+            .into_iter()
+            .find(|n| read.contains(n));
+        if let (Some(of), false) = (of, scales.contains(&t.name)) {
+            return Err(ModelError::Unsupported(format!(
+                "tensor `{}`: a second-level scale on `{of}`, which scoria reads without \
+                 a matrix product (an embedding or a vector), so it would not be applied; \
+                 this file is not one scoria can run correctly",
+                t.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Where a matrix's second-level scale may be stored: `<stem>.scale` for
+/// `<stem>.weight`, and `<name>.scale`.
+fn scale_names(name: &str) -> Vec<String> {
+    let mut names = Vec::with_capacity(2);
+    if let Some(stem) = name.strip_suffix(".weight") {
+        names.push(format!("{stem}.scale"));
+    }
+    names.push(format!("{name}.scale"));
+    names
 }
 
 /// The tensors of the trunk or of one block, named and shaped by the arch's table.
@@ -155,9 +245,10 @@ impl Tensors<'_> {
             .is_some_and(|d| self.block.is_none() || d.when.applies(kind, self.cfg))
     }
 
-    /// A matrix the kernels multiply by: its rows must be ones the CPU dot kernels run.
+    /// A matrix the kernels multiply by: its rows must be ones the CPU dot kernels run;
+    /// its second-level scale attached when the file has one.
     fn get(&self, id: TensorId) -> Result<Weight, ModelError> {
-        kernel_rows(self.lookup(id)?)
+        self.l.scaled(kernel_rows(self.lookup(id)?)?)
     }
 
     fn lookup(&self, id: TensorId) -> Result<Weight, ModelError> {
@@ -171,7 +262,7 @@ impl Tensors<'_> {
         if d.optional {
             self.l
                 .opt(&d.name_in(self.block), &d.dims(self.cfg))?
-                .map(kernel_rows)
+                .map(|w| self.l.scaled(kernel_rows(w)?))
                 .transpose()
         } else {
             self.get(id).map(Some)
@@ -325,20 +416,6 @@ impl ModelWeights {
                     ty: t.ty,
                 });
             }
-            // NVFP4 files converted from NVIDIA's FP4 checkpoints keep each matrix's
-            // second-level scale beside it (`<matrix>.scale`, one per tensor or per
-            // expert), a factor on the matrix's product that no kernel here applies: such
-            // a file would load and compute wrong outputs. (`.input_scale` tensors are
-            // calibration data no product uses.)
-            if t.name.ends_with(".scale") {
-                return Err(ModelError::Unsupported(format!(
-                    "tensor `{}`: per-tensor output scales (NVFP4's second-level scale, \
-                     written when NVIDIA's FP4 checkpoints are converted) are not applied \
-                     by scoria yet; use a file quantized from the BF16 weights instead \
-                     (llama-quantize, any supported type, NVFP4 included)",
-                    t.name
-                )));
-            }
         }
         let table = tensors::table(cfg.arch);
         let trunk = Tensors {
@@ -347,7 +424,9 @@ impl ModelWeights {
             cfg,
             block: None,
         };
-        let token_embd = trunk.get(TensorId::TokenEmbd)?;
+        // Embedding rows are read, not multiplied by: no scale (a file that gives
+        // `token_embd` one is refused below, as llama.cpp would ignore it).
+        let token_embd = kernel_rows(trunk.lookup(TensorId::TokenEmbd)?)?;
         let output = match trunk.opt(TensorId::Output)? {
             Some(w) => w,
             None => token_embd.clone(),
@@ -388,6 +467,7 @@ impl ModelWeights {
         } else {
             None
         };
+        unapplied_scales(l)?;
         Ok(ModelWeights {
             token_embd,
             output_norm,

@@ -459,22 +459,29 @@ impl CpuBackend {
         out
     }
 
+    /// out = x · Wᵀ, times the matrix's second-level scale when it has one.
     pub(crate) fn mm_weight(&self, w: &Weight, x: &Act) -> Act {
         let xq = self.prepare(&[w.ty], x);
-        self.mm(w.ty, w.bytes(), w.n_rows(), x, &xq)
+        let mut out = self.mm(w.ty, w.bytes(), w.n_rows(), x, &xq);
+        apply_scale(&mut out.data, w.scale(0));
+        out
     }
 
     /// Several weights applied to one input (a layer's projections of the same
     /// rows): for a single row, one parallel region for all of them (bit-identical
     /// to calling `mm` for each, without a fork-join per small matrix); one quantized
-    /// copy of the input serves every weight.
+    /// copy of the input serves every weight. Each output is scaled as by `mm_weight`.
     pub(crate) fn mm_many(&self, x: &Act, weights: &[&Weight]) -> Vec<Act> {
         let types: Vec<quant::GgmlType> = weights.iter().map(|m| m.ty).collect();
         let xq = self.prepare(&types, x);
         if x.rows != 1 {
             return weights
                 .iter()
-                .map(|m| self.mm(m.ty, m.bytes(), m.n_rows(), x, &xq))
+                .map(|m| {
+                    let mut out = self.mm(m.ty, m.bytes(), m.n_rows(), x, &xq);
+                    apply_scale(&mut out.data, m.scale(0));
+                    out
+                })
                 .collect();
         }
         let empty = quant::ActQ8::default();
@@ -492,7 +499,20 @@ impl CpuBackend {
             })
             .collect();
         self.matvecs(&mut jobs);
+        for (o, m) in outs.iter_mut().zip(weights) {
+            apply_scale(&mut o.data, m.scale(0));
+        }
         outs
+    }
+}
+
+/// A product's values times its matrix's second-level scale (`model::Weight::scale`),
+/// one f32 multiplication each, when the matrix has one (the GPU refuses such files).
+pub(crate) fn apply_scale(out: &mut [f32], scale: Option<f32>) {
+    if let Some(s) = scale {
+        for v in out {
+            *v *= s;
+        }
     }
 }
 

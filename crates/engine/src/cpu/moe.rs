@@ -9,7 +9,7 @@
 //! those of a step without them, by the same invariant).
 
 use super::tier::LayerExperts;
-use super::{each_row, Act, CpuBackend, PARALLEL_ROWS};
+use super::{apply_scale, each_row, Act, CpuBackend, PARALLEL_ROWS};
 use model::math::{sigmoid, silu_mul};
 use model::moe::route;
 use model::weights::MoeWeights;
@@ -160,7 +160,7 @@ fn experts(
             for (i, &(t, _)) in toks.iter().enumerate() {
                 xe.row_mut(i).copy_from_slice(x.row(t));
             }
-            expert_ffn(b, w, src.mats(w, ex), &xe, cfg.n_ff_exp)
+            expert_ffn(b, w, ex, src.mats(w, ex), &xe, cfg.n_ff_exp)
         })
         .collect();
     // Where each (token, rank) output is: (index into `results`, row).
@@ -205,8 +205,8 @@ fn few_tokens(
 ) -> Act {
     let (e, f) = (cfg.n_embd, cfg.n_ff_exp);
     // Each token's experts, token after token: its routed ones in rank order, then
-    // the shared expert; each as its (type, bytes, rows) gate, up and down.
-    type Mat<'a> = (quant::GgmlType, &'a [u8], usize);
+    // the shared expert; each as its (type, bytes, rows, scale) gate, up and down.
+    type Mat<'a> = (quant::GgmlType, &'a [u8], usize, Option<f32>);
     let per = routes.first().map_or(0, Vec::len) + usize::from(w.shared.is_some());
     let mut experts: Vec<(usize, [Mat; 3])> = Vec::with_capacity(per * x.rows);
     for (t, r) in routes.iter().enumerate() {
@@ -215,14 +215,14 @@ fn few_tokens(
             (
                 t,
                 [
-                    (w.gate_exps.ty, g, f),
-                    (w.up_exps.ty, u, f),
-                    (w.down_exps.ty, d, e),
+                    (w.gate_exps.ty, g, f, w.gate_exps.scale(ex)),
+                    (w.up_exps.ty, u, f, w.up_exps.scale(ex)),
+                    (w.down_exps.ty, d, e, w.down_exps.scale(ex)),
                 ],
             )
         }));
         if let Some(sh) = &w.shared {
-            let m = [&sh.gate, &sh.up, &sh.down].map(|m| (m.ty, m.bytes(), m.n_rows()));
+            let m = [&sh.gate, &sh.up, &sh.down].map(|m| (m.ty, m.bytes(), m.n_rows(), m.scale(0)));
             experts.push((t, m));
         }
     }
@@ -238,7 +238,7 @@ fn few_tokens(
         let mut jobs = Vec::with_capacity(2 * experts.len());
         for ((t, m), pair) in experts.iter().zip(pairs.iter_mut()) {
             let (g, u) = pair.split_at_mut(m[0].2);
-            for ((ty, bytes, _), out) in [(m[0], g), (m[1], u)] {
+            for ((ty, bytes, _, _), out) in [(m[0], g), (m[1], u)] {
                 jobs.push(quant::MatvecJob {
                     ty,
                     w: bytes,
@@ -260,6 +260,8 @@ fn few_tokens(
     quant::par::for_each_mut(&mut acts, |i, (pair, q)| {
         let m = &experts[i].1;
         let (g, u) = pair.split_at_mut(m[0].2);
+        apply_scale(g, m[0].3);
+        apply_scale(u, m[1].3);
         silu_mul(g, u);
         *q = b.quantized(&[m[2].0], g);
     });
@@ -279,6 +281,9 @@ fn few_tokens(
             })
             .collect();
         b.matvecs(&mut jobs);
+    }
+    for ((_, m), out) in experts.iter().zip(downs.chunks_mut(e)) {
+        apply_scale(out, m[2].3);
     }
     // Each token's shared-expert gate, then the combination in column pieces in
     // parallel (each value's sum keeps its order, so the pieces do not change it).
@@ -364,15 +369,27 @@ fn swiglu(g: &Act, u: &Act) -> Act {
     out
 }
 
-/// down_e(silu(gate_e x) ⊙ up_e x) for the rows of `xe`, given expert e's gate, up
-/// and down bytes.
-fn expert_ffn(b: &CpuBackend, w: &MoeWeights, mats: [&[u8]; 3], xe: &Act, n_ff: usize) -> Act {
+/// down_e(silu(gate_e x) ⊙ up_e x) for the rows of `xe`, given expert `ex`'s gate,
+/// up and down bytes; each product times its matrix's scale for `ex` when the file
+/// gives them.
+fn expert_ffn(
+    b: &CpuBackend,
+    w: &MoeWeights,
+    ex: usize,
+    mats: [&[u8]; 3],
+    xe: &Act,
+    n_ff: usize,
+) -> Act {
     let xq = b.prepare(&[w.gate_exps.ty, w.up_exps.ty], xe);
-    let g = b.mm(w.gate_exps.ty, mats[0], n_ff, xe, &xq);
-    let u = b.mm(w.up_exps.ty, mats[1], n_ff, xe, &xq);
+    let mut g = b.mm(w.gate_exps.ty, mats[0], n_ff, xe, &xq);
+    apply_scale(&mut g.data, w.gate_exps.scale(ex));
+    let mut u = b.mm(w.up_exps.ty, mats[1], n_ff, xe, &xq);
+    apply_scale(&mut u.data, w.up_exps.scale(ex));
     let act = swiglu(&g, &u);
     let aq = b.prepare(&[w.down_exps.ty], &act);
-    b.mm(w.down_exps.ty, mats[2], xe.cols, &act, &aq)
+    let mut d = b.mm(w.down_exps.ty, mats[2], xe.cols, &act, &aq);
+    apply_scale(&mut d.data, w.down_exps.scale(ex));
+    d
 }
 
 /// One matrix–vector product of [`TokenExperts`]: a matrix of one type (rows of

@@ -332,8 +332,20 @@ pub(crate) fn check_tensors(w: &ModelWeights) -> Result<(), ExecError> {
 
 /// The GPU kernels read rows in 32-value groups (the activation's quantization
 /// blocks): a row of another width is refused at load by tensor name, before anything
-/// runs (the CPU executor runs it); so is a type the kernels do not read.
+/// runs (the CPU executor runs it); so is a type the kernels do not read, and a
+/// matrix with a second-level scale, which no kernel here applies yet.
 fn check_width(w: &Weight) -> Result<(), ExecError> {
+    if w.scale(0).is_some() {
+        return Err(ExecError::new(
+            "upload weights",
+            format!(
+                "{}: has a second-level scale (an NVFP4 file converted from an FP4 \
+                 checkpoint), which the CUDA kernels do not apply yet; run this model on \
+                 the CPU (--device cpu)",
+                w.name
+            ),
+        ));
+    }
     if !cuda::supports_type(w.ty) {
         return Err(ExecError::new(
             "upload weights",

@@ -1,0 +1,219 @@
+//! NVFP4 files converted from NVIDIA's FP4 checkpoints carry each matrix's
+//! second-level scale beside it (`<stem>.scale`: one value a matrix, one per expert
+//! for a stack), a factor on every product with the matrix. The CPU applies it after
+//! the product, one f32 multiplication per value, on every path.
+//!
+//! The check compares bytes. A file whose scale bytes are multiplied by a power of
+//! two 2^k, exactly (every e4m3 scale byte of the synthetic weights has one that is
+//! 2^k times it), computes products exactly 2^k times the original's (every float
+//! operation of the canonical dot is a product or sum of the block scales' multiples),
+//! so it must give the same bits as the original blocks with a scale of 2^k, if the
+//! scale is applied to the right product of the right expert and nowhere else. The
+//! powers differ between matrices and between the experts of a stack, so a scale
+//! taken from the wrong expert, applied twice or left out shows.
+
+mod common;
+
+use common::{bits, decode, synth_tiny};
+use engine::{Device, Engine, EngineConfig};
+use gguf::{GgmlType, GgufFile, InMemoryTensor};
+use model::synth::Preset;
+use std::path::Path;
+
+/// An NVFP4 block: 4 scale bytes (unsigned e4m3, one a 16-value group), 32 bytes of
+/// nibbles.
+const BLOCK: usize = 36;
+
+/// What an NVFP4 scale byte multiplies (up to the format's constant halving): 0 for
+/// 0x00 and 0x7F, `m · 2^-10` for exponent 0, else `(8 + m) · 2^(e − 11)`.
+fn ue4m3(b: u8) -> f64 {
+    let (e, m) = ((b >> 3) & 0xF, f64::from(b & 7));
+    match b {
+        0 | 0x7F => 0.0,
+        _ if e == 0 => m * 2f64.powi(-10),
+        _ => (8.0 + m) * 2f64.powi(i32::from(e) - 11),
+    }
+}
+
+/// The scale byte worth 2^k times `b`, when e4m3 has one (zero stays zero).
+fn times_pow2(b: u8, k: i32) -> Option<u8> {
+    let want = ue4m3(b) * 2f64.powi(k);
+    if want == 0.0 {
+        return Some(b);
+    }
+    (1..0x7Fu8).find(|&c| ue4m3(c) == want)
+}
+
+/// The power of two each matrix gets: 1 to 3 by tensor and expert, lowered until every
+/// scale byte of the matrix has its multiple.
+fn power_for(data: &[u8], seed: usize) -> i32 {
+    let mut k = 1 + (seed % 3) as i32;
+    while k > 0
+        && !data
+            .chunks_exact(BLOCK)
+            .all(|blk| blk[..4].iter().all(|&b| times_pow2(b, k).is_some()))
+    {
+        k -= 1;
+    }
+    k
+}
+
+/// From an NVFP4 file `src`: `scaled`, its blocks with every matrix's scale 2^k as a
+/// `.scale` tensor, and `folded`, the blocks with their scale bytes multiplied by 2^k
+/// and no scales. The LM head's scale is stored as `output.weight.scale` (the other
+/// naming converters use), the rest as `<stem>.scale`. Returns how many matrices got a
+/// factor other than 1.
+fn scaled_and_folded(src: &Path, scaled: &Path, folded: &Path) -> usize {
+    let f = GgufFile::open(src).expect("open");
+    let kvs: Vec<(&str, gguf::Value)> = f
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    let mut folded_data: Vec<Vec<u8>> = Vec::new();
+    let mut scales: Vec<(String, Vec<u64>, Vec<u8>)> = Vec::new();
+    let mut changed = 0;
+    for (ti, t) in f.tensors().iter().enumerate() {
+        let data = f.tensor_data(t);
+        // Embedding rows are looked up, not multiplied by: converters give them no
+        // scale (the loader refuses one).
+        if t.ty != GgmlType::NVFP4 || t.name == "token_embd.weight" {
+            folded_data.push(data.to_vec());
+            continue;
+        }
+        let n_mat = t.dims.get(2).copied().unwrap_or(1) as usize;
+        let per = data.len() / n_mat;
+        let mut out = data.to_vec();
+        let mut values = Vec::with_capacity(4 * n_mat);
+        for (m, chunk) in out.chunks_mut(per).enumerate() {
+            let k = power_for(chunk, 7 * ti + m);
+            changed += usize::from(k != 0);
+            for blk in chunk.chunks_exact_mut(BLOCK) {
+                for b in &mut blk[..4] {
+                    *b = times_pow2(*b, k).expect("checked by power_for");
+                }
+            }
+            values.extend_from_slice(&2f32.powi(k).to_le_bytes());
+        }
+        folded_data.push(out);
+        let name = match t.name.strip_suffix(".weight") {
+            Some(stem) if t.name != "output.weight" => format!("{stem}.scale"),
+            _ => format!("{}.scale", t.name),
+        };
+        scales.push((name, vec![n_mat as u64], values));
+    }
+    let same: Vec<InMemoryTensor> = f
+        .tensors()
+        .iter()
+        .map(|t| InMemoryTensor {
+            name: &t.name,
+            dims: &t.dims,
+            ty: t.ty,
+            data: f.tensor_data(t),
+        })
+        .chain(scales.iter().map(|(name, dims, data)| InMemoryTensor {
+            name,
+            dims,
+            ty: GgmlType::F32,
+            data,
+        }))
+        .collect();
+    gguf::write_file(scaled, &kvs, &same).expect("write scaled");
+    let folded_tensors: Vec<InMemoryTensor> = f
+        .tensors()
+        .iter()
+        .zip(&folded_data)
+        .map(|(t, data)| InMemoryTensor {
+            name: &t.name,
+            dims: &t.dims,
+            ty: t.ty,
+            data,
+        })
+        .collect();
+    gguf::write_file(folded, &kvs, &folded_tensors).expect("write folded");
+    changed
+}
+
+fn cpu(ram_budget: Option<u64>) -> EngineConfig {
+    EngineConfig {
+        device: Some(Device::Cpu),
+        ram_budget,
+        max_context: Some(512),
+        ..EngineConfig::default()
+    }
+}
+
+/// A prompt's logits at every position (the prompt path, experts grouped by token
+/// once there are enough rows) and a greedy continuation's (single-token steps).
+fn run(path: &Path, cfg: &EngineConfig) -> (Vec<u32>, Vec<Vec<u32>>, Vec<u32>) {
+    let mut eng = Engine::load(path, cfg).expect("load");
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 500).collect();
+    let all = eng.logits_all(&prompt).expect("logits_all");
+    let (tokens, logits) = decode(&mut eng, &prompt[..9], 12);
+    (bits(&all), logits.iter().map(|l| bits(l)).collect(), tokens)
+}
+
+#[test]
+fn scales_apply_to_every_product_on_the_cpu() {
+    for arch in model::geometry::ARCHS {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = synth_tiny(dir.path(), arch, Preset::Uniform(GgmlType::NVFP4), 5);
+        let (scaled, folded) = (
+            dir.path().join("scaled.gguf"),
+            dir.path().join("folded.gguf"),
+        );
+        let changed = scaled_and_folded(&src, &scaled, &folded);
+        assert!(changed > 10, "{arch:?}: only {changed} matrices scaled");
+        let want = run(&folded, &cpu(None));
+        let got = run(&scaled, &cpu(None));
+        assert!(want.0 == got.0, "{arch:?}: prompt logits differ");
+        assert!(want.1 == got.1, "{arch:?}: decode logits differ");
+        assert_eq!(want.2, got.2, "{arch:?}: tokens");
+        // Every routed expert read from the file by the RAM tier instead.
+        let tiered = run(&scaled, &cpu(Some(1)));
+        assert!(want == tiered, "{arch:?}: tiered differs from resident");
+    }
+}
+
+/// The CUDA kernels do not apply second-level scales yet: `--device cuda` refuses such
+/// a file naming a scaled tensor and the remedy, and with no `--device` the engine
+/// runs it on the CPU, with the CPU's bits.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_gpu_refuses_scales_and_auto_takes_the_cpu() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = synth_tiny(
+        dir.path(),
+        model::Arch::Qwen35Moe,
+        Preset::Uniform(GgmlType::NVFP4),
+        5,
+    );
+    let (scaled, folded) = (
+        dir.path().join("scaled.gguf"),
+        dir.path().join("folded.gguf"),
+    );
+    scaled_and_folded(&src, &scaled, &folded);
+    let cuda = EngineConfig {
+        device: Some(Device::Cuda(0)),
+        ..cpu(None)
+    };
+    let e = match Engine::load(&scaled, &cuda) {
+        Ok(_) => panic!("the GPU took a file with second-level scales"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("second-level scale") && e.contains("--device cpu"),
+        "{e}"
+    );
+    let auto = EngineConfig {
+        device: None,
+        ..cpu(None)
+    };
+    let eng = Engine::load(&scaled, &auto).expect("load with no --device");
+    assert_eq!(eng.device_report().device, Device::Cpu);
+    drop(eng);
+    assert!(run(&scaled, &auto) == run(&folded, &cpu(None)));
+}
