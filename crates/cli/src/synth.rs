@@ -18,7 +18,7 @@ pub struct SynthArgs {
     #[arg(long, short = 'g')]
     pub geometry: Option<String>,
     /// Quantization preset: q4_k_m, q8_0, f32, f16, bf16, a mix (ud_q2_k_xl, ud_q3_k_xl,
-    /// ud_iq2_xxs, mxfp4_moe) or one quantized type for every matrix (q2_k, iq2_xxs, ...;
+    /// ud_iq2_xxs, mxfp4_moe, nvfp4_scaled) or one quantized type for every matrix (q2_k, iq2_xxs, ...;
     /// `scoria synth --list` lists them).
     #[arg(long, short = 'q', default_value = "q4_k_m")]
     pub quant: String,

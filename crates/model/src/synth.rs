@@ -70,6 +70,11 @@ pub enum Mix {
     UdIq2Xxs,
     /// `llama-quantize MXFP4_MOE`: routed experts MXFP4, the rest Q8_0.
     Mxfp4Moe,
+    /// NVFP4 as llama.cpp's converter writes it from NVIDIA's FP4 checkpoints: every
+    /// matrix NVFP4 with its second-level scale beside it (`<stem>.scale`, one per
+    /// expert for a stack), the embedding and the LM head BF16 (the checkpoints leave
+    /// them unquantized).
+    Nvfp4Scaled,
 }
 
 /// The quantized types `--quant` takes by name, with the `general.file_type`
@@ -111,8 +116,8 @@ const fn uniform_entry(ty: GgmlType) -> (&'static str, u32) {
 }
 
 impl Preset {
-    pub const ALL: [Preset; 31] = {
-        let mut all = [Preset::Q4KM; 31];
+    pub const ALL: [Preset; 32] = {
+        let mut all = [Preset::Q4KM; 32];
         let head = [
             Preset::Q4KM,
             Preset::Q8_0,
@@ -123,6 +128,7 @@ impl Preset {
             Preset::Mix(Mix::UdQ3KXL),
             Preset::Mix(Mix::UdIq2Xxs),
             Preset::Mix(Mix::Mxfp4Moe),
+            Preset::Mix(Mix::Nvfp4Scaled),
         ];
         let mut i = 0;
         while i < head.len() {
@@ -150,6 +156,7 @@ impl Preset {
             Preset::Mix(Mix::UdQ3KXL) => "ud_q3_k_xl",
             Preset::Mix(Mix::UdIq2Xxs) => "ud_iq2_xxs",
             Preset::Mix(Mix::Mxfp4Moe) => "mxfp4_moe",
+            Preset::Mix(Mix::Nvfp4Scaled) => "nvfp4_scaled",
         }
     }
 
@@ -167,6 +174,7 @@ impl Preset {
             Preset::Mix(Mix::UdQ3KXL) => 12,
             Preset::Mix(Mix::UdIq2Xxs) => 19,
             Preset::Mix(Mix::Mxfp4Moe) => 38,
+            Preset::Mix(Mix::Nvfp4Scaled) => 39,
         }
     }
 

@@ -572,6 +572,10 @@ mod tests {
         let read = l.read.borrow();
         let table = tensors::table(cfg.arch);
         for t in file.tensors() {
+            // A second-level scale is read with its matrix (the test below).
+            if t.name.ends_with(".scale") {
+                continue;
+            }
             let (block, _) = table
                 .find(&t.name)
                 .unwrap_or_else(|| panic!("{}: {} is not in the table", path.display(), t.name));
@@ -650,6 +654,66 @@ mod tests {
                 }
                 assert_eq!(layer.moe.shared.is_some(), arch.is_hybrid());
             }
+            std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        }
+    }
+
+    /// The converted-checkpoint NVFP4 mix: every NVFP4 matrix of the trunk and the MTP
+    /// block gets its `.scale` (one per expert for a stack), and nothing else has one.
+    #[test]
+    fn second_level_scales_are_attached_to_their_matrices() {
+        for arch in ARCHS {
+            let g = Geometry::by_name(Some(arch), "tiny").unwrap();
+            let path = scratch(&format!("{}-scaled.gguf", g.name));
+            let opts = SynthOptions {
+                preset: Preset::Mix(synth::Mix::Nvfp4Scaled),
+                seed: 5,
+                sync: false,
+            };
+            synth::synthesize(&path, &g, &opts, &|_, _| {}).unwrap();
+            let file = Arc::new(GgufFile::open(&path).unwrap());
+            let cfg = ModelConfig::from_gguf(&file).unwrap();
+            let l = Loader::new(&file);
+            let w = ModelWeights::load_with(&l, &cfg).unwrap();
+            let mut mats: Vec<&Weight> = vec![&w.output, &w.token_embd];
+            let layers = w.layers.iter().chain(w.mtp.as_ref().map(|m| &m.layer));
+            for layer in layers {
+                match &layer.mixer {
+                    Mixer::Attention(a) => mats.extend([&a.q, &a.k, &a.v, &a.o]),
+                    Mixer::DeltaNet(d) => {
+                        mats.extend([&d.qkv, &d.gate, &d.out]);
+                        match &d.beta_alpha {
+                            BetaAlpha::Separate { beta, alpha } => mats.extend([beta, alpha]),
+                            BetaAlpha::Fused { w, .. } => mats.push(w),
+                        }
+                    }
+                }
+                let m = &layer.moe;
+                mats.extend([&m.router, &m.gate_exps, &m.up_exps, &m.down_exps]);
+                if let Some(sh) = &m.shared {
+                    mats.extend([&sh.gate, &sh.up, &sh.down]);
+                }
+            }
+            mats.extend(w.mtp.as_ref().map(|m| &m.eh_proj));
+            let mut scaled = 0;
+            for m in mats {
+                let n_mat = m.dims.get(2).copied().unwrap_or(1);
+                let want = m.ty == GgmlType::NVFP4;
+                assert_eq!(m.scale(0).is_some(), want, "{}", m.name);
+                if want {
+                    scaled += 1;
+                    let s = m.scale.as_ref().unwrap();
+                    assert_eq!(s.len(), n_mat, "{}", m.name);
+                    assert!(s.iter().all(|&v| v > 0.0 && v.is_finite()), "{}", m.name);
+                }
+            }
+            let in_file = file.tensors().iter().filter(|t| t.name.ends_with(".scale"));
+            let in_file: BTreeSet<String> = in_file.map(|t| t.name.clone()).collect();
+            assert_eq!(in_file.len(), scaled, "{}", g.name);
+            assert_eq!(*l.scales.borrow(), in_file, "{}", g.name);
+            drop(w);
+            drop(l);
+            drop(file);
             std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
         }
     }

@@ -160,6 +160,10 @@ fn expected_type(name: &str, dims: &[u64], preset: Preset, n_blocks: i64) -> Ggm
             let routed = name.contains("_exps.");
             let down = name.contains("ffn_down_exps");
             match m {
+                Mix::Nvfp4Scaled if name == "token_embd.weight" || name == "output.weight" => {
+                    GgmlType::BF16
+                }
+                Mix::Nvfp4Scaled if dims[0].is_multiple_of(64) => GgmlType::NVFP4,
                 Mix::Mxfp4Moe if routed => GgmlType::MXFP4,
                 Mix::Mxfp4Moe => GgmlType::Q8_0,
                 _ if name == "token_embd.weight" => GgmlType::Q4_K,
@@ -295,9 +299,25 @@ fn check_file(path: &Path, g: &Geometry, preset: Preset, seed: u64) {
         .and_then(Value::as_str)
         .is_some_and(|t| t.contains("im_start")));
 
-    // tensors: exactly the expected set, shapes and types
-    let mut want = expected_tensors(g);
+    // tensors: exactly the expected set, shapes and types (with an NVFP4 matrix's
+    // second-level scale beside it in the converted-checkpoint mix)
     let n_blocks = i64::from(g.block_count());
+    let mut want = expected_tensors(g);
+    if preset == Preset::Mix(Mix::Nvfp4Scaled) {
+        let scales: Vec<(String, Vec<u64>)> = want
+            .iter()
+            .filter(|(n, d)| expected_type(n, d, preset, n_blocks) == GgmlType::NVFP4)
+            .map(|(n, d)| {
+                let stem = n.strip_suffix(".weight").unwrap();
+                (
+                    format!("{stem}.scale"),
+                    vec![d.get(2).copied().unwrap_or(1)],
+                )
+            })
+            .collect();
+        assert!(scales.len() > 10, "{} scales", scales.len());
+        want.extend(scales);
+    }
     assert_eq!(f.tensors().len(), want.len(), "tensor count");
     want.sort();
     let mut got: Vec<(String, Vec<u64>)> = f

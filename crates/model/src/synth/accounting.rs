@@ -109,14 +109,20 @@ impl Classifier {
         }
     }
 
-    /// Every tensor of an MTP block is `Mtp`; others go by role, `Other` if unlisted.
+    /// Every tensor of an MTP block is `Mtp`; others go by role, `Other` if unlisted; a
+    /// matrix's second-level scale (`<stem>.scale`) by its matrix's.
     pub fn classify(&self, name: &str) -> Group {
         if let (Some(b), Some(start)) = (block_of(name), self.nextn_start) {
             if b >= start {
                 return Group::Mtp;
             }
         }
-        self.role(name).map_or(Group::Other, Group::of)
+        let role = self.role(name).or_else(|| {
+            let stem = name.strip_suffix(".scale")?;
+            self.role(&format!("{stem}.weight"))
+                .or_else(|| self.role(stem))
+        });
+        role.map_or(Group::Other, Group::of)
     }
 }
 

@@ -34,7 +34,7 @@ impl Init {
     }
 
     /// The standard deviation of a zero-centred uniform init (what quantized blocks target).
-    fn zero_mean_std(&self) -> Option<f32> {
+    pub(crate) fn zero_mean_std(&self) -> Option<f32> {
         match *self {
             Init::Uniform {
                 center: 0.0,

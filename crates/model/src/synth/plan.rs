@@ -110,11 +110,16 @@ pub fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
 /// | `token_embd` | Q4_K | Q4_K | Q4_K | Q8_0 |
 /// | `output` | Q6_K | Q6_K | Q6_K | Q8_0 |
 ///
-/// (`MXFP4_MOE` is llama-quantize's own rule: MXFP4 experts, Q8_0 elsewhere.)
+/// (`MXFP4_MOE` is llama-quantize's own rule: MXFP4 experts, Q8_0 elsewhere.
+/// `nvfp4_scaled` is not a quantizer's choice but what llama.cpp's converter writes from
+/// NVIDIA's FP4 checkpoints: every matrix NVFP4 with its `.scale` ([`second_level`]),
+/// the embedding and the LM head BF16, as the checkpoints leave them.)
 pub fn mix_type(m: Mix, role: Role) -> GgmlType {
     use crate::tensors::ExpertMatrix as E;
     use GgmlType as T;
     match (m, role) {
+        (Mix::Nvfp4Scaled, Role::Embedding | Role::Output) => T::BF16,
+        (Mix::Nvfp4Scaled, _) => T::NVFP4,
         (Mix::Mxfp4Moe, Role::RoutedExpert(_)) => T::MXFP4,
         (Mix::Mxfp4Moe, _) => T::Q8_0,
         (_, Role::Embedding) => T::Q4_K,
@@ -273,14 +278,50 @@ pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> 
                 ty,
             });
         }
-        out.push(TensorSpec {
-            name: d.name,
-            dims,
-            ty,
-            init,
-        });
+        if preset == Preset::Mix(Mix::Nvfp4Scaled) && ty == GgmlType::NVFP4 {
+            let (init, scale) = second_level(&d.name, &dims, init);
+            out.push(scale);
+            out.push(TensorSpec {
+                name: d.name,
+                dims,
+                ty,
+                init,
+            });
+        } else {
+            out.push(TensorSpec {
+                name: d.name,
+                dims,
+                ty,
+                init,
+            });
+        }
     }
+    out.sort_by(|a, b| quantize_order(&a.name, &b.name));
     Ok(out)
+}
+
+/// The standard deviation an NVFP4 matrix of [`Mix::Nvfp4Scaled`] is drawn at, its
+/// second-level scale bringing it back to its init's: mid-range e4m3 block scales, as
+/// a checkpoint's per-tensor scale puts them.
+const SCALED_STD: f32 = 128.0;
+
+/// A matrix's init under [`Mix::Nvfp4Scaled`] and its `.scale` tensor: the values
+/// drawn at [`SCALED_STD`], times a scale per matrix (per expert for a stack) of about
+/// std / SCALED_STD (±25%, as checkpoints' experts differ).
+fn second_level(name: &str, dims: &[u64], init: Init) -> (Init, TensorSpec) {
+    let std = init.zero_mean_std().unwrap_or(1.0);
+    let s = std / SCALED_STD;
+    let stem = name.strip_suffix(".weight").unwrap_or(name);
+    let scale = TensorSpec {
+        name: format!("{stem}.scale"),
+        dims: vec![dims.get(2).copied().unwrap_or(1)],
+        ty: GgmlType::F32,
+        init: Init::Uniform {
+            center: s,
+            half_width: 0.25 * s,
+        },
+    };
+    (Init::with_std(SCALED_STD), scale)
 }
 
 #[cfg(test)]
