@@ -2,6 +2,9 @@
 //! wrong — an unsupported tensor type by tensor name (before anything is
 //! allocated), a missing tensor, a truncated file by byte offset — never a panic.
 
+mod common;
+
+use common::rewrite;
 use engine::{Engine, EngineConfig};
 use gguf::{GgmlType, GgufFile, InMemoryTensor};
 use model::geometry::Geometry;
@@ -26,41 +29,6 @@ fn tiny(dir: &Path) -> PathBuf {
     )
     .expect("synthesize");
     path
-}
-
-/// Rewrites `src` into `dst`, letting `edit` change each tensor (name, type, bytes)
-/// or drop it (None), and adding `extra` after them.
-fn rewrite(
-    src: &Path,
-    dst: &Path,
-    edit: impl Fn(&str, GgmlType, &[u8]) -> Option<(GgmlType, Vec<u8>)>,
-    extra: &[InMemoryTensor],
-) {
-    let f = GgufFile::open(src).expect("open");
-    let kvs: Vec<(&str, gguf::Value)> = f
-        .metadata()
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.clone()))
-        .collect();
-    let edited: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> = f
-        .tensors()
-        .iter()
-        .filter_map(|t| {
-            edit(&t.name, t.ty, f.tensor_data(t))
-                .map(|(ty, data)| (t.name.clone(), t.dims.clone(), ty, data))
-        })
-        .collect();
-    let tensors: Vec<InMemoryTensor> = edited
-        .iter()
-        .map(|(name, dims, ty, data)| InMemoryTensor {
-            name,
-            dims,
-            ty: *ty,
-            data,
-        })
-        .chain(extra.iter().map(|t| InMemoryTensor { ..*t }))
-        .collect();
-    gguf::write_file(dst, &kvs, &tensors).expect("write");
 }
 
 fn load_err(path: &Path) -> String {

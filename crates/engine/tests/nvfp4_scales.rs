@@ -14,10 +14,11 @@
 
 mod common;
 
-use common::{bits, decode, synth_tiny};
+use common::{bits, decode, rewrite, synth_tiny};
 use engine::{Device, Engine, EngineConfig};
 use gguf::{GgmlType, GgufFile, InMemoryTensor};
 use model::synth::Preset;
+use std::collections::HashMap;
 use std::path::Path;
 
 /// An NVFP4 block: 4 scale bytes (unsigned e4m3, one a 16-value group), 32 bytes of
@@ -64,74 +65,70 @@ fn power_for(data: &[u8], seed: usize) -> i32 {
 /// naming converters use), the rest as `<stem>.scale`. Returns how many matrices got a
 /// factor other than 1.
 fn scaled_and_folded(src: &Path, scaled: &Path, folded: &Path) -> usize {
+    // Each NVFP4 tensor's power of two per matrix. Embedding rows are looked up, not
+    // multiplied by: converters give them no scale (the loader refuses one).
     let f = GgufFile::open(src).expect("open");
-    let kvs: Vec<(&str, gguf::Value)> = f
-        .metadata()
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.clone()))
-        .collect();
-    let mut folded_data: Vec<Vec<u8>> = Vec::new();
-    let mut scales: Vec<(String, Vec<u64>, Vec<u8>)> = Vec::new();
-    let mut changed = 0;
-    for (ti, t) in f.tensors().iter().enumerate() {
-        let data = f.tensor_data(t);
-        // Embedding rows are looked up, not multiplied by: converters give them no
-        // scale (the loader refuses one).
-        if t.ty != GgmlType::NVFP4 || t.name == "token_embd.weight" {
-            folded_data.push(data.to_vec());
-            continue;
-        }
-        let n_mat = t.dims.get(2).copied().unwrap_or(1) as usize;
-        let per = data.len() / n_mat;
-        let mut out = data.to_vec();
-        let mut values = Vec::with_capacity(4 * n_mat);
-        for (m, chunk) in out.chunks_mut(per).enumerate() {
-            let k = power_for(chunk, 7 * ti + m);
-            changed += usize::from(k != 0);
-            for blk in chunk.chunks_exact_mut(BLOCK) {
-                for b in &mut blk[..4] {
-                    *b = times_pow2(*b, k).expect("checked by power_for");
-                }
-            }
-            values.extend_from_slice(&2f32.powi(k).to_le_bytes());
-        }
-        folded_data.push(out);
-        let name = match t.name.strip_suffix(".weight") {
-            Some(stem) if t.name != "output.weight" => format!("{stem}.scale"),
-            _ => format!("{}.scale", t.name),
-        };
-        scales.push((name, vec![n_mat as u64], values));
-    }
-    let same: Vec<InMemoryTensor> = f
+    let powers: HashMap<String, Vec<i32>> = f
         .tensors()
         .iter()
-        .map(|t| InMemoryTensor {
-            name: &t.name,
-            dims: &t.dims,
-            ty: t.ty,
-            data: f.tensor_data(t),
+        .enumerate()
+        .filter(|(_, t)| t.ty == GgmlType::NVFP4 && t.name != "token_embd.weight")
+        .map(|(ti, t)| {
+            let n_mat = t.dims.get(2).copied().unwrap_or(1) as usize;
+            let data = f.tensor_data(t);
+            let per = data.len() / n_mat;
+            let ks = data
+                .chunks(per)
+                .enumerate()
+                .map(|(m, chunk)| power_for(chunk, 7 * ti + m))
+                .collect();
+            (t.name.clone(), ks)
         })
-        .chain(scales.iter().map(|(name, dims, data)| InMemoryTensor {
+        .collect();
+    let scales: Vec<(String, Vec<u64>, Vec<u8>)> = powers
+        .iter()
+        .map(|(name, ks)| {
+            let scale = match name.strip_suffix(".weight") {
+                Some(stem) if name != "output.weight" => format!("{stem}.scale"),
+                _ => format!("{name}.scale"),
+            };
+            let values = ks
+                .iter()
+                .flat_map(|&k| 2f32.powi(k).to_le_bytes())
+                .collect();
+            (scale, vec![ks.len() as u64], values)
+        })
+        .collect();
+    let extra: Vec<InMemoryTensor> = scales
+        .iter()
+        .map(|(name, dims, data)| InMemoryTensor {
             name,
             dims,
             ty: GgmlType::F32,
             data,
-        }))
-        .collect();
-    gguf::write_file(scaled, &kvs, &same).expect("write scaled");
-    let folded_tensors: Vec<InMemoryTensor> = f
-        .tensors()
-        .iter()
-        .zip(&folded_data)
-        .map(|(t, data)| InMemoryTensor {
-            name: &t.name,
-            dims: &t.dims,
-            ty: t.ty,
-            data,
         })
         .collect();
-    gguf::write_file(folded, &kvs, &folded_tensors).expect("write folded");
-    changed
+    rewrite(src, scaled, |_, ty, data| Some((ty, data.to_vec())), &extra);
+    rewrite(
+        src,
+        folded,
+        |name, ty, data| {
+            let mut out = data.to_vec();
+            if let Some(ks) = powers.get(name) {
+                let per = out.len() / ks.len();
+                for (chunk, &k) in out.chunks_mut(per).zip(ks) {
+                    for blk in chunk.chunks_exact_mut(BLOCK) {
+                        for b in &mut blk[..4] {
+                            *b = times_pow2(*b, k).expect("checked by power_for");
+                        }
+                    }
+                }
+            }
+            Some((ty, out))
+        },
+        &[],
+    );
+    powers.values().flatten().filter(|&&k| k != 0).count()
 }
 
 fn cpu(ram_budget: Option<u64>) -> EngineConfig {

@@ -40,6 +40,41 @@ pub fn synth_geometry(dir: &Path, g: &Geometry, preset: Preset, seed: u64) -> Pa
     path
 }
 
+/// Rewrites `src` into `dst`, letting `edit` change each tensor (name, type, bytes)
+/// or drop it (None), and adding `extra` after them.
+pub fn rewrite(
+    src: &Path,
+    dst: &Path,
+    edit: impl Fn(&str, gguf::GgmlType, &[u8]) -> Option<(gguf::GgmlType, Vec<u8>)>,
+    extra: &[gguf::InMemoryTensor],
+) {
+    let f = gguf::GgufFile::open(src).expect("open");
+    let kvs: Vec<(&str, gguf::Value)> = f
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    let edited: Vec<(String, Vec<u64>, gguf::GgmlType, Vec<u8>)> = f
+        .tensors()
+        .iter()
+        .filter_map(|t| {
+            edit(&t.name, t.ty, f.tensor_data(t))
+                .map(|(ty, data)| (t.name.clone(), t.dims.clone(), ty, data))
+        })
+        .collect();
+    let tensors: Vec<gguf::InMemoryTensor> = edited
+        .iter()
+        .map(|(name, dims, ty, data)| gguf::InMemoryTensor {
+            name,
+            dims,
+            ty: *ty,
+            data,
+        })
+        .chain(extra.iter().map(|t| gguf::InMemoryTensor { ..*t }))
+        .collect();
+    gguf::write_file(dst, &kvs, &tensors).expect("write");
+}
+
 /// The device these tests run on: `SCORIA_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`),
 /// the CPU by default. The GPU test script runs the same targets with `cuda`.
 pub fn test_device() -> engine::Device {
