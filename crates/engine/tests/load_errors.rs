@@ -88,7 +88,7 @@ fn second_level_scales_it_cannot_apply_are_refused_by_name() {
     let one = 0.5f32.to_le_bytes();
     let two: Vec<u8> = [0.5f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
     let nan = f32::NAN.to_le_bytes();
-    let cases: [(&str, &[u64], &[u8], &str); 4] = [
+    let cases: [(&str, &[u64], &[u8], &str); 5] = [
         // A norm is read as a vector: no product to apply it to.
         (
             "blk.0.attn_norm.scale",
@@ -97,6 +97,8 @@ fn second_level_scales_it_cannot_apply_are_refused_by_name() {
             "without a matrix product",
         ),
         ("token_embd.scale", &[1], &one, "without a matrix product"),
+        // A scale of no tensor (as `output.scale` where the head is the embedding).
+        ("blk.0.attn_missing.scale", &[1], &one, "does not have"),
         // Neither one value nor one per expert.
         ("blk.1.ffn_up_exps.scale", &[2], &two, "one per expert"),
         ("blk.1.attn_q.scale", &[1], &nan, "NaN"),

@@ -183,9 +183,9 @@ impl<'a> Loader<'a> {
 }
 
 /// Refuses a second-level scale the loader read the tensor of but did not attach (a
-/// scale on an embedding, a norm or another vector): no product applies it, so the
-/// file would compute wrong outputs. Scales of tensors not read (an MTP block past the
-/// first) are not looked at.
+/// scale on an embedding, a norm or another vector), or of a tensor the file does not
+/// have: no product applies it, so the file would compute wrong outputs. Scales of
+/// tensors not read (an MTP block past the first) are not looked at.
 fn unapplied_scales(l: &Loader) -> Result<(), ModelError> {
     let read = l.read.borrow();
     let scales = l.scales.borrow();
@@ -193,9 +193,17 @@ fn unapplied_scales(l: &Loader) -> Result<(), ModelError> {
         let Some(base) = t.name.strip_suffix(".scale") else {
             continue;
         };
-        let of = [format!("{base}.weight"), base.to_string()]
-            .into_iter()
-            .find(|n| read.contains(n));
+        let bases = [format!("{base}.weight"), base.to_string()];
+        // A scale of no tensor at all (`output.scale` in a file whose head is the
+        // embedding) would be as silently lost.
+        if !bases.iter().any(|n| l.has(n)) {
+            return Err(ModelError::Unsupported(format!(
+                "tensor `{}`: a second-level scale of `{}`, which the file does not have, \
+                 so it would not be applied; this file is not one scoria can run correctly",
+                t.name, bases[0]
+            )));
+        }
+        let of = bases.into_iter().find(|n| read.contains(n));
         if let (Some(of), false) = (of, scales.contains(&t.name)) {
             return Err(ModelError::Unsupported(format!(
                 "tensor `{}`: a second-level scale on `{of}`, which scoria reads without \
