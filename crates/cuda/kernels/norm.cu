@@ -1,5 +1,5 @@
-// Row reductions and elementwise steps: rms_norm, dot_rows, add, swiglu, argmax.
-// rms_norm, dot_rows, add and swiglu are bit-identical to the CPU (model::math); every
+// Row reductions and elementwise steps: rms_norm, dot_rows, add, scale, swiglu, argmax.
+// rms_norm, dot_rows, add, scale and swiglu are bit-identical to the CPU (model::math); every
 // reduction uses the canonical 32-lane order (lane l sums elements l, l+32, ... in
 // increasing order, then the fixed tree sc_warp_sum).
 
@@ -146,6 +146,15 @@ extern "C" __global__ void __launch_bounds__(256) add(float* x, const float* y, 
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     x[i] = sc_add(x[i], y[i]);
+  }
+}
+
+// x *= s: a product's values times its matrix's second-level scale, one
+// multiplication each (the CPU's engine::cpu::apply_scale).
+extern "C" __global__ void __launch_bounds__(256) scale(float* x, long long n, float s) { sc_pdl_enter();
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    x[i] = sc_mul(x[i], s);
   }
 }
 

@@ -154,6 +154,24 @@ SC_MATVEC_KERNEL(matvec_iq4_xs, SC_QDOT(WIQ4, sc_load_iq4_xs, sc_contrib_iq4_xs)
 SC_LOWBIT_TYPES(SC_LB_MATVEC)
 #undef SC_LB_MATVEC
 
+// The rows each tile wrote (`out_row[j]`, `cols` values at stride `cols`) times
+// their matrix's second-level scale, one multiplication a value (the CPU's
+// engine::cpu::apply_scale): row r's is per_route[r] when given (tiered layers, whose
+// tiles name slots), else per_expert[expert]. One block a tile.
+extern "C" __global__ void __launch_bounds__(256) scale_tile_rows(float* __restrict__ out, int cols,
+                                                                  const Tile* __restrict__ tiles,
+                                                                  const float* __restrict__ per_expert,
+                                                                  const float* __restrict__ per_route) {
+  sc_pdl_enter();
+  const Tile* t = tiles + blockIdx.x;
+  for (int j = 0; j < t->n; j++) {
+    const int r = t->out_row[j];
+    const float s = per_route ? per_route[r] : per_expert[t->expert];
+    float* row = out + (size_t)r * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) row[c] = sc_mul(row[c], s);
+  }
+}
+
 // ---------------------------------------------------------------- float matmul
 // Float weights × many tokens of a plain matrix (a prompt's router): SC_FDOT's
 // operations per (row, token) — lane l is accumulator l and takes elements l, l + 32,

@@ -135,6 +135,8 @@ kernels! {
     AddRmsNorm = "add_rms_norm",
     DotRows = "dot_rows",
     Add = "add",
+    Scale = "scale",
+    ScaleTileRows = "scale_tile_rows",
     Swiglu = "swiglu",
     Argmax = "argmax",
     SampleMax = "sample_max",

@@ -1,7 +1,7 @@
 //! NVFP4 files converted from NVIDIA's FP4 checkpoints carry each matrix's
 //! second-level scale beside it (`<stem>.scale`: one value a matrix, one per expert
-//! for a stack), a factor on every product with the matrix. The CPU applies it after
-//! the product, one f32 multiplication per value, on every path.
+//! for a stack), a factor on every product with the matrix. Both executors apply it
+//! after the product, one f32 multiplication per value, on every path.
 //!
 //! The check compares bytes. A file whose scale bytes are multiplied by a power of
 //! two 2^k, exactly (every e4m3 scale byte of the synthetic weights has one that is
@@ -131,11 +131,21 @@ fn scaled_and_folded(src: &Path, scaled: &Path, folded: &Path) -> usize {
     powers.values().flatten().filter(|&&k| k != 0).count()
 }
 
-fn cpu(ram_budget: Option<u64>) -> EngineConfig {
+/// The test device (`SCORIA_TEST_DEVICE`) with the given budgets and CPU share of a
+/// tiered GPU's misses.
+fn on(
+    device: Device,
+    vram_budget: Option<u64>,
+    ram_budget: Option<u64>,
+    cpu_expert_share: Option<f64>,
+) -> EngineConfig {
     EngineConfig {
-        device: Some(Device::Cpu),
+        device: Some(device),
+        vram_budget,
         ram_budget,
+        cpu_expert_share,
         max_context: Some(512),
+        parallel: Some(1),
         ..EngineConfig::default()
     }
 }
@@ -150,8 +160,13 @@ fn run(path: &Path, cfg: &EngineConfig) -> (Vec<u32>, Vec<Vec<u32>>, Vec<u32>) {
     (bits(&all), logits.iter().map(|l| bits(l)).collect(), tokens)
 }
 
+/// On the test device (the GPU suite runs this with `cuda`): the scaled file gives
+/// the folded file's bits, resident and with every routed expert tiered (the CPU's
+/// RAM tier reading them from the file; the GPU's slots filled from the file, and
+/// from RAM with half the misses computed by the CPU's threads beside the GPU).
 #[test]
-fn scales_apply_to_every_product_on_the_cpu() {
+fn scales_apply_to_every_product() {
+    let dev = common::test_device();
     for arch in model::geometry::ARCHS {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = synth_tiny(dir.path(), arch, Preset::Uniform(GgmlType::NVFP4), 5);
@@ -161,56 +176,23 @@ fn scales_apply_to_every_product_on_the_cpu() {
         );
         let changed = scaled_and_folded(&src, &scaled, &folded);
         assert!(changed > 10, "{arch:?}: only {changed} matrices scaled");
-        let want = run(&folded, &cpu(None));
-        let got = run(&scaled, &cpu(None));
+        let resident = on(dev, None, None, None);
+        let want = run(&folded, &resident);
+        let got = run(&scaled, &resident);
         assert!(want.0 == got.0, "{arch:?}: prompt logits differ");
         assert!(want.1 == got.1, "{arch:?}: decode logits differ");
         assert_eq!(want.2, got.2, "{arch:?}: tokens");
-        // Every routed expert read from the file by the RAM tier instead.
-        let tiered = run(&scaled, &cpu(Some(1)));
+        let used = Engine::load(&scaled, &resident)
+            .expect("load")
+            .device_report()
+            .vram_used;
+        let (vram, ram) = common::tiering_budgets(&scaled, used);
+        let tiered = run(&scaled, &on(dev, vram, ram, None));
         assert!(want == tiered, "{arch:?}: tiered differs from resident");
+        if used.is_some() {
+            let (experts, _, _) = common::trunk_experts_and_largest(&scaled);
+            let beside = run(&scaled, &on(dev, vram, Some(experts), Some(0.5)));
+            assert!(want == beside, "{arch:?}: the CPU's share differs");
+        }
     }
-}
-
-/// The CUDA kernels do not apply second-level scales yet: `--device cuda` refuses such
-/// a file naming a scaled tensor and the remedy, and with no `--device` the engine
-/// runs it on the CPU, with the CPU's bits.
-#[cfg(feature = "cuda")]
-#[test]
-fn the_gpu_refuses_scales_and_auto_takes_the_cpu() {
-    if common::gpu().is_none() {
-        return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = synth_tiny(
-        dir.path(),
-        model::Arch::Qwen35Moe,
-        Preset::Uniform(GgmlType::NVFP4),
-        5,
-    );
-    let (scaled, folded) = (
-        dir.path().join("scaled.gguf"),
-        dir.path().join("folded.gguf"),
-    );
-    scaled_and_folded(&src, &scaled, &folded);
-    let cuda = EngineConfig {
-        device: Some(Device::Cuda(0)),
-        ..cpu(None)
-    };
-    let e = match Engine::load(&scaled, &cuda) {
-        Ok(_) => panic!("the GPU took a file with second-level scales"),
-        Err(e) => e.to_string(),
-    };
-    assert!(
-        e.contains("second-level scale") && e.contains("--device cpu"),
-        "{e}"
-    );
-    let auto = EngineConfig {
-        device: None,
-        ..cpu(None)
-    };
-    let eng = Engine::load(&scaled, &auto).expect("load with no --device");
-    assert_eq!(eng.device_report().device, Device::Cpu);
-    drop(eng);
-    assert!(run(&scaled, &auto) == run(&folded, &cpu(None)));
 }

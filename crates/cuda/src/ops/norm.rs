@@ -140,6 +140,21 @@ impl Gpu {
         self.launch(K::Add, [self.stride_blocks(n), 1, 1], 256, 0, &args)
     }
 
+    /// `x[i] *= s` for i < n (f32): a product times its matrix's second-level scale,
+    /// one multiplication a value, as the CPU applies it.
+    pub fn scale(&self, x: u64, n: usize, s: f32) -> Result<(), CudaError> {
+        const KN: &str = "scale";
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::P(addr(KN, "x", x, 4)?),
+            Arg::I64(n as i64),
+            Arg::F32(s),
+        ];
+        self.launch(K::Scale, [self.stride_blocks(n), 1, 1], 256, 0, &args)
+    }
+
     /// `out[i] = silu(g[i]) · u[i]` for i < n, with the shared SiLU (bit-identical to
     /// the CPU). `out` may be `g` or `u`.
     pub fn swiglu(&self, g: u64, u: u64, n: usize, out: u64) -> Result<(), CudaError> {

@@ -2,7 +2,7 @@
 //! output bit-identical to `quant::quantize_act`, `quant::matvec` and
 //! `quant::dequantize_row`.
 
-use super::{act_q8_args, addr, blocks, int, MAX_GRID_YZ};
+use super::{act_q8_args, addr, blocks, int, opt_addr, MAX_GRID_YZ};
 use crate::error::CudaError;
 use crate::gpu::{Arg, Gpu};
 use crate::kernels::K;
@@ -714,6 +714,39 @@ impl Gpu {
             shape,
             out,
         )
+    }
+
+    /// The rows the `n_tiles` tiles at `tiles` name (`out_row`, `cols` f32 each, at
+    /// stride `cols` from `out`), each times its matrix's second-level scale, one
+    /// multiplication a value: row r's is `per_route[r]` when `per_route` is not 0,
+    /// else `per_expert[tile.expert]` (f32 device arrays).
+    pub fn scale_tile_rows(
+        &self,
+        out: u64,
+        cols: usize,
+        tiles: u64,
+        n_tiles: usize,
+        per_expert: u64,
+        per_route: u64,
+    ) -> Result<(), CudaError> {
+        const KN: &str = "scale_tile_rows";
+        if n_tiles == 0 {
+            return Ok(());
+        }
+        if per_expert == 0 && per_route == 0 {
+            return Err(CudaError::bad(
+                KN,
+                "neither per_expert nor per_route scales given",
+            ));
+        }
+        let args = [
+            Arg::P(addr(KN, "out", out, 4)?),
+            Arg::I32(int(KN, "cols", cols)?),
+            Arg::P(addr(KN, "tiles", tiles, 4)?),
+            Arg::P(opt_addr(KN, "per_expert", per_expert, 4)?),
+            Arg::P(opt_addr(KN, "per_route", per_route, 4)?),
+        ];
+        self.launch(K::ScaleTileRows, [blocks(n_tiles, 1)?, 1, 1], 256, 0, &args)
     }
 
     #[allow(clippy::too_many_arguments)]

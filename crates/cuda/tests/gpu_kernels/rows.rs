@@ -1,4 +1,4 @@
-//! rms_norm, dot_rows, add, swiglu, argmax, route_topk and moe_combine against the
+//! rms_norm, dot_rows, add, scale, scale_tile_rows, swiglu, argmax, route_topk and moe_combine against the
 //! CPU (model::math, model::moe, the engine's MoE combination), bit for bit.
 
 use crate::{assert_bits, down, filled, gpu, poisoned, up, QOut, Rng};
@@ -171,6 +171,73 @@ fn add_and_swiglu_match_the_cpu() {
             .map(|(&x, &u)| model::math::silu(x) * u)
             .collect();
         assert_bits(&down(&g, &out), &want, &format!("swiglu {n}"));
+    }
+}
+
+/// Second-level scales: `scale` over a whole product, `scale_tile_rows` over the
+/// rows tiles wrote (by the tile's expert, or by route), the rows no tile names left
+/// as they were; one f32 multiplication a value, as the CPU's `apply_scale`.
+#[test]
+fn scales_match_the_cpus_multiplication() {
+    let Some(g) = gpu("scale, scale_tile_rows") else {
+        return;
+    };
+    let mut rng = Rng::new(13);
+    for n in [1, 1000, 2048 * 9 + 5] {
+        let x = rng.vec(n, 30.0);
+        let s = rng.f() * 3.0;
+        let dx = up(&g, &x);
+        g.scale(dx.ptr(), n, s).unwrap();
+        let want: Vec<f32> = x.iter().map(|v| v * s).collect();
+        assert_bits(&down(&g, &dx), &want, &format!("scale {n}"));
+    }
+    let (rows, cols, n_expert) = (37, 96, 5);
+    let x = rng.vec(rows * cols, 30.0);
+    let per_expert = rng.vec(n_expert, 2.0);
+    let per_route = rng.vec(rows, 2.0);
+    // Tiles of up to 8 rows, some empty, row 36 in none.
+    let mut tiles = Vec::new();
+    let mut r = 0;
+    while r < rows - 1 {
+        let n = (1 + rng.below(8)).min(rows - 1 - r);
+        let mut t = Tile {
+            expert: rng.below(n_expert) as i32,
+            n: n as i32,
+            in_row: [-1; 8],
+            out_row: [-1; 8],
+        };
+        for j in 0..n {
+            t.out_row[j] = (r + j) as i32;
+        }
+        tiles.push(t);
+        tiles.push(Tile::default());
+        r += n;
+    }
+    let (de, dr, dt) = (up(&g, &per_expert), up(&g, &per_route), up(&g, &tiles));
+    for by_route in [false, true] {
+        let dx = up(&g, &x);
+        let route = if by_route { dr.ptr() } else { 0 };
+        g.scale_tile_rows(dx.ptr(), cols, dt.ptr(), tiles.len(), de.ptr(), route)
+            .unwrap();
+        let mut want = x.clone();
+        for t in &tiles {
+            for &row in &t.out_row[..t.n as usize] {
+                let row = row as usize;
+                let s = if by_route {
+                    per_route[row]
+                } else {
+                    per_expert[t.expert as usize]
+                };
+                for v in &mut want[row * cols..(row + 1) * cols] {
+                    *v *= s;
+                }
+            }
+        }
+        assert_bits(
+            &down(&g, &dx),
+            &want,
+            &format!("scale_tile_rows by route {by_route}"),
+        );
     }
 }
 

@@ -18,7 +18,7 @@ mod tier;
 pub use tier::CpuTier;
 
 #[cfg(feature = "cuda")]
-pub(crate) use moe::TokenExperts;
+pub(crate) use moe::{ExpertMat, TokenExperts};
 
 use model::weights::{Mixer, Weight};
 use model::{Backend, ExecError, LayerKind, ModelConfig, ModelWeights, Norm, SegmentRows};
@@ -507,7 +507,8 @@ impl CpuBackend {
 }
 
 /// A product's values times its matrix's second-level scale (`model::Weight::scale`),
-/// one f32 multiplication each, when the matrix has one (the GPU refuses such files).
+/// one f32 multiplication each, when the matrix has one (the GPU's `scale` kernels
+/// make the same multiplication).
 pub(crate) fn apply_scale(out: &mut [f32], scale: Option<f32>) {
     if let Some(s) = scale {
         for v in out {

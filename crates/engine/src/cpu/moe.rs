@@ -410,7 +410,7 @@ struct Product<'a> {
 impl<'a> Product<'a> {
     /// `n_rows` rows of `(ty, w)` against `x` (quantized as `xq`), written at `at`.
     fn new(
-        (ty, w): (quant::GgmlType, &'a [u8]),
+        (ty, w, _): ExpertMat<'a>,
         x: &'a [f32],
         xq: &'a quant::ActQ8,
         n_rows: usize,
@@ -435,8 +435,14 @@ impl<'a> Product<'a> {
 #[cfg(any(feature = "cuda", test))]
 const TASK_BYTES: usize = 32 * 1024;
 
-/// The routed experts of one token, each given as its raw (type, bytes) gate, up
-/// and down matrices: `down(silu(gate·x) ⊙ up·x)` per expert, in two parallel
+/// One matrix of an expert as [`TokenExperts`] takes it: its type, its bytes and its
+/// second-level scale (`model::Weight::scale`).
+#[cfg(any(feature = "cuda", test))]
+pub(crate) type ExpertMat<'a> = (quant::GgmlType, &'a [u8], Option<f32>);
+
+/// The routed experts of one token, each given as its raw gate, up and down matrices
+/// ([`ExpertMat`]): `down(silu(gate·x) ⊙ up·x)` per expert, each product times its
+/// matrix's scale as `expert_ffn` applies it, in two parallel
 /// phases on a [`Team`](super::team::Team) (gate and up, then down), each of which
 /// can run beside other work of the caller's thread. Canonical precision only: the
 /// same bits as `expert_ffn` and as the GPU kernels, which is what lets the tiered
@@ -444,7 +450,7 @@ const TASK_BYTES: usize = 32 * 1024;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) struct TokenExperts<'a> {
     x: &'a [f32],
-    experts: &'a [[(quant::GgmlType, &'a [u8]); 3]],
+    experts: &'a [[ExpertMat<'a>; 3]],
     n_ff: usize,
     /// Gate and up outputs of every expert (2·n_ff values each), then SwiGLU.
     gu: Vec<f32>,
@@ -452,7 +458,7 @@ pub(crate) struct TokenExperts<'a> {
 
 #[cfg(any(feature = "cuda", test))]
 impl<'a> TokenExperts<'a> {
-    pub fn new(x: &'a [f32], experts: &'a [[(quant::GgmlType, &'a [u8]); 3]], n_ff: usize) -> Self {
+    pub fn new(x: &'a [f32], experts: &'a [[ExpertMat<'a>; 3]], n_ff: usize) -> Self {
         TokenExperts {
             x,
             experts,
@@ -475,6 +481,11 @@ impl<'a> TokenExperts<'a> {
             .collect();
         let mut out = vec![0.0f32; prods.len() * n_ff];
         let r = run_products(team, &prods, &mut out, beside);
+        for (p, m) in out.chunks_mut(2 * n_ff).zip(self.experts) {
+            let (g, u) = p.split_at_mut(n_ff);
+            apply_scale(g, m[0].2);
+            apply_scale(u, m[1].2);
+        }
         self.gu = out;
         r
     }
@@ -503,6 +514,9 @@ impl<'a> TokenExperts<'a> {
             .collect();
         let mut out = vec![0.0f32; prods.len() * e];
         let r = run_products(team, &prods, &mut out, beside);
+        for (o, m) in out.chunks_mut(e).zip(self.experts) {
+            apply_scale(o, m[2].2);
+        }
         (out.chunks(e).map(<[f32]>::to_vec).collect(), r)
     }
 }
@@ -558,7 +572,7 @@ impl SharedOut {
 
 #[cfg(test)]
 mod tests {
-    use super::TokenExperts;
+    use super::{apply_scale, ExpertMat, TokenExperts};
     use crate::cpu::team::Team;
     use model::math::silu_mul;
     use quant::GgmlType;
@@ -597,13 +611,16 @@ mod tests {
                 ]
             })
             .collect();
-        let experts: Vec<[(GgmlType, &[u8]); 3]> = mats
+        // Second-level scales on some matrices of some experts.
+        let scale = |i: usize, j: usize| (i % 3 == j).then_some(0.75 + i as f32 / 8.0);
+        let experts: Vec<[ExpertMat; 3]> = mats
             .iter()
-            .map(|m| {
+            .enumerate()
+            .map(|(i, m)| {
                 [
-                    (GgmlType::Q4_K, &m[0][..]),
-                    (GgmlType::Q4_K, &m[1][..]),
-                    (GgmlType::Q8_0, &m[2][..]),
+                    (GgmlType::Q4_K, &m[0][..], scale(i, 0)),
+                    (GgmlType::Q4_K, &m[1][..], scale(i, 1)),
+                    (GgmlType::Q8_0, &m[2][..], scale(i, 2)),
                 ]
             })
             .collect();
@@ -616,10 +633,13 @@ mod tests {
                 let mut u = vec![0.0; n_ff];
                 quant::matvec(m[0].0, m[0].1, e, &x, &xq, &mut g);
                 quant::matvec(m[1].0, m[1].1, e, &x, &xq, &mut u);
+                apply_scale(&mut g, m[0].2);
+                apply_scale(&mut u, m[1].2);
                 silu_mul(&mut g, &u);
                 let aq = quant::quantize_act(&g);
                 let mut o = vec![0.0; e];
                 quant::matvec(m[2].0, m[2].1, n_ff, &g, &aq, &mut o);
+                apply_scale(&mut o, m[2].2);
                 o
             })
             .collect();

@@ -27,6 +27,19 @@ pub(crate) struct DevWeight {
     /// Bytes from one expert's matrix to the next's: `matrix_bytes` for a tensor
     /// as the file holds it; a whole slot (gate, up and down) for slot matrices.
     pub stride: u64,
+    /// The second-level scale of each of its matrices when the file gives them
+    /// (`model::Weight::scale`): applied after every product with it.
+    pub scale: Option<DevScale>,
+}
+
+/// A matrix's second-level scales, expert e's at index e (one value for a matrix):
+/// on the host for products of one matrix (a launch argument) and for the routes of
+/// tiered layers, whose tiles name slots; on the device for resident expert tiles,
+/// indexed by the tile's expert.
+#[derive(Clone)]
+pub(crate) struct DevScale {
+    pub host: Arc<[f32]>,
+    pub dev: Arc<DevBuf<f32>>,
 }
 
 impl DevWeight {
@@ -48,6 +61,7 @@ impl DevWeight {
             n_cols: w.row_len(),
             matrix_bytes: (n_rows * row_bytes) as u64,
             stride,
+            scale: None,
         }
     }
 
@@ -57,6 +71,7 @@ impl DevWeight {
         DevWeight {
             mem: Arc::clone(mem),
             ptr,
+            scale: self.scale.clone(),
             ..*self
         }
     }
@@ -64,15 +79,19 @@ impl DevWeight {
     /// This matrix and `next` as one matrix of both's rows, when `next` follows it
     /// in VRAM with rows of the same type and width (the upload puts the layers'
     /// routers back to back): one launch computes both products, each row with the
-    /// bits it has alone.
+    /// bits it has alone. Not for matrices with second-level scales (the joined
+    /// product's rows would need two).
     pub fn joined(&self, next: &DevWeight) -> Option<DevWeight> {
         let follows = next.ptr == self.ptr + self.matrix_bytes
+            && self.scale.is_none()
+            && next.scale.is_none()
             && Arc::ptr_eq(&self.mem, &next.mem)
             && next.ty == self.ty
             && next.row_bytes == self.row_bytes
             && next.n_cols == self.n_cols;
         follows.then(|| DevWeight {
             mem: Arc::clone(&self.mem),
+            scale: None,
             n_rows: self.n_rows + next.n_rows,
             matrix_bytes: self.matrix_bytes + next.matrix_bytes,
             stride: self.matrix_bytes + next.matrix_bytes,
@@ -158,6 +177,8 @@ pub(crate) struct WeightsDev {
     /// The LM head; None when the file ties it to the embedding.
     pub output: Option<DevWeight>,
     pub layers: Vec<LayerDev>,
+    /// Some matrix has second-level scales (`DevWeight::scale`).
+    pub scaled: bool,
 }
 
 impl WeightsDev {
@@ -330,22 +351,15 @@ pub(crate) fn check_tensors(w: &ModelWeights) -> Result<(), ExecError> {
     matrices(w).into_iter().try_for_each(check_width)
 }
 
+/// Whether any matrix of `w` has a second-level scale.
+fn has_scales(w: &ModelWeights) -> bool {
+    matrices(w).iter().any(|m| m.scale(0).is_some())
+}
+
 /// The GPU kernels read rows in 32-value groups (the activation's quantization
 /// blocks): a row of another width is refused at load by tensor name, before anything
-/// runs (the CPU executor runs it); so is a type the kernels do not read, and a
-/// matrix with a second-level scale, which no kernel here applies yet.
+/// runs (the CPU executor runs it); so is a type the kernels do not read.
 fn check_width(w: &Weight) -> Result<(), ExecError> {
-    if w.scale(0).is_some() {
-        return Err(ExecError::new(
-            "upload weights",
-            format!(
-                "{}: has a second-level scale (an NVFP4 file converted from an FP4 \
-                 checkpoint), which the CUDA kernels do not apply yet; run this model on \
-                 the CPU (--device cpu)",
-                w.name
-            ),
-        ));
-    }
     if !cuda::supports_type(w.ty) {
         return Err(ExecError::new(
             "upload weights",
@@ -384,7 +398,25 @@ impl Uploader<'_> {
             .map_err(cuda_err("upload weights"))?;
         self.done += bytes.len() as u64;
         (self.progress)(self.done);
-        Ok(DevWeight::new(w, buf))
+        Ok(DevWeight {
+            scale: self.scale(w)?,
+            ..DevWeight::new(w, buf)
+        })
+    }
+
+    /// `w`'s second-level scales on the device and the host, one per matrix, when it
+    /// has them.
+    fn scale(&mut self, w: &Weight) -> Result<Option<DevScale>, ExecError> {
+        if w.scale(0).is_none() {
+            return Ok(None);
+        }
+        let n = w.dims.get(2).copied().unwrap_or(1).max(1);
+        let host: Arc<[f32]> = (0..n).map(|e| w.scale(e).unwrap_or(1.0)).collect();
+        let dev = self.f32s(&host, &format!("{} second-level scales", w.name))?;
+        Ok(Some(DevScale {
+            host,
+            dev: Arc::new(dev),
+        }))
     }
 
     /// The layers' routers (`ws`, in layer order) in one block, back to back, so that
@@ -413,7 +445,10 @@ impl Uploader<'_> {
                 .map_err(cuda_err("upload weights"))?;
             self.done += each as u64;
             (self.progress)(self.done);
-            out.push(DevWeight::within(w, Arc::clone(&mem), ptr, each as u64));
+            out.push(DevWeight {
+                scale: self.scale(w)?,
+                ..DevWeight::within(w, Arc::clone(&mem), ptr, each as u64)
+            });
         }
         Ok(out)
     }
@@ -435,8 +470,10 @@ impl Uploader<'_> {
                 .map_err(cuda_err("allocate expert slots"))?,
         );
         let base = mem.ptr();
-        Ok(std::array::from_fn(|j| {
-            DevWeight::within(ws[j], Arc::clone(&mem), base + at[j], slot)
+        let scales = [self.scale(ws[0])?, self.scale(ws[1])?, self.scale(ws[2])?];
+        Ok(std::array::from_fn(|j| DevWeight {
+            scale: scales[j].clone(),
+            ..DevWeight::within(ws[j], Arc::clone(&mem), base + at[j], slot)
         }))
     }
 
@@ -590,5 +627,6 @@ pub(crate) fn upload(
         output_norm,
         output,
         layers,
+        scaled: has_scales(w),
     })
 }

@@ -207,6 +207,9 @@ pub struct CudaBackend {
     /// One token takes the fused kernels (`moe_fused`, `delta_net_step`, the
     /// attention's joint projections); `SCORIA_NO_FUSED_DECODE=1` sends it through the
     /// prompt path's kernels instead, which give the same bits (a test compares them).
+    /// A model with second-level scales always takes the prompt path's kernels: each
+    /// product is scaled after it (`mm_q_into`, `mm_tiles_into`), which the fused
+    /// kernels, reading their products within (SwiGLU, the conv, the combine), do not.
     fused: bool,
 }
 
@@ -309,6 +312,13 @@ impl CudaBackend {
             .map_err(cuda_err("allocate step inputs"))?;
         let counts = MoeCounts::new(&gpu)?;
         let rows = RowTables::new(&gpu, &cfg)?;
+        let scaled = w.scaled;
+        if scaled {
+            tracing::info!(
+                "second-level scales: one token takes the prompt path's kernels, each \
+                 product scaled after it (the fused decode kernels do not apply scales)"
+            );
+        }
         Ok(CudaBackend {
             gpu,
             cfg,
@@ -332,7 +342,7 @@ impl CudaBackend {
             chunk_tokens,
             tiered,
             seg: RefCell::new(None),
-            fused: !crate::switches::on(crate::switches::NO_FUSED_DECODE),
+            fused: !crate::switches::on(crate::switches::NO_FUSED_DECODE) && !scaled,
         })
     }
 
@@ -518,7 +528,14 @@ impl CudaBackend {
                 x.rows,
                 out.ptr,
             )
-            .map_err(cuda_err("matvec"))
+            .map_err(cuda_err("matvec"))?;
+        match &w.scale {
+            Some(s) => self
+                .gpu
+                .scale(out.ptr, x.rows * w.n_rows, s.host[0])
+                .map_err(cuda_err("scale")),
+            None => Ok(()),
+        }
     }
 
     fn mm(&self, w: &DevWeight, x: &DBuf) -> Result<DBuf, ExecError> {

@@ -145,11 +145,14 @@ impl CudaBackend {
         out_rows: usize,
     ) -> Result<DBuf, ExecError> {
         let out = self.arena.alloc(out_rows, w.n_rows, "expert products")?;
-        self.mm_tiles_into(w, x, xq, tiles, n_tiles, grouped, &out)?;
+        self.mm_tiles_into(w, x, xq, tiles, n_tiles, grouped, &out, 0)?;
         Ok(out)
     }
 
     /// [`Self::mm_tiles`] into `out` (rows: every route; the tiles write theirs).
+    /// With second-level scales, each row the tiles wrote is scaled by its expert's
+    /// (`w.scale`, by the tile's expert) or, when `per_route` is not 0, by
+    /// `per_route[row]` (f32 on the device: tiered layers' tiles name slots).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mm_tiles_into(
         &self,
@@ -160,6 +163,7 @@ impl CudaBackend {
         n_tiles: usize,
         grouped: bool,
         out: &DBuf,
+        per_route: u64,
     ) -> Result<(), ExecError> {
         // The tiles partition the routes: as many tiles as routes means one token
         // each (always so in a decode step, whose tiles route_topk writes). Every
@@ -186,7 +190,14 @@ impl CudaBackend {
                 n_tiles,
                 out.ptr,
             )
-            .map_err(cuda_err("matvec_tiles"))
+            .map_err(cuda_err("matvec_tiles"))?;
+        match &w.scale {
+            Some(s) => self
+                .gpu
+                .scale_tile_rows(out.ptr, w.n_rows, tiles, n_tiles, s.dev.ptr(), per_route)
+                .map_err(cuda_err("scale_tile_rows")),
+            None => Ok(()),
+        }
     }
 
     /// Uploads tiles to device address `dst` (stream-ordered: earlier launches

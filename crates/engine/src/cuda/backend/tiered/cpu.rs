@@ -5,7 +5,7 @@
 //! The cost model's numbers are measured at load.
 
 use super::{pinned, Tiered};
-use crate::cpu::TokenExperts;
+use crate::cpu::{ExpertMat, TokenExperts};
 use crate::cuda::trace::{DevPoint, HostPoint};
 use crate::cuda::weights::cuda_err;
 use crate::experts::{fit_cpu, Batch};
@@ -154,16 +154,11 @@ impl Tiered {
         })
     }
 
-    /// The gate, up and down matrices (type, bytes) of the experts `cpu` ((expert,
-    /// RAM offset)) of layer `layer` as the CPU reads them (the pinned copy or the
+    /// The gate, up and down matrices (type, bytes, second-level scale) of the
+    /// experts `cpu` ((expert, RAM offset)) of layer `layer` as the CPU reads them (the pinned copy or the
     /// mapped file, whichever measured faster, the pinned copy once the file was
     /// found changed), and the layer's n_ff.
-    #[allow(clippy::type_complexity)]
-    fn cpu_mats(
-        &self,
-        layer: usize,
-        cpu: &[(u32, usize)],
-    ) -> (Vec<[(quant::GgmlType, &[u8]); 3]>, usize) {
+    fn cpu_mats(&self, layer: usize, cpu: &[(u32, usize)]) -> (Vec<[ExpertMat<'_>; 3]>, usize) {
         let shapes = self.shapes(layer);
         let ram = self.ram[layer].as_slice();
         let mapped = &self.mapped[layer];
@@ -180,7 +175,7 @@ impl Tiered {
                         &ram[at..at + len]
                     };
                     at += len;
-                    (ty, bytes)
+                    (ty, bytes, mapped[j].scale(e as usize))
                 })
             })
             .collect();

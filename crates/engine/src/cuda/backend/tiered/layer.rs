@@ -215,6 +215,7 @@ impl CudaBackend {
         let ta = self.arena.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let tb = self.arena.alloc_bytes(max_tiles * tile_bytes, "route")?;
         let slots = matrices(m);
+        let per_route = self.route_scales(m, routes)?;
         let pool = batches
             .iter()
             .any(|b| b.pool)
@@ -277,8 +278,8 @@ impl CudaBackend {
                 if !gu.is_empty() {
                     self.put_tiles(&gu, ta)?;
                     self.put_tiles(&dn, tb)?;
-                    self.mm_tiles_into(mats[0], x, xq, ta, gu.len(), grouped, &g)?;
-                    self.mm_tiles_into(mats[1], x, xq, ta, gu.len(), grouped, &u)?;
+                    self.mm_tiles_into(mats[0], x, xq, ta, gu.len(), grouped, &g, per_route[0])?;
+                    self.mm_tiles_into(mats[1], x, xq, ta, gu.len(), grouped, &u, per_route[1])?;
                     // Rows of other batches are recomputed alike (element- and row-wise ops).
                     self.swiglu_into(&g, &u, &act)?;
                     if !is_float(m.down_exps.ty) {
@@ -286,7 +287,16 @@ impl CudaBackend {
                             .quantize_act(act.ptr, act.rows, act.cols, aq)
                             .map_err(cuda_err("quantize_act"))?;
                     }
-                    self.mm_tiles_into(mats[2], &act, aq, tb, dn.len(), grouped, &down)?;
+                    self.mm_tiles_into(
+                        mats[2],
+                        &act,
+                        aq,
+                        tb,
+                        dn.len(),
+                        grouped,
+                        &down,
+                        per_route[2],
+                    )?;
                 }
                 if b.pool {
                     t.pool_read(gpu)?;
@@ -332,5 +342,23 @@ impl CudaBackend {
             None => self.shared_expert(m, x, xq)?,
         };
         Ok(Routed::Parts(down, shared))
+    }
+
+    /// The second-level scale of each route's expert for the gate, up and down
+    /// matrices of `m` (those with scales), on the device: the tiles of a tiered
+    /// layer name slots, not experts. 0 for a matrix without scales.
+    fn route_scales(&self, m: &MoeDev, routes: &[u32]) -> Result<[u64; 3], ExecError> {
+        let mats = [&m.gate_exps, &m.up_exps, &m.down_exps];
+        let mut out = [0u64; 3];
+        for (o, w) in out.iter_mut().zip(mats) {
+            let Some(s) = &w.scale else { continue };
+            let host: Vec<f32> = routes.iter().map(|&e| s.host[e as usize]).collect();
+            let dev = self.arena.alloc(1, routes.len(), "route scales")?;
+            self.gpu
+                .copy_to_device(&host, dev.ptr)
+                .map_err(cuda_err("upload route scales"))?;
+            *o = dev.ptr;
+        }
+        Ok(out)
     }
 }
