@@ -462,7 +462,12 @@ impl CpuBackend {
     /// out = x · Wᵀ, times the matrix's second-level scale when it has one.
     pub(crate) fn mm_weight(&self, w: &Weight, x: &Act) -> Act {
         let xq = self.prepare(&[w.ty], x);
-        let mut out = self.mm(w.ty, w.bytes(), w.n_rows(), x, &xq);
+        self.mm_scaled(w, x, &xq)
+    }
+
+    /// `mm` of `w`'s bytes (x quantized as `xq`), times `w`'s second-level scale.
+    fn mm_scaled(&self, w: &Weight, x: &Act, xq: &[quant::ActQ8]) -> Act {
+        let mut out = self.mm(w.ty, w.bytes(), w.n_rows(), x, xq);
         apply_scale(&mut out.data, w.scale(0));
         out
     }
@@ -475,14 +480,7 @@ impl CpuBackend {
         let types: Vec<quant::GgmlType> = weights.iter().map(|m| m.ty).collect();
         let xq = self.prepare(&types, x);
         if x.rows != 1 {
-            return weights
-                .iter()
-                .map(|m| {
-                    let mut out = self.mm(m.ty, m.bytes(), m.n_rows(), x, &xq);
-                    apply_scale(&mut out.data, m.scale(0));
-                    out
-                })
-                .collect();
+            return weights.iter().map(|m| self.mm_scaled(m, x, &xq)).collect();
         }
         let empty = quant::ActQ8::default();
         let mut outs: Vec<Act> = weights.iter().map(|m| Act::zeros(1, m.n_rows())).collect();
