@@ -190,10 +190,9 @@ fn unapplied_scales(l: &Loader) -> Result<(), ModelError> {
     let read = l.read.borrow();
     let scales = l.scales.borrow();
     for t in l.file().tensors() {
-        let Some(base) = t.name.strip_suffix(".scale") else {
+        let Some(bases) = scaled_matrix_names(&t.name) else {
             continue;
         };
-        let bases = [format!("{base}.weight"), base.to_string()];
         // A scale of no tensor at all (`output.scale` in a file whose head is the
         // embedding) would be as silently lost.
         if !bases.iter().any(|n| l.has(n)) {
@@ -217,14 +216,22 @@ fn unapplied_scales(l: &Loader) -> Result<(), ModelError> {
 }
 
 /// Where a matrix's second-level scale may be stored: `<stem>.scale` for
-/// `<stem>.weight`, and `<name>.scale`.
-fn scale_names(name: &str) -> Vec<String> {
+/// `<stem>.weight` (llama.cpp's converter; first), and `<name>.scale`.
+pub fn scale_names(name: &str) -> Vec<String> {
     let mut names = Vec::with_capacity(2);
     if let Some(stem) = name.strip_suffix(".weight") {
         names.push(format!("{stem}.scale"));
     }
     names.push(format!("{name}.scale"));
     names
+}
+
+/// The matrices a tensor named `scale` may be the second-level scale of
+/// (`<base>.weight`, then `<base>` for `<base>.scale`: [`scale_names`] the other way
+/// round); None for a name that is no scale's.
+pub fn scaled_matrix_names(scale: &str) -> Option<[String; 2]> {
+    let base = scale.strip_suffix(".scale")?;
+    Some([format!("{base}.weight"), base.to_string()])
 }
 
 /// The tensors of the trunk or of one block, named and shaped by the arch's table.

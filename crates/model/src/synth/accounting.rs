@@ -118,9 +118,9 @@ impl Classifier {
             }
         }
         let role = self.role(name).or_else(|| {
-            let stem = name.strip_suffix(".scale")?;
-            self.role(&format!("{stem}.weight"))
-                .or_else(|| self.role(stem))
+            crate::weights::scaled_matrix_names(name)?
+                .iter()
+                .find_map(|m| self.role(m))
         });
         role.map_or(Group::Other, Group::of)
     }

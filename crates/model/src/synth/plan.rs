@@ -278,23 +278,19 @@ pub fn plan(g: &Geometry, preset: Preset) -> Result<Vec<TensorSpec>, PlanError> 
                 ty,
             });
         }
-        if preset == Preset::Mix(Mix::Nvfp4Scaled) && ty == GgmlType::NVFP4 {
+        let init = if preset == Preset::Mix(Mix::Nvfp4Scaled) && ty == GgmlType::NVFP4 {
             let (init, scale) = second_level(&d.name, &dims, init);
             out.push(scale);
-            out.push(TensorSpec {
-                name: d.name,
-                dims,
-                ty,
-                init,
-            });
+            init
         } else {
-            out.push(TensorSpec {
-                name: d.name,
-                dims,
-                ty,
-                init,
-            });
-        }
+            init
+        };
+        out.push(TensorSpec {
+            name: d.name,
+            dims,
+            ty,
+            init,
+        });
     }
     out.sort_by(|a, b| quantize_order(&a.name, &b.name));
     Ok(out)
@@ -311,9 +307,8 @@ const SCALED_STD: f32 = 128.0;
 fn second_level(name: &str, dims: &[u64], init: Init) -> (Init, TensorSpec) {
     let std = init.zero_mean_std().unwrap_or(1.0);
     let s = std / SCALED_STD;
-    let stem = name.strip_suffix(".weight").unwrap_or(name);
     let scale = TensorSpec {
-        name: format!("{stem}.scale"),
+        name: crate::weights::scale_names(name).swap_remove(0),
         dims: vec![dims.get(2).copied().unwrap_or(1)],
         ty: GgmlType::F32,
         init: Init::Uniform {
