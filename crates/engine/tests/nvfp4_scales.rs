@@ -151,12 +151,18 @@ fn on(
 }
 
 /// A prompt's logits at every position (the prompt path, experts grouped by token
-/// once there are enough rows) and a greedy continuation's (single-token steps).
-fn run(path: &Path, cfg: &EngineConfig) -> (Vec<u32>, Vec<Vec<u32>>, Vec<u32>) {
+/// once there are enough rows) and a greedy continuation's (single-token steps);
+/// `check` looks at the engine afterwards.
+fn run(
+    path: &Path,
+    cfg: &EngineConfig,
+    check: impl FnOnce(&Engine),
+) -> (Vec<u32>, Vec<Vec<u32>>, Vec<u32>) {
     let mut eng = Engine::load(path, cfg).expect("load");
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 500).collect();
     let all = eng.logits_all(&prompt).expect("logits_all");
     let (tokens, logits) = decode(&mut eng, &prompt[..9], 12);
+    check(&eng);
     (bits(&all), logits.iter().map(|l| bits(l)).collect(), tokens)
 }
 
@@ -177,8 +183,8 @@ fn scales_apply_to_every_product() {
         let changed = scaled_and_folded(&src, &scaled, &folded);
         assert!(changed > 10, "{arch:?}: only {changed} matrices scaled");
         let resident = on(dev, None, None, None);
-        let want = run(&folded, &resident);
-        let got = run(&scaled, &resident);
+        let want = run(&folded, &resident, |_| ());
+        let got = run(&scaled, &resident, |_| ());
         assert!(want.0 == got.0, "{arch:?}: prompt logits differ");
         assert!(want.1 == got.1, "{arch:?}: decode logits differ");
         assert_eq!(want.2, got.2, "{arch:?}: tokens");
@@ -187,11 +193,16 @@ fn scales_apply_to_every_product() {
             .device_report()
             .vram_used;
         let (vram, ram) = common::tiering_budgets(&scaled, used);
-        let tiered = run(&scaled, &on(dev, vram, ram, None));
+        let tiered = run(&scaled, &on(dev, vram, ram, None), |e| {
+            assert!(e.expert_stats().is_some(), "{arch:?}: not tiered");
+        });
         assert!(want == tiered, "{arch:?}: tiered differs from resident");
         if used.is_some() {
             let (experts, _, _) = common::trunk_experts_and_largest(&scaled);
-            let beside = run(&scaled, &on(dev, vram, Some(experts), Some(0.5)));
+            let beside = run(&scaled, &on(dev, vram, Some(experts), Some(0.5)), |e| {
+                let cpu = e.expert_stats().map_or(0, |s| s.cpu_misses);
+                assert!(cpu > 0, "{arch:?}: the CPU computed no expert");
+            });
             assert!(want == beside, "{arch:?}: the CPU's share differs");
         }
     }

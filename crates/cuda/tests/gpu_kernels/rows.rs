@@ -1,5 +1,6 @@
-//! rms_norm, dot_rows, add, scale, scale_tile_rows, swiglu, argmax, route_topk and moe_combine against the
-//! CPU (model::math, model::moe, the engine's MoE combination), bit for bit.
+//! rms_norm, dot_rows, add, scale, scale_tile_rows, swiglu, argmax, route_topk and
+//! moe_combine against the CPU (model::math, model::moe, the engine's MoE combination
+//! and second-level scales), bit for bit.
 
 use crate::{assert_bits, down, filled, gpu, poisoned, up, QOut, Rng};
 use cuda::{ActQ8, Tile};

@@ -155,9 +155,9 @@ impl Tiered {
     }
 
     /// The gate, up and down matrices (type, bytes, second-level scale) of the
-    /// experts `cpu` ((expert, RAM offset)) of layer `layer` as the CPU reads them (the pinned copy or the
-    /// mapped file, whichever measured faster, the pinned copy once the file was
-    /// found changed), and the layer's n_ff.
+    /// experts `cpu` ((expert, RAM offset)) of layer `layer` as the CPU reads them
+    /// (the pinned copy or the mapped file, whichever measured faster, the pinned copy
+    /// once the file was found changed), and the layer's n_ff.
     fn cpu_mats(&self, layer: usize, cpu: &[(u32, usize)]) -> (Vec<[ExpertMat<'_>; 3]>, usize) {
         let shapes = self.shapes(layer);
         let ram = self.ram[layer].as_slice();
