@@ -231,9 +231,12 @@ impl GgufFile {
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index
-            .get(name)
-            .and_then(|&i| self.tensors.get(i))
+        self.tensor_position(name).map(|i| &self.tensors[i])
+    }
+
+    /// Where the tensor `name` is in [`Self::tensors`] (a map lookup).
+    pub fn tensor_position(&self, name: &str) -> Option<usize> {
+        self.tensor_index.get(name).copied()
     }
 
     /// The tensor's bytes, borrowed from the mapping.

@@ -109,9 +109,7 @@ impl<'a> Loader<'a> {
     pub fn get(&self, name: &str, dims: &[usize]) -> Result<Weight, ModelError> {
         let index = self
             .file
-            .tensors()
-            .iter()
-            .position(|t| t.name == name)
+            .tensor_position(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let t = &self.file.tensors()[index];
         let mut found: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
