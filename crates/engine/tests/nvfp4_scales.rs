@@ -131,8 +131,8 @@ fn scaled_and_folded(src: &Path, scaled: &Path, folded: &Path) -> usize {
     powers.values().flatten().filter(|&&k| k != 0).count()
 }
 
-/// The test device (`SCORIA_TEST_DEVICE`) with the given budgets and CPU share of a
-/// tiered GPU's misses.
+/// An engine on `device` with the given budgets and CPU share of a tiered GPU's
+/// misses.
 fn on(
     device: Device,
     vram_budget: Option<u64>,

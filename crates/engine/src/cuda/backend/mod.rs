@@ -257,7 +257,8 @@ pub(crate) fn scratch_bytes(
         // A tiered decode token's guess of the next layer's routing.
         + (cfg.n_expert + 2 * k) * f
         // A tiered layer's second-level scales by route (gate, up, down).
-        + 3 * (t * k * f + ALIGN)
+        + 3 * t * k * f
+        + ALIGN
         + 3 * ALIGN;
     let norm = t * e * f;
     let layer = norm + attn.max(dn) + norm + moe;

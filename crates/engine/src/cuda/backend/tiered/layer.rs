@@ -345,20 +345,25 @@ impl CudaBackend {
     }
 
     /// The second-level scale of each route's expert for the gate, up and down
-    /// matrices of `m` (those with scales), on the device: the tiles of a tiered
-    /// layer name slots, not experts. 0 for a matrix without scales.
+    /// matrices of `m` (those with scales), on the device in one upload: the tiles of a
+    /// tiered layer name slots, not experts. 0 for a matrix without scales.
     fn route_scales(&self, m: &MoeDev, routes: &[u32]) -> Result<[u64; 3], ExecError> {
         let mats = [&m.gate_exps, &m.up_exps, &m.down_exps];
+        let n_scaled = mats.iter().filter(|w| w.scale.is_some()).count();
         let mut out = [0u64; 3];
+        if n_scaled == 0 {
+            return Ok(out);
+        }
+        let dev = self.arena.alloc(n_scaled, routes.len(), "route scales")?;
+        let mut host = Vec::with_capacity(n_scaled * routes.len());
         for (o, w) in out.iter_mut().zip(mats) {
             let Some(s) = &w.scale else { continue };
-            let host: Vec<f32> = routes.iter().map(|&e| s.host[e as usize]).collect();
-            let dev = self.arena.alloc(1, routes.len(), "route scales")?;
-            self.gpu
-                .copy_to_device(&host, dev.ptr)
-                .map_err(cuda_err("upload route scales"))?;
-            *o = dev.ptr;
+            *o = dev.ptr + (host.len() * 4) as u64;
+            host.extend(routes.iter().map(|&e| s.host[e as usize]));
         }
+        self.gpu
+            .copy_to_device(&host, dev.ptr)
+            .map_err(cuda_err("upload route scales"))?;
         Ok(out)
     }
 }
