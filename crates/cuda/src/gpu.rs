@@ -417,6 +417,45 @@ impl Gpu {
             .map_err(|e| CudaError::driver("cuMemcpyDtoDAsync(copy_device)", e))
     }
 
+    /// `rows` rows of `width` bytes from `src` (rows `src_pitch` bytes apart) to `dst`
+    /// (rows `dst_pitch` apart), device to device in one copy, ordered on the stream
+    /// (capture-safe): interleaves row blocks, e.g. two matrices' rows side by side.
+    pub fn copy_device_2d(
+        &self,
+        (src, src_pitch): (u64, u64),
+        (dst, dst_pitch): (u64, u64),
+        width: u64,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        if width == 0 || rows == 0 || self.skipping() {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        let copy = sys::CUDA_MEMCPY2D_st {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch as usize,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch as usize,
+            WidthInBytes: width as usize,
+            Height: rows,
+        };
+        // SAFETY: the caller gives two device ranges holding `rows` rows of `width`
+        // bytes at their pitches; the descriptor is read during the call.
+        unsafe { sys::cuMemcpy2DAsync_v2(&copy, self.stream) }
+            .result()
+            .map_err(|e| CudaError::driver("cuMemcpy2DAsync(copy_device_2d)", e))
+    }
+
     /// Sets `bytes` bytes at `dst` to `byte`, ordered on the stream (capture-safe).
     /// `memset(p, 0, n)` clears state; `0xff` poisons f32 outputs to NaN in tests.
     pub fn memset(&self, dst: u64, byte: u8, bytes: u64) -> Result<(), CudaError> {

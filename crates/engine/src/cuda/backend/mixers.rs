@@ -45,6 +45,22 @@ impl CudaBackend {
                 ),
             ));
         }
+        let (kc, vc) = &state.kv[slot];
+        self.attend(a, x, pos_dev, mpos, (kc.ptr(), vc.ptr()), state.n_ctx)
+    }
+
+    /// Attention `a` over the rows of `x` (the projections, then `attention_core`):
+    /// the rows at the positions `pos_dev` gives, their K/V written into `caches`.
+    pub(super) fn attend(
+        &self,
+        a: &AttnDev,
+        x: &DBuf,
+        pos_dev: u64,
+        mpos: u64,
+        caches: (u64, u64),
+        n_ctx: usize,
+    ) -> Result<DBuf, ExecError> {
+        let t_n = x.rows;
         let xq = self.prepare(&[&a.q, &a.k, &a.v], x)?;
         let (q_raw, k_raw, v_raw) = if t_n == 1 && self.fused {
             // One token: the three projections in one launch.
@@ -68,9 +84,8 @@ impl CudaBackend {
                 self.mm_q(&a.v, x, xq)?,
             )
         };
-        let (kc, vc) = &state.kv[slot];
         let raw = (&q_raw, &k_raw, &v_raw);
-        self.attention_core(a, raw, pos_dev, mpos, (kc.ptr(), vc.ptr()), 0, state.n_ctx)
+        self.attention_core(a, raw, pos_dev, mpos, caches, 0, n_ctx)
     }
 
     /// One sequence's DeltaNet over its tokens: `Backend::delta_net`.

@@ -84,7 +84,12 @@ impl CudaBackend {
     /// rows, by tiles for a prompt; tiered: `routed_tiered`) and the shared expert,
     /// combined in rank order.
     pub(super) fn moe_block(&self, layer: usize, x: &DBuf) -> Result<DBuf, ExecError> {
-        let m = &self.w.layers[layer].moe;
+        self.moe_of(&self.w.layers[layer].moe, layer, x)
+    }
+
+    /// [`Self::moe_block`] of the block `m` (layer `layer`'s, or the MTP block's,
+    /// which is never tiered).
+    pub(super) fn moe_of(&self, m: &MoeDev, layer: usize, x: &DBuf) -> Result<DBuf, ExecError> {
         let cfg = &self.cfg;
         let (t_n, e, k) = (x.rows, cfg.n_embd, cfg.n_expert_used);
         // One quantized copy of x for the router and every expert that reads it.
