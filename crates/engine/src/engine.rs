@@ -607,6 +607,7 @@ fn cuda_budgets<'a>(
             SpecMode::Off => 0,
             _ => cfg.spec.draft_max + 1,
         },
+        mtp: matches!(cfg.spec.mode, SpecMode::Auto | SpecMode::Mtp),
         reads: read_policy(cfg),
     }
 }
@@ -755,10 +756,11 @@ fn choose_drafter(
         SpecMode::Mtp if cfg.n_nextn == 0 => {
             refuse("this model file has no MTP (nextn) layer".to_string())
         }
-        SpecMode::Mtp if !exec.enable_mtp() => refuse(
-            "this executor does not run the MTP block yet (prompt lookup: --spec ngram)"
-                .to_string(),
-        ),
+        SpecMode::Mtp if !exec.enable_mtp() => refuse(format!(
+            "the {device} executor does not run this model's MTP block here (on a GPU it \
+             runs with every routed expert in VRAM, not with tiered experts; prompt \
+             lookup drafts under tiering: --spec ngram)"
+        )),
         SpecMode::Mtp => Ok(Some(Drafter::Mtp)),
     }
 }

@@ -7,6 +7,7 @@
 
 mod backend;
 mod graphs;
+mod mtp;
 mod rollback;
 mod sample;
 mod snapshot;
@@ -170,6 +171,9 @@ pub struct Budgets<'a> {
     /// after each of them but the last, to roll back to (at most
     /// [`MAX_LOGIT_ROWS`]: a verify step is one pass).
     pub verify_tokens: usize,
+    /// Keep the model's MTP block in VRAM to draft with (when the file has one and
+    /// every expert is resident; `cuda/mtp.rs`).
+    pub mtp: bool,
     /// How experts held only in the file are read (their deadline).
     pub reads: ReadPolicy,
 }
@@ -183,6 +187,18 @@ fn verify_tokens(budgets: &Budgets) -> usize {
 /// DeltaNet state after each token but the last.
 fn trail_bytes(cfg: &ModelConfig, verify_tokens: usize) -> usize {
     cfg.recurrent_state_bytes() * verify_tokens.saturating_sub(1)
+}
+
+/// VRAM a sequence's MTP state takes at `n_ctx` positions (`backend::MtpSeq`): the
+/// block's K/V and the hidden rows of a verify step.
+fn mtp_state_bytes(cfg: &ModelConfig, n_ctx: usize, verify_tokens: usize) -> u64 {
+    (2 * n_ctx * cfg.n_head_kv * cfg.head_dim + verify_tokens.max(1) * cfg.n_embd) as u64 * 4
+}
+
+/// The MTP block's buffers for steps of up to `chunk` rows (`backend::MtpBufs`).
+fn mtp_buf_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
+    let rows = chunk.max(MAX_ROWS);
+    ((2 * rows + 1) * cfg.n_embd * 4 + 4 * rows * 4) as u64
 }
 
 pub struct CudaExecutor {
@@ -202,6 +218,8 @@ pub struct CudaExecutor {
     /// Batched decode passes (one token of each of several sequences), by the list of
     /// sequences: the logits rows, with every row's greedy token in `argmax_out`.
     row_graphs: HashMap<Vec<usize>, DecodeGraph>,
+    /// MTP passes by (sequence, rows, chained drafts; 0: a fill without logits).
+    mtp_graphs: HashMap<(usize, usize, usize), DecodeGraph>,
     argmax_out: cuda::DevBuf<i32>,
     /// The argmax kernel's per-row blocks (`cuda::argmax_scratch_words`).
     argmax_scratch: cuda::DevBuf<u32>,
@@ -270,6 +288,10 @@ struct Opening<'a> {
     budget: u64,
     free: u64,
     total: u64,
+    /// The MTP block to upload beside the weights, and one sequence's MTP state
+    /// (both counted in what `open_at` is given; a tiered executor leaves them out).
+    mtp: Option<&'a model::weights::MtpWeights>,
+    mtp_state: u64,
 }
 
 impl CudaExecutor {
@@ -343,11 +365,19 @@ impl CudaExecutor {
             None => free.saturating_sub(RESERVE),
         };
         let verify = verify_tokens(&budgets);
-        let state_of = |c: usize| (cfg.seq_state_bytes(c) + trail_bytes(cfg, verify)) as u64;
+        let mtp = weights.mtp.as_ref().filter(|_| budgets.mtp);
+        let w_bytes = w_bytes
+            + mtp.map_or(0, |m| {
+                weights::mtp_bytes(m) + mtp_buf_bytes(cfg, PROMPT_CHUNKS[0])
+            });
+        let mtp_state = |c: usize| mtp.map_or(0, |_| mtp_state_bytes(cfg, c, verify));
+        let state_of =
+            |c: usize| (cfg.seq_state_bytes(c) + trail_bytes(cfg, verify)) as u64 + mtp_state(c);
         let (n_ctx, chosen) = match ask {
             ContextAsk::Fixed(n) => (n, None),
             ContextAsk::Auto => {
-                let dense = w_bytes - weights::routed_expert_bytes(weights);
+                // A tiered executor leaves the MTP block out.
+                let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights);
                 let fit = crate::memory::GpuFit {
                     budget,
                     seqs: n_seq,
@@ -380,6 +410,8 @@ impl CudaExecutor {
             budget,
             free,
             total,
+            mtp,
+            mtp_state: mtp_state(n_ctx),
         };
         let e = Self::open_at(o, w_bytes, state_one)?;
         crate::memory::log_context(n_ctx, cfg.n_ctx_train, chosen.as_deref(), true);
@@ -397,6 +429,8 @@ impl CudaExecutor {
             budget,
             free,
             total,
+            mtp,
+            mtp_state,
             ..
         } = o;
         let ordinal = o.gpu.ordinal();
@@ -416,7 +450,13 @@ impl CudaExecutor {
         };
         if w_bytes + state + scratch > budget {
             o.n_seq = n_seq;
-            return Self::open_tiered(o, state);
+            if mtp.is_some() {
+                tracing::info!(
+                    "cuda:{ordinal}: the experts are tiered, so the MTP block stays on the \
+                     file (MTP drafts need every expert in VRAM; prompt lookup drafts instead)"
+                );
+            }
+            return Self::open_tiered(o, state - mtp_state * n_seq as u64);
         }
         let (chunk, (arena, scratch)) =
             prompt_chunk_for(&o.gpu, cfg, n_ctx, budget - (w_bytes + state));
@@ -438,7 +478,19 @@ impl CudaExecutor {
         let bar = upload_bar(w_bytes, ordinal);
         let w = weights::upload(&o.gpu, cfg, weights, None, &|done| bar.set_position(done))?;
         bar.finish_and_clear();
-        let be = CudaBackend::new(o.gpu, cfg.clone(), w, arena, n_ctx, chunk, None)?;
+        let mut be = CudaBackend::new(o.gpu, cfg.clone(), w, arena, n_ctx, chunk, None)?;
+        if let Some(m) = mtp {
+            // Counted above; a block the kernels cannot run is left out, not fatal.
+            match weights::upload_mtp(&be.gpu, cfg, m).and_then(|w| be.set_mtp(w)) {
+                Ok(bufs) => tracing::info!(
+                    "cuda:{ordinal}: MTP block in VRAM for drafts: {:.2} GiB of weights and \
+                     buffers, {:.2} GiB of K/V per slot",
+                    gib(weights::mtp_bytes(m) + bufs),
+                    gib(mtp_state)
+                ),
+                Err(e) => tracing::warn!("cuda:{ordinal}: no MTP drafts on the GPU: {e}"),
+            }
+        }
         let vram = VramAccount {
             weights: w_bytes,
             expert_slots: 0,
@@ -643,6 +695,7 @@ impl CudaExecutor {
             graphs: (0..n_seq).map(|_| [None, None]).collect(),
             segments: (0..n_seq).map(|_| [None, None]).collect(),
             row_graphs: HashMap::new(),
+            mtp_graphs: HashMap::new(),
             fed: vec![0; states.len()],
             snap_buf: None,
             states,
@@ -757,7 +810,7 @@ impl CudaExecutor {
         } else {
             Vec::new()
         };
-        entries
+        let outs = entries
             .iter()
             .enumerate()
             .map(|(i, e)| {
@@ -770,7 +823,12 @@ impl CudaExecutor {
                     ),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, ExecError>>()?;
+        // After the outputs are read: the MTP passes reuse the scratch arena.
+        for (i, e) in entries.iter().enumerate() {
+            self.mtp_fill(e.seq, e.tokens, e.pos0, i)?;
+        }
+        Ok(outs)
     }
 
     /// Runs the forward pass (kernels only; capturable for one token) and, for
@@ -895,7 +953,18 @@ impl Executor for CudaExecutor {
         self.fed[seq] = 0;
         self.states[seq].trail.armed = false;
         self.states[seq].trail.span = None;
+        if let Some(m) = self.states[seq].mtp.as_mut() {
+            m.clear();
+        }
         Ok(())
+    }
+
+    fn enable_mtp(&mut self) -> bool {
+        self.start_mtp()
+    }
+
+    fn mtp_draft(&mut self, seq: usize, token: u32, k: usize) -> Result<Vec<u32>, ExecError> {
+        self.mtp_drafts(seq, token, k)
     }
 
     fn rollbacks(&self) -> bool {
@@ -954,6 +1023,9 @@ impl Executor for CudaExecutor {
         // Marked unfed first: a failed upload leaves no claim on the state.
         self.fed[seq] = 0;
         self.states[seq].trail.span = None;
+        if let Some(m) = self.states[seq].mtp.as_mut() {
+            m.lose();
+        }
         let n = upto * self.kv_width();
         let st = &self.states[seq];
         let mut parts: Vec<(&[f32], u64)> = Vec::new();
@@ -970,6 +1042,9 @@ impl Executor for CudaExecutor {
         self.shape("restore_recurrent", seq)?
             .check_restore_recurrent(snap)?;
         self.states[seq].trail.span = None;
+        if let Some(m) = self.states[seq].mtp.as_mut() {
+            m.lose();
+        }
         let parts: Vec<_> = recurrent_uploads(snap, &self.states[seq]).collect();
         upload_f32s(&self.be.gpu, &mut self.snap_buf, &parts)?;
         self.fed[seq] = snap.pos;
@@ -1129,7 +1204,10 @@ impl CudaExecutor {
             } else {
                 self.decode_eager(s)?
             };
-            return self.read_out(out, s.want, (0, 1), s);
+            let r = self.read_out(out, s.want, (0, 1), s)?;
+            // After the output is read: the MTP pass reuses the scratch arena.
+            self.mtp_fill(s.seq, s.tokens, s.pos0, 0)?;
+            return Ok(r);
         }
         // Several tokens: pieces the arena holds (every position's logits
         // need more room, so those pieces are shorter).
@@ -1171,7 +1249,14 @@ impl CudaExecutor {
             } else {
                 1
             };
-            self.read_out(out, want, (off, rows), s)
+            let r = self.read_out(out, want, (off, rows), s)?;
+            if media.embeds.is_empty() && media.rope.is_none() {
+                self.mtp_fill(s.seq, chunk, pos0, 0)?;
+            } else if let Some(m) = self.states[s.seq].mtp.as_mut() {
+                // Images: the MTP block was trained on text.
+                m.lose();
+            }
+            Ok(r)
         })
     }
 }

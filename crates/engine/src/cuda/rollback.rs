@@ -65,6 +65,9 @@ impl CudaExecutor {
             }
         }
         self.states[seq].trail.span = None;
+        if let Some(m) = self.states[seq].mtp.as_mut() {
+            m.truncate(pos);
+        }
         self.fed[seq] = pos;
         Ok(())
     }

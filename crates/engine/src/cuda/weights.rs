@@ -5,7 +5,7 @@
 //! sit in a fused projection) arrive here as index arrays, not as code.
 
 use cuda::{CudaError, DevBuf, Gpu};
-use model::weights::{BetaAlpha, Mixer, ModelWeights, Weight};
+use model::weights::{BetaAlpha, LayerWeights, Mixer, ModelWeights, MtpWeights, Weight};
 use model::{ExecError, ExecErrorKind, ModelConfig};
 use quant::GgmlType;
 use std::sync::Arc;
@@ -181,6 +181,17 @@ pub(crate) struct WeightsDev {
     pub scaled: bool,
 }
 
+/// The model's MTP (next-next-token) block in VRAM: the projection of the embedded
+/// token and the trunk's hidden row side by side, one attention + MoE layer (every
+/// expert resident), and the norm before the shared LM head.
+pub(crate) struct MtpDev {
+    pub eh_proj: DevWeight,
+    pub enorm: DevBuf<f32>,
+    pub hnorm: DevBuf<f32>,
+    pub head_norm: DevBuf<f32>,
+    pub layer: LayerDev,
+}
+
 impl WeightsDev {
     pub fn lm_head(&self) -> &DevWeight {
         self.output.as_ref().unwrap_or(&self.token_embd)
@@ -260,38 +271,47 @@ pub(crate) fn upload_bytes(w: &ModelWeights) -> u64 {
     if !tied(w) {
         n += w.output.bytes().len() as u64;
     }
-    for l in &w.layers {
-        n += (l.attn_norm.len() + l.ffn_norm.len()) as u64 * 4;
-        match &l.mixer {
-            Mixer::Attention(a) => {
-                for m in [&a.q, &a.k, &a.v, &a.o] {
-                    n += m.bytes().len() as u64;
-                }
-                n += (a.q_norm.len() + a.k_norm.len()) as u64 * 4;
+    n + w.layers.iter().map(layer_bytes).sum::<u64>()
+}
+
+/// Bytes a layer's upload takes (its routed experts included).
+fn layer_bytes(l: &LayerWeights) -> u64 {
+    let mut n = (l.attn_norm.len() + l.ffn_norm.len()) as u64 * 4;
+    match &l.mixer {
+        Mixer::Attention(a) => {
+            for m in [&a.q, &a.k, &a.v, &a.o] {
+                n += m.bytes().len() as u64;
             }
-            Mixer::DeltaNet(d) => {
-                for m in [&d.qkv, &d.gate, &d.out] {
-                    n += m.bytes().len() as u64;
-                }
-                match &d.beta_alpha {
-                    BetaAlpha::Separate { beta, alpha } => {
-                        n += (beta.bytes().len() + alpha.bytes().len()) as u64
-                    }
-                    BetaAlpha::Fused { w, .. } => n += w.bytes().len() as u64,
-                }
-                n += (d.a.len() + d.dt_bias.len() + d.conv.len() + d.norm.len()) as u64 * 4;
+            n += (a.q_norm.len() + a.k_norm.len()) as u64 * 4;
+        }
+        Mixer::DeltaNet(d) => {
+            for m in [&d.qkv, &d.gate, &d.out] {
+                n += m.bytes().len() as u64;
             }
-        }
-        let m = &l.moe;
-        for t in [&m.router, &m.gate_exps, &m.up_exps, &m.down_exps] {
-            n += t.bytes().len() as u64;
-        }
-        if let Some(s) = &m.shared {
-            n += (s.gate.bytes().len() + s.up.bytes().len() + s.down.bytes().len()) as u64;
-            n += s.gate_inp.len() as u64 * 4;
+            match &d.beta_alpha {
+                BetaAlpha::Separate { beta, alpha } => {
+                    n += (beta.bytes().len() + alpha.bytes().len()) as u64
+                }
+                BetaAlpha::Fused { w, .. } => n += w.bytes().len() as u64,
+            }
+            n += (d.a.len() + d.dt_bias.len() + d.conv.len() + d.norm.len()) as u64 * 4;
         }
     }
+    let m = &l.moe;
+    for t in [&m.router, &m.gate_exps, &m.up_exps, &m.down_exps] {
+        n += t.bytes().len() as u64;
+    }
+    if let Some(s) = &m.shared {
+        n += (s.gate.bytes().len() + s.up.bytes().len() + s.down.bytes().len()) as u64;
+        n += s.gate_inp.len() as u64 * 4;
+    }
     n
+}
+
+/// Bytes the MTP block's upload takes ([`upload_mtp`]).
+pub(crate) fn mtp_bytes(m: &MtpWeights) -> u64 {
+    let norms = (m.enorm.len() + m.hnorm.len() + m.head_norm.len()) as u64 * 4;
+    m.eh_proj.bytes().len() as u64 + norms + layer_bytes(&m.layer)
 }
 
 /// Bytes of the routed experts' tensors (what tiers instead of uploading).
@@ -477,42 +497,17 @@ impl Uploader<'_> {
         }))
     }
 
-    fn f32s(&mut self, v: &[f32], what: &str) -> Result<DevBuf<f32>, ExecError> {
-        self.done += v.len() as u64 * 4;
-        self.gpu.upload(v, what).map_err(cuda_err("upload weights"))
-    }
-
-    fn i32s(&mut self, v: &[i32], what: &str) -> Result<DevBuf<i32>, ExecError> {
-        self.gpu.upload(v, what).map_err(cuda_err("upload weights"))
-    }
-}
-
-/// Uploads every tensor of `w`; `progress` is called with the bytes done so far.
-/// With `slots`, layer `l`'s routed expert tensors are not uploaded: room for
-/// `slots[l]` experts is allocated in their place (the tiered store fills it).
-pub(crate) fn upload(
-    gpu: &Gpu,
-    cfg: &ModelConfig,
-    w: &ModelWeights,
-    slots: Option<&[usize]>,
-    progress: &dyn Fn(u64),
-) -> Result<WeightsDev, ExecError> {
-    let mut up = Uploader {
-        gpu,
-        done: 0,
-        progress,
-    };
-    let token_embd = up.weight(&w.token_embd)?;
-    let output = if tied(w) {
-        None
-    } else {
-        Some(up.weight(&w.output)?)
-    };
-    let output_norm = up.f32s(&w.output_norm, "output_norm")?;
-    let routers: Vec<&Weight> = w.layers.iter().map(|l| &l.moe.router).collect();
-    let mut routers = up.routers(&routers)?.into_iter();
-    let mut layers = Vec::with_capacity(w.layers.len());
-    for (i, l) in w.layers.iter().enumerate() {
+    /// Layer `i` of the model (`router`: its router, uploaded with the others; `slots`:
+    /// the expert slots of a tiered layer, whose expert tensors are then slot buffers).
+    fn layer(
+        &mut self,
+        cfg: &ModelConfig,
+        i: usize,
+        l: &LayerWeights,
+        router: DevWeight,
+        slots: Option<usize>,
+    ) -> Result<LayerDev, ExecError> {
+        let up = self;
         let mixer = match &l.mixer {
             Mixer::Attention(a) => MixerDev::Attention(AttnDev {
                 q: up.weight(&a.q)?,
@@ -584,9 +579,6 @@ pub(crate) fn upload(
             }
         };
         let m = &l.moe;
-        let router = routers
-            .next()
-            .ok_or_else(|| ExecError::new("upload weights", format!("layer {i}: no router")))?;
         let shared = match &m.shared {
             Some(s) => Some(SharedDev {
                 gate_inp: up.f32s(&s.gate_inp, "ffn_gate_inp_shexp")?,
@@ -596,12 +588,12 @@ pub(crate) fn upload(
             }),
             None => None,
         };
-        layers.push(LayerDev {
+        Ok(LayerDev {
             attn_norm: up.f32s(&l.attn_norm, "attn_norm")?,
             ffn_norm: up.f32s(&l.ffn_norm, "ffn_norm")?,
             mixer,
-            moe: match slots.and_then(|s| s.get(i)) {
-                Some(&n) => {
+            moe: match slots {
+                Some(n) => {
                     let [gate_exps, up_exps, down_exps] =
                         up.slots([&m.gate_exps, &m.up_exps, &m.down_exps], n)?;
                     MoeDev {
@@ -620,7 +612,50 @@ pub(crate) fn upload(
                     shared,
                 },
             },
-        });
+        })
+    }
+
+    fn f32s(&mut self, v: &[f32], what: &str) -> Result<DevBuf<f32>, ExecError> {
+        self.done += v.len() as u64 * 4;
+        self.gpu.upload(v, what).map_err(cuda_err("upload weights"))
+    }
+
+    fn i32s(&mut self, v: &[i32], what: &str) -> Result<DevBuf<i32>, ExecError> {
+        self.gpu.upload(v, what).map_err(cuda_err("upload weights"))
+    }
+}
+
+/// Uploads every tensor of `w`; `progress` is called with the bytes done so far.
+/// With `slots`, layer `l`'s routed expert tensors are not uploaded: room for
+/// `slots[l]` experts is allocated in their place (the tiered store fills it).
+pub(crate) fn upload(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    slots: Option<&[usize]>,
+    progress: &dyn Fn(u64),
+) -> Result<WeightsDev, ExecError> {
+    let mut up = Uploader {
+        gpu,
+        done: 0,
+        progress,
+    };
+    let token_embd = up.weight(&w.token_embd)?;
+    let output = if tied(w) {
+        None
+    } else {
+        Some(up.weight(&w.output)?)
+    };
+    let output_norm = up.f32s(&w.output_norm, "output_norm")?;
+    let routers: Vec<&Weight> = w.layers.iter().map(|l| &l.moe.router).collect();
+    let mut routers = up.routers(&routers)?.into_iter();
+    let mut layers = Vec::with_capacity(w.layers.len());
+    for (i, l) in w.layers.iter().enumerate() {
+        let router = routers
+            .next()
+            .ok_or_else(|| ExecError::new("upload weights", format!("layer {i}: no router")))?;
+        let slots = slots.and_then(|s| s.get(i)).copied();
+        layers.push(up.layer(cfg, i, l, router, slots)?);
     }
     Ok(WeightsDev {
         token_embd,
@@ -628,5 +663,32 @@ pub(crate) fn upload(
         output,
         layers,
         scaled: has_scales(w),
+    })
+}
+
+/// Uploads the MTP block `m` (block `cfg.n_layer` of the file), [`mtp_bytes`] of it.
+pub(crate) fn upload_mtp(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    m: &MtpWeights,
+) -> Result<MtpDev, ExecError> {
+    if !matches!(m.layer.mixer, Mixer::Attention(_)) {
+        return Err(ExecError::new(
+            "upload MTP block",
+            "its mixer is not attention",
+        ));
+    }
+    let mut up = Uploader {
+        gpu,
+        done: 0,
+        progress: &|_| {},
+    };
+    let router = up.weight(&m.layer.moe.router)?;
+    Ok(MtpDev {
+        eh_proj: up.weight(&m.eh_proj)?,
+        enorm: up.f32s(&m.enorm, "nextn.enorm")?,
+        hnorm: up.f32s(&m.hnorm, "nextn.hnorm")?,
+        head_norm: up.f32s(&m.head_norm, "nextn.shared_head_norm")?,
+        layer: up.layer(cfg, cfg.n_layer, &m.layer, router, None)?,
     })
 }

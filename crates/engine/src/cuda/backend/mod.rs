@@ -35,11 +35,13 @@
 
 mod mixers;
 mod moe;
+mod mtp;
 mod rows;
 mod segments;
 pub(crate) mod tiered;
 
 pub(crate) use moe::MoeCounts;
+pub(crate) use mtp::MtpBufs;
 pub(crate) use rows::{RowTables, MAX_ROWS};
 pub(crate) use segments::SegRun;
 use tiered::Tiered;
@@ -69,6 +71,53 @@ pub struct CudaState {
     pub ssm: Vec<DevBuf<f32>>,
     /// What a verify step keeps to roll back to any of its tokens.
     pub trail: CudaTrail,
+    /// The MTP block's cache and the trunk's last hidden rows (drafts), when the
+    /// executor runs the MTP block.
+    pub mtp: Option<MtpSeq>,
+}
+
+/// A sequence's MTP state on the device (`cpu/mtp.rs`'s `MtpState`): MTP position p
+/// pairs token x_p with the trunk's hidden row at p − 1; positions `base..end` are in
+/// the cache (position p at row p − base); `base == 0`: lost (a restored sequence),
+/// nothing is drafted until a step starts the cache again.
+pub struct MtpSeq {
+    pub k: DevBuf<f32>,
+    pub v: DevBuf<f32>,
+    pub base: usize,
+    pub end: usize,
+    /// The last step's last `hid_rows` post-norm hidden rows, positions `hid_pos0..`
+    /// (room for a verify step's rows, to roll back into).
+    pub hid: DevBuf<f32>,
+    pub hid_pos0: usize,
+    pub hid_rows: usize,
+}
+
+impl MtpSeq {
+    /// An empty sequence.
+    pub fn clear(&mut self) {
+        self.base = 1;
+        self.end = 1;
+        self.hid_pos0 = 0;
+        self.hid_rows = 0;
+    }
+
+    /// The sequence's state came from elsewhere (a snapshot).
+    pub fn lose(&mut self) {
+        self.clear();
+        self.base = 0;
+        self.end = 0;
+    }
+
+    /// The sequence was rolled back to `pos` positions.
+    pub fn truncate(&mut self, pos: usize) {
+        self.end = self.end.min(pos).max(self.base);
+        self.hid_rows = pos.saturating_sub(self.hid_pos0).min(self.hid_rows);
+    }
+
+    /// Rows of hidden state the sequence keeps.
+    pub fn keeps(&self, n_embd: usize) -> usize {
+        self.hid.len() / n_embd
+    }
 }
 
 /// A verify step's DeltaNet states after each of its tokens but the last
@@ -211,6 +260,10 @@ pub struct CudaBackend {
     /// product is scaled after it (`mm_q_into`, `mm_tiles_into`), which the fused
     /// kernels, reading their products within (SwiGLU, the conv, the combine), do not.
     fused: bool,
+    /// The MTP block and its buffers, when the executor drafts with it.
+    pub(crate) mtp: Option<MtpBufs>,
+    /// Passes keep their post-norm hidden rows in `mtp.hid` (`Backend::keep_hidden`).
+    keep_hidden: Cell<bool>,
 }
 
 /// Scratch bytes a step of up to `t` tokens needs (a generous bound: the largest
@@ -346,6 +399,8 @@ impl CudaBackend {
             tiered,
             seg: RefCell::new(None),
             fused: !crate::switches::on(crate::switches::NO_FUSED_DECODE) && !scaled,
+            mtp: None,
+            keep_hidden: Cell::new(false),
         })
     }
 
@@ -386,6 +441,17 @@ impl CudaBackend {
             self.load_mpos(rope)?;
         }
         Ok(())
+    }
+
+    /// The device buffer of the step's token ids (a draft's argmax writes the next
+    /// draft's token there).
+    pub(crate) fn token_ids(&self) -> u64 {
+        self.tok.ptr()
+    }
+
+    /// Whether passes keep their hidden rows for the MTP block (its drafts).
+    pub(crate) fn set_keep_hidden(&self, on: bool) {
+        self.keep_hidden.set(on && self.mtp.is_some());
     }
 
     pub(crate) fn arena_bytes(&self) -> u64 {
@@ -464,12 +530,29 @@ impl CudaBackend {
                 }
             }
         }
+        let mtp = match &self.mtp {
+            Some(_) => Some(MtpSeq {
+                k: g.alloc::<f32>(kv_len, "MTP K cache")
+                    .map_err(cuda_err("allocate state"))?,
+                v: g.alloc::<f32>(kv_len, "MTP V cache")
+                    .map_err(cuda_err("allocate state"))?,
+                hid: g
+                    .alloc::<f32>(trail_tokens.max(1) * cfg.n_embd, "MTP hidden rows")
+                    .map_err(cuda_err("allocate state"))?,
+                base: 1,
+                end: 1,
+                hid_pos0: 0,
+                hid_rows: 0,
+            }),
+            None => None,
+        };
         Ok(CudaState {
             n_ctx,
             kv,
             conv,
             ssm,
             trail,
+            mtp,
         })
     }
 
@@ -676,6 +759,28 @@ impl Backend for CudaBackend {
         self.gpu
             .copy_to_device(data, x.ptr + (row * x.cols * 4) as u64)
             .map_err(cuda_err("set_row"))
+    }
+
+    fn wants_hidden(&self) -> bool {
+        self.keep_hidden.get()
+    }
+
+    /// Into `mtp.hid` (a copy on the stream: capturable), for the MTP passes after
+    /// the step.
+    fn keep_hidden(&self, h: &DBuf) -> Result<(), ExecError> {
+        let Some(m) = &self.mtp else {
+            return Err(ExecError::new("keep_hidden", "no MTP block in VRAM"));
+        };
+        let bytes = (h.rows * h.cols * 4) as u64;
+        if bytes > m.hid.bytes() {
+            return Err(ExecError::new(
+                "keep_hidden",
+                format!("{} hidden rows (room for {})", h.rows, m.rows()),
+            ));
+        }
+        self.gpu
+            .copy_device(h.ptr, m.hid.ptr(), bytes)
+            .map_err(cuda_err("keep_hidden"))
     }
 
     fn rms_norm(&self, x: &DBuf, which: Norm) -> Result<DBuf, ExecError> {
