@@ -263,11 +263,16 @@ impl RequestSpec {
     /// How long the next draft may be, at most `cap`: the longest the running
     /// acceptance allows, or (unless `fixed`) the length among those that brings the
     /// most tokens per second by `costs` — 0 where no draft pays, except every
-    /// `probe_every`-th such step, which drafts anyway to measure again.
+    /// `probe_every`-th such step, which drafts anyway to measure again, and 0 until
+    /// a decode step's cost is known (a drafter that always has a draft, MTP, would
+    /// otherwise never measure the step it is compared with).
     pub fn len(&mut self, cap: usize, costs: &StepCosts) -> usize {
         let most = self.n_max.min(self.run_cap).min(cap);
         if self.fixed || most == 0 {
             return most;
+        }
+        if costs.relative(1).is_none() {
+            return 0;
         }
         let Some(best) = best_len(self.keep_rate(), self.n_min.max(1), most, costs) else {
             return most;
@@ -447,17 +452,21 @@ mod tests {
             &loop_text,
         )
         .expect("speculates");
-        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 8);
+        // Until a decode step has been timed there is nothing to compare with: none.
+        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 0);
+        // Verify steps as cheap as a decode step: the cap is all that limits a draft.
+        let flat = measured(1, |_| 1.0);
+        assert_eq!(s.draft(&[], 64, &flat).len(), 8);
         s.verified(8, 1);
-        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 2);
+        assert_eq!(s.draft(&[], 64, &flat).len(), 2);
         s.verified(2, 0);
-        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 1);
+        assert_eq!(s.draft(&[], 64, &flat).len(), 1);
         s.verified(1, 1);
         s.verified(2, 2);
-        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 4);
+        assert_eq!(s.draft(&[], 64, &flat).len(), 4);
         s.verified(4, 4);
         s.verified(8, 8);
-        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 8);
+        assert_eq!(s.draft(&[], 64, &flat).len(), 8);
         // n_max 0: no speculation at all.
         let none = DraftLimits {
             n_max: Some(0),

@@ -412,6 +412,9 @@ struct Entry {
     verify: bool,
     /// Image rows and rotary positions (a request with images).
     media: Option<EntryMedia>,
+    /// Seconds its drafts took to make (an MTP draft runs on the executor): part of
+    /// what the step costs.
+    draft_secs: f64,
 }
 
 /// What one step did.
@@ -461,7 +464,9 @@ pub(super) fn run(
                 let cap = room
                     .min(lim.n_ctx.saturating_sub(pos0 + 1))
                     .min(exec.verify_tokens().saturating_sub(1));
+                let t0 = Instant::now();
                 let drafts = act.drafts(exec, cap, costs);
+                let draft_secs = t0.elapsed().as_secs_f64();
                 room -= drafts.len();
                 let verify = !drafts.is_empty();
                 let mut tokens = vec![t];
@@ -487,6 +492,7 @@ pub(super) fn run(
                     prompt: false,
                     verify,
                     media: None,
+                    draft_secs,
                 });
             }
         } else if !prompt_taken {
@@ -518,6 +524,7 @@ pub(super) fn run(
                 prompt: true,
                 verify: false,
                 media: None,
+                draft_secs: 0.0,
             });
         }
     }
@@ -608,7 +615,7 @@ pub(super) fn run(
         // lengths are chosen by it.
         if let ([e], Ok(_)) = (&entries[..], &result) {
             if !e.prompt && e.media.is_none() {
-                costs.observe(e.tokens.len(), took);
+                costs.observe(e.tokens.len(), took + e.draft_secs);
             }
         }
         let masks: Vec<_> = helpers.into_iter().map(|(i, h)| (i, h.join())).collect();
