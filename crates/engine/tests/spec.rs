@@ -766,6 +766,35 @@ fn demo_mtp_block_matches_transformers_and_its_drafts_are_accepted() {
     }
 }
 
+/// An engine of one slot on the test device with `--vram-budget` / `--ram-budget`, drafting
+/// up to 8 tokens. A short context: the resident run's prompt scratch (which grows with
+/// the context) is then close to what a tiered load plans for, so half the experts'
+/// VRAM less does tier them.
+fn budgeted(
+    path: &Path,
+    mode: SpecMode,
+    vram_budget: Option<u64>,
+    ram_budget: Option<u64>,
+) -> Result<Engine, engine::EngineError> {
+    Engine::load(
+        path,
+        &EngineConfig {
+            max_context: Some(256),
+            parallel: Some(1),
+            device: Some(common::test_device()),
+            vram_budget,
+            ram_budget,
+            spec: SpecConfig {
+                mode,
+                draft_max: 8,
+                draft_min: 0,
+                fixed: true,
+            },
+            ..Default::default()
+        },
+    )
+}
+
 /// With the routed experts tiered on the test device (the GPU: VRAM slots for half of
 /// them, the rest read from the file; the CPU: every one read from the file), prompt
 /// lookup's verify steps and rollbacks keep the bytes of plain decoding with every
@@ -774,28 +803,7 @@ fn demo_mtp_block_matches_transformers_and_its_drafts_are_accepted() {
 fn tiered_prompt_lookup_keeps_the_bytes_of_resident_plain_decoding() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
-    // A short context: the resident run's prompt scratch (which grows with the
-    // context) is then close to what the tiered load plans for, so half the experts'
-    // VRAM less does tier them.
-    let load = |mode, vram_budget, ram_budget| {
-        Engine::load(
-            &path,
-            &EngineConfig {
-                max_context: Some(256),
-                parallel: Some(1),
-                device: Some(common::test_device()),
-                vram_budget,
-                ram_budget,
-                spec: SpecConfig {
-                    mode,
-                    draft_max: 8,
-                    draft_min: 0,
-                    fixed: true,
-                },
-                ..Default::default()
-            },
-        )
-    };
+    let load = |mode, vram_budget, ram_budget| budgeted(&path, mode, vram_budget, ram_budget);
     // What the resident engine uses with speculation's room for verify steps (the
     // GPU keeps a trail of states per slot): half the experts' VRAM less tiers them.
     let used = load(SpecMode::Ngram, None, None)
@@ -831,23 +839,7 @@ fn tiered_mtp_drafts_keep_the_bytes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
     if common::test_device() != engine::Device::Cpu {
-        let load = |mode, vram_budget, ram_budget| {
-            Engine::load(
-                &path,
-                &EngineConfig {
-                    max_context: Some(256),
-                    parallel: Some(1),
-                    device: Some(common::test_device()),
-                    vram_budget,
-                    ram_budget,
-                    spec: SpecConfig {
-                        mode,
-                        ..SpecConfig::default()
-                    },
-                    ..Default::default()
-                },
-            )
-        };
+        let load = |mode, vram_budget, ram_budget| budgeted(&path, mode, vram_budget, ram_budget);
         let used = load(SpecMode::Mtp, None, None)
             .expect("resident load")
             .device_report()
