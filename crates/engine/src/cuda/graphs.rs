@@ -11,10 +11,13 @@ use super::{gib, CudaExecutor};
 use crate::exec::{SeqStep, Want};
 use cuda::Graph;
 use model::ExecError;
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
-/// Captured batched decode passes kept at once (one per list of sequences).
-const MAX_ROW_GRAPHS: usize = 64;
+/// Graphs kept at once in each keyed cache (batched decode passes by their list of
+/// sequences, MTP passes, verify steps).
+const MAX_KEYED_GRAPHS: usize = 64;
 
 /// A captured decode step of one sequence: replaying it runs one token.
 pub(super) struct DecodeGraph {
@@ -261,39 +264,58 @@ impl CudaExecutor {
     }
 
     /// One token of each of `entries`' sequences in one batched pass (`launch_rows`),
-    /// replayed from the graph captured for this list of sequences (captured the
-    /// first time); without VRAM for it, the same kernels one by one. Returns where
-    /// the logits rows are.
+    /// replayed from the graph captured for this list of sequences (see
+    /// [`Self::replay`]). Returns where the logits rows are.
     pub(super) fn decode_rows(&mut self, entries: &[&SeqStep]) -> Result<u64, ExecError> {
-        if !self.use_graphs {
-            return self.launch_rows(entries);
-        }
         let key: Vec<usize> = entries.iter().map(|e| e.seq).collect();
-        if !self.row_graphs.contains_key(&key) && !self.capture_paused() {
-            if self.row_graphs.len() >= MAX_ROW_GRAPHS {
-                self.row_graphs.clear();
+        self.replay(
+            |ex| &mut ex.row_graphs,
+            key,
+            "a batched decode step",
+            |ex| ex.launch_rows(entries),
+        )
+    }
+
+    /// The kernels `launch` issues, replayed from the graph kept under `key` in the
+    /// cache `cache` names (captured the first time; a full cache is emptied first).
+    /// Without graphs, while capturing is paused, or without VRAM for the graph (see
+    /// [`Pressure`]), the same kernels one by one. `what` names the pass in errors.
+    /// Returns `launch`'s output address.
+    pub(super) fn replay<K: Hash + Eq + Clone>(
+        &mut self,
+        cache: fn(&mut Self) -> &mut HashMap<K, DecodeGraph>,
+        key: K,
+        what: &str,
+        launch: impl Fn(&mut Self) -> Result<u64, ExecError>,
+    ) -> Result<u64, ExecError> {
+        if !self.use_graphs {
+            return launch(self);
+        }
+        if !cache(self).contains_key(&key) && !self.capture_paused() {
+            if cache(self).len() >= MAX_KEYED_GRAPHS {
+                cache(self).clear();
             }
-            match self.capture(|ex| ex.launch_rows(entries))? {
+            match self.capture(&launch)? {
                 Ok(g) => {
-                    self.row_graphs.insert(key.clone(), g);
+                    cache(self).insert(key.clone(), g);
                 }
-                Err(e) => self.graph_failed("capture a batched decode step", e)?,
+                Err(e) => self.graph_failed(&format!("capture {what}"), e)?,
             }
         }
-        let gpu = &self.be.gpu;
-        match self
-            .row_graphs
-            .get(&key)
-            .map(|g| g.graph.launch(gpu).map(|()| g.out))
-        {
-            Some(Ok(out)) => Ok(out),
-            Some(Err(e)) => {
-                // Nothing of it ran: the same kernels without the graph.
-                self.row_graphs.remove(&key);
-                self.graph_failed("launch a batched decode step's graph", e)?;
-                self.launch_rows(entries)
+        let Some(g) = cache(self).remove(&key) else {
+            return launch(self);
+        };
+        match g.graph.launch(&self.be.gpu) {
+            Ok(()) => {
+                let out = g.out;
+                cache(self).insert(key, g);
+                Ok(out)
             }
-            None => self.launch_rows(entries),
+            Err(e) => {
+                // Nothing of it ran: the same kernels without the graph.
+                self.graph_failed(&format!("launch {what}'s graph"), e)?;
+                launch(self)
+            }
         }
     }
 }

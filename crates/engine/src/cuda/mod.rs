@@ -64,6 +64,9 @@ pub struct CudaExecutor {
     row_graphs: HashMap<Vec<usize>, DecodeGraph>,
     /// MTP passes by (sequence, rows, chained drafts; 0: a fill without logits).
     mtp_graphs: HashMap<(usize, usize, usize), DecodeGraph>,
+    /// Verify steps (a few tokens of one sequence with every row's output) by
+    /// (sequence, tokens, greedy rows, trail armed): see [`CudaExecutor::verify_key`].
+    verify_graphs: HashMap<(usize, usize, bool, bool), DecodeGraph>,
     argmax_out: cuda::DevBuf<i32>,
     /// The argmax kernel's per-row blocks (`cuda::argmax_scratch_words`).
     argmax_scratch: cuda::DevBuf<u32>,
@@ -582,6 +585,19 @@ impl CudaExecutor {
             self.mtp_fill(s.seq, s.tokens, s.pos0, 0)?;
             return Ok(r);
         }
+        if let Some(key) = self.verify_key(s) {
+            // A verify step: replayed from a graph like a decode token.
+            self.be.load_inputs(s.tokens, s.pos0, None)?;
+            let out = self.replay(
+                |ex| &mut ex.verify_graphs,
+                key,
+                "a verify step",
+                |ex| ex.launch_step(s.seq, s.tokens, s.pos0, s.want, Default::default()),
+            )?;
+            let r = self.read_out(out, s.want, (0, s.tokens.len()), s)?;
+            self.mtp_fill(s.seq, s.tokens, s.pos0, 0)?;
+            return Ok(r);
+        }
         // Several tokens: pieces the arena holds (every position's logits
         // need more room, so those pieces are shorter).
         let piece = if every_row {
@@ -631,6 +647,28 @@ impl CudaExecutor {
             }
             Ok(r)
         })
+    }
+}
+
+impl CudaExecutor {
+    /// The graph key of entry `s` when it is a step a graph can replay like a decode
+    /// token: a few tokens (a speculative verify step, at most [`MAX_ROWS`]) of text
+    /// with every row's output, whose pass needs nothing from the host
+    /// (`CudaBackend::pass_on_device`) and fits the context (checked here: a replay
+    /// runs no host check). The key holds what changes the captured kernels: the
+    /// sequence (its state's buffers), the tokens, whether the rows' argmax is taken
+    /// (greedy rows; sampled rows and logits are drawn or read from the logits), and
+    /// whether the DeltaNet layers write the trail.
+    fn verify_key(&self, s: &SeqStep) -> Option<(usize, usize, bool, bool)> {
+        let n = s.tokens.len();
+        let st = &self.states[s.seq];
+        let fits = n > 1
+            && n <= MAX_ROWS
+            && s.want.logits() == Logits::All
+            && !has_media(s)
+            && s.pos0 + n <= st.n_ctx
+            && self.be.pass_on_device(n);
+        fits.then_some((s.seq, n, s.want == Want::GreedyRows, st.trail.armed))
     }
 }
 

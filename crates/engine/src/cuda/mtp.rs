@@ -11,9 +11,6 @@ use super::weights::cuda_err;
 use super::CudaExecutor;
 use model::{Backend, ExecError};
 
-/// Captured MTP passes kept at once.
-const MAX_MTP_GRAPHS: usize = 64;
-
 impl CudaExecutor {
     /// `Executor::enable_mtp`: passes keep their hidden rows from now on (graphs
     /// captured without that copy are dropped).
@@ -27,6 +24,7 @@ impl CudaExecutor {
         }
         self.row_graphs.clear();
         self.mtp_graphs.clear();
+        self.verify_graphs.clear();
         true
     }
 
@@ -75,36 +73,15 @@ impl CudaExecutor {
     /// passes need nothing from the host (a few rows: their routing stays on the
     /// device); without graphs or VRAM for one, the same kernels one by one.
     fn run_mtp(&mut self, seq: usize, n: usize, k: usize) -> Result<u64, ExecError> {
-        if !self.use_graphs || !self.be.mtp_on_device(n) {
+        if !self.be.mtp_on_device(n) {
             return self.launch_mtp(seq, n, k);
         }
-        let key = (seq, n, k);
-        if !self.mtp_graphs.contains_key(&key) && !self.capture_paused() {
-            if self.mtp_graphs.len() >= MAX_MTP_GRAPHS {
-                self.mtp_graphs.clear();
-            }
-            match self.capture(|ex| ex.launch_mtp(seq, n, k))? {
-                Ok(g) => {
-                    self.mtp_graphs.insert(key, g);
-                }
-                Err(e) => self.graph_failed("capture an MTP pass", e)?,
-            }
-        }
-        let gpu = &self.be.gpu;
-        match self
-            .mtp_graphs
-            .get(&key)
-            .map(|g| g.graph.launch(gpu).map(|()| g.out))
-        {
-            Some(Ok(out)) => Ok(out),
-            Some(Err(e)) => {
-                // Nothing of it ran: the same kernels without the graph.
-                self.mtp_graphs.remove(&key);
-                self.graph_failed("launch an MTP pass's graph", e)?;
-                self.launch_mtp(seq, n, k)
-            }
-            None => self.launch_mtp(seq, n, k),
-        }
+        self.replay(
+            |ex| &mut ex.mtp_graphs,
+            (seq, n, k),
+            "an MTP pass",
+            |ex| ex.launch_mtp(seq, n, k),
+        )
     }
 
     /// After a step fed `tokens` at `pos0` to sequence `seq`, whose post-norm hidden

@@ -619,6 +619,7 @@ impl CudaExecutor {
             segments: (0..n_seq).map(|_| [None, None]).collect(),
             row_graphs: HashMap::new(),
             mtp_graphs: HashMap::new(),
+            verify_graphs: HashMap::new(),
             fed: vec![0; states.len()],
             snap_buf: None,
             states,

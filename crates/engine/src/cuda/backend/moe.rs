@@ -79,6 +79,29 @@ pub(super) fn fused_moe(m: &MoeDev, n_expert: usize, k: usize) -> bool {
 }
 
 impl CudaBackend {
+    /// Whether the MoE block `m` over `n` rows takes the fused kernels (resident
+    /// experts, at most [`MAX_ROWS`] rows, a shape they take), routed on the device.
+    fn fuses(&self, m: &MoeDev, n: usize) -> bool {
+        n <= MAX_ROWS
+            && self.fused
+            && self.tiered.is_none()
+            && fused_moe(m, self.cfg.n_expert, self.cfg.n_expert_used)
+    }
+
+    /// Whether the MoE block `m` over `n` rows of one pass needs nothing from the
+    /// host (so the pass can be captured): resident experts, and one row (routed
+    /// into tiles on the device) or a few through the fused kernels. A prompt's
+    /// many rows download their routing to group them by expert.
+    pub(crate) fn moe_on_device(&self, m: &MoeDev, n: usize) -> bool {
+        self.tiered.is_none() && (n == 1 || self.fuses(m, n))
+    }
+
+    /// Whether a trunk pass over `n` rows of one sequence needs nothing from the
+    /// host: every layer's MoE block does not (see [`Self::moe_on_device`]).
+    pub(crate) fn pass_on_device(&self, n: usize) -> bool {
+        self.w.layers.iter().all(|l| self.moe_on_device(&l.moe, n))
+    }
+
     /// Layer `layer`'s MoE block over the rows of `x` (`Backend::moe`): the router,
     /// the routed experts (resident: fused for a token or a batched decode step's
     /// rows, by tiles for a prompt; tiered: `routed_tiered`) and the shared expert,
@@ -114,7 +137,7 @@ impl CudaBackend {
         let wts = self.arena.alloc(route_rows, k, "route")?;
         let ids = self.arena.alloc_bytes(route_rows * k * 4, "route")?;
         // A token or a batched decode step's rows: routed and computed on the device.
-        if t_n <= MAX_ROWS && self.fused && self.tiered.is_none() && fused_moe(m, cfg.n_expert, k) {
+        if self.fuses(m, t_n) {
             return self.moe_fused(m, x, xq, &wts, ids);
         }
         let logits = self.mm_q(guess.as_ref().unwrap_or(&m.router), x, xq)?;

@@ -72,15 +72,11 @@ impl CudaBackend {
     }
 
     /// Whether an MTP pass over `n` rows needs nothing from the host (so it can be
-    /// captured): one row, or a few whose MoE block routes on the device.
+    /// captured): its MoE block does not (see [`Self::moe_on_device`]).
     pub(crate) fn mtp_on_device(&self, n: usize) -> bool {
-        let Some(m) = &self.mtp else {
-            return false;
-        };
-        n == 1
-            || (n <= MAX_ROWS
-                && self.fused
-                && super::moe::fused_moe(&m.w.layer.moe, self.cfg.n_expert, self.cfg.n_expert_used))
+        self.mtp
+            .as_ref()
+            .is_some_and(|m| self.moe_on_device(&m.w.layer.moe, n))
     }
 
     /// Writes what MTP passes read from the device: `tokens` into the step's id
