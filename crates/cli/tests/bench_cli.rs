@@ -16,9 +16,10 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// A fresh directory and a tiny qwen35moe (Q8_0, random weights) in it.
-fn tiny_model() -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("scoria-bench-cli-{}", std::process::id()));
+/// A fresh directory (one per test: `tag`) and a tiny qwen35moe (Q8_0, random weights)
+/// in it.
+fn tiny_model(tag: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("scoria-bench-cli-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let model = dir.join("tiny.gguf");
     let m = model.to_str().expect("utf-8 path");
@@ -43,7 +44,7 @@ fn s(p: &Path) -> &str {
 
 #[test]
 fn bench_on_a_tiny_model_reports_table_and_json() {
-    let (dir, model) = tiny_model();
+    let (dir, model) = tiny_model("tests");
     let m = s(&model);
 
     // Markdown to stdout: llama-bench's header and one row per test, in its order.
@@ -166,6 +167,46 @@ fn bench_on_a_tiny_model_reports_table_and_json() {
     assert_eq!(lines[0]["test"], "tg2");
     assert_eq!(lines[0]["model"]["arch"], "qwen35moe");
 
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_verify_times_verify_steps_against_a_decode_step() {
+    let (dir, model) = tiny_model("verify");
+    let m = s(&model);
+    let base = [
+        "bench", "-m", m, "--verify", "4,2", "-d", "0,8", "-r", "2", "-t", "2",
+    ];
+
+    let mut args = base.to_vec();
+    args.extend(["--spec", "ngram", "--draft-max", "3", "-o", "jsonl"]);
+    let out = scoria(&args);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "bench --verify failed: {stderr}");
+    let rows: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    // Sizes sorted with the one-token step added, at every depth.
+    let got: Vec<(u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["n_depth"].as_u64().unwrap(),
+                r["tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [(0, 1), (0, 2), (0, 4), (8, 1), (8, 2), (8, 4)]);
+    for r in &rows {
+        let ms = r["ms"].as_array().expect("samples");
+        assert_eq!(ms.len(), 2, "{r}");
+        assert!(ms.iter().all(|x| x.as_f64().unwrap() > 0.0), "{r}");
+        if r["tokens"] == 1 {
+            assert_eq!(r["relative_to_one_token"], 1.0, "{r}");
+            assert_eq!(r["implied_speedup"]["0.75"], 1.0, "{r}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -353,6 +353,16 @@ impl Engine {
         self.sched.logits_all(self.exec.as_mut(), tokens)
     }
 
+    /// Times verify steps of the given tokens after `prefix` (see
+    /// `Scheduler::time_verify`): each step's wall time in ms.
+    pub fn time_verify(
+        &mut self,
+        prefix: &[u32],
+        steps: &[Vec<u32>],
+    ) -> Result<Vec<f64>, EngineError> {
+        self.sched.time_verify(self.exec.as_mut(), prefix, steps)
+    }
+
     /// Decodes `req`, calling `on_token` after every token.
     pub fn generate(
         &mut self,

@@ -547,6 +547,76 @@ impl Scheduler {
         Ok(all)
     }
 
+    /// The time of verify steps (`scoria bench --verify`): feeds `prefix` to slot 0
+    /// from an empty state, then runs each of `steps` after it as a speculative verify
+    /// step would (every row's greedy token; the trail kept where the executor keeps
+    /// one and the step has drafts), each rolled back to its first token after (all
+    /// drafts rejected), so the next one starts one position later. Returns each
+    /// step's wall time in ms (the step returns after its tokens are downloaded).
+    pub fn time_verify(
+        &mut self,
+        exec: &mut dyn Executor,
+        prefix: &[u32],
+        steps: &[Vec<u32>],
+    ) -> Result<Vec<f64>, EngineError> {
+        self.check_idle()?;
+        let most = steps.iter().map(Vec::len).max().unwrap_or(0);
+        if most > 1 && most > exec.verify_tokens() {
+            return Err(EngineError::Settings(format!(
+                "a verify step of {most} tokens, but this engine verifies at most {} \
+                 (speculation off, or --draft-max below {}): run with --spec and \
+                 --draft-max {}",
+                exec.verify_tokens(),
+                most - 1,
+                most - 1
+            )));
+        }
+        let need = prefix.len() + steps.len() + most;
+        if need > self.limits.n_ctx {
+            return Err(EngineError::PromptTooLong {
+                prompt: need,
+                n_ctx: self.limits.n_ctx,
+            });
+        }
+        self.clear_seq(exec, 0)?;
+        if !prefix.is_empty() {
+            self.feed(exec, prefix, Want::Greedy)?;
+        }
+        let mut pos0 = prefix.len();
+        let mut ms = Vec::with_capacity(steps.len());
+        let result = steps.iter().try_for_each(|tokens| {
+            let n = tokens.len();
+            let verify = n > 1;
+            if verify {
+                exec.keep_trail(0)?;
+            }
+            let t = std::time::Instant::now();
+            exec.step(&[SeqStep {
+                seq: 0,
+                tokens,
+                pos0,
+                want: if verify {
+                    Want::GreedyRows
+                } else {
+                    Want::Greedy
+                },
+                media: Default::default(),
+                draws: &[],
+            }])?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            if verify {
+                exec.rollback(0, pos0 + 1)?;
+            }
+            pos0 += 1;
+            Ok::<(), ExecError>(())
+        });
+        // The slot's history is not what the steps left: start over next time.
+        let cleared = self.clear_seq(exec, 0);
+        result?;
+        cleared?;
+        Ok(ms)
+    }
+
     /// Feeds `tokens` after slot 0's history, in prompt chunks; returns the
     /// logits of the last position (or of all positions with `Logits::All`), or
     /// the greedy token.
