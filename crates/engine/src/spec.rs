@@ -413,6 +413,101 @@ pub fn best_len(p: f64, min_len: usize, most: usize, costs: &StepCosts) -> Optio
     Some(best)
 }
 
+/// Where a sequence's MTP state stands, the bookkeeping both executors share (the
+/// MTP cache and the kept hidden rows themselves are theirs): MTP position p pairs
+/// token x_p with the trunk's post-norm hidden row at p − 1 and predicts x_{p+1};
+/// positions `base..end` are in the sequence's MTP cache (position p at index
+/// p − base; `base` 0: lost, after a restore), and the trunk's hidden rows of
+/// positions `pos0..pos0 + rows` are kept (the last step's, for the next fill and
+/// for drafts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MtpSpan {
+    pub base: usize,
+    pub end: usize,
+    pub pos0: usize,
+    pub rows: usize,
+}
+
+/// The fill after a step (see [`MtpSpan::fill`]): MTP positions `first..` (`rows` of
+/// them), the first one's hidden row from the step before when `prev`, the others
+/// from the step's own rows (h_{p−1} is the step's row p − 1 − pos0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MtpFill {
+    pub first: usize,
+    pub rows: usize,
+    pub prev: bool,
+}
+
+impl MtpSpan {
+    /// A cleared sequence: nothing cached, position 1 next (position 0 has no h_{−1}).
+    pub const EMPTY: MtpSpan = MtpSpan {
+        base: 1,
+        end: 1,
+        pos0: 0,
+        rows: 0,
+    };
+    /// A sequence whose state came from elsewhere (a snapshot): the cache starts
+    /// again after the next step, and nothing is drafted until then.
+    pub const LOST: MtpSpan = MtpSpan {
+        base: 0,
+        end: 0,
+        pos0: 0,
+        rows: 0,
+    };
+
+    /// The cache's rows in use (positions `base..end`).
+    pub fn cached(&self) -> usize {
+        self.end - self.base
+    }
+
+    /// The sequence was rolled back to `pos` positions.
+    pub fn truncate(&mut self, pos: usize) {
+        self.end = self.end.min(pos).max(self.base);
+        self.rows = pos.saturating_sub(self.pos0).min(self.rows);
+    }
+
+    /// Before filling after a step that fed `n` tokens at `pos0`: which MTP positions
+    /// the step made computable (each p with x_p fed and h_{p−1} known). The span
+    /// moves for them: cleared at position 0; truncated to `pos0` when the cache and
+    /// the kept rows reach it (a rolled-back step's rows included); else started
+    /// again after `pos0` (nothing before this step: a slot that kept only part of
+    /// its history, or a lost state).
+    pub fn fill(&mut self, pos0: usize, n: usize) -> MtpFill {
+        let prev = pos0 > 0 && self.pos0 < pos0 && pos0 <= self.pos0 + self.rows;
+        let first = if pos0 == 0 {
+            *self = Self::EMPTY;
+            1
+        } else if prev && self.base > 0 && self.base <= pos0 && pos0 <= self.end {
+            self.truncate(pos0);
+            pos0
+        } else {
+            self.base = pos0 + 1;
+            self.end = pos0 + 1;
+            pos0 + 1
+        };
+        MtpFill {
+            first,
+            rows: (pos0 + n).saturating_sub(first),
+            prev: first == pos0,
+        }
+    }
+
+    /// After the fill: the cache reaches `pos0 + n`, and the step's last `kept` hidden
+    /// rows are kept.
+    pub fn filled(&mut self, pos0: usize, n: usize, kept: usize) {
+        self.end = pos0 + n;
+        self.pos0 = pos0 + n - kept;
+        self.rows = kept;
+    }
+
+    /// The position a draft starts at (the next token's: the cache and the kept rows
+    /// reach the sequence's end), or None.
+    pub fn draft_at(&self) -> Option<usize> {
+        let t = self.pos0 + self.rows;
+        (self.rows > 0 && self.end == t && self.base > 0).then_some(t)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,5 +683,43 @@ mod tests {
             .parse::<SpecMode>()
             .unwrap_err()
             .contains("auto, mtp"));
+    }
+
+    #[test]
+    fn mtp_span_follows_steps_rollbacks_and_restores() {
+        let mut s = MtpSpan::EMPTY;
+        // A prompt of 5 at 0: positions 1..5 (position 0 has no h_{−1}); its 5 rows kept.
+        let f = s.fill(0, 5);
+        assert_eq!((f.first, f.rows, f.prev), (1, 4, false));
+        s.filled(0, 5, 5);
+        assert_eq!(s.draft_at(), Some(5));
+        // A verify step of 3 at 5: position 5 from the kept row h_4, then 6 and 7.
+        let f = s.fill(5, 3);
+        assert_eq!((f.first, f.rows, f.prev), (5, 3, true));
+        s.filled(5, 3, 3);
+        assert_eq!((s.base, s.end, s.pos0, s.rows), (1, 8, 5, 3));
+        // One draft kept: rolled back to 7; the next step (at 7) starts from h_6.
+        s.truncate(7);
+        assert_eq!((s.end, s.rows), (7, 2));
+        assert_eq!(s.draft_at(), Some(7));
+        let f = s.fill(7, 1);
+        assert_eq!((f.first, f.rows, f.prev), (7, 1, true));
+        s.filled(7, 1, 1);
+        assert_eq!(s.cached(), 7);
+        // A restored sequence drafts nothing, and its next step starts over after it.
+        s = MtpSpan::LOST;
+        assert_eq!(s.draft_at(), None);
+        let f = s.fill(40, 2);
+        assert_eq!((f.first, f.rows, f.prev), (41, 1, false));
+        s.filled(40, 2, 2);
+        assert_eq!((s.base, s.end, s.draft_at()), (41, 42, Some(42)));
+        // A step that skips ahead (a slot reused for a longer prefix) starts over too.
+        let f = s.fill(50, 1);
+        assert_eq!((f.first, f.rows, f.prev), (51, 0, false));
+        s.filled(50, 1, 1);
+        assert_eq!((s.cached(), s.draft_at()), (0, Some(51)));
+        // Back to position 0: cleared.
+        assert_eq!(s.fill(0, 1).rows, 0);
+        assert_eq!((s.base, s.end), (1, 1));
     }
 }

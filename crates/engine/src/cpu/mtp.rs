@@ -3,7 +3,7 @@
 //!
 //! MTP position p pairs token x_p with the trunk's post-norm hidden state at p − 1
 //! and predicts x_{p+1}; its attention sees the MTP positions before it, whose K/V a
-//! sequence keeps in its own cache (position p at index p − 1). After every trunk
+//! sequence keeps in its own cache (`MtpSpan` says which). After every trunk
 //! step the positions it made computable are filled from the trunk's own hidden
 //! states (`fill`), so the cache is what training saw. A draft chains from the last
 //! trunk state: the token about to be fed with h_{t−1} gives d_{t+1}, then d_{t+1}
@@ -18,56 +18,55 @@ use model::Backend;
 
 use super::attention::{self, At};
 use super::{moe, Act, CpuBackend, KvCache};
+use crate::spec::MtpSpan;
 
-/// A sequence's MTP state.
+/// A sequence's MTP state: its cache, the last step's hidden rows, and where they
+/// stand (`MtpSpan`, the GPU executor's bookkeeping too).
 pub struct MtpState {
     kv: KvCache,
-    /// MTP positions `base..end` are in the cache (position p at index p − base).
-    /// A sequence that lost them (restored from a snapshot, or given a prefix this
-    /// state does not hold) starts again where its trunk states resume: its drafts
-    /// then see a shorter past until it is cleared.
-    base: usize,
-    end: usize,
-    /// The trunk's post-norm hidden rows of the last step, positions `pos0..`.
+    span: MtpSpan,
+    /// The trunk's post-norm hidden rows of the last step, positions `span.pos0..`
+    /// (`span.rows` of them).
     hidden: Act,
-    pos0: usize,
 }
 
 impl MtpState {
     pub fn new(kvw: usize) -> MtpState {
         MtpState {
             kv: KvCache::new(kvw),
-            base: 1,
-            end: 1,
+            span: MtpSpan::EMPTY,
             hidden: Act::zeros(0, 0),
-            pos0: 0,
         }
     }
 
     /// An empty sequence.
     pub fn clear(&mut self) {
         self.kv.free();
-        self.base = 1;
-        self.end = 1;
+        self.span = MtpSpan::EMPTY;
         self.hidden = Act::zeros(0, 0);
-        self.pos0 = 0;
     }
 
     /// The sequence's state came from elsewhere (a snapshot): the MTP cache starts
     /// again after the next step.
     pub fn lose(&mut self) {
         self.clear();
-        self.base = 0;
-        self.end = 0;
+        self.span = MtpSpan::LOST;
     }
 
     /// The sequence was rolled back to `pos` positions.
     pub fn truncate(&mut self, pos: usize) {
-        self.end = self.end.min(pos).max(self.base);
-        self.kv.truncate(self.end - self.base);
-        let keep = pos.saturating_sub(self.pos0).min(self.hidden.rows);
-        self.hidden.rows = keep;
-        self.hidden.data.truncate(keep * self.hidden.cols);
+        self.span.truncate(pos);
+        self.fit();
+    }
+
+    /// The cache and the hidden rows to what the span says.
+    fn fit(&mut self) {
+        match self.span.cached() {
+            0 => self.kv.free(),
+            n => self.kv.truncate(n),
+        }
+        self.hidden.rows = self.span.rows;
+        self.hidden.data.truncate(self.span.rows * self.hidden.cols);
     }
 
     pub fn bytes(&self) -> usize {
@@ -126,7 +125,7 @@ fn add(b: &CpuBackend, x: &mut Act, y: &Act) {
 }
 
 /// After a trunk step fed `tokens` at `pos0` and gave the post-norm rows `h`: fills
-/// the MTP positions it made computable (each `p` with x_p fed and h_{p−1} known).
+/// the MTP positions it made computable (`MtpSpan::fill`).
 pub(super) fn fill(
     b: &CpuBackend,
     w: &MtpWeights,
@@ -137,49 +136,37 @@ pub(super) fn fill(
     n_ctx: usize,
 ) {
     let n = tokens.len();
-    // h_{pos0−1}: a row of the step before (a slot that kept only part of its
-    // history goes back to it).
-    let prev = (pos0 > 0 && st.pos0 < pos0 && pos0 <= st.pos0 + st.hidden.rows)
-        .then(|| st.hidden.row(pos0 - 1 - st.pos0).to_vec());
-    let first = if pos0 == 0 {
-        st.clear();
-        1
-    } else if prev.is_some() && st.base <= pos0 && pos0 <= st.end {
-        st.truncate(pos0);
-        pos0
-    } else {
-        // Nothing before this step: start again after its first position.
-        st.kv.free();
-        st.base = pos0 + 1;
-        st.end = pos0 + 1;
-        pos0 + 1
-    };
-    let rows = (pos0 + n).saturating_sub(first);
-    if rows > 0 {
-        let mut hid = Act::zeros(rows, h.cols);
-        for (i, p) in (first..pos0 + n).enumerate() {
-            let src = match (p == pos0, &prev) {
-                (true, Some(row)) => &row[..],
-                _ => h.row(p - 1 - pos0),
+    let last = st.span;
+    let f = st.span.fill(pos0, n);
+    if f.rows > 0 {
+        let mut hid = Act::zeros(f.rows, h.cols);
+        for (i, p) in (f.first..pos0 + n).enumerate() {
+            // h_{pos0−1}: a row the step before kept (read before `fit` drops any).
+            let src = if p == pos0 && f.prev {
+                st.hidden.row(pos0 - 1 - last.pos0)
+            } else {
+                h.row(p - 1 - pos0)
             };
             hid.row_mut(i).copy_from_slice(src);
         }
-        let at = first - st.base;
+        st.fit();
+        let at = f.first - st.span.base;
         pass(
             b,
             w,
-            &tokens[first - pos0..],
+            &tokens[f.first - pos0..],
             &hid,
-            first,
+            f.first,
             at,
             &mut st.kv,
             n_ctx,
             false,
         );
+    } else {
+        st.fit();
     }
-    st.end = pos0 + n;
+    st.span.filled(pos0, n, n);
     st.hidden = h;
-    st.pos0 = pos0;
 }
 
 /// Up to `k` drafts after `token`, which the next step feeds at the sequence's end
@@ -193,10 +180,9 @@ pub(super) fn draft(
     k: usize,
     n_ctx: usize,
 ) -> Vec<u32> {
-    let t = st.pos0 + st.hidden.rows;
-    if st.hidden.rows == 0 || st.end != t || st.base == 0 {
+    let Some(t) = st.span.draft_at() else {
         return Vec::new();
-    }
+    };
     let mut hid = Act::zeros(1, st.hidden.cols);
     hid.row_mut(0)
         .copy_from_slice(st.hidden.row(st.hidden.rows - 1));
@@ -207,14 +193,14 @@ pub(super) fn draft(
         if t + i + 1 >= n_ctx {
             break;
         }
-        let at = t + i - st.base;
+        let at = t + i - st.span.base;
         let (o, lg) = pass(b, w, &[tok], &hid, t + i, at, &mut st.kv, n_ctx, true);
         let lg = lg.expect("asked for logits");
         tok = argmax(lg.row(0));
         out.push(tok);
         hid = o;
     }
-    st.kv.truncate(st.end - st.base);
+    st.kv.truncate(st.span.cached());
     out
 }
 

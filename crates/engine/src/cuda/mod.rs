@@ -330,7 +330,7 @@ impl Executor for CudaExecutor {
         self.states[seq].trail.armed = false;
         self.states[seq].trail.span = None;
         if let Some(m) = self.states[seq].mtp.as_mut() {
-            m.clear();
+            m.span = crate::spec::MtpSpan::EMPTY;
         }
         Ok(())
     }
@@ -400,7 +400,7 @@ impl Executor for CudaExecutor {
         self.fed[seq] = 0;
         self.states[seq].trail.span = None;
         if let Some(m) = self.states[seq].mtp.as_mut() {
-            m.lose();
+            m.span = crate::spec::MtpSpan::LOST;
         }
         let n = upto * self.kv_width();
         let st = &self.states[seq];
@@ -419,7 +419,7 @@ impl Executor for CudaExecutor {
             .check_restore_recurrent(snap)?;
         self.states[seq].trail.span = None;
         if let Some(m) = self.states[seq].mtp.as_mut() {
-            m.lose();
+            m.span = crate::spec::MtpSpan::LOST;
         }
         let parts: Vec<_> = recurrent_uploads(snap, &self.states[seq]).collect();
         upload_f32s(&self.be.gpu, &mut self.snap_buf, &parts)?;
@@ -643,7 +643,7 @@ impl CudaExecutor {
                 self.mtp_fill(s.seq, chunk, pos0, 0)?;
             } else if let Some(m) = self.states[s.seq].mtp.as_mut() {
                 // Images: the MTP block was trained on text.
-                m.lose();
+                m.span = crate::spec::MtpSpan::LOST;
             }
             Ok(r)
         })

@@ -106,44 +106,30 @@ impl CudaExecutor {
         let row = (e * 4) as u64;
         let n = tokens.len();
         let hid = bufs.hid.ptr() + row0 as u64 * row;
-        // h_{pos0−1}: a row the step before kept (a rolled-back step's included).
-        let prev =
-            pos0 > 0 && st.hid_rows > 0 && st.hid_pos0 < pos0 && pos0 <= st.hid_pos0 + st.hid_rows;
-        let first = if pos0 == 0 {
-            st.clear();
-            1
-        } else if prev && st.base > 0 && st.base <= pos0 && pos0 <= st.end {
-            st.truncate(pos0);
-            pos0
-        } else {
-            // Nothing before this step: start again after its first position.
-            st.base = pos0 + 1;
-            st.end = pos0 + 1;
-            pos0 + 1
-        };
-        let rows = (pos0 + n).saturating_sub(first);
-        if rows > 0 {
+        let last = st.span;
+        let f = st.span.fill(pos0, n);
+        if f.rows > 0 {
             // The pass's hidden rows: h_{p−1} for p in first..pos0+n.
-            let input = bufs.input.ptr();
-            let mut at = input;
-            if first == pos0 {
-                let src = st.hid.ptr() + (pos0 - 1 - st.hid_pos0) as u64 * row;
+            let mut at = bufs.input.ptr();
+            if f.prev {
+                // h_{pos0−1}: a row the step before kept (a rolled-back step's included).
+                let src = st.hid.ptr() + (pos0 - 1 - last.pos0) as u64 * row;
                 gpu.copy_device(src, at, row)
                     .map_err(cuda_err("MTP hidden rows"))?;
                 at += row;
             }
             gpu.copy_device(hid, at, (n - 1) as u64 * row)
                 .map_err(cuda_err("MTP hidden rows"))?;
-            let at = first - st.base;
+            let at = f.first - st.span.base;
             self.be
-                .mtp_inputs(&tokens[first - pos0..], rows, (first, at))?;
-            self.run_mtp(seq, rows, 0)?;
+                .mtp_inputs(&tokens[f.first - pos0..], f.rows, (f.first, at))?;
+            self.run_mtp(seq, f.rows, 0)?;
         }
         let Some(st) = self.states[seq].mtp.as_mut() else {
             unreachable!("checked above")
         };
-        st.end = pos0 + n;
         let kept = n.min(st.keeps(e));
+        st.span.filled(pos0, n, kept);
         self.be
             .gpu
             .copy_device(
@@ -152,8 +138,6 @@ impl CudaExecutor {
                 kept as u64 * row,
             )
             .map_err(cuda_err("MTP hidden rows"))?;
-        st.hid_pos0 = pos0 + n - kept;
-        st.hid_rows = kept;
         Ok(())
     }
 
@@ -173,10 +157,9 @@ impl CudaExecutor {
         let (Some(bufs), Some(m)) = (&self.be.mtp, st.mtp.as_ref()) else {
             return Ok(Vec::new());
         };
-        let t = m.hid_pos0 + m.hid_rows;
-        if m.hid_rows == 0 || m.end != t || m.base == 0 || !self.be.wants_hidden() {
+        let Some(t) = m.span.draft_at().filter(|_| self.be.wants_hidden()) else {
             return Ok(Vec::new());
-        }
+        };
         // The draft's own position t + i + 1 must fit the context too.
         let k = k
             .min(n_ctx.saturating_sub(t + 1))
@@ -185,12 +168,12 @@ impl CudaExecutor {
             return Ok(Vec::new());
         }
         let row = (self.be.cfg.n_embd * 4) as u64;
-        let last = m.hid.ptr() + (m.hid_rows - 1) as u64 * row;
+        let last = m.hid.ptr() + (m.span.rows - 1) as u64 * row;
         self.be
             .gpu
             .copy_device(last, bufs.input.ptr(), row)
             .map_err(cuda_err("MTP hidden rows"))?;
-        self.be.mtp_inputs(&[token], k, (t, t - m.base))?;
+        self.be.mtp_inputs(&[token], k, (t, t - m.span.base))?;
         let out = self.run_mtp(seq, 1, k)?;
         let gpu = &self.be.gpu;
         let d: Vec<i32> = gpu.download(out, k).map_err(cuda_err("download drafts"))?;

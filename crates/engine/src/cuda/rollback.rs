@@ -66,7 +66,7 @@ impl CudaExecutor {
         }
         self.states[seq].trail.span = None;
         if let Some(m) = self.states[seq].mtp.as_mut() {
-            m.truncate(pos);
+            m.span.truncate(pos);
         }
         self.fed[seq] = pos;
         Ok(())

@@ -76,44 +76,18 @@ pub struct CudaState {
     pub mtp: Option<MtpSeq>,
 }
 
-/// A sequence's MTP state on the device (`cpu/mtp.rs`'s `MtpState`): MTP position p
-/// pairs token x_p with the trunk's hidden row at p − 1; positions `base..end` are in
-/// the cache (position p at row p − base); `base == 0`: lost (a restored sequence),
-/// nothing is drafted until a step starts the cache again.
+/// A sequence's MTP state on the device (`cpu/mtp.rs`'s `MtpState`): the MTP block's
+/// K/V (position p at row p − `span.base`) and the last step's last `span.rows`
+/// post-norm hidden rows (room for a verify step's rows, to roll back into), where
+/// `span` (`MtpSpan`, both executors' bookkeeping) says.
 pub struct MtpSeq {
     pub k: DevBuf<f32>,
     pub v: DevBuf<f32>,
-    pub base: usize,
-    pub end: usize,
-    /// The last step's last `hid_rows` post-norm hidden rows, positions `hid_pos0..`
-    /// (room for a verify step's rows, to roll back into).
     pub hid: DevBuf<f32>,
-    pub hid_pos0: usize,
-    pub hid_rows: usize,
+    pub(crate) span: crate::spec::MtpSpan,
 }
 
 impl MtpSeq {
-    /// An empty sequence.
-    pub fn clear(&mut self) {
-        self.base = 1;
-        self.end = 1;
-        self.hid_pos0 = 0;
-        self.hid_rows = 0;
-    }
-
-    /// The sequence's state came from elsewhere (a snapshot).
-    pub fn lose(&mut self) {
-        self.clear();
-        self.base = 0;
-        self.end = 0;
-    }
-
-    /// The sequence was rolled back to `pos` positions.
-    pub fn truncate(&mut self, pos: usize) {
-        self.end = self.end.min(pos).max(self.base);
-        self.hid_rows = pos.saturating_sub(self.hid_pos0).min(self.hid_rows);
-    }
-
     /// Rows of hidden state the sequence keeps.
     pub fn keeps(&self, n_embd: usize) -> usize {
         self.hid.len() / n_embd
@@ -539,10 +513,7 @@ impl CudaBackend {
                 hid: g
                     .alloc::<f32>(trail_tokens.max(1) * cfg.n_embd, "MTP hidden rows")
                     .map_err(cuda_err("allocate state"))?,
-                base: 1,
-                end: 1,
-                hid_pos0: 0,
-                hid_rows: 0,
+                span: crate::spec::MtpSpan::EMPTY,
             }),
             None => None,
         };
