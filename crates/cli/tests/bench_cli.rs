@@ -207,6 +207,13 @@ fn bench_verify_times_verify_steps_against_a_decode_step() {
             assert_eq!(r["implied_speedup"]["0.75"], 1.0, "{r}");
         }
     }
+    // -o json: the same rows in one object.
+    let mut args = base.to_vec();
+    args.extend(["--spec", "ngram", "--draft-max", "3", "-o", "json"]);
+    let out = scoria(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(j["rows"].as_array().map(Vec::len), Some(6), "{j}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

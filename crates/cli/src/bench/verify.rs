@@ -86,7 +86,16 @@ pub fn run(
     }
     Ok(match format {
         Format::Md => markdown(&rows, model, backend),
-        Format::Json | Format::Jsonl => jsonl(&rows, model, backend),
+        Format::Jsonl => objects(&rows, model, backend)
+            .map(|v| format!("{v}\n"))
+            .collect(),
+        Format::Json => format!(
+            "{:#}\n",
+            serde_json::json!({
+                "tool": "scoria bench --verify",
+                "rows": objects(&rows, model, backend).collect::<Vec<_>>(),
+            })
+        ),
     })
 }
 
@@ -131,29 +140,31 @@ fn markdown(rows: &[Row], model: &str, backend: &str) -> String {
     out
 }
 
-fn jsonl(rows: &[Row], model: &str, backend: &str) -> String {
-    rows.iter()
-        .map(|r| {
-            let t1 = one_token(rows, r.depth);
-            let m = summarize(&r.ms).median;
-            let implied: serde_json::Map<String, serde_json::Value> = ACCEPTANCE
-                .iter()
-                .map(|&a| (format!("{a}"), implied(a, r.tokens, t1, m).into()))
-                .collect();
-            let v = serde_json::json!({
-                "test": "verify",
-                "model": model,
-                "backend": backend,
-                "n_depth": r.depth,
-                "tokens": r.tokens,
-                "ms": r.ms,
-                "ms_median": m,
-                "relative_to_one_token": m / t1,
-                "implied_speedup": implied,
-            });
-            format!("{v}\n")
+/// One JSON object per row.
+fn objects<'a>(
+    rows: &'a [Row],
+    model: &'a str,
+    backend: &'a str,
+) -> impl Iterator<Item = serde_json::Value> + 'a {
+    rows.iter().map(move |r| {
+        let t1 = one_token(rows, r.depth);
+        let m = summarize(&r.ms).median;
+        let implied: serde_json::Map<String, serde_json::Value> = ACCEPTANCE
+            .iter()
+            .map(|&a| (format!("{a}"), implied(a, r.tokens, t1, m).into()))
+            .collect();
+        serde_json::json!({
+            "test": "verify",
+            "model": model,
+            "backend": backend,
+            "n_depth": r.depth,
+            "tokens": r.tokens,
+            "ms": r.ms,
+            "ms_median": m,
+            "relative_to_one_token": m / t1,
+            "implied_speedup": implied,
         })
-        .collect()
+    })
 }
 
 #[cfg(test)]
