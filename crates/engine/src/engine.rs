@@ -755,10 +755,10 @@ fn choose_drafter(
         _ if !exec.rollbacks() => refuse(format!(
             "the {device} executor cannot roll a sequence back after a verify step"
         )),
-        // The model's own MTP block where it has one and the executor runs it, else
-        // prompt lookup.
+        // The model's own MTP block where it has one and the executor runs it (with
+        // prompt lookup where the text repeats a long stretch), else prompt lookup.
         SpecMode::Auto => Ok(Some(if exec.enable_mtp() {
-            Drafter::Mtp
+            Drafter::MtpAndNgram
         } else {
             Drafter::Ngram
         })),

@@ -128,6 +128,11 @@ pub enum Drafter {
     Ngram,
     /// The model's MTP block (`Executor::mtp_draft`).
     Mtp,
+    /// `auto` where the model has an MTP block the executor runs: prompt lookup where
+    /// the text repeats a long stretch (a match of at least [`LOOKUP_OVER_MTP`]
+    /// tokens: an agent re-emitting a file), the MTP block otherwise — as llama.cpp
+    /// tries its n-gram drafters before its draft model.
+    MtpAndNgram,
 }
 
 impl fmt::Display for Drafter {
@@ -135,6 +140,7 @@ impl fmt::Display for Drafter {
         f.write_str(match self {
             Drafter::Ngram => "ngram",
             Drafter::Mtp => "mtp",
+            Drafter::MtpAndNgram => "mtp+ngram",
         })
     }
 }
@@ -146,6 +152,11 @@ pub const MIN_MATCH: usize = 2;
 /// Matches are not measured past this many tokens (a longer one drafts as long).
 const MAX_MATCH: usize = 64;
 
+/// With an MTP block beside it, a lookup drafts only from a match this long (the
+/// length of llama.cpp's `ngram-simple` key, which it tries before its draft model):
+/// shorter repeats are left to the MTP block, which sees the whole context.
+pub const LOOKUP_OVER_MTP: usize = 12;
+
 /// A prompt-lookup draft for `seq` (the prompt and the tokens emitted so far, the
 /// last of which is about to be fed): the tokens that followed the earlier
 /// occurrence of `seq`'s longest suffix (at least [`MIN_MATCH`] tokens; the latest
@@ -154,9 +165,14 @@ const MAX_MATCH: usize = 64;
 /// tokens that followed run into the suffix itself (a loop), the draft goes on
 /// around the loop.
 pub fn ngram_draft(seq: &[u32], n_max: usize) -> Vec<u32> {
+    ngram_match(seq, n_max).1
+}
+
+/// [`ngram_draft`] with the length of the match it continues (0: none).
+pub fn ngram_match(seq: &[u32], n_max: usize) -> (usize, Vec<u32>) {
     let n = seq.len();
     if n_max == 0 || n < MIN_MATCH + 1 {
-        return Vec::new();
+        return (0, Vec::new());
     }
     let last = seq[n - 1];
     // (match length, end of the earlier occurrence)
@@ -178,7 +194,7 @@ pub fn ngram_draft(seq: &[u32], n_max: usize) -> Vec<u32> {
         }
     }
     let Some((m, j)) = best else {
-        return Vec::new();
+        return (0, Vec::new());
     };
     // The continuation runs on into the draft itself where it reaches the end of
     // `seq` (a loop of period n − 1 − j drafts its next turns, not only one).
@@ -188,7 +204,7 @@ pub fn ngram_draft(seq: &[u32], n_max: usize) -> Vec<u32> {
         let at = j + 1 + i;
         draft.push(if at < n { seq[at] } else { draft[at - n] });
     }
-    draft
+    (m, draft)
 }
 
 /// A request's speculation: its limits and what it drafted and kept.
@@ -245,19 +261,32 @@ impl RequestSpec {
     /// one the step feeds), at most `cap`; empty when fewer than `n_min` (at least
     /// one) come.
     pub fn draft(&mut self, emitted: &[u32], cap: usize, costs: &StepCosts) -> Vec<u32> {
-        // `text` is the prompt and a prefix of the output: bring it to the output's end.
-        let synced = self.text.len() - self.prompt_len;
-        self.text
-            .extend_from_slice(&emitted[synced.min(emitted.len())..]);
+        self.sync(emitted);
         let d = match self.drafter {
             Drafter::Ngram => {
                 let n = self.len(cap, costs);
                 ngram_draft(&self.text, n)
             }
             // The executor drafts (`RequestSpec::len` long).
-            Drafter::Mtp => Vec::new(),
+            Drafter::Mtp | Drafter::MtpAndNgram => Vec::new(),
         };
         self.enough(d)
+    }
+
+    /// `Drafter::MtpAndNgram`'s lookup: a draft of up to `n` tokens after `emitted`
+    /// where the text repeats at least [`LOOKUP_OVER_MTP`] tokens, else None (the MTP
+    /// block drafts).
+    pub fn lookup(&mut self, emitted: &[u32], n: usize) -> Option<Vec<u32>> {
+        self.sync(emitted);
+        let (m, d) = ngram_match(&self.text, n);
+        (m >= LOOKUP_OVER_MTP && !d.is_empty()).then_some(d)
+    }
+
+    /// `text` is the prompt and a prefix of the output: brings it to `emitted`'s end.
+    fn sync(&mut self, emitted: &[u32]) {
+        let synced = self.text.len() - self.prompt_len;
+        self.text
+            .extend_from_slice(&emitted[synced.min(emitted.len())..]);
     }
 
     /// How long the next draft may be, at most `cap`: the longest the running
@@ -683,6 +712,23 @@ mod tests {
             .parse::<SpecMode>()
             .unwrap_err()
             .contains("auto, mtp"));
+    }
+
+    #[test]
+    fn beside_mtp_a_lookup_drafts_only_from_a_long_match() {
+        let cfg = SpecConfig::default();
+        let limits = DraftLimits::default();
+        // 20 tokens, then their first 11 again: the repeat is 11 long, under the bar.
+        let first: Vec<u32> = (100..120).collect();
+        let mut text = first.clone();
+        text.extend_from_slice(&first[..11]);
+        let mut spec =
+            RequestSpec::new(Some(Drafter::MtpAndNgram), &cfg, limits, &text).expect("spec");
+        assert_eq!(ngram_match(&text, 4).0, 11);
+        assert_eq!(spec.lookup(&[], 4), None);
+        // One more token of the repeat (emitted): 12 long, the lookup drafts.
+        assert_eq!(spec.lookup(&[first[11]], 4), Some(first[12..16].to_vec()));
+        assert_eq!(ngram_draft(&spec.text, 4), first[12..16].to_vec());
     }
 
     #[test]

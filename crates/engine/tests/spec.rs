@@ -583,16 +583,16 @@ fn demo_model_structured_and_free_requests_keep_their_bytes() {
     );
 }
 
-/// On the test device, resident: `ngram` drafts by prompt lookup, and `auto` and `mtp`
-/// with the model's MTP block, on the CPU and on the GPU (which rolls back and runs
-/// the block on the device).
+/// On the test device, resident: `ngram` drafts by prompt lookup, `mtp` with the
+/// model's MTP block and `auto` with both (lookup where the text repeats long), on the
+/// CPU and on the GPU (which rolls back and runs the block on the device).
 #[test]
 fn the_test_device_speculates_with_its_mtp_block() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = common::synth_tiny(dir.path(), model::Arch::Qwen35Moe, Preset::Q8_0, 5);
     for (mode, want) in [
         (SpecMode::Ngram, Drafter::Ngram),
-        (SpecMode::Auto, Drafter::Mtp),
+        (SpecMode::Auto, Drafter::MtpAndNgram),
         (SpecMode::Mtp, Drafter::Mtp),
     ] {
         assert_eq!(engine(&path, 1, mode, 8).drafter(), Some(want), "{mode:?}");
@@ -658,6 +658,33 @@ fn mtp_drafts_emit_the_bytes_of_plain_decoding() {
         let got = run_alone(&mut spec, &next);
         same(&format!("{arch} mtp cached turn"), &want, &got);
         assert!(drafts(&got).0 > 0, "{arch}: a continued turn drafts too");
+        // `auto`: the echoed prompts repeat a stretch longer than LOOKUP_OVER_MTP, so
+        // lookup drafts there and the MTP block elsewhere, in one request.
+        let mut auto = Engine::load(
+            &path,
+            &EngineConfig {
+                max_context: Some(2048),
+                parallel: Some(3),
+                device: Some(common::test_device()),
+                spec: SpecConfig {
+                    mode: SpecMode::Auto,
+                    draft_max: 4,
+                    draft_min: 0,
+                    fixed: true,
+                },
+                ..Default::default()
+            },
+        )
+        .expect("auto");
+        assert_eq!(auto.drafter(), Some(engine::spec::Drafter::MtpAndNgram));
+        let d = run_alone(&mut auto, &reqs);
+        same(&format!("{arch} auto alone"), &a, &d);
+        auto.reset().expect("reset");
+        let e = common::together(&mut auto, &reqs);
+        same(&format!("{arch} auto side by side"), &a, &e);
+        let (drafted, accepted) = drafts(&d);
+        eprintln!("{arch}: auto {accepted} of {drafted} drafts accepted");
+        assert!(drafted > 0, "{arch}: auto drafted nothing");
     }
     assert!(tried > 0, "no arch has an MTP block");
 }

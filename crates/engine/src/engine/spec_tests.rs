@@ -52,7 +52,8 @@ fn without_rollback_auto_is_off_and_an_explicit_mode_is_refused() {
         mode,
         ..SpecConfig::default()
     };
-    // The CPU executor rolls back and runs this model's MTP block: auto drafts with it.
+    // The CPU executor rolls back and runs this model's MTP block: auto drafts with it
+    // (and by lookup where the text repeats a long stretch).
     assert!(
         eng.cfg.n_nextn > 0,
         "the tiny qwen35moe geometry has an MTP block"
@@ -60,7 +61,7 @@ fn without_rollback_auto_is_off_and_an_explicit_mode_is_refused() {
     let cpu = eng.exec.as_mut();
     assert_eq!(
         choose_drafter(&spec(SpecMode::Auto), &eng.cfg, cpu).unwrap(),
-        Some(Drafter::Mtp)
+        Some(Drafter::MtpAndNgram)
     );
     assert_eq!(
         choose_drafter(&spec(SpecMode::Ngram), &eng.cfg, eng.exec.as_mut()).unwrap(),

@@ -285,7 +285,7 @@ impl Active {
         let left = self.req.max_tokens.saturating_sub(self.out.len() + 1);
         let mut drafts = match spec.drafter {
             Drafter::Ngram => spec.draft(&self.out, cap.min(left), costs),
-            Drafter::Mtp => {
+            Drafter::Mtp | Drafter::MtpAndNgram => {
                 let Some(t) = self.pending else {
                     return Vec::new();
                 };
@@ -293,7 +293,11 @@ impl Active {
                 if n == 0 {
                     return Vec::new();
                 }
-                match exec.mtp_draft(self.seq, t, n) {
+                let looked = match spec.drafter {
+                    Drafter::MtpAndNgram => spec.lookup(&self.out, n),
+                    _ => None,
+                };
+                match looked.map_or_else(|| exec.mtp_draft(self.seq, t, n), Ok) {
                     Ok(d) => spec.enough(d),
                     Err(e) => {
                         tracing::warn!("slot {}: no MTP draft: {e}", self.seq);
