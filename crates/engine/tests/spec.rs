@@ -609,21 +609,25 @@ fn mtp_drafts_emit_the_bytes_of_plain_decoding() {
     let mut tried = 0;
     for arch in ARCHS {
         let path = common::synth_tiny(dir.path(), arch, Preset::Q8_0, 5);
-        let mut spec = match Engine::load(
-            &path,
-            &EngineConfig {
-                max_context: Some(2048),
-                parallel: Some(3),
-                device: Some(common::test_device()),
-                spec: SpecConfig {
-                    mode: SpecMode::Mtp,
-                    draft_max: 4,
-                    draft_min: 0,
-                    fixed: true,
+        // Three slots, 4 drafts at every step.
+        let load = |mode| {
+            Engine::load(
+                &path,
+                &EngineConfig {
+                    max_context: Some(2048),
+                    parallel: Some(3),
+                    device: Some(common::test_device()),
+                    spec: SpecConfig {
+                        mode,
+                        draft_max: 4,
+                        draft_min: 0,
+                        fixed: true,
+                    },
+                    ..Default::default()
                 },
-                ..Default::default()
-            },
-        ) {
+            )
+        };
+        let mut spec = match load(SpecMode::Mtp) {
             Ok(e) => e,
             Err(e) => {
                 eprintln!("{arch}: {e}");
@@ -660,22 +664,7 @@ fn mtp_drafts_emit_the_bytes_of_plain_decoding() {
         assert!(drafts(&got).0 > 0, "{arch}: a continued turn drafts too");
         // `auto`: the echoed prompts repeat a stretch longer than LOOKUP_OVER_MTP, so
         // lookup drafts there and the MTP block elsewhere, in one request.
-        let mut auto = Engine::load(
-            &path,
-            &EngineConfig {
-                max_context: Some(2048),
-                parallel: Some(3),
-                device: Some(common::test_device()),
-                spec: SpecConfig {
-                    mode: SpecMode::Auto,
-                    draft_max: 4,
-                    draft_min: 0,
-                    fixed: true,
-                },
-                ..Default::default()
-            },
-        )
-        .expect("auto");
+        let mut auto = load(SpecMode::Auto).expect("auto");
         assert_eq!(auto.drafter(), Some(engine::spec::Drafter::MtpAndNgram));
         let d = run_alone(&mut auto, &reqs);
         same(&format!("{arch} auto alone"), &a, &d);
