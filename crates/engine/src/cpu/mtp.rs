@@ -136,20 +136,19 @@ pub(super) fn fill(
     n_ctx: usize,
 ) {
     let n = tokens.len();
-    let last = st.span;
     let f = st.span.fill(pos0, n);
+    // The kept rows still reach h_{pos0−1} when `f.prev` (truncated to pos0).
+    st.fit();
     if f.rows > 0 {
         let mut hid = Act::zeros(f.rows, h.cols);
         for (i, p) in (f.first..pos0 + n).enumerate() {
-            // h_{pos0−1}: a row the step before kept (read before `fit` drops any).
             let src = if p == pos0 && f.prev {
-                st.hidden.row(pos0 - 1 - last.pos0)
+                st.hidden.row(pos0 - 1 - st.span.pos0)
             } else {
                 h.row(p - 1 - pos0)
             };
             hid.row_mut(i).copy_from_slice(src);
         }
-        st.fit();
         let at = f.first - st.span.base;
         pass(
             b,
@@ -162,8 +161,6 @@ pub(super) fn fill(
             n_ctx,
             false,
         );
-    } else {
-        st.fit();
     }
     st.span.filled(pos0, n, n);
     st.hidden = h;
