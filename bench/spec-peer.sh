@@ -17,12 +17,14 @@
 # speculation, then --spec-type draft-mtp --spec-draft-n-max PEER_DRAFTS.
 #
 # Environment (all optional): DEVICE (cuda), TOKENS (128), DRAFT_MAX (scoria's default
-# when unset), PEER_DRAFTS (3, llama.cpp's default n_max), SETTINGS ("off mtp ngram auto"),
-# PORT (8181), NGL (99), CTX (4096).
+# when unset), PEER_DRAFTS (3, llama.cpp's default n_max), SETTINGS ("off mtp ngram auto";
+# empty: none of scoria's), PORT (8181), NGL (99), CTX (4096); SCORIA_ARGS and PEER_ARGS,
+# more arguments for each server (tiered experts, e.g. SCORIA_ARGS="--vram-budget 1.3G"
+# PEER_ARGS="--n-cpu-moe 5").
 set -u
 SCORIA=${1:?scoria binary} LS=${2:?llama-server binary or -} MODEL=${3:?model} OUT=${4:?out dir}
 DEVICE=${DEVICE:-cuda} TOKENS=${TOKENS:-128} PEER_DRAFTS=${PEER_DRAFTS:-3}
-SETTINGS=${SETTINGS:-off mtp ngram auto} PORT=${PORT:-8181} NGL=${NGL:-99} CTX=${CTX:-4096}
+SETTINGS=${SETTINGS-off mtp ngram auto} PORT=${PORT:-8181} NGL=${NGL:-99} CTX=${CTX:-4096}
 HERE=$(cd "$(dirname "$0")" && pwd)
 URL="http://127.0.0.1:$PORT"
 mkdir -p "$OUT"
@@ -54,8 +56,8 @@ for s in $SETTINGS; do
     extra=()
     [ -n "${DRAFT_MAX:-}" ] && [ "$s" != off ] && extra=(--draft-max "$DRAFT_MAX")
     if serve "scoria-$s" "$SCORIA" serve --model "$MODEL" --device "$DEVICE" --port "$PORT" \
-        --parallel 1 -c "$CTX" --spec "$s" "${extra[@]}"; then
-        measure scoria "scoria --spec $s${DRAFT_MAX:+ --draft-max $DRAFT_MAX}"
+        --parallel 1 -c "$CTX" --spec "$s" "${extra[@]}" ${SCORIA_ARGS:-}; then
+        measure scoria "scoria --spec $s${DRAFT_MAX:+ --draft-max $DRAFT_MAX}${SCORIA_ARGS:+ $SCORIA_ARGS}"
     fi
     stop
 done
@@ -65,8 +67,8 @@ if [ "$LS" != - ]; then
         extra=(--spec-type "$spec")
         [ "$spec" = draft-mtp ] && extra+=(--spec-draft-n-max "$PEER_DRAFTS")
         if serve "llama-$spec" "$LS" -m "$MODEL" -ngl "$NGL" -c "$CTX" -np 1 --port "$PORT" \
-            "${extra[@]}"; then
-            measure llama "llama-server --spec-type $spec${extra[2]:+ --spec-draft-n-max $PEER_DRAFTS}"
+            "${extra[@]}" ${PEER_ARGS:-}; then
+            measure llama "llama-server --spec-type $spec${extra[2]:+ --spec-draft-n-max $PEER_DRAFTS}${PEER_ARGS:+ $PEER_ARGS}"
         fi
         stop
     done

@@ -767,9 +767,8 @@ fn choose_drafter(
             refuse("this model file has no MTP (nextn) layer".to_string())
         }
         SpecMode::Mtp if !exec.enable_mtp() => refuse(format!(
-            "the {device} executor does not run this model's MTP block here (on a GPU it \
-             runs with every routed expert in VRAM, not with tiered experts; prompt \
-             lookup drafts under tiering: --spec ngram)"
+            "the {device} executor does not run this model's MTP block (the log says why; \
+             prompt lookup drafts without it: --spec ngram)"
         )),
         SpecMode::Mtp => Ok(Some(Drafter::Mtp)),
     }

@@ -13,13 +13,16 @@ use model::{Backend, ExecError};
 
 impl CudaExecutor {
     /// `Executor::enable_mtp`: passes keep their hidden rows from now on (graphs
-    /// captured without that copy are dropped).
+    /// and tiered steps' segments captured without that copy are dropped).
     pub(super) fn start_mtp(&mut self) -> bool {
         if self.be.mtp.is_none() {
             return false;
         }
         self.be.set_keep_hidden(true);
         for g in &mut self.graphs {
+            *g = [None, None];
+        }
+        for g in &mut self.segments {
             *g = [None, None];
         }
         self.row_graphs.clear();

@@ -140,8 +140,8 @@ pub struct Budgets<'a> {
     /// after each of them but the last, to roll back to (at most
     /// [`MAX_LOGIT_ROWS`]: a verify step is one pass).
     pub verify_tokens: usize,
-    /// Keep the model's MTP block in VRAM to draft with (when the file has one and
-    /// every expert is resident; `cuda/mtp.rs`).
+    /// Keep the model's MTP block in VRAM to draft with, its routed experts whole
+    /// also when the trunk's are tiered (when the file has one; `cuda/mtp.rs`).
     pub mtp: bool,
     /// How experts held only in the file are read (their deadline).
     pub reads: ReadPolicy,
@@ -211,9 +211,10 @@ struct Opening<'a> {
     budget: u64,
     free: u64,
     total: u64,
-    /// The MTP block to upload beside the weights, and one sequence's MTP state
-    /// (both counted in what `open_at` is given; a tiered executor leaves them out).
+    /// The MTP block to upload beside the weights (`mtp_bytes`, with its buffers),
+    /// and one sequence's MTP state (both counted in what `open_at` is given).
     mtp: Option<&'a model::weights::MtpWeights>,
+    mtp_bytes: u64,
     mtp_state: u64,
 }
 
@@ -289,18 +290,18 @@ impl CudaExecutor {
         };
         let verify = verify_tokens(&budgets);
         let mtp = weights.mtp.as_ref().filter(|_| budgets.mtp);
-        let w_bytes = w_bytes
-            + mtp.map_or(0, |m| {
-                weights::mtp_bytes(m) + mtp_buf_bytes(cfg, PROMPT_CHUNKS[0])
-            });
+        let mtp_bytes = mtp.map_or(0, |m| {
+            weights::mtp_bytes(m) + mtp_buf_bytes(cfg, PROMPT_CHUNKS[0])
+        });
+        let w_bytes = w_bytes + mtp_bytes;
         let mtp_state = |c: usize| mtp.map_or(0, |_| mtp_state_bytes(cfg, c, verify));
         let state_of =
             |c: usize| (cfg.seq_state_bytes(c) + trail_bytes(cfg, verify)) as u64 + mtp_state(c);
         let (n_ctx, chosen) = match ask {
             ContextAsk::Fixed(n) => (n, None),
             ContextAsk::Auto => {
-                // A tiered executor leaves the MTP block out.
-                let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights);
+                let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights)
+                    + mtp_bytes;
                 let fit = crate::memory::GpuFit {
                     budget,
                     seqs: n_seq,
@@ -334,6 +335,7 @@ impl CudaExecutor {
             free,
             total,
             mtp,
+            mtp_bytes,
             mtp_state: mtp_state(n_ctx),
         };
         let e = Self::open_at(o, w_bytes, state_one)?;
@@ -373,13 +375,7 @@ impl CudaExecutor {
         };
         if w_bytes + state + scratch > budget {
             o.n_seq = n_seq;
-            if mtp.is_some() {
-                tracing::info!(
-                    "cuda:{ordinal}: the experts are tiered, so the MTP block stays on the \
-                     file (MTP drafts need every expert in VRAM; prompt lookup drafts instead)"
-                );
-            }
-            return Self::open_tiered(o, state - mtp_state * n_seq as u64);
+            return Self::open_tiered(o, state);
         }
         let (chunk, (arena, scratch)) =
             prompt_chunk_for(&o.gpu, cfg, n_ctx, budget - (w_bytes + state));
@@ -402,18 +398,7 @@ impl CudaExecutor {
         let w = weights::upload(&o.gpu, cfg, weights, None, &|done| bar.set_position(done))?;
         bar.finish_and_clear();
         let mut be = CudaBackend::new(o.gpu, cfg.clone(), w, arena, n_ctx, chunk, None)?;
-        if let Some(m) = mtp {
-            // Counted above; a block the kernels cannot run is left out, not fatal.
-            match weights::upload_mtp(&be.gpu, cfg, m).and_then(|w| be.set_mtp(w)) {
-                Ok(bufs) => tracing::info!(
-                    "cuda:{ordinal}: MTP block in VRAM for drafts: {:.2} GiB of weights and \
-                     buffers, {:.2} GiB of K/V per slot",
-                    gib(weights::mtp_bytes(m) + bufs),
-                    gib(mtp_state)
-                ),
-                Err(e) => tracing::warn!("cuda:{ordinal}: no MTP drafts on the GPU: {e}"),
-            }
-        }
+        put_mtp(&mut be, mtp, mtp_state);
         let vram = VramAccount {
             weights: w_bytes,
             expert_slots: 0,
@@ -445,11 +430,16 @@ impl CudaExecutor {
             budgets,
             budget,
             total,
+            mtp,
+            mtp_bytes,
+            mtp_state,
             ..
         } = o;
         let ordinal = gpu.ordinal();
         let name = gpu.name();
-        let dense = weights::upload_bytes(weights) - weights::routed_expert_bytes(weights);
+        // The MTP block's routed experts stay whole beside the tiered ones.
+        let dense =
+            weights::upload_bytes(weights) - weights::routed_expert_bytes(weights) + mtp_bytes;
         let left = budget.saturating_sub(dense + state);
         let (chunk, (arena, scratch)) = prompt_chunk_for(&gpu, cfg, n_ctx, left);
         let fixed = dense + state + scratch;
@@ -550,7 +540,8 @@ impl CudaExecutor {
             gib(t.staging_bytes())
         );
         let slot_bytes = t.store.borrow().plan().vram_used;
-        let be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, chunk, Some(t))?;
+        let mut be = CudaBackend::new(gpu, cfg.clone(), w, arena, n_ctx, chunk, Some(t))?;
+        put_mtp(&mut be, mtp, mtp_state);
         let vram = VramAccount {
             weights: dense,
             expert_slots: slot_bytes,
@@ -641,5 +632,22 @@ impl CudaExecutor {
 
     pub fn vram(&self) -> VramAccount {
         self.vram
+    }
+}
+
+/// Uploads the MTP block `mtp` (counted in the weights' VRAM already) into `be`; a
+/// block the kernels cannot run is left out with a warning, not fatal (drafts then
+/// come from prompt lookup).
+fn put_mtp(be: &mut CudaBackend, mtp: Option<&model::weights::MtpWeights>, state: u64) {
+    let Some(m) = mtp else { return };
+    let ordinal = be.gpu.ordinal();
+    match weights::upload_mtp(&be.gpu, &be.cfg, m).and_then(|w| be.set_mtp(w)) {
+        Ok(bufs) => tracing::info!(
+            "cuda:{ordinal}: MTP block in VRAM for drafts (its routed experts whole): \
+             {:.2} GiB of weights and buffers, {:.2} GiB of K/V per slot",
+            gib(weights::mtp_bytes(m) + bufs),
+            gib(state)
+        ),
+        Err(e) => tracing::warn!("cuda:{ordinal}: no MTP drafts on the GPU: {e}"),
     }
 }

@@ -4,7 +4,7 @@
 //! its routing once per layer and groups its tokens by expert into tiles. A tiered
 //! layer (`tiered/layer.rs`) runs the same launches over slots.
 
-use super::{is_float, CudaBackend, DBuf, MAX_ROWS};
+use super::{is_float, CudaBackend, DBuf, Tiered, MAX_ROWS};
 use crate::cuda::weights::{cuda_err, DevWeight, MoeDev};
 use cuda::{ActQ8, DevBuf, Gpu, MoeRoute, Tile, TileShape, TILE_GROUP, TILE_TOKENS};
 use model::ExecError;
@@ -79,27 +79,35 @@ pub(super) fn fused_moe(m: &MoeDev, n_expert: usize, k: usize) -> bool {
 }
 
 impl CudaBackend {
-    /// Whether the MoE block `m` over `n` rows takes the fused kernels (resident
-    /// experts, at most [`MAX_ROWS`] rows, a shape they take), routed on the device.
-    fn fuses(&self, m: &MoeDev, n: usize) -> bool {
+    /// The tier holding layer `layer`'s routed experts; `None` where they are all in
+    /// VRAM: every layer of a resident executor, and the MTP block's (`layer` =
+    /// n_layer), which is uploaded whole beside tiered layers.
+    pub(crate) fn tier(&self, layer: usize) -> Option<&Tiered> {
+        self.tiered.as_ref().filter(|_| layer < self.cfg.n_layer)
+    }
+
+    /// Whether layer `layer`'s MoE block `m` over `n` rows takes the fused kernels
+    /// (resident experts, at most [`MAX_ROWS`] rows, a shape they take), routed on
+    /// the device.
+    fn fuses(&self, m: &MoeDev, layer: usize, n: usize) -> bool {
         n <= MAX_ROWS
             && self.fused
-            && self.tiered.is_none()
+            && self.tier(layer).is_none()
             && fused_moe(m, self.cfg.n_expert, self.cfg.n_expert_used)
     }
 
-    /// Whether the MoE block `m` over `n` rows of one pass needs nothing from the
-    /// host (so the pass can be captured): resident experts, and one row (routed
-    /// into tiles on the device) or a few through the fused kernels. A prompt's
-    /// many rows download their routing to group them by expert.
-    pub(crate) fn moe_on_device(&self, m: &MoeDev, n: usize) -> bool {
-        self.tiered.is_none() && (n == 1 || self.fuses(m, n))
+    /// Whether layer `layer`'s MoE block `m` over `n` rows of one pass needs nothing
+    /// from the host (so the pass can be captured): resident experts, and one row
+    /// (routed into tiles on the device) or a few through the fused kernels. A
+    /// prompt's many rows download their routing to group them by expert.
+    pub(crate) fn moe_on_device(&self, m: &MoeDev, layer: usize, n: usize) -> bool {
+        self.tier(layer).is_none() && (n == 1 || self.fuses(m, layer, n))
     }
 
     /// Whether a trunk pass over `n` rows of one sequence needs nothing from the
     /// host: every layer's MoE block does not (see [`Self::moe_on_device`]).
     pub(crate) fn pass_on_device(&self, n: usize) -> bool {
-        self.w.layers.iter().all(|l| self.moe_on_device(&l.moe, n))
+        (self.w.layers.iter().enumerate()).all(|(i, l)| self.moe_on_device(&l.moe, i, n))
     }
 
     /// Layer `layer`'s MoE block over the rows of `x` (`Backend::moe`): the router,
@@ -110,8 +118,8 @@ impl CudaBackend {
         self.moe_of(&self.w.layers[layer].moe, layer, x)
     }
 
-    /// [`Self::moe_block`] of the block `m` (layer `layer`'s, or the MTP block's,
-    /// which is never tiered).
+    /// [`Self::moe_block`] of the block `m` (layer `layer`'s, or the MTP block's at
+    /// `layer` = n_layer, which is never tiered: [`Self::tier`]).
     pub(super) fn moe_of(&self, m: &MoeDev, layer: usize, x: &DBuf) -> Result<DBuf, ExecError> {
         let cfg = &self.cfg;
         let (t_n, e, k) = (x.rows, cfg.n_embd, cfg.n_expert_used);
@@ -125,7 +133,8 @@ impl CudaBackend {
         // applied to this layer's expert input, in the same launches as this layer's
         // routing (a second row of logits, weights and ids). The guess only decides
         // which experts are copied ahead (`Tiered::copy_ahead`).
-        let guess = match &self.tiered {
+        let tier = self.tier(layer);
+        let guess = match tier {
             Some(t) if t_n == 1 && t.guesses > 0 => self
                 .w
                 .layers
@@ -137,12 +146,12 @@ impl CudaBackend {
         let wts = self.arena.alloc(route_rows, k, "route")?;
         let ids = self.arena.alloc_bytes(route_rows * k * 4, "route")?;
         // A token or a batched decode step's rows: routed and computed on the device.
-        if self.fuses(m, t_n) {
+        if self.fuses(m, layer, t_n) {
             return self.moe_fused(m, x, xq, &wts, ids);
         }
         let logits = self.mm_q(guess.as_ref().unwrap_or(&m.router), x, xq)?;
         let guessed = guess.is_some();
-        let (down, (shared, logit)) = match &self.tiered {
+        let (down, (shared, logit)) = match tier {
             Some(t) => match self.routed_tiered(t, layer, m, x, xq, &logits, &wts, ids, guessed)? {
                 Routed::Combined(out) => return Ok(out),
                 Routed::Parts(down, shared) => (down, shared),

@@ -36,15 +36,10 @@ impl MtpBufs {
 }
 
 impl CudaBackend {
-    /// Puts the MTP block `w` in place (a resident executor only: its MoE block runs
-    /// as every resident layer's does) with room for passes of a step's rows.
+    /// Puts the MTP block `w` in place with room for passes of a step's rows. Its
+    /// routed experts are all in `w` (uploaded whole, also beside tiered layers), so
+    /// its MoE block runs as a resident layer's does.
     pub(crate) fn set_mtp(&mut self, w: MtpDev) -> Result<u64, ExecError> {
-        if self.tiered.is_some() {
-            return Err(ExecError::new(
-                "MTP block",
-                "this executor tiers its experts (the MTP block runs with every expert in VRAM)",
-            ));
-        }
         let rows = self.chunk_tokens.max(MAX_ROWS);
         let e = self.cfg.n_embd;
         let alloc = |n: usize, what: &str| {
@@ -76,7 +71,7 @@ impl CudaBackend {
     pub(crate) fn mtp_on_device(&self, n: usize) -> bool {
         self.mtp
             .as_ref()
-            .is_some_and(|m| self.moe_on_device(&m.w.layer.moe, n))
+            .is_some_and(|m| self.moe_on_device(&m.w.layer.moe, self.cfg.n_layer, n))
     }
 
     /// Writes what MTP passes read from the device: `tokens` into the step's id
