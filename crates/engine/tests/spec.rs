@@ -849,7 +849,8 @@ fn tiered_prompt_lookup_keeps_the_bytes_of_resident_plain_decoding() {
 /// With the routed experts tiered (the GPU: VRAM slots for half of them, the MTP
 /// block's whole beside them; the CPU: every one read from the file), MTP drafts
 /// keep the bytes of plain decoding with every expert resident, greedy and sampled,
-/// two requests side by side.
+/// two requests side by side; and, drafting a fixed length, they are the drafts of
+/// the resident executor (as many kept: placement changes no hidden row).
 #[test]
 fn tiered_mtp_drafts_keep_the_bytes() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -861,6 +862,7 @@ fn tiered_mtp_drafts_keep_the_bytes() {
         .vram_used;
     let (vram_budget, ram_budget) = common::tiering_budgets(&path, used);
     let mut plain = load(SpecMode::Off, None, None).expect("load");
+    let mut resident = load(SpecMode::Mtp, None, None).expect("load");
     let mut spec = load(SpecMode::Mtp, vram_budget, ram_budget).expect("tiered load");
     assert_eq!(spec.drafter(), Some(Drafter::Mtp));
     let reqs = vec![
@@ -872,6 +874,8 @@ fn tiered_mtp_drafts_keep_the_bytes() {
     let b = common::together(&mut spec, &reqs);
     same("tiered mtp", &a, &b);
     assert!(drafts(&b).0 > 0, "nothing drafted");
+    let c = common::together(&mut resident, &reqs);
+    assert_eq!(drafts(&b), drafts(&c), "drafted and kept: tiered, resident");
     let stats = spec.expert_stats().expect("tiered");
     assert!(stats.disk_misses > 0, "{stats:?}");
 }
