@@ -258,26 +258,40 @@ impl RequestSpec {
     }
 
     /// Drafts after `emitted` (the request's output so far; its last token is the
-    /// one the step feeds), at most `cap`; empty when fewer than `n_min` (at least
-    /// one) come.
-    pub fn draft(&mut self, emitted: &[u32], cap: usize, costs: &StepCosts) -> Vec<u32> {
+    /// one the step feeds), at most `cap` ([`Self::len`] long): prompt lookup's, or
+    /// the executor's MTP block's (`mtp(token, n)`: `n` drafts after `pending`, the
+    /// token the step feeds; none without one), where [`Drafter::MtpAndNgram`] takes
+    /// a lookup first when the text repeats at least [`LOOKUP_OVER_MTP`] tokens.
+    /// Empty when fewer than `n_min` (at least one) come; an error is `mtp`'s.
+    pub fn draft<E>(
+        &mut self,
+        emitted: &[u32],
+        pending: Option<u32>,
+        cap: usize,
+        costs: &StepCosts,
+        mtp: impl FnOnce(u32, usize) -> Result<Vec<u32>, E>,
+    ) -> Result<Vec<u32>, E> {
         self.sync(emitted);
-        let d = match self.drafter {
-            Drafter::Ngram => {
+        let d = match (self.drafter, pending) {
+            (Drafter::Ngram, _) => {
                 let n = self.len(cap, costs);
                 ngram_draft(&self.text, n)
             }
-            // The executor drafts (`RequestSpec::len` long).
-            Drafter::Mtp | Drafter::MtpAndNgram => Vec::new(),
+            (_, None) => Vec::new(),
+            (drafter, Some(t)) => match self.len(cap, costs) {
+                0 => Vec::new(),
+                n => match (drafter == Drafter::MtpAndNgram).then(|| self.lookup(n)) {
+                    Some(Some(d)) => d,
+                    _ => mtp(t, n)?,
+                },
+            },
         };
-        self.enough(d)
+        Ok(self.enough(d))
     }
 
-    /// `Drafter::MtpAndNgram`'s lookup: a draft of up to `n` tokens after `emitted`
-    /// where the text repeats at least [`LOOKUP_OVER_MTP`] tokens, else None (the MTP
-    /// block drafts).
-    pub fn lookup(&mut self, emitted: &[u32], n: usize) -> Option<Vec<u32>> {
-        self.sync(emitted);
+    /// A lookup draft of up to `n` tokens where the text repeats at least
+    /// [`LOOKUP_OVER_MTP`] tokens, else None (the MTP block drafts).
+    fn lookup(&self, n: usize) -> Option<Vec<u32>> {
         let (m, d) = ngram_match(&self.text, n);
         (m >= LOOKUP_OVER_MTP && !d.is_empty()).then_some(d)
     }
@@ -577,26 +591,32 @@ mod tests {
         )
         .expect("speculates");
         // Until a decode step has been timed there is nothing to compare with: none.
-        assert_eq!(s.draft(&[], 64, &StepCosts::default()).len(), 0);
+        assert_eq!(lookup_len(&mut s, &StepCosts::default()), 0);
         // Verify steps as cheap as a decode step: the cap is all that limits a draft.
         let flat = measured(1, |_| 1.0);
-        assert_eq!(s.draft(&[], 64, &flat).len(), 8);
+        assert_eq!(lookup_len(&mut s, &flat), 8);
         s.verified(8, 1);
-        assert_eq!(s.draft(&[], 64, &flat).len(), 2);
+        assert_eq!(lookup_len(&mut s, &flat), 2);
         s.verified(2, 0);
-        assert_eq!(s.draft(&[], 64, &flat).len(), 1);
+        assert_eq!(lookup_len(&mut s, &flat), 1);
         s.verified(1, 1);
         s.verified(2, 2);
-        assert_eq!(s.draft(&[], 64, &flat).len(), 4);
+        assert_eq!(lookup_len(&mut s, &flat), 4);
         s.verified(4, 4);
         s.verified(8, 8);
-        assert_eq!(s.draft(&[], 64, &flat).len(), 8);
+        assert_eq!(lookup_len(&mut s, &flat), 8);
         // n_max 0: no speculation at all.
         let none = DraftLimits {
             n_max: Some(0),
             n_min: None,
         };
         assert!(RequestSpec::new(Some(Drafter::Ngram), &cfg, none, &loop_text).is_none());
+    }
+
+    /// The length of a lookup request's draft (`RequestSpec::draft`, no MTP block).
+    fn lookup_len(s: &mut RequestSpec, costs: &StepCosts) -> usize {
+        let no_mtp = |_, _| -> Result<Vec<u32>, ()> { unreachable!("a lookup drafter") };
+        s.draft(&[], None, 64, costs, no_mtp).expect("lookup").len()
     }
 
     /// Costs measured three times at each token count up to `upto`.
@@ -673,29 +693,29 @@ mod tests {
         };
         let linear = measured(9, |t| 0.002 * t as f64);
         let mut s = spec(&cfg);
-        let lens: Vec<usize> = (0..48).map(|_| s.draft(&[], 64, &linear).len()).collect();
+        let lens: Vec<usize> = (0..48).map(|_| lookup_len(&mut s, &linear)).collect();
         // 15 steps without drafts, a probe, 31 without, a probe.
         let probes: Vec<usize> = (0..48).filter(|&i| lens[i] > 0).collect();
         assert_eq!(probes, [15, 47]);
         assert_eq!(lens[15], 8);
         // Fixed: the longest, whatever the costs.
         let mut f = spec(&SpecConfig { fixed: true, ..cfg });
-        assert_eq!(f.draft(&[], 64, &linear).len(), 8);
+        assert_eq!(lookup_len(&mut f, &linear), 8);
         // Where drafts pay, the length follows the keep rate: all kept → long.
         let gpu = measured(17, |t| 0.003 * (1.0 + 0.25 * (t - 1) as f64));
         let mut g = spec(&cfg);
-        assert_eq!(g.draft(&[], 64, &gpu).len(), 3);
+        assert_eq!(lookup_len(&mut g, &gpu), 3);
         for _ in 0..10 {
             g.verified(8, 8);
         }
         assert!(g.keep_rate() > 0.95, "{}", g.keep_rate());
-        assert_eq!(g.draft(&[], 64, &gpu).len(), 8);
+        assert_eq!(lookup_len(&mut g, &gpu), 8);
         // ... none kept → none drafted (until a probe).
         for _ in 0..30 {
             g.verified(1, 0);
         }
         assert!(g.keep_rate() < 0.1, "{}", g.keep_rate());
-        assert_eq!(g.draft(&[], 64, &gpu).len(), 0);
+        assert_eq!(lookup_len(&mut g, &gpu), 0);
     }
 
     #[test]
@@ -716,7 +736,12 @@ mod tests {
 
     #[test]
     fn beside_mtp_a_lookup_drafts_only_from_a_long_match() {
-        let cfg = SpecConfig::default();
+        let cfg = SpecConfig {
+            mode: SpecMode::Auto,
+            draft_max: 4,
+            draft_min: 0,
+            fixed: true,
+        };
         let limits = DraftLimits::default();
         // 20 tokens, then their first 11 again: the repeat is 11 long, under the bar.
         let first: Vec<u32> = (100..120).collect();
@@ -725,10 +750,14 @@ mod tests {
         let mut spec =
             RequestSpec::new(Some(Drafter::MtpAndNgram), &cfg, limits, &text).expect("spec");
         assert_eq!(ngram_match(&text, 4).0, 11);
-        assert_eq!(spec.lookup(&[], 4), None);
+        let costs = StepCosts::default();
+        let mtp = |_: u32, n: usize| Ok::<_, ()>(vec![7; n]);
+        assert_eq!(spec.draft(&[], Some(1), 64, &costs, mtp), Ok(vec![7; 4]));
+        // No pending token: the MTP block has nothing to draft after.
+        assert_eq!(spec.draft(&[], None, 64, &costs, mtp), Ok(vec![]));
         // One more token of the repeat (emitted): 12 long, the lookup drafts.
-        assert_eq!(spec.lookup(&[first[11]], 4), Some(first[12..16].to_vec()));
-        assert_eq!(ngram_draft(&spec.text, 4), first[12..16].to_vec());
+        let d = spec.draft(&[first[11]], Some(1), 64, &costs, mtp);
+        assert_eq!(d, Ok(first[12..16].to_vec()));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::error::EngineError;
 use crate::exec::{Executor, SeqStep, StepOut, Want};
 use crate::experts::TierStats;
 use crate::sampler::{Draw, Sampler};
-use crate::spec::{Drafter, RequestSpec, StepCosts};
+use crate::spec::{RequestSpec, StepCosts};
 
 /// One request being decoded in a slot.
 pub(super) struct Active {
@@ -283,27 +283,13 @@ impl Active {
         }
         // A verify step emits at most one token past its drafts.
         let left = self.req.max_tokens.saturating_sub(self.out.len() + 1);
-        let mut drafts = match spec.drafter {
-            Drafter::Ngram => spec.draft(&self.out, cap.min(left), costs),
-            Drafter::Mtp | Drafter::MtpAndNgram => {
-                let Some(t) = self.pending else {
-                    return Vec::new();
-                };
-                let n = spec.len(cap.min(left), costs);
-                if n == 0 {
-                    return Vec::new();
-                }
-                let looked = match spec.drafter {
-                    Drafter::MtpAndNgram => spec.lookup(&self.out, n),
-                    _ => None,
-                };
-                match looked.map_or_else(|| exec.mtp_draft(self.seq, t, n), Ok) {
-                    Ok(d) => spec.enough(d),
-                    Err(e) => {
-                        tracing::warn!("slot {}: no MTP draft: {e}", self.seq);
-                        Vec::new()
-                    }
-                }
+        let (seq, pending) = (self.seq, self.pending);
+        let mtp = |t, n| exec.mtp_draft(seq, t, n);
+        let mut drafts = match spec.draft(&self.out, pending, cap.min(left), costs, mtp) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!("slot {seq}: no MTP draft: {e}");
+                Vec::new()
             }
         };
         // A lookup continued into an image would draft its rows' ids: stop before them.
