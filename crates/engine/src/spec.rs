@@ -306,9 +306,11 @@ impl RequestSpec {
     /// How long the next draft may be, at most `cap`: the longest the running
     /// acceptance allows, or (unless `fixed`) the length among those that brings the
     /// most tokens per second by `costs` — 0 where no draft pays, except every
-    /// `probe_every`-th such step, which drafts anyway to measure again, and 0 until
-    /// a decode step's cost is known (a drafter that always has a draft, MTP, would
-    /// otherwise never measure the step it is compared with).
+    /// `probe_every`-th such step, which drafts anyway to measure again (as long as
+    /// would pay were [`PROBE_KEEP`] of the drafts kept, at least one: where every
+    /// verify row is dear, a probe costs one row), and 0 until a decode step's cost
+    /// is known (a drafter that always has a draft, MTP, would otherwise never
+    /// measure the step it is compared with).
     pub fn len(&mut self, cap: usize, costs: &StepCosts) -> usize {
         let most = self.n_max.min(self.run_cap).min(cap);
         if self.fixed || most == 0 {
@@ -332,7 +334,8 @@ impl RequestSpec {
         // A probe; the next one waits twice as long while none pays.
         self.paused = 0;
         self.probe_every = (self.probe_every * 2).min(LAST_PROBE);
-        most
+        let floor = self.n_min.max(1);
+        best_len(PROBE_KEEP, floor, most, costs).map_or(most, |n| n.clamp(floor.min(most), most))
     }
 
     /// The chance that a draft token is kept, from the verify steps so far (decayed,
@@ -381,6 +384,9 @@ const KEEP_DECAY: f64 = 0.8;
 /// Steps without drafts (none paid) before the first probe, and the longest wait.
 const FIRST_PROBE: usize = 16;
 const LAST_PROBE: usize = 256;
+/// The keep rate a probe's length assumes (an optimistic one: what a repeated stretch
+/// or a confident MTP head gives).
+const PROBE_KEEP: f64 = 0.9;
 
 /// What a step of one sequence costs by the tokens it feeds (1: a decode step; k+1: a
 /// verify step of k drafts), measured by the scheduler around the executor's call:
@@ -694,10 +700,20 @@ mod tests {
         let linear = measured(9, |t| 0.002 * t as f64);
         let mut s = spec(&cfg);
         let lens: Vec<usize> = (0..48).map(|_| lookup_len(&mut s, &linear)).collect();
-        // 15 steps without drafts, a probe, 31 without, a probe.
+        // 15 steps without drafts, a probe, 31 without, a probe; each of one token:
+        // every row costs a decode step, so no length pays even at 9 in 10 kept.
         let probes: Vec<usize> = (0..48).filter(|&i| lens[i] > 0).collect();
         assert_eq!(probes, [15, 47]);
-        assert_eq!(lens[15], 8);
+        assert_eq!(lens[15], 1);
+        // Rows that cost little but drafts that are rarely kept: the probe is as long
+        // as pays at 9 in 10 kept.
+        let gpu = measured(9, |t| 0.003 * (1.0 + 0.25 * (t - 1) as f64));
+        let mut p = spec(&cfg);
+        (p.kept, p.tried) = (0.1, 1.0);
+        let lens: Vec<usize> = (0..16).map(|_| lookup_len(&mut p, &gpu)).collect();
+        assert_eq!(lens[..15], [0; 15]);
+        assert_eq!(best_len(PROBE_KEEP, 1, 8, &gpu), Some(6));
+        assert_eq!(lens[15], 6);
         // Fixed: the longest, whatever the costs.
         let mut f = spec(&SpecConfig { fixed: true, ..cfg });
         assert_eq!(lookup_len(&mut f, &linear), 8);
